@@ -1,0 +1,87 @@
+"""The `normswap` entry point.
+
+Subcommands live one per module and are imported lazily, so `normswap --help` stays fast and a
+command whose optional dependencies are missing does not break the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from normswap import __version__
+from normswap.errors import NormswapError
+
+# command name -> "module:attribute"
+COMMANDS = {
+    "convert": "normswap.cli.convert:convert",
+    "finetune": "normswap.cli.finetune:finetune",
+    "eval": "normswap.cli.eval:eval_group",
+    "bench": "normswap.cli.bench:bench",
+    "models": "normswap.cli.models:models",
+    "families": "normswap.cli.families:families",
+    "run": "normswap.cli.run:run",
+    "demo": "normswap.cli.demo:demo",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="normswap")
+@click.option("--debug", is_flag=True, envvar="NORMSWAP_DEBUG", help="Show full tracebacks on errors.")
+@click.pass_context
+def cli(ctx, debug):
+    """Migrate LayerNorm checkpoints to fused RMSNorm, heal them, and measure the result."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    if debug:
+        os.environ["NORMSWAP_DEBUG"] = "1"
+
+
+def _debug_requested(argv) -> bool:
+    return "--debug" in argv or os.environ.get("NORMSWAP_DEBUG") == "1"
+
+
+def main(argv=None):
+    """Run the CLI; turn user errors into one line and a non-zero exit (traceback with --debug)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cli.main(args=argv, prog_name="normswap", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("normswap: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except NormswapError as e:
+        if _debug_requested(argv):
+            raise
+        click.echo(f"normswap: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("normswap: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # a bug, or an error from a library we did not anticipate
+        if _debug_requested(argv):
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        click.echo(f"normswap: error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
