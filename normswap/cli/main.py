@@ -30,14 +30,20 @@ COMMANDS = {
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return sorted(COMMANDS)
+        return sorted(name for name in COMMANDS if self.get_command(ctx, name) is not None)
 
     def get_command(self, ctx, name):
         target = COMMANDS.get(name)
         if target is None:
             return None
         module, attr = target.split(":")
-        return getattr(importlib.import_module(module), attr)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name == module:  # command not installed in this build
+                return None
+            raise
+        return getattr(mod, attr)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
