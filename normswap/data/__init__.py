@@ -1,0 +1,12 @@
+"""Corpora for fine-tuning and evaluation: the embedded KJV, local files, saved datasets, the hub.
+
+Public API (see docs/architecture.md):
+    load_documents(spec, split) -> Iterator[str]
+    load_text(spec, split) -> str
+    pack_tokens(tokenizer, documents, seq_len, *, add_eos=True, skip_blocks=0) -> Iterator[LongTensor]
+"""
+
+from normswap.data.packing import pack_tokens, token_stream
+from normswap.data.sources import SPLITS, hash_split, load_documents, load_text
+
+__all__ = ["SPLITS", "hash_split", "load_documents", "load_text", "pack_tokens", "token_stream"]

@@ -1,0 +1,271 @@
+"""Where documents come from: the embedded corpus, local files, saved datasets, or the hub.
+
+Every source yields plain-text documents for one split. Sources that come without splits (a text
+file, a JSONL file, a plain saved dataset, a hub dataset with only `train`) are split
+deterministically by a hash of each document's text, ~90/5/5: the same text always lands in the
+same split, so duplicates cannot straddle train and held-out, and the assignment survives
+re-ordering or appending to the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from normswap.errors import NormswapError
+
+SPLITS = ("train", "validation", "test")
+# "all" (every document, no split) is for evaluating a user's own text in full.
+_ACCEPTED_SPLITS = SPLITS + ("all",)
+
+TEXT_SUFFIXES = (".txt", ".md")
+# Plain text is cut into documents at paragraph breaks once this many characters have accumulated,
+# so one long book becomes many documents that the hash split can spread over train and held-out.
+TEXT_CHUNK_CHARS = 4000
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?$")
+_HUB_SPLIT_NAMES = {
+    "train": ("train",),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test",),
+}
+
+
+def hash_split(text: str) -> str:
+    """Deterministic 90/5/5 split of one document by a hash of its content."""
+    bucket = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big") % 100
+    if bucket < 90:
+        return "train"
+    return "validation" if bucket < 95 else "test"
+
+
+def _check_split(split: str) -> None:
+    if split not in _ACCEPTED_SPLITS:
+        raise NormswapError(f"unknown split {split!r}; use one of {', '.join(_ACCEPTED_SPLITS)}")
+
+
+def _select(docs: Iterable[str], split: str) -> Iterator[str]:
+    for doc in docs:
+        if not doc or not doc.strip():
+            continue
+        if split == "all" or hash_split(doc) == split:
+            yield doc
+
+
+def _chunk_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> Iterator[str]:
+    """Group consecutive paragraphs into documents of at least ~chunk_chars characters."""
+    buf: list[str] = []
+    size = 0
+    for para in re.split(r"\n\s*\n", text):
+        para = para.strip()
+        if not para:
+            continue
+        buf.append(para)
+        size += len(para)
+        if size >= chunk_chars:
+            yield "\n\n".join(buf)
+            buf, size = [], 0
+    if buf:
+        yield "\n\n".join(buf)
+
+
+def _read_text_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise NormswapError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from e
+
+
+def _text_docs(paths: list[Path]) -> Iterator[str]:
+    for p in paths:
+        yield from _chunk_text(_read_text_file(p))
+
+
+def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise NormswapError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+            if not isinstance(row, dict) or text_field not in row:
+                keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+                raise NormswapError(
+                    f"{path}:{lineno}: no field {text_field!r} (found: {keys}); choose one with text_field / --text-field"
+                )
+            value = row[text_field]
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise NormswapError(f"{path}:{lineno}: field {text_field!r} is {type(value).__name__}, not text")
+            yield value
+
+
+def _parquet_docs(path: Path, text_field: str) -> Iterator[str]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise NormswapError("reading parquet needs pyarrow: pip install pyarrow") from e
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for a corrupt file
+        raise NormswapError(f"{path}: not a readable parquet file ({type(e).__name__})") from e
+    names = pf.schema_arrow.names
+    if text_field not in names:
+        raise NormswapError(f"{path}: no column {text_field!r} (found: {', '.join(names)}); choose one with text_field / --text-field")
+    # Row groups stream the file instead of loading it whole.
+    for i in range(pf.num_row_groups):
+        for value in pf.read_row_group(i, columns=[text_field]).column(0).to_pylist():
+            if isinstance(value, str):
+                yield value
+
+
+def _dataset_docs(ds, text_field: str, where: str) -> Iterator[str]:
+    for row in ds.select_columns([text_field]):
+        value = row[text_field]
+        if isinstance(value, str):
+            yield value
+
+
+def _from_dataset_object(obj, split: str, text_field: str, where: str) -> Iterator[str]:
+    """A datasets.Dataset (no splits: hash-split it) or DatasetDict (use its own splits)."""
+    import datasets
+
+    if not isinstance(obj, datasets.DatasetDict):
+        _check_column(obj, text_field, where)
+        return _select(_dataset_docs(obj, text_field, where), split)
+    available = list(obj.keys())
+    for name in available:
+        _check_column(obj[name], text_field, where)
+    if split == "all":
+        return _select((d for name in available for d in _dataset_docs(obj[name], text_field, where)), "all")
+    native = {}
+    for wanted, candidates in _HUB_SPLIT_NAMES.items():
+        native[wanted] = next((c for c in candidates if c in obj), None)
+    if native["train"] is None and len(available) == 1:
+        native["train"] = available[0]
+    if native[split] is not None and (split != "train" or all(native.values())):
+        return _select(_dataset_docs(obj[native[split]], text_field, where), "all")
+    if native["train"] is None:
+        raise NormswapError(f"{where}: has no {split!r} split and no train split to derive it from (splits: {', '.join(available)})")
+    # A held-out split is missing: derive it from a hashed slice of train, and then train on the
+    # remaining ~90 % only, so the derived held-out text is never trained on.
+    return _select(_dataset_docs(obj[native["train"]], text_field, where), split)
+
+
+def _check_column(ds, text_field: str, where: str) -> None:
+    names = list(ds.column_names)
+    if text_field not in names:
+        raise NormswapError(f"{where}: no column {text_field!r} (found: {', '.join(names)}); choose one with text_field / --text-field")
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def _saved_dataset_docs(path: Path, split: str, text_field: str) -> Iterator[str]:
+    import datasets
+
+    try:
+        obj = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise NormswapError(f"{path}: cannot load the saved dataset ({type(e).__name__}: {_first_line(e)})") from e
+    return _from_dataset_object(obj, split, text_field, str(path))
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _hub_docs(spec: str, split: str, text_field: str) -> Iterator[str]:
+    """A hub dataset id, optionally `id:config` (e.g. `wikitext:wikitext-2-raw-v1`)."""
+    if _offline():
+        raise NormswapError(
+            f"{spec!r} is neither a local file nor directory, and hub datasets are unavailable offline "
+            "(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); pass a local path or `embedded`"
+        )
+    import datasets
+
+    name, _, config = spec.partition(":")
+    try:
+        obj = datasets.load_dataset(name, config or None)
+    except Exception as e:
+        raise NormswapError(f"cannot load hub dataset {spec!r}: {_first_line(e)}") from e
+    return _from_dataset_object(obj, split, text_field, spec)
+
+
+def _open_source(spec: str, split: str, text_field: str) -> Iterator[str]:
+    """Resolve the source now (so a missing path fails at the call) and return its document stream."""
+    if spec == "embedded":
+        from normswap.data import kjv
+
+        kjv._chapters()  # fail now if the corpus package is missing
+        return kjv.documents(split)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if _is_saved_dataset(path):
+            return _saved_dataset_docs(path, split, text_field)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise NormswapError(f"{path}: directory holds no .txt/.md files and is not a saved dataset")
+        return _select(_text_docs(files), split)
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json"):
+            return _select(_jsonl_docs(path, text_field), split)
+        if suffix == ".parquet":
+            return _select(_parquet_docs(path, text_field), split)
+        if suffix in TEXT_SUFFIXES or suffix == "":
+            return _select(_text_docs([path]), split)
+        raise NormswapError(f"{path}: unsupported file type {suffix!r}; use .txt, .md, .jsonl, .parquet or a directory")
+    looks_like_path = (
+        spec.startswith((".", "/", "~"))
+        or spec.count("/") > 1
+        or (os.sep != "/" and os.sep in spec)
+        or Path(spec).suffix.lower() in TEXT_SUFFIXES + (".jsonl", ".json", ".parquet")
+    )
+    if looks_like_path or not _HUB_ID.match(spec):
+        raise NormswapError(f"no such file or directory: {spec}")
+    return _hub_docs(spec, split, text_field)
+
+
+def load_documents(spec: str, split: str = "train", *, text_field: str = "text") -> Iterator[str]:
+    """Stream the documents of one split of a corpus.
+
+    spec: `embedded`, a .txt/.md file or a directory of them, a .jsonl/.parquet file (column
+    `text_field`), a directory written by `datasets.save_to_disk`, or a hub dataset id
+    (`id` or `id:config`, online only). split: train, validation, test (or all).
+    Raises NormswapError when the source is missing or malformed, or the split comes out empty.
+    """
+    _check_split(split)
+    spec = str(spec)
+    if not spec:
+        raise NormswapError("empty data source; pass `embedded` or a path")
+    return _nonempty(_open_source(spec, split, text_field), spec, split)
+
+
+def _nonempty(docs: Iterator[str], spec: str, split: str) -> Iterator[str]:
+    # Checked lazily at the end of the stream so the corpus is still read only once.
+    n = 0
+    for doc in docs:
+        n += 1
+        yield doc
+    if n == 0:
+        hint = "" if split in ("train", "all") else " (held-out splits take ~5% of documents each; the corpus may be too small)"
+        raise NormswapError(f"data source {spec!r} has no documents in the {split!r} split{hint}")
+
+
+def load_text(spec: str, split: str = "validation", *, text_field: str = "text") -> str:
+    """All documents of one split joined by blank lines (for perplexity over a held-out text)."""
+    return "\n\n".join(load_documents(spec, split, text_field=text_field))

