@@ -23,12 +23,14 @@ class RMSNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(self.hidden_size, **factory)) if bias else None
 
     def forward(self, x, residual=None):
+        """y = RMSNorm(x) (+ bias); with `residual`, returns (RMSNorm(x + residual), x + residual)."""
         out = rms_norm(x, self.weight, self.eps, residual=residual)
         if self.bias is None:
             return out
+        # β in the output's dtype: a float32 bias must not promote a bf16 activation
         if residual is None:
-            return out + self.bias
-        return out[0] + self.bias, out[1]
+            return out + self.bias.to(out.dtype)
+        return out[0] + self.bias.to(out[0].dtype), out[1]
 
     def extra_repr(self):
         return f"{self.hidden_size}, eps={self.eps}, weight={self.weight is not None}, bias={self.bias is not None}"

@@ -1,16 +1,70 @@
-"""RMSNorm kernels. PLACEHOLDER (owned by the kernels work): plain torch reference for now."""
+"""RMSNorm kernels behind one function.
+
+    rms_norm(x, weight=None, eps=1e-5, residual=None) -> y  |  (y, x + residual)
+
+Backends, chosen per call by the environment variable NORMSWAP_KERNEL:
+- ``auto`` (default): Triton on CUDA; on CPU the compiled C++ kernel (normswap.kernels.cpu) when it
+  builds/loads, else a fast pure-PyTorch composite with a hand-written backward.
+- ``triton``: the Triton kernels (on CPU tensors only with TRITON_INTERPRET=1, for tests).
+- ``torch``: a plain PyTorch composite differentiated by autograd (the reference).
+- ``cpu`` / ``composite``: force one CPU implementation (benchmarks and tests).
+
+Dtype rule (all backends, also under autocast): statistics and the normalise-and-scale run in
+float32 and the result is rounded once to x's dtype; the weight is used at its own precision and
+its gradient comes back in its dtype; a residual is cast to x's dtype and added in that dtype, and
+that sum is both normalised and returned. Autocast does not change any of this: like HF's
+LlamaRMSNorm, the norm returns the dtype it was given.
+"""
 
 from __future__ import annotations
 
-import torch
+import os
+
+from normswap.errors import NormswapError
+
+BACKENDS = ("auto", "triton", "torch", "cpu", "composite")
 
 
-def rms_norm(x, weight=None, eps=1e-5, residual=None):
-    if residual is not None:
-        x = x + residual
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    y = y.to(x.dtype)
-    if weight is not None:
-        y = y * weight
-    return (y, x) if residual is not None else y
+def requested_backend() -> str:
+    value = os.environ.get("NORMSWAP_KERNEL", "auto").strip().lower() or "auto"
+    if value not in BACKENDS:
+        raise NormswapError(f"NORMSWAP_KERNEL={value!r} is not one of {', '.join(BACKENDS)}")
+    return value
+
+
+def rms_norm(x, weight=None, eps=1e-5, residual=None, *, backend=None):
+    """RMSNorm over the last dimension of x, optionally fused with a residual add.
+
+    Returns y, or (y, x + residual) when residual is given. Differentiable in x, weight and
+    residual. `backend` overrides NORMSWAP_KERNEL for this call.
+    """
+    backend = requested_backend() if backend is None else backend
+    h = x.shape[-1]
+    if weight is not None and tuple(weight.shape) != (h,):
+        raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)}, expected ({h},)")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+    if backend == "torch":
+        from normswap.kernels.reference import rms_norm_reference
+
+        return rms_norm_reference(x, weight, eps, residual)
+    if backend not in BACKENDS:
+        raise NormswapError(f"unknown RMSNorm backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    from normswap.kernels import _ops  # noqa: F401  (registers torch.ops.normswap.*)
+
+    import torch
+
+    y, _, summed = torch.ops.normswap.rms_norm_fwd(x, weight, residual, float(eps), backend)
+    return (y, summed) if residual is not None else y
+
+
+def backend_for(device) -> str:
+    """The implementation `auto` picks on a device: 'triton', 'cpu' or 'composite'."""
+    import torch
+
+    from normswap.kernels import _ops
+
+    return _ops.resolve(requested_backend(), torch.device(device))
+
+
+__all__ = ["rms_norm", "requested_backend", "backend_for", "BACKENDS"]
