@@ -1,0 +1,61 @@
+"""Load and look up family data files."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import yaml
+
+from normswap.architectures.schema import Family, parse_family
+from normswap.errors import NormswapError
+
+
+@functools.lru_cache(maxsize=1)
+def _load_all() -> dict[str, Family]:
+    families: dict[str, Family] = {}
+    seen_types: dict[str, str] = {}
+    for entry in sorted(resources.files("normswap.architectures").joinpath("data").iterdir(), key=lambda p: p.name):
+        if not entry.name.endswith(".yaml"):
+            continue
+        source = f"architectures/data/{entry.name}"
+        try:
+            raw = yaml.safe_load(entry.read_text())
+        except yaml.YAMLError as e:
+            raise NormswapError(f"invalid family file {source}: not valid YAML ({e})") from None
+        fam = parse_family(raw, source)
+        if fam.name != entry.name[: -len(".yaml")]:
+            raise NormswapError(f"invalid family file {source}: name '{fam.name}' must match the file name")
+        for mt in fam.model_types:
+            if mt in seen_types:
+                raise NormswapError(f"model_type {mt} is claimed by both {seen_types[mt]} and {fam.name}")
+            seen_types[mt] = fam.name
+        families[fam.name] = fam
+    return families
+
+
+def all_families() -> list[Family]:
+    return list(_load_all().values())
+
+
+def get_family(name: str) -> Family:
+    fams = _load_all()
+    if name not in fams:
+        raise NormswapError(f"unknown family {name!r}; known: {', '.join(sorted(fams))}")
+    return fams[name]
+
+
+def supported_summary() -> str:
+    return ", ".join(f.display for f in all_families())
+
+
+def family_for_config(config) -> Family:
+    """The family whose data covers ``config.model_type``; refuse loudly, never guess."""
+    model_type = getattr(config, "model_type", None)
+    for fam in all_families():
+        if model_type in fam.model_types:
+            return fam
+    archs = ", ".join(getattr(config, "architectures", None) or []) or "unknown architecture"
+    raise NormswapError(
+        f"unsupported architecture: model_type={model_type!r} ({archs}); supported families: {supported_summary()}"
+    )

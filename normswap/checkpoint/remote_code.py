@@ -1,0 +1,91 @@
+# normswap: structure of a converted checkpoint.
+#
+# This file has two lives. Inside the package, convert imports it to rebuild a model's module
+# tree in memory. Its text is also written, below a two-line header that imports the source
+# model's classes, into every converted checkpoint as `modeling_normswap.py`, so that stock
+# `transformers` (trust_remote_code=True) rebuilds exactly the same tree before the weights load,
+# with no normswap installed. So: standard library, torch and transformers only, outside the
+# guarded import below.
+import torch
+from torch import nn
+
+try:  # the fused kernels when normswap is installed
+    from normswap.modules import RMSNorm
+except ImportError:  # a plain torch RMSNorm with the same parameter names
+
+    class RMSNorm(nn.Module):
+        def __init__(self, hidden_size, eps=1e-5, elementwise_affine=True, bias=False, device=None, dtype=None):
+            super().__init__()
+            self.hidden_size = int(hidden_size)
+            self.eps = float(eps)
+            factory = {"device": device, "dtype": dtype}
+            self.weight = nn.Parameter(torch.ones(self.hidden_size, **factory)) if elementwise_affine else None
+            self.bias = nn.Parameter(torch.zeros(self.hidden_size, **factory)) if bias else None
+
+        def forward(self, x, residual=None):
+            if residual is not None:
+                x = x + residual
+            xf = x.float()
+            y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+            if self.weight is not None:
+                y = y * self.weight
+            if self.bias is not None:
+                y = y + self.bias
+            return (y, x) if residual is not None else y
+
+
+def _center_output_hook(module, args, output):
+    # Keeps what this module writes into the residual stream zero-mean along the hidden size,
+    # which is what makes every RMSNorm downstream equal the LayerNorm it replaced.
+    return output - output.mean(dim=-1, keepdim=True)
+
+
+def _parent_and_attr(model, name):
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    return parent, attr
+
+
+def _factory_kwargs(model, module):
+    for p in list(module.parameters(recurse=False)) + list(model.parameters()):
+        return {"device": p.device, "dtype": p.dtype}
+    return {}
+
+
+def apply_normswap_structure(model, block):
+    """Turn a freshly built source-architecture model into the converted module tree.
+
+    ``block`` is the ``normswap`` entry of the converted config: which norms became RMSNorm
+    (with or without weight and bias), which linears gained a bias (β folded into a reader that
+    had none), which modules have their output centred at run time, and whether the head was
+    untied. Module names never change, so state-dict keys and weight tying stay as they were.
+    """
+    for name, rec in block.get("norms", {}).items():
+        parent, attr = _parent_and_attr(model, name)
+        old = getattr(parent, attr)
+        factory = _factory_kwargs(model, old)
+        new = RMSNorm(rec["hidden_size"], eps=rec["eps"], elementwise_affine=rec["weight"], bias=rec["bias"], **factory)
+        new.train(old.training)
+        setattr(parent, attr, new)
+    for name, size in block.get("added_biases", {}).items():
+        module = model.get_submodule(name)
+        if getattr(module, "bias", None) is None:
+            factory = _factory_kwargs(model, module)
+            module.bias = nn.Parameter(torch.zeros(int(size), **factory))
+    if block.get("untied"):
+        head = model.get_output_embeddings()
+        embed = model.get_input_embeddings()
+        if head is not None and embed is not None and head.weight is embed.weight:
+            head.weight = nn.Parameter(head.weight.detach().clone())
+    register_runtime_centering(model, block)
+    return model
+
+
+def register_runtime_centering(model, block):
+    """(Re-)register the output-centring hooks; idempotent."""
+    for name in block.get("centered_outputs", []):
+        module = model.get_submodule(name)
+        for hook_id, hook in list(module._forward_hooks.items()):
+            if getattr(hook, "__name__", "") == "_center_output_hook":
+                del module._forward_hooks[hook_id]
+        module.register_forward_hook(_center_output_hook)
