@@ -1,0 +1,133 @@
+"""Training and held-out batches for the fine-tune.
+
+Training data is an endless, deterministic stream of seq-len blocks: each epoch streams the
+training split's documents through a seeded shuffle buffer (so a corpus of any size is never held
+in memory), packs them with ``normswap.data.pack_tokens`` and yields the blocks. The whole run's
+data position is one integer, the number of blocks consumed; resuming re-creates the epoch's
+document order from the seed and skips the consumed blocks inside ``pack_tokens`` (tokenised, never
+materialised), so a resumed run reads exactly the blocks an uninterrupted run would.
+
+Every process reads the same global stream and takes its own rows of each global batch, so the
+optimizer sees the same global batch whatever the number of processes.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable, Iterator
+
+import torch
+
+from normswap.errors import NormswapError
+
+SHUFFLE_BUFFER_DOCS = 2048
+
+
+def _shuffled(docs: Iterable[str], seed: int, buffer: int) -> Iterator[str]:
+    """Reservoir-style shuffle buffer: bounded memory, deterministic for a given seed."""
+    rng = random.Random(seed)
+    pool: list[str] = []
+    for doc in docs:
+        if len(pool) < buffer:
+            pool.append(doc)
+            continue
+        i = rng.randrange(len(pool))
+        yield pool[i]
+        pool[i] = doc
+    rng.shuffle(pool)
+    yield from pool
+
+
+class TrainStream:
+    """Endless iterator of training blocks with a resumable position (blocks consumed)."""
+
+    def __init__(self, tokenizer, data_spec: str, seq_len: int, seed: int, *, position: int = 0,
+                 shuffle_buffer: int = SHUFFLE_BUFFER_DOCS, split: str = "train"):
+        self.tokenizer = tokenizer
+        self.data_spec = data_spec
+        self.seq_len = seq_len
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer
+        self.split = split
+        self.position = 0
+        self.epoch = 0
+        self.epoch_lengths: list[int] = []  # [blocks per epoch], counted lazily when a resume needs it
+        self._it = None
+        self._in_epoch = 0
+        if position:
+            self._seek(position)
+
+    def _epoch_iter(self, epoch: int, skip: int) -> Iterator[torch.Tensor]:
+        from normswap.data import load_documents, pack_tokens
+
+        docs = _shuffled(load_documents(self.data_spec, self.split), self.seed * 1_000_003 + epoch, self.shuffle_buffer)
+        return pack_tokens(self.tokenizer, docs, self.seq_len, skip_blocks=skip)
+
+    def _epoch_length(self) -> int:
+        if not self.epoch_lengths:
+            from normswap.data import load_documents, pack_tokens
+
+            n = sum(1 for _ in pack_tokens(self.tokenizer, load_documents(self.data_spec, self.split), self.seq_len))
+            if n == 0:
+                raise NormswapError(
+                    f"the {self.split} split of {self.data_spec} holds fewer than {self.seq_len} tokens: lower --seq-len or give more data"
+                )
+            self.epoch_lengths.append(n)
+        return self.epoch_lengths[0]
+
+    def _seek(self, position: int) -> None:
+        """Place the stream after ``position`` blocks (as if that many had been read)."""
+        # Every epoch packs the same documents (only their order changes) into one stream whose
+        # final partial block is dropped, so all epochs hold the same number of blocks.
+        epoch, in_epoch = divmod(position, self._epoch_length()) if position else (0, 0)
+        self.epoch, self._in_epoch, self.position = epoch, in_epoch, position
+        self._it = self._epoch_iter(epoch, in_epoch)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self._it is None:
+            self._it = self._epoch_iter(self.epoch, 0)
+        for _ in range(2):
+            try:
+                block = next(self._it)
+            except StopIteration:
+                if self._in_epoch == 0:
+                    raise NormswapError(
+                        f"the {self.split} split of {self.data_spec} holds fewer than {self.seq_len} tokens: lower --seq-len or give more data"
+                    ) from None
+                self.epoch += 1
+                self._in_epoch = 0
+                self._it = self._epoch_iter(self.epoch, 0)
+                continue
+            self._in_epoch += 1
+            self.position += 1
+            return block
+        raise AssertionError("unreachable")
+
+    def take(self, n: int) -> torch.Tensor:
+        """The next n blocks as one [n, seq_len] batch."""
+        return torch.stack([next(self) for _ in range(n)])
+
+
+def eval_blocks(tokenizer, data_spec: str, seq_len: int, max_tokens: int, split: str = "validation") -> torch.Tensor:
+    """The held-out set: the first max_tokens of the split (in corpus order), as [n, seq_len] blocks."""
+    from normswap.data import load_documents, pack_tokens
+
+    want = max(1, max_tokens // seq_len)
+    blocks = []
+    for block in pack_tokens(tokenizer, load_documents(data_spec, split), seq_len):
+        blocks.append(block)
+        if len(blocks) >= want:
+            break
+    if not blocks:
+        raise NormswapError(f"the {split} split of {data_spec} holds fewer than {seq_len} tokens: lower --seq-len")
+    return torch.stack(blocks)
+
+
+def fingerprint(batch: torch.Tensor) -> int:
+    """A cheap order-sensitive checksum of a token batch (to show which rows each process read)."""
+    flat = batch.reshape(-1).to(torch.int64)
+    weights = torch.arange(1, flat.numel() + 1, dtype=torch.int64)
+    return int((flat * weights).sum() % 2_147_483_647)
