@@ -1,0 +1,241 @@
+"""CPU fast path for (fused add +) RMSNorm, forward and backward.
+
+Why this exists: on CPU, torch's ``F.rms_norm`` is a composite of several passes and runs
+several times slower than ``F.layer_norm`` (a fused, vectorised ATen kernel), so a converted
+model would get slower on CPU because of its norms. The kernel here is a small C++ extension
+(``csrc/``) built with ``torch.utils.cpp_extension.load`` at first use and cached; every caller
+must treat it as optional: :func:`available` returns False (and never raises) when there is no
+compiler or ninja, when building fails, or when ``NORMSWAP_CPU_KERNEL=0``, and the dispatcher
+then uses pure torch.
+
+Build and cache:
+* The cache directory is ``$NORMSWAP_CACHE_DIR`` or ``$XDG_CACHE_HOME/normswap`` (default
+  ``~/.cache/normswap``), sub-directory ``cpu_kernel/<name>`` where the name carries a hash of
+  the C++ sources, the compile flags, the torch version and the Python ABI, so a changed source
+  or a torch upgrade gets a fresh build instead of loading a stale library.
+* Concurrent processes are safe: torch's loader takes a file lock in the build directory, one
+  process builds, the others wait and then load the same library.
+* No ``-march=native``: the library contains a baseline x86-64 variant and an AVX2/FMA/F16C
+  variant and chooses at load time from the CPU flags, so the cached build is portable between
+  machines (a shared home directory, a copied cache) and never executes an illegal instruction.
+* Compiler output goes to a log in the build directory, never to the terminal; if the build
+  fails the reason is kept (:func:`unavailable_reason`) and logged at DEBUG level.
+
+Numerics (documented cast order): statistics in fp32; ``y = cast((x * rstd) * w)`` with ``w``
+converted to fp32 — normalise in fp32, multiply by the weight in fp32, round once to x's dtype.
+With a residual, ``summed = cast(x + residual)`` is rounded to x's dtype first and the rounded
+tensor is what is normalised (it is also what the backward receives), matching an unfused
+``h = x + residual; norm(h)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = ("rms_norm_cpu.cpp", "rms_norm_cpu_kernel.h")
+# -O3 for the inner loops; -fno-math-errno/-fno-trapping-math (as torch itself builds) let sqrt
+# become one instruction; no -ffast-math, so NaN/inf propagate and the summation order is the one
+# the source spells out.
+_BASE_CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-function"]
+
+_lock = threading.Lock()
+_ext = None
+_tried = False
+_reason: str | None = None
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _disabled_by_env() -> bool:
+    return os.environ.get("NORMSWAP_CPU_KERNEL", "").strip().lower() in ("0", "false", "no", "off")
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("NORMSWAP_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "normswap"
+
+
+def _flags() -> tuple[list[str], list[str]]:
+    cflags = list(_BASE_CFLAGS)
+    ldflags: list[str] = []
+    # ATen's OpenMP backend implements at::parallel_for inline (`#pragma omp parallel` in a
+    # header): without -fopenmp the kernel would silently run on one thread. Linking -fopenmp
+    # records libgomp.so.1, which the loader resolves to the copy torch already loaded, so both
+    # share one thread pool.
+    if torch.backends.openmp.is_available():
+        cflags.append("-fopenmp")
+        ldflags.append("-fopenmp")
+    return cflags, ldflags
+
+
+def _build_name(cflags: list[str], ldflags: list[str]) -> str:
+    h = hashlib.sha256()
+    for name in _SOURCES:
+        h.update(name.encode())
+        h.update((_CSRC / name).read_bytes())
+    h.update(repr((cflags, ldflags, torch.__version__, sys.implementation.cache_tag, sys.platform)).encode())
+    return "normswap_cpu_" + h.hexdigest()[:16]
+
+
+def _writable_dir(preferred: Path, name: str) -> Path:
+    for root in (preferred, Path(tempfile.gettempdir()) / f"normswap-{os.getuid() if hasattr(os, 'getuid') else 0}"):
+        d = root / "cpu_kernel" / name
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            probe = d / f".probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+            return d
+        except OSError:
+            continue
+    raise OSError(f"no writable cache directory (tried {preferred} and the temp dir)")
+
+
+def _compiler_missing() -> str | None:
+    from torch.utils import cpp_extension
+
+    if not sys.platform.startswith("linux"):
+        # The sources use GCC vector extensions and pragmas and have only been built with GCC on
+        # Linux; elsewhere the torch path is used rather than risking a half-working build.
+        return f"CPU kernel is only built on Linux (this is {sys.platform})"
+    if not cpp_extension.is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler ({cxx!r} not found on PATH)"
+    return None
+
+
+def _load():
+    from torch.utils import cpp_extension
+
+    cflags, ldflags = _flags()
+    name = _build_name(cflags, ldflags)
+    build_dir = _writable_dir(_cache_root(), name)
+    sink = io.StringIO()
+    # torch prints nothing with verbose=False, but compiler-compatibility notes arrive as
+    # warnings and a failing build writes to stdout/stderr: keep all of it off the terminal.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        warnings.simplefilter("ignore")
+        try:
+            return cpp_extension.load(
+                name=name,
+                sources=[str(_CSRC / "rms_norm_cpu.cpp")],
+                extra_cflags=cflags,
+                extra_ldflags=ldflags,
+                extra_include_paths=[str(_CSRC)],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+        finally:
+            text = sink.getvalue()
+            if text:
+                with contextlib.suppress(OSError):
+                    (build_dir / "build.log").write_text(text)
+
+
+def _ensure():
+    """Return the extension module or None; builds at most once per process."""
+    global _ext, _tried, _reason
+    if _ext is not None:
+        return _ext
+    if _tried:
+        return None
+    with _lock:
+        if _tried:
+            return _ext
+        try:
+            if _disabled_by_env():
+                _reason = "disabled by NORMSWAP_CPU_KERNEL=0"
+            else:
+                _reason = _compiler_missing()
+                if _reason is None:
+                    _ext = _load()
+        except Exception as exc:  # never raise: the caller falls back to torch
+            _ext = None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            _reason = f"CPU kernel build failed: {first}"
+            log.debug("normswap CPU kernel unavailable", exc_info=True)
+        _tried = True
+        return _ext
+
+
+def available() -> bool:
+    """True when the compiled CPU kernel is built and loaded (builds it on the first call)."""
+    if _ext is not None:
+        return True
+    if _disabled_by_env():
+        return False
+    try:
+        return _ensure() is not None
+    except Exception:  # pragma: no cover - _ensure already guards; belt and braces for "never raises"
+        return False
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (None when it is True or has not been asked yet)."""
+    if _disabled_by_env():
+        return "disabled by NORMSWAP_CPU_KERNEL=0"
+    return None if _ext is not None else _reason
+
+
+def supports(dtype: torch.dtype) -> bool:
+    """Whether the compiled kernel handles this dtype (float32, bfloat16, float16 with GCC)."""
+    name = _DTYPE_NAMES.get(dtype)
+    return name is not None and available() and bool(_ext.supports(name))
+
+
+def isa() -> str | None:
+    """The instruction-set variant in use ('avx2' or 'baseline'), None when unavailable."""
+    return _ext.isa() if available() else None
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+    """RMSNorm over the last dim of a contiguous [N, H] CPU tensor.
+
+    Returns ``(y, rstd, summed)``: y in x's dtype, rstd float32 [N], summed = x + residual in
+    x's dtype (None without residual). Not differentiable by itself; see :func:`backward`.
+    """
+    ext = _ext if _ext is not None else _ensure()
+    if ext is None:
+        raise RuntimeError(f"normswap CPU kernel is not available: {unavailable_reason()}")
+    return ext.forward(x, weight, residual, float(eps))
+
+
+def backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    compute_dweight: bool = True,
+):
+    """Gradients of :func:`forward`. ``x`` is the tensor that was normalised (x + residual when
+    a residual was fused). Returns ``(dx, dweight)``: dx in x's dtype, dweight float32 [H], or
+    None when there is no weight or ``compute_dweight`` is False."""
+    ext = _ext if _ext is not None else _ensure()
+    if ext is None:
+        raise RuntimeError(f"normswap CPU kernel is not available: {unavailable_reason()}")
+    return ext.backward(dy, x, rstd, weight, bool(compute_dweight))
+
+
+def _set_isa(name: str) -> bool:
+    """Testing/benchmark hook: force 'baseline', 'avx2' or 'best'. False if not possible here."""
+    return bool(available() and _ext.set_isa(name))
