@@ -36,7 +36,32 @@ def resolve(spec) -> str:
     looks_local = spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", "", 1)
     if looks_local or not _HUB_ID.match(spec):
         raise NormswapError(f"model not found: {spec} (give a local model directory, a hub id, or normswap:NAME; see `normswap models`)")
+    if not _hub_reachable_or_cached(spec):
+        raise NormswapError(f"model not found: {spec} is not a local directory, not in the hub cache, and the hub is unreachable")
     return spec
+
+
+def _hub_reachable_or_cached(repo_id: str) -> bool:
+    """Fail fast offline instead of waiting through the hub client's retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+
+        cached = try_to_load_from_cache(repo_id, "config.json")
+        if isinstance(cached, str):
+            return True
+        if constants.HF_HUB_OFFLINE:
+            return False
+        host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    except Exception:
+        host = "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+        return True
+    except OSError:
+        return False
 
 
 def is_local(resolved: str) -> bool:
@@ -90,16 +115,13 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None):
 
     dtype: None -> float32 (what CPU evaluation and verification want), "auto" -> the
     checkpoint's own dtype, or any torch dtype / name. task: "causal-lm", "base" or "auto"
-    (causal LM when the checkpoint is one, the bare model otherwise: encoders such as BERT).
+    (the class the checkpoint names: its auto_map or architectures, e.g. BertForMaskedLM).
     """
     import torch
-    from transformers import AutoModel, AutoModelForCausalLM
 
     resolved = resolve(spec)
     config = config if config is not None else load_config(resolved)
-    if task == "auto":
-        task = "causal-lm" if is_causal_lm(config) else "base"
-    auto = AutoModelForCausalLM if task == "causal-lm" else AutoModel
+    auto = model_class_for(config, task)
     torch_dtype = _torch_dtype(dtype) if dtype is not None else torch.float32
     try:
         model = auto.from_pretrained(resolved, config=config, dtype=torch_dtype, trust_remote_code=True)
@@ -111,7 +133,33 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None):
         raise
     model.to(device)
     model.eval()
+    if is_local(resolved):
+        # remembered so that a later save keeps the provenance and copies tokenizer files
+        from normswap.checkpoint.manifest import read_manifest
+
+        model.normswap_manifest = read_manifest(resolved)
+        model.normswap_source_dir = resolved
     return model
+
+
+def model_class_for(config, task="auto"):
+    """The class to load: the checkpoint's own (auto_map / architectures) unless a task is forced."""
+    import transformers
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    if task == "causal-lm":
+        return AutoModelForCausalLM
+    if task == "base":
+        return AutoModel
+    auto_map = getattr(config, "auto_map", None) or {}
+    for key in auto_map:
+        if key != "AutoConfig" and hasattr(transformers, key):
+            return getattr(transformers, key)
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None and hasattr(cls, "from_pretrained"):
+            return cls
+    return AutoModelForCausalLM if is_causal_lm(config) else AutoModel
 
 
 def load_tokenizer(spec):

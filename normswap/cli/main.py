@@ -56,6 +56,25 @@ def cli(ctx, debug):
     ctx.obj["debug"] = debug
     if debug:
         os.environ["NORMSWAP_DEBUG"] = "1"
+    _quiet_libraries(debug)
+
+
+def _quiet_libraries(debug: bool):
+    """transformers' own progress bars and config warnings drown normswap's output."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if debug:
+        return
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
 
 
 def _debug_requested(argv) -> bool:

@@ -73,6 +73,8 @@ def convert_model(model, *, mode="auto", gamma=None, beta=None, untie=False, fam
         missing = [k for k in missing if k in dict(model.named_parameters())]
         if missing or unexpected:
             raise NormswapError(f"internal error: converted weights do not fit the new module tree (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    plan.block["source_model_type"] = config.model_type
+    plan.block["source_class"] = type(model).__name__
     config.normswap = plan.block
     if plan.block["untied"]:
         config.tie_word_embeddings = False

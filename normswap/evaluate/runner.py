@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 from normswap.errors import NormswapError
-from normswap.evaluate.norms import norm_modules
-from normswap.evaluate.perplexity import model_context, perplexity, truncate_text
+from normswap.evaluate.norms import hidden_size_of, norm_kind, norm_modules
+from normswap.evaluate.perplexity import model_context, truncate_text
+from normswap.evaluate.perplexity import perplexity as run_perplexity
 
 _LABEL = re.compile(r"^[A-Za-z0-9_.\- ]+$")
 DEFAULT_MAX_TOKENS = 65536
@@ -116,12 +117,19 @@ def _model_info(entry: ModelEntry) -> dict:
         kind = f"converted ({block.get('mode', '?')})"
     else:
         kind = "original"
-    norms = sorted({type(m).__name__ for _, m in norm_modules(entry.model)})
+    found = norm_modules(entry.model)
+    norms = sorted({type(m).__name__ for _, m in found})
+    # The usual per-token arithmetic of one norm over d features: LayerNorm ~8d (mean, subtract,
+    # square, mean, scale, gamma, beta), RMSNorm ~4d (square, mean, scale, gamma).
+    norm_flops = sum((8 if norm_kind(m) == "layer" else 4) * (hidden_size_of(m) or 0) for _, m in found)
+    params = int(sum(p.numel() for p in entry.model.parameters()))
     info = {
         "kind": kind,
         "architecture": (getattr(config, "architectures", None) or [type(entry.model).__name__])[0],
-        "parameters": int(sum(p.numel() for p in entry.model.parameters())),
+        "parameters": params,
         "norm_classes": norms,
+        "norm_layers": len(found),
+        "flops_per_token": {"norms": norm_flops, "model_estimate": 2 * params},
         "normswap": {k: block.get(k) for k in ("mode", "source", "format_version", "version") if k in block} if block else None,
         "finetune": read_train_log(Path(entry.path) / "train_log.jsonl") if entry.path else None,
     }
@@ -217,9 +225,11 @@ def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, pro
 
 def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=None, baseline_name=None, tasks=None,
              device="cpu", dtype=torch.float32, seq_len=None, stride=None, batch_size=8, max_tokens=DEFAULT_MAX_TOKENS,
-             speed=True, speed_config=None, memory=True, diagnostics_batch=4, lm_eval_limit=None, progress=None) -> dict:
+             perplexity=True, diagnostics=True, speed=True, speed_options=None, memory=True, diagnostics_batch=4,
+             lm_eval_limit=None, progress=None) -> dict:
     """Run every measurement on ``entries`` and return the results dict (schema: docs/results-schema.md)."""
-    from normswap.evaluate.diagnostics import diagnostics, fixed_batch
+    from normswap.evaluate.diagnostics import diagnostics as run_diagnostics
+    from normswap.evaluate.diagnostics import fixed_batch
     from normswap.evaluate.lm_eval_adapter import parse_tasks, run_tasks
     from normswap.evaluate.memory import peak_memory
     from normswap.evaluate.speed import SpeedConfig, measure_speed
@@ -235,22 +245,23 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
         raise NormswapError(f"--seq-len {seq_len} is longer than the shortest model context ({max_ctx} tokens)")
     if stride is None:
         stride = max(seq_len // 2, 1)
-    if text is None:
+    need_text = perplexity or diagnostics
+    if text is None and need_text:
         from normswap.data import load_text
 
         say(f"loading {data} ({split} split)")
         text = load_text(data, split)
-    full_chars = len(text)
+    full_chars = len(text or "")
     # The cap is applied once, in characters, with the baseline's (or first model's) tokenizer,
     # so every model reads exactly the same text.
     cap_entry = next((e for e in entries if e.name == baseline_name), entries[0])
-    text, truncated = truncate_text(text, cap_entry.tokenizer, max_tokens)
+    text, truncated = truncate_text(text or "", cap_entry.tokenizer, max_tokens)
     dtype_name = str(dtype).replace("torch.", "")
     results = {
         "schema_version": 1,
         "device": device_description(device),
         "dtype": dtype_name,
-        "data": {
+        "data": None if not need_text else {
             "spec": str(data),
             "split": split,
             "characters": len(text),
@@ -271,26 +282,29 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
     }
     rows = []
     for e in entries:
-        say(f"perplexity: {e.name}")
-        ppl = perplexity(e.model, e.tokenizer, text, seq_len=seq_len, stride=stride, batch_size=batch_size)
         row = {"name": e.name, "path": e.path, "spec": e.spec}
         row.update(_model_info(e))
-        row.update({
-            "perplexity": ppl.perplexity,
-            "bits_per_byte": ppl.bits_per_byte,
-            "word_perplexity": ppl.word_perplexity,
-            "perplexity_detail": {"tokens": ppl.tokens, "nll_nats": ppl.nll_nats, "windows": ppl.windows},
-        })
-        say(f"diagnostics: {e.name}")
-        row["diagnostics"] = diagnostics(e.model, fixed_batch(e.tokenizer, text, diagnostics_batch, seq_len))
+        row.update({"perplexity": None, "bits_per_byte": None, "word_perplexity": None, "perplexity_detail": None})
+        if perplexity:
+            say(f"perplexity: {e.name}")
+            ppl = run_perplexity(e.model, e.tokenizer, text, seq_len=seq_len, stride=stride, batch_size=batch_size)
+            row.update({
+                "perplexity": ppl.perplexity,
+                "bits_per_byte": ppl.bits_per_byte,
+                "word_perplexity": ppl.word_perplexity,
+                "perplexity_detail": {"tokens": ppl.tokens, "nll_nats": ppl.nll_nats, "windows": ppl.windows},
+            })
+        row["diagnostics"] = None
+        if diagnostics:
+            say(f"diagnostics: {e.name}")
+            row["diagnostics"] = run_diagnostics(e.model, fixed_batch(e.tokenizer, text, diagnostics_batch, seq_len))
+        row["tasks"] = {}
         if parse_tasks(tasks):
             say(f"lm-eval {tasks}: {e.name}")
             row["tasks"] = run_tasks(e.model, e.tokenizer, tasks, batch_size=batch_size, limit=lm_eval_limit, device=device)
-        else:
-            row["tasks"] = {}
         rows.append(row)
     if speed:
-        cfg = speed_config or SpeedConfig(batch_size=batch_size, seq_len=seq_len)
+        cfg = SpeedConfig(batch_size=batch_size, seq_len=seq_len, **(speed_options or {}))
         say("speed: interleaved over models")
         measured = measure_speed([(e.name, e.model) for e in entries], cfg, progress=say)
         results["speed_setup"] = cfg.to_dict()

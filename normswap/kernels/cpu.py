@@ -180,10 +180,11 @@ def _ensure():
 
 def available() -> bool:
     """True when the compiled CPU kernel is built and loaded (builds it on the first call)."""
-    if _ext is not None:
-        return True
+    # The env switch is read on every call (a dict lookup) so it can be flipped at run time.
     if _disabled_by_env():
         return False
+    if _ext is not None:
+        return True
     try:
         return _ensure() is not None
     except Exception:  # pragma: no cover - _ensure already guards; belt and braces for "never raises"

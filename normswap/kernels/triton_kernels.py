@@ -40,8 +40,24 @@ def interpreter_active() -> bool:
 
 
 @triton.jit
+def _cast(v, P, RNE_FIX: tl.constexpr):
+    """v (fp32) in the element type of pointer P, rounded to nearest even.
+
+    RNE_FIX is set only under TRITON_INTERPRET: the interpreter's fp32→bf16 cast truncates,
+    while the GPU's cvt rounds to nearest even; rounding the bits by hand first makes the
+    interpreter compute what the GPU does. Compiled kernels get RNE_FIX=False (no extra work)."""
+    if RNE_FIX:
+        if P.dtype.element_ty == tl.bfloat16:
+            b = v.to(tl.uint32, bitcast=True)
+            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+            v = b.to(tl.float32, bitcast=True)
+    return v.to(P.dtype.element_ty)
+
+
+@triton.jit
 def _fwd_fused(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
-               HAS_W: tl.constexpr, HAS_R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               HAS_W: tl.constexpr, HAS_R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               RNE_FIX: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -52,7 +68,7 @@ def _fwd_fused(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
     if HAS_R:
         r = tl.load(R + rows[:, None] * sr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         # round the sum to the input dtype, exactly as `x + residual` in the model would
-        s = (x + r).to(S.dtype.element_ty)
+        s = _cast(x + r, S, RNE_FIX)
         tl.store(S + rows[:, None] * ss + cols[None, :], s, mask=mask)
         x = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
@@ -61,12 +77,12 @@ def _fwd_fused(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
     if HAS_W:
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y * w[None, :]
-    tl.store(Y + rows[:, None] * sy + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + rows[:, None] * sy + cols[None, :], _cast(y, Y, RNE_FIX), mask=mask)
 
 
 @triton.jit
 def _fwd_looped(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
-                HAS_W: tl.constexpr, HAS_R: tl.constexpr, BLOCK_N: tl.constexpr):
+                HAS_W: tl.constexpr, HAS_R: tl.constexpr, BLOCK_N: tl.constexpr, RNE_FIX: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for c0 in range(0, n_cols, BLOCK_N):
@@ -75,7 +91,7 @@ def _fwd_looped(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
         x = tl.load(X + row * sx + cols, mask=cmask, other=0.0).to(tl.float32)
         if HAS_R:
             r = tl.load(R + row * sr + cols, mask=cmask, other=0.0).to(tl.float32)
-            s = (x + r).to(S.dtype.element_ty)
+            s = _cast(x + r, S, RNE_FIX)
             tl.store(S + row * ss + cols, s, mask=cmask)
             x = s.to(tl.float32)
         acc += x * x
@@ -88,17 +104,17 @@ def _fwd_looped(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
         x = tl.load(X + row * sx + cols, mask=cmask, other=0.0).to(tl.float32)
         if HAS_R:
             r = tl.load(R + row * sr + cols, mask=cmask, other=0.0).to(tl.float32)
-            x = (x + r).to(S.dtype.element_ty).to(tl.float32)
+            x = _cast(x + r, S, RNE_FIX).to(tl.float32)
         y = x * rstd
         if HAS_W:
             w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
             y = y * w
-        tl.store(Y + row * sy + cols, y.to(Y.dtype.element_ty), mask=cmask)
+        tl.store(Y + row * sy + cols, _cast(y, Y, RNE_FIX), mask=cmask)
 
 
 @triton.jit
 def _bwd_fused(DY, X, W, RSTD, DX, DWP, n_rows, n_cols, sdy, sx, sdx, rows_per_prog,
-               HAS_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               HAS_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RNE_FIX: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < n_cols
@@ -122,14 +138,14 @@ def _bwd_fused(DY, X, W, RSTD, DX, DWP, n_rows, n_cols, sdy, sx, sdx, rows_per_p
             g = dy
         c = tl.sum(g * xhat, axis=1) / n_cols
         dx = (g - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows[:, None] * sdx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(DX + rows[:, None] * sdx + cols[None, :], _cast(dx, DX, RNE_FIX), mask=mask)
     if HAS_W:
         tl.store(DWP + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=cmask)
 
 
 @triton.jit
 def _bwd_looped(DY, X, W, RSTD, DX, DWP, n_rows, n_cols, sdy, sx, sdx, rows_per_prog,
-                HAS_W: tl.constexpr, BLOCK_N: tl.constexpr):
+                HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, RNE_FIX: tl.constexpr):
     pid = tl.program_id(0)
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, n_rows)
@@ -159,7 +175,7 @@ def _bwd_looped(DY, X, W, RSTD, DX, DWP, n_rows, n_cols, sdy, sx, sdx, rows_per_
             else:
                 g = dy
             dx = (g - xhat * c) * rstd
-            tl.store(DX + row * sdx + cols, dx.to(DX.dtype.element_ty), mask=cmask)
+            tl.store(DX + row * sdx + cols, _cast(dx, DX, RNE_FIX), mask=cmask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,17 +234,18 @@ def forward(x, weight, residual, eps, *, max_fused_n: int = MAX_FUSED_N):
         residual = residual.to(x.dtype)
     w = weight.contiguous() if weight is not None else None
     looped, block_m, block_n, warps = _settings(h, x.device, max_fused_n)
+    fix = x.device.type != "cuda"
     # unused pointer arguments get a real tensor so the signature stays typed
     r_arg = residual if residual is not None else x
     s_arg = summed if summed is not None else y
     w_arg = w if w is not None else x
     common = (x, r_arg, w_arg, y, s_arg, rstd, n, h, x.stride(0), r_arg.stride(0), y.stride(0), s_arg.stride(0), float(eps))
     if looped:
-        _fwd_looped[(n,)](*common, HAS_W=w is not None, HAS_R=residual is not None, BLOCK_N=block_n, num_warps=warps)
+        _fwd_looped[(n,)](*common, HAS_W=w is not None, HAS_R=residual is not None, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
     else:
         grid = (triton.cdiv(n, block_m),)
         _fwd_fused[grid](*common, HAS_W=w is not None, HAS_R=residual is not None,
-                         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+                         BLOCK_M=block_m, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
     return y, rstd, summed
 
 
@@ -241,6 +258,7 @@ def backward(dy, xin, rstd, weight, *, max_fused_n: int = MAX_FUSED_N):
     if n == 0:
         return dx, (torch.zeros((h,), dtype=torch.float32, device=xin.device) if has_w else None)
     looped, block_m, block_n, warps = _settings(h, xin.device, max_fused_n)
+    fix = xin.device.type != "cuda"
     row_blocks = triton.cdiv(n, block_m)
     if has_w:
         # persistent: a few programs per SM, so the [P, H] partial buffer stays small
@@ -256,8 +274,8 @@ def backward(dy, xin, rstd, weight, *, max_fused_n: int = MAX_FUSED_N):
     w_arg = weight.contiguous() if has_w else xin
     args = (dy, xin, w_arg, rstd, dx, dwp, n, h, dy.stride(0), xin.stride(0), dx.stride(0), rows_per_prog)
     if looped:
-        _bwd_looped[(programs,)](*args, HAS_W=has_w, BLOCK_N=block_n, num_warps=warps)
+        _bwd_looped[(programs,)](*args, HAS_W=has_w, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
     else:
-        _bwd_fused[(programs,)](*args, HAS_W=has_w, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+        _bwd_fused[(programs,)](*args, HAS_W=has_w, BLOCK_M=block_m, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
     dw = dwp.sum(0) if has_w else None
     return dx, dw

@@ -1,0 +1,76 @@
+"""The reference models shipped inside the package, addressed as `normswap:NAME`.
+
+Each lives in `normswap/assets/models/NAME/` as an ordinary Hugging Face checkpoint (config.json,
+model.safetensors, tokenizer files) plus `normswap_model.json`, written by
+scripts/train_reference.py, which records how it was trained and its held-out perplexity.
+(This module and the `models/` data directory share a name on purpose: a directory without
+`__init__.py` never shadows a module, so `normswap.assets.models` is this file.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from normswap.errors import NormswapError
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+METADATA_FILE = "normswap_model.json"
+
+
+def _names() -> list[str]:
+    if not MODELS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def model_path(name: str) -> Path:
+    """Directory of the shipped model `name` (a leading `normswap:` is accepted)."""
+    name = str(name)
+    if name.startswith("normswap:"):
+        name = name[len("normswap:"):]
+    names = _names()
+    if name not in names:
+        available = ", ".join(names) if names else "none are installed"
+        raise NormswapError(f"no shipped model named {name!r}; available: {available} (see `normswap models`)")
+    return MODELS_DIR / name
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError as e:
+        raise NormswapError(f"{path} is not valid JSON ({e.msg}); reinstall normswap") from None
+
+
+def describe(name: str) -> dict:
+    """One shipped model's summary (the same dict list_models returns for it)."""
+    path = model_path(name)
+    config = _read_json(path / "config.json")
+    meta = _read_json(path / METADATA_FILE)
+    evaluation = meta.get("evaluation", {})
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    return {
+        "name": name.removeprefix("normswap:"),
+        "spec": f"normswap:{name.removeprefix('normswap:')}",
+        "path": str(path),
+        "family": meta.get("family") or config.get("model_type"),
+        "model_type": config.get("model_type"),
+        "parameters": meta.get("parameters"),
+        "perplexity": evaluation.get("validation", {}).get("perplexity"),
+        "test_perplexity": evaluation.get("test", {}).get("perplexity"),
+        "perplexity_method": evaluation.get("method"),
+        "context_length": config.get("n_positions") or config.get("max_position_embeddings"),
+        "vocab_size": config.get("vocab_size"),
+        "layers": config.get("n_layer") or config.get("num_hidden_layers"),
+        "hidden_size": config.get("n_embd") or config.get("hidden_size"),
+        "size_bytes": size,
+        "description": meta.get("description", ""),
+    }
+
+
+def list_models() -> list[dict]:
+    """Every shipped model, sorted by name."""
+    return [describe(n) for n in _names()]

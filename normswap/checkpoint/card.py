@@ -1,0 +1,102 @@
+"""The model card (README.md) written next to the weights, generated from the manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fmt(x, spec=".3g"):
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return format(x, spec)
+    return str(x)
+
+
+def render_model_card(manifest: dict, config: dict) -> str:
+    block = config.get("normswap") or {}
+    conv = manifest.get("conversion") or {}
+    ver = manifest.get("verification") or {}
+    ft = manifest.get("finetune") or {}
+    source = conv.get("source") or manifest.get("source") or "unknown source"
+    auto = next((k for k in (config.get("auto_map") or {}) if k != "AutoConfig"), "AutoModelForCausalLM")
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [normswap, rmsnorm]",
+        "---",
+        f"# {source} with RMSNorm (normswap)",
+        "",
+    ]
+    if block:
+        norms = block.get("norms", {})
+        gam = {}
+        bet = {}
+        for rec in norms.values():
+            gam[rec["gamma"]] = gam.get(rec["gamma"], 0) + 1
+            bet[rec["beta"]] = bet.get(rec["beta"], 0) + 1
+        lines += [
+            f"Converted from **{source}** ({block.get('source_class', '')}, family `{block.get('family')}`) by "
+            f"normswap {block.get('normswap_version')} in **{block.get('mode')}** mode.",
+            "",
+            "| what | value |",
+            "|---|---|",
+            f"| norms replaced by RMSNorm | {len(norms)} |",
+            f"| γ (weight) | {', '.join(f'{k}: {v}' for k, v in sorted(gam.items()))} |",
+            f"| β (bias) | {', '.join(f'{k}: {v}' for k, v in sorted(bet.items()))} |",
+            f"| biases created in reading linears | {len(block.get('added_biases', {}))} |",
+            f"| outputs centred at run time | {', '.join(block.get('centered_outputs', [])) or 'none'} |",
+            f"| output head | {'untied (folded)' if block.get('untied') else ('tied, kept exact' if block.get('tied') else 'untied in the source')} |",
+            f"| left alone | {', '.join(x['module'] for x in block.get('left_alone', [])) or 'none'} |",
+            "",
+        ]
+        if block.get("mode") == "exact":
+            lines += ["Exact mode: every write into the residual stream was made zero-mean, so each RMSNorm computes "
+                      "what the LayerNorm it replaced computed (same ε); γ and β were folded into the reading linears "
+                      "wherever the norm's output only feeds linears.", ""]
+        else:
+            lines += ["Approximate mode: the residual stream was *not* centred, so the model's function changed; "
+                      "heal it with `normswap finetune`.", ""]
+    if ver:
+        lines += [
+            "## Verification",
+            "",
+            "| measure | value |",
+            "|---|---|",
+            f"| probe tokens | {ver.get('probe_tokens')} |",
+            f"| max abs Δ log-prob (float32) | {_fmt(ver.get('max_abs_logprob_diff'))} |",
+            f"| source float32-vs-float64 noise floor | {_fmt(ver.get('noise_floor'))} |",
+            f"| probe perplexity, source | {_fmt(ver.get('probe_perplexity_source'), '.4f')} |",
+            f"| probe perplexity, converted | {_fmt(ver.get('probe_perplexity_converted'), '.4f')} |",
+            f"| threshold / passed | {_fmt(ver.get('threshold'))} / {ver.get('passed')} |",
+            "",
+        ]
+    if ft:
+        fm = ft.get("final_metrics") or {}
+        lines += ["## Fine-tune", "", "| setting | value |", "|---|---|"]
+        for k in ("data", "steps", "lr", "warmup_steps", "schedule", "seq_len", "batch_size", "trainable", "distill_from", "seed"):
+            if k in ft:
+                lines.append(f"| {k} | {ft[k]} |")
+        for k, v in fm.items():
+            lines.append(f"| {k} | {_fmt(v, '.4f') if isinstance(v, float) else v} |")
+        lines.append("")
+    lines += [
+        "## Load",
+        "",
+        "```python",
+        f"from transformers import {auto}",
+        f"model = {auto}.from_pretrained('PATH', trust_remote_code=True)",
+        "# or: import normswap; model = normswap.load_model('PATH')",
+        "```",
+        "",
+        "The bundled `modeling_normswap.py` uses normswap's fused RMSNorm kernels when normswap is installed "
+        "and a plain PyTorch RMSNorm otherwise. Details: `normswap_manifest.json`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(directory, manifest: dict, config: dict) -> Path:
+    path = Path(directory) / "README.md"
+    path.write_text(render_model_card(manifest, config))
+    return path

@@ -1,0 +1,51 @@
+"""normswap_manifest.json: what was done to a checkpoint, by which command, with what result."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import sys
+from pathlib import Path
+
+MANIFEST_NAME = "normswap_manifest.json"
+
+
+def read_manifest(directory) -> dict | None:
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def write_manifest(directory, manifest: dict) -> Path:
+    path = Path(directory) / MANIFEST_NAME
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
+    return path
+
+
+def environment() -> dict:
+    import torch
+    import transformers
+
+    from normswap import __version__
+
+    return {
+        "normswap": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def history_entry(step: str, **fields) -> dict:
+    return {
+        "step": step,
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["normswap"] + sys.argv[1:]) if sys.argv and "normswap" in sys.argv[0] else None,
+        **fields,
+    }

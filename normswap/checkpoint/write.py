@@ -1,0 +1,316 @@
+"""Write checkpoints in normswap's format, atomically.
+
+Layout of a converted checkpoint directory:
+    config.json                  source config + `normswap` block, own model_type, auto_map
+    modeling_normswap.py         rebuilds the converted module tree on top of the source class
+    model.safetensors            (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
+    tokenizer / generation files copied from the source
+    normswap_manifest.json       what was done, by which command, and the measurements
+    README.md                    model card
+
+Everything is written into a temporary sibling directory first and renamed into place, so a
+process killed at any instant leaves either no OUT or a complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from normswap import __version__
+from normswap.checkpoint.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from normswap.errors import NormswapError
+
+MODELING_FILE = "modeling_normswap.py"
+SIDE_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "vocab.txt", "tokenizer.model", "spiece.model", "added_tokens.json", "generation_config.json",
+    "chat_template.jinja", "chat_template.json",
+)
+
+
+# -- output directory handling -------------------------------------------------------------
+
+def check_output_path(out, *, force: bool, sources=()) -> Path:
+    """Refuse an OUT that would clobber something: existing (without --force) or a source."""
+    out = Path(out).expanduser()
+    real_out = out.resolve()
+    for src in sources:
+        if src and Path(src).exists():
+            real_src = Path(src).resolve()
+            if real_out == real_src or real_src in real_out.parents or real_out in real_src.parents:
+                raise NormswapError(f"OUT {out} overlaps the source {src}: the source is never modified; choose another OUT")
+    if out.exists() and not force:
+        raise NormswapError(f"OUT {out} already exists (use --force to replace it)")
+    if out.exists() and not out.is_dir():
+        raise NormswapError(f"OUT {out} exists and is not a directory")
+    if not out.parent.exists():
+        raise NormswapError(f"parent directory of OUT does not exist: {out.parent}")
+    return out
+
+
+@contextmanager
+def staging_dir(out: Path):
+    """A temporary directory beside OUT (same filesystem, so the final rename is atomic).
+
+    The name is a valid Python identifier-ish string because transformers imports remote code
+    from a module named after the directory.
+    """
+    tmp = out.parent / f"{out.name}_normswap_tmp_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish(tmp: Path, out: Path, *, force: bool) -> Path:
+    """Move a finished staging directory to OUT; with --force the old OUT goes only after."""
+    old = None
+    if out.exists():
+        if not force:
+            raise NormswapError(f"OUT {out} already exists (use --force to replace it)")
+        old = out.parent / f"{out.name}_normswap_old_{uuid.uuid4().hex[:8]}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+# -- weights ---------------------------------------------------------------------------------
+
+def _parse_size(size) -> int:
+    if isinstance(size, int):
+        return size
+    text = str(size).strip().upper()
+    for unit, mult in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("GIB", 2**30), ("MIB", 2**20)):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * mult)
+    return int(float(text))
+
+
+def unique_state_dict(model) -> dict:
+    """State dict without storage-sharing duplicates (tied weights keep their first name)."""
+    out, seen = {}, set()
+    for key, tensor in model.state_dict().items():
+        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)) if tensor.device.type != "meta" else key
+        if ident in seen:
+            continue
+        seen.add(ident)
+        out[key] = tensor.detach().contiguous()
+    return out
+
+
+def write_weights(tensors: dict, directory: Path, *, max_shard_size="5GB") -> list[str]:
+    """safetensors, sharded with an index when above ``max_shard_size``; returns the file names."""
+    limit = _parse_size(max_shard_size)
+    shards, current, size = [], {}, 0
+    for key, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if current and size + nbytes > limit:
+            shards.append(current)
+            current, size = {}, 0
+        current[key] = t
+        size += nbytes
+    shards.append(current)
+    meta = {"format": "pt", "producer": f"normswap {__version__}"}
+    if len(shards) == 1:
+        save_file(shards[0], str(directory / "model.safetensors"), metadata=meta)
+        return ["model.safetensors"]
+    names, weight_map, total = [], {}, 0
+    for k, shard in enumerate(shards, start=1):
+        name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / name), metadata=meta)
+        names.append(name)
+        for key, t in shard.items():
+            weight_map[key] = name
+            total += t.numel() * t.element_size()
+    with open(directory / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return names
+
+
+# -- config and remote code -------------------------------------------------------------------
+
+def normswap_names(source_model_type: str, source_class: str) -> dict:
+    stem = source_class
+    return {
+        "model_type": f"normswap_{source_model_type}",
+        "config_class": f"Normswap{stem}Config",
+        "model_class": f"Normswap{stem}",
+    }
+
+
+def auto_class_for(class_name: str) -> str:
+    if class_name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "AutoModelForCausalLM"
+    if class_name.endswith("ForMaskedLM"):
+        return "AutoModelForMaskedLM"
+    if class_name.endswith("ForSequenceClassification"):
+        return "AutoModelForSequenceClassification"
+    return "AutoModel"
+
+
+def modeling_source(model, names: dict) -> str:
+    """The text of modeling_normswap.py: an import header, the shared body, two classes."""
+    body = (Path(__file__).parent / "remote_code.py").read_text()
+    cfg_cls = type(model.config).__mro__[0]
+    # a config that already is a normswap subclass (fine-tuning a converted model): use its base
+    while cfg_cls.__name__.startswith("Normswap") and len(cfg_cls.__mro__) > 1:
+        cfg_cls = cfg_cls.__mro__[1]
+    model_cls = type(model)
+    while model_cls.__name__.startswith("Normswap") and len(model_cls.__mro__) > 1:
+        model_cls = model_cls.__mro__[1]
+    header = (
+        f"# Generated by normswap {__version__}: stock transformers loads this converted checkpoint with\n"
+        f"#   {auto_class_for(model_cls.__name__)}.from_pretrained(path, trust_remote_code=True)\n"
+        f"from {cfg_cls.__module__} import {cfg_cls.__name__} as _SourceConfig\n"
+        f"from {model_cls.__module__} import {model_cls.__name__} as _SourceModel\n\n"
+    )
+    footer = f'''
+
+class {names["config_class"]}(_SourceConfig):
+    # A model type of its own: loading without trust_remote_code fails loudly instead of
+    # silently building the stock LayerNorm class with missing weights.
+    model_type = "{names["model_type"]}"
+
+
+class {names["model_class"]}(_SourceModel):
+    config_class = {names["config_class"]}
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        apply_normswap_structure(self, config.normswap)
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        # resizing replaces the embedding module and with it the output-centring hook
+        out = super().resize_token_embeddings(*args, **kwargs)
+        register_runtime_centering(self, self.config.normswap)
+        return out
+'''
+    return header + body + footer
+
+
+def source_classes(model) -> tuple[str, str]:
+    cls = type(model)
+    while cls.__name__.startswith("Normswap") and len(cls.__mro__) > 1:
+        cls = cls.__mro__[1]
+    block = getattr(model.config, "normswap", None) or {}
+    model_type = block.get("source_model_type") or model.config.model_type
+    return model_type, cls.__name__
+
+
+def config_dict_for(model) -> dict:
+    config = model.config
+    d = config.to_dict()
+    block = getattr(config, "normswap", None)
+    if not block:
+        return d
+    src_type, src_class = source_classes(model)
+    block = dict(block)
+    block["source_model_type"] = src_type
+    block["source_class"] = src_class
+    names = normswap_names(src_type, src_class)
+    d["normswap"] = block
+    d["model_type"] = names["model_type"]
+    d["architectures"] = [names["model_class"]]
+    d["auto_map"] = {
+        "AutoConfig": f"modeling_normswap.{names['config_class']}",
+        auto_class_for(src_class): f"modeling_normswap.{names['model_class']}",
+    }
+    d.pop("transformers_version", None)
+    import transformers
+
+    d["transformers_version"] = transformers.__version__
+    return d
+
+
+def copy_side_files(src_dir, directory: Path):
+    if not src_dir or not Path(src_dir).is_dir():
+        return
+    for name in SIDE_FILES:
+        p = Path(src_dir) / name
+        if p.is_file() and not (directory / name).exists():
+            shutil.copy2(p, directory / name)
+
+
+def write_checkpoint_dir(model, directory: Path, *, tokenizer=None, source_dir=None, manifest=None,
+                         max_shard_size="5GB", dtype=None) -> dict:
+    """Write ``model`` (converted or stock) into an existing empty ``directory``."""
+    directory = Path(directory)
+    if dtype is not None:
+        model = model.to(dtype)
+    block = getattr(model.config, "normswap", None)
+    cfg = config_dict_for(model)
+    if block:
+        # record what the live modules are now (a fine-tune may have added or trained γ)
+        _sync_norm_records(model, cfg["normswap"])
+        src_type, src_class = source_classes(model)
+        (directory / MODELING_FILE).write_text(modeling_source(model, normswap_names(src_type, src_class)))
+        with open(directory / "config.json", "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+        files = write_weights(unique_state_dict(model), directory, max_shard_size=max_shard_size)
+    else:
+        model.save_pretrained(directory, safe_serialization=True, max_shard_size=max_shard_size)
+        files = sorted(p.name for p in directory.glob("*.safetensors"))
+    gen = getattr(model, "generation_config", None)
+    if gen is not None and not (directory / "generation_config.json").exists():
+        try:
+            gen.save_pretrained(directory)
+        except Exception:  # an invalid generation config must not lose the weights
+            pass
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    copy_side_files(source_dir or getattr(model, "normswap_source_dir", None), directory)
+    if manifest is not None:
+        write_manifest(directory, manifest)
+        from normswap.checkpoint.card import write_model_card
+
+        write_model_card(directory, manifest, cfg)
+    return {"files": files}
+
+
+def _sync_norm_records(model, block):
+    from normswap.convert.plan import is_rmsnorm
+
+    for name, rec in block.get("norms", {}).items():
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            continue
+        if is_rmsnorm(module):
+            rec["weight"] = getattr(module, "weight", None) is not None
+            rec["bias"] = getattr(module, "bias", None) is not None
+
+
+def save_checkpoint(model, out, *, tokenizer=None, manifest_updates=None, force=False, max_shard_size="5GB",
+                    dtype=None, source_dir=None) -> Path:
+    """Write ``model`` to OUT atomically in convert's format (stock layout for stock models).
+
+    The manifest is the model's own (read when it was loaded) with ``manifest_updates`` merged
+    in at the top level; the model card is regenerated from it.
+    """
+    out = check_output_path(out, force=force, sources=[source_dir or getattr(model, "normswap_source_dir", None)])
+    manifest = dict(getattr(model, "normswap_manifest", None) or {})
+    manifest.setdefault("normswap_version", __version__)
+    manifest.setdefault("history", [])
+    for key, value in (manifest_updates or {}).items():
+        manifest[key] = value
+    with staging_dir(out) as tmp:
+        write_checkpoint_dir(model, tmp, tokenizer=tokenizer, source_dir=source_dir, manifest=manifest,
+                             max_shard_size=max_shard_size, dtype=dtype)
+        publish(tmp, out, force=force)
+    return out
+
+
+__all__ = ["save_checkpoint", "write_checkpoint_dir", "check_output_path", "staging_dir", "publish",
+           "read_manifest", "MANIFEST_NAME"]

@@ -1,0 +1,296 @@
+"""results.json -> report.md and a self-contained report.html (figures embedded as base64)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+from normswap.report.claims import claims
+
+SPEED_KEYS = (("forward", "forward"), ("train_step", "train step"), ("generate", "generate"))
+
+
+def fmt_num(x, digits=2):
+    if x is None:
+        return "–"
+    if isinstance(x, int) or abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+def fmt_bytes(n):
+    if n is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def fmt_ratio(r):
+    return "" if r is None else f"×{r:.2f}"
+
+
+def fmt_params(n):
+    if n is None:
+        return "–"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    return f"{n / 1e3:.0f}k"
+
+
+def _ratios(m):
+    return m.get("ratios") or {}
+
+
+def table_rows(results) -> tuple[list[str], list[list[tuple[str, str]]]]:
+    """Header and rows of the side-by-side table: each cell is (value, ratio text)."""
+    header = ["model", "kind", "params", "perplexity", "bits/byte", "word ppl", "forward tok/s", "train-step tok/s",
+              "generate tok/s", "peak memory", "time in norms"]
+    rows = []
+    for m in results["models"]:
+        r = _ratios(m)
+        tr = r.get("tokens_per_second") or {}
+        tps = m.get("tokens_per_second") or {}
+        is_base = m["name"] == results.get("baseline")
+        rr = (lambda x: "") if is_base else fmt_ratio
+        gen = fmt_num(tps.get("generate"))
+        if tps.get("prefill") is not None:
+            gen += f" (prefill {fmt_num(tps.get('prefill'))}, decode {fmt_num(tps.get('decode'))})"
+        rows.append([
+            (m["name"] + (" (baseline)" if is_base else ""), ""),
+            (m.get("kind", ""), ""),
+            (fmt_params(m.get("parameters")), ""),
+            (fmt_num(m.get("perplexity"), 3), rr(r.get("perplexity"))),
+            (fmt_num(m.get("bits_per_byte"), 4), rr(r.get("bits_per_byte"))),
+            (fmt_num(m.get("word_perplexity"), 2), rr(r.get("word_perplexity"))),
+            (fmt_num(tps.get("forward")), rr(tr.get("forward"))),
+            (fmt_num(tps.get("train_step")), rr(tr.get("train_step"))),
+            (gen, rr(tr.get("generate"))),
+            (fmt_bytes(m.get("peak_memory_bytes")), rr(r.get("peak_memory_bytes"))),
+            ("–" if m.get("norm_time_share") is None else f"{m['norm_time_share'] * 100:.1f}%", ""),
+        ])
+    return header, rows
+
+
+def headlines(results) -> list[dict]:
+    """One card per compared model: the few numbers a user asks first."""
+    base = results.get("baseline")
+    cards = []
+    for m in results["models"]:
+        if m["name"] == base or not m.get("ratios"):
+            continue
+        r = m["ratios"]
+        tr = r.get("tokens_per_second") or {}
+        items = []
+        if r.get("perplexity") is not None:
+            items.append(("perplexity", f"{(r['perplexity'] - 1) * 100:+.2f}%", r["perplexity"] <= 1.0 + 1e-9))
+        for key, label in (("forward", "forward"), ("train_step", "train step"), ("decode", "decode")):
+            if tr.get(key) is not None:
+                items.append((label, f"×{tr[key]:.2f}", tr[key] >= 1.0))
+        if r.get("peak_memory_bytes") is not None:
+            items.append(("peak memory", f"×{r['peak_memory_bytes']:.2f}", r["peak_memory_bytes"] <= 1.0))
+        cards.append({"name": m["name"], "kind": m.get("kind", ""), "items": items})
+    return cards
+
+
+def task_table(results):
+    cols = []
+    for m in results["models"]:
+        for task, scores in (m.get("tasks") or {}).items():
+            for metric in scores:
+                if metric.endswith("_stderr") or metric == "sample_len":
+                    continue
+                if (task, metric) not in cols:
+                    cols.append((task, metric))
+    rows = [[m["name"]] + [fmt_num((m.get("tasks") or {}).get(t, {}).get(k), 4) for t, k in cols] for m in results["models"]]
+    return cols, rows
+
+
+def _setup_lines(results) -> list[str]:
+    d = results["data"]
+    v = results.get("versions") or {}
+    lines = [
+        f"Device: {results['device']}; dtype: {results['dtype']}; created {results['created']}",
+        f"Data: {d['spec']} ({d['split']} split), {d['characters']:,} characters / {d['bytes']:,} bytes / {d['words']:,} words"
+        + (f" (capped at {d['max_tokens']:,} tokens of {d.get('cap_tokenizer_of')}'s tokenizer from {d['characters_available']:,} characters)" if d.get("truncated") else ""),
+        f"Perplexity windows: seq_len {d['seq_len']}, stride {d['stride']}, batch {d['batch_size']}",
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "platform"),
+    ]
+    s = results.get("speed_setup")
+    if s:
+        lines.append(f"Speed: batch {s['batch_size']} x {s['seq_len']} tokens, {s['repeats']} interleaved repeats (medians), "
+                     f"warm-up {s['warmup']}, generation {s['prompt_len']}-token prompt + {s['new_tokens']} new tokens")
+    return lines
+
+
+# ---------------------------------------------------------------- markdown
+def markdown(results, figures: dict[str, Path]) -> str:
+    out = ["# normswap evaluation report", ""]
+    out += [f"- {line}" for line in _setup_lines(results)]
+    if results.get("baseline"):
+        out.append(f"- Ratios are against **{results['baseline']}** (×1.10 = 10% higher).")
+    out.append("")
+    cards = headlines(results)
+    if cards:
+        out += ["## Headline", ""]
+        for c in cards:
+            out.append(f"- **{c['name']}** ({c['kind']}): " + ", ".join(f"{label} {val}" for label, val, _ in c["items"]))
+        out.append("")
+    header, rows = table_rows(results)
+    out += ["## Side by side", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        out.append("| " + " | ".join((v + (f" ({r})" if r else "")).replace("|", "/") for v, r in row) + " |")
+    out.append("")
+    out += ["## Claims vs measured", ""]
+    for c in claims(results):
+        out.append(f"**{c['claim']}** — {c['meaning']}")
+        out += [f"- {line}" for line in c["measured"]]
+        out.append("")
+    cols, trows = task_table(results)
+    if cols:
+        out += ["## lm-eval tasks", "", "| model | " + " | ".join(f"{t} {k}" for t, k in cols) + " |", "|" + "---|" * (len(cols) + 1)]
+        out += ["| " + " | ".join(r) + " |" for r in trows]
+        out.append("")
+    out += ["## Training diagnostics (one fixed batch)", "", "| model | loss | grad norm | norm layers | mean input RMS | max abs(per-token mean) |", "|---|---|---|---|---|---|"]
+    for m in results["models"]:
+        dg = m.get("diagnostics") or {}
+        layers = dg.get("layers") or []
+        rms = [lay["rms"] for lay in layers if "rms"in lay]
+        tm = [lay["token_mean_abs"] for lay in layers if "token_mean_abs" in lay]
+        out.append(f"| {m['name']} | {fmt_num(dg.get('loss'), 4)} | {fmt_num(dg.get('grad_norm'), 4)} | {len(layers)} | "
+                   f"{fmt_num(sum(rms) / len(rms) if rms else None, 4)} | {fmt_num(max(tm) if tm else None, 5)} |")
+    out.append("")
+    titles = {"perplexity": "Perplexity", "throughput": "Throughput", "finetune_loss": "Fine-tune loss", "activations": "Activations entering each norm"}
+    if figures:
+        out += ["## Figures", ""]
+        for key, path in figures.items():
+            out += [f"### {titles.get(key, key)}", "", f"![{titles.get(key, key)}]({Path(path).name})", ""]
+    out += ["---", "Method: docs/results-schema.md (perplexity windows, speed interleaving, memory, diagnostics).", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- html
+CSS = """
+:root{--fg:#1f2328;--muted:#656d76;--line:#d8dee4;--bg:#f6f8fa;--accent:#4c6ef5;--good:#1a7f37;--bad:#cf222e}
+*{box-sizing:border-box}
+body{margin:0;font:15px/1.5 -apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;color:var(--fg);background:#fff}
+main{max-width:1120px;margin:0 auto;padding:32px 28px 64px}
+h1{font-size:28px;margin:0 0 4px}
+h2{font-size:20px;margin:36px 0 12px;padding-bottom:6px;border-bottom:1px solid var(--line)}
+.sub{color:var(--muted);margin:0 0 20px}
+.meta{background:var(--bg);border:1px solid var(--line);border-radius:8px;padding:12px 16px;font-size:13px;color:var(--muted)}
+.meta div{margin:2px 0}
+.cards{display:flex;flex-wrap:wrap;gap:14px}
+.card{flex:1 1 300px;border:1px solid var(--line);border-radius:10px;padding:14px 16px;box-shadow:0 1px 2px rgba(0,0,0,.04)}
+.card h3{margin:0 0 2px;font-size:16px}
+.card .kind{color:var(--muted);font-size:12px;margin-bottom:10px}
+.card .items{display:grid;grid-template-columns:repeat(auto-fill,minmax(110px,1fr));gap:10px}
+.card .v{font-size:22px;font-weight:600;font-variant-numeric:tabular-nums}
+.card .l{font-size:12px;color:var(--muted)}
+.good{color:var(--good)}.bad{color:var(--bad)}
+.tablewrap{overflow-x:auto}
+table{border-collapse:collapse;width:100%;font-size:13.5px;font-variant-numeric:tabular-nums}
+th,td{padding:7px 10px;border-bottom:1px solid var(--line);text-align:right;vertical-align:top}
+th{background:var(--bg);font-weight:600;white-space:nowrap}
+th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){text-align:left}
+tr:hover td{background:#fafbfc}
+td .r{display:block;font-size:11.5px;color:var(--muted)}
+.claims td{text-align:left}
+.claims td:first-child{font-weight:600;width:28%}
+.claims ul{margin:0;padding-left:18px}
+.claims .why{color:var(--muted);font-size:12.5px;margin-top:4px}
+figure{margin:18px 0;border:1px solid var(--line);border-radius:8px;padding:10px;background:#fff}
+figure img{max-width:100%;display:block;margin:0 auto}
+figcaption{color:var(--muted);font-size:13px;margin-top:6px;text-align:center}
+details{margin:8px 0}
+summary{cursor:pointer;color:var(--accent)}
+footer{margin-top:40px;color:var(--muted);font-size:12px}
+"""
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f"data:image/png;base64,{data}"
+
+
+def html_report(results, figures: dict[str, Path]) -> str:
+    parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+             "<meta name='viewport' content='width=device-width,initial-scale=1'>",
+             "<title>normswap evaluation report</title>", f"<style>{CSS}</style></head><body><main>"]
+    names = ", ".join(m["name"] for m in results["models"])
+    parts.append(f"<h1>normswap evaluation report</h1><p class='sub'>{_e(names)}</p>")
+    parts.append("<div class='meta'>" + "".join(f"<div>{_e(line)}</div>" for line in _setup_lines(results)) + "</div>")
+
+    cards = headlines(results)
+    if cards:
+        parts.append(f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {_e(results['baseline'])}</small></h2><div class='cards'>")
+        for c in cards:
+            items = "".join(f"<div><div class='v {'good' if ok else 'bad'}'>{_e(val)}</div><div class='l'>{_e(label)}</div></div>"
+                            for label, val, ok in c["items"])
+            parts.append(f"<div class='card'><h3>{_e(c['name'])}</h3><div class='kind'>{_e(c['kind'])}</div><div class='items'>{items}</div></div>")
+        parts.append("</div>")
+
+    header, rows = table_rows(results)
+    parts.append("<h2>Side by side</h2><div class='tablewrap'><table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>")
+    lower_better = {"perplexity", "bits/byte", "word ppl", "peak memory"}
+    for row in rows:
+        cells = []
+        for h, (v, r) in zip(header, row):
+            cls = ""
+            if r:
+                val = float(r.replace("×", ""))
+                if abs(val - 1.0) >= 0.005:
+                    cls = "good" if ((val < 1) if h in lower_better else (val > 1)) else "bad"
+            cells.append(f"<td>{_e(v)}" + (f"<span class='r {cls}'>{_e(r)}</span>" if r else "") + "</td>")
+        parts.append("<tr>" + "".join(cells) + "</tr>")
+    parts.append("</tbody></table></div>")
+
+    parts.append("<h2>Claims vs measured</h2><div class='tablewrap'><table class='claims'><thead><tr><th>claim</th><th>this run</th></tr></thead><tbody>")
+    for c in claims(results):
+        items = "".join(f"<li>{_e(line)}</li>" for line in c["measured"])
+        parts.append(f"<tr><td>{_e(c['claim'])}</td><td><ul>{items}</ul><div class='why'>{_e(c['meaning'])}</div></td></tr>")
+    parts.append("</tbody></table></div>")
+
+    titles = {"perplexity": ("Perplexity", "Token perplexity and bits per byte on the held-out text; bits per byte compares across tokenizers."),
+              "throughput": ("Throughput", "Tokens per second (medians of interleaved repeats) and the share of forward time inside norm layers."),
+              "finetune_loss": ("Fine-tune loss", "From train_log.jsonl of each fine-tuned model; dotted lines: other models' loss on the diagnostics batch."),
+              "activations": ("Activations entering each norm", "Per norm layer, on one fixed batch: RMS of the input, and how far each token's vector is from zero-mean.")}
+    for key, path in figures.items():
+        title, caption = titles.get(key, (key, ""))
+        parts.append(f"<h2>{_e(title)}</h2><figure><img alt='{_e(title)}' src='{_img(path)}'><figcaption>{_e(caption)}</figcaption></figure>")
+
+    cols, trows = task_table(results)
+    if cols:
+        parts.append("<h2>lm-eval tasks</h2><div class='tablewrap'><table><thead><tr><th>model</th>"
+                     + "".join(f"<th>{_e(t)}<br><small>{_e(k)}</small></th>" for t, k in cols) + "</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in trows]
+        parts.append("</tbody></table></div>")
+
+    parts.append("<h2>Training diagnostics</h2><p class='sub'>One fixed batch of the evaluation text, dropout off.</p>"
+                 "<div class='tablewrap'><table><thead><tr><th>model</th><th>kind</th><th>loss</th><th>grad norm</th><th>norm layers</th><th>norm classes</th></tr></thead><tbody>")
+    for m in results["models"]:
+        dg = m.get("diagnostics") or {}
+        parts.append(f"<tr><td>{_e(m['name'])}</td><td>{_e(m.get('kind', ''))}</td><td>{fmt_num(dg.get('loss'), 4)}</td>"
+                     f"<td>{fmt_num(dg.get('grad_norm'), 4)}</td><td>{len(dg.get('layers') or [])}</td><td>{_e(', '.join(m.get('norm_classes') or []))}</td></tr>")
+    parts.append("</tbody></table></div>")
+    for m in results["models"]:
+        layers = (m.get("diagnostics") or {}).get("layers") or []
+        if not layers:
+            continue
+        parts.append(f"<details><summary>{_e(m['name'])}: per-layer statistics ({len(layers)} norm layers)</summary><div class='tablewrap'><table>"
+                     "<thead><tr><th>layer</th><th>class</th><th>rms</th><th>mean</th><th>|per-token mean|</th></tr></thead><tbody>")
+        for lay in layers:
+            parts.append(f"<tr><td>{_e(lay['name'])}</td><td>{_e(lay.get('class', ''))}</td><td>{fmt_num(lay.get('rms'), 4)}</td>"
+                         f"<td>{fmt_num(lay.get('mean'), 5)}</td><td>{fmt_num(lay.get('token_mean_abs'), 5)}</td></tr>")
+        parts.append("</tbody></table></div></details>")
+    parts.append(f"<footer>Generated by normswap {_e((results.get('versions') or {}).get('normswap', ''))} on {_e(results['created'])}. "
+                 "Definitions: docs/results-schema.md. Raw numbers: results.json.</footer></main></body></html>")
+    return "\n".join(parts)
