@@ -224,12 +224,12 @@ def _check(x: torch.Tensor):
 def forward(x, weight, residual, eps, *, max_fused_n: int = MAX_FUSED_N):
     _check(x)
     n, h = x.shape
-    assert x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
     y = torch.empty((n, h), dtype=x.dtype, device=x.device)
     rstd = torch.empty((n,), dtype=torch.float32, device=x.device)
     summed = torch.empty((n, h), dtype=x.dtype, device=x.device) if residual is not None else None
     if n == 0:
         return y, rstd, summed
+    assert x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
     if residual is not None and residual.dtype != x.dtype:
         residual = residual.to(x.dtype)
     w = weight.contiguous() if weight is not None else None
@@ -252,11 +252,11 @@ def forward(x, weight, residual, eps, *, max_fused_n: int = MAX_FUSED_N):
 def backward(dy, xin, rstd, weight, *, max_fused_n: int = MAX_FUSED_N):
     _check(xin)
     n, h = xin.shape
-    assert dy.stride(-1) == 1 and xin.stride(-1) == 1
     dx = torch.empty((n, h), dtype=xin.dtype, device=xin.device)
     has_w = weight is not None
     if n == 0:
         return dx, (torch.zeros((h,), dtype=torch.float32, device=xin.device) if has_w else None)
+    assert dy.stride(-1) == 1 and xin.stride(-1) == 1
     looped, block_m, block_n, warps = _settings(h, xin.device, max_fused_n)
     fix = xin.device.type != "cuda"
     row_blocks = triton.cdiv(n, block_m)
