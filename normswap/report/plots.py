@@ -126,7 +126,9 @@ def activation_plot(results, out: Path) -> Path | None:
         axes[1].plot(xs, [lay.get("token_mean_abs") for lay in layers], marker="o", markersize=3, color=c[m["name"]], label=m["name"])
     axes[0].set_title("RMS of the input to each norm layer", fontsize=10)
     axes[1].set_title("|per-token mean| of that input (0 = centred)", fontsize=10)
-    axes[0].set_yscale("log")
+    values = [lay.get("rms") for m in models for lay in m["diagnostics"]["layers"] if lay.get("rms")]
+    if values and max(values) / max(min(values), 1e-30) > 30:
+        axes[0].set_yscale("log")  # deep models: the residual stream grows by orders of magnitude
     for ax in axes:
         ax.set_xlabel("norm layer (model order)")
         ax.legend(fontsize=8, frameon=False)

@@ -76,6 +76,12 @@ def table_rows(results) -> tuple[list[str], list[list[tuple[str, str]]]]:
     return header, rows
 
 
+def _verdict(ratio, *, lower_better, tol):
+    if abs(ratio - 1.0) <= tol:
+        return None
+    return (ratio < 1.0) if lower_better else (ratio > 1.0)
+
+
 def headlines(results) -> list[dict]:
     """One card per compared model: the few numbers a user asks first."""
     base = results.get("baseline")
@@ -86,13 +92,14 @@ def headlines(results) -> list[dict]:
         r = m["ratios"]
         tr = r.get("tokens_per_second") or {}
         items = []
+        # verdict: True better, False worse, None within what this report cannot tell apart
         if r.get("perplexity") is not None:
-            items.append(("perplexity", f"{(r['perplexity'] - 1) * 100:+.2f}%", r["perplexity"] <= 1.0 + 1e-9))
+            items.append(("perplexity", f"{(r['perplexity'] - 1) * 100:+.2f}%", _verdict(r["perplexity"], lower_better=True, tol=0.001)))
         for key, label in (("forward", "forward"), ("train_step", "train step"), ("decode", "decode")):
             if tr.get(key) is not None:
-                items.append((label, f"×{tr[key]:.2f}", tr[key] >= 1.0))
+                items.append((label, f"×{tr[key]:.2f}", _verdict(tr[key], lower_better=False, tol=0.02)))
         if r.get("peak_memory_bytes") is not None:
-            items.append(("peak memory", f"×{r['peak_memory_bytes']:.2f}", r["peak_memory_bytes"] <= 1.0))
+            items.append(("peak memory", f"×{r['peak_memory_bytes']:.2f}", _verdict(r["peak_memory_bytes"], lower_better=True, tol=0.005)))
         cards.append({"name": m["name"], "kind": m.get("kind", ""), "items": items})
     return cards
 
@@ -233,7 +240,7 @@ def html_report(results, figures: dict[str, Path]) -> str:
     if cards:
         parts.append(f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {_e(results['baseline'])}</small></h2><div class='cards'>")
         for c in cards:
-            items = "".join(f"<div><div class='v {'good' if ok else 'bad'}'>{_e(val)}</div><div class='l'>{_e(label)}</div></div>"
+            items = "".join(f"<div><div class='v {'' if ok is None else ('good' if ok else 'bad')}'>{_e(val)}</div><div class='l'>{_e(label)}</div></div>"
                             for label, val, ok in c["items"])
             parts.append(f"<div class='card'><h3>{_e(c['name'])}</h3><div class='kind'>{_e(c['kind'])}</div><div class='items'>{items}</div></div>")
         parts.append("</div>")
