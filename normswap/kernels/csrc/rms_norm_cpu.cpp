@@ -59,8 +59,8 @@ typedef void (*FwdFn)(const FwdArgs&, int64_t, int64_t);
 typedef void (*BwdFn)(const BwdArgs&, float*, int64_t, int64_t);
 
 struct Table {
-  FwdFn fwd[3][3][2];
-  BwdFn bwd[3][3][2];
+  FwdFn fwd[3][2][2];
+  BwdFn bwd[3][2][2];
 };
 
 #define NORMSWAP_ISA_NS isa_baseline
@@ -163,16 +163,15 @@ static void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_contiguous(), "normswap cpu kernel: ", name, " must be contiguous");
 }
 
-// Returns (weight kind, fp32-or-x-dtype contiguous weight). Kind 0: none, 1: fp32, 2: x's dtype.
-static std::tuple<int, at::Tensor> prepare_weight(const c10::optional<at::Tensor>& weight, const at::Tensor& x) {
-  if (!weight.has_value() || !weight->defined()) return {0, at::Tensor()};
-  at::Tensor w = *weight;
+// The weight as a contiguous fp32 tensor (undefined when absent). Converting a bf16/fp16 weight
+// here once (H elements) is cheaper than converting it in every row.
+static at::Tensor prepare_weight(const c10::optional<at::Tensor>& weight, const at::Tensor& x) {
+  if (!weight.has_value() || !weight->defined()) return at::Tensor();
+  const at::Tensor& w = *weight;
   TORCH_CHECK(w.device().is_cpu(), "normswap cpu kernel: weight must be a CPU tensor");
   TORCH_CHECK(w.numel() == x.size(1), "normswap cpu kernel: weight has ", w.numel(), " elements, expected ",
               x.size(1));
-  if (w.scalar_type() != at::kFloat && w.scalar_type() != x.scalar_type()) w = w.to(at::kFloat);
-  w = w.contiguous();
-  return {w.scalar_type() == at::kFloat ? 1 : 2, w};
+  return w.to(at::kFloat).contiguous();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
@@ -182,7 +181,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x, cons
   TORCH_CHECK(d >= 0, "normswap cpu kernel: unsupported dtype ", x.scalar_type());
   const int64_t N = x.size(0), H = x.size(1);
   TORCH_CHECK(H >= 1, "normswap cpu kernel: hidden size must be >= 1");
-  auto [wk, w] = prepare_weight(weight, x);
+  const at::Tensor w = prepare_weight(weight, x);
+  const int wk = w.defined() ? 1 : 0;
   at::Tensor res;
   const bool has_res = residual.has_value() && residual->defined();
   if (has_res) {
@@ -222,7 +222,8 @@ std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dy, const at::Tens
   TORCH_CHECK(rstd.device().is_cpu() && rstd.scalar_type() == at::kFloat && rstd.numel() == N &&
                   rstd.is_contiguous(),
               "normswap cpu kernel: rstd must be a contiguous float32 CPU tensor of N elements");
-  auto [wk, w] = prepare_weight(weight, x);
+  const at::Tensor w = prepare_weight(weight, x);
+  const int wk = w.defined() ? 1 : 0;
   const bool dw = wk != 0 && compute_dweight;
   at::Tensor dx = at::empty_like(x);
   BwdArgs a;
