@@ -53,6 +53,7 @@ class TrainStream:
         self.epoch = 0
         self.epoch_lengths: list[int] = []  # [blocks per epoch], counted lazily when a resume needs it
         self._it = None
+        self._fresh = True
         self._in_epoch = 0
         if position:
             self._seek(position)
@@ -78,9 +79,15 @@ class TrainStream:
     def _seek(self, position: int) -> None:
         """Place the stream after ``position`` blocks (as if that many had been read)."""
         # Every epoch packs the same documents (only their order changes) into one stream whose
-        # final partial block is dropped, so all epochs hold the same number of blocks.
-        epoch, in_epoch = divmod(position, self._epoch_length()) if position else (0, 0)
+        # final partial block is dropped, so all epochs hold the same number of blocks. Counting
+        # them costs a full tokenising pass, so we first assume the position lies in epoch 0 and
+        # count only if that epoch runs out during the skip.
+        if self.epoch_lengths:
+            epoch, in_epoch = divmod(position, self.epoch_lengths[0])
+        else:
+            epoch, in_epoch = 0, position
         self.epoch, self._in_epoch, self.position = epoch, in_epoch, position
+        self._fresh = True  # nothing read from this iterator yet
         self._it = self._epoch_iter(epoch, in_epoch)
 
     def __iter__(self):
@@ -89,10 +96,15 @@ class TrainStream:
     def __next__(self) -> torch.Tensor:
         if self._it is None:
             self._it = self._epoch_iter(self.epoch, 0)
-        for _ in range(2):
+            self._fresh = True
+        for _ in range(3):
             try:
                 block = next(self._it)
             except StopIteration:
+                if self._fresh and self._in_epoch > 0 and not self.epoch_lengths:
+                    self._epoch_length()  # the skip ran past epoch 0: now place it exactly
+                    self._seek(self.position)
+                    continue
                 if self._in_epoch == 0:
                     raise NormswapError(
                         f"the {self.split} split of {self.data_spec} holds fewer than {self.seq_len} tokens: lower --seq-len or give more data"
@@ -100,11 +112,13 @@ class TrainStream:
                 self.epoch += 1
                 self._in_epoch = 0
                 self._it = self._epoch_iter(self.epoch, 0)
+                self._fresh = True
                 continue
+            self._fresh = False
             self._in_epoch += 1
             self.position += 1
             return block
-        raise AssertionError("unreachable")
+        raise NormswapError(f"the {self.split} split of {self.data_spec} yields no training blocks")
 
     def take(self, n: int) -> torch.Tensor:
         """The next n blocks as one [n, seq_len] batch."""

@@ -224,22 +224,27 @@ def _select_trainable(model, trainable: str) -> int:
     """Freeze what is not trained; return the number of trainable parameters.
 
     ``norms`` trains the parameters of the normalisation layers only: for a converted model, the
-    new RMSNorm γ (and β where convert kept it). An exact conversion folds γ into the next layers
-    and leaves the RMSNorms without parameters: then there is nothing to train and we refuse,
-    rather than silently adding γ = 1 parameters that the converted checkpoint format (and its
-    modeling file) would not know about.
+    new RMSNorm γ (and β where convert kept it; convert with ``--gamma keep``); for an unconverted
+    model, its LayerNorms' γ and β. Folding (exact conversion, or approx with γ folded) leaves the
+    RMSNorms without γ: we refuse rather than silently add γ = 1 parameters that the converted
+    checkpoint format (and its modeling file) would not know about. We refuse as soon as one norm
+    was folded: an exact conversion keeps only the final norm's γ (for a tied head), and training
+    that one norm alone is not what "norms" promises.
     """
     if trainable == "all":
         for p in model.parameters():
             p.requires_grad_(True)
         return sum(p.numel() for p in model.parameters())
-    norm_params = {id(p) for _, m in _norm_modules(model) for p in m.parameters(recurse=False)}
-    if not norm_params:
-        kinds = sorted({type(m).__name__ for _, m in _norm_modules(model)}) or ["none"]
+    norms = _norm_modules(model)
+    folded = [n for n, m in norms if type(m).__name__ == "RMSNorm" and getattr(m, "weight", None) is None]
+    if folded:
         raise NormswapError(
-            "--trainable norms: the model's norm layers have no parameters (exact conversion folds γ and β into the next "
-            f"layers; norm classes found: {', '.join(kinds)}); use --trainable all, or convert with --mode approx to keep γ"
+            f"--trainable norms: {len(folded)} of the model's {len(norms)} norms have no γ (conversion folded it into the next "
+            f"layers, e.g. {folded[0]}); convert with --gamma keep to train the norms alone, or use --trainable all"
         )
+    norm_params = {id(p) for _, m in norms for p in m.parameters(recurse=False)}
+    if not norm_params:
+        raise NormswapError("--trainable norms: the model's norm layers have no parameters; use --trainable all")
     n = 0
     for p in model.parameters():
         train = id(p) in norm_params
@@ -446,26 +451,7 @@ def run_finetune(cfg: FinetuneConfig, *, echo=None) -> dict:
     # Everything that can fail on bad input is checked before OUT is touched.
     eval_set = eval_blocks(tokenizer, cfg.data, seq_len, cfg.eval_tokens)
 
-    accelerator.wait_for_everyone()
-    if main:
-        if out.exists() and cfg.force and not cfg.resume:
-            shutil.rmtree(out)
-        if not out.exists() or resume_from is None and not run_file.is_file():
-            out.mkdir(parents=True, exist_ok=True)
-            (out / CHECKPOINTS).mkdir(exist_ok=True)
-            _atomic_write_text(run_file, json.dumps({"status": "running", "config": cfg.trajectory(), "world_size": world}, indent=2, default=_json_default))
-            (out / LOG_FILE).write_text("")
-        elif resume_from is None:
-            (out / LOG_FILE).write_text("")  # nothing was checkpointed: start the log again
-        else:
-            kept = [r for r in _read_log(out) if r.get("step", 0) <= resume_from[0]]
-            _atomic_write_text(out / LOG_FILE, "".join(json.dumps(r) + "\n" for r in kept))
-        # leftovers of a checkpoint or final write interrupted by a kill
-        for p in list((out / CHECKPOINTS).glob(".tmp-*")) + list(out.parent.glob(f".{out.name}.final-*")):
-            shutil.rmtree(p, ignore_errors=True)
-    accelerator.wait_for_everyone()
-
-    # ---- model, teacher, optimizer ----
+    # ---- model and teacher (before OUT is touched: a refused option leaves no trace) ----
     from accelerate.utils import set_seed
 
     set_seed(cfg.seed + rank)
@@ -485,6 +471,25 @@ def run_finetune(cfg: FinetuneConfig, *, echo=None) -> dict:
         teacher.requires_grad_(False)
         teacher.eval()
         teacher.to(accelerator.device)
+
+    accelerator.wait_for_everyone()
+    if main:
+        if out.exists() and cfg.force and not cfg.resume:
+            shutil.rmtree(out)
+        if not out.exists() or resume_from is None and not run_file.is_file():
+            out.mkdir(parents=True, exist_ok=True)
+            (out / CHECKPOINTS).mkdir(exist_ok=True)
+            _atomic_write_text(run_file, json.dumps({"status": "running", "config": cfg.trajectory(), "world_size": world}, indent=2, default=_json_default))
+            (out / LOG_FILE).write_text("")
+        elif resume_from is None:
+            (out / LOG_FILE).write_text("")  # nothing was checkpointed: start the log again
+        else:
+            kept = [r for r in _read_log(out) if r.get("step", 0) <= resume_from[0]]
+            _atomic_write_text(out / LOG_FILE, "".join(json.dumps(r) + "\n" for r in kept))
+        # leftovers of a checkpoint or final write interrupted by a kill
+        for p in list((out / CHECKPOINTS).glob(".tmp-*")) + list(out.parent.glob(f".{out.name}.final-*")):
+            shutil.rmtree(p, ignore_errors=True)
+    accelerator.wait_for_everyone()
 
     optimizer = torch.optim.AdamW(
         _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,

@@ -1,0 +1,391 @@
+"""`normswap finetune`: healing, schedule, resume after a kill, divergence guard, distillation,
+norms-only training and two-process (torchrun, gloo) runs — all on a small GPT-2 trained here on
+the embedded corpus for a few seconds."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SEQ = 32
+COMMON = dict(data="embedded", seq_len=SEQ, batch_size=4, eval_tokens=1024, progress=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Two shared cores: one thread per process is several times faster than two fighting threads,
+    # and the subprocess runs below use one thread too, so their arithmetic matches in-process runs.
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _env(**extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("CI", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A small trained LayerNorm GPT-2 (source) and its approximate (β dropped, γ kept) and exact
+    conversions, as checkpoint directories."""
+    from tokenizers import Tokenizer, decoders, models as tmodels, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    import normswap
+    from normswap.checkpoint.write import save_checkpoint
+    from normswap.convert import convert_model
+    from normswap.data import load_documents, pack_tokens
+
+    root = tmp_path_factory.mktemp("ft-models")
+    tk = Tokenizer(tmodels.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=384, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(itertools.islice(load_documents("embedded", "train"), 300), trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>")
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=len(tok), n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                     attn_pdrop=0.0, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    model = GPT2LMHeadModel(cfg)
+    # A few seconds of training leave β near its zero init, unlike any real checkpoint (GPT-2's β
+    # are O(0.1-1)); starting β away from zero gives the tiny model the reliance on β that makes
+    # dropping it cost something, as it does for real models.
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.bias.normal_(0, 0.5)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    blocks = pack_tokens(tok, load_documents("embedded", "train"), 64)
+    model.train()
+    for _ in range(120):
+        batch = torch.stack(list(itertools.islice(blocks, 8)))
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    src = root / "source"
+    model.save_pretrained(src)
+    tok.save_pretrained(src)
+
+    out = {"source": src}
+    for name, kw in {"approx": dict(mode="approx", gamma="keep", beta="drop"), "exact": dict(mode="exact")}.items():
+        m = normswap.load_model(src)
+        convert_model(m, **kw)
+        save_checkpoint(m, root / name, tokenizer=tok)
+        out[name] = root / name
+    return out
+
+
+def _eval_set(path):
+    import normswap
+    from normswap.finetune import eval_blocks
+
+    return eval_blocks(normswap.load_tokenizer(path), "embedded", SEQ, COMMON["eval_tokens"])
+
+
+def _loss_of(path) -> float:
+    import normswap
+    from normswap.finetune import heldout_loss
+
+    return heldout_loss(normswap.load_model(path, task="causal-lm"), _eval_set(path))
+
+
+def _log(out) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "train_log.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _weights(out) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(out).glob("*.safetensors"))
+    assert files, f"no weights in {out}"
+    sd = {}
+    for f in files:
+        sd.update(load_file(f))
+    return sd
+
+
+def _run(model, out, **kw):
+    from normswap.finetune import FinetuneConfig, run_finetune
+
+    return run_finetune(FinetuneConfig(model=str(model), out=str(out), **{**COMMON, **kw}))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_schedule_is_linear_warmup_then_decay():
+    from normswap.finetune import lr_factor
+
+    kw = dict(total_steps=20, warmup_steps=5)
+    # η_t = η_max·min(t/T_w, 1) with 1-based steps: the first update already moves, step T_w is full
+    assert [lr_factor(t, schedule="cosine", **kw) for t in range(1, 6)] == [0.2, 0.4, 0.6, 0.8, 1.0]
+    assert lr_factor(20, schedule="cosine", min_ratio=0.1, **kw) == pytest.approx(0.1)
+    assert lr_factor(20, schedule="linear", **kw) == pytest.approx(0.0)
+    assert lr_factor(12, total_steps=20, warmup_steps=4, schedule="linear") == pytest.approx(0.5)
+    assert all(lr_factor(t, schedule="constant", **kw) == 1.0 for t in range(5, 21))
+    # cosine decays monotonically after the warmup
+    vals = [lr_factor(t, schedule="cosine", **kw) for t in range(5, 21)]
+    assert all(a >= b for a, b in zip(vals, vals[1:])) and vals[0] > vals[-1]
+    assert lr_factor(1, total_steps=3, warmup_steps=0, schedule="constant") == 1.0
+
+
+def test_approx_conversion_hurts_and_short_finetune_heals_it(models, tmp_path):
+    src_loss = _loss_of(models["source"])
+    approx_loss = _loss_of(models["approx"])
+    assert approx_loss > src_loss + 0.03, (src_loss, approx_loss)  # β dropped: the conversion costs something
+
+    steps, warm, lr = 30, 5, 2e-3
+    s = _run(models["approx"], tmp_path / "healed", steps=steps, lr=lr, warmup_steps=warm, schedule="cosine", seed=0)
+    rows = _log(tmp_path / "healed")
+    # step 0 is the held-out loss before any update, computed on the same held-out set
+    assert rows[0]["step"] == 0 and rows[0]["eval_loss"] == pytest.approx(approx_loss, abs=1e-6)
+    assert [r["step"] for r in rows] == list(range(steps + 1))
+    for r in rows[1:]:
+        assert {"loss", "lr", "grad_norm", "tokens_per_second", "world_size"} <= set(r) and r["world_size"] == 1
+        assert math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["tokens_per_second"] > 0
+    # the warmup follows η_t = η_max·min(t/T_w, 1) step by step, then the cosine decay
+    for r in rows[1:warm + 1]:
+        assert r["lr"] == pytest.approx(lr * r["step"] / warm, rel=1e-12)
+    after = [r["lr"] for r in rows[warm:]]
+    assert all(a >= b for a, b in zip(after, after[1:])) and after[-1] < 0.2 * lr
+
+    gap_before = approx_loss - src_loss
+    gap_after = s["final_eval_loss"] - src_loss
+    assert gap_after < 0.5 * gap_before, (src_loss, approx_loss, s["final_eval_loss"])
+    assert rows[-1]["eval_loss"] == pytest.approx(s["final_eval_loss"])
+    # the healed model on disk is the one that was measured
+    assert _loss_of(tmp_path / "healed") == pytest.approx(s["final_eval_loss"], abs=1e-5)
+
+    # negative control: with a zero learning rate nothing heals (the gain above is training)
+    s0 = _run(models["approx"], tmp_path / "lr0", steps=3, lr=0.0, warmup_steps=0, seed=0)
+    assert s0["final_eval_loss"] == pytest.approx(approx_loss, abs=1e-6)
+
+
+def test_exact_conversion_starts_at_the_source_loss_and_output_reloads(models, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    import normswap
+    from normswap.checkpoint.manifest import read_manifest
+
+    src_loss = _loss_of(models["source"])
+    out = tmp_path / "ft"
+    s = _run(models["exact"], out, steps=2, lr=1e-3, warmup_steps=1, seed=3)
+    assert s["initial_eval_loss"] == pytest.approx(src_loss, abs=1e-5)
+    assert _log(out)[0]["eval_loss"] == pytest.approx(src_loss, abs=1e-5)
+    # negative control: the approximate conversion does not start there
+    assert abs(_loss_of(models["approx"]) - src_loss) > 1e-3
+
+    # the output is convert's format: stock transformers (remote code) and normswap load it alike
+    ids = _eval_set(out)[:2]
+    a = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    b = normswap.load_model(out, task="causal-lm")
+    with torch.no_grad():
+        assert torch.allclose(a(input_ids=ids).logits, b(input_ids=ids).logits, atol=1e-6)
+    assert any(type(m).__name__ == "RMSNorm" for m in a.modules())
+    assert "normswap" in json.loads((out / "config.json").read_text())
+    before, after = _weights(models["exact"]), _weights(out)
+    assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+    man = read_manifest(out)
+    ft = man["finetune"]
+    assert ft["steps"] == 2 and ft["lr"] == 1e-3 and ft["seed"] == 3 and ft["world_size"] == 1
+    assert ft["final_metrics"]["final_eval_loss"] == pytest.approx(s["final_eval_loss"])
+    assert not (out / "checkpoints").exists()  # resumable state is dropped once the final model is written
+
+
+def test_norms_only_trains_just_the_norms_and_refuses_folded_norms(models, tmp_path):
+    from normswap.errors import NormswapError
+
+    out = tmp_path / "norms"
+    s = _run(models["approx"], out, steps=3, lr=1e-2, warmup_steps=0, trainable="norms", weight_decay=0.1)
+    before, after = _weights(models["approx"]), _weights(out)
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    norm_keys = sorted(k for k in before if ".ln_" in k and k.endswith(".weight"))
+    assert changed == norm_keys and len(norm_keys) == 5, changed
+    assert s["trainable_parameters"] == 5 * 64
+    # exact conversion folded γ into the next layers: "norms" has nothing meaningful to train
+    with pytest.raises(NormswapError, match="no γ.*--trainable all"):
+        _run(models["exact"], tmp_path / "refused", steps=1, trainable="norms")
+    assert not (tmp_path / "refused").exists()
+
+
+def test_distillation_toward_the_source(models, tmp_path):
+    from normswap.finetune.losses import distill_loss
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 11)
+    assert float(distill_loss(x, x.clone(), 2.0)) == pytest.approx(0.0, abs=1e-6)  # identical distributions
+    assert float(distill_loss(x, torch.randn(2, 5, 11))) > 0.1
+
+    out = tmp_path / "kd"
+    s = _run(models["approx"], out, steps=12, lr=2e-3, warmup_steps=2, distill_from=str(models["source"]), distill_alpha=1.0)
+    rows = _log(out)[1:]
+    assert all(r["loss"] == pytest.approx(r["distill_loss"]) for r in rows)  # α = 1: pure KL
+    assert rows[0]["distill_loss"] > 0.02
+    assert rows[-1]["distill_loss"] < 0.5 * rows[0]["distill_loss"]
+    assert s["final_eval_loss"] < s["initial_eval_loss"]
+
+
+def test_refusals(models, tmp_path):
+    from normswap.errors import NormswapError
+
+    out = tmp_path / "exists"
+    out.mkdir()
+    with pytest.raises(NormswapError, match="exists: pass --resume .* or --force"):
+        _run(models["approx"], out, steps=1)
+    with pytest.raises(NormswapError, match="source model"):
+        _run(models["approx"], models["approx"], steps=1, force=True)
+    assert (models["approx"] / "config.json").exists()
+    with pytest.raises(NormswapError, match="divisible"):
+        _run(models["approx"], tmp_path / "x", steps=1, batch_size=3, grad_accum=2)
+    with pytest.raises(NormswapError, match="not a normswap finetune run"):
+        _run(models["approx"], out, steps=1, resume=True)
+
+
+def test_grad_accum_gives_the_same_step_as_one_big_batch(models, tmp_path):
+    a = _run(models["approx"], tmp_path / "a", steps=2, lr=1e-3, warmup_steps=0, grad_accum=1)
+    b = _run(models["approx"], tmp_path / "b", steps=2, lr=1e-3, warmup_steps=0, grad_accum=4)
+    la, lb = _log(tmp_path / "a"), _log(tmp_path / "b")
+    for ra, rb in zip(la[1:], lb[1:]):
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
+        assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-4)
+    assert a["final_eval_loss"] == pytest.approx(b["final_eval_loss"], abs=1e-5)
+
+
+def test_nan_guard_stops_keeps_last_checkpoint_and_exits_nonzero(models, tmp_path, monkeypatch, capsys):
+    from normswap.cli.main import main
+
+    out = tmp_path / "nan"
+    monkeypatch.setenv("NORMSWAP_FINETUNE_INJECT_NAN_AT", "3")
+    with pytest.raises(SystemExit) as e:
+        main(["finetune", str(models["approx"]), str(out), "--steps", "6", "--save-every", "2", "--seq-len", str(SEQ),
+              "--batch-size", "4", "--eval-tokens", "1024", "--lr", "1e-3", "--warmup-steps", "1"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "loss is nan at step 3" in err[0] and "step-2" in err[0] and "Traceback" not in err[0], err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2"]
+    assert not (out / "config.json").exists()  # no final model from a diverged run
+    assert [r["step"] for r in _log(out)] == [0, 1, 2]
+    # the kept checkpoint is good: without the fault the run resumes from it and finishes
+    monkeypatch.delenv("NORMSWAP_FINETUNE_INJECT_NAN_AT")
+    s = _run(models["approx"], out, steps=6, save_every=2, lr=1e-3, warmup_steps=1, resume=True)
+    assert s["resumed_from_step"] == 2 and math.isfinite(s["final_eval_loss"])
+
+
+# --- kill / interrupt and resume: real processes ----------------------------------------------
+
+RESUME_ARGS = dict(steps=9, save_every=3, lr=2e-3, warmup_steps=2, seed=7)
+
+
+def _cli_args(model, out, **kw):
+    kw = {**RESUME_ARGS, **kw}
+    args = [sys.executable, "-m", "normswap", "finetune", str(model), str(out), "--seq-len", str(SEQ), "--batch-size", "4",
+            "--eval-tokens", "1024"]
+    for k, v in kw.items():
+        args += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    return args
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ft-resume") / "straight"
+    _run(models["approx"], out, **RESUME_ARGS)
+    return out
+
+
+def _start_and_wait_for_checkpoint(models, out, step=3):
+    proc = subprocess.Popen(_cli_args(models["approx"], out), env=_env(NORMSWAP_FINETUNE_STEP_DELAY=0.4),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = out / "checkpoints" / f"step-{step}" / "trainer_state.json"
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    return proc
+
+
+def _assert_same_trajectory(a, b):
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    worst = max(float((wa[k].double() - wb[k].double()).abs().max()) for k in wa)
+    assert worst <= 1e-6, worst
+    la, lb = _log(a), _log(b)
+    assert [r["step"] for r in la] == [r["step"] for r in lb]
+    for ra, rb in zip(la, lb):
+        assert ra.get("loss") == pytest.approx(rb.get("loss"), abs=1e-6) and ra["lr"] == rb["lr"]
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(models, uninterrupted, tmp_path):
+    out = tmp_path / "killed"
+    proc = _start_and_wait_for_checkpoint(models, out)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "config.json").exists()  # it really died before finishing
+    s = _run(models["approx"], out, resume=True, **RESUME_ARGS)
+    assert s["resumed_from_step"] in (3, 6)
+    _assert_same_trajectory(out, uninterrupted)
+    # negative control: a different seed is a different trajectory, and the comparison sees it
+    other = tmp_path / "other-seed"
+    _run(models["approx"], other, **{**RESUME_ARGS, "seed": 8})
+    with pytest.raises(AssertionError):
+        _assert_same_trajectory(other, uninterrupted)
+
+
+def test_sigint_saves_exits_cleanly_and_resumes(models, uninterrupted, tmp_path):
+    out = tmp_path / "interrupted"
+    proc = _start_and_wait_for_checkpoint(models, out)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted at step" in err and "--resume" in err and "Traceback" not in err
+    saved = sorted(int(p.name[5:]) for p in (out / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert saved and saved[-1] >= 4  # it saved the step it was on, not just the last periodic one
+    assert not (out / "config.json").exists()
+    s = _run(models["approx"], out, resume=True, **RESUME_ARGS)
+    assert s["resumed_from_step"] == saved[-1]
+    _assert_same_trajectory(out, uninterrupted)
+
+
+# --- two processes ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_match_one_process(models, tmp_path):
+    common = ["finetune", str(models["approx"]), None, "--steps", "4", "--seq-len", str(SEQ), "--batch-size", "8",
+              "--grad-accum", "2", "--eval-tokens", "1024", "--lr", "2e-3", "--warmup-steps", "1", "--seed", "5"]
+    two = tmp_path / "two"
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "normswap"]
+    r = subprocess.run(args + [str(two) if a is None else a for a in common], env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one = tmp_path / "one"
+    _run(models["approx"], one, steps=4, batch_size=8, grad_accum=2, lr=2e-3, warmup_steps=1, seed=5)
+    l2, l1 = _log(two), _log(one)
+    assert all(r["world_size"] == 2 for r in l2) and all(r["world_size"] == 1 for r in l1)
+    for r2, r1 in zip(l2[1:], l1[1:]):
+        # each rank trained on its own half of the same global batch ...
+        assert len(r2["data_fingerprint"]) == 2 and r2["data_fingerprint"][0] != r2["data_fingerprint"][1]
+        assert r1["data_fingerprint"][0] not in r2["data_fingerprint"]
+        # ... and the averaged gradient is the one-process gradient: same curve up to float order
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-4)
+        assert r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-3)
+    assert l2[-1]["eval_loss"] == pytest.approx(l1[-1]["eval_loss"], abs=1e-4)
+    assert l2[0]["eval_loss"] == pytest.approx(l1[0]["eval_loss"], abs=1e-6)
+    w2, w1 = _weights(two), _weights(one)
+    assert w2.keys() == w1.keys() and max(float((w2[k] - w1[k]).abs().max()) for k in w1) < 1e-4
