@@ -50,11 +50,9 @@ def rms_norm(x, weight=None, eps=1e-5, residual=None, *, backend=None):
         return rms_norm_reference(x, weight, eps, residual)
     if backend not in BACKENDS:
         raise NormswapError(f"unknown RMSNorm backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    from normswap.kernels import _ops  # noqa: F401  (registers torch.ops.normswap.*)
+    from normswap.kernels import _ops  # registers torch.ops.normswap.* on first use
 
-    import torch
-
-    y, _, summed = torch.ops.normswap.rms_norm_fwd(x, weight, residual, float(eps), backend)
+    y, _, summed = _ops.apply(x, weight, residual, float(eps), backend)
     return (y, summed) if residual is not None else y
 
 

@@ -20,24 +20,25 @@ from torch import Tensor
 # small inputs; None means the kernel module's default
 TRITON_MAX_FUSED_N: Optional[int] = None
 
-_cpu_ok: Optional[bool] = None
+_cpu_module = None  # False once the import has failed
 
 
 def cpu_fast_available() -> bool:
-    """Whether the compiled CPU fast path (normswap.kernels.cpu, built by the CPU work) loads."""
-    global _cpu_ok
-    if _cpu_ok:
-        return True
-    try:
-        from normswap.kernels import cpu  # noqa: PLC0415  (may not exist in every build)
-    except ImportError:
-        _cpu_ok = False
+    """Whether the compiled CPU fast path (normswap.kernels.cpu, built by the CPU work) loads.
+
+    Asked on every call (cpu.available() caches its build; it also honours a per-call switch)."""
+    global _cpu_module
+    if _cpu_module is None:
+        try:
+            from normswap.kernels import cpu as _cpu_module  # noqa: PLC0415
+        except ImportError:
+            _cpu_module = False
+    if _cpu_module is False:
         return False
     try:
-        _cpu_ok = bool(cpu.available())
+        return bool(_cpu_module.available())
     except Exception:  # the contract says it never raises; be safe anyway
-        _cpu_ok = False
-    return _cpu_ok
+        return False
 
 
 def resolve(backend: str, device: torch.device) -> str:
@@ -81,30 +82,39 @@ def _module(impl: str):
 
 
 def _rows(t: Tensor, h: int, contiguous: bool) -> Tensor:
-    t2 = t.reshape(-1, h)
-    if contiguous or t2.stride(-1) != 1:
+    # fast path first: eager calls on small inputs are dominated by these Python-level checks
+    t2 = t if t.dim() == 2 else t.reshape(-1, h)
+    if t2.stride(-1) != 1 or (contiguous and not t2.is_contiguous()):
         t2 = t2.contiguous()
     return t2
 
 
-@torch.library.custom_op("normswap::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float, backend: str) -> tuple[Tensor, Tensor, Tensor]:
-    """(y like x, rstd fp32 [*x.shape[:-1]], x + residual or an empty tensor)."""
+def forward_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float, backend: str):
+    """(y like x, rstd fp32 [*x.shape[:-1]], x + residual or None)."""
     impl = resolve(backend, x.device)
     h = x.shape[-1]
     need_contig = impl == "cpu"  # the C++ contract takes contiguous rows; Triton takes row strides
     x2 = _rows(x, h, need_contig)
-    r2 = _rows(residual.to(x.dtype), h, need_contig) if residual is not None else None
-    w = weight.contiguous() if weight is not None else None
+    r2 = _rows(residual if residual.dtype == x.dtype else residual.to(x.dtype), h, need_contig) if residual is not None else None
+    w = weight if weight is None or weight.is_contiguous() else weight.contiguous()
     m = _module(impl)
     if impl == "triton" and TRITON_MAX_FUSED_N is not None:
         y, rstd, summed = m.forward(x2, w, r2, eps, max_fused_n=TRITON_MAX_FUSED_N)
     else:
         y, rstd, summed = m.forward(x2, w, r2, eps)
-    y = y.reshape(x.shape)
-    rstd = rstd.reshape(x.shape[:-1])
-    summed = summed.reshape(x.shape) if summed is not None else x.new_empty((0,))
+    if x.dim() != 2:
+        y = y.reshape(x.shape)
+        rstd = rstd.reshape(x.shape[:-1])
+        summed = summed.reshape(x.shape) if summed is not None else None
     return y, rstd, summed
+
+
+@torch.library.custom_op("normswap::rms_norm_fwd", mutates_args=())
+def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(y like x, rstd fp32 [*x.shape[:-1]], x + residual or an empty tensor)."""
+    y, rstd, summed = forward_impl(x, weight, residual, eps, backend)
+    # a custom op cannot return None, and must not return an alias of an input
+    return y, rstd, (summed if summed is not None else x.new_empty((0,)))
 
 
 @rms_norm_fwd.register_fake
@@ -115,8 +125,7 @@ def _(x, weight, residual, eps, backend):
     return y, rstd, summed
 
 
-@torch.library.custom_op("normswap::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+def backward_impl(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Optional[Tensor], backend: str):
     """(dx like xin, dweight in weight's dtype or an empty tensor)."""
     impl = resolve(backend, xin.device)
     h = xin.shape[-1]
@@ -135,6 +144,12 @@ def rms_norm_bwd(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Optional[Tensor]
     return dx, dw
 
 
+@torch.library.custom_op("normswap::rms_norm_bwd", mutates_args=())
+def rms_norm_bwd(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+    """(dx like xin, dweight in weight's dtype or an empty tensor)."""
+    return backward_impl(dy, xin, rstd, weight, backend)
+
+
 @rms_norm_bwd.register_fake
 def _(dy, xin, rstd, weight, backend):
     dx = torch.empty_like(xin, memory_format=torch.contiguous_format)
@@ -151,10 +166,10 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(summed if residual is not None else x, rstd, weight)
 
 
-def _backward(ctx, dy, drstd, dsummed):
+def _backward(ctx, dy, drstd, dsummed, bwd=None):
     xin, rstd, weight = ctx.saved_tensors
-    dx, dw = torch.ops.normswap.rms_norm_bwd(dy, xin, rstd, weight, ctx.backend)
-    if ctx.has_residual and dsummed is not None and dsummed.numel():
+    dx, dw = (bwd or torch.ops.normswap.rms_norm_bwd)(dy, xin, rstd, weight, ctx.backend)
+    if ctx.has_residual and dsummed is not None:
         dx = dx + dsummed  # the summed stream feeds the next block: its gradient flows to x and r
     dres = dx.to(ctx.residual_dtype) if ctx.has_residual else None
     dweight = dw if weight is not None else None
@@ -162,3 +177,34 @@ def _backward(ctx, dy, drstd, dsummed):
 
 
 rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerRMSNorm(torch.autograd.Function):
+    """The same forward/backward as the custom op, without the custom-op dispatch machinery
+    (~100 µs a call in eager mode, which would dominate small and decode-sized inputs)."""
+
+    # forward(ctx, ...) rather than a separate setup_context: with setup_context, apply() binds
+    # arguments through inspect.signature on every call, which costs more than a small kernel
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps, backend):
+        output = forward_impl(x, weight, residual, eps, backend)
+        _setup_context(ctx, (x, weight, residual, eps, backend), output)
+        ctx.mark_non_differentiable(output[1])
+        return output
+
+    @staticmethod
+    def backward(ctx, dy, drstd, dsummed):
+        return _backward(ctx, dy, drstd, dsummed, bwd=backward_impl)
+
+
+def apply(x, weight, residual, eps: float, backend: str):
+    """(y, rstd, summed-or-empty) through the cheapest path that is still correct here:
+    the custom op while torch.compile traces, the autograd.Function in eager mode, and the bare
+    forward when nothing needs a gradient."""
+    if torch.compiler.is_compiling():
+        return torch.ops.normswap.rms_norm_fwd(x, weight, residual, eps, backend)
+    if torch.is_grad_enabled() and (
+        x.requires_grad or (weight is not None and weight.requires_grad) or (residual is not None and residual.requires_grad)
+    ):
+        return _EagerRMSNorm.apply(x, weight, residual, eps, backend)
+    return forward_impl(x, weight, residual, eps, backend)

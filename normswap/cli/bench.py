@@ -1,0 +1,31 @@
+"""`normswap bench`: benchmark groups (kernels here; convert lives in its own module)."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+
+@click.group()
+def bench():
+    """Benchmarks: the RMSNorm kernels, and converted models against their originals."""
+
+
+def _register():
+    from normswap.cli.bench_kernels import kernels
+
+    bench.add_command(kernels)
+    # `bench convert` is owned by another module; absent in some builds, so import it guarded
+    try:
+        mod = importlib.import_module("normswap.cli.bench_convert")
+    except ModuleNotFoundError as e:
+        if e.name != "normswap.cli.bench_convert":
+            raise
+        return
+    cmd = getattr(mod, "convert", None)
+    if cmd is not None:
+        bench.add_command(cmd, "convert")
+
+
+_register()

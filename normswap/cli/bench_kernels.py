@@ -1,0 +1,96 @@
+"""`normswap bench kernels`: time LayerNorm, torch's RMSNorm and normswap's RMSNorm side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from normswap.cli.options import json_option, resolve_device
+from normswap.errors import NormswapError
+
+
+def _parse_shapes(text):
+    if not text:
+        return None
+    shapes = []
+    for part in text.split(","):
+        try:
+            rows, hidden = part.lower().strip().split("x")
+            shapes.append((int(rows), int(hidden)))
+        except ValueError:
+            raise NormswapError(f"--shapes: {part!r} is not ROWSxHIDDEN (e.g. 8192x4096)") from None
+        if shapes[-1][0] < 1 or shapes[-1][1] < 1:
+            raise NormswapError(f"--shapes: {part!r} must have positive sizes")
+    return shapes
+
+
+def _parse_dtypes(text):
+    if not text:
+        return None
+    allowed = ("float32", "float16", "bfloat16")
+    names = [d.strip() for d in text.split(",") if d.strip()]
+    bad = [d for d in names if d not in allowed]
+    if bad:
+        raise NormswapError(f"--dtypes: {', '.join(bad)} not one of {', '.join(allowed)}")
+    return names
+
+
+def _write_atomic(path, text):
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+@click.command("kernels")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--dtypes", default=None, help="Comma list of float32,float16,bfloat16 (default: fp32,bf16 on CPU; bf16 on CUDA).")
+@click.option("--shapes", default=None, help="Comma list of ROWSxHIDDEN (default: CPU 16384x256..2048x4096; CUDA 4096-16384 x 768-8192).")
+@click.option("--repeats", type=int, default=None, help="Timed repeats per implementation (median reported).")
+@click.option("--modes", type=click.Choice(["fwd", "fwd+bwd", "both"]), default="both", show_default=True)
+@click.option("--no-residual", is_flag=True, help="Skip the fused residual-add rows.")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice).")
+@click.option("--quick", is_flag=True, help="Two small shapes, fp32, 3 repeats (a smoke run, seconds).")
+@click.option("--out", "out_path", default=None, help="Also write the JSON result to this file.")
+@click.option("--markdown", "md_path", default=None, help="Also write the markdown table to this file.")
+@json_option
+def kernels(device, dtypes, shapes, repeats, modes, no_residual, threads, quick, out_path, md_path, as_json):
+    """Median time, GB/s and ratio to LayerNorm for each norm implementation, forward and
+    forward+backward (on CUDA also the share of the measured device copy bandwidth)."""
+    from normswap.kernels.bench import format_markdown, run_benchmark
+
+    dev = resolve_device(device)
+    if repeats is not None and repeats < 1:
+        raise NormswapError("--repeats must be at least 1")
+    mode_list = ("fwd", "fwd+bwd") if modes == "both" else (modes,)
+    if threads is not None:
+        if threads < 1:
+            raise NormswapError("--threads must be at least 1")
+        import torch
+
+        torch.set_num_threads(threads)
+
+    def progress(row):
+        if not as_json:
+            ln = "layer_norm" if row["variant"] == "plain" else "add_layer_norm"
+            parts = ", ".join(f"{k} {v['median_ms']:.3f} ms ({v['vs_layer_norm']:.2f}×)" for k, v in row["impls"].items() if k != ln)
+            click.echo(f"{row['rows']}x{row['hidden']} {row['dtype']} {row['variant']} {row['mode']}: "
+                       f"{ln} {row['impls'][ln]['median_ms']:.3f} ms; {parts}", err=True)
+
+    result = run_benchmark(dev, dtypes=_parse_dtypes(dtypes), shapes=_parse_shapes(shapes), repeats=repeats,
+                           modes=mode_list, residual=not no_residual, quick=quick, progress=progress)
+    md = format_markdown(result)
+    if out_path:
+        _write_atomic(out_path, json.dumps(result, indent=2) + "\n")
+    if md_path:
+        _write_atomic(md_path, md)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        sys.stdout.write(md)

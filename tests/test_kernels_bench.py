@@ -1,0 +1,67 @@
+"""`normswap bench kernels`: the CLI runs, reports every implementation, and refuses bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from normswap.cli.bench import bench
+from normswap.kernels.bench import Case, format_markdown, run_benchmark
+
+
+def test_bench_kernels_json_and_files(tmp_path):
+    out = tmp_path / "res" / "k.json"
+    md = tmp_path / "res" / "k.md"
+    r = CliRunner().invoke(bench, ["kernels", "--quick", "--shapes", "64x32,3x7", "--repeats", "2", "--json",
+                                   "--out", str(out), "--markdown", str(md)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data == json.loads(out.read_text())
+    # 2 shapes × 1 dtype × 2 variants × 2 modes, each with its four implementations
+    assert len(data["rows"]) == 8
+    for row in data["rows"]:
+        names = set(row["impls"])
+        assert names in ({"layer_norm", "torch_rms_norm", "normswap", "normswap_weight"},
+                         {"add_layer_norm", "add_torch_rms_norm", "add_normswap", "normswap_fused"})
+        for m in row["impls"].values():
+            assert m["median_ms"] > 0 and m["min_ms"] <= m["median_ms"] and m["gbps"] > 0
+        ln = row["impls"]["layer_norm" if row["variant"] == "plain" else "add_layer_norm"]
+        assert ln["vs_layer_norm"] == 1.0
+    assert data["normswap_backend"] in ("cpu", "composite")
+    text = md.read_text()
+    assert "| 64×32 | float32 | fwd+bwd |" in text and "normswap_fused" in text
+    assert not list(tmp_path.glob("res/.*tmp*")), "temporary files left behind"
+
+
+def test_nominal_bytes():
+    import torch
+
+    assert Case(8, 16, torch.bfloat16, "plain", "fwd").nominal_bytes() == 2 * 8 * 16 * 2
+    assert Case(8, 16, torch.bfloat16, "plain", "fwd+bwd").nominal_bytes() == 5 * 8 * 16 * 2
+    assert Case(8, 16, torch.float32, "residual", "fwd").nominal_bytes() == 4 * 8 * 16 * 4
+    assert Case(8, 16, torch.float32, "residual", "fwd+bwd").nominal_bytes() == 8 * 8 * 16 * 4
+
+
+def test_run_benchmark_forward_only_markdown():
+    res = run_benchmark("cpu", dtypes=["bfloat16"], shapes=[(32, 48)], repeats=1, modes=("fwd",), residual=False)
+    assert [(r["mode"], r["variant"], r["dtype"]) for r in res["rows"]] == [("fwd", "plain", "bfloat16")]
+    assert res["backward"] == [] and "goals" not in res
+    assert "| 32×48 | bfloat16 | fwd |" in format_markdown(res)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--shapes", "64by32"], "ROWSxHIDDEN"),
+    (["--shapes", "0x32"], "positive"),
+    (["--dtypes", "float8"], "float8"),
+    (["--repeats", "0"], "at least 1"),
+])
+def test_bench_kernels_rejects_bad_options(args, msg, capsys):
+    from normswap.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "kernels", "--quick", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
