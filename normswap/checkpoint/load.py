@@ -152,7 +152,8 @@ def model_class_for(config, task="auto"):
     if task == "base":
         return AutoModel
     auto_map = getattr(config, "auto_map", None) or {}
-    for key in auto_map:
+    # a head class (the one that was converted) before the bare AutoModel
+    for key in sorted(auto_map, key=lambda k: (k == "AutoModel", k)):
         if key != "AutoConfig" and hasattr(transformers, key):
             return getattr(transformers, key)
     for arch in getattr(config, "architectures", None) or []:
@@ -168,7 +169,7 @@ def load_tokenizer(spec):
     resolved = resolve(spec)
     try:
         tok = AutoTokenizer.from_pretrained(resolved, trust_remote_code=True)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, ImportError, TypeError) as e:
         raise NormswapError(f"cannot load a tokenizer from {spec}: {_first_line(e)}") from None
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token

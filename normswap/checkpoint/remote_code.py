@@ -40,6 +40,20 @@ def _center_output_hook(module, args, output):
     return output - output.mean(dim=-1, keepdim=True)
 
 
+def _local_name(model, name):
+    """Names are recorded on the class that was converted (e.g. `bert.encoder...` in
+    BertForMaskedLM); the bare model class (AutoModel) holds the same modules without the
+    prefix and none of the head's. Returns None for a module this model does not have."""
+    prefix = getattr(model, "base_model_prefix", "")
+    if prefix and not hasattr(model, prefix) and name.startswith(prefix + "."):
+        name = name[len(prefix) + 1:]
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return None
+    return name
+
+
 def _parent_and_attr(model, name):
     parent_name, _, attr = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -61,6 +75,9 @@ def apply_normswap_structure(model, block):
     untied. Module names never change, so state-dict keys and weight tying stay as they were.
     """
     for name, rec in block.get("norms", {}).items():
+        name = _local_name(model, name)
+        if name is None:
+            continue
         parent, attr = _parent_and_attr(model, name)
         old = getattr(parent, attr)
         factory = _factory_kwargs(model, old)
@@ -68,11 +85,14 @@ def apply_normswap_structure(model, block):
         new.train(old.training)
         setattr(parent, attr, new)
     for name, size in block.get("added_biases", {}).items():
+        name = _local_name(model, name)
+        if name is None:
+            continue
         module = model.get_submodule(name)
         if getattr(module, "bias", None) is None:
             factory = _factory_kwargs(model, module)
             module.bias = nn.Parameter(torch.zeros(int(size), **factory))
-    if block.get("untied"):
+    if block.get("untied") and hasattr(model, "get_output_embeddings"):
         head = model.get_output_embeddings()
         embed = model.get_input_embeddings()
         if head is not None and embed is not None and head.weight is embed.weight:
@@ -84,6 +104,9 @@ def apply_normswap_structure(model, block):
 def register_runtime_centering(model, block):
     """(Re-)register the output-centring hooks; idempotent."""
     for name in block.get("centered_outputs", []):
+        name = _local_name(model, name)
+        if name is None:
+            continue
         module = model.get_submodule(name)
         for hook_id, hook in list(module._forward_hooks.items()):
             if getattr(hook, "__name__", "") == "_center_output_hook":

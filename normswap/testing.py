@@ -1,0 +1,76 @@
+"""Tiny, real transformers models built from each family's test configs.
+
+Used by the test suite, the benchmarks and the docs: a model whose γ, β, biases and embeddings
+are randomised (embeddings deliberately *not* centred, norms far from γ=1, β=0), so a wrong
+conversion cannot pass by luck.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from normswap.architectures import get_family
+
+
+def family_variants(placement=None):
+    """(family name, variant index) for every test config of every family."""
+    from normswap.architectures import all_families
+
+    out = []
+    for fam in all_families():
+        for i, cfg in enumerate(fam.test_configs):
+            if placement is None or _placement(fam, cfg) == placement:
+                out.append((fam.name, i))
+    return out
+
+
+def _placement(fam, cfg_overrides):
+    from transformers import AutoConfig
+
+    return fam.placement_for(AutoConfig.for_model(fam.model_types[0], **cfg_overrides))
+
+
+def tiny_config(family: str, variant: int = 0, **overrides):
+    from transformers import AutoConfig
+
+    fam = get_family(family)
+    kwargs = dict(fam.test_configs[variant])
+    kwargs.update(overrides)
+    return AutoConfig.for_model(fam.model_types[0], **kwargs)
+
+
+def tiny_model(family: str, variant: int = 0, *, seed: int = 0, randomize: bool = True, task: str = "auto", **overrides):
+    """Build a tiny model of ``family`` (causal LM where the family has one, else its MLM/base)."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    config = tiny_config(family, variant, **overrides)
+    torch.manual_seed(seed)
+    classes = {"causal-lm": (AutoModelForCausalLM,), "masked-lm": (AutoModelForMaskedLM,), "base": (AutoModel,)}
+    order = classes.get(task, (AutoModelForCausalLM, AutoModelForMaskedLM, AutoModel))
+    model = None
+    for auto in order:
+        try:
+            model = auto.from_config(config)
+            break
+        except ValueError:
+            continue
+    if model is None:
+        raise ValueError(f"no model class for {family}")
+    if randomize:
+        randomize_(model, seed)
+    return model.eval()
+
+
+def randomize_(model, seed: int = 0):
+    """Move every parameter well away from its initialisation, norms included."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype)
+            if p.dim() == 1 and name.endswith("weight"):  # γ: positive, far from 1
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen).to(p.dtype) * 1.5)
+            elif p.dim() == 1:  # β and biases
+                p.copy_(noise * 0.2 + 0.1)
+            else:  # matrices and tables: add a common offset so nothing is zero-mean
+                p.add_(noise * 0.05 + 0.02)
+    return model

@@ -1,0 +1,26 @@
+import os
+
+# Tests never touch a hub: everything is built from configs or shipped in the package.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run the real `normswap` entry point in-process; return (exit code, stdout, stderr)."""
+    from normswap.cli.main import main
+
+    def _run(*args):
+        code = 0
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return _run

@@ -1,0 +1,177 @@
+"""Bad input, atomic output, and loading the output where normswap is not installed."""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from normswap.testing import tiny_model
+
+
+def _tree_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def gpt2_src(tmp_path_factory):
+    path = tmp_path_factory.mktemp("src") / "gpt2"
+    tiny_model("gpt2").save_pretrained(path)
+    return path
+
+
+def _one_line_error(code, err, needle):
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.strip().splitlines() if line.startswith("normswap: error:")]
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_missing_source(tmp_path, run_cli):
+    code, _, err = run_cli("convert", tmp_path / "nothere", tmp_path / "out")
+    _one_line_error(code, err, "model not found")
+    assert not (tmp_path / "out").exists()
+
+
+def test_source_not_a_model(tmp_path, run_cli):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli("convert", tmp_path / "empty", tmp_path / "out")
+    _one_line_error(code, err, "no config.json")
+    (tmp_path / "file.txt").write_text("hello")
+    code, _, err = run_cli("convert", tmp_path / "file.txt", tmp_path / "out")
+    _one_line_error(code, err, "is a file")
+
+
+def test_unsupported_architecture_lists_families(tmp_path, run_cli):
+    from transformers import BartConfig, BartForCausalLM
+
+    BartForCausalLM(BartConfig(vocab_size=128, d_model=32, decoder_layers=1, encoder_layers=1, decoder_attention_heads=2,
+                               encoder_attention_heads=2, decoder_ffn_dim=64, encoder_ffn_dim=64)).save_pretrained(tmp_path / "bart")
+    code, _, err = run_cli("convert", tmp_path / "bart", tmp_path / "out")
+    _one_line_error(code, err, "unsupported architecture")
+    assert "GPT-2" in err and "Falcon" in err
+
+
+def test_rmsnorm_model_has_nothing_to_convert(tmp_path, run_cli):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(tmp_path / "llama")
+    code, _, err = run_cli("convert", tmp_path / "llama", tmp_path / "out")
+    _one_line_error(code, err, "nothing to convert")
+
+
+def test_already_converted_is_refused(gpt2_src, tmp_path, run_cli):
+    assert run_cli("convert", gpt2_src, tmp_path / "once")[0] == 0
+    code, _, err = run_cli("convert", tmp_path / "once", tmp_path / "twice")
+    _one_line_error(code, err, "already converted")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt_header"])
+def test_damaged_weights(gpt2_src, tmp_path, run_cli, damage):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(gpt2_src, src)
+    weights = src / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"\xff" * 64 + data[64:])
+    code, _, err = run_cli("convert", src, tmp_path / "out")
+    _one_line_error(code, err, "cannot load weights")
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_exists_and_force_and_out_equal_src(gpt2_src, tmp_path, run_cli):
+    before = _tree_hash(gpt2_src)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    code, _, err = run_cli("convert", gpt2_src, out)
+    _one_line_error(code, err, "already exists")
+    assert (out / "keep.txt").read_text() == "precious"
+    assert run_cli("convert", gpt2_src, out, "--force")[0] == 0
+    assert (out / "config.json").exists() and not (out / "keep.txt").exists()
+    code, _, err = run_cli("convert", gpt2_src, gpt2_src, "--force")
+    _one_line_error(code, err, "overlaps the source")
+    code, _, err = run_cli("convert", gpt2_src, gpt2_src / "inside")
+    _one_line_error(code, err, "overlaps the source")
+    assert _tree_hash(gpt2_src) == before  # the source is never modified
+    leftovers = [p.name for p in tmp_path.iterdir() if "normswap_tmp" in p.name or "normswap_old" in p.name]
+    assert not leftovers
+
+
+def test_debug_shows_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "normswap", "--debug", "convert", str(tmp_path / "nope"), str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_kill_during_conversion_leaves_no_partial_output(tmp_path):
+    """SIGKILL while the checkpoint is being written: OUT is absent, never half-written."""
+    src = tmp_path / "src"
+    tiny_model("gpt2", n_layer=6, n_embd=256, vocab_size=4096).save_pretrained(src)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "normswap", "convert", str(src), str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    staged = []
+    while time.time() < deadline and proc.poll() is None:
+        staged = [p for p in tmp_path.iterdir() if "normswap_tmp" in p.name]
+        if staged:
+            break
+        time.sleep(0.01)
+    assert staged, "the conversion never reached its staging directory"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
+
+    # and a conversion allowed to finish publishes a complete, loadable OUT
+    subprocess.run([sys.executable, "-m", "normswap", "convert", str(src), str(out)], check=True,
+                   capture_output=True, timeout=600)
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True) is not None
+
+
+def test_output_loads_without_normswap_installed(gpt2_src, tmp_path, run_cli):
+    assert run_cli("convert", gpt2_src, tmp_path / "out")[0] == 0
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['normswap'] = None\n")
+    script = textwrap.dedent(f"""
+        import torch, transformers
+        from transformers import AutoModelForCausalLM
+        m = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'out')!r}, trust_remote_code=True).eval()
+        norm = m.transformer.h[0].ln_1
+        assert type(norm).__module__.startswith("transformers_modules"), type(norm).__module__
+        ids = torch.arange(20).unsqueeze(0)
+        torch.save(m(input_ids=ids).logits, {str(tmp_path / 'logits.pt')!r})
+    """)
+    env = dict(os.environ, PYTHONPATH=str(blocker))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import normswap
+
+    with torch.no_grad():
+        ours = normswap.load_model(tmp_path / "out")(input_ids=torch.arange(20).unsqueeze(0)).logits
+    assert torch.allclose(torch.load(tmp_path / "logits.pt"), ours, atol=1e-5)
+
+
+def test_loading_without_trust_remote_code_fails_loudly(gpt2_src, tmp_path, run_cli):
+    from transformers import AutoModelForCausalLM
+
+    assert run_cli("convert", gpt2_src, tmp_path / "out")[0] == 0
+    with pytest.raises(Exception) as info:
+        AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert "trust_remote_code" in str(info.value) or "custom code" in str(info.value)
