@@ -383,9 +383,10 @@ def test_torchrun_two_processes_match_one_process(models, tmp_path):
         assert len(r2["data_fingerprint"]) == 2 and r2["data_fingerprint"][0] != r2["data_fingerprint"][1]
         assert r1["data_fingerprint"][0] not in r2["data_fingerprint"]
         # ... and the averaged gradient is the one-process gradient: same curve up to float order
-        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-4)
-        assert r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-3)
-    assert l2[-1]["eval_loss"] == pytest.approx(l1[-1]["eval_loss"], abs=1e-4)
+        # (measured: |Δloss| ~ 2e-7, |Δgrad_norm|/grad_norm ~ 1e-7; stated tolerance 1e-5)
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-5)
+        assert r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-5)
+    assert l2[-1]["eval_loss"] == pytest.approx(l1[-1]["eval_loss"], abs=1e-5)
     assert l2[0]["eval_loss"] == pytest.approx(l1[0]["eval_loss"], abs=1e-6)
     w2, w1 = _weights(two), _weights(one)
-    assert w2.keys() == w1.keys() and max(float((w2[k] - w1[k]).abs().max()) for k in w1) < 1e-4
+    assert w2.keys() == w1.keys() and max(float((w2[k] - w1[k]).abs().max()) for k in w1) < 1e-5
