@@ -398,25 +398,25 @@ def test_backend_env_var(monkeypatch):
 def test_module_matches_layer_contract():
     from normswap.modules import RMSNorm
 
-    m = RMSNorm(48, eps=1e-3, bias=True)
+    m = RMSNorm(48, eps=1e-3, bias=True, device=DEVICE)
     assert set(dict(m.named_parameters())) == {"weight", "bias"}
     with torch.no_grad():
         m.weight.uniform_(0.5, 1.5)
         m.bias.uniform_(-1, 1)
-    x = torch.randn(2, 5, 48)
-    r = torch.randn(2, 5, 48)
+    x = torch.randn(2, 5, 48, device=DEVICE)
+    r = torch.randn(2, 5, 48, device=DEVICE)
     ref = reference(x, m.weight, 1e-3, None)[0] + m.bias.double()
     assert_forward_close(m(x), ref, torch.float32, "module y")
     y, s = m(x, residual=r)
     assert torch.equal(s, x + r)
     assert_forward_close(y, reference(x, m.weight, 1e-3, r)[0] + m.bias.double(), torch.float32, "module residual y")
-    bare = RMSNorm(48, elementwise_affine=False)
+    bare = RMSNorm(48, elementwise_affine=False, device=DEVICE)
     assert bare.weight is None and bare.bias is None and list(bare.parameters()) == []
     assert_forward_close(bare(x), reference(x, None, 1e-5, None)[0], torch.float32, "weightless module")
     # a wrong ε would be visible here: the module must pass its own ε through
-    assert not torch.allclose(RMSNorm(48, eps=10.0, elementwise_affine=False)(x), bare(x))
+    assert not torch.allclose(RMSNorm(48, eps=10.0, elementwise_affine=False, device=DEVICE)(x), bare(x))
     # bf16 activations with an fp32 bias stay bf16 (the bias is cast, not promoting the output)
-    mb = RMSNorm(48, bias=True)
+    mb = RMSNorm(48, bias=True, device=DEVICE)
     assert mb(x.bfloat16()).dtype == torch.bfloat16
 
 
