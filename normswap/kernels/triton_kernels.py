@@ -19,6 +19,7 @@ produces garbage for bf16 arithmetic.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -29,6 +30,11 @@ import triton.language as tl
 # registers across 16 warps, the practical limit before spilling).
 MAX_FUSED_N = 16384
 LOOP_BLOCK_N = 4096
+# Untuned starting points (no GPU was available when these were chosen; see bench/README.md):
+# elements per forward program on CUDA, and backward programs per SM (a 4096-wide bf16 row
+# block needs ~80 registers a thread, so only 2-3 such programs are resident per SM anyway).
+FWD_TARGET_ELEMENTS = 2048
+BWD_PROGRAMS_PER_SM = 2
 
 
 def interpreter_active() -> bool:
@@ -206,9 +212,16 @@ def _settings(n_cols: int, device: torch.device, max_fused_n: int):
     block_n = triton.next_power_of_2(n_cols)
     # GPU: ≥ ~2k elements per program so small rows still move enough bytes per launch slot.
     # Interpreter: far more per program, because every program instance costs Python time.
-    target = 2048 if device.type == "cuda" else 16384
+    target = FWD_TARGET_ELEMENTS if device.type == "cuda" else 16384
     block_m = max(1, min(64, target // block_n))
     return False, block_m, block_n, _num_warps(block_m * block_n)
+
+
+def _on(device: torch.device):
+    """Triton launches on the *current* CUDA device: make that the tensor's own."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def _check(x: torch.Tensor):
@@ -240,12 +253,14 @@ def forward(x, weight, residual, eps, *, max_fused_n: int = MAX_FUSED_N):
     s_arg = summed if summed is not None else y
     w_arg = w if w is not None else x
     common = (x, r_arg, w_arg, y, s_arg, rstd, n, h, x.stride(0), r_arg.stride(0), y.stride(0), s_arg.stride(0), float(eps))
-    if looped:
-        _fwd_looped[(n,)](*common, HAS_W=w is not None, HAS_R=residual is not None, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
-    else:
-        grid = (triton.cdiv(n, block_m),)
-        _fwd_fused[grid](*common, HAS_W=w is not None, HAS_R=residual is not None,
-                         BLOCK_M=block_m, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
+    with _on(x.device):
+        if looped:
+            _fwd_looped[(n,)](*common, HAS_W=w is not None, HAS_R=residual is not None, BLOCK_N=block_n, RNE_FIX=fix,
+                              num_warps=warps)
+        else:
+            grid = (triton.cdiv(n, block_m),)
+            _fwd_fused[grid](*common, HAS_W=w is not None, HAS_R=residual is not None,
+                             BLOCK_M=block_m, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
     return y, rstd, summed
 
 
@@ -262,7 +277,7 @@ def backward(dy, xin, rstd, weight, *, max_fused_n: int = MAX_FUSED_N):
     row_blocks = triton.cdiv(n, block_m)
     if has_w:
         # persistent: a few programs per SM, so the [P, H] partial buffer stays small
-        p_max = 2 * _sm_count(xin.device.index or 0) if xin.device.type == "cuda" else 3
+        p_max = BWD_PROGRAMS_PER_SM * _sm_count(xin.device.index or 0) if xin.device.type == "cuda" else 3
         programs = max(1, min(p_max, row_blocks))
     else:
         programs = row_blocks
@@ -273,9 +288,10 @@ def backward(dy, xin, rstd, weight, *, max_fused_n: int = MAX_FUSED_N):
     dwp = alloc((programs, h), dtype=torch.float32, device=xin.device) if has_w else rstd
     w_arg = weight.contiguous() if has_w else xin
     args = (dy, xin, w_arg, rstd, dx, dwp, n, h, dy.stride(0), xin.stride(0), dx.stride(0), rows_per_prog)
-    if looped:
-        _bwd_looped[(programs,)](*args, HAS_W=has_w, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
-    else:
-        _bwd_fused[(programs,)](*args, HAS_W=has_w, BLOCK_M=block_m, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
+    with _on(xin.device):
+        if looped:
+            _bwd_looped[(programs,)](*args, HAS_W=has_w, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
+        else:
+            _bwd_fused[(programs,)](*args, HAS_W=has_w, BLOCK_M=block_m, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
     dw = dwp.sum(0) if has_w else None
     return dx, dw
