@@ -22,6 +22,7 @@ Peak memory is measured by :mod:`normswap.evaluate.memory`.
 
 from __future__ import annotations
 
+import inspect
 import math
 import statistics
 import time
@@ -54,6 +55,11 @@ class SpeedConfig:
         return d
 
 
+def _cache_of(out):
+    cache = out.get("cache") if hasattr(out, "get") else None
+    return cache if cache is not None else out.past_key_values
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -75,6 +81,10 @@ class _Bench:
         self.prompt_len = max(1, min(cfg.prompt_len, context - self.new_tokens))
         self.batch = torch.randint(0, vocab, (cfg.batch_size, self.seq_len), generator=g).to(self.device)
         self.prompt = torch.randint(0, vocab, (1, self.prompt_len), generator=g).to(self.device)
+        # transformers 5.x renamed `past_key_values` to `cache` (the old name still works, with a
+        # deprecation warning); remote-code models may have either.
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.optimizer = None
         self.calls: dict[str, int] = {}
         self.samples: dict[str, list] = {k: [] for k in ("forward", "train_step", "prefill", "decode", "norm_share", "norm_ms")}
@@ -107,10 +117,10 @@ class _Bench:
             token = out.logits[:, -1:].argmax(-1)
             _sync(self.device)
             t1 = time.perf_counter()
-            past = out.past_key_values
+            past = _cache_of(out)
             for _ in range(self.new_tokens - 1):
-                out = self.model(input_ids=token, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                out = self.model(input_ids=token, use_cache=True, **{self.cache_arg: past})
+                past = _cache_of(out)
                 token = out.logits[:, -1:].argmax(-1)
             _sync(self.device)
             t2 = time.perf_counter()

@@ -1,0 +1,93 @@
+"""Speed, memory and diagnostics: sane numbers, no side effects on the models, and the
+properties the report relies on."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from test_evaluate_fixtures import kjv_tokenizer, tiny_gpt2
+
+from normswap.data import load_text
+from normswap.evaluate.diagnostics import diagnostics, fixed_batch
+from normswap.evaluate.memory import peak_memory, resident_bytes
+from normswap.evaluate.norms import norm_modules
+from normswap.evaluate.speed import SpeedConfig, measure_speed
+
+
+def test_speed_numbers_are_sane_and_leave_the_weights_alone():
+    a = tiny_gpt2(seed=0)
+    b = copy.deepcopy(a)
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    cfg = SpeedConfig(batch_size=2, seq_len=32, repeats=3, min_time=0.02, prompt_len=8, new_tokens=6)
+    out = measure_speed([("a", a), ("b", b)], cfg)
+    for name in ("a", "b"):
+        tps = out[name]["tokens_per_second"]
+        for key in ("forward", "train_step", "generate", "prefill", "decode"):
+            assert math.isfinite(tps[key]) and tps[key] > 0, (name, key)
+        assert 0 < out[name]["norm_time_share"] < 1
+        assert out[name]["norm_time"]["layers"] == 5  # 2 blocks x (ln_1, ln_2) + ln_f
+        assert out[name]["speed_setup"]["repeats"] == 3
+    # The same model measured twice: the ratio is ~1 up to machine noise (sanity, not timing).
+    ratio = out["b"]["tokens_per_second"]["forward"] / out["a"]["tokens_per_second"]["forward"]
+    assert 0.2 < ratio < 5
+    # lr=0 AdamW steps ran, yet every weight is bit-identical and the model is back in eval mode.
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert not a.training
+
+
+def test_norm_modules_found_by_class_name_outermost_only():
+    from normswap.convert import convert_model
+
+    model = tiny_gpt2()
+    assert [n for n, _ in norm_modules(model)] == [
+        "transformer.h.0.ln_1", "transformer.h.0.ln_2", "transformer.h.1.ln_1", "transformer.h.1.ln_2", "transformer.ln_f"]
+    convert_model(model, mode="exact")
+    assert {type(m).__name__ for _, m in norm_modules(model)} == {"RMSNorm"}
+    assert len(norm_modules(model)) == 5
+
+
+def test_peak_memory_counts_the_step_and_grows_with_the_batch():
+    model = tiny_gpt2(n_embd=128)
+    small = peak_memory(model, 1, 32)
+    large = peak_memory(model, 8, 32)
+    if small["peak_memory_bytes"] is None:
+        pytest.skip(f"no CPU memory tracker in this PyTorch: {small.get('reason')}")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    # At least weights + AdamW's two moments are alive at the peak.
+    assert small["peak_memory_bytes"] >= 3 * weights
+    # Resident after the step: weights plus AdamW's exp_avg and exp_avg_sq (and step counters).
+    assert 3 * weights <= small["resident_bytes"] <= 3 * weights + resident_bytes(model) + 8 * len(list(model.parameters()))
+    assert large["peak_memory_bytes"] > small["peak_memory_bytes"]
+    assert large["breakdown"]["activation"] > small["breakdown"]["activation"]
+
+
+def test_diagnostics_loss_matches_the_model_and_exact_conversion_centres_the_stream():
+    from normswap.convert import convert_model
+
+    tok = kjv_tokenizer()
+    text = load_text("embedded", "test")[:4000]
+    batch = fixed_batch(tok, text, 2, 64)
+    assert batch.shape == (2, 64)
+    model = tiny_gpt2(seed=5)
+    before = diagnostics(model, batch)
+    with torch.no_grad():
+        direct = float(model(input_ids=batch, labels=batch).loss)
+    assert before["loss"] == pytest.approx(direct, rel=1e-6)
+    assert before["grad_norm"] > 0
+    assert all(p.grad is None for p in model.parameters())  # diagnostics leave no gradients behind
+
+    converted = copy.deepcopy(model)
+    convert_model(converted, mode="exact")
+    after = diagnostics(converted, batch)
+    assert after["loss"] == pytest.approx(before["loss"], rel=1e-4)
+    assert [lay["name"] for lay in after["layers"]] == [lay["name"] for lay in before["layers"]]
+    # Before: the inputs of the norms have a per-token mean (LayerNorm removes it); after an
+    # exact conversion the residual stream is centred, so RMSNorm's input has none.
+    assert max(lay["token_mean_abs"] for lay in before["layers"]) > 1e-3
+    assert max(lay["token_mean_abs"] for lay in after["layers"]) < 1e-5
+    for b, a in zip(before["layers"], after["layers"]):
+        assert a["rms"] <= b["rms"] + 1e-6  # centring can only lower the RMS
