@@ -194,27 +194,37 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _num_warps(elements: int) -> int:
-    if elements >= 16384:
-        return 16
-    if elements >= 4096:
-        return 8
-    if elements >= 1024:
-        return 4
-    return 2
+# Warps are chosen from the register counts ptxas reports for sm_90 (compiled here without a GPU,
+# `cuobjdump --dump-resource-usage`): ~16 fp32 elements a thread in the forward (bf16,
+# H=4096 at 8 warps: 64 registers; H=8192 at 16 warps: 60) and ~8 in the backward, which holds
+# dy, x, γ and the dγ accumulator at once (H=4096 at 8 warps needed 147 registers — one resident
+# program per SM — and H=8192 at 8 warps 248; at 16/32 warps: 58/55, no spills). A fused
+# backward row of 16384 spills even at 32 warps, so backward rows above 8192 use the looped kernel.
+MAX_FUSED_N_BWD = 8192
 
 
-def _settings(n_cols: int, device: torch.device, max_fused_n: int):
+def _fwd_warps(elements: int) -> int:
+    return max(1, min(16, elements // 512))
+
+
+def _bwd_warps(elements: int) -> int:
+    return max(1, min(32, elements // 256))
+
+
+def _settings(n_cols: int, device: torch.device, max_fused_n: int, backward: bool = False):
     """(looped, BLOCK_M, BLOCK_N, num_warps) for a row width."""
+    warps = _bwd_warps if backward else _fwd_warps
+    if backward:
+        max_fused_n = min(max_fused_n, MAX_FUSED_N_BWD)
     if n_cols > max_fused_n:
         block_n = min(LOOP_BLOCK_N, triton.next_power_of_2(max_fused_n))
-        return True, 1, block_n, _num_warps(block_n)
+        return True, 1, block_n, min(16, warps(block_n))
     block_n = triton.next_power_of_2(n_cols)
     # GPU: ≥ ~2k elements per program so small rows still move enough bytes per launch slot.
     # Interpreter: far more per program, because every program instance costs Python time.
     target = FWD_TARGET_ELEMENTS if device.type == "cuda" else 16384
     block_m = max(1, min(64, target // block_n))
-    return False, block_m, block_n, _num_warps(block_m * block_n)
+    return False, block_m, block_n, warps(block_m * block_n)
 
 
 def _on(device: torch.device):
@@ -272,7 +282,7 @@ def backward(dy, xin, rstd, weight, *, max_fused_n: int = MAX_FUSED_N):
     if n == 0:
         return dx, (torch.zeros((h,), dtype=torch.float32, device=xin.device) if has_w else None)
     assert dy.stride(-1) == 1 and xin.stride(-1) == 1
-    looped, block_m, block_n, warps = _settings(h, xin.device, max_fused_n)
+    looped, block_m, block_n, warps = _settings(h, xin.device, max_fused_n, backward=True)
     fix = xin.device.type != "cuda"
     row_blocks = triton.cdiv(n, block_m)
     if has_w:
