@@ -153,6 +153,13 @@ def test_jsonl_source_with_custom_field(tmp_path):
         list(load_documents(str(path), "train"))
 
 
+def test_json_array_source(tmp_path):
+    docs = _paragraphs(300, seed=4)
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps([{"text": d} for d in docs]))
+    _check_partition(str(path), docs)
+
+
 def test_parquet_source(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -294,6 +301,11 @@ def test_pack_tokens_streams_without_tokenising_everything(tokenizer):
 
 
 def test_pack_tokens_errors(tokenizer):
+    # A bare string is one document, not a stream of one-character documents.
+    blocks = list(pack_tokens(tokenizer, "In the beginning God created the heaven and the earth.", 4))
+    assert torch.cat(blocks).tolist() == (
+        tokenizer("In the beginning God created the heaven and the earth.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    )[: 4 * len(blocks)]
     with pytest.raises(NormswapError, match="sequence length must be positive"):
         list(pack_tokens(tokenizer, ["abc"], 0))
 

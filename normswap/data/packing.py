@@ -97,6 +97,8 @@ def pack_tokens(
         raise NormswapError(f"sequence length must be positive, got {seq_len}")
     if skip_blocks < 0:
         raise NormswapError(f"skip_blocks must be >= 0, got {skip_blocks}")
+    if isinstance(documents, str):  # one text, not an iterable of one-character documents
+        documents = [documents]
     buf: list[int] = []
     index = 0
     for ids in token_stream(tokenizer, documents, add_eos=add_eos):

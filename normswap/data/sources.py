@@ -85,7 +85,33 @@ def _text_docs(paths: list[Path]) -> Iterator[str]:
         yield from _chunk_text(_read_text_file(p))
 
 
+def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
+    """A .json file holding one array of records (loaded whole: such files are small by nature)."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise NormswapError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
+    for i, row in enumerate(rows):
+        if isinstance(row, str):
+            yield row
+            continue
+        if not isinstance(row, dict) or text_field not in row:
+            keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+            raise NormswapError(f"{path}: record {i} has no field {text_field!r} (found: {keys}); choose one with text_field / --text-field")
+        if isinstance(row[text_field], str):
+            yield row[text_field]
+
+
+def _starts_with_array(path: Path) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith("[")
+
+
 def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
+    if path.suffix.lower() == ".json" and _starts_with_array(path):
+        yield from _json_array_docs(path, text_field)
+        return
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
