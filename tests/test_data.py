@@ -216,6 +216,33 @@ def test_saved_datasets(tmp_path):
     assert list(load_documents(str(tmp_path / "dd2"), "test")) == ["s1"]
 
 
+def test_hub_id_goes_through_load_dataset_with_config(monkeypatch):
+    """The online path, with datasets.load_dataset replaced so no network is touched."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    calls = []
+
+    def fake_load_dataset(name, config=None, **kw):
+        calls.append((name, config))
+        if name == "broken":
+            raise ConnectionError("Couldn't reach the Hub\nmore detail")
+        return datasets.DatasetDict({
+            "train": datasets.Dataset.from_dict({"text": ["a", "", "b"]}),
+            "validation": datasets.Dataset.from_dict({"text": ["v"]}),
+            "test": datasets.Dataset.from_dict({"text": ["t"]}),
+        })
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    assert list(load_documents("wikitext:wikitext-2-raw-v1", "train")) == ["a", "b"]  # blank rows dropped
+    assert load_text("wikitext:wikitext-2-raw-v1", "validation") == "v"
+    assert calls[0] == ("wikitext", "wikitext-2-raw-v1")
+    list(load_documents("user/corpus", "test"))
+    assert calls[-1] == ("user/corpus", None)
+    with pytest.raises(NormswapError, match=r"^cannot load hub dataset 'broken': Couldn't reach the Hub$"):
+        load_documents("broken", "train")
+
+
 def test_source_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(NormswapError, match="no such file or directory"):
