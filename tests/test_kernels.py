@@ -509,3 +509,15 @@ def test_checker_rejects_wrong_answers():
     with pytest.raises(AssertionError):
         assert_grad_close((g * 1.02).to(torch.bfloat16), g, torch.bfloat16, "scaled grad")
     assert_grad_close(g.to(torch.bfloat16), g, torch.bfloat16, "rounded grad")
+
+
+def test_double_backward_is_refused_not_silently_wrong():
+    """The kernels' backward is not differentiable: asking for a second derivative must raise,
+    never return a gradient that silently misses the norm's second-order terms."""
+    x = torch.randn(3, 8, device=DEVICE, requires_grad=True)
+    (g,) = torch.autograd.grad(rms_norm(x, backend="composite").square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="twice"):
+        g.sum().backward()
+    # the reference backend is plain autograd and does support it
+    (g2,) = torch.autograd.grad(rms_norm(x, backend="torch").square().sum(), x, create_graph=True)
+    g2.sum().backward()

@@ -193,6 +193,7 @@ class _EagerRMSNorm(torch.autograd.Function):
         return output
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernels' backward is not itself differentiable
     def backward(ctx, dy, drstd, dsummed):
         return _backward(ctx, dy, drstd, dsummed, bwd=backward_impl)
 
