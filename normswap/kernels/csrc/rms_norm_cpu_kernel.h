@@ -123,17 +123,16 @@ struct F16 {
 // Per row: pass 1 reads x (or forms s = x + residual, rounds it to the storage type, stores it
 // as `summed` and uses the ROUNDED value, the same tensor the backward will receive), sums the
 // squares in fp32; pass 2 re-reads the row (now in L1/L2) and writes
-//   y = cast_T( (x * rstd) * w )          (w converted to fp32; no weight: cast_T(x * rstd))
+//   y = cast_T( (x * rstd) * w )          (w is fp32; no weight: cast_T(x * rstd))
 // i.e. normalise in fp32, multiply by the weight in fp32, cast once.
 
-template <class L, class WL, bool HAS_W, bool RES>
+template <class L, bool HAS_W, bool RES>
 static void fwd_rows(const FwdArgs& a, int64_t r0, int64_t r1) {
   typedef typename L::T T;
-  typedef typename WL::T WT;
   const int64_t H = a.H;
   const int64_t H32 = H - H % (4 * kLanes);
   const int64_t H8 = H - H % kLanes;
-  const WT* w = static_cast<const WT*>(a.w);
+  const float* w = static_cast<const float*>(a.w);  // always fp32 (see the binding)
   const float inv_h = 1.0f / (float)H;
   for (int64_t i = r0; i < r1; ++i) {
     const T* x = static_cast<const T*>(a.x) + i * H;
@@ -202,10 +201,10 @@ static void fwd_rows(const FwdArgs& a, int64_t r0, int64_t r1) {
       vf v2 = L::load(src + j + 2 * kLanes) * vr;
       vf v3 = L::load(src + j + 3 * kLanes) * vr;
       if (HAS_W) {
-        v0 *= WL::load(w + j);
-        v1 *= WL::load(w + j + kLanes);
-        v2 *= WL::load(w + j + 2 * kLanes);
-        v3 *= WL::load(w + j + 3 * kLanes);
+        v0 *= F32::load(w + j);
+        v1 *= F32::load(w + j + kLanes);
+        v2 *= F32::load(w + j + 2 * kLanes);
+        v3 *= F32::load(w + j + 3 * kLanes);
       }
       L::store(y + j, v0);
       L::store(y + j + kLanes, v1);
@@ -214,12 +213,12 @@ static void fwd_rows(const FwdArgs& a, int64_t r0, int64_t r1) {
     }
     for (; j < H8; j += kLanes) {
       vf v0 = L::load(src + j) * vr;
-      if (HAS_W) v0 *= WL::load(w + j);
+      if (HAS_W) v0 *= F32::load(w + j);
       L::store(y + j, v0);
     }
     for (; j < H; ++j) {
       float v = L::load1(src + j) * rs;
-      if (HAS_W) v *= WL::load1(w + j);
+      if (HAS_W) v *= F32::load1(w + j);
       L::store1(y + j, v);
     }
   }
@@ -233,14 +232,13 @@ static void fwd_rows(const FwdArgs& a, int64_t r0, int64_t r1) {
 // Pass 1 reads dy and x once for sum(g * x) and the dw partial; pass 2 re-reads them (the row
 // is cache-resident) and writes dx.
 
-template <class L, class WL, bool HAS_W, bool DW>
+template <class L, bool HAS_W, bool DW>
 static void bwd_rows(const BwdArgs& a, float* dwp, int64_t r0, int64_t r1) {
   typedef typename L::T T;
-  typedef typename WL::T WT;
   const int64_t H = a.H;
   const int64_t H32 = H - H % (4 * kLanes);
   const int64_t H8 = H - H % kLanes;
-  const WT* w = static_cast<const WT*>(a.w);
+  const float* w = static_cast<const float*>(a.w);  // always fp32 (see the binding)
   const float inv_h = 1.0f / (float)H;
   for (int64_t i = r0; i < r1; ++i) {
     const T* dy = static_cast<const T*>(a.dy) + i * H;
@@ -263,10 +261,10 @@ static void bwd_rows(const BwdArgs& a, float* dwp, int64_t r0, int64_t r1) {
         F32::store(dwp + j + 3 * kLanes, F32::load(dwp + j + 3 * kLanes) + d3 * (x3 * vr));
       }
       if (HAS_W) {
-        d0 *= WL::load(w + j);
-        d1 *= WL::load(w + j + kLanes);
-        d2 *= WL::load(w + j + 2 * kLanes);
-        d3 *= WL::load(w + j + 3 * kLanes);
+        d0 *= F32::load(w + j);
+        d1 *= F32::load(w + j + kLanes);
+        d2 *= F32::load(w + j + 2 * kLanes);
+        d3 *= F32::load(w + j + 3 * kLanes);
       }
       acc0 += d0 * x0;
       acc1 += d1 * x1;
@@ -276,13 +274,13 @@ static void bwd_rows(const BwdArgs& a, float* dwp, int64_t r0, int64_t r1) {
     for (; j < H8; j += kLanes) {
       vf d0 = L::load(dy + j), x0 = L::load(x + j);
       if (DW) F32::store(dwp + j, F32::load(dwp + j) + d0 * (x0 * vr));
-      if (HAS_W) d0 *= WL::load(w + j);
+      if (HAS_W) d0 *= F32::load(w + j);
       acc0 += d0 * x0;
     }
     for (; j < H; ++j) {
       float d = L::load1(dy + j), xv = L::load1(x + j);
       if (DW) dwp[j] += d * (xv * rs);
-      if (HAS_W) d *= WL::load1(w + j);
+      if (HAS_W) d *= F32::load1(w + j);
       tail += d * xv;
     }
     const float s = vhsum((acc0 + acc1) + (acc2 + acc3)) + tail;
@@ -293,10 +291,10 @@ static void bwd_rows(const BwdArgs& a, float* dwp, int64_t r0, int64_t r1) {
       vf d0 = L::load(dy + j), d1 = L::load(dy + j + kLanes);
       vf d2 = L::load(dy + j + 2 * kLanes), d3 = L::load(dy + j + 3 * kLanes);
       if (HAS_W) {
-        d0 *= WL::load(w + j);
-        d1 *= WL::load(w + j + kLanes);
-        d2 *= WL::load(w + j + 2 * kLanes);
-        d3 *= WL::load(w + j + 3 * kLanes);
+        d0 *= F32::load(w + j);
+        d1 *= F32::load(w + j + kLanes);
+        d2 *= F32::load(w + j + 2 * kLanes);
+        d3 *= F32::load(w + j + 3 * kLanes);
       }
       L::store(dx + j, vr * d0 - L::load(x + j) * vc);
       L::store(dx + j + kLanes, vr * d1 - L::load(x + j + kLanes) * vc);
@@ -305,12 +303,12 @@ static void bwd_rows(const BwdArgs& a, float* dwp, int64_t r0, int64_t r1) {
     }
     for (; j < H8; j += kLanes) {
       vf d0 = L::load(dy + j);
-      if (HAS_W) d0 *= WL::load(w + j);
+      if (HAS_W) d0 *= F32::load(w + j);
       L::store(dx + j, vr * d0 - L::load(x + j) * vc);
     }
     for (; j < H; ++j) {
       float d = L::load1(dy + j);
-      if (HAS_W) d *= WL::load1(w + j);
+      if (HAS_W) d *= F32::load1(w + j);
       L::store1(dx + j, rs * d - L::load1(x + j) * c);
     }
   }
@@ -323,14 +321,14 @@ static void bwd_rows(const BwdArgs& a, float* dwp, int64_t r0, int64_t r1) {
 
 template <class L>
 static void fill_for_dtype(Table& t, int d) {
-  t.fwd[d][0][0] = &fwd_rows<L, F32, false, false>;
-  t.fwd[d][0][1] = &fwd_rows<L, F32, false, true>;
-  t.fwd[d][1][0] = &fwd_rows<L, F32, true, false>;
-  t.fwd[d][1][1] = &fwd_rows<L, F32, true, true>;
-  t.bwd[d][0][0] = &bwd_rows<L, F32, false, false>;
+  t.fwd[d][0][0] = &fwd_rows<L, false, false>;
+  t.fwd[d][0][1] = &fwd_rows<L, false, true>;
+  t.fwd[d][1][0] = &fwd_rows<L, true, false>;
+  t.fwd[d][1][1] = &fwd_rows<L, true, true>;
+  t.bwd[d][0][0] = &bwd_rows<L, false, false>;
   t.bwd[d][0][1] = nullptr;  // no weight, no dweight
-  t.bwd[d][1][0] = &bwd_rows<L, F32, true, false>;
-  t.bwd[d][1][1] = &bwd_rows<L, F32, true, true>;
+  t.bwd[d][1][0] = &bwd_rows<L, true, false>;
+  t.bwd[d][1][1] = &bwd_rows<L, true, true>;
 }
 
 static Table make_table() {
