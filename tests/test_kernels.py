@@ -65,7 +65,7 @@ def reference(x, weight, eps, residual):
     wl = weight.detach().double().requires_grad_() if weight is not None else None
     rl = residual.detach().double().requires_grad_() if residual is not None else None
     if residual is not None:
-        rounded = (x.detach() + residual.detach().to(x.dtype)).double()
+        rounded = (x.detach() + residual.detach()).double()  # PyTorch promotion, like the model's add
         s = xl + rl
         s = s + (rounded - s).detach()  # value of the rounded sum, gradient of the exact one
     else:
@@ -148,10 +148,11 @@ def _run_case(backend, x, weight, eps, residual, grad_seed=1):
 def _check_case(backend, x, weight, eps, residual, what):
     y, s, dx, dw, dr, dy, ds = _run_case(backend, x, weight, eps, residual)
     ry, rsum, xl, wl, rl = reference(x, weight, eps, residual)
-    assert_forward_close(y, ry, x.dtype, f"{what} y")
+    out_dtype = torch.result_type(x, residual) if residual is not None else x.dtype
+    assert_forward_close(y, ry, out_dtype, f"{what} y")
     loss = (ry * dy.double()).sum()
     if residual is not None:
-        assert torch.equal(s, x + residual.to(x.dtype)), f"{what}: returned x + residual differs from the sum"
+        assert torch.equal(s, x + residual), f"{what}: returned x + residual differs from the sum"
         loss = loss + (rsum * ds.double()).sum()
     loss.backward()
     with torch.no_grad():
@@ -238,6 +239,8 @@ def test_mixed_precision_weight(backend):
     w = (torch.rand(128, generator=torch.Generator().manual_seed(4)) + 0.5).to(DEVICE)
     _check_case(backend, x, w, 1e-5, None, f"{backend} bf16 x / fp32 weight")
     _check_case(backend, x, w, 1e-5, x.flip(0), f"{backend} bf16 x / fp32 weight + residual")
+    # an fp32 residual stream with a bf16 branch output: the sum (and y) promote to fp32
+    _check_case(backend, x, w, 1e-5, x.flip(0).float() * 3, f"{backend} bf16 x + fp32 residual")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,14 +11,17 @@ Backends, chosen per call by the environment variable NORMSWAP_KERNEL:
 
 Dtype rule (all backends, also under autocast): statistics and the normalise-and-scale run in
 float32 and the result is rounded once to x's dtype; the weight is used at its own precision and
-its gradient comes back in its dtype; a residual is cast to x's dtype and added in that dtype, and
-that sum is both normalised and returned. Autocast does not change any of this: like HF's
+its gradient comes back in its dtype; with a residual, the sum follows PyTorch's type promotion
+exactly as `x + residual` would (bf16 + fp32 -> fp32), is rounded to that dtype, and is both
+normalised and returned; y then has the sum's dtype. Autocast does not change any of this: like HF's
 LlamaRMSNorm, the norm returns the dtype it was given.
 """
 
 from __future__ import annotations
 
 import os
+
+import torch
 
 from normswap.errors import NormswapError
 
@@ -44,6 +47,10 @@ def rms_norm(x, weight=None, eps=1e-5, residual=None, *, backend=None):
         raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)}, expected ({h},)")
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+    if residual is not None and residual.dtype != x.dtype:
+        # promote like `x + residual` (differentiably, so each gradient returns in its own dtype)
+        dt = torch.result_type(x, residual)
+        x, residual = x.to(dt), residual.to(dt)
     if backend == "torch":
         from normswap.kernels.reference import rms_norm_reference
 

@@ -4,8 +4,9 @@ Numerics contract shared by every backend (documented in docs and checked by the
 statistics and the whole normalise-and-scale computation run in float32, and the result is
 rounded once, to the input's dtype (like PyTorch's fused LayerNorm, which is what convert
 replaces). The weight takes part at its own precision (upcast to fp32), so fp32 master weights
-under bf16 autocast are not rounded to bf16 before use. A residual is added in the input dtype
-(as the model would add it), and that sum is what gets normalised and returned.
+under bf16 autocast are not rounded to bf16 before use. A residual is added as the model would
+add it (`x + residual`, PyTorch promotion; the API promotes both before calling a backend), and
+that sum is what gets normalised and returned.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 def rms_norm_reference(x, weight=None, eps=1e-5, residual=None):
     """Plain autograd composite: the `NORMSWAP_KERNEL=torch` backend and the tests' oracle shape."""
     if residual is not None:
-        x = x + residual.to(x.dtype)
+        x = x + residual
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
