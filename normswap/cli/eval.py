@@ -78,7 +78,9 @@ def report(models, data, split, device, dtype, seq_len, batch_size, out, baselin
     """Evaluate MODELs side by side and write DIR/results.json, report.md, report.html and plots."""
     from normswap.evaluate.runner import evaluate, load_entries
     from normswap.report import write_report
+    from normswap.report.write import check_out
 
+    check_out(out, force=force)
     dev, dt = _setup(device, dtype)
     say = _progress(quiet)
     entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)

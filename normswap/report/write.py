@@ -38,13 +38,19 @@ def render_into(results: dict, folder: Path) -> dict[str, Path]:
     return {"results": folder / "results.json", "markdown": folder / "report.md", "html": folder / "report.html", **figures}
 
 
-def write_report(results: dict, out, *, force: bool = False) -> dict[str, Path]:
-    """Write the report into ``out``; returns the written paths (as they are after the rename)."""
+def check_out(out, *, force: bool = False) -> Path:
+    """Refuse an OUT that would be clobbered; called before any work so a refusal is instant."""
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
         raise NormswapError(f"--out {out} is a file; give a directory for the report")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise NormswapError(f"--out {out} exists and is not empty; pass --force to replace it")
+    return out
+
+
+def write_report(results: dict, out, *, force: bool = False) -> dict[str, Path]:
+    """Write the report into ``out``; returns the written paths (as they are after the rename)."""
+    out = check_out(out, force=force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

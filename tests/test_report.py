@@ -1,0 +1,158 @@
+"""`normswap eval report` end to end on real checkpoints (original, exact conversion, a
+fine-tuned one with its train log): every documented file and key, ratios, the HTML is
+self-contained, and OUT is never clobbered without --force."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+
+import pytest
+from test_evaluate_fixtures import kjv_tokenizer, save_tiny
+
+CONTRACT_TOP = ("device", "dtype", "data", "created", "versions", "models")
+CONTRACT_MODEL = ("name", "path", "perplexity", "bits_per_byte", "word_perplexity", "tokens_per_second",
+                  "peak_memory_bytes", "norm_time_share", "diagnostics", "ratios", "tasks")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    import normswap
+    from normswap.checkpoint.write import save_checkpoint
+    from normswap.convert import convert_model
+
+    root = tmp_path_factory.mktemp("models")
+    orig = save_tiny(root / "orig", seed=7)
+    model = normswap.load_model(orig)
+    convert_model(model, mode="exact")
+    conv = save_checkpoint(model, root / "conv", tokenizer=kjv_tokenizer())
+    ft = root / "ft"
+    shutil.copytree(conv, ft)
+    with open(ft / "train_log.jsonl", "w") as f:
+        for step in range(1, 41):
+            row = {"step": step, "loss": 6.0 - step * 0.05, "lr": 1e-4, "grad_norm": 1.0, "tokens_per_second": 1000.0, "world_size": 1}
+            if step % 10 == 0:
+                row["eval_loss"] = 6.1 - step * 0.04
+            f.write(json.dumps(row) + "\n")
+        f.write('{"step": 41, "loss": ')  # a run killed mid-line must not break the report
+    return {"orig": str(orig), "conv": str(conv), "ft": str(ft)}
+
+
+@pytest.fixture(scope="module")
+def report_dir(checkpoints, tmp_path_factory):
+    from normswap.cli.main import main
+
+    out = tmp_path_factory.mktemp("reports") / "rep"
+    args = ["eval", "report", f"orig={checkpoints['orig']}", f"conv={checkpoints['conv']}", f"ft={checkpoints['ft']}",
+            "--baseline", "orig", "--out", str(out), "--seq-len", "32", "--batch-size", "2", "--max-tokens", "800",
+            "--repeats", "1", "--min-time", "0.01", "--new-tokens", "4", "--tasks", "normswap_kjv", "--limit", "1", "--quiet"]
+    try:
+        main(args)
+    except SystemExit as e:
+        assert not e.code, f"eval report exited {e.code}"
+    return out
+
+
+@pytest.mark.slow
+def test_report_files_and_contract_keys(report_dir, checkpoints):
+    for name in ("results.json", "report.md", "report.html", "perplexity.png", "throughput.png", "activations.png", "finetune_loss.png"):
+        assert (report_dir / name).is_file() and (report_dir / name).stat().st_size > 0, name
+    assert not [p for p in report_dir.parent.iterdir() if ".tmp-" in p.name]  # staging dir renamed away
+    r = json.loads((report_dir / "results.json").read_text())
+    for key in CONTRACT_TOP:
+        assert key in r, key
+    assert r["data"]["truncated"] and r["data"]["max_tokens"] == 800 and r["data"]["split"] == "test"
+    assert r["baseline"] == "orig"
+    assert [m["name"] for m in r["models"]] == ["orig", "conv", "ft"]
+    by = {m["name"]: m for m in r["models"]}
+    for m in r["models"]:
+        for key in CONTRACT_MODEL:
+            assert key in m, (m["name"], key)
+        for key in ("forward", "train_step", "generate", "prefill", "decode"):
+            assert m["tokens_per_second"][key] > 0
+        assert m["peak_memory_bytes"] > 0
+        assert m["diagnostics"]["loss"] > 0 and len(m["diagnostics"]["layers"]) == 5
+        assert m["tasks"]["normswap_kjv"]["bits_per_byte"] > 0
+    assert by["orig"]["path"] == str(checkpoints["orig"])
+    assert (by["orig"]["kind"], by["conv"]["kind"], by["ft"]["kind"]) == ("original", "converted (exact)", "fine-tuned")
+    # the baseline against itself is exactly 1; the exact conversion keeps the perplexity
+    base_ratios = by["orig"]["ratios"]
+    assert base_ratios["perplexity"] == 1.0 and base_ratios["peak_memory_bytes"] == 1.0
+    assert all(v == 1.0 for v in base_ratios["tokens_per_second"].values())
+    assert by["conv"]["ratios"]["perplexity"] == pytest.approx(1.0, abs=1e-4)
+    assert by["conv"]["tasks"]["normswap_kjv"]["bits_per_byte"] == pytest.approx(by["orig"]["tasks"]["normswap_kjv"]["bits_per_byte"], rel=1e-4)
+    ft = by["ft"]["finetune"]
+    assert ft["steps"][-1] == 40 and ft["eval_steps"] == [10, 20, 30, 40] and ft["final_loss"] == pytest.approx(4.0)
+    assert by["orig"]["finetune"] is None
+
+
+@pytest.mark.slow
+def test_html_is_self_contained_and_markdown_links_its_figures(report_dir):
+    html = (report_dir / "report.html").read_text()
+    images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
+    assert len(images) == 4
+    assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
+    assert not re.search(r"(src|href)=['\"]?(https?:|file:|//)", html)  # nothing fetched from anywhere
+    for heading in ("Side by side", "Claims vs measured", "Headline", "lm-eval tasks", "Training diagnostics"):
+        assert heading in html
+    md = (report_dir / "report.md").read_text()
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert sorted(linked) == sorted(["perplexity.png", "throughput.png", "activations.png", "finetune_loss.png"])
+    assert "| orig (baseline) |" in md and "8d" in md
+
+
+@pytest.mark.slow
+def test_existing_out_needs_force_and_render_rebuilds(report_dir, run_cli, tmp_path):
+    before = (report_dir / "results.json").read_bytes()
+    code, out, err = run_cli("eval", "report", "normswap:kjv-gpt2", "--out", report_dir, "--no-speed")
+    assert code == 2 and err.strip().startswith("normswap: error:") and "pass --force" in err
+    assert len(err.strip().splitlines()) == 1  # refused before loading anything
+    assert (report_dir / "results.json").read_bytes() == before
+    code, out, err = run_cli("eval", "render", report_dir / "results.json", "--out", tmp_path / "again")
+    assert code == 0, err
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert again["models"] == json.loads(before)["models"]
+    assert (tmp_path / "again" / "report.html").read_text().count("data:image/png;base64,") == 4
+
+
+def test_ppl_json_matches_the_library(checkpoints, run_cli):
+    import normswap
+    from normswap.data import load_text
+    from normswap.evaluate.perplexity import perplexity, truncate_text
+
+    code, out, err = run_cli("eval", "ppl", f"a={checkpoints['orig']}", "--seq-len", "32", "--stride", "16",
+                             "--max-tokens", "300", "--json", "--quiet")
+    assert code == 0, err
+    got = json.loads(out)
+    tok = normswap.load_tokenizer(checkpoints["orig"])
+    text, _ = truncate_text(load_text("embedded", "test"), tok, 300)
+    want = perplexity(normswap.load_model(checkpoints["orig"]), tok, text, seq_len=32, stride=16)
+    assert got["models"][0]["name"] == "a"
+    assert got["models"][0]["perplexity"] == pytest.approx(want.perplexity, rel=1e-9)
+    assert got["data"]["characters"] == len(text)
+
+
+def test_bad_arguments_are_one_line_errors(checkpoints, run_cli):
+    code, _, err = run_cli("eval", "ppl", checkpoints["orig"], "--seq-len", "4096", "--quiet")
+    assert code == 2 and "context" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    code, _, err = run_cli("eval", "ppl", "/nonexistent/model", "--quiet")
+    assert code == 2 and "not found" in err and len(err.strip().splitlines()) == 1
+
+
+def test_tasks_path_holds_the_shipped_tasks(run_cli):
+    code, out, _ = run_cli("eval", "tasks-path")
+    from pathlib import Path
+
+    path = Path(out.strip())
+    assert code == 0 and (path / "normswap_kjv.yaml").is_file() and (path / "normswap_kjv_utils.py").is_file()
+
+
+def test_model_labels():
+    from normswap.evaluate.runner import split_label, unique_names
+
+    assert split_label("base=normswap:kjv-gpt2") == ("base", "normswap:kjv-gpt2")
+    assert split_label("normswap:kjv-gpt2") == (None, "normswap:kjv-gpt2")
+    assert split_label("/some/dir") == (None, "/some/dir")
+    assert unique_names(["a", "a", "b"]) == ["a", "a-2", "b"]
