@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -540,7 +541,14 @@ def run_finetune(cfg: FinetuneConfig, *, echo=None) -> dict:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(tmp))
+        # accelerate warns on every save that tied weights are stored once; they are re-tied on load
+        quiet = logging.getLogger("accelerate.utils.other")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            accelerator.save_state(str(tmp))
+        finally:
+            quiet.setLevel(level)
         accelerator.wait_for_everyone()
         if main:
             _atomic_write_text(tmp / TRAINER_STATE, json.dumps({"step": step, "data_position": stream.position, "world_size": world, "epoch": stream.epoch}))
