@@ -168,9 +168,12 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy, drstd, dsummed, bwd=None):
     xin, rstd, weight = ctx.saved_tensors
+    if dy is None:  # only the summed stream was used downstream
+        dy = torch.zeros_like(xin)
     dx, dw = (bwd or torch.ops.normswap.rms_norm_bwd)(dy, xin, rstd, weight, ctx.backend)
     if ctx.has_residual and dsummed is not None:
         dx = dx + dsummed  # the summed stream feeds the next block: its gradient flows to x and r
+    # x and r get the same gradient tensor, as they would from PyTorch's own `x + r`
     dres = dx.to(ctx.residual_dtype) if ctx.has_residual else None
     dweight = dw if weight is not None else None
     return dx, dweight, dres, None, None

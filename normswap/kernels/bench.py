@@ -16,6 +16,7 @@ Timing method:
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -225,6 +226,8 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
         "repeats": repeats,
         "timing": "cuda events over L2-exceeding input rotation" if cuda else "perf_counter, implementations interleaved",
         "copy_gbps": measure_copy_gbps(device) if cuda else None,
+        # CPU timings on a shared machine mean little without the load they were taken under
+        "loadavg_before": _loadavg(),
         "rows": [],
     }
     try:
@@ -258,6 +261,7 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
                     result["rows"].append(row)
                     if progress:
                         progress(row)
+    result["loadavg_after"] = _loadavg()
     result["backward"] = _derived_backward(result)
     if cuda:
         result["goals"] = evaluate_goals(result)
@@ -313,6 +317,15 @@ def evaluate_goals(result) -> list[dict]:
     return goals
 
 
+def _loadavg():
+    try:
+        import os
+
+        return [round(v, 2) for v in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -335,6 +348,9 @@ def format_markdown(result) -> str:
     ]
     if result.get("copy_gbps"):
         lines.append(f"measured device copy bandwidth: {result['copy_gbps']:.0f} GB/s")
+    if result.get("loadavg_before") and not result.get("copy_gbps"):
+        lines.append(f"load average (1/5/15 min) before: {result['loadavg_before']}, after: {result.get('loadavg_after')} "
+                     f"on {os.cpu_count()} CPUs")
     for variant, impls in (("plain", IMPLS), ("residual", RESIDUAL_IMPLS)):
         rows = [r for r in result["rows"] if r["variant"] == variant]
         if not rows:
