@@ -175,8 +175,21 @@ def main(argv=None):
     )
     ap.add_argument("--api", action="store_true", help="also time normswap.kernels.rms_norm (weightless)")
     ap.add_argument("--isa", default="best", help="kernel variant: best, avx2, baseline")
+    ap.add_argument(
+        "--malloc",
+        choices=["pinned", "default"],
+        default="pinned",
+        help="pinned (default): re-run under glibc settings that keep freed memory (MALLOC_MMAP_MAX_=0, "
+        "no trimming), so no candidate pays fresh-page faults for its outputs; those faults are the "
+        "same work for every candidate but land unevenly depending on heap state and were measured "
+        "at up to 80%% of a large call. default: leave malloc alone.",
+    )
     ap.add_argument("--out", default=None, help="write the markdown table here (atomically)")
     args = ap.parse_args(argv)
+    if args.malloc == "pinned" and os.environ.get("MALLOC_MMAP_MAX_") != "0":
+        env = dict(os.environ, MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(1 << 36))
+        cli = list(argv) if argv is not None else sys.argv[1:]
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *cli], env)
 
     if not cpu.available():
         print(f"normswap CPU kernel unavailable: {cpu.unavailable_reason()}", file=sys.stderr)
@@ -204,6 +217,8 @@ def main(argv=None):
         f"- cpu: {_model_name()} ({os.cpu_count()} logical CPUs), torch threads {torch.get_num_threads()}\n"
         f"- torch {torch.__version__}, python {platform.python_version()}, kernel variant `{cpu.isa()}`\n"
         f"- command: `python bench/cpu_norms.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n"
+        f"- malloc: {args.malloc}"
+        f"{' (MALLOC_MMAP_MAX_=0, no trim: outputs reuse warm memory, no page-fault noise)' if args.malloc == 'pinned' else ''}\n"
         f"- method: interleaved repeats ({args.reps}), median per candidate, samples ~"
         f"{args.min_sample_ms:g} ms, timer `{args.timer}`"
         f"{' (thread CPU time: immune to preemption by other jobs)' if args.timer == 'cpu' else ' (wall clock)'}; "
