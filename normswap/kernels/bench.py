@@ -56,14 +56,19 @@ class Case:
 
 
 def _make_inputs(case: Case, device, count: int, seed: int):
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    # generated on the device itself: CPU randn of several 256 MB tensors would dominate a GPU run
+    g = torch.Generator(device=device).manual_seed(seed)
     sets = []
+    shape = (case.rows, case.hidden)
+
+    def rnd():
+        return torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(case.dtype)
+
     for _ in range(count):
-        shape = (case.rows, case.hidden)
-        x = torch.randn(shape, generator=g).to(device=device, dtype=case.dtype)
-        r = torch.randn(shape, generator=g).to(device=device, dtype=case.dtype) if case.variant == "residual" else None
-        dy = torch.randn(shape, generator=g).to(device=device, dtype=case.dtype) if case.mode == "fwd+bwd" else None
-        ds = torch.randn(shape, generator=g).to(device=device, dtype=case.dtype) if (dy is not None and r is not None) else None
+        x = rnd()
+        r = rnd() if case.variant == "residual" else None
+        dy = rnd() if case.mode == "fwd+bwd" else None
+        ds = rnd() if (dy is not None and r is not None) else None
         if case.mode == "fwd+bwd":
             x.requires_grad_()
             if r is not None:
@@ -151,8 +156,8 @@ def _l2_bytes(device) -> int:
     return int(getattr(props, "L2_cache_size", 0) or 60 * 2**20)
 
 
-def time_case(case: Case, device, repeats: int, warmup: int = 2, seed: int = 0) -> dict[str, tuple[float, float]]:
-    """(median, min) seconds per call for every implementation of `case`."""
+def time_case(case: Case, device, repeats: int, warmup: int = 2, seed: int = 0) -> dict[str, tuple]:
+    """name -> (median s, min s, eager median s or None, timing mode) per call."""
     w, b = _params(case, device)
     fns = _impl_fns(case, w, b)
     per_set = case.rows * case.hidden * torch.tensor([], dtype=case.dtype).element_size()
@@ -177,30 +182,69 @@ def time_case(case: Case, device, repeats: int, warmup: int = 2, seed: int = 0) 
 
     runs = {name: _runner(case, fn, leaves_of(name)) for name, fn in fns.items()}
     samples: dict[str, list[float]] = {name: [] for name in runs}
+    eager: dict[str, list[float]] = {name: [] for name in runs}
     cuda = device.type == "cuda"
     for name, run in runs.items():  # warm up: compile kernels, build the CPU extension, fill allocators
         for i in range(warmup):
             run(sets[i % count])
+    graphs = {}
     if cuda:
         torch.cuda.synchronize(device)
+        # Kernel time without the host: each sweep is also captured in a CUDA graph and replayed.
+        # Eager sweeps are still timed (what an eager training loop sees, launch overhead and
+        # all); on small shapes the two differ because Python, not the GPU, is the bottleneck.
+        for name, run in runs.items():
+            graphs[name] = _capture(run, sets, device)
     for rep in range(repeats):
         order = list(runs) if rep % 2 == 0 else list(reversed(runs))  # no impl always goes first
         for name in order:
             run = runs[name]
             if cuda:
-                a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for inp in sets:
-                    run(inp)
-                e.record()
-                e.synchronize()
-                samples[name].append(a.elapsed_time(e) / 1e3 / count)
+                eager[name].append(_event_time(lambda: [run(inp) for inp in sets]) / count)
+                if graphs[name] is not None:
+                    samples[name].append(_event_time(graphs[name].replay) / count)
             else:
                 inp = sets[rep % count]
                 t0 = time.perf_counter()
                 run(inp)
                 samples[name].append(time.perf_counter() - t0)
-    return {name: (statistics.median(v), min(v)) for name, v in samples.items()}
+    out = {}
+    for name in runs:
+        v = samples[name] or eager[name]  # a failed capture falls back to the eager sweep
+        out[name] = (statistics.median(v), min(v), statistics.median(eager[name]) if eager[name] else None,
+                     "cuda-graph" if samples[name] else ("eager" if cuda else "perf_counter"))
+    return out
+
+
+def _event_time(fn) -> float:
+    a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    e.record()
+    e.synchronize()
+    return a.elapsed_time(e) / 1e3
+
+
+def _capture(run, sets, device):
+    """A CUDA graph of one sweep over all input sets, or None if this implementation cannot be
+    captured (then its eager time is reported instead, and marked so)."""
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # capture needs warm-up on a side stream
+            for inp in sets:
+                run(inp)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for inp in sets:
+                run(inp)
+        graph.replay()
+        torch.cuda.synchronize(device)
+        return graph
+    except Exception:  # noqa: BLE001 - any capture failure just means "time it eagerly"
+        torch.cuda.synchronize(device)
+        return None
 
 
 def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("fwd", "fwd+bwd"),
@@ -224,7 +268,8 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
         "torch": torch.__version__,
         "normswap_backend": backend_for(device),
         "repeats": repeats,
-        "timing": "cuda events over L2-exceeding input rotation" if cuda else "perf_counter, implementations interleaved",
+        "timing": ("CUDA-graph replay of sweeps over L2-exceeding input rotation, timed by CUDA events "
+                   "(eager sweeps in eager_ms)") if cuda else "perf_counter, implementations interleaved",
         "copy_gbps": measure_copy_gbps(device) if cuda else None,
         # CPU timings on a shared machine mean little without the load they were taken under
         "loadavg_before": _loadavg(),
@@ -247,11 +292,13 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
                     base = times["layer_norm" if variant == "plain" else "add_layer_norm"][0]
                     nbytes = case.nominal_bytes()
                     impls = {}
-                    for name, (t, tmin) in times.items():
+                    for name, (t, tmin, teager, how) in times.items():
                         gbps = nbytes / t / 1e9
                         impls[name] = {
                             "median_ms": t * 1e3,
                             "min_ms": tmin * 1e3,
+                            "timing": how,
+                            "eager_ms": teager * 1e3 if teager is not None else None,
                             "gbps": gbps,
                             "vs_layer_norm": t / base,
                             "copy_share": gbps / result["copy_gbps"] if result["copy_gbps"] else None,
@@ -365,8 +412,12 @@ def format_markdown(result) -> str:
             for name in impls:
                 m = r["impls"][name]
                 share = f", {m['copy_share'] * 100:.0f}%" if m.get("copy_share") else ""
-                cells.append(f"{m['median_ms']:.3g} ({m['gbps']:.3g} GB/s{share}; {m['vs_layer_norm']:.2f}×)")
+                flag = " †" if m.get("timing") == "eager" else ""
+                cells.append(f"{m['median_ms']:.3g}{flag} ({m['gbps']:.3g} GB/s{share}; {m['vs_layer_norm']:.2f}×)")
             lines.append(f"| {r['rows']}×{r['hidden']} | {r['dtype']} | {r['mode']} | " + " | ".join(cells) + " |")
+    if any(m.get("timing") == "eager" for r in result["rows"] for m in r["impls"].values()):
+        lines.append("")
+        lines.append("† CUDA-graph capture failed for this implementation: eager time (includes host launch overhead).")
     if result.get("backward"):
         lines.append("")
         lines.append("normswap (weighted) backward alone, (fwd+bwd) − fwd: " + "; ".join(
