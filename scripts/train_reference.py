@@ -9,6 +9,7 @@ validation and test books, which neither the tokenizer nor the model ever saw.
 
     python scripts/train_reference.py --threads 1           # the shipped model: CPU, ~10-20 min
     python scripts/train_reference.py --size test --out /tmp/smoke   # seconds; what the test suite runs
+    python scripts/train_reference.py --family neox --threads 1   # normswap:kjv-neox
     python scripts/train_reference.py --size small --device cuda --out /tmp/kjv-gpt2-small
 
 The run is deterministic (bit for bit) for a given seed, preset, device and thread count. On a busy
@@ -39,7 +40,7 @@ import torch  # noqa: E402
 
 from normswap.data import load_documents, load_text, pack_tokens  # noqa: E402
 
-DEFAULT_OUT = REPO / "normswap" / "assets" / "models" / "kjv-gpt2"
+MODELS_DIR = REPO / "normswap" / "assets" / "models"
 EOS = "<|endoftext|>"
 
 # name: model shape and training defaults. `tiny` is what ships (trainable on a laptop CPU);
@@ -51,6 +52,35 @@ PRESETS = {
     # a seconds-long smoke run for the test suite
     "test": dict(n_layer=1, n_embd=32, n_head=2, ctx=64, vocab=512, batch=8, lr=3e-3, steps=3, max_docs=30, eval_windows=20),
 }
+
+
+FAMILIES = {
+    "gpt2": "pre-LN GPT-2 (sequential residual, learned positions, tied embeddings)",
+    "neox": "pre-LN GPT-NeoX / Pythia-style model (parallel residual, partial rotary, untied embeddings)",
+}
+
+
+def build_model(family: str, p: dict, vocab_size: int, eos_id: int):
+    """A freshly initialised LayerNorm causal LM (eps 1e-5, biased linears, no dropout)."""
+    common = dict(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, vocab_size=vocab_size)
+    if family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(
+            n_positions=p["ctx"], n_embd=p["n_embd"], n_layer=p["n_layer"], n_head=p["n_head"],
+            layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            tie_word_embeddings=True, **common,
+        )
+        return GPT2LMHeadModel(config)
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(
+        hidden_size=p["n_embd"], num_hidden_layers=p["n_layer"], num_attention_heads=p["n_head"],
+        intermediate_size=4 * p["n_embd"], max_position_embeddings=p["ctx"], layer_norm_eps=1e-5,
+        use_parallel_residual=True, attention_bias=True, hidden_dropout=0.0, attention_dropout=0.0,
+        rotary_pct=0.25, tie_word_embeddings=False, **common,
+    )
+    return GPTNeoXForCausalLM(config)
 
 
 def log(msg: str) -> None:
@@ -167,7 +197,8 @@ def write_atomically(final: Path, fill) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=sorted(PRESETS), default="tiny")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="gpt2")
+    ap.add_argument("--out", type=Path, default=None, help="default: normswap/assets/models/kjv-FAMILY")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the preset's)")
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--lr", type=float, default=None)
@@ -178,6 +209,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     p = dict(PRESETS[args.size])
+    if args.out is None:
+        args.out = MODELS_DIR / f"kjv-{args.family}"
     steps = args.steps or p["steps"]
     batch = args.batch_size or p["batch"]
     lr = args.lr or p["lr"]
@@ -196,27 +229,12 @@ def main(argv=None) -> int:
     blocks = torch.stack(list(pack_tokens(tokenizer, train_documents(p.get("max_docs")), p["ctx"])))
     log(f"training split: {blocks.numel():,} tokens in {len(blocks)} blocks of {p['ctx']}")
 
-    from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
+    from transformers import GenerationConfig
 
     eos_id = tokenizer.eos_token_id
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=p["ctx"],
-        n_embd=p["n_embd"],
-        n_layer=p["n_layer"],
-        n_head=p["n_head"],
-        layer_norm_epsilon=1e-5,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        tie_word_embeddings=True,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-    )
-    model = GPT2LMHeadModel(config).to(device)
+    model = build_model(args.family, p, len(tokenizer), eos_id).to(device)
     n_params = sum(t.numel() for t in model.parameters())
-    log(f"model: GPT-2 {p['n_layer']}x{p['n_embd']}, {n_params:,} parameters, device {device}")
+    log(f"model: {args.family} {p['n_layer']}x{p['n_embd']}, {n_params:,} parameters, device {device}")
 
     decay = [t for n, t in model.named_parameters() if t.dim() >= 2]
     no_decay = [t for n, t in model.named_parameters() if t.dim() < 2]  # LayerNorm gains/biases, biases
@@ -273,10 +291,10 @@ def main(argv=None) -> int:
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     meta = {
         "name": args.out.name,
-        "family": "gpt2",
+        "family": model.config.model_type,
         "description": (
-            f"{p['n_layer']}-layer pre-LN GPT-2 (width {p['n_embd']}, context {p['ctx']}, LayerNorm eps 1e-5, "
-            f"tied embeddings) with a {len(tokenizer)}-entry byte-level BPE, trained from scratch on the training "
+            f"{p['n_layer']}-layer {FAMILIES[args.family]} (width {p['n_embd']}, context {p['ctx']}, LayerNorm eps 1e-5) "
+            f"with a {len(tokenizer)}-entry byte-level BPE, trained from scratch on the training "
             "books of the King James Bible (normswap's embedded corpus)"
         ),
         "parameters": n_params,

@@ -16,6 +16,7 @@ from normswap.data import load_text
 from normswap.errors import NormswapError
 
 NAME = "kjv-gpt2"
+SHIPPED = ["kjv-gpt2", "kjv-neox"]  # one sequential-residual and one parallel-residual family
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -26,11 +27,11 @@ def _offline(monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
 
 
-@pytest.fixture(scope="module")
-def shipped():
+@pytest.fixture(scope="module", params=SHIPPED)
+def shipped(request):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = model_path(NAME)
+    path = model_path(request.param)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     meta = json.loads((path / "normswap_model.json").read_text())
@@ -52,19 +53,22 @@ def _perplexity(model, ids: torch.Tensor, ctx: int, max_windows: int | None = No
     return math.exp(nll / count)
 
 
-def test_shipped_model_is_a_layernorm_gpt2_that_loads_offline_and_generates(shipped):
+def test_shipped_model_is_a_layernorm_lm_that_loads_offline_and_generates(shipped):
     model, tokenizer, meta = shipped
     cfg = model.config
-    assert cfg.model_type == "gpt2" and type(model).__name__ == "GPT2LMHeadModel"
-    assert cfg.layer_norm_epsilon == 1e-5
+    expected = {"gpt2": ("GPT2LMHeadModel", True), "gpt_neox": ("GPTNeoXForCausalLM", False)}
+    cls, tied = expected[cfg.model_type]
+    assert type(model).__name__ == cls and meta["family"] == cfg.model_type
+    assert getattr(cfg, "layer_norm_epsilon", getattr(cfg, "layer_norm_eps", None)) == 1e-5
     norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
-    assert len(norms) == 2 * cfg.n_layer + 1 and all(m.bias is not None for m in norms)
+    assert len(norms) == 2 * cfg.num_hidden_layers + 1 and all(m.bias is not None for m in norms)
     # Trained norms: gains and biases moved away from their 1/0 initialisation.
     assert any(not torch.allclose(m.weight, torch.ones_like(m.weight)) for m in norms)
     assert any(m.bias.abs().max() > 1e-3 for m in norms)
-    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # tied
+    out_emb, in_emb = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    assert (out_emb.data_ptr() == in_emb.data_ptr()) == tied
     assert meta["parameters"] == sum(p.numel() for p in model.parameters())
-    size = sum(f.stat().st_size for f in model_path(NAME).iterdir())
+    size = sum(f.stat().st_size for f in model_path(meta["name"]).iterdir())
     assert size < 20e6, "shipped assets must stay a few MB"
 
     assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
@@ -87,10 +91,8 @@ def test_tokenizer_round_trips_held_out_text(shipped):
 
 
 def test_recorded_heldout_perplexity_reproduces_and_beats_random_init(shipped):
-    from transformers import GPT2LMHeadModel
-
     model, tokenizer, meta = shipped
-    ctx = model.config.n_positions
+    ctx = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
     vocab = model.config.vocab_size
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the CI box is small and shared; one thread avoids oversubscription
@@ -98,7 +100,7 @@ def test_recorded_heldout_perplexity_reproduces_and_beats_random_init(shipped):
         ids = torch.tensor(tokenizer(load_text("embedded", "validation"), add_special_tokens=False)["input_ids"])
         ppl = _perplexity(model, ids, ctx)
         torch.manual_seed(0)
-        random_model = GPT2LMHeadModel(model.config).eval()
+        random_model = type(model)(model.config).eval()
         random_ppl = _perplexity(random_model, ids, ctx, max_windows=20)
     finally:
         torch.set_num_threads(threads)
@@ -112,11 +114,14 @@ def test_recorded_heldout_perplexity_reproduces_and_beats_random_init(shipped):
 
 def test_list_models_and_model_path():
     rows = list_models()
-    row = next(r for r in rows if r["name"] == NAME)
-    for key in ("name", "path", "family", "parameters", "perplexity", "description", "context_length"):
-        assert row[key] is not None, key
-    assert row["family"] == "gpt2" and Path(row["path"]) == model_path(NAME)
-    assert 1e6 < row["parameters"] < 5e6
+    assert [r["name"] for r in rows] == sorted(SHIPPED)
+    for row in rows:
+        for key in ("name", "path", "family", "parameters", "perplexity", "description", "context_length"):
+            assert row[key] is not None, key
+        assert Path(row["path"]) == model_path(row["name"])
+        assert 1e6 < row["parameters"] < 5e6
+        assert row["perplexity"] < 0.2 * row["vocab_size"]
+    assert {r["family"] for r in rows} == {"gpt2", "gpt_neox"}
     assert model_path(f"normswap:{NAME}") == model_path(NAME)
     with pytest.raises(NormswapError, match=rf"no shipped model named 'nope'; available: .*{NAME}"):
         model_path("nope")
@@ -125,9 +130,10 @@ def test_list_models_and_model_path():
 def test_load_model_resolves_the_shipped_spec():
     import normswap
 
-    model = normswap.load_model(f"normswap:{NAME}")
-    assert model.config.model_type == "gpt2"
-    assert normswap.load_tokenizer(f"normswap:{NAME}").eos_token == "<|endoftext|>"
+    for name, model_type in (("kjv-gpt2", "gpt2"), ("kjv-neox", "gpt_neox")):
+        model = normswap.load_model(f"normswap:{name}")
+        assert model.config.model_type == model_type
+        assert normswap.load_tokenizer(f"normswap:{name}").eos_token == "<|endoftext|>"
 
 
 def test_cli_models_json_and_table():
@@ -136,9 +142,10 @@ def test_cli_models_json_and_table():
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert {"name", "path", "family", "parameters", "perplexity", "description"} <= set(rows[0])
-    assert NAME in {r["name"] for r in rows}
+    assert {r["name"] for r in rows} == set(SHIPPED)
     table = subprocess.run([sys.executable, "-m", "normswap", "models"], capture_output=True, text=True, env=env, timeout=120)
-    assert table.returncode == 0 and f"normswap:{NAME}" in table.stdout and "VAL PPL" in table.stdout
+    assert table.returncode == 0 and "VAL PPL" in table.stdout
+    assert all(f"normswap:{n}" in table.stdout for n in SHIPPED)
 
 
 @pytest.mark.slow
@@ -153,6 +160,7 @@ def test_training_script_smoke(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.model_type == "gpt2"
     tok = AutoTokenizer.from_pretrained(out)
     meta = json.loads((out / "normswap_model.json").read_text())
     assert meta["training"]["steps"] == 3 and meta["parameters"] == sum(p.numel() for p in model.parameters())
