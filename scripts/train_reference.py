@@ -293,8 +293,8 @@ def main(argv=None) -> int:
         "name": args.out.name,
         "family": model.config.model_type,
         "description": (
-            f"{p['n_layer']}-layer {FAMILIES[args.family]} (width {p['n_embd']}, context {p['ctx']}, LayerNorm eps 1e-5) "
-            f"with a {len(tokenizer)}-entry byte-level BPE, trained from scratch on the training "
+            f"{p['n_layer']}-layer {FAMILIES[args.family]}; width {p['n_embd']}, context {p['ctx']}, LayerNorm eps 1e-5; "
+            f"{len(tokenizer)}-entry byte-level BPE; trained from scratch on the training "
             "books of the King James Bible (normswap's embedded corpus)"
         ),
         "parameters": n_params,
