@@ -1,0 +1,86 @@
+"""`normswap run RECIPE --out DIR [--set key=value ...]`: run a recipe pipeline end to end."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from normswap.cli.options import force_option, json_option
+
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    help="Override a recipe value (dotted key, YAML-typed value), e.g. --set eval.max_tokens=4096 "
+         "--set variants.approx.convert.beta=drop; finetune.X / convert.X apply to every variant that has that section; "
+         "KEY= (empty) removes the key so its default applies. Repeatable.")
+
+
+def print_outcome(state: dict, out, *, seconds: float) -> None:
+    from pathlib import Path
+
+    from normswap.recipes.runner import format_table
+
+    click.echo("")
+    click.echo(format_table(state["summary"]))
+    click.echo("")
+    report = Path(out) / "report"
+    click.echo(f"report:  {report / 'report.html'}  (also report.md, results.json)")
+    click.echo(f"run:     {out}  (models/, recipe.yaml, run.json, summary.md)  in {seconds:.0f} s")
+
+
+@click.command("run")
+@click.argument("recipe", required=False)
+@click.option("--out", type=click.Path(file_okay=False), help="Run directory: models/, report/, recipe.yaml, run.json.")
+@set_option
+@click.option("--resume", is_flag=True, help="Continue the run in --out: steps whose output is complete and whose options did not change are skipped.")
+@click.option("--check", is_flag=True, help="Validate the recipe (after --set) and print it resolved; run nothing.")
+@click.option("--list", "list_", is_flag=True, help="List the shipped recipes.")
+@click.option("--schema", is_flag=True, help="Print every recipe key with its type and default.")
+@force_option
+@json_option
+def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
+    """Run RECIPE (a YAML file, or the name of a shipped recipe such as `quickstart`) into --out DIR.
+
+    Steps run in order: convert each variant, fine-tune the ones that ask for it, then evaluate
+    every model side by side with the source and write DIR/report. DIR also gets the recipe as
+    given (recipe.original.yaml) and as run (recipe.yaml, after --set).
+    """
+    from normswap.errors import NormswapError
+    from normswap.recipes import describe_fields, dump_recipe, load_recipe, shipped_recipes
+
+    if schema:
+        click.echo(describe_fields())
+        return
+    if list_:
+        import yaml
+
+        for name, path in shipped_recipes().items():
+            data = yaml.safe_load(path.read_text()) or {}
+            net = "  [needs network]" if data.get("needs_network") else ""
+            click.echo(f"{name:<14} {data.get('source', '?')}{net}")
+            desc = " ".join(str(data.get("description", "")).split())
+            if desc:
+                click.echo(f"{'':<14} {desc[:110]}")
+        return
+    if recipe is None:
+        raise NormswapError("give a recipe (a YAML file or a shipped name; `normswap run --list` shows them)")
+    loaded = load_recipe(recipe, overrides)
+    if check:
+        if as_json:
+            click.echo(json.dumps(loaded.recipe, indent=2))
+        else:
+            click.echo(f"# {loaded.path}: valid")
+            click.echo(dump_recipe(loaded.recipe), nl=False)
+        return
+    if not out:
+        raise NormswapError("--out DIR is required to run a recipe (or use --check to only validate it)")
+    from normswap.recipes.runner import run_recipe
+
+    t0 = time.perf_counter()
+    say = None if not as_json else (lambda m: click.echo(f"normswap run: {m}", err=True))
+    state = run_recipe(loaded, out, resume=resume, force=force, say=say)
+    if as_json:
+        click.echo(json.dumps(state, indent=2, default=str))
+        return
+    print_outcome(state, out, seconds=time.perf_counter() - t0)

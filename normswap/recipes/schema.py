@@ -1,0 +1,309 @@
+"""The recipe schema: what a `normswap run` YAML file may say, with types, defaults and choices.
+
+A recipe is validated as a whole before anything runs, so a typo in the last section does not
+surface after a twenty-minute fine-tune. Every error is one line naming the file and the dotted
+key (``recipes/x.yaml: variants.approx.finetune.stpes: unknown key (did you mean steps?)``).
+
+The schema is declared as data (``Field`` tables below) rather than as code, so that
+``normswap run --explain`` style documentation, validation and defaults come from one place.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from normswap.errors import NormswapError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+SOURCE_NAME = "original"  # the unconverted source's label in the report (and the baseline)
+HEALED_SUFFIX = "-healed"  # report/directory label of a variant after its fine-tune
+TASKS = ("causal-lm", "masked-lm")
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: str  # str, int, float, bool, list[str], choice
+    default: Any = None
+    choices: tuple = ()
+    required: bool = False
+    nullable: bool = False
+    minimum: float | None = None
+    help: str = ""
+
+
+# ---------------------------------------------------------------------------------- sections
+TOP = {
+    "name": Field("str", required=True, help="short identifier of the recipe"),
+    "description": Field("str", default="", help="one paragraph shown in the run summary"),
+    "source": Field("str", required=True, help="model to migrate: a local directory, a hub id or normswap:NAME"),
+    "task": Field("choice", default="causal-lm", choices=TASKS,
+                  help="causal-lm (perplexity, fine-tune) or masked-lm (encoders such as BERT: fidelity to the source)"),
+    "data": Field("str", default="embedded", help="corpus for fine-tuning and evaluation (see normswap finetune --data)"),
+    "device": Field("str", default="auto", help="cpu, cuda, cuda:N or auto"),
+    "seed": Field("int", default=0),
+    "needs_network": Field("bool", default=False, help="true when the source or data come from the Hugging Face Hub"),
+    "variants": Field("variants", required=True, help="name -> {convert: ..., finetune: ...}; each becomes a model in the report"),
+    "eval": Field("section", default=None),
+    "report": Field("section", default=None),
+}
+
+CONVERT = {
+    "mode": Field("choice", default="auto", choices=("auto", "exact", "approx")),
+    "gamma": Field("choice", default=None, choices=("fold", "keep", "reset"), nullable=True),
+    "beta": Field("choice", default=None, choices=("fold", "drop", "keep"), nullable=True),
+    "untie": Field("bool", default=False),
+    "dtype": Field("choice", default="auto", choices=("auto", "float32", "float16", "bfloat16")),
+    "verify": Field("bool", default=True),
+    "tolerance": Field("float", default=1e-4, minimum=0),
+}
+
+FINETUNE = {
+    "steps": Field("int", default=200, minimum=1),
+    "lr": Field("float", default=3e-4, minimum=0),
+    "warmup_steps": Field("int", default=20, minimum=0),
+    "schedule": Field("choice", default="cosine", choices=("constant", "cosine", "linear")),
+    "min_lr_ratio": Field("float", default=0.1, minimum=0),
+    "seq_len": Field("int", default=None, nullable=True, minimum=2),
+    "batch_size": Field("int", default=8, minimum=1),
+    "grad_accum": Field("int", default=1, minimum=1),
+    "weight_decay": Field("float", default=0.01, minimum=0),
+    "clip_grad": Field("float", default=1.0, minimum=0),
+    "trainable": Field("choice", default="all", choices=("all", "norms")),
+    "distill_from": Field("str", default=None, nullable=True,
+                          help="teacher model; `source` means the recipe's source (the unconverted model)"),
+    "distill_alpha": Field("float", default=1.0, minimum=0),
+    "distill_temperature": Field("float", default=1.0, minimum=0),
+    "eval_tokens": Field("int", default=16384, minimum=1, help="held-out tokens for the fine-tune's own loss log"),
+    "eval_every": Field("int", default=0, minimum=0),
+    "dtype": Field("choice", default="auto", choices=("auto", "float32", "bfloat16", "float64")),
+}
+
+EVAL = {
+    "split": Field("choice", default="test", choices=("test", "validation")),
+    "seq_len": Field("int", default=None, nullable=True, minimum=2),
+    "stride": Field("int", default=None, nullable=True, minimum=1),
+    "max_tokens": Field("int", default=65536, minimum=0, help="cap on evaluated tokens (0: the whole split)"),
+    "batch_size": Field("int", default=8, minimum=1),
+    "dtype": Field("choice", default="auto", choices=("auto", "float32", "float16", "bfloat16", "float64")),
+    "perplexity": Field("bool", default=None, nullable=True, help="default: true for causal-lm, false (not defined) for masked-lm"),
+    "fidelity": Field("bool", default=None, nullable=True,
+                      help="cosine of last hidden states vs the source, and masked-token loss (default: true for masked-lm)"),
+    "fidelity_tokens": Field("int", default=8192, minimum=16),
+    "diagnostics": Field("bool", default=True),
+    "speed": Field("bool", default=True),
+    "memory": Field("bool", default=False),
+    "repeats": Field("int", default=5, minimum=1),
+    "warmup": Field("int", default=1, minimum=0),
+    "min_time": Field("float", default=0.2, minimum=0),
+    "new_tokens": Field("int", default=32, minimum=1),
+    "tasks": Field("list[str]", default=[]),
+    "lm_eval_limit": Field("int", default=None, nullable=True, minimum=1),
+    "before_finetune": Field("bool", default=True,
+                             help="also report each fine-tuned variant as it was before the fine-tune"),
+}
+
+REPORT = {
+    "title": Field("str", default=None, nullable=True),
+}
+
+VARIANT_KEYS = ("convert", "finetune", "description")
+
+
+# ---------------------------------------------------------------------------------- validation
+class RecipeError(NormswapError):
+    pass
+
+
+def _fail(where: str, key: str, msg: str):
+    raise RecipeError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
+
+
+def _unknown(where: str, prefix: str, key, known) -> None:
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(known)})"
+    _fail(where, prefix + str(key), "unknown key" + hint)
+
+
+def _coerce(where: str, key: str, f: Field, value):
+    if value is None:
+        if f.nullable or not f.required and f.default is None:
+            return None
+        _fail(where, key, "must not be empty")
+    kind = f.kind
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        _fail(where, key, f"expected true or false, got {value!r}")
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                _fail(where, key, f"expected an integer, got {value!r}")
+    elif kind == "float":
+        if isinstance(value, bool):
+            _fail(where, key, f"expected a number, got {value!r}")
+        if isinstance(value, str):
+            # YAML 1.1 (PyYAML) reads `1e-3` as a string: accept what a reader means by it
+            try:
+                value = float(value)
+            except ValueError:
+                _fail(where, key, f"expected a number, got {value!r}")
+        elif not isinstance(value, (int, float)):
+            _fail(where, key, f"expected a number, got {value!r}")
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            _fail(where, key, f"expected a finite number, got {value!r}")
+    elif kind in ("str", "choice"):
+        if not isinstance(value, str):
+            if kind == "choice" and isinstance(value, bool):
+                _fail(where, key, f"expected one of {', '.join(f.choices)}, got {value!r}")
+            if kind == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = str(value)
+            else:
+                _fail(where, key, f"expected {'one of ' + ', '.join(f.choices) if kind == 'choice' else 'a string'}, got {value!r}")
+        if kind == "str":
+            value = " ".join(value.split()) if "\n" in value else value.strip()
+        if kind == "choice" and value not in f.choices:
+            _fail(where, key, f"expected one of {', '.join(f.choices)}, got {value!r}")
+    elif kind == "list[str]":
+        if isinstance(value, str):  # `tasks: a,b` as well as a YAML list
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            _fail(where, key, f"expected a list of strings, got {value!r}")
+        return list(value)
+    if f.minimum is not None and isinstance(value, (int, float)) and value < f.minimum:
+        _fail(where, key, f"must be >= {f.minimum:g}, got {value!r}")
+    return value
+
+
+def _section(where: str, prefix: str, data, table: dict) -> dict:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        _fail(where, prefix.rstrip("."), f"expected a mapping of keys, got {type(data).__name__} {data!r}")
+    for k in data:
+        if k not in table:
+            _unknown(where, prefix, k, table)
+    out = {}
+    for k, f in table.items():
+        if k in data:
+            out[k] = _coerce(where, prefix + k, f, data[k])
+        elif f.required:
+            _fail(where, prefix + k, "missing (required)")
+        else:
+            out[k] = list(f.default) if isinstance(f.default, list) else f.default
+    return out
+
+
+def validate(raw, where: str) -> dict:
+    """Check ``raw`` (the parsed YAML) and return the resolved recipe with every default filled."""
+    if not isinstance(raw, dict):
+        _fail(where, "", f"a recipe is a YAML mapping (name:, source:, variants:, ...), got {type(raw).__name__}")
+    raw = dict(raw)
+    if "models" in raw and "variants" not in raw:  # the issue's spelling; one name in the output
+        raw["variants"] = raw.pop("models")
+    for k in raw:
+        if k not in TOP:
+            _unknown(where, "", k, TOP)
+    scalars = {k: f for k, f in TOP.items() if f.kind not in ("variants", "section")}
+    recipe = _section(where, "", {k: v for k, v in raw.items() if k in scalars}, scalars)
+    if not _NAME.match(recipe["name"]):
+        _fail(where, "name", f"use letters, digits, '-', '_' or '.', got {recipe['name']!r}")
+    if not recipe["source"].strip():
+        _fail(where, "source", "must not be empty")
+
+    if "variants" not in raw:
+        _fail(where, "variants", "missing (required): at least one model to build from the source")
+    variants = raw["variants"]
+    if not isinstance(variants, dict) or not variants:
+        _fail(where, "variants", "expected a non-empty mapping of name -> {convert: ..., finetune: ...}")
+    resolved_variants = {}
+    for name, spec in variants.items():
+        name_s = str(name)
+        key = f"variants.{name_s}"
+        if not _NAME.match(name_s):
+            _fail(where, key, "a variant name uses letters, digits, '-', '_' or '.'")
+        if name_s == SOURCE_NAME or name_s.endswith(HEALED_SUFFIX):
+            _fail(where, key, f"the names {SOURCE_NAME!r} and '*{HEALED_SUFFIX}' are used for the source and healed models")
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, dict):
+            _fail(where, key, f"expected a mapping with convert: and/or finetune:, got {spec!r}")
+        for k in spec:
+            if k not in VARIANT_KEYS:
+                _unknown(where, key + ".", k, VARIANT_KEYS)
+        if spec.get("convert") is None and spec.get("finetune") is None:
+            _fail(where, key, "needs convert: (e.g. {mode: exact}) and/or finetune: (e.g. {steps: 200})")
+        desc = spec.get("description")
+        v = {"description": "" if desc is None else _coerce(where, key + ".description", Field("str"), desc)}
+        v["convert"] = _section(where, key + ".convert.", spec["convert"], CONVERT) if spec.get("convert") is not None else None
+        v["finetune"] = _section(where, key + ".finetune.", spec["finetune"], FINETUNE) if spec.get("finetune") is not None else None
+        ft = v["finetune"]
+        if ft is not None:
+            if ft["batch_size"] % ft["grad_accum"]:
+                _fail(where, key + ".finetune.batch_size", f"must be divisible by grad_accum ({ft['grad_accum']})")
+            for k in ("min_lr_ratio", "distill_alpha"):
+                if ft[k] > 1:
+                    _fail(where, f"{key}.finetune.{k}", f"must be in [0, 1], got {ft[k]}")
+        resolved_variants[name_s] = v
+    names = set(resolved_variants)
+    for n, v in resolved_variants.items():
+        if v["convert"] is not None and v["finetune"] is not None and n + HEALED_SUFFIX in names:
+            _fail(where, f"variants.{n}{HEALED_SUFFIX}", "clashes with the healed model of variant " + n)
+    recipe["variants"] = resolved_variants
+
+    recipe["eval"] = _section(where, "eval.", raw.get("eval"), EVAL)
+    recipe["report"] = _section(where, "report.", raw.get("report"), REPORT)
+    ev = recipe["eval"]
+    masked = recipe["task"] == "masked-lm"
+    if ev["perplexity"] is None:
+        ev["perplexity"] = not masked
+    if ev["fidelity"] is None:
+        ev["fidelity"] = masked
+    if masked:
+        if ev["perplexity"]:
+            _fail(where, "eval.perplexity", "perplexity is not defined for a masked-lm; use eval.fidelity (cosine and masked-token loss vs the source)")
+        if ev["tasks"]:
+            _fail(where, "eval.tasks", "lm-eval tasks need a causal-lm recipe")
+        for n, v in resolved_variants.items():
+            if v["finetune"] is not None:
+                _fail(where, f"variants.{n}.finetune", "normswap finetune heals causal LMs only; remove it from this masked-lm recipe")
+    if ev["seq_len"] is not None and ev["stride"] is not None and ev["stride"] > ev["seq_len"]:
+        _fail(where, "eval.stride", f"must be <= eval.seq_len ({ev['seq_len']}), got {ev['stride']}")
+    if recipe["report"]["title"] is None:
+        recipe["report"]["title"] = recipe["name"]
+    return recipe
+
+
+def report_names(recipe: dict) -> list[str]:
+    """Names of the models in the report, in order: the source, then each variant (its pre-fine-tune
+    checkpoint first when shown)."""
+    names = [SOURCE_NAME]
+    for n, v in recipe["variants"].items():
+        if v["convert"] is not None and v["finetune"] is not None:
+            if recipe["eval"]["before_finetune"]:
+                names.append(n)
+            names.append(n + HEALED_SUFFIX)
+        else:
+            names.append(n)
+    return names
+
+
+def describe_fields() -> str:
+    """Plain-text reference of every key (for docs and `normswap run --schema`)."""
+    lines = []
+    for title, table in (("top level", TOP), ("variants.<name>.convert", CONVERT), ("variants.<name>.finetune", FINETUNE),
+                         ("eval", EVAL), ("report", REPORT)):
+        lines.append(f"{title}:")
+        for k, f in table.items():
+            if f.kind in ("variants", "section"):
+                lines.append(f"  {k}: {f.help or 'section, see below'}")
+                continue
+            kind = "|".join(f.choices) if f.kind == "choice" else f.kind
+            dflt = "required" if f.required else f"default {f.default!r}"
+            lines.append(f"  {k} ({kind}, {dflt})" + (f": {f.help}" if f.help else ""))
+    return "\n".join(lines)

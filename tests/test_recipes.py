@@ -1,0 +1,190 @@
+"""Recipes: schema validation (every shipped recipe, and one-line errors naming file and key),
+--set overrides, the offline guard of needs_network recipes, and a small end-to-end run with its
+provenance files and --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from normswap.errors import NormswapError
+from normswap.recipes import load_recipe, shipped_recipes, validate
+from normswap.recipes.loader import apply_overrides
+from normswap.recipes.schema import report_names
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = shipped_recipes()
+
+HUB_FAMILIES = {"gpt2", "pythia-160m", "opt-125m", "bloom-560m", "phi-2", "gpt-neo-125m", "falcon-rw-1b", "bert-base-uncased"}
+
+
+def _minimal(**extra):
+    raw = {"name": "t", "source": "normswap:kjv-gpt2", "variants": {"exact": {"convert": {"mode": "exact"}}}}
+    raw.update(extra)
+    return raw
+
+
+# ------------------------------------------------------------------ shipped recipes
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_recipe_validates(name):
+    loaded = load_recipe(name)
+    r = loaded.recipe
+    assert r["name"] == name  # file name and recipe name agree (`normswap run NAME` finds it)
+    assert r["variants"]
+    if name != "quickstart":
+        assert r["needs_network"] is True, "hub recipes must say they need the network"
+    # the resolved form re-validates to itself (what DIR/recipe.yaml holds can be run again)
+    assert validate(yaml.safe_load(yaml.safe_dump(r)), "resolved") == r
+
+
+def test_shipped_set_covers_the_families_and_the_root_recipes_dir_is_the_same():
+    assert {"quickstart"} | HUB_FAMILIES <= set(SHIPPED)
+    root = REPO / "recipes"
+    assert sorted(p.name for p in root.glob("*.yaml")) == sorted(p.name for p in SHIPPED.values())
+    for p in root.glob("*.yaml"):
+        assert p.read_text() == SHIPPED[p.stem].read_text()
+
+
+def test_quickstart_is_offline_and_shows_exact_approx_and_healed():
+    r = load_recipe("quickstart").recipe
+    assert r["needs_network"] is False and r["source"] == "normswap:kjv-gpt2" and r["data"] == "embedded"
+    assert report_names(r) == ["original", "exact", "approx", "approx-healed"]
+    assert r["variants"]["exact"]["convert"]["mode"] == "exact"
+    assert r["variants"]["approx"]["convert"] == dict(r["variants"]["approx"]["convert"], mode="approx", beta="drop")
+
+
+def test_bert_recipe_measures_fidelity_not_perplexity():
+    r = load_recipe("bert-base-uncased").recipe
+    assert r["task"] == "masked-lm"
+    assert r["eval"]["perplexity"] is False and r["eval"]["fidelity"] is True
+    assert all(v["finetune"] is None for v in r["variants"].values())
+
+
+# ------------------------------------------------------------------ schema errors
+def _error(raw, where="recipes/x.yaml") -> str:
+    with pytest.raises(NormswapError) as e:
+        validate(raw, where)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(where + ": ")
+    return msg
+
+
+def test_unknown_key_is_named_with_its_dotted_path_and_a_suggestion():
+    raw = _minimal(variants={"approx": {"convert": {"mode": "approx"}, "finetune": {"stpes": 10}}})
+    msg = _error(raw)
+    assert "variants.approx.finetune.stpes: unknown key" in msg and "did you mean steps" in msg
+    # negative control: the correct spelling passes and is typed
+    raw["variants"]["approx"]["finetune"] = {"steps": 10}
+    assert validate(raw, "x")["variants"]["approx"]["finetune"]["steps"] == 10
+    assert "eval.seqlen" in _error(_minimal(eval={"seqlen": 64}))
+    assert "sourse" in _error({"name": "t", "sourse": "x", "source": "y", "variants": {"a": {"convert": {}}}})
+
+
+@pytest.mark.parametrize("section,key,value,needle", [
+    ("finetune", "steps", "ten", "expected an integer"),
+    ("finetune", "steps", 0, "must be >= 1"),
+    ("finetune", "lr", "fast", "expected a number"),
+    ("finetune", "schedule", "warm", "expected one of constant, cosine, linear"),
+    ("convert", "mode", "fuzzy", "expected one of auto, exact, approx"),
+    ("convert", "verify", "yes please", "expected true or false"),
+])
+def test_bad_values_name_the_key(section, key, value, needle):
+    variant = {"convert": {"mode": "approx"}, "finetune": {"steps": 5}}
+    variant[section][key] = value
+    msg = _error(_minimal(variants={"v": variant}))
+    assert f"variants.v.{section}.{key}" in msg and needle in msg
+
+
+def test_structure_errors():
+    assert "variants: missing" in _error({"name": "t", "source": "s"})
+    assert "name: missing" in _error({"source": "s", "variants": {"a": {"convert": {}}}})
+    assert "needs convert" in _error(_minimal(variants={"a": {}}))
+    assert "names 'original'" in _error(_minimal(variants={"original": {"convert": {}}}))
+    assert "eval.perplexity" in _error(_minimal(task="masked-lm", eval={"perplexity": True}))
+    assert "heals causal LMs only" in _error(_minimal(task="masked-lm", variants={"a": {"convert": {}, "finetune": {}}}))
+    assert "a recipe is a YAML mapping" in _error(["not", "a", "mapping"])
+
+
+def test_yaml_1_1_exponents_are_numbers():
+    # PyYAML reads `1e-3` as a string; a recipe author means the number
+    raw = _minimal(variants={"a": {"convert": {}, "finetune": {"lr": "1e-3"}}})
+    assert validate(raw, "x")["variants"]["a"]["finetune"]["lr"] == pytest.approx(1e-3)
+
+
+def test_invalid_yaml_is_one_line_with_position(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: t\nvariants: {a: [\n")
+    with pytest.raises(NormswapError) as e:
+        load_recipe(str(p))
+    assert str(e.value).startswith(f"{p}: invalid YAML at line") and "\n" not in str(e.value)
+
+
+def test_missing_recipe_lists_the_shipped_ones():
+    with pytest.raises(NormswapError, match="neither a file nor a shipped recipe.*quickstart"):
+        load_recipe("no-such-recipe")
+
+
+# ------------------------------------------------------------------ --set
+def test_overrides_are_dotted_and_typed():
+    r = load_recipe("quickstart", ["finetune.steps=7", "models.approx.convert.beta=keep", "eval.speed=false",
+                                   "eval.tasks=[normswap_kjv]", "variants.approx.finetune.lr=2e-3", "eval.max_tokens=0",
+                                   "source=/some/dir"]).recipe
+    ft = r["variants"]["approx"]["finetune"]
+    assert ft["steps"] == 7 and isinstance(ft["steps"], int)
+    assert ft["lr"] == pytest.approx(2e-3)
+    assert r["variants"]["approx"]["convert"]["beta"] == "keep"
+    assert r["eval"]["speed"] is False and r["eval"]["tasks"] == ["normswap_kjv"] and r["eval"]["max_tokens"] == 0
+    assert r["source"] == "/some/dir"
+    # the exact variant has no finetune section: `finetune.steps` does not invent one there
+    assert r["variants"]["exact"]["finetune"] is None
+
+
+def test_override_with_empty_value_restores_the_default():
+    base = load_recipe("quickstart").recipe
+    assert base["variants"]["approx"]["finetune"]["lr"] != 3e-4
+    r = load_recipe("quickstart", ["variants.approx.finetune.lr="]).recipe
+    assert r["variants"]["approx"]["finetune"]["lr"] == 3e-4  # the schema default
+
+
+def test_override_errors_name_the_key():
+    with pytest.raises(NormswapError, match="variants.approx.finetune.steps: expected an integer"):
+        load_recipe("quickstart", ["finetune.steps=many"])
+    with pytest.raises(NormswapError, match="expected KEY=VALUE"):
+        load_recipe("quickstart", ["finetune.steps"])
+    with pytest.raises(NormswapError, match="name is 'quickstart', not a section"):
+        load_recipe("quickstart", ["name.x=1"])
+    with pytest.raises(NormswapError, match="unknown key"):
+        load_recipe("quickstart", ["eval.colour=red"])
+
+
+def test_overrides_do_not_touch_the_parsed_original():
+    raw = _minimal()
+    apply_overrides(raw, ["variants.exact.convert.mode=approx"], "x")
+    assert raw["variants"]["exact"]["convert"]["mode"] == "exact"
+
+
+# ------------------------------------------------------------------ needs_network offline
+def test_network_recipe_offline_fails_fast_in_one_line(tmp_path, monkeypatch):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty-cache"), PYTHONPATH=str(REPO))
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "normswap", "run", "pythia-160m", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "needs the network" in lines[0] and "EleutherAI/pythia-160m" in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+    assert not out.exists()  # refused before anything was written
+    # negative control: the same recipe pointed at a local source is not refused for the network
+    from normswap.recipes.runner import network_problem
+
+    local = load_recipe("pythia-160m", [f"source={tmp_path}"]).recipe
+    assert network_problem(local) is None
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "offline mode is on" in network_problem(load_recipe("pythia-160m").recipe)
+    assert network_problem(load_recipe("quickstart").recipe) is None  # needs_network: false
