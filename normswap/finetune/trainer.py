@@ -385,10 +385,6 @@ def _make_accelerator(cfg: FinetuneConfig):
 
 def run_finetune(cfg: FinetuneConfig, *, echo=None) -> dict:
     """Fine-tune ``cfg.model`` into ``cfg.out``; return the summary (same on every process)."""
-    import random
-
-    import numpy as np
-
     from normswap.checkpoint.load import is_local, load_config, load_model, load_tokenizer, resolve
 
     _validate(cfg)
@@ -458,7 +454,6 @@ def run_finetune(cfg: FinetuneConfig, *, echo=None) -> dict:
     set_seed(cfg.seed + rank)
     param_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
     model = load_model(resolved, dtype=param_dtype, device="cpu", task="causal-lm", config=config)
-    model.config.use_cache = False
     n_trainable = _select_trainable(model, cfg.trainable)
     n_params = sum(p.numel() for p in model.parameters())
 
@@ -697,11 +692,12 @@ def run_finetune(cfg: FinetuneConfig, *, echo=None) -> dict:
                                                              "final_perplexity", "final_train_loss", "tokens", "wall_seconds",
                                                              "trainable_parameters")})
         _write_final(final_model, tokenizer, out, {"finetune": record})
-        if not cfg.keep_checkpoints_after_finish:
-            shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
         saved = json.loads(run_file.read_text())
         saved.update(status="finished", summary=summary)
         _atomic_write_text(run_file, json.dumps(saved, indent=2, default=_json_default))
+        # only now: a kill before the status is written must still find checkpoints to resume from
+        if not cfg.keep_checkpoints_after_finish:
+            shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
     accelerator.wait_for_everyone()
     return summary
 
