@@ -346,6 +346,7 @@ def test_triton_wide_rows_cuda(h):
     _check_case("triton", x, w, 1e-5, _data(64, h, torch.bfloat16, seed=1), f"cuda H={h}")
 
 
+@pytest.mark.slow  # ~25 s of CPU: every triton case of this file, each program run in Python
 def test_triton_backend_in_interpreter():
     if "triton" in BACKENDS:
         pytest.skip("triton cases already run in this process")
