@@ -189,3 +189,20 @@ def test_normswap_load_model_returns_the_same_model(sources, tmp_path, run_cli):
     ids = _probe(model)
     assert torch.equal(_logprobs(a, ids), _logprobs(b, ids))
     assert a.normswap_manifest["conversion"]["family"] == "phi"
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "bloom", "falcon", "phi", "opt"])
+def test_exact_in_float64_is_exact_to_rounding(family):
+    """In float64 the conversion is an identity up to rounding (~1e-15); without centring it is not."""
+    from normswap.convert import convert_model
+
+    model = tiny_model(family).double()
+    ids = _probe(model)
+    ref = _logprobs(model, ids)
+    exact = copy.deepcopy(model)
+    convert_model(exact, mode="exact")
+    assert float((_logprobs(exact, ids) - ref).abs().max()) < 1e-10
+    assert all(p.dtype == torch.float64 for p in exact.parameters())
+    wrong = copy.deepcopy(model)
+    convert_model(wrong, mode="approx", gamma="fold", beta="fold")
+    assert float((_logprobs(wrong, ids) - ref).abs().max()) > 1e-3
