@@ -658,6 +658,7 @@ def run_finetune(cfg: FinetuneConfig, *, echo=None) -> dict:
     final_eval = last_row["eval_loss"]
     summary = {
         "model": cfg.model, "out": str(out), "data": cfg.data, "steps": cfg.steps, "world_size": world,
+        "distributed": accelerator.distributed_type.value if hasattr(accelerator.distributed_type, "value") else str(accelerator.distributed_type),
         "global_batch": cfg.batch_size, "seq_len": seq_len, "tokens": cfg.steps * tokens_per_step,
         "trainable": cfg.trainable, "trainable_parameters": n_trainable, "parameters": n_params,
         "distill_from": cfg.distill_from, "resumed_from_step": start_step if resume_from is not None else None,
@@ -686,7 +687,7 @@ def run_finetune(cfg: FinetuneConfig, *, echo=None) -> dict:
             final_model = final_model.to(src_dtype)  # keep the source's storage dtype
         for p in final_model.parameters():
             p.requires_grad_(True)
-        record = dict(cfg.trajectory(), world_size=world, save_every=cfg.save_every, eval_every=cfg.eval_every,
+        record = dict(cfg.trajectory(), world_size=world, distributed=summary["distributed"], save_every=cfg.save_every, eval_every=cfg.eval_every,
                       eval_tokens=cfg.eval_tokens, log=LOG_FILE,
                       final_metrics={k: summary[k] for k in ("initial_eval_loss", "final_eval_loss", "initial_perplexity",
                                                              "final_perplexity", "final_train_loss", "tokens", "wall_seconds",
