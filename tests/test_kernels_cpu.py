@@ -301,9 +301,20 @@ def test_rejects_what_it_cannot_read(kern):
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match="contiguous"):
         kern.forward(x.t().contiguous().t(), None, None, EPS)
-    with pytest.raises(RuntimeError, match="dtype"):
-        kern.forward(x.double(), None, None, EPS)
     with pytest.raises(RuntimeError, match="2-D"):
         kern.forward(x.reshape(2, 2, 8), None, None, EPS)
     with pytest.raises(RuntimeError, match="weight"):
         kern.forward(x, torch.ones(7), None, EPS)
+
+
+def test_float64_falls_back_to_torch_under_the_same_contract(kern):
+    # supports(float64) is False; forward/backward still honour the contract so a dispatcher that
+    # does not check per dtype gets correct results, not an exception.
+    x, res, w, dy = _inputs(9, 33, torch.float64, seed=5)
+    y, rstd, summed = kern.forward(x, w, res, EPS)
+    assert y.dtype == torch.float64 and rstd.dtype == torch.float32 and torch.equal(summed, x + res)
+    y_ref, rstd_ref, dx_ref, dw_ref = _reference(x + res, w, dy, EPS)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    dx, dw = kern.backward(dy, summed, rstd, w)
+    torch.testing.assert_close(dx, dx_ref, rtol=1e-6, atol=1e-6)  # rstd travels as fp32
+    torch.testing.assert_close(dw.double(), dw_ref, rtol=1e-6, atol=1e-6)

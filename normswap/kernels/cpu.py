@@ -209,15 +209,53 @@ def isa() -> str | None:
     return _ext.isa() if available() else None
 
 
+_COMPILED_DTYPES: frozenset = frozenset()  # filled once the extension has loaded
+
+
+def _compiled_dtypes(ext) -> frozenset:
+    global _COMPILED_DTYPES
+    if not _COMPILED_DTYPES:
+        _COMPILED_DTYPES = frozenset(d for d, n in _DTYPE_NAMES.items() if ext.supports(n))
+    return _COMPILED_DTYPES
+
+
+def _torch_forward(x, weight, residual, eps):
+    # Dtypes the compiled kernel does not cover (float64; float16 without compiler support):
+    # same contract, plain torch, statistics in fp64 for fp64 input and fp32 otherwise.
+    summed = x + residual if residual is not None else None
+    src = summed if summed is not None else x
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = src.to(acc)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps)
+    y = xf * rstd[:, None]
+    if weight is not None:
+        y = y * weight.to(acc)
+    return y.to(x.dtype), rstd.float(), summed
+
+
+def _torch_backward(dy, x, rstd, weight, compute_dweight):
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    r = rstd.to(acc)[:, None]
+    xhat = x.to(acc) * r
+    g = dy.to(acc) * (weight.to(acc) if weight is not None else 1.0)
+    dx = r * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+    dw = (dy.to(acc) * xhat).sum(0).float() if weight is not None and compute_dweight else None
+    return dx.to(x.dtype), dw
+
+
 def forward(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     """RMSNorm over the last dim of a contiguous [N, H] CPU tensor.
 
     Returns ``(y, rstd, summed)``: y in x's dtype, rstd float32 [N], summed = x + residual in
     x's dtype (None without residual). Not differentiable by itself; see :func:`backward`.
+    A dtype the compiled kernel does not cover (:func:`supports` is False, e.g. float64) is
+    computed with plain torch under the same contract, so callers need not check per dtype.
     """
     ext = _ext if _ext is not None else _ensure()
     if ext is None:
         raise RuntimeError(f"normswap CPU kernel is not available: {unavailable_reason()}")
+    if x.dtype not in _compiled_dtypes(ext):
+        return _torch_forward(x, weight, residual, float(eps))
     return ext.forward(x, weight, residual, float(eps))
 
 
@@ -234,6 +272,8 @@ def backward(
     ext = _ext if _ext is not None else _ensure()
     if ext is None:
         raise RuntimeError(f"normswap CPU kernel is not available: {unavailable_reason()}")
+    if x.dtype not in _compiled_dtypes(ext):
+        return _torch_backward(dy, x, rstd, weight, bool(compute_dweight))
     return ext.backward(dy, x, rstd, weight, bool(compute_dweight))
 
 
