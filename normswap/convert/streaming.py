@@ -200,17 +200,17 @@ class Source:
         fd = self._fds.get(path)
         if fd is None:
             fd = self._fds[path] = os.open(path, os.O_RDONLY)
-        buf = bytearray(size)
-        view, done = memoryview(buf), 0
+        out_shape = (stop - start, *shape[1:]) if shape else ()
+        if size == 0:
+            return torch.empty(out_shape, dtype=dtype)
+        buf = torch.empty(size, dtype=torch.uint8)  # not zero-filled, unlike bytearray
+        view, done = memoryview(buf.numpy()), 0
         while done < size:
             got = os.preadv(fd, [view[done:]], self.offsets[key] + start * row + done)
             if got <= 0:
                 raise NormswapError(f"cannot read {key} from {path.name}: the file ended early")
             done += got
-        if size == 0:
-            return torch.empty((stop - start, *shape[1:]) if shape else (), dtype=dtype)
-        t = torch.frombuffer(buf, dtype=dtype)
-        return t.reshape((stop - start, *shape[1:]) if shape else ())
+        return buf.view(dtype).reshape(out_shape)
 
     def close(self):
         for fd in self._fds.values():
@@ -624,7 +624,8 @@ def convert_streaming(resolved, out, *, config, family, skeleton=None, src_label
                 for key in keys:
                     value_key, final_dtype, _ = writes[key]
                     conv.emit(writer, key, value_key, final_dtype, out_dtype_of)
-                    _release_freed_memory()
+                    if _numel(specs[key][1]) * 8 >= CHUNK_BYTES:  # only big tensors leave big holes
+                        _release_freed_memory()
         write_index(tmp, shards, names, specs)
         source.close()
         _write_generation_config(model, directory, tmp)
