@@ -156,3 +156,17 @@ def test_model_labels():
     assert split_label("normswap:kjv-gpt2") == (None, "normswap:kjv-gpt2")
     assert split_label("/some/dir") == (None, "/some/dir")
     assert unique_names(["a", "a", "b"]) == ["a", "a-2", "b"]
+
+
+def test_speed_json_with_a_baseline_not_in_the_list(checkpoints, run_cli):
+    code, out, err = run_cli("eval", "speed", f"conv={checkpoints['conv']}", "--baseline", f"orig={checkpoints['orig']}",
+                             "--seq-len", "16", "--batch-size", "2", "--repeats", "1", "--min-time", "0.01",
+                             "--new-tokens", "3", "--json", "--quiet")
+    assert code == 0, err
+    got = json.loads(out)
+    assert [m["name"] for m in got["models"]] == ["orig", "conv"]  # the baseline is added, first
+    orig, conv = got["models"]
+    assert orig["ratios"]["tokens_per_second"]["forward"] == 1.0
+    assert conv["ratios"]["tokens_per_second"]["forward"] == pytest.approx(
+        conv["tokens_per_second"]["forward"] / orig["tokens_per_second"]["forward"])
+    assert conv["norm_time"]["classes"] == ["RMSNorm"] and orig["norm_time"]["classes"] == ["LayerNorm"]
