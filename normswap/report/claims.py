@@ -12,6 +12,20 @@ def _pct(x):
     return f"{x * 100:.1f}%"
 
 
+def _spread(models):
+    """Largest (max - min) / median of any model's forward samples: how noisy this machine was."""
+    worst = None
+    for m in models:
+        samples = ((m.get("speed_setup") or {}).get("samples") or {}).get("forward") or []
+        if len(samples) >= 2:
+            ordered = sorted(samples)
+            median = ordered[len(ordered) // 2]
+            if median > 0:
+                value = (ordered[-1] - ordered[0]) / median
+                worst = value if worst is None else max(worst, value)
+    return worst
+
+
 def claims(results) -> list[dict]:
     models = results["models"]
     base = next((m for m in models if m["name"] == results.get("baseline")), None)
@@ -68,6 +82,10 @@ def claims(results) -> list[dict]:
             lines.append(f"{m['name']}: " + ", ".join(parts))
     if bound is not None:
         lines.append(f"upper bound (Amdahl): norm time -> 0 would give at most x{bound:.2f} on the forward")
+    spread = _spread(models)
+    if spread is not None:
+        lines.append(f"repeat-to-repeat spread of forward tokens/s in this run: up to {spread * 100:.0f}% of the median "
+                     "(ratios closer to 1 than this are noise)")
     rows.append({
         "claim": "10-30% higher throughput after the swap",
         "measured": lines or ["needs --baseline and speed measurements"],
