@@ -119,11 +119,15 @@ def activation_plot(results, out: Path) -> Path | None:
         return None
     c = colors(results)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for m in models:
+    for i, m in enumerate(models):
         layers = m["diagnostics"]["layers"]
         xs = range(len(layers))
-        axes[0].plot(xs, [lay.get("rms") for lay in layers], marker="o", markersize=3, color=c[m["name"]], label=m["name"])
-        axes[1].plot(xs, [lay.get("token_mean_abs") for lay in layers], marker="o", markersize=3, color=c[m["name"]], label=m["name"])
+        # Exact conversions overlap their source exactly: earlier lines are drawn wider so that
+        # every model stays visible underneath the later ones.
+        style = {"marker": "o", "markersize": 3 + 2 * (len(models) - 1 - i), "linewidth": 1 + 1.2 * (len(models) - 1 - i),
+                 "color": c[m["name"]], "label": m["name"], "alpha": 0.9}
+        axes[0].plot(xs, [lay.get("rms") for lay in layers], **style)
+        axes[1].plot(xs, [lay.get("token_mean_abs") for lay in layers], **style)
     axes[0].set_title("RMS of the input to each norm layer", fontsize=10)
     axes[1].set_title("|per-token mean| of that input (0 = centred)", fontsize=10)
     values = [lay.get("rms") for m in models for lay in m["diagnostics"]["layers"] if lay.get("rms")]
@@ -148,11 +152,6 @@ def finetune_plot(results, out: Path) -> Path | None:
         if ft.get("eval_steps"):
             ax.plot(ft["eval_steps"], ft["eval_loss"], color=c[m["name"]], linestyle="--", marker="o", markersize=3,
                     label=f"{m['name']} eval loss")
-    for m in results["models"]:
-        # The baseline's and converted models' losses on the diagnostics batch, as reference lines.
-        if m.get("finetune") is None and (m.get("diagnostics") or {}).get("loss") is not None:
-            ax.axhline(m["diagnostics"]["loss"], color=c[m["name"]], linewidth=0.8, linestyle=":",
-                       label=f"{m['name']} (diagnostics batch)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("fine-tune loss", fontsize=10)

@@ -203,7 +203,7 @@ h2{font-size:20px;margin:36px 0 12px;padding-bottom:6px;border-bottom:1px solid 
 table{border-collapse:collapse;width:100%;font-size:13.5px;font-variant-numeric:tabular-nums}
 th,td{padding:7px 10px;border-bottom:1px solid var(--line);text-align:right;vertical-align:top}
 th{background:var(--bg);font-weight:600;white-space:nowrap}
-th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){text-align:left}
+th:first-child,td:first-child,table.text2 th:nth-child(2),table.text2 td:nth-child(2){text-align:left}
 tr:hover td{background:#fafbfc}
 td .r{display:block;font-size:11.5px;color:var(--muted)}
 .claims td{text-align:left}
@@ -246,7 +246,7 @@ def html_report(results, figures: dict[str, Path]) -> str:
         parts.append("</div>")
 
     header, rows = table_rows(results)
-    parts.append("<h2>Side by side</h2><div class='tablewrap'><table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>")
+    parts.append("<h2>Side by side</h2><div class='tablewrap'><table class='text2'><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>")
     lower_better = {"perplexity", "bits/byte", "word ppl", "peak memory"}
     for row in rows:
         cells = []
@@ -268,7 +268,7 @@ def html_report(results, figures: dict[str, Path]) -> str:
 
     titles = {"perplexity": ("Perplexity", "Token perplexity and bits per byte on the held-out text; bits per byte compares across tokenizers."),
               "throughput": ("Throughput", "Tokens per second (medians of interleaved repeats) and the share of forward time inside norm layers."),
-              "finetune_loss": ("Fine-tune loss", "From train_log.jsonl of each fine-tuned model; dotted lines: other models' loss on the diagnostics batch."),
+              "finetune_loss": ("Fine-tune loss", "From train_log.jsonl next to each fine-tuned model: training loss per step, held-out loss at its eval steps."),
               "activations": ("Activations entering each norm", "Per norm layer, on one fixed batch: RMS of the input, and how far each token's vector is from zero-mean.")}
     for key, path in figures.items():
         title, caption = titles.get(key, (key, ""))
@@ -282,7 +282,7 @@ def html_report(results, figures: dict[str, Path]) -> str:
         parts.append("</tbody></table></div>")
 
     parts.append("<h2>Training diagnostics</h2><p class='sub'>One fixed batch of the evaluation text, dropout off.</p>"
-                 "<div class='tablewrap'><table><thead><tr><th>model</th><th>kind</th><th>loss</th><th>grad norm</th><th>norm layers</th><th>norm classes</th></tr></thead><tbody>")
+                 "<div class='tablewrap'><table class='text2'><thead><tr><th>model</th><th>kind</th><th>loss</th><th>grad norm</th><th>norm layers</th><th>norm classes</th></tr></thead><tbody>")
     for m in results["models"]:
         dg = m.get("diagnostics") or {}
         parts.append(f"<tr><td>{_e(m['name'])}</td><td>{_e(m.get('kind', ''))}</td><td>{fmt_num(dg.get('loss'), 4)}</td>"
@@ -292,7 +292,7 @@ def html_report(results, figures: dict[str, Path]) -> str:
         layers = (m.get("diagnostics") or {}).get("layers") or []
         if not layers:
             continue
-        parts.append(f"<details><summary>{_e(m['name'])}: per-layer statistics ({len(layers)} norm layers)</summary><div class='tablewrap'><table>"
+        parts.append(f"<details><summary>{_e(m['name'])}: per-layer statistics ({len(layers)} norm layers)</summary><div class='tablewrap'><table class='text2'>"
                      "<thead><tr><th>layer</th><th>class</th><th>rms</th><th>mean</th><th>|per-token mean|</th></tr></thead><tbody>")
         for lay in layers:
             parts.append(f"<tr><td>{_e(lay['name'])}</td><td>{_e(lay.get('class', ''))}</td><td>{fmt_num(lay.get('rms'), 4)}</td>"
