@@ -77,6 +77,7 @@ def _both(src, tmp_path, **kw):
 def small_pieces(monkeypatch):
     # tiny models: make every matrix go through the piece-wise code paths
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(streaming, "ADAPTIVE_WHOLE", False)
 
 
 CASES = [

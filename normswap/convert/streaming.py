@@ -42,6 +42,7 @@ import torch
 from normswap.errors import NormswapError
 
 CHUNK_BYTES = 16 * 2**20  # float64 bytes of one piece of a tensor
+ADAPTIVE_WHOLE = True  # let column-wise ops run whole below the β-folding peak (tests turn it off)
 STREAM_FRACTION = 0.25  # auto: stream when the weights exceed this share of available memory ...
 STREAM_ABOVE = 4 * 10**9  # ... or this many bytes
 THRESHOLD_ENV = "NORMSWAP_STREAM_ABOVE"  # override for the automatic choice, e.g. "500MB" or "0"
@@ -375,6 +376,7 @@ class _Converter:
         self.src_groups = src_groups
         self.src_specs = src_specs
         self.plan = None  # set once planned; the tie groups alone locate every source tensor
+        self.whole_bytes = CHUNK_BYTES  # float64 size up to which a column-wise op runs whole
 
     def disk_key(self, key):
         """The file key holding model key ``key`` (directly, or through the tensor it is tied to)."""
@@ -412,6 +414,8 @@ class _Converter:
         axis, slicing = _pieces(op, shape)
         if axis is not None and _numel(shape) * 8 <= CHUNK_BYTES:
             axis = None
+        if axis == 1 and _numel(shape) * 8 <= self.whole_bytes:
+            axis = None  # column pieces are slow (strided); whole costs no more than the peak anyway
         if op is None:  # carried over: file -> load dtype -> parameter dtype
             if axis is None:
                 writer.write(out_key, self.loaded(value_key).to(final_dtype))
@@ -541,6 +545,13 @@ def convert_streaming(resolved, out, *, config, family, skeleton=None, src_label
     options = ConvertOptions(mode=mode, gamma=gamma, beta=beta, untie=untie)
     plan = build_plan(family, model, model.config, options)
     conv.plan = plan
+    # β folding holds its whole reader matrix in float64 (see the module docstring): that matrix
+    # sets the peak, so ops that would otherwise go in slow column pieces may run whole when
+    # their own peak (input, result, cast: ~2.5x their float64 size) stays below it
+    fold = [_numel(src_specs[op["weight"]][1]) * 8 for op in plan.derivations.values()
+            if op.get("op") == "linear_bias" and op.get("beta") and op.get("weight") in src_specs]
+    if ADAPTIVE_WHOLE and fold:
+        conv.whole_bytes = max(CHUNK_BYTES, int(max(fold) / 2.5))
     params_before = count_parameters(model)
     source_dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     ref_dtype = next(iter(src_specs.values()))[0]
