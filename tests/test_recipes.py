@@ -188,3 +188,96 @@ def test_network_recipe_offline_fails_fast_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert "offline mode is on" in network_problem(load_recipe("pythia-160m").recipe)
     assert network_problem(load_recipe("quickstart").recipe) is None  # needs_network: false
+
+
+# ------------------------------------------------------------------ a small real run
+MINI = """\
+# a small recipe for the test-suite
+name: mini
+source: normswap:kjv-gpt2
+variants:
+  exact: {convert: {mode: exact}}
+  approx:
+    convert: {mode: approx, beta: drop}
+    finetune: {steps: 2, warmup_steps: 1, batch_size: 2, seq_len: 64, eval_tokens: 256, lr: 1e-3}
+eval: {seq_len: 64, stride: 32, max_tokens: 1024, speed: false, diagnostics: false}
+report: {title: mini run}
+"""
+
+
+@pytest.fixture(scope="module")
+def mini_run(tmp_path_factory):
+    from normswap.cli.main import main
+
+    root = tmp_path_factory.mktemp("mini")
+    recipe = root / "mini.yaml"
+    recipe.write_text(MINI)
+    out = root / "run"
+    try:
+        main(["run", str(recipe), "--out", str(out), "--set", "eval.batch_size=4"])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    return recipe, out
+
+
+@pytest.mark.slow
+def test_run_writes_models_report_and_provenance(mini_run):
+    recipe, out = mini_run
+    for name in ("exact", "approx", "approx-healed"):
+        assert (out / "models" / name / "config.json").is_file()
+    assert (out / "models" / "approx-healed" / "train_log.jsonl").is_file()
+    assert (out / "recipe.original.yaml").read_text() == MINI
+    resolved = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert resolved["eval"]["batch_size"] == 4  # the --set is in the resolved copy...
+    assert "batch_size: 4" not in MINI  # ...and not in the original
+    assert validate(resolved, "resolved")["variants"]["approx"]["finetune"]["steps"] == 2
+    state = json.loads((out / "run.json").read_text())
+    assert state["status"] == "finished" and state["overrides"] == ["eval.batch_size=4"]
+    assert set(state["steps"]) == {"convert:exact", "convert:approx", "finetune:approx-healed", "eval"}
+    results = json.loads((out / "report" / "results.json").read_text())
+    assert [m["name"] for m in results["models"]] == ["original", "exact", "approx", "approx-healed"]
+    assert results["baseline"] == "original" and results["title"] == "mini run"
+    for f in ("report.md", "report.html"):
+        assert (out / "report" / f).is_file()
+    ppl = {m["name"]: m["perplexity"] for m in results["models"]}
+    assert ppl["exact"] == pytest.approx(ppl["original"], rel=1e-4)
+    assert abs(ppl["approx"] / ppl["original"] - 1) > 1e-3  # negative control: dropping β is visible
+    rows = {r["model"]: r for r in state["summary"]}
+    assert rows["exact"]["delta_vs_original"] == pytest.approx(ppl["exact"] / ppl["original"] - 1)
+    assert "| approx-healed |" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_run_refuses_to_overwrite_and_resume_redoes_only_what_changed(mini_run, run_cli):
+    recipe, out = mini_run
+    code, _, err = run_cli("run", recipe, "--out", out)
+    assert code == 2 and "holds a previous run" in err and "--resume" in err
+    before = json.loads((out / "run.json").read_text())["steps"]
+    weights = (out / "models" / "approx-healed" / "model.safetensors").read_bytes()
+
+    # only the evaluation changed: no model step runs again
+    code, _, err = run_cli("run", recipe, "--out", out, "--resume", "--set", "eval.max_tokens=512")
+    assert code == 0, err
+    after = json.loads((out / "run.json").read_text())["steps"]
+    for step in ("convert:exact", "convert:approx", "finetune:approx-healed"):
+        assert after[step]["finished"] == before[step]["finished"], step
+    assert after["eval"]["fingerprint"] != before["eval"]["fingerprint"]
+    assert "skipped" in err
+    assert json.loads((out / "report" / "results.json").read_text())["data"]["max_tokens"] == 512
+
+    # a fine-tune option changed: the fine-tune (and the evaluation) run again, the conversions do not
+    code, _, err = run_cli("run", recipe, "--out", out, "--resume", "--set", "finetune.steps=3")
+    assert code == 0, err
+    again = json.loads((out / "run.json").read_text())["steps"]
+    assert again["convert:approx"]["finished"] == before["convert:approx"]["finished"]
+    assert again["finetune:approx-healed"]["fingerprint"] != before["finetune:approx-healed"]["fingerprint"]
+    assert (out / "models" / "approx-healed" / "model.safetensors").read_bytes() != weights
+
+
+def test_run_never_deletes_a_directory_it_did_not_write(tmp_path, run_cli):
+    other = tmp_path / "precious"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    code, _, err = run_cli("run", "quickstart", "--out", other, "--force")
+    assert code == 2 and "not a normswap run" in err
+    assert (other / "notes.txt").read_text() == "keep me"

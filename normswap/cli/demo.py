@@ -18,8 +18,8 @@ from normswap.cli.run import print_outcome, set_option
 # --quick (CI): the same pipeline with a shorter fine-tune and smaller evaluation. The fine-tune
 # still has to move the approx model's perplexity back down, so it is shortened, not skipped.
 QUICK = (
-    "finetune.steps=40",
-    "finetune.warmup_steps=4",
+    "finetune.steps=20",
+    "finetune.warmup_steps=2",
     "finetune.eval_tokens=2048",
     "eval.max_tokens=4096",
     "eval.repeats=2",

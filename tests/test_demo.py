@@ -1,0 +1,53 @@
+"""End to end: `normswap demo --quick` through the real CLI in a fresh process (what CI runs).
+
+Checks what the demo exists to show: the exact conversion keeps the perplexity, the approximate
+one (β dropped) loses some, and the short fine-tune wins part of it back; and that the report and
+the printed table are there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_demo_quick_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
+    p = subprocess.run([sys.executable, "-m", "normswap", "demo", "--quick", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+    report = out / "report"
+    for name in ("results.json", "report.md", "report.html", "perplexity.png", "throughput.png"):
+        assert (report / name).is_file(), name
+    results = json.loads((report / "results.json").read_text())
+    models = {m["name"]: m for m in results["models"]}
+    assert list(models) == ["original", "exact", "approx", "approx-healed"]
+    assert results["baseline"] == "original"
+    ppl = {n: m["perplexity"] for n, m in models.items()}
+    assert ppl["exact"] == pytest.approx(ppl["original"], rel=1e-4)
+    assert ppl["approx"] > ppl["original"] * 1.001  # dropping β costs perplexity...
+    assert ppl["approx-healed"] < ppl["approx"]  # ...and the fine-tune wins some back
+    assert models["approx-healed"]["kind"] == "fine-tuned" and models["exact"]["kind"] == "converted (exact)"
+    for n in models:
+        assert models[n]["tokens_per_second"]["forward"] > 0
+
+    # progress lines while it ran, then the table and the report's location
+    assert "finetune approx-healed" in p.stderr and "eval: perplexity" in p.stderr
+    assert f"report:  {report / 'report.html'}" in p.stdout
+    table = p.stdout.split("report:")[0]
+    for n in models:
+        assert n in table
+    assert "Δ vs original" in table and "forward tok/s" in table
+    # provenance: the recipe as shipped and as run (with --quick's overrides)
+    assert (out / "recipe.original.yaml").read_text().startswith("# The five-minute CPU demo")
+    assert "steps: 20" in (out / "recipe.yaml").read_text()
