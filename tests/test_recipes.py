@@ -281,3 +281,38 @@ def test_run_never_deletes_a_directory_it_did_not_write(tmp_path, run_cli):
     code, _, err = run_cli("run", "quickstart", "--out", other, "--force")
     assert code == 2 and "not a normswap run" in err
     assert (other / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.slow
+def test_masked_lm_recipe_reports_fidelity_against_the_source(tmp_path, run_cli):
+    """The BERT recipe's path on a tiny real BertForMaskedLM with its own WordPiece vocabulary."""
+    import itertools
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from normswap.data import load_documents
+    from normswap.testing import tiny_model
+
+    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.train_from_iterator(itertools.islice(load_documents("embedded", "train"), 30),
+                           trainers.WordPieceTrainer(vocab_size=256, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                  sep_token="[SEP]", mask_token="[MASK]")
+    src = tmp_path / "tinybert"
+    tiny_model("bert", task="masked-lm").save_pretrained(src)
+    tok.save_pretrained(src)
+    out = tmp_path / "run"
+    code, stdout, err = run_cli("run", "bert-base-uncased", "--out", out, "--set", f"source={src}", "--set", "needs_network=false",
+                                "--set", "eval.fidelity_tokens=1024", "--set", "eval.speed=false", "--set", "eval.memory=false")
+    assert code == 0, err
+    results = json.loads((out / "report" / "results.json").read_text())
+    fid = {m["name"]: m["fidelity"] for m in results["models"]}
+    assert list(fid) == ["original", "approx", "approx-no-beta"]
+    assert fid["original"]["hidden_cosine"] == pytest.approx(1.0, abs=1e-6) and fid["original"]["top1_agreement"] == 1.0
+    for name in ("approx", "approx-no-beta"):  # approximate conversions are measurably not the source
+        assert fid[name]["hidden_cosine"] < 0.999 and fid[name]["masked_perplexity"] > 0
+    assert all(m["perplexity"] is None for m in results["models"])  # not defined for a masked LM
+    assert "hidden cosine" in stdout and "masked ppl" in stdout

@@ -57,7 +57,7 @@ def _run(model, ids: torch.Tensor, micro: int = 8):
 
 
 def fidelity(entries, source_name: str, *, data="embedded", split="test", max_tokens=8192, seq_len=None, seed=0) -> dict:
-    """{model name: {hidden_cosine, masked_loss, masked_perplexity, top1_agreement, tokens}}."""
+    """({model name: {hidden_cosine, masked_loss, masked_perplexity, top1_agreement, tokens}}, data info)."""
     from normswap.data import load_text
     from normswap.evaluate.perplexity import model_context
 
@@ -66,7 +66,8 @@ def fidelity(entries, source_name: str, *, data="embedded", split="test", max_to
         raise NormswapError(f"fidelity: no model named {source_name} to compare with")
     ctx = model_context(source.model) or 512
     seq_len = min(seq_len or 128, ctx)
-    ids = _batch(source.tokenizer, load_text(data, split), max_tokens, seq_len)
+    text = load_text(data, split)
+    ids = _batch(source.tokenizer, text, max_tokens, seq_len)
     masked, chosen = _mask(ids, source.tokenizer, seed)
     src_hidden, _ = _run(source.model, ids)
     _, src_logits = _run(source.model, masked)
@@ -84,4 +85,10 @@ def fidelity(entries, source_name: str, *, data="embedded", split="test", max_to
             if src_top is not None:
                 row["top1_agreement"] = (sel.argmax(-1) == src_top).float().mean().item()
         out[e.name] = row
-    return out
+    # what was read, in the shape of results.json's `data` (the report needs it when no
+    # perplexity was measured); the batch is the first `tokens` tokens of the split
+    info = {"spec": str(data), "split": split, "characters": len(text), "characters_available": len(text),
+            "bytes": len(text.encode("utf-8")), "words": len(text.split()), "max_tokens": max_tokens,
+            "truncated": int(ids.numel()) < len(text), "cap_tokenizer_of": source_name, "seq_len": seq_len,
+            "stride": seq_len, "batch_size": int(ids.shape[0]), "fidelity_tokens": int(ids.numel())}
+    return out, info

@@ -349,10 +349,12 @@ class Runner:
             from normswap.recipes.fidelity import fidelity
 
             say("fidelity: hidden states and masked-token predictions vs the source")
-            measured = fidelity(entries, SOURCE_NAME, data=recipe["data"], split=ev["split"], max_tokens=ev["fidelity_tokens"],
+            measured, info = fidelity(entries, SOURCE_NAME, data=recipe["data"], split=ev["split"], max_tokens=ev["fidelity_tokens"],
                                 seq_len=ev["seq_len"], seed=recipe["seed"])
             for row in results["models"]:
                 row["fidelity"] = measured.get(row["name"])
+            if results.get("data") is None:
+                results["data"] = info
         results["title"] = recipe["report"]["title"]
         results["recipe"] = {"name": recipe["name"], "description": recipe["description"], "file": str(self.loaded.path),
                              "overrides": self.loaded.overrides, "run_dir": str(self.out)}
