@@ -175,3 +175,19 @@ def test_loading_without_trust_remote_code_fails_loudly(gpt2_src, tmp_path, run_
     with pytest.raises(Exception) as info:
         AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert "trust_remote_code" in str(info.value) or "custom code" in str(info.value)
+
+
+def test_checkpoint_missing_a_weight_is_refused(gpt2_src, tmp_path, run_cli):
+    """transformers would fill a missing tensor with random numbers and only warn."""
+    from safetensors.torch import load_file, save_file
+
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(gpt2_src, src)
+    tensors = load_file(src / "model.safetensors")
+    tensors.pop("transformer.h.1.mlp.c_fc.weight")
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    code, _, err = run_cli("convert", src, tmp_path / "out", "--no-streaming")
+    _one_line_error(code, err, "lacks 1 weight")
+    assert not (tmp_path / "out").exists()

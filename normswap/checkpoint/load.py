@@ -110,12 +110,14 @@ def _torch_dtype(dtype):
     return getattr(torch, str(dtype))
 
 
-def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None):
+def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, strict=False):
     """Load ``spec`` as an eval-mode transformers model.
 
     dtype: None -> float32 (what CPU evaluation and verification want), "auto" -> the
     checkpoint's own dtype, or any torch dtype / name. task: "causal-lm", "base" or "auto"
     (the class the checkpoint names: its auto_map or architectures, e.g. BertForMaskedLM).
+    strict: refuse a checkpoint whose files lack weights the model needs (transformers would
+    initialise them randomly and only warn) — convert must never fold random numbers.
     """
     import torch
 
@@ -124,13 +126,17 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None):
     auto = model_class_for(config, task)
     torch_dtype = _torch_dtype(dtype) if dtype is not None else torch.float32
     try:
-        model = auto.from_pretrained(resolved, config=config, dtype=torch_dtype, trust_remote_code=True)
+        model, info = auto.from_pretrained(resolved, config=config, dtype=torch_dtype, trust_remote_code=True,
+                                           output_loading_info=True)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise NormswapError(f"cannot load weights of {spec}: {_first_line(e)}") from None
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt files
         if type(e).__name__ in ("SafetensorError", "HeaderTooLarge", "HeaderTooSmall"):
             raise NormswapError(f"cannot load weights of {spec}: corrupted safetensors file ({_first_line(e)})") from None
         raise
+    missing = list(info.get("missing_keys") or [])
+    if strict and missing:
+        raise NormswapError(f"{spec} lacks {len(missing)} weight(s) the model needs, e.g. {missing[0]} (incomplete or mismatched checkpoint)")
     model.to(device)
     model.eval()
     if is_local(resolved):

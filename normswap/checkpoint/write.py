@@ -21,7 +21,6 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 from normswap import __version__
@@ -266,26 +265,35 @@ def copy_side_files(src_dir, directory: Path):
             shutil.copy2(p, directory / name)
 
 
+def write_config_and_code(model, directory: Path) -> dict:
+    """config.json (with the dtype actually written) and, for a converted model, the remote code.
+
+    Reads only the module tree and the config, so the streaming path calls it with a meta model.
+    """
+    cfg = config_dict_for(model)
+    param = next(model.parameters(), None)
+    if param is not None:  # `dtype="auto"` loads what the config says: say what was written
+        cfg["dtype"] = str(param.dtype).replace("torch.", "")
+    # record what the live modules are now (a fine-tune may have added or trained γ)
+    _sync_norm_records(model, cfg["normswap"])
+    (directory / MODELING_FILE).write_text(modeling_source(model, names_for(model)))
+    with open(directory / "config.json", "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    return cfg
+
+
 def write_checkpoint_dir(model, directory: Path, *, tokenizer=None, source_dir=None, manifest=None,
                          max_shard_size="5GB", dtype=None) -> dict:
     """Write ``model`` (converted or stock) into an existing empty ``directory``."""
     directory = Path(directory)
     if dtype is not None:
         model = model.to(dtype)
-    block = getattr(model.config, "normswap", None)
-    cfg = config_dict_for(model)
-    param = next(model.parameters(), None)
-    if param is not None:  # `dtype="auto"` loads what the config says: say what was written
-        cfg["dtype"] = str(param.dtype).replace("torch.", "")
-    if block:
-        # record what the live modules are now (a fine-tune may have added or trained γ)
-        _sync_norm_records(model, cfg["normswap"])
-        (directory / MODELING_FILE).write_text(modeling_source(model, names_for(model)))
-        with open(directory / "config.json", "w") as f:
-            json.dump(cfg, f, indent=2, sort_keys=True)
+    if getattr(model.config, "normswap", None):
+        cfg = write_config_and_code(model, directory)
         files = write_weights(unique_state_dict(model), directory, max_shard_size=max_shard_size)
     else:
         model.save_pretrained(directory, safe_serialization=True, max_shard_size=max_shard_size)
+        cfg = json.loads((directory / "config.json").read_text())
         files = sorted(p.name for p in directory.glob("*.safetensors"))
     gen = getattr(model, "generation_config", None)
     if gen is not None and not (directory / "generation_config.json").exists():

@@ -60,7 +60,7 @@ def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=Fa
         )
 
     say(f"loading {src}")
-    model = ckload.load_model(resolved, dtype="auto", config=config)
+    model = ckload.load_model(resolved, dtype="auto", config=config, strict=True)
     params_before = count_parameters(model)
     source_dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     say(f"converting ({family.display}, {params_before / 1e6:.1f}M parameters)")

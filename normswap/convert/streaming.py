@@ -498,8 +498,7 @@ def convert_streaming(resolved, out, *, config, family, skeleton=None, src_label
     from normswap.checkpoint import load as ckload
     from normswap.checkpoint.remote_code import apply_normswap_structure
     from normswap.checkpoint.shards import ShardWriter, default_metadata, plan_shards, shard_names, write_index
-    from normswap.checkpoint.write import (MODELING_FILE, _sync_norm_records, config_dict_for, copy_side_files, modeling_source,
-                                           names_for, staging_dir)
+    from normswap.checkpoint.write import copy_side_files, staging_dir, write_config_and_code
     from normswap.convert.apply import _assert_no_residual_layernorm, count_parameters
     from normswap.convert.pipeline import base_manifest, finish, summary
     from normswap.convert.plan import ConvertOptions, build_plan
@@ -620,13 +619,7 @@ def convert_streaming(resolved, out, *, config, family, skeleton=None, src_label
     if unexpected:
         manifest["conversion"]["ignored_source_tensors"] = len(unexpected)
     with staging_dir(out) as tmp:
-        # config and modeling file as write.write_checkpoint_dir writes them (which needs real weights)
-        cfg = config_dict_for(model)
-        cfg["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
-        _sync_norm_records(model, cfg["normswap"])
-        (tmp / MODELING_FILE).write_text(modeling_source(model, names_for(model)))
-        with open(tmp / "config.json", "w") as f:
-            json.dump(cfg, f, indent=2, sort_keys=True)
+        write_config_and_code(model, tmp)
         meta = default_metadata()
         for i, (keys, name) in enumerate(zip(shards, names), start=1):
             if len(shards) > 1:
