@@ -117,16 +117,22 @@ def task_table(results):
     return cols, rows
 
 
+def report_title(results) -> str:
+    """A recipe run passes its own title; a bare `eval report` gets the generic one."""
+    return results.get("title") or "normswap evaluation report"
+
+
 def _setup_lines(results) -> list[str]:
-    d = results["data"]
+    d = results.get("data")
     v = results.get("versions") or {}
-    lines = [
-        f"Device: {results['device']}; dtype: {results['dtype']}; created {results['created']}",
-        f"Data: {d['spec']} ({d['split']} split), {d['characters']:,} characters / {d['bytes']:,} bytes / {d['words']:,} words"
-        + (f" (capped at {d['max_tokens']:,} tokens of {d.get('cap_tokenizer_of')}'s tokenizer from {d['characters_available']:,} characters)" if d.get("truncated") else ""),
-        f"Perplexity windows: seq_len {d['seq_len']}, stride {d['stride']}, batch {d['batch_size']}",
-        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "platform"),
-    ]
+    lines = [f"Device: {results['device']}; dtype: {results['dtype']}; created {results['created']}"]
+    if d:  # speed-only runs measure no perplexity and read no text
+        lines += [
+            f"Data: {d['spec']} ({d['split']} split), {d['characters']:,} characters / {d['bytes']:,} bytes / {d['words']:,} words"
+            + (f" (capped at {d['max_tokens']:,} tokens of {d.get('cap_tokenizer_of')}'s tokenizer from {d['characters_available']:,} characters)" if d.get("truncated") else ""),
+            f"Perplexity windows: seq_len {d['seq_len']}, stride {d['stride']}, batch {d['batch_size']}",
+        ]
+    lines.append("Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "platform"))
     s = results.get("speed_setup")
     if s:
         lines.append(f"Speed: batch {s['batch_size']} x {s['seq_len']} tokens, {s['repeats']} interleaved repeats (medians), "
@@ -136,7 +142,7 @@ def _setup_lines(results) -> list[str]:
 
 # ---------------------------------------------------------------- markdown
 def markdown(results, figures: dict[str, Path]) -> str:
-    out = ["# normswap evaluation report", ""]
+    out = [f"# {report_title(results)}", ""]
     out += [f"- {line}" for line in _setup_lines(results)]
     if results.get("baseline"):
         out.append(f"- Ratios are against **{results['baseline']}** (×1.10 = 10% higher).")
@@ -231,9 +237,9 @@ def _img(path: Path) -> str:
 def html_report(results, figures: dict[str, Path]) -> str:
     parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
              "<meta name='viewport' content='width=device-width,initial-scale=1'>",
-             "<title>normswap evaluation report</title>", f"<style>{CSS}</style></head><body><main>"]
+             f"<title>{_e(report_title(results))}</title>", f"<style>{CSS}</style></head><body><main>"]
     names = ", ".join(m["name"] for m in results["models"])
-    parts.append(f"<h1>normswap evaluation report</h1><p class='sub'>{_e(names)}</p>")
+    parts.append(f"<h1>{_e(report_title(results))}</h1><p class='sub'>{_e(names)}</p>")
     parts.append("<div class='meta'>" + "".join(f"<div>{_e(line)}</div>" for line in _setup_lines(results)) + "</div>")
 
     cards = headlines(results)
