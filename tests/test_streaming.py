@@ -18,7 +18,6 @@ from normswap.convert.pipeline import convert_checkpoint
 from normswap.errors import NormswapError
 from normswap.testing import tiny_model
 
-os.environ.setdefault("NORMSWAP_KERNEL", "torch")
 
 
 def _save(model, path, *, shard="24KB", dtype=None):
