@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from normswap.convert.apply import count_parameters
 from normswap.errors import NormswapError
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -82,21 +83,12 @@ def _meta(config, dtype=torch.float32):
         return cls._from_config(config, dtype=dtype)
 
 
-def _count(model) -> int:
-    seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    return total
-
-
 def config_for_params(family: str, params: float, vocab: int | None = None):
     """The (hidden, layers) closest to the family's usual depth/width (layers ~ hidden/64)."""
     best = None
     for hidden in _HIDDEN_LADDER:
-        one = _count(_meta(family_config(family, hidden, 1, vocab)))
-        two = _count(_meta(family_config(family, hidden, 2, vocab)))
+        one = count_parameters(_meta(family_config(family, hidden, 1, vocab)))
+        two = count_parameters(_meta(family_config(family, hidden, 2, vocab)))
         per, base = two - one, one - (two - one)
         layers = round((params - base) / per)
         if layers < 1:
@@ -143,7 +135,7 @@ def synthetic_checkpoint(directory, *, family="gpt_neox", params=1.4e9, shards=4
     config = config if config is not None else config_for_params(family, params)
     config.dtype = torch_dtype
     model = _meta(config, torch_dtype)
-    n_params = _count(model)
+    n_params = count_parameters(model)
     groups = tie_groups(model)
     sd = model.state_dict()
     keys = [k for k in sd if groups.get(k, [k])[0] == k]  # tied duplicates are not saved

@@ -140,18 +140,11 @@ def _model_info(entry: ModelEntry) -> dict:
 
 def read_train_log(path: Path, max_points: int = 400) -> dict | None:
     """Loss curve from ``normswap finetune``'s train_log.jsonl, thinned to ``max_points``."""
+    from normswap.finetune.trainer import read_log_rows
+
     if not path.is_file():
         return None
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a partially written last line of a run that was killed
+    rows = read_log_rows(path)
     train = [(r["step"], r["loss"]) for r in rows if "step" in r and r.get("loss") is not None]
     evals = [(r["step"], r["eval_loss"]) for r in rows if "step" in r and r.get("eval_loss") is not None]
     every = max(1, len(train) // max_points)

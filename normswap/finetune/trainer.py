@@ -191,7 +191,11 @@ def _checkpoints(out: Path) -> list[tuple[int, Path]]:
 
 
 def _read_log(out: Path) -> list[dict]:
-    path = out / LOG_FILE
+    return read_log_rows(out / LOG_FILE)
+
+
+def read_log_rows(path: Path) -> list[dict]:
+    """The rows of a train_log.jsonl; a torn last line (a killed run) and what follows are dropped."""
     if not path.is_file():
         return []
     rows = []
