@@ -246,17 +246,41 @@ def test_automatic_choice_by_size(sharded_gpt2, tmp_path, monkeypatch):
 
 # -- memory: measured in a child process ---------------------------------------------------------
 
+# Anonymous memory (RssAnon), sampled every 2 ms: what the conversion itself holds. Total RSS
+# also counts file-backed pages of the memory-mapped source and of the output being filled in
+# place; those are page cache the kernel reclaims at will, and how many stay resident depends on
+# writeback timing and on what else the machine is doing (a full test run: +500 MB).
 _CHILD = textwrap.dedent("""
-    import json, resource, sys, psutil
+    import json, sys, threading, time
     import torch, transformers
     from normswap.checkpoint.load import load_config
     from normswap.convert.pipeline import convert_checkpoint, meta_model
+
+    def anon():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
     src, out, shard, streaming = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
     meta_model(load_config(src))  # imports the modeling code (~200 MB of modules), not part of the data
-    baseline = psutil.Process().memory_info().rss
+    baseline = anon()
+    peak = [baseline]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], anon())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
     convert_checkpoint(src, out, streaming=streaming, verify=False, max_shard_size=shard)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"baseline": baseline, "peak": peak}))
+    done.set()
+    t.join()
+    peak[0] = max(peak[0], anon())
+    print(json.dumps({"baseline": baseline, "peak": peak[0]}))
 """)
 
 
@@ -270,7 +294,7 @@ def _convert_in_child(src, out, shard, streaming_flag):
 
 @pytest.mark.slow
 def test_peak_memory_stays_near_a_shard_not_the_model(tmp_path):
-    """A ~370 MB checkpoint in 4 shards: streaming grows RSS by < 2 shards; in memory by > the model."""
+    """A ~370 MB checkpoint in 4 shards: streaming grows anonymous memory by < 2 shards; in memory by > the model."""
     from normswap.convert.bench import family_config, synthetic_checkpoint
 
     config = family_config("gpt_neox", 1024, 6, vocab=8192)
@@ -280,7 +304,7 @@ def test_peak_memory_stays_near_a_shard_not_the_model(tmp_path):
 
     st = _convert_in_child(tmp_path / "src", tmp_path / "stream", shard, True)
     growth = st["peak"] - st["baseline"]
-    assert growth < 2 * shard, f"streaming grew RSS by {growth / 1e6:.0f} MB (largest shard {shard / 1e6:.0f} MB)"
+    assert growth < 2 * shard, f"streaming grew anonymous memory by {growth / 1e6:.0f} MB (largest shard {shard / 1e6:.0f} MB)"
     assert growth < model_bytes / 2
 
     # negative control: the same measurement sees the in-memory path hold the whole model
