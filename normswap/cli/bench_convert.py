@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from normswap.cli.options import json_option
+
 
 @click.command("convert")
 @click.option("--params", type=float, default=1.4e9, show_default=True, help="Parameter count of the synthetic checkpoint.")
@@ -21,7 +23,7 @@ import click
 @click.option("--keep", is_flag=True, help="Keep the checkpoint and outputs (their directory is printed).")
 @click.option("--save", "save", type=click.Path(dir_okay=False), default=None,
               help="Also write the result to SAVE.json and SAVE.md (e.g. bench/results/convert-1.4b).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option
 def convert(params, shards, dtype, family, mode, in_memory, workdir, keep, save, as_json):
     """Time `cp`, streaming and in-memory conversion of a synthetic sharded checkpoint (separate processes)."""
     from normswap.convert.bench import bench_convert, markdown

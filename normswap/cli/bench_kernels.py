@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from normswap.cli.options import json_option, resolve_device
+from normswap.cli.options import device_option, json_option, resolve_device
 from normswap.errors import NormswapError
 
 
@@ -49,7 +49,7 @@ def _write_atomic(path, text):
 
 
 @click.command("kernels")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto (cuda when available).")
+@device_option()
 @click.option("--dtypes", default=None, help="Comma list of float32,float16,bfloat16 (default: fp32,bf16 on CPU; bf16 on CUDA).")
 @click.option("--shapes", default=None, help="Comma list of ROWSxHIDDEN (default: CPU 16384x256..2048x4096; CUDA 4096-16384 x 768-8192).")
 @click.option("--repeats", type=int, default=None, help="Timed repeats per implementation (median reported).")

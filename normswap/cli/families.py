@@ -6,6 +6,8 @@ import json
 
 import click
 
+from normswap.cli.options import json_option
+
 
 def family_rows() -> list[dict]:
     from normswap.architectures import all_families
@@ -43,7 +45,7 @@ def markdown_table(rows) -> str:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@json_option
 @click.option("--markdown", is_flag=True, help="The README's supported-family table.")
 def families(as_json, markdown):
     """List the LayerNorm families normswap knows (one data file each)."""
