@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from normswap import __version__
 from normswap.architectures import family_for_config
 from normswap.checkpoint import load as ckload
+from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import environment, history_entry, write_manifest
 from normswap.checkpoint.write import check_output_path, publish, staging_dir, write_checkpoint_dir
 from normswap.convert.apply import check_convertible, convert_model, count_parameters
@@ -113,9 +115,6 @@ def finish(tmp, out, resolved, manifest, mode, *, causal, verify, tolerance, for
     else:
         manifest["verification"] = {"skipped": True, "reason": "--no-verify"}
     write_manifest(tmp, manifest)
-    from normswap.checkpoint.card import write_model_card
-    import json
-
     write_model_card(tmp, manifest, json.loads((tmp / "config.json").read_text()))
     ver = manifest["verification"]
     if ver.get("passed") is False:
@@ -143,9 +142,7 @@ def run_verification(resolved, staged, *, causal, mode, tolerance, output_dtype)
     if output_dtype not in ("float32", "float64"):
         # rounding the weights to 16 bits moves log-probs by itself; measure that floor too
         rounded = ckload.load_model(resolved, dtype=getattr(torch, output_dtype)).float()
-        from normswap.convert.verify import verify as run2
-
-        floor16 = run2(source, rounded, tokenizer=tokenizer, causal=causal)["max_abs_diff"]
+        floor16 = run(source, rounded, tokenizer=tokenizer, causal=causal)["max_abs_diff"]
         result["rounding_floor"] = floor16
         threshold = max(threshold, 4 * floor16)
     result["threshold"] = threshold
