@@ -19,7 +19,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 32
-COMMON = dict(data="embedded", seq_len=SEQ, batch_size=4, eval_tokens=1024, progress=False)
+# Numbers below are compared with references computed on the CPU in float32: the runs are pinned
+# to the CPU too (test_cuda_run_matches_its_own_device_reference covers a GPU when there is one).
+COMMON = dict(data="embedded", seq_len=SEQ, batch_size=4, eval_tokens=1024, progress=False, device="cpu")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -98,6 +100,13 @@ def _eval_set(path):
     return eval_blocks(normswap.load_tokenizer(path), "embedded", SEQ, COMMON["eval_tokens"])
 
 
+def _eval_set_of(path, tokens):
+    import normswap
+    from normswap.finetune import eval_blocks
+
+    return eval_blocks(normswap.load_tokenizer(path), "embedded", SEQ, tokens)
+
+
 def _loss_of(path) -> float:
     import normswap
     from normswap.finetune import heldout_loss
@@ -120,10 +129,17 @@ def _weights(out) -> dict:
     return sd
 
 
-def _run(model, out, **kw):
+def _run(model, out, *, hooks=None, echo=None, **kw):
     from normswap.finetune import FinetuneConfig, run_finetune
 
-    return run_finetune(FinetuneConfig(model=str(model), out=str(out), **{**COMMON, **kw}))
+    return run_finetune(FinetuneConfig(model=str(model), out=str(out), **{**COMMON, **kw}), hooks=hooks, echo=echo)
+
+
+def _nan_at(step):
+    """Fault injection: the loss of ``step`` becomes NaN (the real divergence guard then acts)."""
+    from normswap.finetune.trainer import Hooks
+
+    return Hooks(loss=lambda s, loss: loss * float("nan") if s == step else loss)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,8 +188,8 @@ def test_approx_conversion_hurts_and_short_finetune_heals_it(models, tmp_path):
     # the healed model on disk is the one that was measured
     assert _loss_of(tmp_path / "healed") == pytest.approx(s["final_eval_loss"], abs=1e-5)
 
-    # negative control: with a zero learning rate nothing heals (the gain above is training)
-    s0 = _run(models["approx"], tmp_path / "lr0", steps=3, lr=0.0, warmup_steps=0, seed=0)
+    # negative control: with a negligible learning rate nothing heals (the gain above is training)
+    s0 = _run(models["approx"], tmp_path / "lr-tiny", steps=3, lr=1e-12, warmup_steps=0, seed=0)
     assert s0["final_eval_loss"] == pytest.approx(approx_loss, abs=1e-6)
 
 
@@ -248,7 +264,7 @@ def test_refusals(models, tmp_path):
     out.mkdir()
     with pytest.raises(NormswapError, match="exists: pass --resume .* or --force"):
         _run(models["approx"], out, steps=1)
-    with pytest.raises(NormswapError, match="source model"):
+    with pytest.raises(NormswapError, match="is \\(or contains\\) the model"):
         _run(models["approx"], models["approx"], steps=1, force=True)
     assert (models["approx"] / "config.json").exists()
     with pytest.raises(NormswapError, match="divisible"):
@@ -267,40 +283,187 @@ def test_grad_accum_gives_the_same_step_as_one_big_batch(models, tmp_path):
     assert a["final_eval_loss"] == pytest.approx(b["final_eval_loss"], abs=1e-5)
 
 
-def test_nan_guard_stops_keeps_last_checkpoint_and_exits_nonzero(models, tmp_path, monkeypatch, capsys):
+def test_nan_guard_stops_keeps_last_checkpoint_and_a_lower_lr_resumes(models, tmp_path, capsys):
     from normswap.cli.main import main
-    from normswap.errors import NormswapError
+    from normswap.finetune import TrainingDiverged
+    from normswap.finetune.config import RUN_FILE
 
     out = tmp_path / "nan"
-    monkeypatch.setenv("NORMSWAP_FINETUNE_INJECT_NAN_AT", "3")
-    with pytest.raises(SystemExit) as e:
-        main(["finetune", str(models["approx"]), str(out), "--steps", "6", "--save-every", "2", "--seq-len", str(SEQ),
-              "--batch-size", "4", "--eval-tokens", "1024", "--lr", "1e-3", "--warmup-steps", "1"])
-    assert e.value.code == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "loss is nan at step 3" in err[0] and "step-2" in err[0] and "Traceback" not in err[0], err
+    with pytest.raises(TrainingDiverged) as e:
+        _run(models["approx"], out, steps=6, save_every=2, lr=1e-3, warmup_steps=1, hooks=_nan_at(3))
+    msg = str(e.value)
+    assert "loss is nan at step 3" in msg and "step-2" in msg and f"normswap finetune {out} --resume --lr 0.0001" in msg, msg
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2"]
     assert not (out / "config.json").exists()  # no final model from a diverged run
     assert [r["step"] for r in _log(out)] == [0, 1, 2]
-    # the kept checkpoint is good: without the fault the run resumes from it and finishes
-    monkeypatch.delenv("NORMSWAP_FINETUNE_INJECT_NAN_AT")
-    with pytest.raises(NormswapError, match="--lr is 0.002 but the run .* used 0.001"):
-        _run(models["approx"], out, steps=6, save_every=2, lr=2e-3, warmup_steps=1, resume=True)  # another trajectory
-    s = _run(models["approx"], out, steps=6, save_every=2, lr=1e-3, warmup_steps=1, resume=True)
-    assert s["resumed_from_step"] == 2 and math.isfinite(s["final_eval_loss"])
-    with pytest.raises(NormswapError, match="already holds a finished fine-tune"):
-        _run(models["approx"], out, steps=6, save_every=2, lr=1e-3, warmup_steps=1, resume=True)
+
+    # --resume takes the recorded options: none is retyped; raising --lr is refused, and every
+    # mismatch is named in one message
+    def cli(*args):
+        capsys.readouterr()  # what earlier in-process runs printed
+        try:
+            main(["finetune", *map(str, args)])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        return code, capsys.readouterr().err.strip().splitlines()
+
+    code, err = cli(out, "--resume", "--lr", "2e-3", "--seed", "9", "--seq-len", "16", "--eval-tokens", "512")
+    assert code == 2 and len(err) == 1, err
+    for part in ("--lr is 0.002 but the run used 0.001 (it may only be lowered)", "--seed is 9 but the run used 0",
+                 "--seq-len is 16 but the run used 32", "--eval-tokens is 512 but the run used 1024"):
+        assert part in err[0], err
+    assert [r["step"] for r in _log(out)] == [0, 1, 2]  # a refused resume changes nothing
+
+    # the advice works: --resume with a lower --lr continues from the kept checkpoint
+    code, err = cli(out, "--resume", "--lr", "1e-4", "--device", "cpu", "--no-progress")
+    assert code == 0, err
+    assert any(f"resuming from {out / 'checkpoints' / 'step-2'} (step 2/6)" in line for line in err), err
+    rows = _log(out)
+    assert [r["step"] for r in rows] == list(range(7))
+    from normswap.finetune import lr_factor
+
+    for r in rows[1:]:  # the schedule's shape is kept; from step 3 on it scales the lower peak
+        peak = 1e-3 if r["step"] <= 2 else 1e-4
+        assert r["lr"] == pytest.approx(peak * lr_factor(r["step"], total_steps=6, warmup_steps=1, schedule="cosine", min_ratio=0.1),
+                                        rel=1e-12)
+    run = json.loads((out / RUN_FILE).read_text())
+    assert run["status"] == "finished" and run["config"]["lr"] == 1e-4
+    assert run["resumes"] == [{"from_step": 2, "overrides": {"lr": [1e-3, 1e-4]}}]
+    from normswap.checkpoint.manifest import read_manifest
+
+    assert read_manifest(out)["finetune"]["resumes"] == run["resumes"] and read_manifest(out)["finetune"]["lr"] == 1e-4
+    # held-out losses of the resumed run are on the recorded held-out set (1024 tokens here)
+    assert run["summary"]["eval_tokens"] == 1024 and run["summary"]["initial_eval_loss"] == rows[0]["eval_loss"]
+    code, err = cli(out, "--resume")
+    assert code == 2 and "already holds a finished fine-tune" in err[0]
+
+
+def test_exploded_weights_are_never_kept_and_the_error_is_one_line(models, tmp_path, capsys):
+    from normswap.cli.main import main
+
+    out = tmp_path / "boom"
+    with pytest.raises(SystemExit) as e:
+        main(["finetune", str(models["approx"]), str(out), "--steps", "4", "--save-every", "1", "--seq-len", str(SEQ),
+              "--batch-size", "4", "--eval-tokens", "256", "--lr", "1e9", "--warmup-steps", "0", "--device", "cpu"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "weights are not sane" in err[0] and "exploded" in err[0] and "Traceback" not in err[0], err
+    assert "last good checkpoint: none" in err[0] and "--force" in err[0]
+    assert not any(p.name.startswith("step-") for p in (out / "checkpoints").iterdir())  # the exploded state was not kept
+    assert not (out / "config.json").exists()
+
+
+def test_resume_options_and_refusals(models, tmp_path, capsys):
+    from normswap.cli.main import main
+
+    def cli(*args):
+        capsys.readouterr()
+        try:
+            main(["finetune", *map(str, args)])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        return code, capsys.readouterr().err.strip()
+
+    code, err = cli(tmp_path / "nothing", "--resume")
+    assert code == 2 and "cannot resume" in err and "does not exist" in err
+    assert not (tmp_path / "nothing").exists()
+    code, err = cli(models["approx"], tmp_path / "zero", "--lr", "0")
+    assert code == 2 and "--lr must be > 0, got 0.0" in err and not (tmp_path / "zero").exists()
+    code, err = cli(models["approx"])
+    assert code == 2 and "missing OUT" in err
+
+
+def test_short_runs_evaluate_on_held_out_text_sized_to_the_run(models, tmp_path):
+    from normswap.finetune.config import EVAL_TOKENS_MAX, default_eval_tokens
+
+    assert default_eval_tokens(200, 8, 512) == EVAL_TOKENS_MAX  # a default-length run: the full held-out set
+    assert default_eval_tokens(3, 8, 512) == 8 * 512  # `--steps 3`: 4,096 tokens, not 65,536
+    s = _run(models["approx"], tmp_path / "short", steps=1, lr=1e-4, warmup_steps=0, eval_tokens=None)
+    assert s["eval_tokens"] == 8 * SEQ
+    want = _eval_set_of(models["approx"], 8 * SEQ)
+    import normswap
+    from normswap.finetune import heldout_loss
+
+    assert s["initial_eval_loss"] == pytest.approx(heldout_loss(normswap.load_model(models["approx"], task="causal-lm"), want), abs=1e-6)
+    # negative control: the default-sized set is not the explicit 1,024-token one the other tests use
+    assert s["initial_eval_loss"] != pytest.approx(_loss_of(models["approx"]), abs=1e-6)
+
+
+def test_context_check_knows_every_family_key(tmp_path):
+    from transformers import MptConfig
+
+    from normswap.errors import NormswapError
+
+    mpt = tmp_path / "mpt"
+    MptConfig(d_model=32, n_heads=2, n_layers=1, max_seq_len=16, vocab_size=64).save_pretrained(mpt)
+    with pytest.raises(NormswapError, match="--seq-len 32 is longer than the model's context \\(16\\)"):
+        _run(mpt, tmp_path / "out", steps=1)
+    assert not (tmp_path / "out").exists()
+
+
+def test_options_are_declared_once(tmp_path):
+    import dataclasses
+
+    from normswap.cli.finetune import finetune
+    from normswap.errors import NormswapError
+    from normswap.finetune.config import FinetuneConfig
+    from normswap.recipes.schema import FINETUNE, validate
+
+    fields = {f.name: f for f in dataclasses.fields(FinetuneConfig)}
+    parsed = finetune.make_context("finetune", ["MODEL", "OUT"]).params  # what the CLI passes when nothing is typed
+    for name, f in fields.items():
+        if f.metadata["cli"]:
+            assert parsed[name] == f.default, name  # the CLI's defaults are the dataclass'
+        if f.metadata["recipe"]:
+            assert FINETUNE[name].default == f.default, name
+    assert set(FINETUNE) == {n for n, f in fields.items() if f.metadata["recipe"]} and "lr" in FINETUNE
+    # the recipe validation is the finetune validation: lr 0 and a bad ratio are refused there too
+    raw = {"name": "x", "source": "s", "variants": {"a": {"finetune": {"lr": 0}}}}
+    with pytest.raises(NormswapError, match="variants.a.finetune.lr: must be > 0"):
+        validate(raw, "x.yaml")
+    raw["variants"]["a"]["finetune"] = {"lr": 1e-3, "min_lr_ratio": 2}
+    with pytest.raises(NormswapError, match="variants.a.finetune.min_lr_ratio: must be <= 1"):
+        validate(raw, "x.yaml")
+    raw["variants"]["a"]["finetune"] = {"lr": 1e-3}
+    assert validate(raw, "x.yaml")["variants"]["a"]["finetune"]["eval_tokens"] is None  # sized to the run
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_run_matches_its_own_device_reference(models, tmp_path):
+    import normswap
+    from normswap.finetune import heldout_loss
+
+    out = tmp_path / "cuda"
+    s = _run(models["approx"], out, steps=4, save_every=2, lr=1e-3, warmup_steps=1, device="cuda", dtype="float32",
+             keep_checkpoints_after_finish=True)
+    reference = heldout_loss(normswap.load_model(models["approx"], task="causal-lm", device="cuda"), _eval_set(models["approx"]))
+    assert s["initial_eval_loss"] == pytest.approx(reference, abs=1e-5)  # same device, same numbers
+    assert s["final_eval_loss"] < s["initial_eval_loss"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-4"]
 
 
 # --- kill / interrupt and resume: real processes ----------------------------------------------
 
 RESUME_ARGS = dict(steps=9, save_every=3, lr=2e-3, warmup_steps=2, seed=7)
 
+# The kill tests run the real CLI in a child process, slowed down by a hook passed from here (not
+# by anything the product reads from the environment) so that a signal lands between checkpoints.
+SLOW_CLI = """
+import sys, time
+from normswap.finetune import trainer
+run = trainer.run_finetune
+trainer.run_finetune = lambda cfg, **kw: run(cfg, hooks=trainer.Hooks(after_step=lambda step: time.sleep(0.4)), **kw)
+from normswap.cli.main import main
+main(sys.argv[1:])
+"""
+
 
 def _cli_args(model, out, **kw):
     kw = {**RESUME_ARGS, **kw}
-    args = [sys.executable, "-m", "normswap", "finetune", str(model), str(out), "--seq-len", str(SEQ), "--batch-size", "4",
-            "--eval-tokens", "1024"]
+    args = [sys.executable, "-c", SLOW_CLI, "finetune", str(model), str(out), "--seq-len", str(SEQ), "--batch-size", "4",
+            "--eval-tokens", "1024", "--device", "cpu"]
     for k, v in kw.items():
         args += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     return args
@@ -314,8 +477,7 @@ def uninterrupted(models, tmp_path_factory):
 
 
 def _start_and_wait_for_checkpoint(models, out, step=3):
-    proc = subprocess.Popen(_cli_args(models["approx"], out), env=_env(NORMSWAP_FINETUNE_STEP_DELAY=0.4),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_cli_args(models["approx"], out), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     marker = out / "checkpoints" / f"step-{step}" / "trainer_state.json"
     deadline = time.time() + 120
     while not marker.exists():
@@ -366,6 +528,61 @@ def test_sigint_saves_exits_cleanly_and_resumes(models, uninterrupted, tmp_path)
     s = _run(models["approx"], out, resume=True, **RESUME_ARGS)
     assert s["resumed_from_step"] == saved[-1]
     _assert_same_trajectory(out, uninterrupted)
+
+
+class _Evil:
+    """Unpickling this writes a marker file: what a crafted checkpoint file would do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "code ran"))
+
+
+def test_resume_never_unpickles_and_falls_back_past_broken_checkpoints(models, uninterrupted, tmp_path):
+    import pickle
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from normswap.finetune.trainer import TrainingDiverged
+
+    out = tmp_path / "tampered"
+    with pytest.raises(TrainingDiverged):
+        _run(models["approx"], out, hooks=_nan_at(8), **RESUME_ARGS)
+    ck = out / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["step-3", "step-6"]
+    # step-6: an attacker's pickle under every name a pickle-based format would read
+    marker = tmp_path / "pwned"
+    for name in ("optimizer.pt", "optimizer.bin", "custom_checkpoint_0.pkl", "random_states_0.pkl", "scheduler.bin"):
+        (ck / "step-6" / name).write_bytes(pickle.dumps(_Evil(marker)))
+    # step-5: exploded weights (what an unchecked divergence would have left); step-4: garbage optimizer file
+    shutil.copytree(ck / "step-3", ck / "step-5")
+    with safe_open(ck / "step-5" / "model.safetensors", "pt") as f:
+        metadata = f.metadata()  # the names of tied weights
+    w = load_file(ck / "step-5" / "model.safetensors")
+    save_file({k: v * 1e6 for k, v in w.items()}, ck / "step-5" / "model.safetensors", metadata=metadata)
+    shutil.copytree(ck / "step-3", ck / "step-4")
+    (ck / "step-4" / "optimizer.pt").write_bytes(os.urandom(4096))
+
+    evil = pickle.dumps(_Evil(marker))
+    pickle.loads(evil)  # negative control: unpickled, the file does run code
+    assert marker.exists()
+    marker.unlink()
+
+    said = []
+    s = _run(models["approx"], out, resume=True, echo=said.append, **RESUME_ARGS)
+    assert not marker.exists(), "a pickle in the checkpoint ran code"
+    assert s["resumed_from_step"] == 3
+    skipped = [m for m in said if "skipped the broken checkpoint" in m]
+    assert len(skipped) == 3, said
+    assert str(ck / "step-6" / "optimizer.pt") in skipped[0]
+    assert str(ck / "step-5" / "model.safetensors") in skipped[1] and "exploded" in skipped[1]
+    assert str(ck / "step-4" / "optimizer.pt") in skipped[2] and "cannot be read" in skipped[2]
+    assert any(f"resuming from {ck / 'step-3'}" in m for m in said)
+    _assert_same_trajectory(out, uninterrupted)  # the fallback loses nothing but time
 
 
 # --- two processes ------------------------------------------------------------------------------

@@ -1,5 +1,9 @@
 """`normswap finetune MODEL OUT`: the short warmup fine-tune that heals a converted model.
 
+The options are generated from ``normswap.finetune.config.FinetuneConfig`` (one declaration for
+the CLI, the recipe schema and the validation); options shared with other commands keep their
+shared declaration from cli/options.py.
+
 Also runs under several processes with the same options:
     torchrun --nproc_per_node 2 -m normswap finetune MODEL OUT ...          (DDP; works on CPU)
     accelerate launch --config_file normswap/finetune/configs/fsdp.yaml -m normswap finetune ...
@@ -12,69 +16,62 @@ import json
 import math
 
 import click
+from click.core import ParameterSource
 
-from normswap.cli.options import (
-    batch_size_option,
-    data_option,
-    device_option,
-    force_option,
-    json_option,
-    seed_option,
-    seq_len_option,
-)
+from normswap.cli.options import data_option, device_option, force_option, json_option, seed_option
+from normswap.finetune.config import flag, options
+
+# fields whose option is shared with other commands (declared once, in cli/options.py)
+SHARED = {"data": data_option, "seed": seed_option, "device": device_option(),
+          "force": force_option}
+TYPES = {"int": int, "float": float, "str": str}
+
+
+def _option(f):
+    """The click option of one FinetuneConfig field, from its metadata."""
+    if f.name in SHARED:
+        return SHARED[f.name]
+    m = f.metadata
+    if m["kind"] == "bool":
+        if f.default is None:  # three states: on, off, or decided at run time
+            return click.option(f"{flag(f.name)}/--no-{flag(f.name)[2:]}", f.name, default=None, help=m["help"])
+        return click.option(flag(f.name), f.name, is_flag=True, default=f.default, help=m["help"])
+    kind = click.Choice(m["choices"]) if m["choices"] else TYPES[m["kind"]]
+    return click.option(flag(f.name), f.name, type=kind, default=f.default, show_default=f.default is not None, help=m["help"])
+
+
+def _with_config_options(command):
+    for f in reversed([f for f in options() if f.metadata["cli"]]):
+        command = _option(f)(command)
+    return command
 
 
 @click.command("finetune")
 @click.argument("model")
-@click.argument("out", type=click.Path(file_okay=False))
-@data_option
-@click.option("--steps", type=int, default=200, show_default=True, help="Optimizer steps.")
-@click.option("--lr", type=float, default=3e-4, show_default=True, help="Peak learning rate η_max.")
-@click.option("--warmup-steps", type=int, default=20, show_default=True, help="Linear warmup: η_t = η_max·min(t/W, 1).")
-@click.option("--schedule", type=click.Choice(["constant", "cosine", "linear"]), default="cosine", show_default=True, help="Decay after the warmup.")
-@click.option("--min-lr-ratio", type=float, default=0.1, show_default=True, help="cosine/linear decay ends at this fraction of --lr.")
-@seq_len_option
-@batch_size_option
-@click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-batches per optimizer step (the global batch is still --batch-size).")
-@seed_option
-@click.option("--save-every", type=int, default=0, show_default=True, help="Write a resumable checkpoint every K steps (0: never).")
-@click.option("--keep-checkpoints", type=int, default=2, show_default=True, help="Keep this many newest checkpoints (0: all).")
-@click.option("--keep-checkpoints-after-finish", is_flag=True, help="Keep OUT/checkpoints after the final model is written.")
-@click.option("--resume", is_flag=True, help="Continue the run in OUT from its newest checkpoint (same options).")
-@click.option("--eval-every", type=int, default=0, show_default=True, help="Held-out loss every K steps (always at step 0 and at the end).")
-@click.option("--eval-tokens", type=int, default=65536, show_default=True, help="Held-out tokens (from the validation split).")
-@click.option("--weight-decay", type=float, default=0.01, show_default=True, help="AdamW weight decay (never on norms or biases).")
-@click.option("--clip-grad", type=float, default=1.0, show_default=True, help="Clip the global gradient norm (0: off).")
-@click.option("--trainable", type=click.Choice(["all", "norms"]), default="all", show_default=True,
-              help="all parameters, or only the normalisation layers' γ/β (refused when exact conversion folded them away).")
-@click.option("--distill-from", default=None, help="Teacher model (e.g. the unconverted source): train toward its token distributions.")
-@click.option("--distill-alpha", type=float, default=1.0, show_default=True, help="Loss = α·KL(teacher‖student) + (1−α)·LM loss.")
-@click.option("--distill-temperature", type=float, default=1.0, show_default=True, help="Softmax temperature of the distillation KL.")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float64", "float16"]), default="auto", show_default=True,
-              help="auto: fp32 weights with bf16 autocast on CUDA, fp32 on CPU.")
-@device_option()
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: only on an interactive terminal outside CI).")
-@force_option
+@click.argument("out", required=False, type=click.Path(file_okay=False))
+@_with_config_options
 @json_option
-def finetune(model, out, data, steps, lr, warmup_steps, schedule, min_lr_ratio, seq_len, batch_size, grad_accum, seed,
-             save_every, keep_checkpoints, keep_checkpoints_after_finish, resume, eval_every, eval_tokens, weight_decay,
-             clip_grad, trainable, distill_from, distill_alpha, distill_temperature, dtype, device, progress, force, as_json):
-    """Fine-tune MODEL (anything convert accepts or produced) into OUT.
+@click.pass_context
+def finetune(ctx, model, out, as_json, **opts):
+    """Fine-tune MODEL (anything convert accepts or produced) into OUT; `normswap finetune OUT --resume`
+    continues the run in OUT with its recorded options.
 
     OUT receives the model in convert's format (loads with from_pretrained(OUT, trust_remote_code=True)),
-    train_log.jsonl (one row per step) and, while running, resumable checkpoints in OUT/checkpoints.
+    train_log.jsonl (one row per step), finetune_run.json (the options and status) and, while running,
+    resumable checkpoints in OUT/checkpoints.
     """
-    from normswap.finetune import FinetuneConfig, run_finetune
+    from normswap.errors import NormswapError
+    from normswap.finetune.config import FinetuneConfig
+    from normswap.finetune.trainer import run_finetune
 
-    cfg = FinetuneConfig(
-        model=model, out=out, data=data, steps=steps, lr=lr, warmup_steps=warmup_steps, schedule=schedule,
-        min_lr_ratio=min_lr_ratio, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
-        save_every=save_every, keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_tokens=eval_tokens,
-        weight_decay=weight_decay, clip_grad=clip_grad, trainable=trainable, distill_from=distill_from,
-        distill_alpha=distill_alpha, distill_temperature=distill_temperature, dtype=dtype, device=device,
-        resume=resume, force=force, progress=progress, keep_checkpoints_after_finish=keep_checkpoints_after_finish,
-    )
-    summary = run_finetune(cfg)
+    if out is None:
+        if not opts["resume"]:
+            raise NormswapError("missing OUT: normswap finetune MODEL OUT (or normswap finetune OUT --resume)")
+        model, out = None, model
+    given = {name for name in opts if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    if model is not None:
+        given.add("model")
+    summary = run_finetune(FinetuneConfig(model=model, out=out, **opts), given=given)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
@@ -88,6 +85,7 @@ def finetune(model, out, data, steps, lr, warmup_steps, schedule, min_lr_ratio, 
     click.echo(f"  steps {summary['steps']} x {summary['global_batch']} x {summary['seq_len']} tokens on {summary['world_size']} process(es), "
                f"{summary['trainable_parameters']:,} trainable parameters, {summary['wall_seconds']:.1f} s")
     click.echo(f"  held-out loss {fmt(summary['initial_eval_loss'])} -> {fmt(summary['final_eval_loss'])}  "
-               f"(perplexity {ppl(summary['initial_perplexity'])} -> {ppl(summary['final_perplexity'])})")
+               f"(perplexity {ppl(summary['initial_perplexity'])} -> {ppl(summary['final_perplexity'])}, "
+               f"{summary['eval_tokens']:,} held-out tokens)")
     if summary["final_train_loss"] is not None and math.isfinite(summary["final_train_loss"]):
         click.echo(f"  last train loss {summary['final_train_loss']:.4f}; log: {summary['out']}/train_log.jsonl")

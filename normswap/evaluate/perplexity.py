@@ -98,8 +98,9 @@ def model_device(model) -> torch.device:
 
 
 def model_context(model) -> int | None:
-    config = model.config
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length", "max_seq_len"):
+    """The longest sequence the model (or its config) accepts, from whichever key its family uses."""
+    config = getattr(model, "config", model)
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length", "max_seq_len", "max_sequence_length"):
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
             return value

@@ -140,7 +140,7 @@ def _model_info(entry: ModelEntry) -> dict:
 
 def read_train_log(path: Path, max_points: int = 400) -> dict | None:
     """Loss curve from ``normswap finetune``'s train_log.jsonl, thinned to ``max_points``."""
-    from normswap.finetune.trainer import read_log_rows
+    from normswap.finetune.run_dir import read_log_rows
 
     if not path.is_file():
         return None

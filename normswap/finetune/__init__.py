@@ -10,19 +10,21 @@ Public API:
 Several processes: ``torchrun --nproc_per_node N -m normswap finetune ...`` (DDP; CPU/gloo too) or
 ``accelerate launch --config_file normswap/finetune/configs/fsdp.yaml -m normswap finetune ...``
 (FSDP on GPUs). ``--batch-size`` is always the global batch.
+
+Names are imported on first use, so that reading the options (config.py) does not import torch.
 """
 
-from normswap.finetune.data import TrainStream, eval_blocks
-from normswap.finetune.schedule import lr_factor
-from normswap.finetune.trainer import (
-    FinetuneConfig,
-    TrainingDiverged,
-    TrainingInterrupted,
-    heldout_loss,
-    run_finetune,
-)
+import importlib
 
-__all__ = [
-    "FinetuneConfig", "TrainStream", "TrainingDiverged", "TrainingInterrupted", "eval_blocks", "heldout_loss",
-    "lr_factor", "run_finetune",
-]
+_HOME = {
+    "FinetuneConfig": "config", "TrainStream": "data", "eval_blocks": "data", "heldout_loss": "objectives",
+    "lr_factor": "schedule", "TrainingDiverged": "trainer", "TrainingInterrupted": "trainer", "run_finetune": "trainer",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name):
+    if name in _HOME:
+        return getattr(importlib.import_module(f"normswap.finetune.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'normswap.finetune' has no attribute {name!r}")

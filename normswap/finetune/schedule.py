@@ -30,14 +30,3 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str =
     else:
         decay = 1.0 - progress
     return min_ratio + (1.0 - min_ratio) * decay
-
-
-def make_scheduler(optimizer, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float = 0.0):
-    """A LambdaLR whose ``last_epoch`` counts completed steps, so the rate in the optimizer while
-    computing step t (1-based) is lr_factor(t)·η_max. Its state (the step count) is checkpointed."""
-    from torch.optim.lr_scheduler import LambdaLR
-
-    def factor(completed: int) -> float:
-        return lr_factor(completed + 1, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule, min_ratio=min_ratio)
-
-    return LambdaLR(optimizer, factor)

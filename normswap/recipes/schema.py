@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from normswap.errors import NormswapError
+from normswap.finetune.config import option_errors, recipe_fields
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 SOURCE_NAME = "original"  # the unconverted source's label in the report (and the baseline)
@@ -60,26 +61,8 @@ CONVERT = {
     "tolerance": Field("float", default=1e-4, minimum=0),
 }
 
-FINETUNE = {
-    "steps": Field("int", default=200, minimum=1),
-    "lr": Field("float", default=3e-4, minimum=0),
-    "warmup_steps": Field("int", default=20, minimum=0),
-    "schedule": Field("choice", default="cosine", choices=("constant", "cosine", "linear")),
-    "min_lr_ratio": Field("float", default=0.1, minimum=0),
-    "seq_len": Field("int", default=None, nullable=True, minimum=2),
-    "batch_size": Field("int", default=8, minimum=1),
-    "grad_accum": Field("int", default=1, minimum=1),
-    "weight_decay": Field("float", default=0.01, minimum=0),
-    "clip_grad": Field("float", default=1.0, minimum=0),
-    "trainable": Field("choice", default="all", choices=("all", "norms")),
-    "distill_from": Field("str", default=None, nullable=True,
-                          help="teacher model; `source` means the recipe's source (the unconverted model)"),
-    "distill_alpha": Field("float", default=1.0, minimum=0),
-    "distill_temperature": Field("float", default=1.0, minimum=0),
-    "eval_tokens": Field("int", default=16384, minimum=1, help="held-out tokens for the fine-tune's own loss log"),
-    "eval_every": Field("int", default=0, minimum=0),
-    "dtype": Field("choice", default="auto", choices=("auto", "float32", "bfloat16", "float64")),
-}
+# generated from FinetuneConfig, the one declaration of the fine-tune's options
+FINETUNE = {name: Field(**spec) for name, spec in recipe_fields().items()}
 
 EVAL = {
     "split": Field("choice", default="test", choices=("test", "validation")),
@@ -243,12 +226,8 @@ def validate(raw, where: str) -> dict:
         v["convert"] = _section(where, key + ".convert.", spec["convert"], CONVERT) if spec.get("convert") is not None else None
         v["finetune"] = _section(where, key + ".finetune.", spec["finetune"], FINETUNE) if spec.get("finetune") is not None else None
         ft = v["finetune"]
-        if ft is not None:
-            if ft["batch_size"] % ft["grad_accum"]:
-                _fail(where, key + ".finetune.batch_size", f"must be divisible by grad_accum ({ft['grad_accum']})")
-            for k in ("min_lr_ratio", "distill_alpha"):
-                if ft[k] > 1:
-                    _fail(where, f"{key}.finetune.{k}", f"must be in [0, 1], got {ft[k]}")
+        for option, why in option_errors(ft) if ft is not None else ():
+            _fail(where, f"{key}.finetune.{option}", why)
         resolved_variants[name_s] = v
     names = set(resolved_variants)
     for n, v in resolved_variants.items():

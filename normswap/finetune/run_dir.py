@@ -1,0 +1,146 @@
+"""OUT of a fine-tune, as the trainer sees it: the run file, the log, the checkpoints.
+
+    OUT/finetune_run.json      status (running / finished), the options in force, the resumes
+    OUT/train_log.jsonl        one JSON row per step (step 0: the held-out loss before training)
+    OUT/checkpoints/step-K/    resumable state (see state.py), while the run is unfinished
+    OUT/config.json, weights   the final model in convert's format, written last
+
+Only process 0 writes. Every write is atomic (a temporary file or directory renamed into place),
+so a kill at any instant leaves complete files only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from normswap.errors import NormswapError
+from normswap.finetune.config import LOG_FILE, RUN_FILE
+
+CHECKPOINTS = "checkpoints"
+
+
+def read_log_rows(path: Path) -> list[dict]:
+    """The rows of a train_log.jsonl; a torn last line (a killed run) and what follows are dropped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a torn last line from a kill: everything after it is not trusted
+    return rows
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, out):
+        self.out = Path(out)
+        self.run_file = self.out / RUN_FILE
+        self.log_file = self.out / LOG_FILE
+        self.checkpoints_dir = self.out / CHECKPOINTS
+
+    # ---- the run file
+    def read_run(self) -> dict | None:
+        """The recorded run, or None when OUT holds none."""
+        if not self.run_file.is_file():
+            return None
+        try:
+            run = json.loads(self.run_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise NormswapError(f"{self.run_file} is damaged ({e}); use --force to start again") from None
+        if not isinstance(run, dict) or not isinstance(run.get("config"), dict):
+            raise NormswapError(f"{self.run_file} is not a normswap fine-tune record; use --force to start again")
+        return run
+
+    def write_run(self, run: dict) -> None:
+        _atomic_write_text(self.run_file, json.dumps(run, indent=2))
+
+    def start(self, run: dict, *, replace: bool) -> None:
+        """A fresh run: OUT created (or replaced), the run file written, the log emptied."""
+        if replace and self.out.exists():
+            shutil.rmtree(self.out)
+        self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        self.write_run(run)
+        self.log_file.write_text("")
+
+    # ---- the log
+    def rows(self) -> list[dict]:
+        return read_log_rows(self.log_file)
+
+    def truncate_log(self, step: int) -> None:
+        """Keep the rows up to ``step`` (a resumed run rewrites what came after its checkpoint)."""
+        kept = [r for r in self.rows() if r.get("step", 0) <= step]
+        _atomic_write_text(self.log_file, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def open_log(self):
+        return open(self.log_file, "a")
+
+    # ---- checkpoints
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, directory) of every published checkpoint, oldest first."""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        found = [(int(p.name[5:]), p) for p in self.checkpoints_dir.iterdir()
+                 if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit()]
+        return sorted(found)
+
+    def staging_checkpoint(self, step: int) -> Path:
+        tmp = self.checkpoints_dir / f".tmp-step-{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        return tmp
+
+    def publish_checkpoint(self, tmp: Path, step: int, keep: int) -> Path:
+        final = self.checkpoints_dir / f"step-{step}"
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        if keep > 0:
+            for _, old in self.checkpoints()[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def drop_checkpoint(self, tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def drop_checkpoints(self) -> None:
+        shutil.rmtree(self.checkpoints_dir, ignore_errors=True)
+
+    def remove_leftovers(self) -> None:
+        """Staging directories of a checkpoint or final write that a kill interrupted."""
+        for p in list(self.checkpoints_dir.glob(".tmp-*")) + list(self.out.parent.glob(f".{self.out.name}.final-*")):
+            shutil.rmtree(p, ignore_errors=True)
+
+    # ---- the final model
+    def write_final(self, model, tokenizer, manifest_updates: dict) -> None:
+        """Write the model with save_checkpoint into a fresh sibling directory, then move its files
+        into OUT (which already holds the log and run file), ``config.json`` last: a loader never
+        sees a half-written model, and a kill during the move leaves no config.json, so --resume
+        redoes it."""
+        from normswap.checkpoint.write import save_checkpoint
+
+        staging = self.out.parent / f".{self.out.name}.final-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        save_checkpoint(model, staging, tokenizer=tokenizer, manifest_updates=manifest_updates)
+        names = sorted(p.name for p in staging.iterdir())
+        for name in [n for n in names if n != "config.json"] + (["config.json"] if "config.json" in names else []):
+            dest = self.out / name
+            if dest.is_dir():
+                shutil.rmtree(dest)
+            os.replace(staging / name, dest)
+        shutil.rmtree(staging, ignore_errors=True)
