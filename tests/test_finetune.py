@@ -591,11 +591,15 @@ def test_resume_never_unpickles_and_falls_back_past_broken_checkpoints(models, u
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one_process(models, tmp_path):
     common = ["finetune", str(models["approx"]), None, "--steps", "4", "--seq-len", str(SEQ), "--batch-size", "8",
-              "--grad-accum", "2", "--eval-tokens", "1024", "--lr", "2e-3", "--warmup-steps", "1", "--seed", "5"]
+              "--grad-accum", "2", "--eval-tokens", "1024", "--lr", "2e-3", "--warmup-steps", "1", "--seed", "5",
+              "--device", "cpu", "--save-every", "2", "--keep-checkpoints-after-finish"]
     two = tmp_path / "two"
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "normswap"]
     r = subprocess.run(args + [str(two) if a is None else a for a in common], env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    # each process saved its own random state beside the shared weights and optimizer state
+    assert {p.name for p in (two / "checkpoints" / "step-4").iterdir()} == {
+        "model.safetensors", "optimizer.pt", "trainer_state.json", "rng-0.safetensors", "rng-0.json", "rng-1.safetensors", "rng-1.json"}
     one = tmp_path / "one"
     _run(models["approx"], one, steps=4, batch_size=8, grad_accum=2, lr=2e-3, warmup_steps=1, seed=5)
     l2, l1 = _log(two), _log(one)

@@ -2,7 +2,8 @@
 
 An objective is the seam between the training loop and the model kind: the loop only calls
 ``objective.loss(student, batch) -> Loss`` on each micro-batch and ``objective.heldout_loss(...)``
-at evaluation time. ``build_objective`` picks the objective for the model being trained.
+at evaluation time. ``objective_for(config)`` picks the objective class for the model's config;
+its ``task`` says how the trainer loads the model (and a teacher).
 """
 
 from __future__ import annotations
@@ -51,16 +52,23 @@ class CausalLM:
         return heldout_loss(model, blocks, micro_batch=micro_batch, accelerator=accelerator, autocast=self.autocast)
 
 
-def build_objective(cfg, model, teacher, *, autocast=contextlib.nullcontext):
-    """The objective for ``model`` (a loaded transformers model) under the options in ``cfg``."""
-    if teacher is not None:
-        student_vocab, teacher_vocab = _vocab_size(model), _vocab_size(teacher)
-        if student_vocab != teacher_vocab:
-            raise NormswapError(
-                f"--distill-from {cfg.distill_from}: its vocabulary ({teacher_vocab}) differs from the model's ({student_vocab}); "
-                "distillation needs the same tokenizer"
-            )
-    return CausalLM(teacher, alpha=cfg.distill_alpha, temperature=cfg.distill_temperature, autocast=autocast)
+    @classmethod
+    def build(cls, cfg, model, teacher, *, autocast=contextlib.nullcontext) -> "CausalLM":
+        """The objective for ``model`` (and ``teacher``, loaded with ``task``) under the options in ``cfg``."""
+        if teacher is not None:
+            student_vocab, teacher_vocab = _vocab_size(model), _vocab_size(teacher)
+            if student_vocab != teacher_vocab:
+                raise NormswapError(
+                    f"--distill-from {cfg.distill_from}: its vocabulary ({teacher_vocab}) differs from the model's ({student_vocab}); "
+                    "distillation needs the same tokenizer"
+                )
+        return cls(teacher, alpha=cfg.distill_alpha, temperature=cfg.distill_temperature, autocast=autocast)
+
+
+def objective_for(config):
+    """The objective class for a model of this config: its ``task`` says how to load the model,
+    its ``build(cfg, model, teacher, autocast=)`` makes the objective."""
+    return CausalLM
 
 
 def _vocab_size(model) -> int:

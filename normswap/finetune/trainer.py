@@ -42,7 +42,7 @@ from normswap.errors import NormswapError
 from normswap.finetune import state as ckpt
 from normswap.finetune.config import LOG_FILE, FinetuneConfig, default_eval_tokens, flag, option_errors, options
 from normswap.finetune.data import TrainStream, eval_blocks, fingerprint
-from normswap.finetune.objectives import build_objective
+from normswap.finetune.objectives import objective_for
 from normswap.finetune.run_dir import RunDir
 from normswap.finetune.schedule import lr_factor
 
@@ -309,12 +309,11 @@ class Trainer:
         cks = self.run.checkpoints()
         return str(cks[-1][1]) if cks else "none (no checkpoint was written yet)"
 
-    def diverged(self, what: str, step: int) -> TrainingDiverged:
+    def diverged(self, what: str, step: int, consequence: str) -> TrainingDiverged:
         cks = self.run.checkpoints()
         advice = (f"resume from it with a lower learning rate: normswap finetune {self.cfg.out} --resume --lr {self.cfg.lr / 10:g}"
                   if cks else f"run again with a lower --lr (e.g. {self.cfg.lr / 10:g}) and --force")
-        return TrainingDiverged(f"{what} at step {step}: stopped before updating the weights; last good checkpoint: "
-                                f"{self.last_good()}; {advice}")
+        return TrainingDiverged(f"{what} at step {step}: {consequence}; last good checkpoint: {self.last_good()}; {advice}")
 
     def save_checkpoint(self, step: int) -> Path:
         """Write a checkpoint of the state after ``step``; refuse (TrainingDiverged) weights that are
@@ -331,7 +330,7 @@ class Trainer:
         if float(bad) > 0:
             if self.main:
                 self.run.drop_checkpoint(tmp)
-            raise self.diverged(f"the weights are not sane ({problem or 'see process 0'}); not checkpointed", step)
+            raise self.diverged(f"the weights are not sane ({problem or 'see process 0'})", step, "not checkpointed")
         trainer_state = {"step": step, "data_position": self.stream.position, "epoch": self.stream.epoch, "world_size": self.world}
         ckpt.save(tmp, model=self.model, optimizer=self.optimizer, weights=weights, trainer_state=trainer_state,
                   rank=self.rank, main=self.main)
@@ -416,15 +415,16 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
 
     set_seed(cfg.seed + rank)
     param_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
-    model = load_model(resolved, dtype=param_dtype, device="cpu", task="causal-lm", config=config)
+    objective_kind = objective_for(config)
+    model = load_model(resolved, dtype=param_dtype, device="cpu", task=objective_kind.task, config=config)
     n_trainable = _select_trainable(model, cfg.trainable)
     n_params = sum(p.numel() for p in model.parameters())
     start_weights = ckpt.WeightScale.of(ckpt.full_weights(model))
     teacher = None
     if cfg.distill_from:
-        teacher = load_model(cfg.distill_from, dtype=param_dtype, device="cpu", task="causal-lm")
+        teacher = load_model(cfg.distill_from, dtype=param_dtype, device="cpu", task=objective_kind.task)
         teacher.requires_grad_(False)
-    objective = build_objective(cfg, model, teacher, autocast=accelerator.autocast)
+    objective = objective_kind.build(cfg, model, teacher, autocast=accelerator.autocast)
     if teacher is not None:
         teacher.to(accelerator.device)
 
@@ -490,7 +490,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
                 if not rec.finite:
                     optimizer.zero_grad(set_to_none=True)
                     what = f"loss is {rec.loss}" if not math.isfinite(rec.loss) else f"gradient norm is {rec.grad_norm}"
-                    raise trainer.diverged(what, step)
+                    raise trainer.diverged(what, step, "stopped before updating the weights")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 dt = time.perf_counter() - t0
@@ -543,12 +543,12 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     weights = ckpt.full_weights(model)  # a collective under FSDP
     problem = start_weights.problem(weights) if main else None
     if problem:
-        raise trainer.diverged(f"the final weights are not sane ({problem}); not written", cfg.steps)
+        raise trainer.diverged(f"the final weights are not sane ({problem})", cfg.steps, "the model was not written")
     if main:
         from accelerate.utils import DistributedType
 
         if distributed == DistributedType.FSDP:  # the sharded model cannot be saved: a plain copy gets the weights
-            final_model = load_model(resolved, dtype=param_dtype, device="cpu", task="causal-lm", config=config)
+            final_model = load_model(resolved, dtype=param_dtype, device="cpu", task=objective_kind.task, config=config)
             final_model.load_state_dict(weights)
         else:
             final_model = accelerator.unwrap_model(model).to("cpu")
