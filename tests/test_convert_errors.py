@@ -103,11 +103,11 @@ def test_out_exists_and_force_and_out_equal_src(gpt2_src, tmp_path, run_cli):
     assert run_cli("convert", gpt2_src, out, "--force")[0] == 0
     assert (out / "config.json").exists() and not (out / "keep.txt").exists()
     code, _, err = run_cli("convert", gpt2_src, gpt2_src, "--force")
-    _one_line_error(code, err, "overlaps the source")
+    _one_line_error(code, err, "which this command reads")
     code, _, err = run_cli("convert", gpt2_src, gpt2_src / "inside")
-    _one_line_error(code, err, "overlaps the source")
+    _one_line_error(code, err, "which this command reads")
     assert _tree_hash(gpt2_src) == before  # the source is never modified
-    leftovers = [p.name for p in tmp_path.iterdir() if "normswap_tmp" in p.name or "normswap_old" in p.name]
+    leftovers = [p.name for p in tmp_path.iterdir() if ".normswap-staging-" in p.name or ".normswap.lock" in p.name]
     assert not leftovers
 
 
@@ -127,7 +127,7 @@ def test_kill_during_conversion_leaves_no_partial_output(tmp_path):
     deadline = time.time() + 240
     staged = []
     while time.time() < deadline and proc.poll() is None:
-        staged = [p for p in tmp_path.iterdir() if "normswap_tmp" in p.name]
+        staged = [p for p in tmp_path.iterdir() if ".normswap-staging-" in p.name]
         if staged:
             break
         time.sleep(0.01)

@@ -59,7 +59,7 @@ def report_dir(checkpoints, tmp_path_factory):
 def test_report_files_and_contract_keys(report_dir, checkpoints):
     for name in ("results.json", "report.md", "report.html", "perplexity.png", "throughput.png", "activations.png", "finetune_loss.png"):
         assert (report_dir / name).is_file() and (report_dir / name).stat().st_size > 0, name
-    assert not [p for p in report_dir.parent.iterdir() if ".tmp-" in p.name]  # staging dir renamed away
+    assert not [p for p in report_dir.parent.iterdir() if ".normswap-" in p.name]  # staging dir renamed away, lock released
     r = json.loads((report_dir / "results.json").read_text())
     for key in CONTRACT_TOP:
         assert key in r, key

@@ -8,24 +8,21 @@ Layout of a converted checkpoint directory:
     normswap_manifest.json       what was done, by which command, and the measurements
     README.md                    model card
 
-Everything is written into a temporary sibling directory first and renamed into place, so a
+Everything is written into a staging directory first and published with normswap.publish, so a
 process killed at any instant leaves either no OUT or a complete one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 from safetensors.torch import save_file
 
 from normswap import __version__
 from normswap.checkpoint.manifest import MANIFEST_NAME, read_manifest, write_manifest
-from normswap.errors import NormswapError
+from normswap.publish import check_output_path, publish_dir, staging_dir
 
 MODELING_FILE = "modeling_normswap.py"
 SIDE_FILES = (
@@ -33,56 +30,6 @@ SIDE_FILES = (
     "vocab.txt", "tokenizer.model", "spiece.model", "added_tokens.json", "generation_config.json",
     "chat_template.jinja", "chat_template.json",
 )
-
-
-# -- output directory handling -------------------------------------------------------------
-
-def check_output_path(out, *, force: bool, sources=()) -> Path:
-    """Refuse an OUT that would clobber something: existing (without --force) or a source."""
-    out = Path(out).expanduser()
-    real_out = out.resolve()
-    for src in sources:
-        if src and Path(src).exists():
-            real_src = Path(src).resolve()
-            if real_out == real_src or real_src in real_out.parents or real_out in real_src.parents:
-                raise NormswapError(f"OUT {out} overlaps the source {src}: the source is never modified; choose another OUT")
-    if out.exists() and not force:
-        raise NormswapError(f"OUT {out} already exists (use --force to replace it)")
-    if out.exists() and not out.is_dir():
-        raise NormswapError(f"OUT {out} exists and is not a directory")
-    if not out.parent.exists():
-        raise NormswapError(f"parent directory of OUT does not exist: {out.parent}")
-    return out
-
-
-@contextmanager
-def staging_dir(out: Path):
-    """A temporary directory beside OUT (same filesystem, so the final rename is atomic).
-
-    The name is a valid Python identifier-ish string because transformers imports remote code
-    from a module named after the directory.
-    """
-    tmp = out.parent / f"{out.name}_normswap_tmp_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def publish(tmp: Path, out: Path, *, force: bool) -> Path:
-    """Move a finished staging directory to OUT; with --force the old OUT goes only after."""
-    old = None
-    if out.exists():
-        if not force:
-            raise NormswapError(f"OUT {out} already exists (use --force to replace it)")
-        old = out.parent / f"{out.name}_normswap_old_{uuid.uuid4().hex[:8]}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return out
 
 
 # -- weights ---------------------------------------------------------------------------------
@@ -332,7 +279,7 @@ def save_checkpoint(model, out, *, tokenizer=None, manifest_updates=None, force=
     The manifest is the model's own (read when it was loaded) with ``manifest_updates`` merged
     in at the top level; the model card is regenerated from it.
     """
-    out = check_output_path(out, force=force, sources=[source_dir or getattr(model, "normswap_source_dir", None)])
+    out = check_output_path(out, force=force, reads=[source_dir or getattr(model, "normswap_source_dir", None)])
     manifest = dict(getattr(model, "normswap_manifest", None) or {})
     manifest.setdefault("normswap_version", __version__)
     manifest.setdefault("history", [])
@@ -341,9 +288,8 @@ def save_checkpoint(model, out, *, tokenizer=None, manifest_updates=None, force=
     with staging_dir(out) as tmp:
         write_checkpoint_dir(model, tmp, tokenizer=tokenizer, source_dir=source_dir, manifest=manifest,
                              max_shard_size=max_shard_size, dtype=dtype)
-        publish(tmp, out, force=force)
+        publish_dir(tmp, out, force=force)
     return out
 
 
-__all__ = ["save_checkpoint", "write_checkpoint_dir", "check_output_path", "staging_dir", "publish",
-           "read_manifest", "MANIFEST_NAME"]
+__all__ = ["save_checkpoint", "write_checkpoint_dir", "read_manifest", "MANIFEST_NAME"]

@@ -10,6 +10,7 @@ import click
 
 from normswap.cli.options import device_option, json_option, resolve_device
 from normswap.errors import NormswapError
+from normswap.publish import atomic_write_text
 
 
 def _parse_shapes(text):
@@ -36,16 +37,6 @@ def _parse_dtypes(text):
     if bad:
         raise NormswapError(f"--dtypes: {', '.join(bad)} not one of {', '.join(allowed)}")
     return names
-
-
-def _write_atomic(path, text):
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 @click.command("kernels")
@@ -86,10 +77,10 @@ def kernels(device, dtypes, shapes, repeats, modes, no_residual, threads, quick,
     result = run_benchmark(dev, dtypes=_parse_dtypes(dtypes), shapes=_parse_shapes(shapes), repeats=repeats,
                            modes=mode_list, residual=not no_residual, quick=quick, progress=progress)
     md = format_markdown(result)
-    if out_path:
-        _write_atomic(out_path, json.dumps(result, indent=2) + "\n")
-    if md_path:
-        _write_atomic(md_path, md)
+    for path, text in ((out_path, json.dumps(result, indent=2) + "\n"), (md_path, md)):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            atomic_write_text(path, text)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

@@ -31,11 +31,13 @@ from normswap.convert.plan import BETA_CHOICES, GAMMA_CHOICES
 def convert(src, out, mode, gamma, beta, untie, dtype, max_shard_size, verify, tolerance, streaming, force, as_json):
     """Convert the LayerNorm checkpoint SRC (directory, hub id or normswap:NAME) into OUT with RMSNorm."""
     from normswap.convert.pipeline import convert_checkpoint
+    from normswap.publish import output_lock
 
     say = (lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True))
-    result = convert_checkpoint(src, out, mode=mode, gamma=gamma, beta=beta, untie=untie, dtype=dtype, force=force,
-                                verify=verify, tolerance=tolerance, max_shard_size=max_shard_size, streaming=streaming,
-                                progress=say)
+    with output_lock(out):
+        result = convert_checkpoint(src, out, mode=mode, gamma=gamma, beta=beta, untie=untie, dtype=dtype, force=force,
+                                    verify=verify, tolerance=tolerance, max_shard_size=max_shard_size, streaming=streaming,
+                                    progress=say)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
         return

@@ -76,19 +76,24 @@ def eval_group():
 def report(models, data, split, device, dtype, seq_len, batch_size, out, baseline, tasks, stride, max_tokens, repeats,
            warmup, min_time, new_tokens, no_speed, no_memory, lm_eval_limit, force, as_json, quiet):
     """Evaluate MODELs side by side and write DIR/results.json, report.md, report.html and plots."""
-    from normswap.evaluate.runner import evaluate, load_entries
+    from pathlib import Path
+
+    from normswap.evaluate.runner import evaluate, load_entries, split_label
+    from normswap.publish import output_lock
     from normswap.report import write_report
     from normswap.report.write import check_out
 
-    check_out(out, force=force)
+    local_models = [spec for _, spec in map(split_label, list(models) + [baseline or ""]) if spec and Path(spec).expanduser().exists()]
+    check_out(out, force=force, reads=local_models)
     dev, dt = _setup(device, dtype)
     say = _progress(quiet)
-    entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
-    results = evaluate(entries, data=data, split=split, baseline_name=base, tasks=tasks, device=dev, dtype=dt,
-                       seq_len=seq_len, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
-                       speed=not no_speed, memory=not no_memory, lm_eval_limit=lm_eval_limit, progress=say,
-                       speed_options={"repeats": repeats, "warmup": warmup, "min_time": min_time, "new_tokens": new_tokens})
-    written = write_report(results, out, force=force)
+    with output_lock(out, create_parent=True):
+        entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
+        results = evaluate(entries, data=data, split=split, baseline_name=base, tasks=tasks, device=dev, dtype=dt,
+                           seq_len=seq_len, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
+                           speed=not no_speed, memory=not no_memory, lm_eval_limit=lm_eval_limit, progress=say,
+                           speed_options={"repeats": repeats, "warmup": warmup, "min_time": min_time, "new_tokens": new_tokens})
+        written = write_report(results, out, force=force)
     if as_json:
         click.echo(json.dumps({k: str(v) for k, v in written.items()}))
     else:

@@ -71,7 +71,14 @@ def finetune(ctx, model, out, as_json, **opts):
     given = {name for name in opts if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     if model is not None:
         given.add("model")
-    summary = run_finetune(FinetuneConfig(model=model, out=out, **opts), given=given)
+    import contextlib
+    import os
+
+    from normswap.publish import output_lock
+
+    # one lock per run: the main process of a distributed launch holds it (RANK is set by the launcher)
+    with output_lock(out, create_parent=True) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
+        summary = run_finetune(FinetuneConfig(model=model, out=out, **opts), given=given)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:

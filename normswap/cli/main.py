@@ -81,9 +81,23 @@ def _debug_requested(argv) -> bool:
     return "--debug" in argv or os.environ.get("NORMSWAP_DEBUG") == "1"
 
 
+def _exit_cleanly_on_sigterm():
+    """SIGTERM unwinds like Ctrl-C, so staging directories are removed and locks released on the way
+    out (SIGKILL cannot be caught: the next run removes what it leaves, see normswap.publish)."""
+    import signal
+    import threading
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv=None):
     """Run the CLI; turn user errors into one line and a non-zero exit (traceback with --debug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _exit_cleanly_on_sigterm()
     try:
         cli.main(args=argv, prog_name="normswap", standalone_mode=False)
     except click.exceptions.Abort:

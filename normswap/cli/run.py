@@ -75,11 +75,13 @@ def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
         return
     if not out:
         raise NormswapError("--out DIR is required to run a recipe (or use --check to only validate it)")
+    from normswap.publish import output_lock
     from normswap.recipes.runner import run_recipe
 
     t0 = time.perf_counter()
     say = None if not as_json else (lambda m: click.echo(f"normswap run: {m}", err=True))
-    state = run_recipe(loaded, out, resume=resume, force=force, say=say)
+    with output_lock(out, create_parent=True):
+        state = run_recipe(loaded, out, resume=resume, force=force, say=say)
     if as_json:
         click.echo(json.dumps(state, indent=2, default=str))
         return

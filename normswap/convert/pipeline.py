@@ -12,9 +12,10 @@ from normswap.architectures import family_for_config
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import environment, history_entry, write_manifest
-from normswap.checkpoint.write import check_output_path, publish, staging_dir, write_checkpoint_dir
+from normswap.checkpoint.write import write_checkpoint_dir
 from normswap.convert.apply import check_convertible, convert_model, count_parameters
 from normswap.errors import NormswapError, VerificationError
+from normswap.publish import check_output_path, publish_dir, staging_dir
 
 DEFAULT_TOLERANCE = 1e-4
 
@@ -32,7 +33,7 @@ def preflight(src, out, *, force):
     """Everything that can be refused before a single weight is read."""
     resolved = ckload.resolve(src)
     local = ckload.is_local(resolved)
-    out = check_output_path(out, force=force, sources=[resolved] if local else [])
+    out = check_output_path(out, force=force, reads=[resolved] if local else [])
     config = ckload.load_config(resolved)
     skeleton = meta_model(config)
     check_convertible(skeleton, config)
@@ -122,7 +123,7 @@ def finish(tmp, out, resolved, manifest, mode, *, causal, verify, tolerance, for
             f"verification failed: max |Δ log-prob| = {ver['max_abs_diff']:.3g} > {ver['threshold']:.3g} "
             "in exact mode; nothing was written (rerun with --debug for details)"
         )
-    publish(tmp, out, force=force)
+    publish_dir(tmp, out, force=force)
 
 
 def run_verification(resolved, staged, *, causal, mode, tolerance, output_dtype) -> dict:

@@ -498,10 +498,11 @@ def convert_streaming(resolved, out, *, config, family, skeleton=None, src_label
     from normswap.checkpoint import load as ckload
     from normswap.checkpoint.remote_code import apply_normswap_structure
     from normswap.checkpoint.shards import ShardWriter, default_metadata, plan_shards, shard_names, write_index
-    from normswap.checkpoint.write import copy_side_files, staging_dir, write_config_and_code
+    from normswap.checkpoint.write import copy_side_files, write_config_and_code
     from normswap.convert.apply import _assert_no_residual_layernorm, count_parameters
     from normswap.convert.pipeline import base_manifest, finish, summary
     from normswap.convert.plan import ConvertOptions, build_plan
+    from normswap.publish import staging_dir
 
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()

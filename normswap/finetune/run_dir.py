@@ -5,8 +5,8 @@
     OUT/checkpoints/step-K/    resumable state (see state.py), while the run is unfinished
     OUT/config.json, weights   the final model in convert's format, written last
 
-Only process 0 writes. Every write is atomic (a temporary file or directory renamed into place),
-so a kill at any instant leaves complete files only.
+Only process 0 writes. Every write is atomic (normswap.publish: a temporary file or directory
+renamed into place), so a kill at any instant leaves complete files only.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from normswap.errors import NormswapError
 from normswap.finetune.config import LOG_FILE, RUN_FILE
+from normswap.publish import atomic_write_text, publish_dir, staging_dir
 
 CHECKPOINTS = "checkpoints"
 
@@ -36,15 +37,6 @@ def read_log_rows(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             break  # a torn last line from a kill: everything after it is not trusted
     return rows
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class RunDir:
@@ -68,7 +60,7 @@ class RunDir:
         return run
 
     def write_run(self, run: dict) -> None:
-        _atomic_write_text(self.run_file, json.dumps(run, indent=2))
+        atomic_write_text(self.run_file, json.dumps(run, indent=2))
 
     def start(self, run: dict, *, replace: bool) -> None:
         """A fresh run: OUT created (or replaced), the run file written, the log emptied."""
@@ -85,7 +77,7 @@ class RunDir:
     def truncate_log(self, step: int) -> None:
         """Keep the rows up to ``step`` (a resumed run rewrites what came after its checkpoint)."""
         kept = [r for r in self.rows() if r.get("step", 0) <= step]
-        _atomic_write_text(self.log_file, "".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write_text(self.log_file, "".join(json.dumps(r) + "\n" for r in kept))
 
     def open_log(self):
         return open(self.log_file, "a")
@@ -106,10 +98,7 @@ class RunDir:
         return tmp
 
     def publish_checkpoint(self, tmp: Path, step: int, keep: int) -> Path:
-        final = self.checkpoints_dir / f"step-{step}"
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        final = publish_dir(tmp, self.checkpoints_dir / f"step-{step}", force=True)
         if keep > 0:
             for _, old in self.checkpoints()[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -122,8 +111,9 @@ class RunDir:
         shutil.rmtree(self.checkpoints_dir, ignore_errors=True)
 
     def remove_leftovers(self) -> None:
-        """Staging directories of a checkpoint or final write that a kill interrupted."""
-        for p in list(self.checkpoints_dir.glob(".tmp-*")) + list(self.out.parent.glob(f".{self.out.name}.final-*")):
+        """Staging directories of a checkpoint that a kill interrupted (those of the final write
+        beside OUT go when OUT's lock is taken, see normswap.publish)."""
+        for p in self.checkpoints_dir.glob(".tmp-*"):
             shutil.rmtree(p, ignore_errors=True)
 
     # ---- the final model
@@ -134,13 +124,11 @@ class RunDir:
         redoes it."""
         from normswap.checkpoint.write import save_checkpoint
 
-        staging = self.out.parent / f".{self.out.name}.final-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        save_checkpoint(model, staging, tokenizer=tokenizer, manifest_updates=manifest_updates)
-        names = sorted(p.name for p in staging.iterdir())
-        for name in [n for n in names if n != "config.json"] + (["config.json"] if "config.json" in names else []):
-            dest = self.out / name
-            if dest.is_dir():
-                shutil.rmtree(dest)
-            os.replace(staging / name, dest)
-        shutil.rmtree(staging, ignore_errors=True)
+        with staging_dir(self.out) as tmp:
+            staging = save_checkpoint(model, tmp / "final", tokenizer=tokenizer, manifest_updates=manifest_updates)
+            names = sorted(p.name for p in staging.iterdir())
+            for name in [n for n in names if n != "config.json"] + (["config.json"] if "config.json" in names else []):
+                dest = self.out / name
+                if dest.is_dir():
+                    shutil.rmtree(dest)
+                os.replace(staging / name, dest)

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from normswap.errors import NormswapError
+from normswap.publish import atomic_write_text
 from normswap.recipes.loader import LoadedRecipe, dump_recipe
 from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME
 
@@ -39,12 +40,6 @@ OWNED = ("recipe.yaml", "recipe.original.yaml", RUN_FILE, "summary.md", "models"
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _fingerprint(obj) -> str:
@@ -197,14 +192,14 @@ class Runner:
             "started": _now(),
             "steps": old.get("steps", {}) if self.resume else {},
         }
-        _atomic_write(out / "recipe.original.yaml", self.loaded.original_text)
+        atomic_write_text(out / "recipe.original.yaml", self.loaded.original_text)
         header = (f"# normswap run: resolved recipe (from {self.loaded.path}"
                   + (f", --set {' --set '.join(self.loaded.overrides)}" if self.loaded.overrides else "") + ")\n")
-        _atomic_write(out / "recipe.yaml", header + dump_recipe(self.recipe))
+        atomic_write_text(out / "recipe.yaml", header + dump_recipe(self.recipe))
         self._save()
 
     def _save(self) -> None:
-        _atomic_write(self.out / RUN_FILE, json.dumps(self.state, indent=2, default=str) + "\n")
+        atomic_write_text(self.out / RUN_FILE, json.dumps(self.state, indent=2, default=str) + "\n")
 
     def _done(self, step: str, fingerprint: str, complete: bool) -> bool:
         rec = self.state["steps"].get(step)
@@ -252,7 +247,7 @@ class Runner:
                           report=str(self.out / "report" / "report.html"))
         self._save()
         table = format_table(rows, markdown=True)
-        _atomic_write(self.out / "summary.md", f"# {recipe['report']['title']}\n\n{table}\n\nReport: report/report.html\n")
+        atomic_write_text(self.out / "summary.md", f"# {recipe['report']['title']}\n\n{table}\n\nReport: report/report.html\n")
         return self.state
 
     def _convert(self, name, src, src_fp, opts, target: Path):

@@ -1,19 +1,17 @@
 """Write an evaluation's files - results.json, report.md, report.html, the PNG figures - atomically.
 
-Everything is written into a temporary directory next to OUT, then renamed into place, so a
-crash or Ctrl-C never leaves a half-written report; an existing OUT is replaced only with
-``force`` (or when it is empty).
+Everything is written into a staging directory and published with normswap.publish, so a crash
+or Ctrl-C never leaves a half-written report; an existing OUT is replaced only with ``force``
+(or when it is empty), and never when it is (inside, or contains) a model the report reads.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from normswap.errors import NormswapError
+from normswap.publish import check_output_path, publish_dir, staging_dir
 
 FILES = ("results.json", "report.md", "report.html")
 
@@ -38,33 +36,21 @@ def render_into(results: dict, folder: Path) -> dict[str, Path]:
     return {"results": folder / "results.json", "markdown": folder / "report.md", "html": folder / "report.html", **figures}
 
 
-def check_out(out, *, force: bool = False) -> Path:
-    """Refuse an OUT that would be clobbered; called before any work so a refusal is instant."""
-    out = Path(out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise NormswapError(f"--out {out} is a file; give a directory for the report")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise NormswapError(f"--out {out} exists and is not empty; pass --force to replace it")
-    return out
+def check_out(out, *, force: bool = False, reads=()) -> Path:
+    """Refuse an OUT that would be clobbered; called before any work so a refusal is instant.
+
+    ``reads``: the local model directories being evaluated (OUT may not overlap any of them).
+    """
+    return check_output_path(out, force=force, reads=reads, allow_empty=True, must_have_parent=False)
 
 
 def write_report(results: dict, out, *, force: bool = False) -> dict[str, Path]:
     """Write the report into ``out``; returns the written paths (as they are after the rename)."""
-    out = check_out(out, force=force)
+    out = check_out(out, force=force, reads=[m.get("path") for m in results.get("models", [])])
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staging_dir(out) as tmp:
         written = render_into(results, tmp)
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        publish_dir(tmp, out, force=True)  # check_out decided: forced, or an empty directory
     return {k: out / Path(p).name for k, p in written.items()}
 
 

@@ -1,0 +1,271 @@
+"""Every file and directory normswap writes goes through here: atomic, safe and locked.
+
+Four jobs, used by every command that writes (convert, finetune, eval report, run, bench):
+
+- ``atomic_write_text`` / ``atomic_write_json``: a file is written beside its destination,
+  flushed to disk and renamed over it, so a reader sees the old file or the new one, never half.
+- ``check_output_path``: an OUT that would clobber something is refused before any work: an
+  existing OUT without ``--force``, a file, a dangling symlink, or a path that is (inside, or
+  contains) a model the command reads.
+- ``output_lock``: a command holds an exclusive ``flock`` on ``.OUT.normswap.lock`` (beside OUT)
+  for its whole life; a second process is refused with one line naming the holder's pid and
+  command. The kernel drops the lock when its holder dies, however it dies. Taking the lock also
+  removes what a killed process left behind (staging directories) and says so.
+- ``staging_dir`` + ``publish_dir``: a directory is built in a sibling
+  ``.OUT.normswap-staging-<pid>-<rand>``, verified by the caller, then renamed into place. With
+  ``--force`` the staging directory and the old OUT are exchanged in one ``renameat2`` call, so a
+  complete OUT exists at every instant; the old one is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import sys
+from pathlib import Path
+
+from normswap.errors import NormswapError
+
+STAGING_TAG = ".normswap-staging-"
+LOCK_SUFFIX = ".normswap.lock"
+COMPLETE_MARKER = ".normswap-complete"  # a verified staging directory, see publish_dir
+
+
+# ------------------------------------------------------------------------------------- files
+def atomic_write_text(path, text: str, *, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` through a temporary sibling and a rename (fsynced first)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.normswap-tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with open(tmp, "w", encoding=encoding) as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
+
+
+def atomic_write_json(path, obj, **dump_kwargs) -> Path:
+    dump_kwargs.setdefault("indent", 2)
+    return atomic_write_text(path, json.dumps(obj, **dump_kwargs) + "\n")
+
+
+# ------------------------------------------------------------------------------- path safety
+def _overlap(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+def check_output_path(out, *, force: bool, reads=(), allow_empty: bool = False, must_have_parent: bool = True) -> Path:
+    """Refuse an OUT that would clobber something; cheap, so commands call it before any work.
+
+    ``reads``: the local model directories the command reads (OUT may not be one of them, be
+    inside one or contain one). ``allow_empty``: an existing empty directory may be replaced
+    without ``--force``.
+    """
+    out = Path(out).expanduser()
+    if out.is_symlink() and not out.exists():
+        raise NormswapError(f"OUT {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another OUT")
+    real_out = out.resolve()
+    for src in reads:
+        if src and Path(src).exists() and _overlap(real_out, Path(src).resolve()):
+            raise NormswapError(f"OUT {out} overlaps {src}, which this command reads: inputs are never modified; choose another OUT")
+    if out.exists() and not out.is_dir():
+        raise NormswapError(f"OUT {out} exists and is not a directory")
+    if out.exists() and not force and not (allow_empty and not any(out.iterdir())):
+        raise NormswapError(f"OUT {out} already exists (use --force to replace it)")
+    if must_have_parent and not out.parent.exists():
+        raise NormswapError(f"parent directory of OUT does not exist: {out.parent}")
+    return out
+
+
+# ------------------------------------------------------------------------------------- lock
+_held: dict[Path, list] = {}  # lock path -> [fd, depth]: re-entrant within one process
+
+
+def _lock_path(out: Path) -> Path:
+    return out.parent / f".{out.name}{LOCK_SUFFIX}"
+
+
+def _holder(lock_path: Path) -> str:
+    try:
+        info = json.loads(lock_path.read_text())
+        return f"pid {info['pid']} ({info['command']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another normswap process"
+
+
+def _acquire(lock_path: Path, command: str) -> int:
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise NormswapError(f"{lock_path.parent / lock_path.name[1:-len(LOCK_SUFFIX)]} is in use by {_holder(lock_path)}; "
+                                "wait for it to finish or stop it") from None
+        # the previous holder may have unlinked the file between our open and our flock:
+        # then we hold a lock nobody else can see; start again on the current file
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "command": command}).encode())
+    return fd
+
+
+def _release(lock_path: Path, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        lock_path.unlink()  # still holding the lock, so nobody can be between open and flock on it
+    os.close(fd)
+
+
+def _command_line() -> str:
+    args = " ".join(sys.argv[1:])
+    return f"normswap {args}"[:300] if Path(sys.argv[0]).name in ("normswap", "__main__.py") else f"{sys.argv[0]} {args}"[:300]
+
+
+@contextlib.contextmanager
+def output_lock(out, *, command: str | None = None, say=None, create_parent: bool = False):
+    """Hold OUT's lock for the ``with`` block (re-entrant in one process); clean up leftovers.
+
+    Holding the lock means no other live process works on OUT, so every staging directory of
+    OUT that exists now belongs to a process that died: it is removed, and ``say`` reports it.
+    """
+    out = Path(out).expanduser().absolute()
+    if out.is_symlink() and not out.exists():
+        raise NormswapError(f"OUT {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another OUT")
+    if not out.parent.exists():
+        if not create_parent:
+            raise NormswapError(f"parent directory of OUT does not exist: {out.parent}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out = out.parent.resolve() / out.name  # one lock file per directory, however it is spelled
+    lock_path = _lock_path(out)
+    entry = _held.get(lock_path)
+    if entry is None:
+        entry = _held[lock_path] = [_acquire(lock_path, command or _command_line()), 0]
+        try:
+            _remove_leftovers(out, say)
+        except BaseException:
+            del _held[lock_path]
+            _release(lock_path, entry[0])
+            raise
+    entry[1] += 1
+    try:
+        yield out
+    finally:
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _held[lock_path]
+            _release(lock_path, entry[0])
+
+
+def _alive(pid: str) -> bool:
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False  # ours would be from an earlier process with the same pid: we hold the lock
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_leftovers(out: Path, say) -> None:
+    restored, removed, pids = False, [], set()
+    for p in sorted(out.parent.glob(f".{out.name}{STAGING_TAG}*")):
+        pid = p.name.rsplit(STAGING_TAG, 1)[1].split("-")[0]
+        if _alive(pid):
+            continue  # a live writer that holds no lock on OUT (should not happen): leave it alone
+        pids.add(pid)
+        if not out.exists() and p.is_dir() and (p / COMPLETE_MARKER).is_file():
+            os.rename(p, out)  # killed between the fallback publish's two renames: this is the verified OUT
+            restored = True
+            continue
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+        removed.append(p.name)
+    with contextlib.suppress(OSError):
+        (out / COMPLETE_MARKER).unlink()  # restored above, or killed just after the fallback's second rename
+    if restored or removed:
+        what = ([f"restored {out.name} from its verified staging directory"] if restored else []) + (
+            [f"removed {len(removed)} leftover staging director{'y' if len(removed) == 1 else 'ies'} ({', '.join(removed)})"] if removed else [])
+        _say(say, f"cleaned up after stopped process {', '.join(sorted(pids))}: {'; '.join(what)}")
+
+
+def _say(say, msg: str) -> None:
+    (say or (lambda m: print(f"normswap: {m}", file=sys.stderr)))(msg)
+
+
+# ------------------------------------------------------------------------------- directories
+@contextlib.contextmanager
+def staging_dir(out):
+    """A fresh directory beside OUT (same filesystem, so publishing is a rename); removed on failure."""
+    out = Path(out).expanduser()
+    with output_lock(out):  # re-entrant: the command usually holds it already
+        tmp = out.parent / f".{out.name}{STAGING_TAG}{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            yield tmp
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2); False where the call or filesystem lacks it."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
+
+
+def publish_dir(staging, out, *, force: bool) -> Path:
+    """Move a finished staging directory to OUT; with ``force`` an existing OUT is replaced so
+    that a complete OUT (old, then new) exists at every instant."""
+    staging, out = Path(staging), Path(out)
+    if not (out.exists() or out.is_symlink()):
+        os.rename(staging, out)
+        return out
+    if not force:
+        raise NormswapError(f"OUT {out} already exists (use --force to replace it)")
+    if out.is_dir() and not out.is_symlink() and _exchange(staging, out):
+        shutil.rmtree(staging, ignore_errors=True)  # now the old OUT; a kill here leaves it for the next run
+        return out
+    # Fallback without renameat2 (non-Linux, or a filesystem without RENAME_EXCHANGE): two renames.
+    # Between them OUT is missing for an instant; the marker lets the next run (under the lock)
+    # restore the new OUT from its staging name if we are killed exactly there.
+    (staging / COMPLETE_MARKER).touch()
+    old = out.parent / f".{out.name}{STAGING_TAG}{os.getpid()}-old-{secrets.token_hex(4)}"
+    os.rename(out, old)
+    os.rename(staging, out)
+    (out / COMPLETE_MARKER).unlink()
+    shutil.rmtree(old, ignore_errors=True) if old.is_dir() and not old.is_symlink() else old.unlink()
+    return out
+
+
+__all__ = ["atomic_write_text", "atomic_write_json", "check_output_path", "output_lock", "staging_dir", "publish_dir"]
