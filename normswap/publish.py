@@ -82,7 +82,7 @@ def check_output_path(out, *, force: bool, reads=(), allow_empty: bool = False, 
     if out.exists() and not out.is_dir():
         raise NormswapError(f"OUT {out} exists and is not a directory")
     if out.exists() and not force and not (allow_empty and not any(out.iterdir())):
-        raise NormswapError(f"OUT {out} already exists (use --force to replace it)")
+        raise NormswapError(f"OUT {out} already exists; pass --force to replace it")
     if must_have_parent and not out.parent.exists():
         raise NormswapError(f"parent directory of OUT does not exist: {out.parent}")
     return out
@@ -252,7 +252,7 @@ def publish_dir(staging, out, *, force: bool) -> Path:
         os.rename(staging, out)
         return out
     if not force:
-        raise NormswapError(f"OUT {out} already exists (use --force to replace it)")
+        raise NormswapError(f"OUT {out} already exists; pass --force to replace it")
     if out.is_dir() and not out.is_symlink() and _exchange(staging, out):
         shutil.rmtree(staging, ignore_errors=True)  # now the old OUT; a kill here leaves it for the next run
         return out

@@ -1,0 +1,204 @@
+"""Commands that write a directory, under kills, concurrency and hostile OUT paths (real CLI, real models).
+
+Kills land at several stages of a real `normswap convert` found by watching the filesystem
+(lock taken, staging created, weights written, verification done), with SIGKILL and SIGTERM,
+fresh and with --force over an existing OUT.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from normswap import publish
+from normswap.testing import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _tree_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(path)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    path = tmp_path_factory.mktemp("src") / "gpt2"
+    tiny_model("gpt2", n_layer=4, n_embd=128, vocab_size=2048).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def old_out(tmp_path_factory, src):
+    """A complete earlier conversion (approx mode), to be replaced with --force."""
+    from normswap.convert.pipeline import convert_checkpoint
+
+    path = tmp_path_factory.mktemp("old") / "out"
+    convert_checkpoint(str(src), path, mode="approx", verify=False)
+    return path
+
+
+def _convert(src, out, *extra):
+    return subprocess.Popen([sys.executable, "-m", "normswap", "convert", str(src), str(out), *extra], env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _staging(out: Path) -> list[Path]:
+    return sorted(out.parent.glob(f".{out.name}{publish.STAGING_TAG}*"))
+
+
+STAGES = {
+    "lock taken": lambda out: (out.parent / f".{out.name}{publish.LOCK_SUFFIX}").exists(),
+    "staging created": lambda out: bool(_staging(out)),
+    "weights written": lambda out: any((s / "model.safetensors").exists() for s in _staging(out)),
+    "verified": lambda out: any((s / "normswap_manifest.json").exists() for s in _staging(out)),
+}
+
+
+def _kind(out: Path, old_hash=None):
+    """None (absent), 'old' (untouched), or 'new' (a complete, verified conversion)."""
+    if not out.exists():
+        return None
+    if old_hash is not None and _tree_hash(out) == old_hash:
+        return "old"
+    manifest = json.loads((out / "normswap_manifest.json").read_text())
+    assert manifest["conversion"]["mode"] == "exact" and manifest["verification"]["passed"] is True
+    from safetensors.torch import load_file
+
+    assert load_file(out / "model.safetensors")
+    return "new"
+
+
+# (fresh or --force over an earlier conversion, signal, stage): five stages, both signals, both modes
+KILLS = [(False, signal.SIGKILL, "lock taken"), (False, signal.SIGTERM, "staging created"),
+         (False, signal.SIGKILL, "weights written"), (True, signal.SIGTERM, "weights written"), (True, signal.SIGKILL, "verified")]
+
+
+def test_convert_killed_at_each_stage_leaves_one_complete_out(tmp_path, src, old_out):
+    import shutil
+
+    landed = 0
+    for i, (force, sig, stage) in enumerate(KILLS):
+        reached = STAGES[stage]
+        out = tmp_path / f"run{i}" / "out"
+        out.parent.mkdir()
+        old_hash = None
+        if force:
+            shutil.copytree(old_out, out)
+            old_hash = _tree_hash(out)
+        proc = _convert(src, out, "--mode", "exact", *(["--force"] if force else []))
+        deadline = time.time() + 240
+        while proc.poll() is None and not reached(out) and time.time() < deadline:
+            time.sleep(0.002)
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+            landed += 1
+        _, err = proc.communicate(timeout=120)
+        state = _kind(out, old_hash)
+        assert state in (("old", "new") if force else (None, "new")), (stage, err)
+        leftovers = sorted(p.name for p in out.parent.iterdir() if p.name != "out")
+        if sig == signal.SIGTERM:
+            # SIGTERM unwinds: the staging directory and the lock go with the process
+            assert leftovers == [], (stage, leftovers)
+        # the next run removes whatever is left, says so in one line, and leaves OUT as it was
+        said = []
+        with publish.output_lock(out, say=said.append):
+            pass
+        assert sorted(p.name for p in out.parent.iterdir()) == (["out"] if state else [])
+        assert _kind(out, old_hash) == state
+        had_staging = any(publish.STAGING_TAG in name for name in leftovers)
+        assert len(said) == (1 if had_staging else 0), (stage, said, leftovers)
+    assert landed >= 4, "most kills arrived after the conversion had finished: the stages were not hit"
+
+
+def test_killed_convert_then_two_concurrent_converts(tmp_path, src):
+    """A SIGKILLed convert leaves staging; the next convert removes it and says so in one line
+    while it holds OUT's lock; a third started meanwhile is refused, naming the second."""
+    out = tmp_path / "out"
+    killed = _convert(src, out, "--no-verify")
+    deadline = time.time() + 240
+    while killed.poll() is None and not STAGES["weights written"](out) and time.time() < deadline:
+        time.sleep(0.002)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert _staging(out), "the kill did not land while staging"
+
+    first = _convert(src, out, "--no-verify")
+    deadline = time.time() + 240
+    while first.poll() is None and _staging(out) and time.time() < deadline:  # wait for the clean-up
+        time.sleep(0.002)
+    while first.poll() is None and not STAGES["staging created"](out) and time.time() < deadline:
+        time.sleep(0.002)
+    assert first.poll() is None, "the second convert finished before the third could start"
+    second = subprocess.run([sys.executable, "-m", "normswap", "convert", str(src), str(out), "--force"], env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    _, first_err = first.communicate(timeout=300)
+    assert first.returncode == 0, first_err
+    cleaned = [line for line in first_err.splitlines() if "cleaned up after stopped process" in line]
+    assert len(cleaned) == 1 and str(killed.pid) in cleaned[0], first_err
+    assert second.returncode == 2
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and "in use by" in lines[0] and f"pid {first.pid}" in lines[0] and "normswap convert" in lines[0]
+    assert json.loads((out / "normswap_manifest.json").read_text())["conversion"]["mode"] == "exact"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_dangling_symlink_out_is_refused_before_any_work(tmp_path, src, run_cli):
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / "gone")
+    t0 = time.perf_counter()
+    code, _, err = run_cli("convert", src, out)
+    assert code == 2 and "Traceback" not in err
+    lines = [line for line in err.strip().splitlines() if line.startswith("normswap: error:")]
+    assert len(lines) == 1 and "symlink" in lines[0] and "does not exist" in lines[0]
+    assert time.perf_counter() - t0 < 10  # refused up front, not after converting (no weights were read)
+    assert out.is_symlink() and not (tmp_path / "gone").exists()
+
+
+@pytest.mark.parametrize("where", ["model itself", "inside the model", "contains the model"])
+def test_eval_report_never_writes_over_an_evaluated_model(tmp_path, src, run_cli, where):
+    import shutil
+
+    model = tmp_path / "models" / "m"
+    shutil.copytree(src, model)
+    before = _tree_hash(tmp_path / "models")
+    out = {"model itself": model, "inside the model": model / "report", "contains the model": tmp_path / "models"}[where]
+    code, _, err = run_cli("eval", "report", f"a={model}", f"b={model}", "--out", out, "--force", "--quiet")
+    assert code == 2 and "Traceback" not in err, err
+    lines = [line for line in err.strip().splitlines() if line.startswith("normswap: error:")]
+    assert len(lines) == 1 and "which this command reads" in lines[0], err
+    assert _tree_hash(tmp_path / "models") == before
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m"]
+
+
+def test_two_finetunes_into_one_out(tmp_path, run_cli):
+    out = tmp_path / "run"
+    args = ["finetune", "normswap:kjv-gpt2", str(out), "--steps", "400", "--seq-len", "32", "--batch-size", "2",
+            "--eval-tokens", "256", "--save-every", "1000", "--no-progress"]
+    first = subprocess.Popen([sys.executable, "-m", "normswap", *args], env={**ENV, "NORMSWAP_FINETUNE_STEP_DELAY": "0.2"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while first.poll() is None and not (out / "train_log.jsonl").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert first.poll() is None, first.stderr.read()
+        code, _, err = run_cli(*args, "--force")
+        lines = [line for line in err.strip().splitlines() if line.startswith("normswap: error:")]
+        assert code == 2 and len(lines) == 1, err
+        assert f"pid {first.pid}" in lines[0] and "normswap finetune" in lines[0]
+        assert first.poll() is None  # the refused run neither stopped nor disturbed the first
+        assert json.loads((out / "finetune_run.json").read_text())["status"] == "running"
+    finally:
+        first.kill()
+        first.wait()
