@@ -547,6 +547,7 @@ def test_resume_never_unpickles_and_falls_back_past_broken_checkpoints(models, u
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
+    from normswap.errors import NormswapError
     from normswap.finetune.trainer import TrainingDiverged
 
     out = tmp_path / "tampered"
@@ -571,6 +572,18 @@ def test_resume_never_unpickles_and_falls_back_past_broken_checkpoints(models, u
     pickle.loads(evil)  # negative control: unpickled, the file does run code
     assert marker.exists()
     marker.unlink()
+
+    # with no intact checkpoint at all, --resume refuses (naming each broken one) and changes nothing
+    shutil.move(ck / "step-3", tmp_path / "step-3")
+    shutil.copytree(tmp_path / "step-3", ck / "step-3")
+    (ck / "step-3" / "trainer_state.json").write_text("{")
+    log_before = (out / "train_log.jsonl").read_text()
+    with pytest.raises(NormswapError, match="no intact checkpoint") as e:
+        _run(models["approx"], out, resume=True, **RESUME_ARGS)
+    assert all(f"step-{k}" in str(e.value) for k in (3, 4, 5, 6)) and str(ck / "step-3" / "trainer_state.json") in str(e.value)
+    assert (out / "train_log.jsonl").read_text() == log_before
+    shutil.rmtree(ck / "step-3")
+    shutil.move(tmp_path / "step-3", ck / "step-3")
 
     said = []
     s = _run(models["approx"], out, resume=True, echo=said.append, **RESUME_ARGS)

@@ -168,8 +168,9 @@ class Loaded:
     rng: tuple[dict[str, torch.Tensor], dict]
 
 
-def read(directory: Path, *, rank: int, start: WeightScale) -> Loaded:
-    """Read and check every file of a checkpoint; ``CheckpointError`` names the first that fails."""
+def read(directory: Path, *, rank: int, world: int, start: WeightScale) -> Loaded:
+    """Read and check every file of a checkpoint; ``CheckpointError`` names the first that fails.
+    A checkpoint of another number of processes is refused (NormswapError): it is not broken."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -187,6 +188,9 @@ def read(directory: Path, *, rank: int, start: WeightScale) -> Loaded:
     state = load(TRAINER_STATE, lambda p: json.loads(p.read_text()))
     if not isinstance(state, dict) or not all(isinstance(state.get(k), int) for k in ("step", "data_position", "world_size")):
         fail(TRAINER_STATE, "lacks step, data_position or world_size")
+    if state["world_size"] != world:
+        raise NormswapError(f"cannot resume: {directory} was written by {state['world_size']} processes, this launch has {world}; "
+                            "relaunch with the same number")
     weights = load(WEIGHTS, lambda p: load_file(str(p)))
     with safe_open(str(directory / WEIGHTS), "pt") as f:
         aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))

@@ -305,6 +305,12 @@ class Trainer:
     def heldout(self, blocks: torch.Tensor) -> float:
         return self.objective.heldout_loss(self.model, blocks, micro_batch=max(self.micro, 1), accelerator=self.accelerator)
 
+    def any_process(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any process (every process calls it: decisions stay in step)."""
+        if self.world == 1:
+            return flag
+        return float(self.accelerator.reduce(torch.tensor([float(flag)], device=self.accelerator.device), reduction="sum")) > 0
+
     def last_good(self) -> str:
         cks = self.run.checkpoints()
         return str(cks[-1][1]) if cks else "none (no checkpoint was written yet)"
@@ -324,10 +330,7 @@ class Trainer:
         tmp = tmp or self.run.checkpoints_dir / f".tmp-step-{step}"
         weights = ckpt.full_weights(self.model)
         problem = self.start_weights.problem(weights) if self.main else None
-        bad = torch.tensor([1.0 if problem else 0.0], device=acc.device)
-        if self.world > 1:
-            bad = acc.reduce(bad, reduction="sum")
-        if float(bad) > 0:
+        if self.any_process(problem is not None):
             if self.main:
                 self.run.drop_checkpoint(tmp)
             raise self.diverged(f"the weights are not sane ({problem or 'see process 0'})", step, "not checkpointed")
@@ -342,30 +345,27 @@ class Trainer:
     def restore(self, echo) -> int:
         """Load the newest intact checkpoint (falling back past broken ones, naming them); return its
         step, or 0 when OUT has no checkpoint yet. Every process takes the same decision."""
-        acc = self.accelerator
         broken = []
         for step, path in reversed(self.run.checkpoints()):
-            error = None
+            # read and check every file first, then apply: each stage agreed by all processes
+            loaded, error = None, None
             try:
-                loaded = ckpt.read(path, rank=self.rank, start=self.start_weights)
-                if loaded.trainer_state["world_size"] != self.world:
-                    raise NormswapError(
-                        f"cannot resume: {path} was written by {loaded.trainer_state['world_size']} processes, this launch has "
-                        f"{self.world}; relaunch with the same number")
-                ckpt.apply(loaded, model=self.model, optimizer=self.optimizer)
+                loaded = ckpt.read(path, rank=self.rank, world=self.world, start=self.start_weights)
             except ckpt.CheckpointError as e:
                 error = str(e)
-            failed = torch.tensor([1.0 if error else 0.0], device=acc.device)
-            if self.world > 1:
-                failed = acc.reduce(failed, reduction="sum")
-            if float(failed) == 0:
-                if self.main:
-                    for note in broken:
-                        echo(f"normswap finetune: skipped the broken checkpoint {note}")
-                    echo(f"normswap finetune: resuming from {path} (step {step}/{self.cfg.steps})")
-                self.stream = TrainStream(self.stream.tokenizer, self.cfg.data, self.stream.seq_len, self.cfg.seed,
-                                          position=int(loaded.trainer_state["data_position"]))
-                return step
+            if not self.any_process(error is not None):
+                try:
+                    ckpt.apply(loaded, model=self.model, optimizer=self.optimizer)
+                except ckpt.CheckpointError as e:
+                    error = str(e)
+                if not self.any_process(error is not None):
+                    if self.main:
+                        for note in broken:
+                            echo(f"normswap finetune: skipped the broken checkpoint {note}")
+                        echo(f"normswap finetune: resuming from {path} (step {step}/{self.cfg.steps})")
+                    self.stream = TrainStream(self.stream.tokenizer, self.cfg.data, self.stream.seq_len, self.cfg.seed,
+                                              position=int(loaded.trainer_state["data_position"]))
+                    return step
             broken.append(error or f"{path} (a file of another process)")
         if broken:
             raise NormswapError(f"cannot resume {self.cfg.out}: no intact checkpoint ({'; '.join(broken)}); use --force to start again")
@@ -459,7 +459,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
 
     # ---- the loop ----
     tokens_per_step = cfg.batch_size * seq_len
-    prior_rows = run.rows() if (main and start_step) else []
+    prior_rows = run.rows() if start_step else []
     initial_eval = next((r.get("eval_loss") for r in prior_rows if r.get("step") == 0), None)
     show_bar = cfg.progress if cfg.progress is not None else (sys.stderr.isatty() and not os.environ.get("CI"))
     bar = None
@@ -524,7 +524,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     # ---- the final model: checked, written in convert's format, the run marked finished ----
     wall = time.perf_counter() - t_start
     if last_row is None:  # resumed at the last step: nothing left to train
-        last_row = next((r for r in reversed(run.rows() if main else []) if r.get("step") == cfg.steps), None) or {}
+        last_row = next((r for r in reversed(run.rows()) if r.get("step") == cfg.steps), None) or {}
         if "eval_loss" not in last_row:
             last_row = dict(last_row, eval_loss=trainer.heldout(eval_set))
     final_eval = last_row["eval_loss"]
@@ -542,7 +542,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     }
     weights = ckpt.full_weights(model)  # a collective under FSDP
     problem = start_weights.problem(weights) if main else None
-    if problem:
+    if trainer.any_process(problem is not None):
         raise trainer.diverged(f"the final weights are not sane ({problem})", cfg.steps, "the model was not written")
     if main:
         from accelerate.utils import DistributedType
