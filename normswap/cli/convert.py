@@ -7,7 +7,7 @@ import json
 import click
 
 from normswap.cli.options import force_option, json_option
-from normswap.convert.plan import BETA_CHOICES, GAMMA_CHOICES
+from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
 
 
 @click.command()

@@ -44,6 +44,15 @@ def _progress(quiet):
     return lambda msg: click.echo(f"[normswap eval] {msg}", err=True)
 
 
+def _require_hub(models, baseline=None, data=None, tasks=None):
+    """Before anything loads: whatever must come from the Hub has to be reachable."""
+    from normswap.evaluate.runner import plan_entries
+    from normswap.network import require_hub
+
+    planned, _ = plan_entries(list(models), baseline)  # a mistyped --baseline is refused here, with a hint
+    require_hub(models=[spec for _, spec in planned], data=data, tasks=tasks)
+
+
 def _setup(device, dtype):
     from normswap.cli.options import resolve_device, resolve_dtype
 
@@ -85,6 +94,7 @@ def report(models, data, split, device, dtype, seq_len, batch_size, out, baselin
 
     local_models = [spec for _, spec in map(split_label, list(models) + [baseline or ""]) if spec and Path(spec).expanduser().exists()]
     check_out(out, force=force, reads=local_models)
+    _require_hub(models, baseline, data, tasks)
     dev, dt = _setup(device, dtype)
     say = _progress(quiet)
     with output_lock(out, create_parent=True):
@@ -112,6 +122,7 @@ def ppl(models, data, split, device, dtype, seq_len, batch_size, stride, max_tok
     """Perplexity, bits per byte and word perplexity of MODELs on the held-out split."""
     from normswap.evaluate.runner import evaluate, load_entries
 
+    _require_hub(models, baseline, data)
     dev, dt = _setup(device, dtype)
     say = _progress(quiet)
     entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
@@ -152,6 +163,7 @@ def speed(models, device, dtype, seq_len, batch_size, baseline, repeats, warmup,
     """Throughput (forward, train step, generation), peak memory and time in norm layers, interleaved."""
     from normswap.evaluate.runner import evaluate, load_entries
 
+    _require_hub(models, baseline)
     dev, dt = _setup(device, dtype)
     say = _progress(quiet)
     entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
@@ -161,7 +173,8 @@ def speed(models, device, dtype, seq_len, batch_size, baseline, repeats, warmup,
     if as_json:
         click.echo(json.dumps({"device": results["device"], "dtype": results["dtype"], "speed_setup": results.get("speed_setup"),
                                "models": [{k: m.get(k) for k in ("name", "path", "tokens_per_second", "peak_memory_bytes",
-                                                                  "norm_time_share", "norm_time", "ratios")} for m in results["models"]]}, indent=2))
+                                                                  "norm_time_share", "norm_time", "ratios", "ratio_intervals")}
+                                          for m in results["models"]], "ratio_method": results.get("ratio_method")}, indent=2))
         return
     click.echo(f"{results['device']}, {results['dtype']}")
     _print_speed(results)
@@ -196,12 +209,27 @@ def _echo_rows(rows):
             click.echo("  ".join("-" * w for w in widths))
 
 
-def _fmt_tps(m, key):
+def _fmt_tps(m, key, results):
+    """``25,023 x1.03 [0.95–1.12] n.d.``: tokens/s, ratio, per-repeat range, and n.d. when that range
+    says the ratio is no measurable difference (stats.py); the baseline gets no ratio."""
+    from normswap.evaluate.stats import fmt_interval, intervals_of, measurable
+
     v = (m.get("tokens_per_second") or {}).get(key)
     r = ((m.get("ratios") or {}).get("tokens_per_second") or {}).get(key)
     if v is None:
         return "-"
-    return f"{v:,.0f}" + (f" (x{r:.2f})" if r is not None else "")
+    if r is None or m["name"] == results.get("baseline"):
+        return f"{v:,.0f}"
+    iv = ((intervals_of(m, results) or {}).get("tokens_per_second") or {}).get(key)
+    return f"{v:,.0f} x{r:.2f} {fmt_interval(iv)}".rstrip() + ("" if measurable(iv) else " n.d.")
+
+
+def _ratio_legend(results):
+    from normswap.evaluate.stats import MIN_REPEATS, NO_DIFFERENCE
+
+    if results.get("baseline") and any(m.get("tokens_per_second") for m in results["models"]):
+        click.echo(f"x: ratio to {results['baseline']}; [min-max] of the per-repeat paired ratios; n.d. = {NO_DIFFERENCE} "
+                   f"(range contains 1, or fewer than {MIN_REPEATS} repeats)")
 
 
 def _print_speed(results):
@@ -211,10 +239,12 @@ def _print_speed(results):
     for m in results["models"]:
         mr = (m.get("ratios") or {}).get("peak_memory_bytes")
         share = m.get("norm_time_share")
-        rows.append((m["name"], _fmt_tps(m, "forward"), _fmt_tps(m, "train_step"), _fmt_tps(m, "generate"), _fmt_tps(m, "decode"),
+        rows.append((m["name"], _fmt_tps(m, "forward", results), _fmt_tps(m, "train_step", results),
+                     _fmt_tps(m, "generate", results), _fmt_tps(m, "decode", results),
                      fmt_bytes(m.get("peak_memory_bytes")) + (f" (x{mr:.2f})" if mr is not None else ""),
                      "-" if share is None else f"{share * 100:.1f}%"))
     _echo_rows(rows)
+    _ratio_legend(results)
 
 
 def _print_table(results):
@@ -222,6 +252,7 @@ def _print_table(results):
     for m in results["models"]:
         rows.append((m["name"], m.get("kind", ""), f"{m['perplexity']:.4f}" if m.get("perplexity") is not None else "-",
                      f"{m['bits_per_byte']:.4f}" if m.get("bits_per_byte") is not None else "-",
-                     _fmt_tps(m, "forward"), _fmt_tps(m, "train_step")))
+                     _fmt_tps(m, "forward", results), _fmt_tps(m, "train_step", results)))
     _echo_rows(rows)
+    _ratio_legend(results)
     sys.stdout.flush()

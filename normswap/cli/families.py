@@ -56,5 +56,6 @@ def families(as_json, markdown):
         click.echo(markdown_table(rows))
     else:
         width = max(len(r["display"]) for r in rows)
-        for r in rows:
-            click.echo(f"{r['display']:<{width}}  {r['placement']:<10}  {', '.join(r['model_types'])}")
+        types = max(len(", ".join(r["model_types"])) for r in rows)
+        for r in rows:  # the long placement text goes last so the other columns stay aligned
+            click.echo(f"{r['display']:<{width}}  {', '.join(r['model_types']):<{types}}  {r['placement']}")

@@ -61,13 +61,17 @@ def finetune(ctx, model, out, as_json, **opts):
     resumable checkpoints in OUT/checkpoints.
     """
     from normswap.errors import NormswapError
-    from normswap.finetune.config import FinetuneConfig
-    from normswap.finetune.trainer import run_finetune
+    from normswap.network import require_hub
 
     if out is None:
         if not opts["resume"]:
             raise NormswapError("missing OUT: normswap finetune MODEL OUT (or normswap finetune OUT --resume)")
         model, out = None, model
+    # offline: one line now, not a minute of hub retries after the model has loaded
+    require_hub(models=(model, opts.get("distill_from")), data=opts.get("data"))
+    from normswap.finetune.config import FinetuneConfig
+    from normswap.finetune.trainer import run_finetune
+
     given = {name for name in opts if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     if model is not None:
         given.add("model")

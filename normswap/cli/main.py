@@ -29,6 +29,17 @@ COMMANDS = {
 
 
 class LazyGroup(click.Group):
+    def resolve_command(self, ctx, args):
+        """A mistyped command gets the closest one suggested (click only does this for options)."""
+        name = click.utils.make_str(args[0]) if args else None
+        if name is not None and not name.startswith("-") and name not in COMMANDS:
+            import difflib
+
+            close = difflib.get_close_matches(name, sorted(COMMANDS), n=1, cutoff=0.6)
+            hint = f" Did you mean '{close[0]}'?" if close else f" Commands: {', '.join(sorted(COMMANDS))}."
+            raise click.UsageError(f"No such command '{name}'.{hint}", ctx)
+        return super().resolve_command(ctx, args)
+
     def list_commands(self, ctx):
         return sorted(name for name in COMMANDS if self.get_command(ctx, name) is not None)
 
@@ -60,7 +71,11 @@ def cli(ctx, debug):
 
 
 def _quiet_libraries(debug: bool):
-    """transformers' own progress bars and config warnings drown normswap's output."""
+    """transformers' and the hub's progress bars and config warnings drown normswap's output.
+
+    Done through environment variables (read when those libraries are imported), so that
+    starting the CLI - `normswap --help` included - imports none of them.
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if debug:
         return
@@ -68,13 +83,14 @@ def _quiet_libraries(debug: bool):
 
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
-    try:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' own bars follow this too
+    if "transformers" in sys.modules:  # already imported (an embedding program): set it directly
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
 
 
 def _debug_requested(argv) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 
 import click
@@ -55,13 +56,16 @@ def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
     if list_:
         import yaml
 
-        for name, path in shipped_recipes().items():
+        recipes = shipped_recipes()
+        width = max((len(name) for name in recipes), default=0) + 2
+        for name, path in recipes.items():
             data = yaml.safe_load(path.read_text()) or {}
             net = "  [needs network]" if data.get("needs_network") else ""
-            click.echo(f"{name:<14} {data.get('source', '?')}{net}")
+            click.echo(f"{name:<{width}}{data.get('source', '?')}{net}")
             desc = " ".join(str(data.get("description", "")).split())
-            if desc:
-                click.echo(f"{'':<14} {desc[:110]}")
+            if desc:  # wrapped at word boundaries (never inside a word), indented under the name
+                click.echo(textwrap.fill(desc, width=100, initial_indent=" " * width, subsequent_indent=" " * width,
+                                         break_on_hyphens=False, break_long_words=False))
         return
     if recipe is None:
         raise NormswapError("give a recipe (a YAML file or a shipped name; `normswap run --list` shows them)")

@@ -1,6 +1,17 @@
 """LayerNorm -> RMSNorm conversion: plan from family data, apply in memory or streaming."""
 
-from normswap.convert.apply import convert_model
-from normswap.convert.plan import ConvertOptions, Plan, build_plan
-
 __all__ = ["convert_model", "ConvertOptions", "Plan", "build_plan"]
+
+
+def __getattr__(name):
+    # Imported on first use, so that `normswap.convert.choices` (read by the CLI's --help) does
+    # not pull in torch.
+    if name == "convert_model":
+        from normswap.convert.apply import convert_model
+
+        return convert_model
+    if name in ("ConvertOptions", "Plan", "build_plan"):
+        from normswap.convert import plan
+
+        return getattr(plan, name)
+    raise AttributeError(f"module 'normswap.convert' has no attribute {name!r}")

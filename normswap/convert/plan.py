@@ -17,11 +17,10 @@ from torch import nn
 
 from normswap import __version__
 from normswap.architectures.schema import Family, NormEntry
+from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
 from normswap.errors import NormswapError
 
 FORMAT_VERSION = 1
-GAMMA_CHOICES = ("fold", "keep", "reset")
-BETA_CHOICES = ("fold", "drop", "keep")
 
 
 @dataclass

@@ -7,8 +7,12 @@ who are online, exactly as with ``lm_eval`` itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import tempfile
+import warnings
 from pathlib import Path
 
 from normswap.errors import NormswapError
@@ -21,14 +25,79 @@ def tasks_path() -> str:
     return str(TASK_DIR)
 
 
+def own_task_splits() -> dict[str, str]:
+    """normswap's tasks and the embedded split each scores (read without importing lm-eval)."""
+    tasks = {}
+    for path in sorted(TASK_DIR.glob("*.yaml")):
+        fields = {}
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key in ("task", "test_split"):
+                fields[key] = value.strip().strip("'\"")
+        if "task" in fields:
+            tasks[fields["task"]] = fields.get("test_split", "test")
+    return tasks
+
+
 def own_task_names() -> set[str]:
     """Task names defined by normswap's YAML files (read without importing lm-eval)."""
-    names = set()
-    for path in TASK_DIR.glob("*.yaml"):
-        for line in path.read_text().splitlines():
-            if line.startswith("task:"):
-                names.add(line.split(":", 1)[1].strip().strip("'\""))
-    return names
+    return set(own_task_splits())
+
+
+def hub_tasks(tasks) -> list[str]:
+    """The asked-for tasks that are not normswap's own: lm-eval downloads their datasets."""
+    own = own_task_names()
+    return [t for t in parse_tasks(tasks) if t not in own]
+
+
+def crosscheck(model, tokenizer, task: str, *, window: int, limit=None, batch_size: int = 8) -> dict | None:
+    """normswap's own perplexity on exactly what lm-eval scores for one of normswap's tasks: the
+    same documents, each from a fresh context, in ``window``-token windows without overlap."""
+    split = own_task_splits().get(task)
+    if split is None:
+        return None
+    from normswap.data import load_documents
+    from normswap.evaluate.perplexity import document_perplexity
+
+    docs = [d.strip() for d in load_documents("embedded", split) if d.strip()]
+    if limit:
+        docs = docs[: int(limit)]
+    r = document_perplexity(model, tokenizer, docs, seq_len=window, stride=window, batch_size=batch_size)
+    return {"bits_per_byte": r.bits_per_byte, "word_perplexity": r.word_perplexity, "documents": len(docs), "window": window}
+
+
+@contextlib.contextmanager
+def routed_to(log_path: Path):
+    """Send everything written to this process's stdout/stderr (file descriptors 1 and 2: tqdm
+    bars, warnings, `git` run as a subprocess) and the lm_eval logger into ``log_path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    saved = [os.dup(1), os.dup(2)]
+    logger = logging.getLogger("lm_eval")
+    handler = None
+    with open(log_path, "a") as log:
+        try:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            handler = logging.StreamHandler(log)
+            logger.addHandler(handler)
+            old_propagate, logger.propagate = logger.propagate, False
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    yield
+            finally:
+                logger.propagate = old_propagate
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if handler is not None:
+                logger.removeHandler(handler)
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
 
 
 def parse_tasks(tasks) -> list[str]:
@@ -51,8 +120,17 @@ def _clean_scores(task_results: dict) -> dict:
     return out
 
 
-def run_tasks(model, tokenizer, tasks, *, batch_size: int = 8, max_length: int | None = None, limit=None, device=None) -> dict:
+def default_log() -> Path:
+    """Where lm-eval's own output goes when the caller names no log file."""
+    return Path(tempfile.gettempdir()) / f"normswap-lm_eval-{os.getpid()}.log"
+
+
+def run_tasks(model, tokenizer, tasks, *, batch_size: int = 8, max_length: int | None = None, limit=None, device=None,
+              log_path: Path | None = None) -> dict:
     """Scores per task: ``{task: {metric: value}}``.
+
+    lm-eval's progress bars, warnings and logging go to ``log_path`` (default: a file in the
+    temporary directory), never to the terminal.
 
     ``max_length`` is lm-eval's window for rolling log-likelihood (default: the model's
     context). BOS is not added by the tokenizer: for rolling log-likelihood lm-eval puts its
@@ -61,6 +139,24 @@ def run_tasks(model, tokenizer, tasks, *, batch_size: int = 8, max_length: int |
     names = parse_tasks(tasks)
     if not names:
         return {}
+    log_path = Path(log_path) if log_path is not None else default_log()
+    was_training = model.training
+    try:
+        with routed_to(log_path):
+            results = _evaluate(model, tokenizer, names, batch_size=batch_size, max_length=max_length, limit=limit, device=device)
+    except NormswapError:
+        raise
+    except Exception as e:  # lm-eval raises many types for unreachable hub datasets
+        if os.environ.get("NORMSWAP_DEBUG") == "1":
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NormswapError(f"lm-eval failed on {','.join(names)}: {msg} (its output: {log_path})") from None
+    finally:
+        model.train(was_training)
+    return {task: _clean_scores(scores) for task, scores in results["results"].items()}
+
+
+def _evaluate(model, tokenizer, names, *, batch_size, max_length, limit, device) -> dict:
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
@@ -68,42 +164,31 @@ def run_tasks(model, tokenizer, tasks, *, batch_size: int = 8, max_length: int |
     except ImportError as e:  # pragma: no cover - lm-eval is a dependency
         raise NormswapError(f"--tasks needs lm-evaluation-harness: pip install lm-eval ({e})") from None
 
-    # lm-eval logs every request batch at INFO; keep normswap's output readable.
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    logging.getLogger("lm_eval").setLevel(logging.INFO)  # all of it, into the log file
     # Indexing lm-eval's ~15k built-in task files takes most of a minute on a small CPU; skip it
     # when only normswap's own tasks are asked for.
     manager = TaskManager(include_path=tasks_path(), include_defaults=not set(names) <= own_task_names())
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         raise NormswapError(
-            f"unknown lm-eval task(s): {', '.join(unknown)} (normswap ships normswap_kjv, normswap_kjv_validation; "
+            f"unknown lm-eval task(s): {', '.join(unknown)} (normswap ships {', '.join(sorted(own_task_names()))}; "
             "see `lm_eval --tasks list`)"
         )
-    was_training = model.training
     kwargs = {"batch_size": batch_size, "add_bos_token": False}
     if max_length is not None:
         kwargs["max_length"] = int(max_length)
     if device is not None:
         kwargs["device"] = str(device)
     lm = HFLM(pretrained=model, tokenizer=tokenizer, **kwargs)
-    try:
-        results = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=names,
-            task_manager=manager,
-            limit=limit,
-            log_samples=False,
-            bootstrap_iters=0,
-            random_seed=0,
-            numpy_random_seed=0,
-            torch_random_seed=0,
-            fewshot_random_seed=0,
-        )
-    except Exception as e:  # lm-eval raises many types for unreachable hub datasets
-        if os.environ.get("NORMSWAP_DEBUG") == "1":
-            raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NormswapError(f"lm-eval failed on {','.join(names)}: {msg}") from None
-    finally:
-        model.train(was_training)
-    return {task: _clean_scores(scores) for task, scores in results["results"].items()}
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=names,
+        task_manager=manager,
+        limit=limit,
+        log_samples=False,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )

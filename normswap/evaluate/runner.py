@@ -20,6 +20,8 @@ from normswap.errors import NormswapError
 from normswap.evaluate.norms import hidden_size_of, norm_kind, norm_modules
 from normswap.evaluate.perplexity import model_context, truncate_text
 from normswap.evaluate.perplexity import perplexity as run_perplexity
+from normswap.evaluate.stats import METHOD as RATIO_METHOD
+from normswap.evaluate.stats import ratio_intervals
 
 _LABEL = re.compile(r"^[A-Za-z0-9_.\- ]+$")
 DEFAULT_MAX_TOKENS = 65536
@@ -151,10 +153,16 @@ def read_train_log(path: Path, max_points: int = 400) -> dict | None:
     thinned = train[::every]
     if train and thinned[-1] != train[-1]:
         thinned.append(train[-1])
+    # With distillation, `loss` is the mixed objective: keep its parts apart (KL and cross-entropy
+    # differ by orders of magnitude and must not share an axis).
+    by_step = {r["step"]: r for r in rows if "step" in r}
+    parts = {key: [by_step[s].get(key) for s, _ in thinned] for key in ("lm_loss", "distill_loss")
+             if any(by_step[s].get(key) is not None for s, _ in thinned)}
     return {
         "train_log": str(path),
         "steps": [s for s, _ in thinned],
         "loss": [v for _, v in thinned],
+        **parts,
         "eval_steps": [s for s, _ in evals],
         "eval_loss": [v for _, v in evals],
         "final_loss": train[-1][1] if train else None,
@@ -183,12 +191,18 @@ def ratios(model: dict, base: dict) -> dict:
     }
 
 
-def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, progress=None) -> tuple[list[ModelEntry], str | None]:
-    """Load ``specs`` (``SPEC`` or ``NAME=SPEC``); add ``baseline`` when it is not one of them."""
-    import normswap
-    from normswap.checkpoint.load import is_local, resolve
+def plan_entries(specs, baseline=None) -> tuple[list[tuple[str, str]], str | None]:
+    """(name, spec) of every model to load, and the baseline's name; nothing is loaded.
+
+    ``baseline`` is one of the MODELs (by name or spec) or another spec, which is added first. A
+    baseline that is neither, but close to a MODEL's name, is a typo: refused with a hint.
+    """
+    from normswap.checkpoint.load import resolve
 
     labelled = [split_label(s) for s in specs]
+    if not labelled:
+        raise NormswapError("give at least one model to evaluate")
+    given = [label or default_name(spec) for label, spec in labelled]
     baseline_name = None
     if baseline is not None:
         b_label, b_spec = split_label(baseline)
@@ -197,15 +211,33 @@ def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, pro
                 baseline_name = label or default_name(spec)
                 break
         else:
+            if not (b_spec.startswith("normswap:") or Path(b_spec).expanduser().exists()):
+                import difflib
+
+                close = difflib.get_close_matches(b_spec, given, n=1, cutoff=0.6)
+                what = f"--baseline {baseline} names none of the MODELs ({', '.join(given)})"
+                if close:
+                    raise NormswapError(f"{what}; did you mean --baseline {close[0]}?")
+                try:
+                    resolve(b_spec)
+                except NormswapError as e:
+                    raise NormswapError(f"{what}, and as a model of its own: {e}") from None
             labelled.insert(0, (b_label or "baseline", b_spec))
             baseline_name = b_label or "baseline"
-    if not labelled:
-        raise NormswapError("give at least one model to evaluate")
     names = unique_names([label or default_name(spec) for label, spec in labelled])
     if baseline_name is not None and baseline_name not in names:
         baseline_name = names[[label or default_name(spec) for label, spec in labelled].index(baseline_name)]
+    return [(name, spec) for name, (_, spec) in zip(names, labelled)], baseline_name
+
+
+def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, progress=None) -> tuple[list[ModelEntry], str | None]:
+    """Load ``specs`` (``SPEC`` or ``NAME=SPEC``); add ``baseline`` when it is not one of them."""
+    import normswap
+    from normswap.checkpoint.load import is_local, resolve
+
+    planned, baseline_name = plan_entries(specs, baseline)
     entries = []
-    for name, (_, spec) in zip(names, labelled):
+    for name, spec in planned:
         if progress:
             progress(f"loading {name} ({spec})")
         resolved = resolve(spec)
@@ -219,17 +251,18 @@ def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, pro
 def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=None, baseline_name=None, tasks=None,
              device="cpu", dtype=torch.float32, seq_len=None, stride=None, batch_size=8, max_tokens=DEFAULT_MAX_TOKENS,
              perplexity=True, diagnostics=True, speed=True, speed_options=None, memory=True, diagnostics_batch=4,
-             lm_eval_limit=None, progress=None) -> dict:
+             lm_eval_limit=None, progress=None, lm_eval_log=None) -> dict:
     """Run every measurement on ``entries`` and return the results dict (schema: docs/results-schema.md)."""
     from normswap.evaluate.diagnostics import diagnostics as run_diagnostics
     from normswap.evaluate.diagnostics import fixed_batch
-    from normswap.evaluate.lm_eval_adapter import parse_tasks, run_tasks
+    from normswap.evaluate.lm_eval_adapter import crosscheck, default_log, parse_tasks, run_tasks
     from normswap.evaluate.memory import peak_memory
     from normswap.evaluate.speed import SpeedConfig, measure_speed
 
     say = progress or (lambda msg: None)
     if not entries:
         raise NormswapError("give at least one model to evaluate")
+    lm_eval_log = Path(lm_eval_log) if lm_eval_log else default_log()
     contexts = [c for c in (model_context(e.model) for e in entries) if c]
     max_ctx = min(contexts) if contexts else None
     if seq_len is None:
@@ -293,8 +326,16 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
             row["diagnostics"] = run_diagnostics(e.model, fixed_batch(e.tokenizer, text, diagnostics_batch, seq_len))
         row["tasks"] = {}
         if parse_tasks(tasks):
-            say(f"lm-eval {tasks}: {e.name}")
-            row["tasks"] = run_tasks(e.model, e.tokenizer, tasks, batch_size=batch_size, limit=lm_eval_limit, device=device)
+            say(f"lm-eval {tasks}: {e.name} (its output: {lm_eval_log})")
+            window = model_context(e.model) or 2048  # lm-eval's own default when the config names none
+            row["tasks"] = run_tasks(e.model, e.tokenizer, tasks, batch_size=batch_size, max_length=window,
+                                     limit=lm_eval_limit, device=device, log_path=lm_eval_log)
+            results["lm_eval_log"] = str(lm_eval_log)
+            # normswap's own number on the very windows lm-eval scored, so the report can show
+            # that the two agree (and explain why its headline perplexity differs).
+            checks = {t: crosscheck(e.model, e.tokenizer, t, window=window, limit=lm_eval_limit, batch_size=batch_size)
+                      for t in parse_tasks(tasks)}
+            row["task_crosscheck"] = {t: c for t, c in checks.items() if c is not None}
         rows.append(row)
     if speed:
         cfg = SpeedConfig(batch_size=batch_size, seq_len=seq_len, **(speed_options or {}))
@@ -310,6 +351,7 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
         row["peak_memory_bytes"] = None
         row["memory_detail"] = None
         if not memory:
+            row["memory_detail"] = {"method": "not measured", "reason": "not requested (--no-memory, or eval.memory: false in a recipe)"}
             continue
         say(f"peak memory: {e.name}")
         mem_seq = min(seq_len, model_context(e.model) or seq_len)
@@ -319,6 +361,9 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
     base = next((r for r in rows if r["name"] == baseline_name), None)
     for row in rows:
         row["ratios"] = ratios(row, base) if base is not None else None
+        row["ratio_intervals"] = ratio_intervals(row, base) if base is not None and speed else None
+    if base is not None and speed:
+        results["ratio_method"] = RATIO_METHOD
     results["models"] = rows
     return results
 

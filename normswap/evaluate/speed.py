@@ -212,6 +212,15 @@ class _Bench:
             self.samples["norm_share"].append(share)
             self.samples["norm_ms"].append(norm_ms)
 
+    def _generation_samples(self) -> dict:
+        """Per-repeat tokens/s of generation (stats.py pairs them across models by repeat)."""
+        pairs = self.samples["prefill"]
+        if not pairs:
+            return {}
+        return {"generate": [self.new_tokens / (p + d) for p, d in pairs],
+                "prefill": [self.prompt_len / p if p > 0 else None for p, _ in pairs],
+                "decode": [(self.new_tokens - 1) / d if d > 0 and self.new_tokens > 1 else None for _, d in pairs]}
+
     def summary(self) -> dict:
         s = self.samples
         tps: dict = {}
@@ -236,7 +245,8 @@ class _Bench:
                 "new_tokens": self.new_tokens,
                 "repeats": len(s["forward"] or s["train_step"] or s["prefill"] or s["norm_share"]),
                 "calls_per_measurement": dict(self.calls),
-                "samples": {k: v for k, v in (("forward", s["forward"]), ("train_step", s["train_step"])) if v},
+                "samples": {k: v for k, v in (("forward", s["forward"]), ("train_step", s["train_step"])) if v}
+                | self._generation_samples() | ({"norm_ms": list(s["norm_ms"])} if s["norm_ms"] else {}),
             },
         }
         if s["norm_share"]:

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -47,51 +46,15 @@ def _fingerprint(obj) -> str:
 
 
 # ------------------------------------------------------------------------------------ network
-def _hub_host() -> str:
-    try:
-        from urllib.parse import urlparse
-
-        from huggingface_hub import constants
-
-        return urlparse(constants.ENDPOINT).hostname or "huggingface.co"
-    except Exception:
-        return "huggingface.co"
-
-
-def _offline_env() -> str | None:
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
-            return f"{var}={os.environ[var]}"
-    return None
-
-
-def _cached(repo_id: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-    except Exception:
-        return False
-
-
 def network_problem(recipe: dict, *, timeout: float = 3.0) -> str | None:
     """Why a needs_network recipe cannot run now (None: it can). Costs at most ~``timeout`` s."""
+    from normswap.network import data_needs_hub, hub_problem, model_needs_hub
+
     if not recipe["needs_network"]:
         return None
-    source = recipe["source"]
-    local_source = source.startswith("normswap:") or Path(source).expanduser().exists()
-    local_data = recipe["data"] == "embedded" or Path(recipe["data"]).expanduser().exists()
-    if local_data and (local_source or _cached(source)):
+    if not model_needs_hub(recipe["source"]) and not data_needs_hub(recipe["data"]):
         return None  # everything it needs is already on this machine
-    env = _offline_env()
-    if env:
-        return f"offline mode is on ({env})"
-    host = _hub_host()
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return None
-    except OSError as e:
-        return f"{host} is unreachable ({type(e).__name__}: {e.strerror or e})"
+    return hub_problem(timeout)
 
 
 # ------------------------------------------------------------------------------------ progress
@@ -368,6 +331,7 @@ def summary_rows(results: dict) -> list[dict]:
         ppl = m.get("perplexity")
         bppl = base.get("perplexity") if base else None
         fwd = ((m.get("ratios") or {}).get("tokens_per_second") or {}).get("forward")
+        fwd_iv = (((m.get("ratio_intervals") or {}).get("tokens_per_second")) or {}).get("forward")
         fid = m.get("fidelity") or {}
         rows.append({
             "model": m["name"],
@@ -376,6 +340,8 @@ def summary_rows(results: dict) -> list[dict]:
             "delta_vs_original": (ppl / bppl - 1.0) if (ppl is not None and bppl) else None,
             "forward_tokens_per_second": (m.get("tokens_per_second") or {}).get("forward"),
             "forward_ratio": fwd,
+            "forward_ratio_range": [fwd_iv["low"], fwd_iv["high"]] if fwd_iv else None,
+            "forward_verdict": fwd_iv["verdict"] if fwd_iv else None,
             "hidden_cosine": fid.get("hidden_cosine"),
             "masked_perplexity": fid.get("masked_perplexity"),
             "top1_agreement": fid.get("top1_agreement"),
@@ -397,7 +363,8 @@ def format_table(rows: list[dict], *, markdown: bool = False) -> str:
         header += ["perplexity", "Δ vs original"]
     if fidelity:
         header += ["hidden cosine", "masked ppl", "top-1 agree"]
-    header += ["forward tok/s", "ratio"]
+    speed = any(r.get("forward_ratio") is not None for r in rows)
+    header += ["forward tok/s"] + (["ratio [per-repeat range]", "forward speed"] if speed else [])
     table = [header]
     for r in rows:
         line = [r["model"]]
@@ -407,8 +374,14 @@ def format_table(rows: list[dict], *, markdown: bool = False) -> str:
         if fidelity:
             c, mp, a = r.get("hidden_cosine"), r.get("masked_perplexity"), r.get("top1_agreement")
             line += ["–" if c is None else f"{c:.4f}", "–" if mp is None else f"{mp:.3f}", "–" if a is None else f"{a * 100:.1f}%"]
-        t, q = r.get("forward_tokens_per_second"), r.get("forward_ratio")
-        line += ["–" if t is None else f"{t:,.0f}", "–" if q is None else f"x{q:.2f}"]
+        t, q, rng = r.get("forward_tokens_per_second"), r.get("forward_ratio"), r.get("forward_ratio_range")
+        line.append("–" if t is None else f"{t:,.0f}")
+        if speed:
+            if r["model"] == SOURCE_NAME:
+                line += ["baseline", ""]
+            else:
+                line += ["–" if q is None else f"×{q:.2f}" + (f" [{rng[0]:.2f}–{rng[1]:.2f}]" if rng else ""),
+                         {"higher": "faster", "lower": "slower"}.get(r.get("forward_verdict"), "no measurable difference")]
         table.append(line)
     if markdown:
         out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]

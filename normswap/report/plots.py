@@ -35,66 +35,107 @@ def colors(results) -> dict:
 
 
 def perplexity_plot(results, out: Path) -> Path | None:
+    """Perplexity as the change from the baseline (a 1.8 % gap is invisible on bars from 0), and
+    the absolute values on an axis zoomed to them."""
     models = [m for m in results["models"] if m.get("perplexity") is not None]
     if not models:
         return None
     c = colors(results)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2 + 0.1 * len(models)))
-    for ax, key, title in ((axes[0], "perplexity", "token perplexity"), (axes[1], "bits_per_byte", "bits per byte")):
-        names = [m["name"] for m in models]
-        values = [m[key] for m in models]
-        bars = ax.bar(names, values, color=[c[n] for n in names])
-        for bar, v in zip(bars, values):
-            ax.annotate(f"{v:.3f}" if key == "bits_per_byte" else f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, v),
-                        ha="center", va="bottom", fontsize=9, xytext=(0, 2), textcoords="offset points")
-        ax.set_title(f"{title} (lower is better)", fontsize=10)
+    base = next((m for m in models if m["name"] == results.get("baseline")), None)
+    panels = 2 if base is not None else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.4 + 0.1 * len(models)), squeeze=False)
+    axes = axes[0]
+    names = [m["name"] for m in models]
+    if base is not None:
+        ax = axes[0]
+        deltas = [(m["perplexity"] / base["perplexity"] - 1) * 100 for m in models]
+        bars = ax.bar(names, deltas, color=[c[n] for n in names])
+        for bar, d in zip(bars, deltas):
+            ax.annotate(f"{d:+.2f}%", (bar.get_x() + bar.get_width() / 2, d), ha="center", va="bottom" if d >= 0 else "top",
+                        fontsize=9, xytext=(0, 2 if d >= 0 else -2), textcoords="offset points")
+        ax.axhline(0, color="#868e96", linewidth=1)
+        span = max(max(abs(d) for d in deltas), 0.05)
+        ax.set_ylim(min(min(deltas), 0) - 0.25 * span, max(max(deltas), 0) + 0.25 * span)
+        ax.set_ylabel(f"% vs {base['name']}")
+        ax.set_title("token perplexity, change from the baseline (lower is better)", fontsize=10)
         ax.tick_params(axis="x", labelrotation=15, labelsize=9)
-        ax.set_ylim(0, max(values) * 1.15)
         _style(ax)
+    ax = axes[-1]
+    values = [m["perplexity"] for m in models]
+    lo, hi = min(values), max(values)
+    pad = max((hi - lo) * 0.3, hi * 0.002)
+    ax.plot(names, values, linestyle="none", marker="o", markersize=8, color="#495057", zorder=1)
+    for n, v in zip(names, values):
+        ax.scatter([n], [v], s=70, color=c[n], zorder=2)
+        ax.annotate(f"{v:.2f}", (n, v), ha="center", va="bottom", fontsize=9, xytext=(0, 6), textcoords="offset points")
+    ax.set_ylim(lo - pad, hi + 2 * pad)
+    ax.set_ylabel("perplexity (axis does not start at 0)")
+    ax.set_title("token perplexity", fontsize=10)
+    ax.tick_params(axis="x", labelrotation=15, labelsize=9)
+    _style(ax)
     d = results["data"]
     fig.suptitle(f"{d['spec']} / {d['split']}: {d['characters']:,} characters", fontsize=10)
     return _save(fig, out / "perplexity.png")
 
 
 def throughput_plot(results, out: Path) -> Path | None:
+    """Throughput ratios with their per-repeat range as error bars; a hatched bar is a ratio whose
+    range contains 1 (no measurable difference). Legends sit below the axes, never on the bars."""
+    from matplotlib.patches import Patch
+
+    from normswap.evaluate.stats import intervals_of, measurable
+
     models = [m for m in results["models"] if m.get("tokens_per_second")]
     if not models:
         return None
     c = colors(results)
     has_ratio = any(m.get("ratios") for m in models)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    shown = [m for m in models if not has_ratio or m["name"] != results.get("baseline")] or models
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     ax = axes[0]
-    width = 0.8 / len(models)
-    for i, m in enumerate(models):
+    width = 0.8 / len(shown)
+    hatched = False
+    top = 0.0
+    for i, m in enumerate(shown):
         tps = m["tokens_per_second"]
-        xs, ys, labels = [], [], []
+        ivs = (intervals_of(m, results) or {}).get("tokens_per_second") or {} if has_ratio else {}
         for j, (key, _) in enumerate(METRICS):
             if tps.get(key) is None:
                 continue
+            x = j + (i - (len(shown) - 1) / 2) * width
             if has_ratio:
                 r = (m.get("ratios") or {}).get("tokens_per_second", {}).get(key)
                 if r is None:
                     continue
-                ys.append(r)
-                labels.append(f"{r:.2f}×")
+                iv = ivs.get(key)
+                clear = measurable(iv)
+                hatched |= not clear
+                ax.bar([x], [r], width=width * 0.92, color=c[m["name"]], alpha=1.0 if clear else 0.45,
+                       hatch=None if clear else "///", edgecolor="white" if clear else c[m["name"]], linewidth=0)
+                y = r
+                if iv:
+                    ax.errorbar([x], [r], yerr=[[max(r - iv["low"], 0)], [max(iv["high"] - r, 0)]], fmt="none",
+                                ecolor="#343a40", elinewidth=1, capsize=2)
+                    y = max(r, iv["high"])
+                ax.annotate(f"{r:.2f}", (x, y), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+                top = max(top, y)
             else:
-                ys.append(tps[key])
-                labels.append(f"{tps[key]:,.0f}")
-            xs.append(j + (i - (len(models) - 1) / 2) * width)
-        bars = ax.bar(xs, ys, width=width * 0.95, color=c[m["name"]], label=m["name"])
-        for bar, lab in zip(bars, labels):
-            ax.annotate(lab, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                        fontsize=7, xytext=(0, 1), textcoords="offset points")
+                ax.bar([x], [tps[key]], width=width * 0.92, color=c[m["name"]])
     ax.set_xticks(range(len(METRICS)), [label for _, label in METRICS])
     if has_ratio:
         ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
+        ax.set_ylim(0, top * 1.12)
         ax.set_ylabel(f"tokens/s relative to {results.get('baseline')}")
-        ax.set_title("throughput ratio (higher is better)", fontsize=10)
+        ax.set_title("throughput ratio, bars: ratio of medians, whiskers: per-repeat range", fontsize=10)
     else:
         ax.set_yscale("log")
         ax.set_ylabel("tokens/s")
         ax.set_title("throughput (higher is better)", fontsize=10)
-    ax.legend(fontsize=8, frameon=False)
+    handles = [Patch(color=c[m["name"]], label=m["name"]) for m in shown]
+    if hatched:
+        handles.append(Patch(facecolor="white", edgecolor="#495057", hatch="///", label="range contains 1: no measurable difference"))
+    ax.legend(handles=handles, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              ncol=min(len(handles), 3))
     _style(ax)
     ax = axes[1]
     shares = [(m["name"], m.get("norm_time_share")) for m in models if m.get("norm_time_share") is not None]
@@ -105,7 +146,7 @@ def throughput_plot(results, out: Path) -> Path | None:
                         va="bottom", fontsize=9, xytext=(0, 2), textcoords="offset points")
         ax.set_ylim(0, max(max(s for _, s in shares) * 100 * 1.25, 1))
         ax.set_ylabel("% of forward time")
-        ax.set_title("time in norm layers", fontsize=10)
+        ax.set_title("time in norm layers (median)", fontsize=10)
         ax.tick_params(axis="x", labelrotation=15, labelsize=9)
     else:
         ax.axis("off")
@@ -141,22 +182,39 @@ def activation_plot(results, out: Path) -> Path | None:
 
 
 def finetune_plot(results, out: Path) -> Path | None:
+    """One axis per quantity: training cross-entropy, distillation KL (when used) and held-out
+    loss each get their own panel (KL ~0.01 beside cross-entropy ~4.6 would be two flat lines)."""
     models = [m for m in results["models"] if (m.get("finetune") or {}).get("steps")]
     if not models:
         return None
     c = colors(results)
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    for m in models:
-        ft = m["finetune"]
-        ax.plot(ft["steps"], ft["loss"], color=c[m["name"]], linewidth=1.2, label=f"{m['name']} train loss")
-        if ft.get("eval_steps"):
-            ax.plot(ft["eval_steps"], ft["eval_loss"], color=c[m["name"]], linestyle="--", marker="o", markersize=3,
-                    label=f"{m['name']} eval loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("fine-tune loss", fontsize=10)
-    ax.legend(fontsize=8, frameon=False)
-    _style(ax)
+    distilled = any(m["finetune"].get("distill_loss") for m in models)
+    panels = [("train", "training loss (cross-entropy)" if not distilled else "training cross-entropy (LM loss)")]
+    if distilled:
+        panels.append(("distill", "training distillation KL to the teacher"))
+    if any(m["finetune"].get("eval_steps") for m in models):
+        panels.append(("eval", "held-out loss (cross-entropy)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (kind, title) in zip(axes[0], panels):
+        for m in models:
+            ft = m["finetune"]
+            if kind == "train":
+                ys = ft.get("lm_loss") or ft["loss"] if distilled else ft["loss"]
+                pts = [(s, y) for s, y in zip(ft["steps"], ys) if y is not None]
+                ax.plot([s for s, _ in pts], [y for _, y in pts], color=c[m["name"]], linewidth=1.2, label=m["name"])
+            elif kind == "distill":
+                pts = [(s, y) for s, y in zip(ft["steps"], ft.get("distill_loss") or []) if y is not None]
+                ax.plot([s for s, _ in pts], [y for _, y in pts], color=c[m["name"]], linewidth=1.2, label=m["name"])
+            elif ft.get("eval_steps"):
+                ax.plot(ft["eval_steps"], ft["eval_loss"], color=c[m["name"]], marker="o", markersize=4, label=m["name"])
+                for s, y in ((ft["eval_steps"][0], ft["eval_loss"][0]), (ft["eval_steps"][-1], ft["eval_loss"][-1])):
+                    ax.annotate(f"{y:.3f}", (s, y), fontsize=8, xytext=(0, 5), textcoords="offset points", ha="center")
+        ax.set_xlabel("step")
+        ax.set_title(title, fontsize=10)
+        ax.margins(y=0.15)
+        _style(ax)
+    if len(models) > 1:
+        axes[0][0].legend(fontsize=8, frameon=False)
     return _save(fig, out / "finetune_loss.png")
 
 

@@ -6,9 +6,8 @@ import base64
 import html
 from pathlib import Path
 
+from normswap.evaluate.stats import MIN_REPEATS, NO_DIFFERENCE, fmt_interval, intervals_of, measurable
 from normswap.report.claims import claims
-
-SPEED_KEYS = (("forward", "forward"), ("train_step", "train step"), ("generate", "generate"))
 
 
 def fmt_num(x, digits=2):
@@ -46,44 +45,83 @@ def _ratios(m):
     return m.get("ratios") or {}
 
 
-def table_rows(results) -> tuple[list[str], list[list[tuple[str, str]]]]:
-    """Header and rows of the side-by-side table: each cell is (value, ratio text)."""
-    header = ["model", "kind", "params", "perplexity", "bits/byte", "word ppl", "forward tok/s", "train-step tok/s",
-              "generate tok/s", "peak memory", "time in norms"]
+# A cell's state: "good"/"bad" (a measured difference, better/worse for the user), "same" (no
+# measurable difference: never coloured) or "" (nothing to judge).
+def exact_state(ratio, *, lower_better: bool, tol: float) -> str:
+    """For numbers that do not vary between runs (perplexity, counted memory)."""
+    if ratio is None:
+        return ""
+    if abs(ratio - 1.0) <= tol:
+        return "same"
+    return "good" if (ratio < 1.0) == lower_better else "bad"
+
+
+def timed_state(iv) -> str:
+    """For speed ratios: a colour only when the per-repeat interval excludes 1 (stats.py)."""
+    if not measurable(iv):
+        return "same"
+    return "good" if iv["verdict"] == "higher" else "bad"
+
+
+def timed_ratio_text(ratio, iv) -> str:
+    """``×1.12 [1.05–1.20]``; a ratio whose interval contains 1 also says so in words."""
+    if ratio is None:
+        return ""
+    text = f"×{ratio:.2f} {fmt_interval(iv)}".strip()
+    return text if measurable(iv) else f"{text} {NO_DIFFERENCE}"
+
+
+SPEED_COLUMNS = (("forward", "forward tok/s"), ("train_step", "train-step tok/s"), ("generate", "generate tok/s"),
+                 ("decode", "decode tok/s"))
+
+
+def memory_note(results) -> str | None:
+    """Why the peak-memory column is empty, when it is."""
+    reasons = {(m.get("memory_detail") or {}).get("reason") for m in results["models"] if m.get("peak_memory_bytes") is None}
+    reasons.discard(None)
+    if not reasons and all(m.get("peak_memory_bytes") is None for m in results["models"]):
+        reasons = {"not measured in this run"}
+    return ("Peak memory: " + "; ".join(sorted(reasons))) if reasons else None
+
+
+def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
+    """Header and rows of the side-by-side table: each cell is (value, ratio text, state)."""
+    header = ["model", "kind", "params", "perplexity", "bits/byte", "word ppl"] + [label for _, label in SPEED_COLUMNS] + [
+        "peak memory", "time in norms"]
     rows = []
     for m in results["models"]:
         r = _ratios(m)
         tr = r.get("tokens_per_second") or {}
         tps = m.get("tokens_per_second") or {}
+        ivs = (intervals_of(m, results) or {}).get("tokens_per_second") or {}
         is_base = m["name"] == results.get("baseline")
-        rr = (lambda x: "") if is_base else fmt_ratio
-        gen = fmt_num(tps.get("generate"))
-        if tps.get("prefill") is not None:
-            gen += f" (prefill {fmt_num(tps.get('prefill'))}, decode {fmt_num(tps.get('decode'))})"
-        rows.append([
-            (m["name"] + (" (baseline)" if is_base else ""), ""),
-            (m.get("kind", ""), ""),
-            (fmt_params(m.get("parameters")), ""),
-            (fmt_num(m.get("perplexity"), 3), rr(r.get("perplexity"))),
-            (fmt_num(m.get("bits_per_byte"), 4), rr(r.get("bits_per_byte"))),
-            (fmt_num(m.get("word_perplexity"), 2), rr(r.get("word_perplexity"))),
-            (fmt_num(tps.get("forward")), rr(tr.get("forward"))),
-            (fmt_num(tps.get("train_step")), rr(tr.get("train_step"))),
-            (gen, rr(tr.get("generate"))),
-            (fmt_bytes(m.get("peak_memory_bytes")), rr(r.get("peak_memory_bytes"))),
-            ("–" if m.get("norm_time_share") is None else f"{m['norm_time_share'] * 100:.1f}%", ""),
-        ])
+
+        def exact(key, digits, value=None, lower_better=True, tol=0.001):
+            v = m.get(key) if value is None else value
+            if is_base or r.get(key) is None:
+                return (v if isinstance(v, str) else fmt_num(v, digits), "", "")
+            return (v if isinstance(v, str) else fmt_num(v, digits), fmt_ratio(r[key]), exact_state(r[key], lower_better=lower_better, tol=tol))
+
+        row = [(m["name"] + (" (baseline)" if is_base else ""), "", ""), (m.get("kind", ""), "", ""),
+               (fmt_params(m.get("parameters")), "", ""),
+               exact("perplexity", 3), exact("bits_per_byte", 4), exact("word_perplexity", 2)]
+        for key, _ in SPEED_COLUMNS:
+            if is_base or tr.get(key) is None:
+                row.append((fmt_num(tps.get(key)), "", ""))
+            else:
+                row.append((fmt_num(tps.get(key)), timed_ratio_text(tr[key], ivs.get(key)), timed_state(ivs.get(key))))
+        row.append(exact("peak_memory_bytes", 0, value=fmt_bytes(m.get("peak_memory_bytes")), tol=0.005))
+        row.append(("–" if m.get("norm_time_share") is None else f"{m['norm_time_share'] * 100:.1f}%", "", ""))
+        rows.append(row)
     return header, rows
 
 
-def _verdict(ratio, *, lower_better, tol):
-    if abs(ratio - 1.0) <= tol:
-        return None
-    return (ratio < 1.0) if lower_better else (ratio > 1.0)
-
-
 def headlines(results) -> list[dict]:
-    """One card per compared model: the few numbers a user asks first."""
+    """One card per compared model: the few numbers a user asks first.
+
+    Each item: (label, value, state, note); a timed ratio whose interval contains 1 gets state
+    "same" and the note "no measurable difference", never a colour.
+    """
     base = results.get("baseline")
     cards = []
     for m in results["models"]:
@@ -91,17 +129,55 @@ def headlines(results) -> list[dict]:
             continue
         r = m["ratios"]
         tr = r.get("tokens_per_second") or {}
+        ivs = (intervals_of(m, results) or {}).get("tokens_per_second") or {}
         items = []
-        # verdict: True better, False worse, None within what this report cannot tell apart
         if r.get("perplexity") is not None:
-            items.append(("perplexity", f"{(r['perplexity'] - 1) * 100:+.2f}%", _verdict(r["perplexity"], lower_better=True, tol=0.001)))
+            items.append(("perplexity", f"{(r['perplexity'] - 1) * 100:+.2f}%", exact_state(r["perplexity"], lower_better=True, tol=0.001), ""))
         for key, label in (("forward", "forward"), ("train_step", "train step"), ("decode", "decode")):
             if tr.get(key) is not None:
-                items.append((label, f"×{tr[key]:.2f}", _verdict(tr[key], lower_better=False, tol=0.02)))
+                iv = ivs.get(key)
+                note = fmt_interval(iv) + ("" if measurable(iv) else f" {NO_DIFFERENCE}")
+                items.append((label, f"×{tr[key]:.2f}", timed_state(iv), note.strip()))
         if r.get("peak_memory_bytes") is not None:
-            items.append(("peak memory", f"×{r['peak_memory_bytes']:.2f}", _verdict(r["peak_memory_bytes"], lower_better=True, tol=0.005)))
+            items.append(("peak memory", f"×{r['peak_memory_bytes']:.2f}", exact_state(r["peak_memory_bytes"], lower_better=True, tol=0.005), ""))
         cards.append({"name": m["name"], "kind": m.get("kind", ""), "items": items})
     return cards
+
+
+def table_notes(results) -> list[str]:
+    """What the side-by-side table needs said beside it: how sure its speed ratios are, and why a
+    column is empty."""
+    notes = []
+    if results.get("baseline") and any((m.get("tokens_per_second") or {}) for m in results["models"]):
+        s = results.get("speed_setup") or {}
+        notes.append(f"Speed ratios: ratio of medians, [min–max] of the per-repeat paired ratios over {s.get('repeats', '?')} "
+                     f"interleaved repeats; a ratio whose range contains 1, or that rests on fewer than {MIN_REPEATS} repeats, "
+                     f"is \"{NO_DIFFERENCE}\" and is not coloured.")
+    note = memory_note(results)
+    if note:
+        notes.append(note)
+    return notes
+
+
+def task_notes(results) -> list[str]:
+    """How lm-eval's numbers relate to normswap's own, so one quantity never shows two unexplained values."""
+    notes = []
+    for m in results["models"]:
+        for task, check in (m.get("task_crosscheck") or {}).items():
+            lm = ((m.get("tasks") or {}).get(task) or {}).get("bits_per_byte")
+            if lm is None:
+                continue
+            agree = abs(check["bits_per_byte"] / lm - 1) < 1e-4
+            notes.append(f"{m['name']} / {task}: normswap on lm-eval's windows ({check['documents']} documents, each from a fresh "
+                         f"context, {check['window']}-token windows without overlap) gives bits/byte {check['bits_per_byte']:.4f} "
+                         f"vs lm-eval's {lm:.4f}: " + ("the same number." if agree else "they DIFFER (please report this)."))
+    if notes:
+        d = results.get("data") or {}
+        notes.append("The perplexity and bits/byte in the side-by-side table differ from lm-eval's on purpose: there the "
+                     f"{d.get('split', 'held-out')} split is read as one stream ({d.get('characters', 0):,} characters"
+                     + (", capped" if d.get("truncated") else "") + f"), in {d.get('seq_len')}-token windows every "
+                     f"{d.get('stride')} tokens, so tokens get more context and chapter boundaries are not restarts.")
+    return notes
 
 
 def task_table(results):
@@ -151,22 +227,27 @@ def markdown(results, figures: dict[str, Path]) -> str:
     if cards:
         out += ["## Headline", ""]
         for c in cards:
-            out.append(f"- **{c['name']}** ({c['kind']}): " + ", ".join(f"{label} {val}" for label, val, _ in c["items"]))
+            out.append(f"- **{c['name']}** ({c['kind']}): " + ", ".join(
+                f"{label} {val}" + (f" {note}" if note else "") for label, val, _, note in c["items"]))
         out.append("")
     header, rows = table_rows(results)
     out += ["## Side by side", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        out.append("| " + " | ".join((v + (f" ({r})" if r else "")).replace("|", "/") for v, r in row) + " |")
+        out.append("| " + " | ".join((v + (f" ({r})" if r else "")).replace("|", "/") for v, r, _ in row) + " |")
+    out.append("")
+    out += [f"- {line}" for line in table_notes(results)]
     out.append("")
     out += ["## Claims vs measured", ""]
     for c in claims(results):
-        out.append(f"**{c['claim']}** — {c['meaning']}")
+        out.append(f"**{c['claim']}** — **{c['verdict']}**. {c['meaning']}")
         out += [f"- {line}" for line in c["measured"]]
         out.append("")
     cols, trows = task_table(results)
     if cols:
         out += ["## lm-eval tasks", "", "| model | " + " | ".join(f"{t} {k}" for t, k in cols) + " |", "|" + "---|" * (len(cols) + 1)]
         out += ["| " + " | ".join(r) + " |" for r in trows]
+        out.append("")
+        out += [f"- {line}" for line in task_notes(results)]
         out.append("")
     out += ["## Training diagnostics (one fixed batch)", "", "| model | loss | grad norm | norm layers | mean input RMS | max abs(per-token mean) |", "|---|---|---|---|---|---|"]
     for m in results["models"]:
@@ -211,8 +292,15 @@ th,td{padding:7px 10px;border-bottom:1px solid var(--line);text-align:right;vert
 th{background:var(--bg);font-weight:600;white-space:nowrap}
 th:first-child,td:first-child,table.text2 th:nth-child(2),table.text2 td:nth-child(2){text-align:left}
 tr:hover td{background:#fafbfc}
+td{white-space:nowrap}
 td .r{display:block;font-size:11.5px;color:var(--muted)}
-.claims td{text-align:left}
+td .nd{display:block;font-size:11px;color:var(--muted);font-style:italic}
+td .r.same{color:var(--muted)}
+.card .n{font-size:11px;color:var(--muted)}
+.notes{font-size:13px;color:var(--muted);margin:8px 0 0;padding-left:18px}
+.verdict{display:inline-block;margin-top:6px;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;background:var(--bg);border:1px solid var(--line)}
+.v-yes{color:var(--good);border-color:var(--good)}.v-no{color:var(--bad);border-color:var(--bad)}
+.claims td{text-align:left;white-space:normal}
 .claims td:first-child{font-weight:600;width:28%}
 .claims ul{margin:0;padding-left:18px}
 .claims .why{color:var(--muted);font-size:12.5px;margin-top:4px}
@@ -246,30 +334,34 @@ def html_report(results, figures: dict[str, Path]) -> str:
     if cards:
         parts.append(f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {_e(results['baseline'])}</small></h2><div class='cards'>")
         for c in cards:
-            items = "".join(f"<div><div class='v {'' if ok is None else ('good' if ok else 'bad')}'>{_e(val)}</div><div class='l'>{_e(label)}</div></div>"
-                            for label, val, ok in c["items"])
+            items = "".join(f"<div><div class='v {state}'>{_e(val)}</div><div class='l'>{_e(label)}</div>"
+                            + (f"<div class='n'>{_e(note)}</div>" if note else "") + "</div>"
+                            for label, val, state, note in c["items"])
             parts.append(f"<div class='card'><h3>{_e(c['name'])}</h3><div class='kind'>{_e(c['kind'])}</div><div class='items'>{items}</div></div>")
         parts.append("</div>")
 
     header, rows = table_rows(results)
     parts.append("<h2>Side by side</h2><div class='tablewrap'><table class='text2'><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>")
-    lower_better = {"perplexity", "bits/byte", "word ppl", "peak memory"}
     for row in rows:
         cells = []
-        for h, (v, r) in zip(header, row):
-            cls = ""
-            if r:
-                val = float(r.replace("×", ""))
-                if abs(val - 1.0) >= 0.005:
-                    cls = "good" if ((val < 1) if h in lower_better else (val > 1)) else "bad"
-            cells.append(f"<td>{_e(v)}" + (f"<span class='r {cls}'>{_e(r)}</span>" if r else "") + "</td>")
+        for v, r, state in row:
+            note = ""
+            if r.endswith(NO_DIFFERENCE):  # the words go on their own line; numbers never wrap
+                r, note = r[: -len(NO_DIFFERENCE)].strip(), NO_DIFFERENCE
+            cells.append(f"<td>{_e(v)}" + (f"<span class='r {state}'>{_e(r)}</span>" if r else "")
+                         + (f"<span class='nd'>{_e(note)}</span>" if note else "") + "</td>")
         parts.append("<tr>" + "".join(cells) + "</tr>")
     parts.append("</tbody></table></div>")
+    notes = table_notes(results)
+    if notes:
+        parts.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
 
     parts.append("<h2>Claims vs measured</h2><div class='tablewrap'><table class='claims'><thead><tr><th>claim</th><th>this run</th></tr></thead><tbody>")
     for c in claims(results):
         items = "".join(f"<li>{_e(line)}</li>" for line in c["measured"])
-        parts.append(f"<tr><td>{_e(c['claim'])}</td><td><ul>{items}</ul><div class='why'>{_e(c['meaning'])}</div></td></tr>")
+        cls = {"reproduced": "v-yes", "not reproduced": "v-no"}.get(c["verdict"], "v-na")
+        verdict = f"<div class='verdict {cls}'>{_e(c['verdict'])}</div>"
+        parts.append(f"<tr><td>{_e(c['claim'])}{verdict}</td><td><ul>{items}</ul><div class='why'>{_e(c['meaning'])}</div></td></tr>")
     parts.append("</tbody></table></div>")
 
     titles = {"perplexity": ("Perplexity", "Token perplexity and bits per byte on the held-out text; bits per byte compares across tokenizers."),
@@ -286,6 +378,7 @@ def html_report(results, figures: dict[str, Path]) -> str:
                      + "".join(f"<th>{_e(t)}<br><small>{_e(k)}</small></th>" for t, k in cols) + "</tr></thead><tbody>")
         parts += ["<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in trows]
         parts.append("</tbody></table></div>")
+        parts.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in task_notes(results)) + "</ul>")
 
     parts.append("<h2>Training diagnostics</h2><p class='sub'>One fixed batch of the evaluation text, dropout off.</p>"
                  "<div class='tablewrap'><table class='text2'><thead><tr><th>model</th><th>kind</th><th>loss</th><th>grad norm</th><th>norm layers</th><th>norm classes</th></tr></thead><tbody>")

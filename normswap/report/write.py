@@ -8,6 +8,7 @@ or Ctrl-C never leaves a half-written report; an existing OUT is replaced only w
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from normswap.errors import NormswapError
@@ -29,6 +30,10 @@ def render_into(results: dict, folder: Path) -> dict[str, Path]:
     folder = Path(folder)
     figures = all_plots(results, folder)
     results = dict(results)
+    log = results.get("lm_eval_log")
+    if log and Path(log).is_absolute() and Path(log).is_file():  # lm-eval's own output travels with the report
+        shutil.copyfile(log, folder / "lm_eval.log")
+        results["lm_eval_log"] = "lm_eval.log"
     results["figures"] = {k: Path(p).name for k, p in figures.items()}
     (folder / "results.json").write_text(json.dumps(results, indent=2, default=_json_default) + "\n")
     (folder / "report.md").write_text(markdown(results, figures))
