@@ -170,3 +170,75 @@ def test_speed_json_with_a_baseline_not_in_the_list(checkpoints, run_cli):
     assert conv["ratios"]["tokens_per_second"]["forward"] == pytest.approx(
         conv["tokens_per_second"]["forward"] / orig["tokens_per_second"]["forward"])
     assert conv["norm_time"]["classes"] == ["RMSNorm"] and orig["norm_time"]["classes"] == ["LayerNorm"]
+
+
+# ------------------------------------------------------------------ ratios and their uncertainty
+def test_paired_intervals_decide_what_is_a_difference():
+    from normswap.evaluate.stats import NO_DIFFERENCE, claim_verdict, interval
+
+    base = [100.0, 50.0, 100.0, 50.0, 100.0]  # a machine whose speed halves every other repeat
+    faster = [110.0, 56.0, 108.0, 54.0, 112.0]  # 4-12 % faster within every repeat
+    iv = interval(faster, base)
+    assert iv["verdict"] == "higher" and iv["low"] == pytest.approx(1.08) and iv["high"] == pytest.approx(1.12)
+    # Negative control: the same numbers unpaired (shuffled) straddle 1, as the machine's drift would
+    # suggest to a comparison of pooled samples.
+    shuffled = [54.0, 110.0, 56.0, 112.0, 108.0]
+    assert interval(shuffled, base)["verdict"] == NO_DIFFERENCE
+    # A range that contains 1, or too few repeats, is no measurable difference whatever the median says.
+    assert interval([120, 90, 130, 125, 140], [100] * 5)["verdict"] == NO_DIFFERENCE
+    assert interval([120, 121, 122, 123], [100] * 4)["verdict"] == NO_DIFFERENCE
+    assert interval([80, 81, 82, 83, 84], [100] * 5)["verdict"] == "lower"
+    # Claims: reproduced only when every repeat meets them, refuted only when none does.
+    assert claim_verdict(interval([112, 115, 111, 118, 113], [100] * 5), at_least=1.10) == "reproduced"
+    assert claim_verdict(interval([102, 95, 101, 99, 103], [100] * 5), at_least=1.10) == "not reproduced"
+    assert claim_verdict(interval([105, 115, 111, 118, 113], [100] * 5), at_least=1.10) == "not measurable here"
+    assert claim_verdict(interval([80, 85], [100] * 2), at_most=0.93) == "not measurable here"
+
+
+def _synthetic_results(forward_samples, base_share=0.03):
+    """Rows as evaluate() writes them, with chosen per-repeat samples (render functions only)."""
+    from normswap.evaluate.runner import ratios
+    from normswap.evaluate.stats import ratio_intervals
+
+    def row(name, fwd, share, kind):
+        return {"name": name, "kind": kind, "perplexity": 100.0, "bits_per_byte": 1.5, "word_perplexity": 500.0,
+                "tokens_per_second": {"forward": sorted(fwd)[len(fwd) // 2]}, "norm_time_share": share,
+                "norm_time": {"norm_ms_per_forward": share * 10}, "peak_memory_bytes": None,
+                "memory_detail": {"method": "not measured", "reason": "not requested (--no-memory)"},
+                "speed_setup": {"samples": {"forward": fwd}}, "flops_per_token": {"norms": 8, "model_estimate": 100}}
+
+    base = row("base", [100.0] * 5, base_share, "original")
+    models = [base] + [row(n, s, base_share, "converted (exact)") for n, s in forward_samples.items()]
+    for m in models:
+        m["ratios"] = ratios(m, base)
+        m["ratio_intervals"] = ratio_intervals(m, base)
+    return {"baseline": "base", "models": models, "speed_setup": {"repeats": 5}, "data": None}
+
+
+def test_noise_is_never_coloured_and_beyond_amdahl_is_explained():
+    from normswap.report.claims import claims
+    from normswap.report.render import headlines, table_rows
+
+    results = _synthetic_results({"noisy": [93.0, 120.0, 106.0, 80.0, 130.0], "clear": [108.0, 107.0, 109.0, 109.0, 108.0]})
+    cards = {c["name"]: {label: (state, note) for label, _, state, note in c["items"]} for c in headlines(results)}
+    assert cards["noisy"]["forward"] == ("same", "[0.80–1.30] no measurable difference")
+    assert cards["clear"]["forward"] == ("good", "[1.07–1.09]")  # negative control: a real difference is coloured
+    header, rows = table_rows(results)
+    col = header.index("forward tok/s")
+    by = {row[0][0]: row for row in rows}
+    assert by["noisy"][col][1].endswith("no measurable difference") and by["noisy"][col][2] == "same"
+    assert by["clear"][col][2] == "good"
+    throughput = claims(results)[2]
+    text = "\n".join(throughput["measured"])
+    # the Amdahl bound for a 3 % norm share is x1.03: both medians exceed it, for different reasons
+    assert "noisy: forward x1.06 is above the Amdahl bound x1.03, but its interval [0.80–1.30] reaches below" in text
+    assert "clear: forward x1.08 is above the Amdahl bound x1.03 in every repeat [1.07–1.09]" in text
+    # "clear" is measurably faster, but no repeat reached the quoted x1.10; "noisy" cannot tell
+    assert throughput["verdict"] == "not reproduced"
+
+
+def test_memory_column_says_why_it_is_empty():
+    from normswap.report.render import table_notes
+
+    notes = table_notes(_synthetic_results({"m": [100.0] * 5}))
+    assert any(n.startswith("Peak memory: not requested") for n in notes)

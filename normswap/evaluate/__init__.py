@@ -1,5 +1,5 @@
-"""Evaluation: perplexity, speed/memory, training diagnostics, lm-eval tasks (see runner.py)."""
+"""Evaluation: perplexity, speed/memory, training diagnostics, lm-eval tasks (see runner.py).
 
-from normswap.evaluate.perplexity import PerplexityResult, document_perplexity, perplexity, window_plan
-
-__all__ = ["PerplexityResult", "document_perplexity", "perplexity", "window_plan"]
+The package imports nothing itself (import from the modules, e.g. normswap.evaluate.perplexity),
+so that `normswap eval tasks-path` and the hub check read lm_eval_adapter without paying for torch.
+"""
