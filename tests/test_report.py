@@ -83,6 +83,19 @@ def test_report_files_and_contract_keys(report_dir, checkpoints):
     assert all(v == 1.0 for v in base_ratios["tokens_per_second"].values())
     assert by["conv"]["ratios"]["perplexity"] == pytest.approx(1.0, abs=1e-4)
     assert by["conv"]["tasks"]["normswap_kjv"]["bits_per_byte"] == pytest.approx(by["orig"]["tasks"]["normswap_kjv"]["bits_per_byte"], rel=1e-4)
+    # one number per quantity: normswap on lm-eval's own windows gives lm-eval's number
+    for m in r["models"]:
+        check = m["task_crosscheck"]["normswap_kjv"]
+        assert check["documents"] == 1 and check["window"] == 128
+        assert check["bits_per_byte"] == pytest.approx(m["tasks"]["normswap_kjv"]["bits_per_byte"], rel=1e-5)
+    assert r["lm_eval_log"] == "lm_eval.log" and (report_dir / "lm_eval.log").stat().st_size > 0
+    # every speed ratio carries its per-repeat interval; one repeat can never be a measured difference
+    assert r["ratio_method"].startswith("min-max of per-repeat paired ratios")
+    for key in ("forward", "train_step", "generate", "prefill", "decode"):
+        iv = by["conv"]["ratio_intervals"]["tokens_per_second"][key]
+        assert iv["repeats"] == 1 and iv["low"] <= iv["high"] and iv["verdict"] == "no measurable difference"
+    assert by["orig"]["ratio_intervals"]["tokens_per_second"]["forward"] is None  # the baseline has no ratio to doubt
+    assert oct(report_dir.stat().st_mode & 0o777) != oct(0o700)  # readable by others, as the umask allows
     ft = by["ft"]["finetune"]
     assert ft["steps"][-1] == 40 and ft["eval_steps"] == [10, 20, 30, 40] and ft["final_loss"] == pytest.approx(4.0)
     assert by["orig"]["finetune"] is None
@@ -101,6 +114,10 @@ def test_html_is_self_contained_and_markdown_links_its_figures(report_dir):
     linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert sorted(linked) == sorted(["perplexity.png", "throughput.png", "activations.png", "finetune_loss.png"])
     assert "| orig (baseline) |" in md and "8d" in md
+    # noise is never coloured as a win or a loss, and the claims carry verdicts
+    assert not re.search(r"class='r (good|bad)'", html) and "no measurable difference" in html
+    assert re.search(r"class='verdict v-(yes|no|na)'>(reproduced|not reproduced|not measurable here|mixed)", html)
+    assert "normswap on lm-eval's windows" in md and "the same number" in md
 
 
 @pytest.mark.slow
@@ -242,3 +259,26 @@ def test_memory_column_says_why_it_is_empty():
 
     notes = table_notes(_synthetic_results({"m": [100.0] * 5}))
     assert any(n.startswith("Peak memory: not requested") for n in notes)
+
+
+def test_third_party_output_goes_to_the_log(tmp_path, capfd):
+    """lm-eval's bars, warnings and `git` (run as a subprocess) land in the log, not the terminal."""
+    import logging
+    import subprocess
+    import sys
+    import warnings
+
+    from normswap.evaluate.lm_eval_adapter import routed_to
+
+    log = tmp_path / "lm_eval.log"
+    with routed_to(log):
+        print("progress 50%|#####", file=sys.stderr)
+        warnings.warn("model type is not a causal LM")
+        logging.getLogger("lm_eval.models").warning("lm-eval says hello")
+        subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path)  # fatal: not a git repository
+    print("normswap's own line")  # negative control: output after the block reaches the terminal
+    out, err = capfd.readouterr()
+    text = log.read_text()
+    assert "progress 50%" in text and "lm-eval says hello" in text and "not a git repository" in text
+    assert "progress" not in err and "git" not in err and "hello" not in err
+    assert out == "normswap's own line\n"

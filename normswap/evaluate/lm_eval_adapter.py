@@ -73,30 +73,28 @@ def routed_to(log_path: Path):
     sys.stdout.flush()
     sys.stderr.flush()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    saved = [os.dup(1), os.dup(2)]
     logger = logging.getLogger("lm_eval")
-    handler = None
     with open(log_path, "a") as log:
+        saved_fds = [os.dup(1), os.dup(2)]
+        saved_streams = sys.stdout, sys.stderr  # may be wrappers that bypass fds 1 and 2 (pytest, IDEs)
+        handler, propagate = logging.StreamHandler(log), logger.propagate
         try:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
-            handler = logging.StreamHandler(log)
+            sys.stdout = sys.stderr = log
             logger.addHandler(handler)
-            old_propagate, logger.propagate = logger.propagate, False
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    yield
-            finally:
-                logger.propagate = old_propagate
+            logger.propagate = False
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                yield
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            if handler is not None:
-                logger.removeHandler(handler)
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
+            log.flush()
+            sys.stdout, sys.stderr = saved_streams
+            logger.removeHandler(handler)
+            logger.propagate = propagate
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in saved_fds:
                 os.close(fd)
 
 
