@@ -69,6 +69,7 @@ def perplexity_plot(results, out: Path) -> Path | None:
         ax.scatter([n], [v], s=70, color=c[n], zorder=2)
         ax.annotate(f"{v:.2f}", (n, v), ha="center", va="bottom", fontsize=9, xytext=(0, 6), textcoords="offset points")
     ax.set_ylim(lo - pad, hi + 2 * pad)
+    ax.margins(x=0.2)  # keep the end labels clear of the axis
     ax.set_ylabel("perplexity (axis does not start at 0)")
     ax.set_title("token perplexity", fontsize=10)
     ax.tick_params(axis="x", labelrotation=15, labelsize=9)

@@ -71,8 +71,9 @@ def timed_ratio_text(ratio, iv) -> str:
     return text if measurable(iv) else f"{text} {NO_DIFFERENCE}"
 
 
-SPEED_COLUMNS = (("forward", "forward tok/s"), ("train_step", "train-step tok/s"), ("generate", "generate tok/s"),
-                 ("decode", "decode tok/s"))
+# (word perplexity, generate and prefill tokens/s stay in results.json: the table must fit a page
+# without wrapping its numbers)
+SPEED_COLUMNS = (("forward", "forward tok/s"), ("train_step", "train-step tok/s"), ("decode", "decode tok/s"))
 
 
 def memory_note(results) -> str | None:
@@ -86,8 +87,7 @@ def memory_note(results) -> str | None:
 
 def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
     """Header and rows of the side-by-side table: each cell is (value, ratio text, state)."""
-    header = ["model", "kind", "params", "perplexity", "bits/byte", "word ppl"] + [label for _, label in SPEED_COLUMNS] + [
-        "peak memory", "time in norms"]
+    header = ["model", "kind", "perplexity", "bits/byte"] + [label for _, label in SPEED_COLUMNS] + ["peak memory", "time in norms"]
     rows = []
     for m in results["models"]:
         r = _ratios(m)
@@ -102,9 +102,9 @@ def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
                 return (v if isinstance(v, str) else fmt_num(v, digits), "", "")
             return (v if isinstance(v, str) else fmt_num(v, digits), fmt_ratio(r[key]), exact_state(r[key], lower_better=lower_better, tol=tol))
 
-        row = [(m["name"] + (" (baseline)" if is_base else ""), "", ""), (m.get("kind", ""), "", ""),
-               (fmt_params(m.get("parameters")), "", ""),
-               exact("perplexity", 3), exact("bits_per_byte", 4), exact("word_perplexity", 2)]
+        row = [(m["name"] + (" (baseline)" if is_base else ""), "", ""),
+               (m.get("kind", "") + (f", {fmt_params(m['parameters'])}" if m.get("parameters") else ""), "", ""),
+               exact("perplexity", 3), exact("bits_per_byte", 4)]
         for key, _ in SPEED_COLUMNS:
             if is_base or tr.get(key) is None:
                 row.append((fmt_num(tps.get(key)), "", ""))
@@ -298,9 +298,9 @@ td .nd{display:block;font-size:11px;color:var(--muted);font-style:italic}
 td .r.same{color:var(--muted)}
 .card .n{font-size:11px;color:var(--muted)}
 .notes{font-size:13px;color:var(--muted);margin:8px 0 0;padding-left:18px}
-.verdict{display:inline-block;margin-top:6px;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;background:var(--bg);border:1px solid var(--line)}
+.verdict{display:table;margin-top:6px;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;background:var(--bg);border:1px solid var(--line)}
 .v-yes{color:var(--good);border-color:var(--good)}.v-no{color:var(--bad);border-color:var(--bad)}
-.claims td{text-align:left;white-space:normal}
+.claims td,.claims th{text-align:left;white-space:normal}
 .claims td:first-child{font-weight:600;width:28%}
 .claims ul{margin:0;padding-left:18px}
 .claims .why{color:var(--muted);font-size:12.5px;margin-top:4px}
@@ -341,7 +341,9 @@ def html_report(results, figures: dict[str, Path]) -> str:
         parts.append("</div>")
 
     header, rows = table_rows(results)
-    parts.append("<h2>Side by side</h2><div class='tablewrap'><table class='text2'><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>")
+    # the kind goes under the model's name: one column less to fit
+    header, rows = [header[0]] + header[2:], [[(row[0][0], row[1][0], "")] + row[2:] for row in rows]
+    parts.append("<h2>Side by side</h2><div class='tablewrap'><table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>")
     for row in rows:
         cells = []
         for v, r, state in row:
