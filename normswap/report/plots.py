@@ -212,10 +212,12 @@ def finetune_plot(results, out: Path) -> Path | None:
                     ax.annotate(f"{y:.3f}", (s, y), fontsize=8, xytext=(0, 5), textcoords="offset points", ha="center")
         ax.set_xlabel("step")
         ax.set_title(title, fontsize=10)
-        ax.margins(y=0.15)
+        ax.margins(x=0.08, y=0.15)
         _style(ax)
     if len(models) > 1:
         axes[0][0].legend(fontsize=8, frameon=False)
+    else:
+        fig.suptitle(f"fine-tune of {models[0]['name']}", fontsize=10)
     return _save(fig, out / "finetune_loss.png")
 
 
