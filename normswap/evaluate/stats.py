@@ -78,8 +78,12 @@ def measurable(iv: dict | None) -> bool:
 
 
 def fmt_interval(iv: dict | None) -> str:
-    """``[0.93–1.20]``, or empty without one."""
-    return "" if not iv else f"[{iv['low']:.2f}–{iv['high']:.2f}]"
+    """``[0.93–1.20]``, or empty without one; a bound that would round to 1.00 gets a third digit,
+    so a range that excludes 1 never reads as if it touched it."""
+    if not iv:
+        return ""
+    digits = 3 if any(b != 1.0 and round(b, 2) == 1.0 for b in (iv["low"], iv["high"])) else 2
+    return f"[{iv['low']:.{digits}f}–{iv['high']:.{digits}f}]"
 
 
 def claim_verdict(iv: dict | None, *, at_least: float | None = None, at_most: float | None = None) -> str:
