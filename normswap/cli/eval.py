@@ -46,11 +46,13 @@ def _progress(quiet):
 
 def _require_hub(models, baseline=None, data=None, tasks=None):
     """Before anything loads: whatever must come from the Hub has to be reachable."""
-    from normswap.evaluate.runner import plan_entries
     from normswap.network import require_hub
 
+    require_hub(data=data, tasks=tasks)  # first, before importing torch: the data and tasks need nothing loaded
+    from normswap.evaluate.runner import plan_entries
+
     planned, _ = plan_entries(list(models), baseline)  # a mistyped --baseline is refused here, with a hint
-    require_hub(models=[spec for _, spec in planned], data=data, tasks=tasks)
+    require_hub(models=[spec for _, spec in planned])
 
 
 def _setup(device, dtype):
@@ -85,6 +87,7 @@ def eval_group():
 def report(models, data, split, device, dtype, seq_len, batch_size, out, baseline, tasks, stride, max_tokens, repeats,
            warmup, min_time, new_tokens, no_speed, no_memory, lm_eval_limit, force, as_json, quiet):
     """Evaluate MODELs side by side and write DIR/results.json, report.md, report.html and plots."""
+    _require_hub(models, baseline, data, tasks)
     from pathlib import Path
 
     from normswap.evaluate.runner import evaluate, load_entries, split_label
@@ -94,7 +97,6 @@ def report(models, data, split, device, dtype, seq_len, batch_size, out, baselin
 
     local_models = [spec for _, spec in map(split_label, list(models) + [baseline or ""]) if spec and Path(spec).expanduser().exists()]
     check_out(out, force=force, reads=local_models)
-    _require_hub(models, baseline, data, tasks)
     dev, dt = _setup(device, dtype)
     say = _progress(quiet)
     with output_lock(out, create_parent=True):
