@@ -1,21 +1,44 @@
 """Resolve and load the models normswap accepts.
 
 A model spec is one of: a local directory, a hub id (``EleutherAI/pythia-160m``, only when
-online), or ``normswap:NAME`` for a model shipped inside the package. Converted checkpoints carry
-their own modeling file, so they load through ``trust_remote_code=True`` like any remote-code
-model; loading them without it fails loudly because their ``model_type`` is normswap's own.
+online), or ``normswap:NAME`` for a model shipped inside the package.
+
+No code from a model directory runs unless the user opts in (``--trust-remote-code``, see
+``set_trust_remote_code``): a model is data. Converted checkpoints carry their own modeling file
+for plain transformers users (``trust_remote_code=True``); normswap never imports it but builds
+the same classes from its installed ``remote_code.py``, so they load here without the flag and a
+replaced modeling file never runs.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from normswap.errors import NormswapError
 
 SHIPPED_PREFIX = "normswap:"
+NORMSWAP_TYPE_PREFIX = "normswap_"
+_trust_remote_code = False
+
+
+def set_trust_remote_code(enabled: bool) -> None:
+    """Allow (or forbid again) running Python files that source model directories ship."""
+    global _trust_remote_code
+    _trust_remote_code = bool(enabled)
+    if enabled:
+        print("normswap: warning: --trust-remote-code: Python files shipped with the source models will run; "
+              "use it only for sources you trust", file=sys.stderr)
+
+
+def remote_code_trusted(config=None) -> bool:
+    """Whether transformers may import a model's own code: never for normswap's own checkpoints
+    (their classes come from this package), else only after ``set_trust_remote_code(True)``."""
+    return False if config is not None and _normswap_block(config) else _trust_remote_code
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -78,15 +101,70 @@ def read_config_dict(resolved: str) -> dict:
 
 
 def load_config(spec):
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PretrainedConfig
 
     resolved = resolve(spec)
+    raw = {}
     try:
-        return AutoConfig.from_pretrained(resolved, trust_remote_code=True)
+        raw, _ = PretrainedConfig.get_config_dict(resolved)  # JSON only: runs nothing
+        if _normswap_block(raw):
+            return normswap_classes_for(raw)[0].from_pretrained(resolved)
+        return AutoConfig.from_pretrained(resolved, trust_remote_code=_trust_remote_code)
     except OSError as e:
         raise NormswapError(f"cannot read a model config from {spec}: {_first_line(e)}") from None
     except (ValueError, KeyError) as e:
+        if "trust_remote_code" in str(e):
+            raise NormswapError(_needs_code_message(spec, raw)) from None
         raise NormswapError(f"{spec} is not a model transformers understands: {_first_line(e)}") from None
+
+
+def _needs_code_message(spec, raw) -> str:
+    files = sorted({str(ref).split("--")[-1].split(".")[0] + ".py" for ref in (raw.get("auto_map") or {}).values()})
+    return (f"{spec} can only be loaded by running its own Python code ({', '.join(files) or 'auto_map'}); normswap runs "
+            "no code from model files unless you pass --trust-remote-code (only for a source you trust)")
+
+
+def _normswap_block(config) -> dict | None:
+    """The ``normswap`` block of a converted checkpoint's config (dict or object), else None."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    block = get("normswap", None)
+    if isinstance(block, dict) and str(get("model_type", "")).startswith(NORMSWAP_TYPE_PREFIX):
+        return block
+    return None
+
+
+def normswap_classes_for(raw: dict):
+    """(config class, {auto class name: model class}) of a converted checkpoint, built from the
+    installed remote_code.py and the source classes in transformers. They are deliberately not
+    registered with transformers' Auto classes: plain ``from_pretrained`` without
+    ``trust_remote_code`` must keep failing loudly in a process that has used normswap."""
+    auto_map = raw.get("auto_map") or {}
+    block = _normswap_block(raw)
+    return _normswap_classes(raw["model_type"], block.get("source_model_type"), tuple(sorted(
+        (k, str(v).split(".")[-1]) for k, v in auto_map.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _normswap_classes(model_type: str, source_model_type: str, auto_names: tuple):
+    import transformers
+    from transformers import CONFIG_MAPPING, PreTrainedModel
+
+    from normswap.checkpoint.remote_code import normswap_classes
+
+    names = dict(auto_names)
+    if source_model_type not in CONFIG_MAPPING or not str(names.get("AutoConfig", "")).isidentifier():
+        raise NormswapError(f"a normswap checkpoint of model type {model_type!r} whose source type {source_model_type!r} "
+                            "this transformers does not know (or with a damaged auto_map); it cannot be loaded")
+    sources = {}
+    for auto_key, name in names.items():
+        source = getattr(transformers, name.removeprefix("Normswap"), None)
+        if auto_key == "AutoConfig" or not hasattr(transformers, auto_key):
+            continue
+        if not (name.startswith("Normswap") and isinstance(source, type) and issubclass(source, PreTrainedModel)):
+            raise NormswapError(f"a normswap checkpoint names {name!r} for {auto_key}, which is not a transformers model class")
+        sources[name] = source
+    config_cls, classes = normswap_classes(model_type, names["AutoConfig"], CONFIG_MAPPING[source_model_type], sources)
+    return config_cls, {auto_key: classes[name] for auto_key, name in names.items() if name in classes}
 
 
 def is_causal_lm(config) -> bool:
@@ -126,8 +204,8 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
     auto = model_class_for(config, task)
     torch_dtype = _torch_dtype(dtype) if dtype is not None else torch.float32
     try:
-        model, info = auto.from_pretrained(resolved, config=config, dtype=torch_dtype, trust_remote_code=True,
-                                           output_loading_info=True)
+        model, info = auto.from_pretrained(resolved, config=config, dtype=torch_dtype,
+                                           trust_remote_code=remote_code_trusted(config), output_loading_info=True)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise NormswapError(f"cannot load weights of {spec}: {_first_line(e)}") from None
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt files
@@ -153,11 +231,17 @@ def model_class_for(config, task="auto"):
     import transformers
     from transformers import AutoModel, AutoModelForCausalLM
 
+    auto_map = getattr(config, "auto_map", None) or {}
+    if _normswap_block(config):  # normswap's own classes, never the checkpoint's modeling file
+        own = normswap_classes_for({"model_type": config.model_type, "normswap": config.normswap, "auto_map": auto_map})[1]
+        wanted = {"causal-lm": ["AutoModelForCausalLM"], "base": ["AutoModel"]}.get(task, sorted(own, key=lambda k: (k == "AutoModel", k)))
+        for key in wanted:
+            if key in own:
+                return own[key]
     if task == "causal-lm":
         return AutoModelForCausalLM
     if task == "base":
         return AutoModel
-    auto_map = getattr(config, "auto_map", None) or {}
     # a head class (the one that was converted) before the bare AutoModel
     for key in sorted(auto_map, key=lambda k: (k == "AutoModel", k)):
         if key != "AutoConfig" and hasattr(transformers, key):
@@ -173,8 +257,13 @@ def load_tokenizer(spec):
     from transformers import AutoTokenizer
 
     resolved = resolve(spec)
+    try:  # given to AutoTokenizer so that it need not look the config up (a normswap one would need code)
+        config = load_config(resolved)
+    except NormswapError:
+        config = None
     try:
-        tok = AutoTokenizer.from_pretrained(resolved, trust_remote_code=True)
+        tok = AutoTokenizer.from_pretrained(resolved, trust_remote_code=remote_code_trusted(config),
+                                            **({"config": config} if config is not None else {}))
     except (OSError, ValueError, KeyError, ImportError, TypeError) as e:
         raise NormswapError(f"cannot load a tokenizer from {spec}: {_first_line(e)}") from None
     if tok.pad_token is None and tok.eos_token is not None:

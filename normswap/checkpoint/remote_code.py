@@ -5,7 +5,8 @@
 # model's classes, into every converted checkpoint as `modeling_normswap.py`, so that stock
 # `transformers` (trust_remote_code=True) rebuilds exactly the same tree before the weights load,
 # with no normswap installed. So: standard library, torch and transformers only, outside the
-# guarded import below.
+# guarded import below. normswap itself never imports a checkpoint's copy: it builds the same
+# classes from this file (normswap_classes), so a replaced modeling_normswap.py never runs.
 import torch
 from torch import nn
 
@@ -112,3 +113,31 @@ def register_runtime_centering(model, block):
             if getattr(hook, "__name__", "") == "_center_output_hook":
                 del module._forward_hooks[hook_id]
         module.register_forward_hook(_center_output_hook)
+
+
+def normswap_classes(model_type, config_name, source_config, sources):
+    """The converted checkpoint's classes: a config class with normswap's own ``model_type`` and,
+    for each ``{class name: source model class}``, a subclass that rebuilds the converted tree.
+
+    Returns ``(config class, {class name: model class})``. The checkpoint's modeling file calls
+    this with the classes it imports; normswap calls it with the same ones from transformers.
+    """
+    # A model type of its own: loading without this code fails loudly instead of silently
+    # building the stock LayerNorm class with missing weights.
+    config_cls = type(config_name, (source_config,), {"model_type": model_type, "__module__": __name__})
+
+    def make(name, source):
+        def __init__(self, config, *args, **kwargs):
+            source.__init__(self, config, *args, **kwargs)
+            apply_normswap_structure(self, config.normswap)
+
+        def resize_token_embeddings(self, *args, **kwargs):
+            # resizing replaces the embedding module and with it the output-centring hook
+            out = source.resize_token_embeddings(self, *args, **kwargs)
+            register_runtime_centering(self, self.config.normswap)
+            return out
+
+        return type(name, (source,), {"config_class": config_cls, "__init__": __init__, "__module__": __name__,
+                                      "resize_token_embeddings": resize_token_embeddings})
+
+    return config_cls, {name: make(name, source) for name, source in sources.items()}

@@ -134,38 +134,15 @@ def modeling_source(model, names: dict) -> str:
         + (f"from {base_cls.__module__} import {base_cls.__name__} as _SourceBaseModel\n" if base_cls else "")
         + "\n"
     )
-    footer = f'''
-
-class {names["config_class"]}(_SourceConfig):
-    # A model type of its own: loading without trust_remote_code fails loudly instead of
-    # silently building the stock LayerNorm class with missing weights.
-    model_type = "{names["model_type"]}"
-
-
-class {names["model_class"]}(_SourceModel):
-    config_class = {names["config_class"]}
-
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        apply_normswap_structure(self, config.normswap)
-
-    def resize_token_embeddings(self, *args, **kwargs):
-        # resizing replaces the embedding module and with it the output-centring hook
-        out = super().resize_token_embeddings(*args, **kwargs)
-        register_runtime_centering(self, self.config.normswap)
-        return out
-'''
-    if base_cls is not None:
-        footer += f'''
-
-class {names["base_class"]}(_SourceBaseModel):
-    # the bare model (AutoModel): the same norms, without the head
-    config_class = {names["config_class"]}
-
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        apply_normswap_structure(self, config.normswap)
-'''
+    sources = {names["model_class"]: "_SourceModel"}
+    if base_cls is not None:  # the bare model (AutoModel): the same norms, without the head
+        sources[names["base_class"]] = "_SourceBaseModel"
+    footer = (
+        f"\n\n{names['config_class']}, _classes = normswap_classes(\n"
+        f"    {names['model_type']!r}, {names['config_class']!r}, _SourceConfig,\n"
+        f"    {{{', '.join(f'{k!r}: {v}' for k, v in sources.items())}}},\n)\n"
+        + "".join(f"{k} = _classes[{k!r}]\n" for k in sources)
+    )
     return header + body + footer
 
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from normswap.cli.options import force_option, json_option
+from normswap.cli.options import force_option, json_option, trust_remote_code_option
 from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
 
 
@@ -27,6 +27,7 @@ from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Exact mode fails above this max |Δ log-prob| (float32).")
 @click.option("--streaming/--no-streaming", default=None, help="Convert tensor by tensor from safetensors (default: automatic by size).")
 @force_option
+@trust_remote_code_option
 @json_option
 def convert(src, out, mode, gamma, beta, untie, dtype, max_shard_size, verify, tolerance, streaming, force, as_json):
     """Convert the LayerNorm checkpoint SRC (directory, hub id or normswap:NAME) into OUT with RMSNorm."""

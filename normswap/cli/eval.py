@@ -18,7 +18,9 @@ import sys
 
 import click
 
-from normswap.cli.options import batch_size_option, data_option, device_option, dtype_option, force_option, json_option
+from normswap.cli.options import (
+    batch_size_option, data_option, device_option, dtype_option, force_option, json_option, trust_remote_code_option,
+)
 
 SPLITS = ("test", "validation", "train")
 
@@ -33,6 +35,7 @@ def _common(f):
         dtype_option(),
         click.option("--seq-len", type=int, default=None, help="Window length in tokens (default: min(shortest model context, 512))."),
         batch_size_option,
+        trust_remote_code_option,
     ]):
         f = decorator(f)
     return f
@@ -159,6 +162,7 @@ def ppl(models, data, split, device, dtype, seq_len, batch_size, stride, max_tok
 @click.option("--min-time", type=float, default=0.2, show_default=True, help="Seconds per measurement (short calls are repeated).")
 @click.option("--new-tokens", type=int, default=32, show_default=True, help="Tokens generated per generation measurement.")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement.")
+@trust_remote_code_option
 @json_option
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def speed(models, device, dtype, seq_len, batch_size, baseline, repeats, warmup, min_time, new_tokens, no_memory, as_json, quiet):

@@ -18,7 +18,7 @@ import math
 import click
 from click.core import ParameterSource
 
-from normswap.cli.options import data_option, device_option, force_option, json_option, seed_option
+from normswap.cli.options import data_option, device_option, force_option, json_option, seed_option, trust_remote_code_option
 from normswap.finetune.config import flag, options
 
 # fields whose option is shared with other commands (declared once, in cli/options.py)
@@ -50,6 +50,7 @@ def _with_config_options(command):
 @click.argument("model")
 @click.argument("out", required=False, type=click.Path(file_okay=False))
 @_with_config_options
+@trust_remote_code_option
 @json_option
 @click.pass_context
 def finetune(ctx, model, out, as_json, **opts):

@@ -29,6 +29,20 @@ data_option = click.option(
     show_default=True,
     help="embedded (the shipped KJV corpus), a text/JSONL/parquet file or directory, a saved dataset, or a hub dataset id.",
 )
+
+
+def _set_trust_remote_code(ctx, param, value):
+    from normswap.checkpoint.load import set_trust_remote_code
+
+    set_trust_remote_code(value)  # also when absent: an earlier in-process command's choice never carries over
+    return value
+
+
+trust_remote_code_option = click.option(
+    "--trust-remote-code", is_flag=True, expose_value=False, is_eager=True, callback=_set_trust_remote_code,
+    help="Let source models run the Python files they ship (auto_map). Off by default: only for sources you trust. "
+         "normswap's own converted checkpoints never need it.",
+)
 seq_len_option = click.option("--seq-len", type=int, default=None, help="Tokens per sequence (default: min(model context, 512)).")
 batch_size_option = click.option("--batch-size", type=int, default=8, show_default=True, help="Sequences per batch.")
 

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from normswap.cli.options import force_option, json_option
+from normswap.cli.options import force_option, json_option, trust_remote_code_option
 
 set_option = click.option(
     "--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -39,6 +39,7 @@ def print_outcome(state: dict, out, *, seconds: float) -> None:
 @click.option("--list", "list_", is_flag=True, help="List the shipped recipes.")
 @click.option("--schema", is_flag=True, help="Print every recipe key with its type and default.")
 @force_option
+@trust_remote_code_option
 @json_option
 def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
     """Run RECIPE (a YAML file, or the name of a shipped recipe such as `quickstart`) into --out DIR.

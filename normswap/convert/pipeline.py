@@ -25,7 +25,7 @@ def meta_model(config):
     cls = ckload.model_class_for(config)
     with torch.device("meta"):
         if hasattr(cls, "from_config"):
-            return cls.from_config(config, trust_remote_code=True) if cls.__name__.startswith("Auto") else cls._from_config(config)
+            return cls.from_config(config, trust_remote_code=ckload.remote_code_trusted(config)) if cls.__name__.startswith("Auto") else cls._from_config(config)
         return cls(config)
 
 

@@ -248,7 +248,7 @@ def meta_model_as_loaded(config, dtype):
     config = copy.deepcopy(config)
     with torch.device("meta"):
         if cls.__name__.startswith("Auto"):
-            model = cls.from_config(config, trust_remote_code=True, dtype=dtype)
+            model = cls.from_config(config, trust_remote_code=ckload.remote_code_trusted(config), dtype=dtype)
         else:
             model = cls._from_config(config, dtype=dtype)
     keep32 = model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {}

@@ -398,6 +398,10 @@ def format_table(rows: list[dict], *, markdown: bool = False) -> str:
 
 def run_recipe(loaded: LoadedRecipe, out, *, resume=False, force=False, say=None) -> dict:
     """Run ``loaded`` into ``out``; returns run.json's content (with ``summary`` rows)."""
+    if loaded.recipe.get("trust_remote_code"):
+        from normswap.checkpoint.load import set_trust_remote_code
+
+        set_trust_remote_code(True)
     return Runner(loaded, out, resume=resume, force=force, say=say).run()
 
 

@@ -46,6 +46,8 @@ TOP = {
     "device": Field("str", default="auto", help="cpu, cuda, cuda:N or auto"),
     "seed": Field("int", default=0),
     "needs_network": Field("bool", default=False, help="true when the source or data come from the Hugging Face Hub"),
+    "trust_remote_code": Field("bool", default=False,
+                               help="let the source run the Python files it ships (like --trust-remote-code): only for a source you trust"),
     "variants": Field("variants", required=True, help="name -> {convert: ..., finetune: ...}; each becomes a model in the report"),
     "eval": Field("section", default=None),
     "report": Field("section", default=None),

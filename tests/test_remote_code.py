@@ -1,0 +1,138 @@
+"""No code from data: a model directory's Python files never run unless --trust-remote-code.
+
+The attacker's files are crafted here: an ``auto_map`` module in a source model, and a converted
+checkpoint whose ``modeling_normswap.py`` was replaced. Each writes a marker file when imported;
+the positive controls show that the same files do run where running them is asked for.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from normswap.assets.models import model_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EVIL = textwrap.dedent("""
+    import pathlib
+    pathlib.Path({marker!r}).write_text("ran")
+    from transformers import GPT2Config
+
+
+    class EvilConfig(GPT2Config):
+        model_type = {model_type!r}
+""")
+
+
+def _evil_source(root: Path, *, model_type: str) -> tuple[Path, Path]:
+    """The shipped KJV GPT-2 (real weights, real tokenizer) with an auto_map to a marker-writing module."""
+    src = root / f"evil-{model_type}"
+    shutil.copytree(model_path("kjv-gpt2"), src)
+    marker = root / f"marker-{model_type}"
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["model_type"] = model_type
+    cfg["auto_map"] = {"AutoConfig": "configuration_evil.EvilConfig"}
+    (src / "config.json").write_text(json.dumps(cfg))
+    (src / "configuration_evil.py").write_text(EVIL.format(marker=str(marker), model_type=model_type))
+    return src, marker
+
+
+def _env(tmp_path):
+    # transformers copies remote code into its module cache: keep that inside the test's directory
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_MODULES_CACHE": str(tmp_path / "hf_modules")}
+
+
+def _errors(err):
+    return [line for line in err.strip().splitlines() if line.startswith("normswap: error:")]
+
+
+def test_auto_map_of_a_known_model_type_is_ignored(tmp_path, run_cli):
+    """model_type gpt2 + auto_map: transformers' own GPT-2 classes load it; the module never runs."""
+    src, marker = _evil_source(tmp_path, model_type="gpt2")
+    code, _, err = run_cli("convert", src, tmp_path / "out", "--no-verify")
+    assert code == 0, err
+    code, out, err = run_cli("eval", "ppl", src, "--max-tokens", "256", "--seq-len", "64", "--quiet")
+    assert code == 0, err
+    assert "perplexity" in out
+    assert not marker.exists()
+    # the converted output names normswap's own code, not the source's module
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["auto_map"]["AutoConfig"].startswith("modeling_normswap.")
+
+
+def test_auto_map_of_an_unknown_model_type_is_refused_in_one_line_and_the_flag_runs_it(tmp_path, run_cli):
+    src, marker = _evil_source(tmp_path, model_type="evil_type")
+    for args in (("convert", src, tmp_path / "out"), ("eval", "ppl", src, "--quiet")):
+        code, _, err = run_cli(*args)
+        assert code == 2 and "Traceback" not in err, err
+        lines = _errors(err)
+        assert len(lines) == 1 and "--trust-remote-code" in lines[0] and "configuration_evil.py" in lines[0], err
+        assert not marker.exists()
+        assert not (tmp_path / "out").exists()
+    # positive control: asked for, the same file runs (in a child, so that its import stays there)
+    proc = subprocess.run([sys.executable, "-m", "normswap", "convert", str(src), str(tmp_path / "out"), "--trust-remote-code"],
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert marker.read_text() == "ran"
+    warnings = [line for line in proc.stderr.splitlines() if "warning: --trust-remote-code" in line]
+    assert len(warnings) == 1, proc.stderr
+
+
+def test_the_flag_does_not_outlive_its_command(tmp_path, run_cli):
+    src, marker = _evil_source(tmp_path, model_type="evil_type")
+    run_cli("eval", "ppl", "normswap:kjv-gpt2", "--max-tokens", "128", "--seq-len", "64", "--quiet", "--trust-remote-code")
+    code, _, err = run_cli("eval", "ppl", src, "--quiet")
+    assert code == 2 and "--trust-remote-code" in err and not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    from normswap.convert.pipeline import convert_checkpoint
+
+    out = tmp_path_factory.mktemp("conv") / "out"
+    convert_checkpoint("normswap:kjv-gpt2", out, mode="exact", verify=False)
+    return out
+
+
+def test_replaced_modeling_file_of_a_converted_checkpoint_never_runs_in_normswap(converted, tmp_path, run_cli):
+    import normswap
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(converted, ckpt)
+    marker = tmp_path / "marker"
+    (ckpt / "modeling_normswap.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+                                               + (converted / "modeling_normswap.py").read_text())
+    model = normswap.load_model(ckpt)
+    assert type(model).__module__ == "normswap.checkpoint.remote_code"
+    # the classes built from the package compute what the source computes (an exact conversion)
+    source = normswap.load_model("normswap:kjv-gpt2")
+    ids = torch.arange(40).unsqueeze(0)
+    with torch.no_grad():
+        diff = (model(input_ids=ids).logits.log_softmax(-1) - source(input_ids=ids).logits.log_softmax(-1)).abs().max()
+    assert diff < 1e-4
+    # through the CLI too, even with --trust-remote-code: normswap's own checkpoints always use normswap's code
+    code, _, err = run_cli("eval", "ppl", ckpt, "--max-tokens", "256", "--seq-len", "64", "--quiet", "--trust-remote-code")
+    assert code == 0, err
+    assert not marker.exists()
+    # positive control: plain transformers asked to trust the directory does import that file
+    script = f"from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained({str(ckpt)!r}, trust_remote_code=True)"
+    subprocess.run([sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, timeout=300)
+    assert marker.read_text() == "ran"
+
+
+def test_a_normswap_config_naming_a_non_model_class_is_refused(converted, tmp_path):
+    import normswap
+    from normswap.errors import NormswapError
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(converted, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["auto_map"]["AutoModelForCausalLM"] = "modeling_normswap.Normswapset_seed"  # transformers.set_seed: a function
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(NormswapError, match="not a transformers model class"):
+        normswap.load_model(ckpt)
