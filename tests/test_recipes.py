@@ -316,3 +316,61 @@ def test_masked_lm_recipe_reports_fidelity_against_the_source(tmp_path, run_cli)
         assert fid[name]["hidden_cosine"] < 0.999 and fid[name]["masked_perplexity"] > 0
     assert all(m["perplexity"] is None for m in results["models"])  # not defined for a masked LM
     assert "hidden cosine" in stdout and "masked ppl" in stdout
+
+
+# ------------------------------------------------------------------ hostile files
+def _alias_bomb(levels=10, fanout=9) -> str:
+    """A flow list whose anchors nest: it stands for fanout**levels strings in a few hundred bytes."""
+    parts = ["&l0 [" + ", ".join(["lol"] * fanout) + "]"]
+    for i in range(1, levels):
+        parts.append(f"&l{i} [" + ", ".join([f"*l{i - 1}"] * fanout) + "]")
+    return "[" + ", ".join(parts) + "]"
+
+
+def _run_check(path, tmp_path):
+    """`normswap run FILE --check` in a child limited to 1 GiB of address space and 60 s."""
+    limit = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+             "from normswap.cli.main import main; main(sys.argv[1:])")
+    return subprocess.run([sys.executable, "-c", limit, "run", str(path), "--check"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("where", ["description", "finetune.steps"])
+def test_alias_bomb_fails_fast_in_one_line_in_bounded_memory(tmp_path, where):
+    bomb = _alias_bomb()
+    if where == "description":
+        text = f"name: t\ndescription: {bomb}\nsource: normswap:kjv-gpt2\nvariants:\n  exact: {{convert: {{mode: exact}}}}\n"
+    else:
+        text = f"name: t\nsource: normswap:kjv-gpt2\nvariants:\n  approx:\n    convert: {{mode: approx}}\n    finetune: {{steps: {bomb}}}\n"
+    p = tmp_path / "bomb.yaml"
+    p.write_text(text)
+    assert len(text) < 2000  # a few hundred bytes standing for billions of values
+    proc = _run_check(p, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-500:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "aliases expand to more than" in lines[0] and "Traceback" not in proc.stderr
+    assert len(lines[0]) < 400
+
+
+def test_modest_aliases_still_work_and_bad_values_are_shown_cut(tmp_path):
+    # anchors that share a fine-tune section between variants are ordinary YAML: accepted
+    p = tmp_path / "shared.yaml"
+    p.write_text("name: t\nsource: normswap:kjv-gpt2\nvariants:\n  a: {convert: {mode: approx}, finetune: &ft {steps: 7}}\n"
+                 "  b: {convert: {mode: approx, beta: keep}, finetune: *ft}\n")
+    r = load_recipe(str(p))
+    assert r.recipe["variants"]["a"]["finetune"]["steps"] == r.recipe["variants"]["b"]["finetune"]["steps"] == 7
+    # a wrong value thousands of entries long is named, and quoted only in part
+    big = tmp_path / "big.yaml"
+    big.write_text("name: t\nsource: normswap:kjv-gpt2\nvariants:\n  a:\n    convert: {mode: approx}\n    finetune:\n      steps: ["
+                   + ", ".join(str(i) for i in range(5000)) + "]\n")
+    with pytest.raises(NormswapError) as e:
+        load_recipe(str(big))
+    msg = str(e.value)
+    assert "variants.a.finetune.steps: expected an integer, got [0, 1, 2" in msg and "..." in msg and len(msg) < 300
+
+
+def test_oversized_recipe_is_refused_before_parsing(tmp_path):
+    p = tmp_path / "huge.yaml"
+    p.write_text("name: t\ndescription: " + "x" * (5 << 20) + "\n")
+    with pytest.raises(NormswapError, match="a recipe is at most"):
+        load_recipe(str(p))

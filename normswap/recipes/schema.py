@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,12 +103,23 @@ class RecipeError(NormswapError):
     pass
 
 
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 80
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict = 3, 6, 6
+
+
+def show(value) -> str:
+    """A value as an error message quotes it: repr, cut to a few dozen characters however big it is."""
+    return _SHOW.repr(value)
+
+
 def _fail(where: str, key: str, msg: str):
+    key = key if len(key) <= 120 else key[:117] + "..."  # a key is data from the file too
     raise RecipeError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
 
 
 def _unknown(where: str, prefix: str, key, known) -> None:
-    close = difflib.get_close_matches(str(key), list(known), n=1)
+    close = difflib.get_close_matches(str(key)[:200], list(known), n=1)
     hint = f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(known)})"
     _fail(where, prefix + str(key), "unknown key" + hint)
 
@@ -121,47 +133,47 @@ def _coerce(where: str, key: str, f: Field, value):
     if kind == "bool":
         if isinstance(value, bool):
             return value
-        _fail(where, key, f"expected true or false, got {value!r}")
+        _fail(where, key, f"expected true or false, got {show(value)}")
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             else:
-                _fail(where, key, f"expected an integer, got {value!r}")
+                _fail(where, key, f"expected an integer, got {show(value)}")
     elif kind == "float":
         if isinstance(value, bool):
-            _fail(where, key, f"expected a number, got {value!r}")
+            _fail(where, key, f"expected a number, got {show(value)}")
         if isinstance(value, str):
             # YAML 1.1 (PyYAML) reads `1e-3` as a string: accept what a reader means by it
             try:
                 value = float(value)
             except ValueError:
-                _fail(where, key, f"expected a number, got {value!r}")
+                _fail(where, key, f"expected a number, got {show(value)}")
         elif not isinstance(value, (int, float)):
-            _fail(where, key, f"expected a number, got {value!r}")
+            _fail(where, key, f"expected a number, got {show(value)}")
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):
-            _fail(where, key, f"expected a finite number, got {value!r}")
+            _fail(where, key, f"expected a finite number, got {show(value)}")
     elif kind in ("str", "choice"):
         if not isinstance(value, str):
             if kind == "choice" and isinstance(value, bool):
-                _fail(where, key, f"expected one of {', '.join(f.choices)}, got {value!r}")
+                _fail(where, key, f"expected one of {', '.join(f.choices)}, got {show(value)}")
             if kind == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = str(value)
             else:
-                _fail(where, key, f"expected {'one of ' + ', '.join(f.choices) if kind == 'choice' else 'a string'}, got {value!r}")
+                _fail(where, key, f"expected {'one of ' + ', '.join(f.choices) if kind == 'choice' else 'a string'}, got {show(value)}")
         if kind == "str":
             value = " ".join(value.split()) if "\n" in value else value.strip()
         if kind == "choice" and value not in f.choices:
-            _fail(where, key, f"expected one of {', '.join(f.choices)}, got {value!r}")
+            _fail(where, key, f"expected one of {', '.join(f.choices)}, got {show(value)}")
     elif kind == "list[str]":
         if isinstance(value, str):  # `tasks: a,b` as well as a YAML list
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            _fail(where, key, f"expected a list of strings, got {value!r}")
+            _fail(where, key, f"expected a list of strings, got {show(value)}")
         return list(value)
     if f.minimum is not None and isinstance(value, (int, float)) and value < f.minimum:
-        _fail(where, key, f"must be >= {f.minimum:g}, got {value!r}")
+        _fail(where, key, f"must be >= {f.minimum:g}, got {show(value)}")
     return value
 
 
@@ -169,7 +181,7 @@ def _section(where: str, prefix: str, data, table: dict) -> dict:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        _fail(where, prefix.rstrip("."), f"expected a mapping of keys, got {type(data).__name__} {data!r}")
+        _fail(where, prefix.rstrip("."), f"expected a mapping of keys, got {type(data).__name__} {show(data)}")
     for k in data:
         if k not in table:
             _unknown(where, prefix, k, table)
@@ -197,7 +209,7 @@ def validate(raw, where: str) -> dict:
     scalars = {k: f for k, f in TOP.items() if f.kind not in ("variants", "section")}
     recipe = _section(where, "", {k: v for k, v in raw.items() if k in scalars}, scalars)
     if not _NAME.match(recipe["name"]):
-        _fail(where, "name", f"use letters, digits, '-', '_' or '.', got {recipe['name']!r}")
+        _fail(where, "name", f"use letters, digits, '-', '_' or '.', got {show(recipe['name'])}")
     if not recipe["source"].strip():
         _fail(where, "source", "must not be empty")
 
@@ -217,7 +229,7 @@ def validate(raw, where: str) -> dict:
         if spec is None:
             spec = {}
         if not isinstance(spec, dict):
-            _fail(where, key, f"expected a mapping with convert: and/or finetune:, got {spec!r}")
+            _fail(where, key, f"expected a mapping with convert: and/or finetune:, got {show(spec)}")
         for k in spec:
             if k not in VARIANT_KEYS:
                 _unknown(where, key + ".", k, VARIANT_KEYS)
