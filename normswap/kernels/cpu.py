@@ -11,10 +11,15 @@ then uses pure torch.
 Build and cache:
 * The cache directory is ``$NORMSWAP_CACHE_DIR`` or ``$XDG_CACHE_HOME/normswap`` (default
   ``~/.cache/normswap``), sub-directory ``cpu_kernel/<name>`` where the name carries a hash of
-  the C++ sources, the compile flags, the torch version and the Python ABI, so a changed source
-  or a torch upgrade gets a fresh build instead of loading a stale library.
-* Concurrent processes are safe: torch's loader takes a file lock in the build directory, one
-  process builds, the others wait and then load the same library.
+  everything that changes the build: the C++ sources, the compile flags, the compiler, torch (its
+  version and where it is installed), the interpreter (ABI tag, ``sys.prefix``) and the include
+  paths. A changed source, a torch upgrade or a second virtualenv gets its own build instead of
+  loading (or rebuilding over) another's library.
+* Concurrent processes are safe, and a killed build blocks nobody: the build runs under an
+  ``flock`` on ``cpu_kernel/<name>.lock``, which the kernel releases when its holder dies. Under
+  that lock, a ``lock`` file that torch's loader left in the build directory (its FileBaton,
+  which a killed process never removes and torch would wait on forever) is known to be stale and
+  is removed. A first build says so in one line on stderr (it takes about a minute).
 * No ``-march=native``: the library contains a baseline x86-64 variant and an AVX2/FMA/F16C
   variant and chooses at load time from the CPU flags, so the cached build is portable between
   machines (a shared home directory, a copied cache) and never executes an illegal instruction.
@@ -86,13 +91,44 @@ def _flags() -> tuple[list[str], list[str]]:
     return cflags, ldflags
 
 
-def _build_name(cflags: list[str], ldflags: list[str]) -> str:
+def _build_key() -> tuple:
+    """Everything besides sources and flags that changes what the build produces."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    cxx = os.environ.get("CXX", "c++")
+    return (torch.__version__, str(Path(torch.__file__).resolve().parent), sys.implementation.cache_tag, sys.platform,
+            sys.prefix, sysconfig.get_paths().get("include"), tuple(cpp_extension.include_paths()), cxx, shutil.which(cxx))
+
+
+def _build_name(cflags: list[str], ldflags: list[str], key: tuple | None = None) -> str:
     h = hashlib.sha256()
     for name in _SOURCES:
         h.update(name.encode())
         h.update((_CSRC / name).read_bytes())
-    h.update(repr((cflags, ldflags, torch.__version__, sys.implementation.cache_tag, sys.platform)).encode())
+    h.update(repr((cflags, ldflags, _build_key() if key is None else key)).encode())
     return "normswap_cpu_" + h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """Hold the build directory's lock (dies with its holder); clear torch's stale baton under it."""
+    import fcntl
+
+    with open(build_dir.parent / f"{build_dir.name}.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"normswap: waiting for another process that is building the CPU kernel in {build_dir}", file=sys.stderr)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        # only a normswap process under this lock builds here: a baton file now is a dead build's
+        with contextlib.suppress(FileNotFoundError):
+            (build_dir / "lock").unlink()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _writable_dir(preferred: Path, name: str) -> Path:
@@ -131,25 +167,28 @@ def _load():
     name = _build_name(cflags, ldflags)
     build_dir = _writable_dir(_cache_root(), name)
     sink = io.StringIO()
-    # torch prints nothing with verbose=False, but compiler-compatibility notes arrive as
-    # warnings and a failing build writes to stdout/stderr: keep all of it off the terminal.
-    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        warnings.simplefilter("ignore")
-        try:
-            return cpp_extension.load(
-                name=name,
-                sources=[str(_CSRC / "rms_norm_cpu.cpp")],
-                extra_cflags=cflags,
-                extra_ldflags=ldflags,
-                extra_include_paths=[str(_CSRC)],
-                build_directory=str(build_dir),
-                verbose=False,
-            )
-        finally:
-            text = sink.getvalue()
-            if text:
-                with contextlib.suppress(OSError):
-                    (build_dir / "build.log").write_text(text)
+    with _build_lock(build_dir):
+        if not (build_dir / f"{name}.so").exists():
+            print(f"normswap: building the CPU RMSNorm kernel (first use, about a minute; cached in {build_dir})", file=sys.stderr)
+        # torch prints nothing with verbose=False, but compiler-compatibility notes arrive as
+        # warnings and a failing build writes to stdout/stderr: keep all of it off the terminal.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            warnings.simplefilter("ignore")
+            try:
+                return cpp_extension.load(
+                    name=name,
+                    sources=[str(_CSRC / "rms_norm_cpu.cpp")],
+                    extra_cflags=cflags,
+                    extra_ldflags=ldflags,
+                    extra_include_paths=[str(_CSRC)],
+                    build_directory=str(build_dir),
+                    verbose=False,
+                )
+            finally:
+                text = sink.getvalue()
+                if text:
+                    with contextlib.suppress(OSError):
+                        (build_dir / "build.log").write_text(text)
 
 
 def _ensure():

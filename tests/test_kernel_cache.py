@@ -1,0 +1,68 @@
+"""The CPU kernel's build cache: a killed build blocks nobody, and two installs never share a build."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from normswap.kernels import cpu
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"CPU kernel not buildable here: {cpu.unavailable_reason()}")
+
+
+def _child_env(cache: Path):
+    return {**os.environ, "PYTHONPATH": str(ROOT), "NORMSWAP_CACHE_DIR": str(cache)}
+
+
+def test_a_killed_build_does_not_block_the_next_process(tmp_path):
+    from torch.utils.file_baton import FileBaton
+
+    name = cpu._build_name(*cpu._flags())
+    built = cpu._writable_dir(cpu._cache_root(), name)  # where available() above built it
+    cache = tmp_path / "cache"
+    build_dir = cache / "cpu_kernel" / name
+    shutil.copytree(built, build_dir)  # a finished build: the next process only has to load it
+
+    # a process dies in the middle of a build: it holds normswap's lock and torch's baton file
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from normswap.kernels import cpu
+        build_dir = Path({str(build_dir)!r})
+        with cpu._build_lock(build_dir):
+            (build_dir / "lock").touch()  # what torch's FileBaton creates while it builds
+            print("building", flush=True)
+            time.sleep(600)
+    """)], env=_child_env(cache), stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "building"
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    assert (build_dir / "lock").exists()
+    assert not FileBaton(str(build_dir / "lock")).try_acquire()  # torch alone would wait on it forever
+
+    nxt = subprocess.run([sys.executable, "-c", "from normswap.kernels import cpu; print(cpu.available(), cpu.unavailable_reason())"],
+                         env=_child_env(cache), capture_output=True, text=True, timeout=300)
+    assert nxt.stdout.split() == ["True", "None"], nxt.stderr[-2000:]
+    assert not (build_dir / "lock").exists()
+    assert "building the CPU RMSNorm kernel" not in nxt.stderr  # it loaded the finished build
+
+
+def test_two_virtualenvs_use_two_build_directories(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=120)
+    probe = "import sys; from normswap.kernels import cpu; print(sys.prefix); print(cpu._build_name(*cpu._flags()))"
+    runs = {}
+    for python in (sys.executable, str(venv / "bin" / "python")):
+        out = subprocess.run([python, "-c", probe], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             capture_output=True, text=True, timeout=120, check=True).stdout.split()
+        runs[out[0]] = out[1]
+    assert len(runs) == 2, runs  # two interpreters with their own prefixes...
+    assert len(set(runs.values())) == 2, runs  # ...build into two directories
+    assert cpu._build_name(*cpu._flags()) in runs.values()
