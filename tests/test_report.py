@@ -167,12 +167,11 @@ def test_tasks_path_holds_the_shipped_tasks(run_cli):
 
 
 def test_model_labels():
-    from normswap.evaluate.runner import split_label, unique_names
+    from normswap.evaluate.runner import split_label
 
     assert split_label("base=normswap:kjv-gpt2") == ("base", "normswap:kjv-gpt2")
     assert split_label("normswap:kjv-gpt2") == (None, "normswap:kjv-gpt2")
     assert split_label("/some/dir") == (None, "/some/dir")
-    assert unique_names(["a", "a", "b"]) == ["a", "a-2", "b"]
 
 
 def test_speed_json_with_a_baseline_not_in_the_list(checkpoints, run_cli):

@@ -115,7 +115,11 @@ def load_config(spec):
     except (ValueError, KeyError) as e:
         if "trust_remote_code" in str(e):
             raise NormswapError(_needs_code_message(spec, raw)) from None
-        raise NormswapError(f"{spec} is not a model transformers understands: {_first_line(e)}") from None
+        raise NormswapError(f"{spec} is not a model transformers understands: {_one_line(e)}") from None
+    except Exception as e:
+        if type(e).__name__.endswith("ValidationError"):  # huggingface_hub's strict config fields: the reason is on line 2
+            raise NormswapError(f"{spec}/config.json has an invalid value: {_one_line(e)}") from None
+        raise
 
 
 def _needs_code_message(spec, raw) -> str:
@@ -203,10 +207,12 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
     config = config if config is not None else load_config(resolved)
     auto = model_class_for(config, task)
     torch_dtype = _torch_dtype(dtype) if dtype is not None else torch.float32
+    kwargs = dict(config=config, dtype=torch_dtype, trust_remote_code=remote_code_trusted(config), output_loading_info=True)
     try:
-        model, info = auto.from_pretrained(resolved, config=config, dtype=torch_dtype,
-                                           trust_remote_code=remote_code_trusted(config), output_loading_info=True)
+        model, info = auto.from_pretrained(resolved, **kwargs)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
+        if "ignore_mismatched_sizes" in str(e):  # transformers points to a report it logged (and we silenced)
+            raise NormswapError(f"cannot load weights of {spec}: {_shape_mismatch(auto, resolved, kwargs)}") from None
         raise NormswapError(f"cannot load weights of {spec}: {_first_line(e)}") from None
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt files
         if type(e).__name__ in ("SafetensorError", "HeaderTooLarge", "HeaderTooSmall"):
@@ -224,6 +230,19 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
         model.normswap_manifest = read_manifest(resolved)
         model.normswap_source_dir = resolved
     return model
+
+
+def _shape_mismatch(auto, resolved, kwargs) -> str:
+    """What transformers' 'see the above report' refers to: the first tensor whose shape on disk
+    differs from the one the config implies, and how many more do."""
+    _, info = auto.from_pretrained(resolved, ignore_mismatched_sizes=True, **kwargs)
+    bad = list(info.get("mismatched_keys") or [])
+    if not bad:
+        return "tensor shapes on disk differ from the ones config.json implies"
+    key, disk, want = bad[0]
+    more = f" ({len(bad) - 1} more tensors differ)" if len(bad) > 1 else ""
+    return (f"tensor {key} has shape {list(disk)} on disk but config.json implies {list(want)}{more}: "
+            "the config does not belong to these weights")
 
 
 def model_class_for(config, task="auto"):
@@ -269,6 +288,12 @@ def load_tokenizer(spec):
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def _one_line(e, limit: int = 400) -> str:
+    """The whole message on one line (a reason on a later line is kept), cut at ``limit``."""
+    text = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _first_line(e) -> str:

@@ -55,19 +55,6 @@ def default_name(spec: str) -> str:
     return spec
 
 
-def unique_names(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for n in names:
-        if n in seen:
-            seen[n] += 1
-            out.append(f"{n}-{seen[n]}")
-        else:
-            seen[n] = 1
-            out.append(n)
-    return out
-
-
 def versions() -> dict:
     import transformers
 
@@ -224,9 +211,11 @@ def plan_entries(specs, baseline=None) -> tuple[list[tuple[str, str]], str | Non
                     raise NormswapError(f"{what}, and as a model of its own: {e}") from None
             labelled.insert(0, (b_label or "baseline", b_spec))
             baseline_name = b_label or "baseline"
-    names = unique_names([label or default_name(spec) for label, spec in labelled])
-    if baseline_name is not None and baseline_name not in names:
-        baseline_name = names[[label or default_name(spec) for label, spec in labelled].index(baseline_name)]
+    names = [label or default_name(spec) for label, spec in labelled]
+    for i, name in enumerate(names):
+        if name in names[:i]:  # a silent rename would make --baseline and the report ambiguous
+            first = labelled[names.index(name)][1]
+            raise NormswapError(f"two models are named {name!r} ({first} and {labelled[i][1]}); give each its own label as NAME=SPEC")
     return [(name, spec) for name, (_, spec) in zip(names, labelled)], baseline_name
 
 

@@ -1,0 +1,56 @@
+"""Error messages that used to hide their reason: each shows it, in one line."""
+
+import json
+import shutil
+
+import pytest
+
+from normswap.assets.models import model_path
+
+
+def _error_line(code, err):
+    assert code == 2 and "Traceback" not in err, err
+    lines = [line for line in err.strip().splitlines() if line.startswith("normswap: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def _with_config(tmp_path, **changes):
+    src = tmp_path / "model"
+    shutil.copytree(model_path("kjv-gpt2"), src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(changes)
+    (src / "config.json").write_text(json.dumps(cfg))
+    return src
+
+
+def test_shape_mismatch_names_the_tensor_and_both_shapes(tmp_path, run_cli):
+    """transformers says 'look at the above report', which it logged where nobody sees it."""
+    src = _with_config(tmp_path, n_inner=4 * 128 * 2)  # the weights have n_inner 512
+    for args in (("convert", src, tmp_path / "out", "--no-streaming"), ("eval", "ppl", src, "--quiet")):
+        line = _error_line(*run_cli(*args)[::2])
+        assert "above report" not in line
+        assert "mlp.c_" in line and ("[512, 128]" in line or "[128, 512]" in line), line
+        assert "on disk but config.json implies" in line and "more tensors differ" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value,reason", [(0, "expected float, got int"), ("abc", "expected float, got str")])
+def test_invalid_epsilon_shows_the_reason(tmp_path, run_cli, value, reason):
+    src = _with_config(tmp_path, layer_norm_epsilon=value)
+    line = _error_line(*run_cli("convert", src, tmp_path / "out")[::2])
+    assert "layer_norm_epsilon" in line and reason in line, line
+
+
+def test_duplicate_eval_names_are_refused(tmp_path, run_cli):
+    other = _with_config(tmp_path)  # a second, distinct model directory
+    code, _, err = run_cli("eval", "ppl", "a=normswap:kjv-gpt2", f"a={other}", "--baseline", "a", "--quiet")
+    line = _error_line(code, err)
+    assert "two models are named 'a'" in line and "normswap:kjv-gpt2" in line and str(other) in line
+    # two directories with the same name are the same collision, and labels resolve it
+    twin = tmp_path / "twin" / "model"
+    shutil.copytree(other, twin)
+    assert "two models are named 'model'" in _error_line(*run_cli("eval", "ppl", other, twin, "--quiet")[::2])
+    code, out, err = run_cli("eval", "ppl", f"a={other}", f"b={twin}", "--max-tokens", "128", "--seq-len", "64", "--quiet")
+    assert code == 0, err
+    assert out.count("\na ") + out.count("\nb ") == 2
