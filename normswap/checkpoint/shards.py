@@ -1,14 +1,13 @@
 """Sharded safetensors written tensor by tensor, with a bounded memory footprint.
 
-``write.write_weights`` needs every tensor of a shard in memory before it calls ``save_file``. The
-streaming conversion knows every output tensor's dtype and shape up front (from a meta-device
-model), so it can lay a shard out first, write the header, and then fill each tensor's bytes in
-place, in any order and in pieces: memory stays at one piece, whatever the shard size.
+Every writer of weights in normswap goes through here (conversion, ``write.write_weights``).
+Each output tensor's dtype and shape are known up front, so a shard is laid out first, its header
+written, and each tensor's bytes filled in place, in any order, in row pieces and from several
+threads (``pwrite`` at disjoint offsets): memory stays at one piece, whatever the shard size.
 
 The layout is the one ``safetensors`` itself writes (tensors ordered by dtype, then by name;
 header padded with spaces to 8 bytes), so the data section is byte-identical to ``save_file``'s
-and any safetensors reader loads the result. The shard split and the index file follow
-``write.write_weights`` exactly, so both conversion paths produce the same files.
+and any safetensors reader loads the result.
 """
 
 from __future__ import annotations
@@ -35,10 +34,17 @@ _ST_DTYPES = {
 
 
 def parse_size(size) -> int:
-    """'5GB' -> 5e9, with the very parser write.write_weights uses (same split, same files)."""
-    from normswap.checkpoint.write import _parse_size
-
-    return _parse_size(size)
+    """'5GB' -> 5e9; also MB, KB, GiB, MiB or a plain byte count."""
+    if isinstance(size, int):
+        return size
+    text = str(size).strip().upper()
+    for unit, mult in (("GIB", 2**30), ("MIB", 2**20), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * mult)
+    try:
+        return int(float(text))
+    except ValueError:
+        raise NormswapError(f"--max-shard-size: cannot read {size!r} as a size (e.g. 5GB, 500MB)") from None
 
 
 def nbytes(dtype: torch.dtype, shape) -> int:
@@ -152,6 +158,30 @@ class ShardWriter:
             done += os.pwrite(self._fd, view[done:], self.data_start + start + offset + done)
         self.written[key] += data.nbytes
 
+    def copy(self, key: str, fd: int, offset: int, nbytes: int) -> None:
+        """Fill ``key`` with ``nbytes`` raw bytes of file ``fd`` at ``offset`` (kernel to kernel where it can)."""
+        start, total = self.offsets[key]
+        if nbytes != total:
+            raise NormswapError(f"internal error: {key} is {nbytes} bytes in the source, declared {total}")
+        done = 0
+        try:
+            while done < total:
+                n = os.copy_file_range(fd, self._fd, total - done, offset + done, self.data_start + start + done)
+                if n <= 0:
+                    break
+                done += n
+        except (OSError, AttributeError):  # no copy_file_range here (older kernel, other filesystem)
+            pass
+        while done < total:
+            chunk = os.pread(fd, min(total - done, 16 * 2**20), offset + done)
+            if not chunk:
+                raise NormswapError(f"cannot read {key}: its source file ended early")
+            view = memoryview(chunk)
+            while len(view):
+                n = os.pwrite(self._fd, view, self.data_start + start + done)
+                view, done = view[n:], done + n
+        self.written[key] += total
+
     def close(self) -> None:
         if self._fd is None:
             return
@@ -180,3 +210,53 @@ class ShardWriter:
 
 def default_metadata() -> dict:
     return {"format": "pt", "producer": f"normswap {__version__}"}
+
+
+class ShardedCheckpoint:
+    """All weight files of a checkpoint directory: split, opened and filled key by key.
+
+    ``specs`` ({key: (dtype, shape)}, in write order) is split greedily at ``max_shard_size``;
+    ``write``/``copy`` go to the shard holding the key; ``close`` checks every byte was
+    written and writes the index for a multi-file checkpoint.
+    """
+
+    def __init__(self, directory, specs: dict, max_shard_size="5GB", metadata: dict | None = None):
+        self.directory = Path(directory)
+        self.specs = specs
+        self.shards = plan_shards(specs, max_shard_size)
+        self.names = shard_names(len(self.shards))
+        self.writers, self.where = [], {}
+        try:
+            for keys, name in zip(self.shards, self.names):
+                writer = ShardWriter(self.directory / name, {k: specs[k] for k in keys}, metadata or default_metadata())
+                self.writers.append(writer)
+                for key in keys:
+                    self.where[key] = writer
+        except BaseException:
+            self.abort()
+            raise
+
+    def write(self, key, tensor, row=0):
+        self.where[key].write(key, tensor, row)
+
+    def copy(self, key, fd, offset, nbytes):
+        self.where[key].copy(key, fd, offset, nbytes)
+
+    def close(self) -> list[str]:
+        for writer in self.writers:
+            writer.close()
+        write_index(self.directory, self.shards, self.names, self.specs)
+        return list(self.names)
+
+    def abort(self):
+        for writer in self.writers:
+            writer.abort()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -18,10 +18,9 @@ import json
 import shutil
 from pathlib import Path
 
-from safetensors.torch import save_file
-
 from normswap import __version__
 from normswap.checkpoint.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from normswap.checkpoint.shards import ShardedCheckpoint
 from normswap.publish import check_output_path, publish_dir, staging_dir
 
 MODELING_FILE = "modeling_normswap.py"
@@ -33,16 +32,6 @@ SIDE_FILES = (
 
 
 # -- weights ---------------------------------------------------------------------------------
-
-def _parse_size(size) -> int:
-    if isinstance(size, int):
-        return size
-    text = str(size).strip().upper()
-    for unit, mult in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("GIB", 2**30), ("MIB", 2**20)):
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * mult)
-    return int(float(text))
-
 
 def unique_state_dict(model) -> dict:
     """State dict without storage-sharing duplicates (tied weights keep their first name)."""
@@ -58,31 +47,11 @@ def unique_state_dict(model) -> dict:
 
 def write_weights(tensors: dict, directory: Path, *, max_shard_size="5GB") -> list[str]:
     """safetensors, sharded with an index when above ``max_shard_size``; returns the file names."""
-    limit = _parse_size(max_shard_size)
-    shards, current, size = [], {}, 0
-    for key, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if current and size + nbytes > limit:
-            shards.append(current)
-            current, size = {}, 0
-        current[key] = t
-        size += nbytes
-    shards.append(current)
-    meta = {"format": "pt", "producer": f"normswap {__version__}"}
-    if len(shards) == 1:
-        save_file(shards[0], str(directory / "model.safetensors"), metadata=meta)
-        return ["model.safetensors"]
-    names, weight_map, total = [], {}, 0
-    for k, shard in enumerate(shards, start=1):
-        name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(directory / name), metadata=meta)
-        names.append(name)
-        for key, t in shard.items():
-            weight_map[key] = name
-            total += t.numel() * t.element_size()
-    with open(directory / "model.safetensors.index.json", "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-    return names
+    specs = {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
+    with ShardedCheckpoint(directory, specs, max_shard_size) as files:
+        for key, t in tensors.items():
+            files.write(key, t.detach().cpu().contiguous())
+    return files.names
 
 
 # -- config and remote code -------------------------------------------------------------------

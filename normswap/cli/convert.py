@@ -6,7 +6,7 @@ import json
 
 import click
 
-from normswap.cli.options import force_option, json_option, trust_remote_code_option
+from normswap.cli.options import device_option, force_option, json_option, trust_remote_code_option
 from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
 
 
@@ -23,27 +23,30 @@ from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto", show_default=True,
               help="Output dtype (auto: the source's).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Shard the safetensors above this size.")
-@click.option("--verify/--no-verify", default=True, show_default=True, help="Reload OUT and compare it with SRC on a probe batch.")
-@click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Exact mode fails above this max |Δ log-prob| (float32).")
-@click.option("--streaming/--no-streaming", default=None, help="Convert tensor by tensor from safetensors (default: automatic by size).")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Run a probe batch through SRC and the staged OUT (one module at a time, bounded memory) before publishing OUT.")
+@click.option("--tolerance", type=float, default=1e-4, show_default=True,
+              help="Exact mode fails above this max |Δ log-prob| (or 4x the measured float32 / rounding floor, if larger).")
+@device_option(default="cpu")
 @force_option
 @trust_remote_code_option
 @json_option
-def convert(src, out, mode, gamma, beta, untie, dtype, max_shard_size, verify, tolerance, streaming, force, as_json):
+def convert(src, out, mode, gamma, beta, untie, dtype, max_shard_size, verify, tolerance, device, force, as_json):
     """Convert the LayerNorm checkpoint SRC (directory, hub id or normswap:NAME) into OUT with RMSNorm."""
+    from normswap.cli.options import resolve_device
     from normswap.convert.pipeline import convert_checkpoint
     from normswap.publish import output_lock
 
     say = (lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True))
     with output_lock(out):
         result = convert_checkpoint(src, out, mode=mode, gamma=gamma, beta=beta, untie=untie, dtype=dtype, force=force,
-                                    verify=verify, tolerance=tolerance, max_shard_size=max_shard_size, streaming=streaming,
-                                    progress=say)
+                                    verify=verify, tolerance=tolerance, max_shard_size=max_shard_size,
+                                    device=resolve_device(device), progress=say)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
         return
     ver = result["verification"]
-    click.echo(f"converted {result['source']} -> {result['out']}  [{result['family']}, {result['mode']} mode, {result['path']}]")
+    click.echo(f"converted {result['source']} -> {result['out']}  [{result['family']}, {result['mode']} mode, from {result['source_format']}]")
     click.echo(f"  norms replaced: {result['norms_replaced']}   γ: {_counts(result['gamma'])}   β: {_counts(result['beta'])}")
     if result["added_biases"]:
         click.echo(f"  biases created in reading linears: {result['added_biases']}")

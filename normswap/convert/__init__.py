@@ -1,4 +1,4 @@
-"""LayerNorm -> RMSNorm conversion: plan from family data, apply in memory or streaming."""
+"""LayerNorm -> RMSNorm conversion: plan from family data, executed from any tensor source."""
 
 __all__ = ["convert_model", "ConvertOptions", "Plan", "build_plan"]
 

@@ -1,24 +1,44 @@
-"""The tensor arithmetic of a conversion, one function per derivation op.
+"""The tensor arithmetic of a conversion: one function per derivation op, evaluated in row blocks.
 
-Every output tensor is a function of *source* tensors only (never of another output), computed in
-float64 and cast once at the end, so the in-memory and streaming paths give bitwise-equal results
-whatever order they visit tensors in.
+Every output tensor is a function of *source* tensors only (never of another output), so tensors
+can be computed in any order and on any thread. Each op reads its inputs in blocks of rows
+(``block_rows``), so memory stays at a few blocks whatever the tensor's size, and the blocking
+depends only on the tensor's shape: every source (files, state dict, .bin) gives the same bits.
+
+Precision policy (measured in docs/conversion-precision.md):
+- float32/float64 outputs: all arithmetic in float64, cast once at the end;
+- 16-bit outputs: element-wise arithmetic in float32 (a product of two 16-bit numbers is exact
+  there), every reduction (row/column means, W·β) accumulated in float64, cast once at the end.
+  The result can differ from the all-float64 result by one unit in the last place of the output
+  dtype where float32 rounding lands next to a 16-bit rounding boundary (double rounding).
+``compute`` overrides the choice (the precision benchmark passes float64 for its reference).
 """
 
 from __future__ import annotations
 
 import torch
 
-COMPUTE_DTYPE = torch.float64
+BLOCK_ELEMENTS = 1 << 20  # elements per row block: ~4 MB in float32, small enough to stay in cache levels
+F64 = torch.float64
 
 
-def _in_axis(layout):
-    # nn.Linear weight is [out, in]; Conv1D is [in, out].
-    return 1 if layout == "linear" else 0
+def compute_dtype(out_dtype: torch.dtype) -> torch.dtype:
+    """The element-wise arithmetic dtype for an output dtype (reductions are always float64)."""
+    return torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else F64
 
 
-def _out_axis(layout):
-    return 0 if layout == "linear" else 1
+def block_rows(shape) -> int:
+    row = 1
+    for s in shape[1:]:
+        row *= int(s)
+    return max(1, BLOCK_ELEMENTS // max(1, row))
+
+
+def row_blocks(shape):
+    """[a, b) row ranges covering dimension 0 of ``shape``."""
+    n = int(shape[0]) if shape else 1
+    step = block_rows(shape)
+    return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
 
 
 def source_keys(op: dict) -> list[str]:
@@ -27,32 +47,90 @@ def source_keys(op: dict) -> list[str]:
     return [k for k in keys if k]
 
 
-def compute(op: dict, fetch) -> torch.Tensor:
-    """Evaluate one derivation; ``fetch(key)`` returns a source tensor (any dtype/device)."""
+def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, device="cpu") -> None:
+    """Evaluate one derivation of an output of ``shape``.
+
+    ``read(key, start=None, stop=None)`` returns rows of a source tensor (its load dtype, on the
+    CPU), ``shape_of(key)`` its shape; ``emit(tensor, row)`` receives the result's row blocks in
+    ``out_dtype``.
+    """
+    calc = compute or compute_dtype(out_dtype)
+    dev = torch.device(device)
+
+    def get(key, a=None, b=None, dtype=None):  # a private copy: the ops below work in place
+        return read(key, a, b).to(device=dev, dtype=dtype or calc, copy=True)
+
+    def put(t, row=0):
+        emit(t.to(out_dtype).cpu(), row)
+
     kind = op["op"]
     if kind == "ones":
-        return torch.ones(op["size"], dtype=COMPUTE_DTYPE)
-    if kind == "copy":
-        return fetch(op["src"]).to(COMPUTE_DTYPE)
-    if kind == "center_rows":
-        w = fetch(op["src"]).to(COMPUTE_DTYPE)
-        return w - w.mean(dim=-1, keepdim=True)
-    if kind == "linear_weight":
-        w = fetch(op["src"]).to(COMPUTE_DTYPE)
-        if op.get("gamma"):
-            g = fetch(op["gamma"]).to(COMPUTE_DTYPE)
-            w = w * (g.unsqueeze(0) if op["layout"] == "linear" else g.unsqueeze(1))
+        put(torch.ones(op["size"], dtype=out_dtype))
+    elif kind == "copy":
+        for a, b in row_blocks(shape):
+            put(read(op["src"], a, b), a)
+    elif kind == "center_rows":
+        for a, b in row_blocks(shape):
+            x = get(op["src"], a, b)
+            mean = x.to(F64).mean(dim=-1, keepdim=True)
+            put(x.sub_(mean.to(calc)), a)
+    elif kind == "linear_weight":
+        _linear_weight(op, shape, get, put, calc)
+    elif kind == "linear_bias":
+        put(_linear_bias(op, get, shape_of))
+    else:
+        raise ValueError(f"unknown conversion op {kind!r}")
+
+
+def _linear_weight(op, shape, get, put, calc):
+    """W·diag(γ) (γ scales the input axis), then optionally centred over the output axis."""
+    gamma64 = get(op["gamma"], dtype=F64) if op.get("gamma") else None
+    blocks = row_blocks(shape)
+    if op["layout"] == "linear":  # [out, in]: γ scales columns; centring averages each column
+        gamma = gamma64.to(calc) if gamma64 is not None else None
+        mean = None
         if op.get("center"):
-            w = w - w.mean(dim=_out_axis(op["layout"]), keepdim=True)
-        return w
-    if kind == "linear_bias":
-        b = fetch(op["src"]).to(COMPUTE_DTYPE) if op.get("src") else torch.zeros(op["size"], dtype=COMPUTE_DTYPE)
-        if op.get("beta"):
-            w = fetch(op["weight"]).to(COMPUTE_DTYPE)
-            beta = fetch(op["beta"]).to(COMPUTE_DTYPE)
-            # y = W (γ⊙n + β) + c  =>  c' = c + W β   (with the *original* W)
-            b = b + (w @ beta if op["layout"] == "linear" else beta @ w)
-        if op.get("center"):
-            b = b - b.mean()
-        return b
-    raise ValueError(f"unknown conversion op {kind!r}")
+            colsum = torch.zeros(shape[1], dtype=F64, device=gamma64.device if gamma64 is not None else None)
+            for a, b in blocks:
+                x = get(op["src"], a, b, dtype=F64)
+                colsum = colsum.to(x.device) + x.sum(dim=0)
+            mean = colsum / shape[0]
+            mean = (mean * gamma64 if gamma64 is not None else mean).to(calc)
+        for a, b in blocks:
+            x = get(op["src"], a, b)
+            if gamma is not None:
+                x.mul_(gamma)
+            if mean is not None:
+                x.sub_(mean)
+            put(x, a)
+        return
+    # conv1d [in, out] (and embeddings): γ scales rows; centring averages each row
+    for a, b in blocks:
+        x = get(op["src"], a, b)
+        g = gamma64[a:b].unsqueeze(1) if gamma64 is not None else None
+        mean = x.to(F64).mean(dim=1, keepdim=True) if op.get("center") else None
+        if mean is not None and g is not None:
+            mean = mean * g
+        if g is not None:
+            x.mul_(g.to(calc))
+        if mean is not None:
+            x.sub_(mean.to(calc))
+        put(x, a)
+
+
+def _linear_bias(op, get, shape_of):
+    """c' = c + W·β with the *original* W (y = W(γ⊙n + β) + c), optionally centred; float64 throughout."""
+    b = get(op["src"], dtype=F64) if op.get("src") else torch.zeros(op["size"], dtype=F64)
+    if op.get("beta"):
+        beta = get(op["beta"], dtype=F64)
+        b = b.to(beta.device)
+        for r0, r1 in row_blocks(shape_of(op["weight"])):
+            w = get(op["weight"], r0, r1, dtype=F64)
+            if op["layout"] == "linear":  # [out, in] @ β[in], row block by row block
+                b[r0:r1] += w @ beta
+            else:  # β[in] @ [in, out]: the row blocks are slices of the sum
+                b += beta[r0:r1] @ w
+    if op.get("center"):
+        b = b - b.mean()
+    return b
+

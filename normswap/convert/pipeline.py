@@ -1,7 +1,16 @@
-"""`normswap convert SRC OUT`, end to end: check, plan, convert, write, verify, publish."""
+"""`normswap convert SRC OUT`, end to end: check, plan, convert, write, verify, publish.
+
+One path for every checkpoint: its weight files (safetensors, or .bin through the restricted
+unpickler) become a tensor source; the model its config describes is built without storage and
+every file tensor is matched to it (``inputs.match``); the plan is executed tensor by tensor into
+the output shards (``execute``); the staged result is verified module by module against the
+source (``verify``); only then is OUT published. Memory stays at a few blocks of rows for the
+conversion and one module's weights for the verification, whatever the model's size.
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -12,79 +21,139 @@ from normswap.architectures import family_for_config
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import environment, history_entry, write_manifest
-from normswap.checkpoint.write import write_checkpoint_dir
-from normswap.convert.apply import check_convertible, convert_model, count_parameters
+from normswap.checkpoint.shards import ShardedCheckpoint
+from normswap.checkpoint.write import copy_side_files, write_config_and_code
+from normswap.convert import inputs as ckinputs
+from normswap.convert import verify as verification
+from normswap.convert.apply import check_convertible
+from normswap.convert.execute import Conversion, execute, prepare
+from normswap.convert.plan import ConvertOptions
+from normswap.convert.source import SafetensorsFiles, local_dir, numel, open_source, weight_files
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import check_output_path, publish_dir, staging_dir
 
 DEFAULT_TOLERANCE = 1e-4
+MEMORY_MARGIN = 0.9  # refuse verification above this share of the available memory
 
 
-def meta_model(config):
-    """The source architecture with no storage: enough to plan, check and count."""
-    cls = ckload.model_class_for(config)
-    with torch.device("meta"):
-        if hasattr(cls, "from_config"):
-            return cls.from_config(config, trust_remote_code=ckload.remote_code_trusted(config)) if cls.__name__.startswith("Auto") else cls._from_config(config)
-        return cls(config)
+def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=False, dtype=None, force=False,
+                       verify=True, tolerance=DEFAULT_TOLERANCE, max_shard_size="5GB", device="cpu", progress=None,
+                       options: ConvertOptions | None = None) -> dict:
+    """Convert SRC into OUT and return the summary that `--json` prints.
 
-
-def preflight(src, out, *, force):
-    """Everything that can be refused before a single weight is read."""
+    ``options`` replaces mode/gamma/beta/untie when given (tests build deliberately wrong plans
+    through it).
+    """
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
     resolved = ckload.resolve(src)
     local = ckload.is_local(resolved)
     out = check_output_path(out, force=force, reads=[resolved] if local else [])
     config = ckload.load_config(resolved)
-    skeleton = meta_model(config)
-    check_convertible(skeleton, config)
-    family = family_for_config(config)
-    return resolved, local, out, config, family, skeleton
+    directory = local_dir(resolved)
+    if directory is None:
+        raise NormswapError(f"cannot convert {src}: its files are neither a local directory nor reachable")
+    label = str(src)
+    source = open_source(directory, label)
+    try:
+        load_dtype = ckinputs.load_dtype(config, source)
+        config.dtype = load_dtype  # from_pretrained(dtype="auto") records it on the config it is given
+        model = ckinputs.skeleton(config, load_dtype)
+        check_convertible(model, config)
+        family = family_for_config(config)
+        matched = ckinputs.match(model, source, label)
+        options = options or ConvertOptions(mode=mode, gamma=gamma, beta=beta, untie=untie)
+        source_config = copy.deepcopy(config)  # prepare() records the conversion on `config`
+        out_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else (None if dtype == "auto" else dtype)
+        conv = prepare(model, matched, family, options, out_dtype)
+        causal = ckload.is_causal_lm(config)
+        if verify:
+            check_verification_memory(conv, config)
 
-
-def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=False, dtype=None, force=False,
-                       verify=True, tolerance=DEFAULT_TOLERANCE, max_shard_size="5GB", streaming=None,
-                       progress=None) -> dict:
-    """Convert SRC into OUT and return the summary that `--json` prints."""
-    say = progress or (lambda msg: None)
-    t0 = time.perf_counter()
-    resolved, local, out, config, family, skeleton = preflight(src, out, force=force)
-    out_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype not in ("auto", None) else None
-
-    use_streaming = False
-    if streaming is None or streaming:
-        from normswap.convert import streaming as streaming_mod  # optional path, see streaming.py
-
-        use_streaming = streaming_mod.should_stream(resolved, local, streaming)
-    if use_streaming:
-        return streaming_mod.convert_streaming(
-            resolved, out, config=config, family=family, skeleton=skeleton, src_label=str(src), mode=mode, gamma=gamma,
-            beta=beta, untie=untie, dtype=out_dtype, force=force, verify=verify, tolerance=tolerance,
-            max_shard_size=max_shard_size, progress=say,
-        )
-
-    say(f"loading {src}")
-    model = ckload.load_model(resolved, dtype="auto", config=config, strict=True)
-    params_before = count_parameters(model)
-    source_dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-    say(f"converting ({family.display}, {params_before / 1e6:.1f}M parameters)")
-    plan = convert_model(model, mode=mode, gamma=gamma, beta=beta, untie=untie, family=family, dtype=out_dtype)
-    params_after = count_parameters(model)
-    tokenizer = None if local else _hub_tokenizer(resolved)
-
-    manifest = base_manifest(src, resolved, plan, params_before, params_after, source_dtype,
-                             str(out_dtype or next(model.parameters()).dtype).replace("torch.", ""), "in-memory")
-    with staging_dir(out) as tmp:
-        say(f"writing {out}")
-        write_checkpoint_dir(model, tmp, tokenizer=tokenizer, source_dir=resolved if local else None,
-                             manifest=manifest, max_shard_size=max_shard_size)
-        del model
-        finish(tmp, out, resolved, manifest, plan.mode, causal=ckload.is_causal_lm(config), verify=verify,
-               tolerance=tolerance, force=force, say=say)
+        total = sum(numel(w.shape) * w.dtype.itemsize for w in conv.writes.values())
+        say(f"converting {len(conv.writes)} tensors ({total / 1e9:.2f} GB) from {len(source.files)} {source.kind} file(s) "
+            f"({family.display}, {conv.parameters_before / 1e6:.1f}M parameters)")
+        manifest = base_manifest(label, resolved, conv, source)
+        with staging_dir(out) as tmp:
+            write_config_and_code(conv.model, tmp)
+            with ShardedCheckpoint(tmp, conv.specs, max_shard_size) as files:
+                execute(conv, files, device=device)
+            _write_generation_config(conv.model, directory, tmp)
+            copy_side_files(directory, tmp)
+            if verify:
+                say("verifying: probe batch through source and converted checkpoint, one module at a time")
+                manifest["verification"] = run_verification(conv, source_config, resolved, tmp, causal=causal,
+                                                            tolerance=tolerance, device=device)
+            else:
+                manifest["verification"] = {"skipped": True, "reason": "--no-verify"}
+            write_manifest(tmp, manifest)
+            write_model_card(tmp, manifest, json.loads((tmp / "config.json").read_text()))
+            ver = manifest["verification"]
+            if ver.get("passed") is False:
+                raise VerificationError(
+                    f"verification failed: max |Δ log-prob| = {ver['max_abs_diff']:.3g} > {ver['threshold']:.3g} "
+                    "in exact mode; nothing was written (rerun with --debug for details)"
+                )
+            publish_dir(tmp, out, force=force)
+    finally:
+        source.close()
     manifest["seconds"] = round(time.perf_counter() - t0, 3)
     return summary(out, manifest)
 
 
-def base_manifest(src, resolved, plan, params_before, params_after, source_dtype, out_dtype, path) -> dict:
+def check_verification_memory(conv: Conversion, config) -> None:
+    """Refuse up front a verification whose peak (``verify.peak_bytes``) would not fit."""
+    need = verification.peak_bytes(conv.inputs.model, config, rounding=conv.output_dtype not in ("float32", "float64"))
+    have = available_memory()
+    if need > MEMORY_MARGIN * have:
+        raise NormswapError(
+            f"verification needs ~{need / 1e9:.1f} GB (the largest module's weights in float64 and the probe's "
+            f"activations) but only {have / 1e9:.1f} GB of memory is available: rerun with --no-verify"
+        )
+
+
+def available_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def run_verification(conv: Conversion, source_config, resolved, staged, *, causal, tolerance, device="cpu") -> dict:
+    """Source (its files) against the staged output (its files), one module at a time."""
+    staged_config = ckload.load_config(str(staged))
+    staged_files = SafetensorsFiles(staged, weight_files(staged)[1])
+    try:
+        out_skeleton = ckinputs.skeleton(staged_config, torch.float32)
+        staged_inputs = ckinputs.match(out_skeleton, staged_files, f"the converted checkpoint {staged.name}")
+        src_inputs = conv.inputs
+        whole = 8 * max(conv.parameters_before, conv.parameters_after)
+        result = verification.verify(
+            (lambda: ckinputs.skeleton(source_config, torch.float32, buffers=True), src_inputs.read_as),
+            (lambda: ckinputs.skeleton(staged_config, torch.float32, buffers=True), staged_inputs.read_as),
+            tokenizer=_tokenizer(resolved), causal=causal, output_dtype=conv.output_dtype, device=device,
+            resident_ok=whole < 0.5 * available_memory(),
+        )
+    finally:
+        staged_files.close()
+    threshold = tolerance
+    if result["noise_floor"] is not None:
+        threshold = max(threshold, 4 * result["noise_floor"])
+    if result.get("rounding_floor") is not None:
+        threshold = max(threshold, 4 * result["rounding_floor"])
+    result["threshold"] = threshold
+    result["passed"] = bool(result["max_abs_diff"] <= threshold) if conv.plan.mode == "exact" else None
+    return result
+
+
+def _tokenizer(resolved):
+    try:
+        return ckload.load_tokenizer(resolved)
+    except NormswapError:
+        return None
+
+
+def base_manifest(src, resolved, conv: Conversion, source) -> dict:
+    plan = conv.plan
     return {
         "normswap_version": __version__,
         "conversion": {
@@ -96,59 +165,16 @@ def base_manifest(src, resolved, plan, params_before, params_after, source_dtype
             "options": plan.block["options"],
             "summary": plan.summary(),
             "notes": plan.notes,
-            "parameters_before": params_before,
-            "parameters_after": params_after,
-            "source_dtype": source_dtype,
-            "output_dtype": out_dtype,
-            "path": path,
+            "parameters_before": conv.parameters_before,
+            "parameters_after": conv.parameters_after,
+            "source_dtype": conv.source_dtype,
+            "output_dtype": conv.output_dtype,
+            "source_format": source.kind,
+            "source_files": len(source.files),
         },
         "environment": environment(),
         "history": [history_entry("convert", source=str(src), mode=plan.mode)],
     }
-
-
-def finish(tmp, out, resolved, manifest, mode, *, causal, verify, tolerance, force, say):
-    """Verify the staged checkpoint, record the figures, and move it into place."""
-    if verify:
-        say("verifying: probe batch through source and converted checkpoint")
-        manifest["verification"] = run_verification(resolved, tmp, causal=causal, mode=mode, tolerance=tolerance,
-                                                    output_dtype=manifest["conversion"]["output_dtype"])
-    else:
-        manifest["verification"] = {"skipped": True, "reason": "--no-verify"}
-    write_manifest(tmp, manifest)
-    write_model_card(tmp, manifest, json.loads((tmp / "config.json").read_text()))
-    ver = manifest["verification"]
-    if ver.get("passed") is False:
-        raise VerificationError(
-            f"verification failed: max |Δ log-prob| = {ver['max_abs_diff']:.3g} > {ver['threshold']:.3g} "
-            "in exact mode; nothing was written (rerun with --debug for details)"
-        )
-    publish_dir(tmp, out, force=force)
-
-
-def run_verification(resolved, staged, *, causal, mode, tolerance, output_dtype) -> dict:
-    from normswap.convert.verify import verify as run
-
-    tokenizer = None
-    try:
-        tokenizer = ckload.load_tokenizer(resolved)
-    except NormswapError:
-        pass
-    source = ckload.load_model(resolved, dtype=torch.float32)
-    converted = ckload.load_model(str(staged), dtype=torch.float32)
-    result = run(source, converted, tokenizer=tokenizer, causal=causal)
-    threshold = tolerance
-    if result["noise_floor"] is not None:
-        threshold = max(threshold, 4 * result["noise_floor"])
-    if output_dtype not in ("float32", "float64"):
-        # rounding the weights to 16 bits moves log-probs by itself; measure that floor too
-        rounded = ckload.load_model(resolved, dtype=getattr(torch, output_dtype)).float()
-        floor16 = run(source, rounded, tokenizer=tokenizer, causal=causal)["max_abs_diff"]
-        result["rounding_floor"] = floor16
-        threshold = max(threshold, 4 * floor16)
-    result["threshold"] = threshold
-    result["passed"] = bool(result["max_abs_diff"] <= threshold) if mode == "exact" else None
-    return result
 
 
 def summary(out, manifest) -> dict:
@@ -160,7 +186,7 @@ def summary(out, manifest) -> dict:
         "family": conv["family"],
         "mode": conv["mode"],
         "placement": conv["placement"],
-        "path": conv["path"],
+        "source_format": conv["source_format"],
         "norms_replaced": conv["summary"]["norms_replaced"],
         "gamma": conv["summary"]["gamma"],
         "beta": conv["summary"]["beta"],
@@ -176,8 +202,25 @@ def summary(out, manifest) -> dict:
     }
 
 
-def _hub_tokenizer(resolved):
-    try:
-        return ckload.load_tokenizer(resolved)
-    except NormswapError:
-        return None
+def _write_generation_config(model, src_dir, tmp) -> None:
+    """What from_pretrained + save_pretrained would leave: the source's generation config, re-saved.
+
+    Like ``GenerationMixin.adjust_generation_fn``: generation_config.json when the source has
+    one, else one built from the source's config.json.
+    """
+    gen = getattr(model, "generation_config", None)
+    if getattr(model, "can_generate", lambda: False)():
+        try:
+            from transformers import GenerationConfig
+
+            if (src_dir / "generation_config.json").is_file():
+                gen = GenerationConfig.from_pretrained(str(src_dir))
+            else:
+                gen = GenerationConfig.from_pretrained(str(src_dir), config_file_name="config.json", _from_model_config=True)
+        except Exception:
+            pass
+    if gen is not None and not (tmp / "generation_config.json").exists():
+        try:
+            gen.save_pretrained(tmp)
+        except Exception:  # an invalid generation config must not lose the weights
+            pass

@@ -3,15 +3,23 @@
 Causal LMs are compared on per-token log-probabilities over the whole vocabulary; other models
 (encoders) on their first output (hidden states or MLM logits). The source's own float32 vs
 float64 difference on the same probe is the noise floor a float32 comparison cannot beat: in
-tied-embedding models whose rows share a large common offset it reaches 4-7e-6.
+tied-embedding models whose rows share a large common offset it reaches 4-7e-6. For 16-bit
+outputs, the source rounded to that dtype gives the rounding floor.
+
+Memory stays bounded at every model size: each model is a skeleton whose parameters are
+placeholders without storage, and every module that owns parameters gets them from the weight
+files just before its forward and drops them right after (``Blockwise``). At any instant one
+module's weights are resident (the largest is usually the embedding or the head), plus the
+probe's activations: ``peak_bytes`` is that figure, and convert refuses up front when it does not
+fit in the available memory.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
+from torch import nn
 
 from normswap.errors import NormswapError
 
@@ -22,26 +30,134 @@ PROBE_TEXT = (
     "whether it did: the largest change in any token's log-probability, and the perplexity of this "
     "very paragraph, measured before and after."
 )
-FLOOR_MAX_PARAMS = 2_000_000_000  # above this a float64 copy of the source costs too much memory
+SEQ_LEN = 64
 
 
-def probe_ids(tokenizer, vocab_size: int, seq_len: int = 64, seed: int = 0) -> torch.Tensor:
-    """Two rows: real text when a tokenizer exists (else random ids), and random ids."""
+def probe_inputs(tokenizer, config, seq_len: int = SEQ_LEN, seed: int = 0) -> dict:
+    """The probe batch (model keyword arguments): real text when a tokenizer exists, and random ids.
+
+    Two rows of ``input_ids``; every probe input is built here, so a model that needs other
+    inputs has one place to add them.
+    """
+    vocab = int(getattr(config, "vocab_size", None) or 256)
+    ctx = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or seq_len
+    seq_len = min(seq_len, int(ctx))
     gen = torch.Generator().manual_seed(seed)
-    rand = torch.randint(0, vocab_size, (seq_len,), generator=gen)
+    rand = torch.randint(0, vocab, (seq_len,), generator=gen)
     text = None
     if tokenizer is not None:
         ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-        ids = [i for i in ids if i < vocab_size]
+        ids = [i for i in ids if i < vocab]
         if len(ids) >= 8:
             reps = math.ceil(seq_len / len(ids))
             text = torch.tensor((ids * reps)[:seq_len])
-    return torch.stack([text if text is not None else rand, torch.randint(0, vocab_size, (seq_len,), generator=gen)])
+    second = torch.randint(0, vocab, (seq_len,), generator=gen)
+    return {"input_ids": torch.stack([text if text is not None else rand, second])}
 
 
-def _outputs(model, ids, causal: bool):
-    with torch.no_grad():
-        out = model(input_ids=ids.to(next(model.parameters()).device))
+class Blockwise:
+    """A model skeleton run with each module's own parameters loaded only during its forward.
+
+    ``fetch(key, dtype)`` returns the state-dict tensor ``key`` in ``dtype``. Parameters are
+    replaced by storage-free placeholders of the right shape, dtype and device (so code that
+    asks for ``model.device`` or ``.dtype`` sees the truth); a module that owns parameters loads
+    them in a forward pre-hook and releases them in a forward hook. A parameter that some code
+    reads without calling its module (no hook fires) is detected after the run, and the run is
+    repeated with every parameter resident, where that fits.
+    """
+
+    def __init__(self, model, fetch, dtype, device="cpu"):
+        self.model, self.fetch, self.dtype, self.device = model, fetch, dtype, torch.device(device)
+        self.slots = []  # (module, parameter name, state-dict key, placeholder)
+        placeholders = {}
+        for mname, module in model.named_modules():
+            for pname, p in list(module._parameters.items()):
+                if p is None:
+                    continue
+                holder = placeholders.get(id(p))
+                if holder is None:
+                    empty = torch.zeros((), dtype=dtype if p.dtype.is_floating_point else p.dtype, device=self.device)
+                    holder = placeholders[id(p)] = nn.Parameter(empty.expand(p.shape), requires_grad=False)
+                module._parameters[pname] = holder
+                self.slots.append((module, pname, f"{mname}.{pname}" if mname else pname, holder))
+        persistent = _persistent_buffer_keys(model)
+        for mname, module in model.named_modules():
+            for bname, buf in list(module._buffers.items()):
+                if buf is None:
+                    continue
+                key = f"{mname}.{bname}" if mname else bname
+                if key in persistent:  # stored in the files: take the stored value
+                    buf = fetch(key, buf.dtype if not buf.dtype.is_floating_point else dtype)
+                elif buf.dtype.is_floating_point:
+                    buf = buf.to(dtype)
+                module._buffers[bname] = buf.to(self.device)
+        self.loaded: set = set()
+
+    def _load(self, module, args):
+        for m, pname, key, _ in self._owned(module):
+            m._parameters[pname] = nn.Parameter(self.fetch(key, self.dtype).to(self.device), requires_grad=False)
+            self.loaded.add(key)
+
+    def _drop(self, module, args, output):
+        for m, pname, _, holder in self._owned(module):
+            m._parameters[pname] = holder
+
+    def _owned(self, module):
+        return [s for s in self.slots if s[0] is module]
+
+    def __call__(self, inputs: dict):
+        modules = {id(m): m for m, *_ in self.slots}
+        handles = []
+        for module in modules.values():
+            handles.append(module.register_forward_pre_hook(self._load))
+            handles.append(module.register_forward_hook(self._drop))
+        try:
+            with torch.no_grad():
+                out = self.model(**{k: v.to(self.device) for k, v in inputs.items()})
+        finally:
+            for h in handles:
+                h.remove()
+        unused = [key for _, _, key, holder in self.slots if key not in self.loaded]
+        if unused:
+            raise _NotBlockwise(unused[0])
+        return out
+
+    def resident(self, inputs: dict):
+        """Run with every parameter loaded (for models whose code reads parameters outside their module)."""
+        for m, pname, key, _ in self.slots:
+            m._parameters[pname] = nn.Parameter(self.fetch(key, self.dtype).to(self.device), requires_grad=False)
+        try:
+            with torch.no_grad():
+                return self.model(**{k: v.to(self.device) for k, v in inputs.items()})
+        finally:
+            for m, pname, _, holder in self.slots:
+                m._parameters[pname] = holder
+
+
+class _NotBlockwise(Exception):
+    pass
+
+
+def _persistent_buffer_keys(model) -> set:
+    out = set()
+    for mname, module in model.named_modules():
+        skip = getattr(module, "_non_persistent_buffers_set", set())
+        for bname, buf in module._buffers.items():
+            if buf is not None and bname not in skip:
+                out.add(f"{mname}.{bname}" if mname else bname)
+    return out
+
+
+def outputs(build, fetch, dtype, inputs, causal, *, device="cpu", resident_ok=False) -> torch.Tensor:
+    """Log-probs (causal) or first output of a fresh skeleton from ``build()``, weights from ``fetch``."""
+    runner = Blockwise(build(), fetch, dtype, device)
+    try:
+        out = runner(inputs)
+    except _NotBlockwise as e:
+        if not resident_ok:
+            raise NormswapError(f"verification: this model reads {e.args[0]} outside its module, so it cannot run one "
+                                "module at a time, and the whole model does not fit in memory: rerun with --no-verify") from None
+        out = runner.resident(inputs)
     if causal:
         return out.logits.double().log_softmax(-1).cpu()
     first = out[0] if isinstance(out, (tuple, list)) else next(iter(out.values()))
@@ -53,17 +169,36 @@ def _perplexity(logprobs, ids) -> float:
     return float(torch.exp(-lp.mean()))
 
 
-def _param_count(model) -> int:
-    return sum(p.numel() for p in model.parameters())
+def peak_bytes(model, config, *, rounding: bool, seq_len: int = SEQ_LEN) -> int:
+    """What verification holds at once: the largest module's weights in float64 (with its file copy)
+    plus the probe's activations and the compared outputs."""
+    largest = 0
+    for module in model.modules():
+        own = sum(p.numel() for p in module._parameters.values() if p is not None)
+        largest = max(largest, own)
+    vocab = int(getattr(config, "vocab_size", None) or 256)
+    hidden = int(getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or getattr(config, "d_model", None) or 1024)
+    heads = int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None) or 16)
+    tokens = 2 * seq_len
+    weights = largest * (8 + 4 + 2)  # float64 copy, float32 intermediate, file bytes
+    activations = tokens * (16 * hidden + 4 * vocab) * 8 + 2 * heads * seq_len * seq_len * 8
+    kept = (3 if rounding else 2) * tokens * vocab * 8  # compared outputs held across runs
+    return int(weights + activations + kept)
 
 
-def verify(source_model, converted_model, *, tokenizer=None, causal=True, seq_len=64) -> dict:
-    """Compare two float32 models on the probe; report max |Δ| and the source's noise floor."""
-    vocab = getattr(source_model.config, "vocab_size", None) or 256
-    ctx = getattr(source_model.config, "max_position_embeddings", None) or getattr(source_model.config, "n_positions", None) or seq_len
-    ids = probe_ids(tokenizer, vocab, min(seq_len, int(ctx)))
-    ref = _outputs(source_model, ids, causal)
-    got = _outputs(converted_model, ids, causal)
+def verify(source, converted, *, tokenizer=None, causal=True, output_dtype="float32", device="cpu", resident_ok=False) -> dict:
+    """Compare two checkpoints on the probe; report max |Δ|, the noise floor and the rounding floor.
+
+    ``source`` and ``converted`` are (build, fetch) pairs: ``build()`` a fresh skeleton,
+    ``fetch(key, dtype)`` a weight from the files. ``resident_ok``: the whole model fits in
+    memory, so a model that cannot run module by module may run with all its weights loaded.
+    """
+    (build_src, fetch_src), (build_conv, fetch_conv) = source, converted
+    skel = build_src()
+    inputs = probe_inputs(tokenizer, skel.config)
+    ids = inputs["input_ids"]
+    ref = outputs(lambda: skel, fetch_src, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
+    got = outputs(build_conv, fetch_conv, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
     if ref.shape != got.shape:
         raise NormswapError(f"verification: output shapes differ ({tuple(ref.shape)} vs {tuple(got.shape)})")
     result = {
@@ -76,11 +211,17 @@ def verify(source_model, converted_model, *, tokenizer=None, causal=True, seq_le
         result["max_abs_logprob_diff"] = result["max_abs_diff"]
         result["probe_perplexity_source"] = _perplexity(ref, ids)
         result["probe_perplexity_converted"] = _perplexity(got, ids)
-    if _param_count(source_model) <= FLOOR_MAX_PARAMS:
-        try:
-            hi = copy.deepcopy(source_model).double()
-            result["noise_floor"] = float((_outputs(hi, ids, causal) - ref).abs().max())
-            del hi
-        except Exception:  # some modeling code does not run in float64 (XGLM's masking)
-            result["noise_floor"] = None
+    try:
+        hi = outputs(build_src, fetch_src, torch.float64, inputs, causal, device=device, resident_ok=resident_ok)
+        result["noise_floor"] = float((hi - ref).abs().max())
+    except (RuntimeError, NotImplementedError):  # some modeling code does not run in float64 (XGLM's masking)
+        result["noise_floor"] = None
+    if output_dtype not in ("float32", "float64"):
+        # rounding the weights to 16 bits moves the outputs by itself; measure that floor too
+        low = getattr(torch, output_dtype)
+        def fetch_rounded(key, dt):
+            return fetch_src(key, low if dt.is_floating_point else dt).to(dt)
+
+        rounded = outputs(build_src, fetch_rounded, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
+        result["rounding_floor"] = float((rounded - ref).abs().max())
     return result

@@ -1,0 +1,182 @@
+"""Execute a conversion plan: source tensors in, converted tensors out, the same way for every source.
+
+``prepare`` plans a conversion on a model skeleton (a meta-device model for files, the live model
+for ``apply.convert_model``), rebuilds the converted module tree and lists what OUT holds:
+every output key, the tensor whose value it carries, its dtype and shape. ``execute`` then
+computes each output tensor from the source in row blocks (``ops.run``) and hands the blocks to a
+sink: the shard files being filled in place, or a dict of tensors. Tensors passed through
+unchanged in their file dtype are copied file to file without being cast.
+
+Several tensors are in flight at once on a small thread pool: reads (``pread``), arithmetic
+(torch releases the GIL) and writes (``pwrite``) of different tensors overlap. Each tensor's
+arithmetic runs on one thread with torch's intra-op threading off, so a result does not depend
+on the number of workers or on scheduling.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from normswap.checkpoint.remote_code import apply_normswap_structure
+from normswap.convert import ops
+from normswap.convert.plan import ConvertOptions, Plan, build_plan, is_layernorm
+from normswap.convert.inputs import Inputs, tie_groups
+from normswap.errors import NormswapError
+
+
+@dataclass
+class Write:
+    value_key: str  # the tensor (source key or plan output) whose value goes here
+    dtype: torch.dtype
+    shape: tuple
+
+
+@dataclass
+class Conversion:
+    plan: Plan
+    model: object  # the converted module tree (no storage for file sources)
+    inputs: Inputs
+    writes: dict  # output key -> Write, in state-dict order, tied duplicates left out
+    parameters_before: int
+    parameters_after: int
+    source_dtype: str
+    output_dtype: str
+
+    @property
+    def specs(self) -> dict:
+        return {k: (w.dtype, w.shape) for k, w in self.writes.items()}
+
+
+def count_parameters(model) -> int:
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def prepare(model, inputs: Inputs, family, options: ConvertOptions, dtype=None) -> Conversion:
+    """Plan ``model``'s conversion, rebuild its module tree in place, and list the output tensors."""
+    config = model.config
+    plan = build_plan(family, model, config, options)
+    inputs.aliases = plan.aliases
+    src_specs = inputs.specs
+    params_before = count_parameters(model)
+    source_dtype = _dtype_name(next(model.parameters()).dtype)
+
+    with torch.no_grad():
+        apply_normswap_structure(model, plan.block)
+        if dtype is not None:
+            model.to(dtype)
+    conv_sd = model.state_dict(keep_vars=True)
+    dropped = set(plan.drop)
+    produced = [k for k in src_specs if not (k in dropped and k not in plan.derivations)]
+    produced += [k for k in plan.derivations if k not in src_specs]
+    produced_set = set(produced)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    lost = [k for k in conv_sd if k not in produced_set and k in params]
+    extra = [k for k in produced if k not in conv_sd]
+    if lost or extra:
+        raise NormswapError(f"internal error: converted weights do not fit the new module tree (missing {lost[:3]}, unexpected {extra[:3]})")
+    plan.block["source_model_type"] = config.model_type
+    plan.block["source_class"] = type(model).__name__
+    config.normswap = plan.block
+    if plan.block["untied"]:
+        config.tie_word_embeddings = False
+    left = {item["module"] for item in plan.block["left_alone"]}
+    for name, module in model.named_modules():
+        if is_layernorm(module) and name not in left:
+            raise NormswapError(f"internal error: LayerNorm {name} survived the conversion")
+
+    # the converted state dict without tied duplicates: the first name is kept, holding what
+    # load_state_dict would have left there (the last tied key it loaded)
+    groups = tie_groups(model)
+    writes, seen = {}, set()
+    for key, t in conv_sd.items():
+        if key in seen:
+            continue
+        group = groups.get(key, [key])
+        seen.update(group)
+        if key not in produced_set and key not in params:
+            continue  # a buffer the model has but no file carries
+        value_key = [g for g in group if g in produced_set][-1]
+        writes[key] = Write(value_key, t.dtype, tuple(t.shape))
+    out_dtype = dtype or next(model.parameters()).dtype
+    return Conversion(plan, model, inputs, writes, params_before, count_parameters(model), source_dtype, _dtype_name(out_dtype))
+
+
+def default_workers() -> int:
+    return min(8, (os.cpu_count() or 1) + 1)
+
+
+def execute(conv: Conversion, sink, *, device="cpu", compute=None, workers=None) -> None:
+    """Compute every output tensor and hand it to ``sink`` (``write(key, tensor, row)``, ``copy``)."""
+    inputs = conv.inputs
+
+    def shape_of(key):
+        return inputs.specs[key][1]
+
+    def one(key):
+        w = conv.writes[key]
+        op = conv.plan.derivations.get(w.value_key)
+
+        def emit(t, row):
+            sink.write(key, t, row)
+
+        if op is not None:
+            ops.run(op, w.shape, inputs.read, shape_of, emit, w.dtype, compute=compute, device=device)
+            return
+        file_dtype = inputs.file_dtype(w.value_key)
+        raw = inputs.source.raw(inputs.disk_key(w.value_key))
+        if raw is not None and file_dtype == inputs.specs[w.value_key][0] == w.dtype and hasattr(sink, "copy"):
+            sink.copy(key, *raw)  # passed through unchanged: no cast, no arithmetic
+            return
+        for a, b in ops.row_blocks(w.shape):
+            emit(inputs.read(w.value_key, a, b).to(w.dtype), a)
+
+    # biggest first, so that the last tensors to finish are small ones
+    order = sorted(conv.writes, key=lambda k: -_numel(conv.writes[k].shape))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
+            futures = [pool.submit(one, key) for key in order]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+class TensorDict:
+    """A sink that assembles the output tensors in memory."""
+
+    def __init__(self, specs: dict):
+        self.tensors = {k: torch.empty(shape, dtype=dt) for k, (dt, shape) in specs.items()}
+
+    def write(self, key, tensor, row=0):
+        target = self.tensors[key]
+        if target.dim() == 0:
+            target.copy_(tensor.reshape(()))
+        else:
+            target[row:row + tensor.shape[0]].copy_(tensor)

@@ -1,0 +1,252 @@
+"""Tensor sources: where a conversion reads its input tensors from.
+
+Three kinds, one interface (``specs``, ``read``, ``raw``, ``close``), so that conversion has one
+path whatever the checkpoint is stored as:
+
+- ``SafetensorsFiles``: the checkpoint's safetensors files. Headers are validated with
+  ``safe_open``; tensors are then read with ``pread`` at their recorded offsets, in row ranges,
+  into fresh buffers (a long-lived memory map would count every touched page towards this
+  process's resident memory until it is unmapped). ``raw`` exposes a tensor's bytes so that a
+  tensor passed through unchanged is copied file to file by the kernel.
+- ``StateDict``: tensors already in memory (``apply.convert_model``, tests).
+- ``open_bin``: PyTorch ``.bin`` files, read with ``torch.load(weights_only=True)`` (no arbitrary
+  unpickling) and memory-mapped where the file format allows it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+from normswap.errors import NormswapError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+BIN_INDEX_NAME = "pytorch_model.bin.index.json"
+ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _first_line(e) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# -- where a checkpoint's files are ---------------------------------------------------------------
+
+def local_dir(resolved, *, download=True) -> Path | None:
+    """A directory holding the checkpoint's files: the path itself, or a hub id's snapshot."""
+    path = Path(str(resolved))
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
+    for local_only in (True, False):
+        if not local_only and not download:
+            return None
+        try:
+            found = Path(snapshot_download(str(resolved), local_files_only=local_only, allow_patterns=patterns))
+        except Exception as e:
+            if not local_only:
+                raise NormswapError(f"cannot fetch the weight files of {resolved}: {_first_line(e)}") from None
+            continue
+        if weight_files(found)[0] is None and not local_only:  # a repo with .bin weights only
+            found = Path(snapshot_download(str(resolved), allow_patterns=patterns + ["*.bin"]))
+        return found
+    return None
+
+
+def weight_files(directory: Path) -> tuple[str | None, list[Path]]:
+    """('safetensors', files) | ('bin', files) | (None, []), preferring safetensors like transformers."""
+    index = directory / INDEX_NAME
+    if index.is_file():
+        return "safetensors", _indexed_files(directory, index)
+    if (directory / SINGLE_NAME).is_file():
+        return "safetensors", [directory / SINGLE_NAME]
+    if (directory / BIN_INDEX_NAME).is_file():
+        return "bin", _indexed_files(directory, directory / BIN_INDEX_NAME)
+    bins = sorted(directory.glob("pytorch_model*.bin"))
+    if bins:
+        return "bin", bins
+    return None, []
+
+
+def _indexed_files(directory: Path, index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise NormswapError(f"{index} is not a valid weight index (no weight_map)") from None
+    for name in names:
+        path = directory / name
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise NormswapError(f"{index.name} names {name!r}, which is outside the checkpoint directory")
+        if not path.is_file():
+            raise NormswapError(f"{directory} is incomplete: {name} is listed in {index.name} but absent")
+    return [directory / n for n in names]
+
+
+def open_source(directory: Path, label: str):
+    """The tensor source for a checkpoint directory, or a one-line refusal."""
+    fmt, files = weight_files(directory)
+    if fmt == "safetensors":
+        return SafetensorsFiles(directory, files)
+    if fmt == "bin":
+        return open_bin(files, label)
+    raise NormswapError(f"{label} holds no weights (no model.safetensors, index or pytorch_model.bin)")
+
+
+# -- the sources ------------------------------------------------------------------------------
+
+class SafetensorsFiles:
+    """The safetensors files of a checkpoint, read lazily in row ranges."""
+
+    kind = "safetensors"
+
+    def __init__(self, directory: Path, files: list[Path]):
+        from safetensors import safe_open
+
+        self.directory = Path(directory)
+        self.files = list(files)
+        self.specs: dict = {}  # file key -> (torch dtype, shape)
+        self.where: dict = {}  # file key -> path
+        self.offsets: dict = {}  # file key -> absolute byte offset
+        self.duplicates: list = []  # keys stored in more than one file
+        self.metadata: dict = {}
+        self._fds: dict = {}
+        index = self.directory / INDEX_NAME
+        if index.is_file():
+            self.metadata = json.loads(index.read_text()).get("metadata") or {}
+        for path in self.files:
+            try:
+                with safe_open(str(path), framework="pt") as handle:
+                    keys = list(handle.keys())
+            except Exception as e:  # safetensors' own error type: truncated or not safetensors at all
+                raise NormswapError(f"cannot read weights of {self.directory}: {path.name} is a corrupted safetensors "
+                                    f"file ({_first_line(e)})") from None
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            for key in keys:
+                if key in self.where:
+                    self.duplicates.append(key)
+                    continue
+                entry = header[key]
+                dtype = ST_DTYPES.get(entry["dtype"])
+                if dtype is None:
+                    raise NormswapError(f"{path.name}: tensor {key} has dtype {entry['dtype']}, which normswap does not read")
+                self.where[key] = path
+                self.specs[key] = (dtype, tuple(int(s) for s in entry["shape"]))
+                self.offsets[key] = 8 + n + int(entry["data_offsets"][0])
+
+    def _fd(self, path) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        return fd
+
+    def raw(self, key):
+        """(fd, byte offset, byte count) of ``key`` in its file."""
+        dtype, shape = self.specs[key]
+        return self._fd(self.where[key]), self.offsets[key], numel(shape) * element_size(dtype)
+
+    def read(self, key, start=None, stop=None) -> torch.Tensor:
+        """Tensor ``key`` (rows ``start:stop`` of dimension 0 when given) in its file dtype."""
+        dtype, shape = self.specs[key]
+        if not shape:
+            start, stop = 0, 1
+        elif start is None:
+            start, stop = 0, shape[0]
+        row = numel(shape[1:]) * element_size(dtype)
+        size = (stop - start) * row
+        out_shape = (stop - start, *shape[1:]) if shape else ()
+        buf = torch.empty(size, dtype=torch.uint8)  # not zero-filled, unlike bytearray
+        if size:
+            fd, offset, _ = self.raw(key)
+            view, done = memoryview(buf.numpy()), 0
+            while done < size:
+                got = os.preadv(fd, [view[done:]], offset + start * row + done)
+                if got <= 0:
+                    raise NormswapError(f"cannot read {key} from {self.where[key].name}: the file ended early")
+                done += got
+        return buf.view(dtype).reshape(out_shape)
+
+    def close(self):
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class StateDict:
+    """Tensors already in memory, behind the same interface as the files."""
+
+    kind = "state-dict"
+
+    def __init__(self, tensors: dict, metadata: dict | None = None):
+        self.tensors = {k: v.detach() for k, v in tensors.items()}
+        self.specs = {k: (t.dtype, tuple(t.shape)) for k, t in self.tensors.items()}
+        self.duplicates: list = []
+        self.metadata = metadata or {}
+        self.files: list = []
+
+    def raw(self, key):
+        return None
+
+    def read(self, key, start=None, stop=None) -> torch.Tensor:
+        t = self.tensors[key]
+        if start is None or t.dim() == 0:
+            return t.cpu()
+        return t[start:stop].cpu()
+
+    def close(self):
+        pass
+
+
+def open_bin(files: list[Path], label: str) -> StateDict:
+    """PyTorch .bin weights through the restricted unpickler (tensors and plain containers only)."""
+    tensors: dict = {}
+    duplicates = []
+    for path in files:
+        try:
+            try:
+                loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                loaded = torch.load(path, map_location="cpu", weights_only=True)  # legacy format: no mmap
+        except Exception as e:
+            raise NormswapError(f"cannot read weights of {label}: {path.name} is not a plain PyTorch weights file "
+                                f"({_first_line(e)})") from None
+        if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
+            raise NormswapError(f"cannot read weights of {label}: {path.name} does not hold a flat dict of tensors")
+        for key, tensor in loaded.items():
+            if key in tensors:
+                duplicates.append(key)
+                continue
+            tensors[key] = tensor
+    source = StateDict(tensors)
+    source.duplicates = duplicates
+    source.files = list(files)
+    source.kind = "bin"
+    return source
