@@ -88,7 +88,7 @@ def test_damaged_weights(gpt2_src, tmp_path, run_cli, damage):
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"\xff" * 64 + data[64:])
     code, _, err = run_cli("convert", src, tmp_path / "out")
-    _one_line_error(code, err, "cannot load weights")
+    _one_line_error(code, err, "corrupted safetensors")
     assert not (tmp_path / "out").exists()
 
 
@@ -188,6 +188,6 @@ def test_checkpoint_missing_a_weight_is_refused(gpt2_src, tmp_path, run_cli):
     tensors = load_file(src / "model.safetensors")
     tensors.pop("transformer.h.1.mlp.c_fc.weight")
     save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
-    code, _, err = run_cli("convert", src, tmp_path / "out", "--no-streaming")
-    _one_line_error(code, err, "lacks 1 weight")
+    code, _, err = run_cli("convert", src, tmp_path / "out")
+    _one_line_error(code, err, "lacks 1 tensor")
     assert not (tmp_path / "out").exists()

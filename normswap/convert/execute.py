@@ -25,6 +25,7 @@ from normswap.checkpoint.remote_code import apply_normswap_structure
 from normswap.convert import ops
 from normswap.convert.plan import ConvertOptions, Plan, build_plan, is_layernorm
 from normswap.convert.inputs import Inputs, tie_groups
+from normswap.convert.memory import release_freed_memory
 from normswap.errors import NormswapError
 
 
@@ -143,13 +144,18 @@ def execute(conv: Conversion, sink, *, device="cpu", compute=None, workers=None)
         for a, b in ops.row_blocks(w.shape):
             emit(inputs.read(w.value_key, a, b).to(w.dtype), a)
 
+    def one_then_trim(key):
+        one(key)
+        if _numel(conv.writes[key].shape) >= ops.BLOCK_ELEMENTS:  # only big tensors leave big holes
+            release_freed_memory()
+
     # biggest first, so that the last tensors to finish are small ones
     order = sorted(conv.writes, key=lambda k: -_numel(conv.writes[k].shape))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
-            futures = [pool.submit(one, key) for key in order]
+            futures = [pool.submit(one_then_trim, key) for key in order]
             try:
                 for future in futures:
                     future.result()
@@ -159,6 +165,7 @@ def execute(conv: Conversion, sink, *, device="cpu", compute=None, workers=None)
                 raise
     finally:
         torch.set_num_threads(threads)
+        release_freed_memory()
 
 
 def _numel(shape) -> int:

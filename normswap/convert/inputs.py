@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from normswap.convert.ops import row_blocks
 from normswap.convert.source import numel
 from normswap.errors import NormswapError
 
@@ -145,9 +146,17 @@ class Inputs:
         """Rows of model tensor ``key`` in its load dtype (what from_pretrained would hold)."""
         return self.source.read(self.disk_key(key), start, stop).to(self.specs[key][0])
 
-    def read_as(self, key, dtype, start=None, stop=None) -> torch.Tensor:
-        """Rows of ``key`` cast straight from the file dtype (what from_pretrained(dtype=...) holds)."""
-        return self.source.read(self.disk_key(key), start, stop).to(dtype)
+    def read_as(self, key, dtype) -> torch.Tensor:
+        """Tensor ``key`` cast straight from the file dtype (what from_pretrained(dtype=...) holds),
+        filled row block by row block so that no second whole-size copy exists at any time."""
+        disk = self.disk_key(key)
+        shape = self.source.specs[disk][1]
+        if len(shape) < 2:
+            return self.source.read(disk).to(dtype)
+        out = torch.empty(shape, dtype=dtype)
+        for a, b in row_blocks(shape):
+            out[a:b] = self.source.read(disk, a, b)  # copy_ casts exactly like .to()
+        return out
 
 
 def match(model, source, label: str) -> Inputs:

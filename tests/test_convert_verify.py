@@ -1,0 +1,169 @@
+"""Verification: on by default, module by module in bounded memory, the same figures as whole models;
+a wrong conversion exits 1 and publishes nothing; --tolerance; the up-front memory check."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from normswap.convert import execute, pipeline
+from normswap.testing import tiny_model
+
+
+@pytest.fixture(scope="module")
+def neox_src(tmp_path_factory):
+    path = tmp_path_factory.mktemp("src") / "neox"
+    tiny_model("gpt_neox", 0).save_pretrained(path, max_shard_size="30KB")
+    return path
+
+
+@pytest.fixture
+def centring_disabled(monkeypatch):
+    """A deliberately wrong exact conversion: the plan keeps its folds but centres nothing."""
+    original = execute.build_plan
+
+    def wrong_plan(*args, **kwargs):
+        plan = original(*args, **kwargs)
+        for key in [k for k, op in plan.derivations.items() if op["op"] == "center_rows"]:
+            del plan.derivations[key]
+        for op in plan.derivations.values():
+            if "center" in op:
+                op["center"] = False
+        return plan
+
+    monkeypatch.setattr(execute, "build_plan", wrong_plan)
+
+
+def _logprobs(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits.double().log_softmax(-1)
+
+
+def test_module_by_module_figures_equal_whole_models(neox_src, tmp_path, run_cli):
+    """max |Δ log-prob| from the blockwise runs is the one whole float32 models give on the same probe."""
+    from normswap.convert.verify import probe_inputs
+
+    code, out, err = run_cli("convert", neox_src, tmp_path / "out", "--json")
+    assert code == 0, err
+    ver = json.loads(out)["verification"]
+    assert ver["passed"] is True and ver["noise_floor"] is not None
+
+    src = AutoModelForCausalLM.from_pretrained(neox_src, dtype=torch.float32).eval()
+    conv = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True, dtype=torch.float32).eval()
+    ids = probe_inputs(None, src.config)["input_ids"]
+    assert ver["probe_tokens"] == ids.numel()
+    whole = float((_logprobs(src, ids) - _logprobs(conv, ids)).abs().max())
+    assert ver["max_abs_diff"] == pytest.approx(whole, rel=1e-9, abs=1e-12)
+    floor = float((_logprobs(src.double(), ids) - _logprobs(AutoModelForCausalLM.from_pretrained(neox_src, dtype=torch.float32).eval(), ids)).abs().max())
+    assert ver["noise_floor"] == pytest.approx(floor, rel=1e-9, abs=1e-12)
+
+
+def test_wrong_conversion_exits_1_and_publishes_nothing(neox_src, tmp_path, run_cli, centring_disabled):
+    code, _, err = run_cli("convert", neox_src, tmp_path / "out")
+    assert code == 1, err
+    line = [x for x in err.splitlines() if x.startswith("normswap: error:")]
+    assert len(line) == 1 and "verification failed" in line[0] and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if "normswap_tmp" in p.name]
+
+
+def test_tolerance_decides(neox_src, tmp_path, run_cli, centring_disabled):
+    """The same wrong conversion passes when --tolerance is above its error, and fails just below it."""
+    code, out, err = run_cli("convert", neox_src, tmp_path / "loose", "--tolerance", "1e3", "--json")
+    assert code == 0, err
+    ver = json.loads(out)["verification"]
+    assert ver["passed"] is True and ver["threshold"] == 1e3 and ver["max_abs_diff"] > 1e-2
+    code, _, err = run_cli("convert", neox_src, tmp_path / "tight", "--tolerance", str(ver["max_abs_diff"] * 0.9))
+    assert code == 1 and not (tmp_path / "tight").exists()
+
+
+def test_verification_that_would_not_fit_is_refused_up_front(neox_src, tmp_path, run_cli, monkeypatch):
+    monkeypatch.setattr(pipeline, "available_memory", lambda: 10_000)
+    code, _, err = run_cli("convert", neox_src, tmp_path / "out")
+    assert code == 2 and "--no-verify" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+    code, _, err = run_cli("convert", neox_src, tmp_path / "out", "--no-verify")
+    assert code == 0, err
+
+
+# -- memory: measured in a child process ---------------------------------------------------------
+
+# Anonymous memory (RssAnon), sampled every 2 ms: what the conversion itself holds. Total RSS
+# also counts file-backed pages of the source and of the output being filled; those are page
+# cache the kernel reclaims at will.
+_CHILD = textwrap.dedent("""
+    import json, sys, threading, time
+    import torch, transformers
+    from normswap.checkpoint.load import load_config
+    from normswap.convert import inputs, pipeline, verify
+
+    def anon():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    src, out, shard, how = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    config = load_config(src)
+    skel = inputs.skeleton(config)  # imports the modeling code (~200 MB of modules), not part of the data
+    estimate = verify.peak_bytes(skel, config, rounding=False)
+    baseline = anon()
+    peak = [baseline]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], anon())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    if how == "convert":
+        pipeline.convert_checkpoint(src, out, verify=True, max_shard_size=shard)
+    else:  # the negative control: what loading the whole model costs
+        transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    done.set()
+    t.join()
+    peak[0] = max(peak[0], anon())
+    print(json.dumps({"baseline": baseline, "peak": peak[0], "estimate": estimate}))
+""")
+
+
+def _in_child(src, out, shard, how):
+    env = dict(os.environ, NORMSWAP_KERNEL="torch", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(out), str(shard), how],
+                          capture_output=True, text=True, env=env, timeout=800)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_verified_conversion_stays_near_a_shard_not_the_model(tmp_path):
+    """A ~330 MB float32 checkpoint in 4 shards, converted *with* verification: anonymous memory grows by
+    less than 2.5 shards, within the up-front estimate; loading the model whole grows by more than the model."""
+    from normswap.testing import tiny_config
+    from transformers import GPTNeoXForCausalLM
+
+    config = tiny_config("gpt_neox", 0, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
+                         num_attention_heads=16, vocab_size=8192, tie_word_embeddings=False)
+    GPTNeoXForCausalLM(config).save_pretrained(tmp_path / "src", max_shard_size="100MB")
+    files = sorted((tmp_path / "src").glob("*.safetensors"))
+    model_bytes = sum(f.stat().st_size for f in files)
+    shard = max(f.stat().st_size for f in files)
+    assert model_bytes > 300e6 and len(files) >= 4
+
+    got = _in_child(tmp_path / "src", tmp_path / "out", shard, "convert")
+    growth = got["peak"] - got["baseline"]
+    assert growth < 2.5 * shard, f"grew by {growth / 1e6:.0f} MB (largest shard {shard / 1e6:.0f} MB)"
+    assert growth <= got["estimate"], f"grew by {growth / 1e6:.0f} MB, estimated {got['estimate'] / 1e6:.0f} MB"
+    manifest = json.loads((tmp_path / "out" / "normswap_manifest.json").read_text())
+    assert manifest["verification"]["passed"] is True
+
+    whole = _in_child(tmp_path / "src", tmp_path / "unused", shard, "load")
+    assert whole["peak"] - whole["baseline"] > 0.9 * model_bytes
