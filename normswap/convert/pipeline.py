@@ -26,7 +26,8 @@ from normswap.checkpoint.write import copy_side_files, write_config_and_code
 from normswap.convert import inputs as ckinputs
 from normswap.convert import verify as verification
 from normswap.convert.apply import check_convertible
-from normswap.convert.execute import Conversion, execute, prepare
+from normswap.convert import ops
+from normswap.convert.execute import Conversion, TensorDict, execute, prepare
 from normswap.convert.plan import ConvertOptions
 from normswap.convert.source import SafetensorsFiles, local_dir, numel, open_source, weight_files
 from normswap.errors import NormswapError, VerificationError
@@ -125,13 +126,13 @@ def run_verification(conv: Conversion, source_config, resolved, staged, *, causa
     try:
         out_skeleton = ckinputs.skeleton(staged_config, torch.float32)
         staged_inputs = ckinputs.match(out_skeleton, staged_files, f"the converted checkpoint {staged.name}")
-        src_inputs = conv.inputs
         whole = 8 * max(conv.parameters_before, conv.parameters_after)
+        sixteen = conv.output_dtype not in ("float32", "float64")
         result = verification.verify(
-            (lambda: ckinputs.skeleton(source_config, torch.float32, buffers=True), src_inputs.read_as),
+            (lambda: ckinputs.skeleton(source_config, torch.float32, buffers=True), conv.inputs.read_as),
             (lambda: ckinputs.skeleton(staged_config, torch.float32, buffers=True), staged_inputs.read_as),
-            tokenizer=_tokenizer(resolved), causal=causal, output_dtype=conv.output_dtype, device=device,
-            resident_ok=whole < 0.5 * available_memory(),
+            unrounded=(lambda key, dt: unrounded_tensor(conv, staged_inputs.disk_key(key), device).to(dt)) if sixteen else None,
+            tokenizer=_tokenizer(resolved), causal=causal, device=device, resident_ok=whole < 0.5 * available_memory(),
         )
     finally:
         staged_files.close()
@@ -143,6 +144,18 @@ def run_verification(conv: Conversion, source_config, resolved, staged, *, causa
     result["threshold"] = threshold
     result["passed"] = bool(result["max_abs_diff"] <= threshold) if conv.plan.mode == "exact" else None
     return result
+
+
+def unrounded_tensor(conv: Conversion, key, device="cpu") -> torch.Tensor:
+    """Output tensor ``key`` as the conversion computes it before rounding to a 16-bit dtype (float32, float64 math)."""
+    w = conv.writes[key]
+    op = conv.plan.derivations.get(w.value_key)
+    if op is None:
+        return conv.inputs.read(w.value_key).to(torch.float32)
+    sink = TensorDict({key: (torch.float32, w.shape)})
+    ops.run(op, w.shape, conv.inputs.read, lambda k: conv.inputs.specs[k][1], lambda t, row: sink.write(key, t, row),
+            torch.float32, device=device)
+    return sink.tensors[key]
 
 
 def _tokenizer(resolved):

@@ -4,7 +4,8 @@ Causal LMs are compared on per-token log-probabilities over the whole vocabulary
 (encoders) on their first output (hidden states or MLM logits). The source's own float32 vs
 float64 difference on the same probe is the noise floor a float32 comparison cannot beat: in
 tied-embedding models whose rows share a large common offset it reaches 4-7e-6. For 16-bit
-outputs, the source rounded to that dtype gives the rounding floor.
+outputs, the converted weights before their rounding to that dtype give the rounding floor (what
+rounding alone moves the outputs by, also when the source already was 16-bit).
 
 Memory stays bounded at every model size: each model is a skeleton whose parameters are
 placeholders without storage, and every module that owns parameters gets them from the weight
@@ -190,12 +191,14 @@ def peak_bytes(model, config, *, rounding: bool, seq_len: int = SEQ_LEN) -> int:
     return int(weights + activations + kept + ALLOCATOR_SLACK)
 
 
-def verify(source, converted, *, tokenizer=None, causal=True, output_dtype="float32", device="cpu", resident_ok=False) -> dict:
+def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, device="cpu", resident_ok=False) -> dict:
     """Compare two checkpoints on the probe; report max |Δ|, the noise floor and the rounding floor.
 
     ``source`` and ``converted`` are (build, fetch) pairs: ``build()`` a fresh skeleton,
-    ``fetch(key, dtype)`` a weight from the files. ``resident_ok``: the whole model fits in
-    memory, so a model that cannot run module by module may run with all its weights loaded.
+    ``fetch(key, dtype)`` a weight from the files. ``unrounded`` (16-bit outputs) fetches the
+    converted weights as computed before their rounding to the output dtype: the difference it
+    makes is the rounding floor. ``resident_ok``: the whole model fits in memory, so a model that
+    cannot run module by module may run with all its weights loaded.
     """
     (build_src, fetch_src), (build_conv, fetch_conv) = source, converted
     skel = build_src()
@@ -220,12 +223,8 @@ def verify(source, converted, *, tokenizer=None, causal=True, output_dtype="floa
         result["noise_floor"] = float((hi - ref).abs().max())
     except (RuntimeError, NotImplementedError):  # some modeling code does not run in float64 (XGLM's masking)
         result["noise_floor"] = None
-    if output_dtype not in ("float32", "float64"):
-        # rounding the weights to 16 bits moves the outputs by itself; measure that floor too
-        low = getattr(torch, output_dtype)
-        def fetch_rounded(key, dt):
-            return fetch_src(key, low if dt.is_floating_point else dt).to(dt)
-
-        rounded = outputs(build_src, fetch_rounded, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
-        result["rounding_floor"] = float((rounded - ref).abs().max())
+    if unrounded is not None:
+        # rounding the converted weights to 16 bits moves the outputs by itself; measure that floor
+        exact = outputs(build_conv, unrounded, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
+        result["rounding_floor"] = float((exact - got).abs().max())
     return result
