@@ -250,7 +250,9 @@ def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mo
     say = progress or (lambda m: None)
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     root = Path(tempfile.mkdtemp(prefix="normswap-bench-convert-", dir=workdir))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    # the RMSNorm's torch implementation: a first build of the compiled CPU kernel (about a minute)
+    # would otherwise land in whichever step runs first; norms are a sliver of the probe's compute
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", NORMSWAP_KERNEL="torch")
     try:
         src = root / "src"
         t0 = time.perf_counter()
@@ -324,7 +326,8 @@ def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mo
                 "each step is a separate process; peak RSS is that process's ru_maxrss (wait4), imports included",
                 "baseline = a process that only imports normswap's convert modules (torch, transformers) and builds the "
                 "meta-device skeleton: the part of every convert step's wall time and RSS that is not conversion",
-                "steps are interleaved (copy, --no-verify, verified) in every round; medians over rounds",
+                "steps are interleaved (copy, --no-verify, verified) in every round; medians over rounds (the upper one of two)",
+                "NORMSWAP_KERNEL=torch for every step: no first build of the compiled CPU kernel inside a timed step",
                 "wall seconds include process start-up and imports; in-process seconds are convert's own",
             ],
             **({"workdir": str(root)} if keep else {}),
