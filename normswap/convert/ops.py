@@ -5,12 +5,13 @@ can be computed in any order and on any thread. Each op reads its inputs in bloc
 (``block_rows``), so memory stays at a few blocks whatever the tensor's size, and the blocking
 depends only on the tensor's shape: every source (files, state dict, .bin) gives the same bits.
 
-Precision policy (measured in docs/conversion-precision.md):
+Precision policy (measured: bench/convert_precision.py, docs/conversion-precision.md):
 - float32/float64 outputs: all arithmetic in float64, cast once at the end;
 - 16-bit outputs: element-wise arithmetic in float32 (a product of two 16-bit numbers is exact
-  there), every reduction (row/column means, W·β) accumulated in float64, cast once at the end.
-  The result can differ from the all-float64 result by one unit in the last place of the output
-  dtype where float32 rounding lands next to a 16-bit rounding boundary (double rounding).
+  there), every reduction (row/column means, W·β) accumulated in float64, the float64 mean
+  subtracted as two float32 terms (``_subtract``), cast once at the end. The result can differ
+  from the all-float64 result only where a float32 rounding lands next to a 16-bit rounding
+  boundary (double rounding): by one unit in the last place of the output dtype.
 ``compute`` overrides the choice (the precision benchmark passes float64 for its reference).
 """
 
@@ -72,8 +73,7 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
     elif kind == "center_rows":
         for a, b in row_blocks(shape):
             x = get(op["src"], a, b)
-            mean = x.to(F64).mean(dim=-1, keepdim=True)
-            put(x.sub_(mean.to(calc)), a)
+            put(_subtract(x, x.to(F64).mean(dim=-1, keepdim=True)), a)
     elif kind == "linear_weight":
         _linear_weight(op, shape, get, put, calc)
     elif kind == "linear_bias":
@@ -95,14 +95,12 @@ def _linear_weight(op, shape, get, put, calc):
                 x = get(op["src"], a, b, dtype=F64)
                 colsum = colsum.to(x.device) + x.sum(dim=0)
             mean = colsum / shape[0]
-            mean = (mean * gamma64 if gamma64 is not None else mean).to(calc)
+            mean = mean * gamma64 if gamma64 is not None else mean
         for a, b in blocks:
             x = get(op["src"], a, b)
             if gamma is not None:
                 x.mul_(gamma)
-            if mean is not None:
-                x.sub_(mean)
-            put(x, a)
+            put(_subtract(x, mean) if mean is not None else x, a)
         return
     # conv1d [in, out] (and embeddings): γ scales rows; centring averages each row
     for a, b in blocks:
@@ -113,9 +111,21 @@ def _linear_weight(op, shape, get, put, calc):
             mean = mean * g
         if g is not None:
             x.mul_(g.to(calc))
-        if mean is not None:
-            x.sub_(mean.to(calc))
-        put(x, a)
+        put(_subtract(x, mean) if mean is not None else x, a)
+
+
+def _subtract(x, mean64):
+    """x - mean, in place in x's dtype, with the float64 mean split into two float32 terms.
+
+    Where x is close to the mean (a centred value near zero) ``x - hi`` is exact, so the result
+    is the correctly rounded difference rather than one polluted by the mean's own float32
+    rounding (which, relative to a near-zero result, is many 16-bit ulps).
+    """
+    hi = mean64.to(x.dtype)
+    x.sub_(hi)
+    if x.dtype != F64:
+        x.sub_((mean64 - hi.to(F64)).to(x.dtype))
+    return x
 
 
 def _linear_bias(op, get, shape_of):
