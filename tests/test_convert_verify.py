@@ -69,7 +69,7 @@ def test_wrong_conversion_exits_1_and_publishes_nothing(neox_src, tmp_path, run_
     line = [x for x in err.splitlines() if x.startswith("normswap: error:")]
     assert len(line) == 1 and "verification failed" in line[0] and "Traceback" not in err
     assert not (tmp_path / "out").exists()
-    assert not [p for p in tmp_path.iterdir() if "normswap_tmp" in p.name]
+    assert not [p for p in tmp_path.iterdir() if ".normswap-staging-" in p.name]
 
 
 def test_tolerance_decides(neox_src, tmp_path, run_cli, centring_disabled):
