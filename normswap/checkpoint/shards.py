@@ -102,7 +102,20 @@ def _dtype_rank() -> dict:
     return {name: i for i, name in enumerate(order)}
 
 
-class ShardWriter:
+class _ClosedOnSuccess:
+    """``with``: close() when the block succeeds, abort() when it raises."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class ShardWriter(_ClosedOnSuccess):
     """One safetensors file whose tensors are known in advance and written piece by piece.
 
     ``write(key, tensor, row=0)`` stores ``tensor`` (contiguous, the declared dtype) as rows
@@ -198,21 +211,12 @@ class ShardWriter:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
 
 def default_metadata() -> dict:
     return {"format": "pt", "producer": f"normswap {__version__}"}
 
 
-class ShardedCheckpoint:
+class ShardedCheckpoint(_ClosedOnSuccess):
     """All weight files of a checkpoint directory: split, opened and filled key by key.
 
     ``specs`` ({key: (dtype, shape)}, in write order) is split greedily at ``max_shard_size``;
@@ -252,11 +256,4 @@ class ShardedCheckpoint:
         for writer in self.writers:
             writer.abort()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

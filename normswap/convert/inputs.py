@@ -198,7 +198,7 @@ def match(model, source, label: str) -> Inputs:
 
     specs = {k: (t.dtype, tuple(t.shape)) for k, t in meta_sd.items()}
     inputs = Inputs(source, model, keymap, specs, groups)
-    missing = [k for k in specs if inputs.disk_key(k) is None and (k in params or k in _persistent_buffers(model))]
+    missing = [k for k in specs if inputs.disk_key(k) is None and (k in params or k in persistent_buffers(model))]
     if missing:
         raise NormswapError(f"{label} lacks {len(missing)} tensor(s) the {cls} needs (first: {missing[0]}): truncated or "
                             "saved by an incompatible version; nothing was written")
@@ -218,7 +218,7 @@ def match(model, source, label: str) -> Inputs:
     return inputs
 
 
-def _persistent_buffers(model) -> set:
+def persistent_buffers(model) -> set:
     out = set()
     for mname, module in model.named_modules():
         skip = getattr(module, "_non_persistent_buffers_set", set())

@@ -22,6 +22,7 @@ import math
 import torch
 from torch import nn
 
+from normswap.convert.inputs import persistent_buffers
 from normswap.convert.memory import release_freed_memory
 from normswap.errors import NormswapError
 
@@ -83,7 +84,7 @@ class Blockwise:
                     holder = placeholders[id(p)] = nn.Parameter(empty.expand(p.shape), requires_grad=False)
                 module._parameters[pname] = holder
                 self.slots.append((module, pname, f"{mname}.{pname}" if mname else pname, holder))
-        persistent = _persistent_buffer_keys(model)
+        persistent = persistent_buffers(model)
         for mname, module in model.named_modules():
             for bname, buf in list(module._buffers.items()):
                 if buf is None:
@@ -140,16 +141,6 @@ class Blockwise:
 
 class _NotBlockwise(Exception):
     pass
-
-
-def _persistent_buffer_keys(model) -> set:
-    out = set()
-    for mname, module in model.named_modules():
-        skip = getattr(module, "_non_persistent_buffers_set", set())
-        for bname, buf in module._buffers.items():
-            if buf is not None and bname not in skip:
-                out.add(f"{mname}.{bname}" if mname else bname)
-    return out
 
 
 def outputs(build, fetch, dtype, inputs, causal, *, device="cpu", resident_ok=False) -> torch.Tensor:
