@@ -33,14 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from normswap.convert.execute import count_parameters
-from normswap.convert.inputs import tie_groups
 from normswap.errors import NormswapError
 
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "fp32": torch.float32, "float32": torch.float32}
+# torch and normswap's conversion modules are imported where used: `--help` stays instant
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
 _HIDDEN_LADDER = (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192)
 GOALS = {  # step: (wall time ≤ x copy, peak RSS ≤ x largest shard)
     "convert_no_verify": (2.0, 2.0),
@@ -87,16 +84,19 @@ def family_config(family: str, hidden: int, layers: int, vocab: int | None = Non
     return cfg
 
 
-def _meta(config, dtype=torch.float32):
+def _meta(config, dtype=None):
+    import torch
     import transformers
 
     cls = getattr(transformers, config.architectures[0])
     with torch.device("meta"):
-        return cls._from_config(config, dtype=dtype)
+        return cls._from_config(config, dtype=dtype or torch.float32)
 
 
 def config_for_params(family: str, params: float, vocab: int | None = None):
     """The (hidden, layers) closest to the family's usual depth/width (layers ~ hidden/64)."""
+    from normswap.convert.execute import count_parameters
+
     best = None
     for hidden in _HIDDEN_LADDER:
         one = count_parameters(_meta(family_config(family, hidden, 1, vocab)))
@@ -135,10 +135,14 @@ def _disk_names(model, keys) -> dict:
 def synthetic_checkpoint(directory, *, family="gpt_neox", params=1.4e9, shards=4, dtype="bf16", seed=0,
                          config=None, progress=None) -> dict:
     """Write a random-weight checkpoint of about ``params`` parameters in ``shards`` files."""
+    import torch
+
     from normswap.checkpoint.shards import ShardWriter, default_metadata
+    from normswap.convert.execute import count_parameters
+    from normswap.convert.inputs import tie_groups
 
     say = progress or (lambda m: None)
-    torch_dtype = DTYPES.get(str(dtype))
+    torch_dtype = getattr(torch, DTYPES[str(dtype)]) if str(dtype) in DTYPES else None
     if torch_dtype is None:
         raise NormswapError(f"--dtype must be one of {', '.join(DTYPES)}")
     directory = Path(directory)
@@ -339,6 +343,7 @@ def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mo
 
 def machine() -> dict:
     import psutil
+    import torch
 
     cpu = platform.processor() or ""
     try:
