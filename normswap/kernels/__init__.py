@@ -3,11 +3,14 @@
     rms_norm(x, weight=None, eps=1e-5, residual=None) -> y  |  (y, x + residual)
 
 Backends, chosen per call by the environment variable NORMSWAP_KERNEL:
-- ``auto`` (default): Triton on CUDA; on CPU the compiled C++ kernel (normswap.kernels.cpu) when it
-  builds/loads, else a fast pure-PyTorch composite with a hand-written backward.
+- ``auto`` (default): in eager mode the fastest implementation measured on this machine for the
+  call's (device, dtype, width, rows, gradient) — normswap's compiled C++ kernel on CPU, its
+  Triton kernels on CUDA, torch's own ``F.rms_norm``, or the plain composite — see
+  normswap.kernels.autotune; under torch.compile the plain formula, which Inductor fuses with the
+  residual add and its neighbours.
 - ``triton``: the Triton kernels (on CPU tensors only with TRITON_INTERPRET=1, for tests).
-- ``torch``: a plain PyTorch composite differentiated by autograd (the reference).
-- ``cpu`` / ``composite``: force one CPU implementation (benchmarks and tests).
+- ``torch``: the plain PyTorch formula differentiated by autograd (the reference).
+- ``cpu`` / ``composite`` / ``native``: force one implementation (benchmarks and tests).
 
 Dtype rule (all backends, also under autocast): statistics and the normalise-and-scale run in
 float32 and the result is rounded once to x's dtype; the weight is used at its own precision and
@@ -15,6 +18,11 @@ its gradient comes back in its dtype; with a residual, the sum follows PyTorch's
 exactly as `x + residual` would (bf16 + fp32 -> fp32), is rounded to that dtype, and is both
 normalised and returned; y then has the sum's dtype. Autocast does not change any of this: like HF's
 LlamaRMSNorm, the norm returns the dtype it was given.
+
+Per-call cost: an eager call that needs no gradient goes straight to the chosen kernel; on CPU a
+call that does goes through one C++ autograd node (normswap.kernels.cpu), not a Python
+autograd.Function and the custom-op dispatcher, so decode-sized calls cost about what
+F.layer_norm's do.
 """
 
 from __future__ import annotations
@@ -22,17 +30,100 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
 from normswap.errors import NormswapError
+from normswap.kernels import autotune as _autotune
 
-BACKENDS = ("auto", "triton", "torch", "cpu", "composite")
+_is_compiling = torch.compiler.is_compiling
+
+BACKENDS = ("auto", "triton", "torch", "cpu", "composite", "native")
+
+
+# os.environ.get decodes and re-encodes on every call (~2 µs, a tenth of a small norm's budget);
+# the raw mapping behind os.environ is kept in sync by os.environ itself (setenv, monkeypatch).
+_ENV = getattr(os.environ, "_data", None)
+try:
+    _ENV_KEY = os.environ.encodekey("NORMSWAP_KERNEL")
+except AttributeError:  # pragma: no cover - not CPython's os.environ
+    _ENV = None
 
 
 def requested_backend() -> str:
-    value = os.environ.get("NORMSWAP_KERNEL", "auto").strip().lower() or "auto"
+    if _ENV is not None:
+        raw = _ENV.get(_ENV_KEY)
+        if raw is None or raw == b"auto":
+            return "auto"
+        value = os.environ.decodevalue(raw)
+    else:  # pragma: no cover
+        value = os.environ.get("NORMSWAP_KERNEL", "auto")
+    value = value.strip().lower() or "auto"
     if value not in BACKENDS:
         raise NormswapError(f"NORMSWAP_KERNEL={value!r} is not one of {', '.join(BACKENDS)}")
     return value
+
+
+def call_impl(impl, x, weight, residual, eps):
+    """One implementation by name, API convention (y or (y, summed)); inputs already validated."""
+    if impl == "cpu" and x.dtype in _CPU_DTYPES and not _is_compiling():  # Dynamo cannot trace pybind
+        out = _cpu_ext().norm(x, weight, residual, eps)
+        return (out[0], out[1]) if residual is not None else out[0]
+    if impl == "native":
+        if residual is not None:
+            s = x + residual
+            return F.rms_norm(s, (s.shape[-1],), weight, eps), s
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    from normswap.kernels import _ops  # registers torch.ops.normswap.* on first use
+
+    y, _, summed = _ops.apply(x, weight, residual, float(eps), impl)
+    return (y, summed) if residual is not None else y
+
+
+_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_ext = None
+
+
+def _cpu_ext():
+    global _ext
+    if _ext is None:
+        from normswap.kernels import _ops
+
+        if not _ops.cpu_fast_available():
+            raise NormswapError("the compiled CPU kernel is not available (needs a C++ compiler and ninja)")
+        _ext = _ops.cpu_extension()
+    return _ext
+
+
+def _auto_impl(x, weight, residual):
+    """The measured choice for this call. Memoised per (device, dtype, width, few rows, γ dtype);
+    the gradient question (a few µs of attribute reads) is asked only where the choice with and
+    without gradient differ."""
+    h = x.shape[-1]
+    key = (x.device, x.dtype, h, x.numel() <= 16 * h, None if weight is None else weight.dtype)
+    impl = _autotune.chosen.get(key)
+    if impl is None:
+        impl = _autotune.chosen[key] = _choose(x, weight, h)
+    if impl.__class__ is tuple:  # (without gradient, with gradient)
+        grad = torch.is_grad_enabled() and (
+            x.requires_grad or (weight is not None and weight.requires_grad)
+            or (residual is not None and residual.requires_grad)
+        )
+        impl = impl[grad]
+    return impl
+
+
+def _choose(x, weight, h):
+    picks = []
+    for grad in (False, True):
+        pick = "composite"
+        for name in _autotune.ranking(x.device, x.dtype, h, x.numel() // max(1, h), grad):
+            # native F.rms_norm takes a slow path, and rounds γ, when γ's dtype differs from x's
+            if name == "native" and weight is not None and weight.dtype != x.dtype:
+                continue
+            pick = name
+            break
+        picks.append(pick)
+    return picks[0] if picks[0] == picks[1] else tuple(picks)
 
 
 def rms_norm(x, weight=None, eps=1e-5, residual=None, *, backend=None):
@@ -43,42 +134,39 @@ def rms_norm(x, weight=None, eps=1e-5, residual=None, *, backend=None):
     """
     backend = requested_backend() if backend is None else backend
     h = x.shape[-1]
-    if weight is not None and tuple(weight.shape) != (h,):
+    if weight is not None and weight.shape != (h,):
         raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)}, expected ({h},)")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
-    if residual is not None and residual.dtype != x.dtype:
-        # promote like `x + residual` (differentiably, so each gradient returns in its own dtype)
-        dt = torch.result_type(x, residual)
-        x, residual = x.to(dt), residual.to(dt)
-    if x.dtype == torch.float64:
-        # float64 is for verification and analysis (convert checks its algebra to ~1e-15 there);
-        # every fused backend computes in float32, so stay in float64 with plain ops.
-        if residual is not None:
-            x = x + residual
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        if weight is not None:
-            y = y * weight.to(y.dtype)
-        return (y, x) if residual is not None else y
-    if backend == "torch":
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+        if residual.dtype != x.dtype:
+            # promote like `x + residual` (differentiably, so each gradient returns in its own dtype)
+            dt = torch.result_type(x, residual)
+            x, residual = x.to(dt), residual.to(dt)
+    if backend == "auto":
+        if x.dtype == torch.float64 or _is_compiling():
+            # float64 is for verification (convert checks its algebra to ~1e-15; the kernels
+            # compute in float32); under torch.compile Inductor fuses the plain formula itself
+            backend = "torch"
+        else:
+            backend = _auto_impl(x, weight, residual)
+    elif backend not in BACKENDS:
+        raise NormswapError(f"unknown RMSNorm backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if backend == "torch" or x.dtype == torch.float64:
         from normswap.kernels.reference import rms_norm_reference
 
         return rms_norm_reference(x, weight, eps, residual)
-    if backend not in BACKENDS:
-        raise NormswapError(f"unknown RMSNorm backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    from normswap.kernels import _ops  # registers torch.ops.normswap.* on first use
-
-    y, _, summed = _ops.apply(x, weight, residual, float(eps), backend)
-    return (y, summed) if residual is not None else y
+    return call_impl(backend, x, weight, residual, eps)
 
 
-def backend_for(device) -> str:
-    """The implementation `auto` picks on a device: 'triton', 'cpu' or 'composite'."""
-    import torch
+def backend_for(device, dtype=torch.float32, hidden: int = 768, rows: int = 1024, grad: bool = False) -> str:
+    """The implementation `auto` runs on a device for calls of this kind (measured on first use)."""
+    from normswap.kernels import _ops, autotune
 
-    from normswap.kernels import _ops
+    backend = requested_backend()
+    if backend != "auto":
+        return _ops.resolve(backend, torch.device(device)) if backend not in ("torch", "native") else backend
+    return autotune.ranking(torch.device(device), dtype, hidden, rows, grad)[0]
 
-    return _ops.resolve(requested_backend(), torch.device(device))
 
-
-__all__ = ["rms_norm", "requested_backend", "backend_for", "BACKENDS"]
+__all__ = ["rms_norm", "requested_backend", "backend_for", "call_impl", "BACKENDS"]

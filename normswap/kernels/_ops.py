@@ -41,11 +41,29 @@ def cpu_fast_available() -> bool:
         return False
 
 
+def cpu_supports(dtype: torch.dtype) -> bool:
+    """Whether the compiled CPU kernel covers this dtype (only asked once it is available)."""
+    return bool(_cpu_module) and _cpu_module.supports(dtype)
+
+
+def cpu_build_name() -> Optional[str]:
+    """The compiled CPU kernel's build name (a hash of its sources and flags), None without it."""
+    if not cpu_fast_available():
+        return None
+    return _cpu_module._ext.__name__
+
+
+def cpu_extension():
+    """The loaded C++ extension module (only call when cpu_fast_available())."""
+    return _cpu_module._ext
+
+
 def resolve(backend: str, device: torch.device) -> str:
-    """Concrete implementation for a requested backend: 'triton', 'cpu' or 'composite'."""
+    """Concrete implementation for a backend name reaching the custom op: 'triton', 'cpu' or
+    'composite' ('auto' here is the static order; the API itself chooses by measurement)."""
     if backend == "auto":
         if device.type == "cuda":
-            return "triton" if _triton_importable() else "composite"
+            return "triton" if triton_importable() else "composite"
         if device.type == "cpu" and cpu_fast_available():
             return "cpu"
         return "composite"
@@ -59,7 +77,7 @@ def resolve(backend: str, device: torch.device) -> str:
 _triton_state: Optional[bool] = None
 
 
-def _triton_importable() -> bool:
+def triton_importable() -> bool:
     global _triton_state
     if _triton_state is None:
         try:
@@ -203,8 +221,8 @@ class _EagerRMSNorm(torch.autograd.Function):
 
 def apply(x, weight, residual, eps: float, backend: str):
     """(y, rstd, summed-or-empty) through the cheapest path that is still correct here:
-    the custom op while torch.compile traces, the autograd.Function in eager mode, and the bare
-    forward when nothing needs a gradient."""
+    the custom op while torch.compile traces (a backend named explicitly stays one opaque op),
+    the autograd.Function in eager mode, and the bare forward when nothing needs a gradient."""
     if torch.compiler.is_compiling():
         return torch.ops.normswap.rms_norm_fwd(x, weight, residual, eps, backend)
     if torch.is_grad_enabled() and (

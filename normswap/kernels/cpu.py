@@ -260,26 +260,18 @@ def _compiled_dtypes(ext) -> frozenset:
 
 def _torch_forward(x, weight, residual, eps):
     # Dtypes the compiled kernel does not cover (float64; float16 without compiler support):
-    # same contract, plain torch, statistics in fp64 for fp64 input and fp32 otherwise.
-    summed = x + residual if residual is not None else None
-    src = summed if summed is not None else x
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xf = src.to(acc)
-    rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps)
-    y = xf * rstd[:, None]
-    if weight is not None:
-        y = y * weight.to(acc)
-    return y.to(x.dtype), rstd.float(), summed
+    # the same contract through the one plain-torch formula.
+    from normswap.kernels.reference import normalize
+
+    y, rstd, summed = normalize(x, weight, eps, residual)
+    return y, rstd.float(), summed
 
 
 def _torch_backward(dy, x, rstd, weight, compute_dweight):
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    r = rstd.to(acc)[:, None]
-    xhat = x.to(acc) * r
-    g = dy.to(acc) * (weight.to(acc) if weight is not None else 1.0)
-    dx = r * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-    dw = (dy.to(acc) * xhat).sum(0).float() if weight is not None and compute_dweight else None
-    return dx.to(x.dtype), dw
+    from normswap.kernels.reference import backward as reference_backward
+
+    dx, dw = reference_backward(dy, x, rstd, weight)
+    return dx, (dw.float() if dw is not None and compute_dweight else None)
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):

@@ -13,14 +13,22 @@
 // * Rows are handed out in contiguous blocks (one per thread), not one row per task.
 // * Backward writes dweight as one fp32 partial row per block, summed at the end.
 //
-// Headers: only what is used (ATen tensor + three factory ops + parallel_for + torch's pybind
-// casters). <torch/extension.h> would pull in all of libtorch's C++ API and makes the one-time
+// * `norm` is the whole eager call in one C++ function (reshape to rows, grad-mode check, a C++
+//   autograd node when a gradient is needed): a Python autograd.Function plus Python-side checks
+//   cost ~40 µs a call, more than the arithmetic of a decode-sized norm and twice F.layer_norm's
+//   own overhead.
+//
+// Headers: only what is used (ATen tensor + a few factory ops + parallel_for + the C++ autograd
+// Function + torch's pybind casters). <torch/extension.h> would pull in all of libtorch's C++ API and makes the one-time
 // build several times slower (measured ~100 s vs ~20 s of parsing on a busy 2-core machine).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
@@ -28,6 +36,7 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #if defined(__FLT16_MANT_DIG__) && defined(__GNUC__) && !defined(__clang__)
 #define NORMSWAP_HAVE_FLOAT16 1
@@ -253,6 +262,70 @@ std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dy, const at::Tens
   return {dx, dweight};
 }
 
+// The autograd node of `norm`: saves the normalised tensor (x + residual when fused), rstd and
+// the weight; the backward is the fused kernel above. x and residual get the same gradient, as
+// they would from PyTorch's own `x + residual`; the summed stream's own gradient is added to it.
+struct NormFunction : public torch::autograd::Function<NormFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const c10::optional<at::Tensor>& weight,
+                                                const c10::optional<at::Tensor>& residual, double eps) {
+    auto out = normswap_cpu::forward(x, weight, residual, eps);
+    const at::Tensor& y = std::get<0>(out);
+    const at::Tensor& rstd = std::get<1>(out);
+    const at::Tensor& summed = std::get<2>(out);
+    const bool has_res = summed.defined();
+    ctx->save_for_backward({has_res ? summed : x, rstd, weight.has_value() ? *weight : at::Tensor()});
+    ctx->saved_data["has_res"] = has_res;
+    if (has_res) return {y, summed};
+    return {y};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& xin = saved[0];
+    const at::Tensor& rstd = saved[1];
+    const at::Tensor& w = saved[2];
+    const bool has_res = ctx->saved_data["has_res"].toBool();
+    at::Tensor dy = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(xin);
+    c10::optional<at::Tensor> wopt;
+    if (w.defined()) wopt = w;
+    auto g = normswap_cpu::backward(dy, xin, rstd, wopt, w.defined() && ctx->needs_input_grad(1));
+    at::Tensor dx = std::get<0>(g);
+    at::Tensor dw = std::get<1>(g);
+    if (has_res && grads.size() > 1 && grads[1].defined()) dx = dx.add(grads[1]);
+    if (dw.defined()) dw = dw.to(w.scalar_type());
+    return {dx, dw, has_res ? dx : at::Tensor(), at::Tensor()};
+  }
+};
+
+// RMSNorm of x over its last dimension (any leading shape): y, or (y, x + residual). x and
+// residual must share a dtype the kernel supports; the weight may have any float dtype.
+std::vector<at::Tensor> norm(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                             const c10::optional<at::Tensor>& residual, double eps) {
+  TORCH_CHECK(x.dim() >= 1, "normswap cpu kernel: x must have at least one dimension");
+  const int64_t H = x.size(-1);
+  const at::Tensor x2 = x.reshape({-1, H}).contiguous();
+  c10::optional<at::Tensor> r2;
+  const bool has_res = residual.has_value() && residual->defined();
+  if (has_res) r2 = residual->reshape({-1, H}).contiguous();
+  const bool has_w = weight.has_value() && weight->defined();
+  const bool grad = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || (has_w && weight->requires_grad()) || (has_res && residual->requires_grad()));
+  std::vector<at::Tensor> out;
+  if (grad) {
+    out = NormFunction::apply(x2, weight, r2, eps);
+  } else {
+    auto f = normswap_cpu::forward(x2, weight, r2, eps);
+    out.push_back(std::get<0>(f));
+    if (has_res) out.push_back(std::get<2>(f));
+  }
+  if (x.dim() != 2) {
+    for (auto& t : out) t = t.view(x.sizes());
+  }
+  return out;
+}
+
 }  // namespace normswap_cpu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -261,6 +334,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weight"), py::arg("residual"), py::arg("eps"));
   m.def("backward", &normswap_cpu::backward, "RMSNorm backward: (dx, dweight fp32 or None)", py::arg("dy"),
         py::arg("x"), py::arg("rstd"), py::arg("weight"), py::arg("compute_dweight") = true);
+  m.def("norm", &normswap_cpu::norm, "RMSNorm over the last dim, differentiable: [y] or [y, x + residual]",
+        py::arg("x"), py::arg("weight"), py::arg("residual"), py::arg("eps"));
   m.def("isa", &normswap_cpu::isa, "instruction-set variant in use");
   m.def("set_isa", &normswap_cpu::set_isa, "force 'baseline', 'avx2' or 'best'; False if unavailable");
   m.def("supports", &normswap_cpu::supports, "whether a dtype name (e.g. 'bfloat16') is supported");

@@ -1,0 +1,275 @@
+"""Which implementation `auto` runs, chosen by measuring the candidates on this machine.
+
+A choice is made per (device, dtype, width bucket, row bucket, with/without gradient): the first
+call that needs one times every candidate on a small input of that shape (interleaved repeats,
+median; a few milliseconds in all), checks each candidate's output against the reference formula
+(a candidate that computes in lower precision is dropped, however fast), and keeps the ranking:
+in memory for the process, and in a JSON file in the normswap cache directory so the next
+process on the same machine, torch and kernel build starts with it.
+
+Candidates:
+- ``cpu``: normswap's compiled C++ kernel (normswap.kernels.cpu), CPU only, when it builds;
+- ``triton``: normswap's Triton kernels, CUDA only;
+- ``native``: torch's own ``F.rms_norm`` (a fused kernel on CUDA since about torch 2.9, a
+  composite on CPU); only for calls whose weight is absent or has x's dtype, since it otherwise
+  takes a slow path and rounds the weight;
+- ``composite``: the plain-torch formula with a hand-written backward (always available).
+
+``NORMSWAP_AUTOTUNE=0`` skips the measurement and uses the static order cpu/triton, composite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+_lock = threading.Lock()
+_memory: dict = {}  # key tuple -> ranking (list of impl names, best first)
+chosen: dict = {}  # the API's per-call memo (see normswap.kernels._auto_impl), cleared with the rest
+_details: dict = {}  # key tuple -> what was measured (for `normswap bench kernels`)
+_disk_loaded = False
+FILE_VERSION = 1
+
+
+def width_bucket(h: int) -> int:
+    """Smallest power of two ≥ h, at least 64."""
+    return max(64, 1 << max(0, int(h) - 1).bit_length())
+
+
+def rows_bucket(rows: int) -> str:
+    """'few' rows (decode, latency-bound) or 'many' (prefill and training, bandwidth-bound)."""
+    return "few" if rows <= 16 else "many"
+
+
+def enabled() -> bool:
+    return os.environ.get("NORMSWAP_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def candidates(device: torch.device, dtype: torch.dtype) -> list:
+    """Implementations able to run on this device and dtype, in static preference order."""
+    from normswap.kernels import _ops
+
+    out = []
+    if device.type == "cpu" and _ops.cpu_fast_available() and _ops.cpu_supports(dtype):
+        out.append("cpu")
+    if device.type == "cuda" and _ops.triton_importable():
+        out.append("triton")
+    out += ["native", "composite"]
+    return out
+
+
+def ranking(device: torch.device, dtype: torch.dtype, h: int, rows: int, grad: bool) -> list:
+    """Implementation names, fastest first, for a call of this kind."""
+    key = (_device_key(device), str(dtype).replace("torch.", ""), width_bucket(h), rows_bucket(rows), bool(grad))
+    found = _memory.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        found = _memory.get(key)
+        if found is not None:
+            return found
+        cands = candidates(device, dtype)
+        if not enabled() or torch.compiler.is_compiling():
+            order = [c for c in cands if c != "native"] + ["native"]
+            _memory[key] = order
+            _details[key] = {"ranking": order, "measured": False, "why": "NORMSWAP_AUTOTUNE=0: static order"}
+            return order
+        _load_disk()
+        found = _memory.get(key)
+        if found is None:
+            detail = measure(device, getattr(torch, key[1]), key[2], key[3], grad, cands)
+            found = detail["ranking"]
+            _memory[key] = found
+            _details[key] = detail
+            _save_disk()
+        return found
+
+
+def choices() -> list:
+    """Every choice made or loaded in this process, with its measurements (for reports)."""
+    out = []
+    for key, detail in sorted(_details.items(), key=lambda kv: str(kv[0])):
+        device, dtype, width, rows, grad = key
+        out.append({"device": device, "dtype": dtype, "width_bucket": width, "rows": rows, "grad": grad, **detail})
+    return out
+
+
+def forget() -> None:
+    """Drop the in-memory choices (tests; the on-disk file is read again on the next choice)."""
+    global _disk_loaded
+    with _lock:
+        _memory.clear()
+        _details.clear()
+        chosen.clear()
+        _disk_loaded = False
+
+
+# ---------------------------------------------------------------------------------------------
+# measurement
+# ---------------------------------------------------------------------------------------------
+
+
+def _shape(device: torch.device, width: int, rows: str) -> tuple:
+    if rows == "few":
+        return 4, width
+    elements = (1 << 22) if device.type == "cuda" else (1 << 17)
+    return max(32, elements // width), width
+
+
+def measure(device, dtype, width, rows, grad, cands, repeats: int = 7) -> dict:
+    """Time each candidate (forward, or forward+backward) and rank the ones whose output agrees
+    with the reference formula."""
+    from normswap.kernels import call_impl
+    from normswap.kernels.reference import normalize
+
+    n, h = _shape(device, width, rows)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = (torch.randn(n, h, generator=g) * 2).to(device=device, dtype=dtype)
+    w = (torch.rand(h, generator=g) + 0.5).to(device=device, dtype=dtype)
+    dy = torch.randn(n, h, generator=g).to(device=device, dtype=dtype)
+    ref = normalize(x, w, 1e-5)[0].double()
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-5)
+    scale = ref.abs().max().item()
+    usable, rejected = [], {}
+    for c in cands:
+        try:
+            with torch.no_grad():
+                y = call_impl(c, x, w, None, 1e-5)
+            err = (y.double() - ref).abs().max().item() / scale
+        except Exception as e:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
+            rejected[c] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            continue
+        if not err <= tol:
+            rejected[c] = f"output differs from the reference by {err:.2g} (> {tol:.2g} relative)"
+            continue
+        usable.append(c)
+
+    def run(c):
+        if grad:
+            xg = x.detach().requires_grad_()
+            wg = w.detach().requires_grad_()
+            y = call_impl(c, xg, wg, None, 1e-5)
+            torch.autograd.grad(y, (xg, wg), dy)
+        else:
+            with torch.no_grad():
+                call_impl(c, x, w, None, 1e-5)
+
+    calls = 20 if rows == "few" else 3
+    samples = {c: [] for c in usable}
+    for c in usable:  # warm-up: Triton compiles, caches fill
+        run(c)
+    cuda = device.type == "cuda"
+    for rep in range(repeats):
+        order = usable if rep % 2 == 0 else usable[::-1]
+        for c in order:
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                run(c)
+            if cuda:
+                torch.cuda.synchronize(device)
+            samples[c].append((time.perf_counter() - t0) / calls)
+    medians = {c: statistics.median(v) * 1e6 for c, v in samples.items()}
+    order = sorted(usable, key=lambda c: medians[c]) + [c for c in cands if c not in usable]
+    best = order[0]
+    others = ", ".join(f"{c} {medians[c]:.1f} µs" for c in order[1:] if c in medians)
+    return {
+        "ranking": order,
+        "measured": True,
+        "shape": [n, h],
+        "us": {c: round(v, 2) for c, v in medians.items()},
+        "rejected": rejected,
+        "why": f"{best} {medians[best]:.1f} µs a call at {n}×{h}" + (f" (vs {others})" if others else "")
+        + "".join(f"; {c} {why}" for c, why in rejected.items()),
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# on-disk cache
+# ---------------------------------------------------------------------------------------------
+
+
+def _device_key(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{device.index or 0}"
+    return device.type
+
+
+def _machine_id() -> str:
+    """What a stored choice is only valid for: the processor(s), torch, triton and the CPU build."""
+    from normswap.kernels import _ops
+
+    parts = [torch.__version__]
+    if torch.cuda.is_available():
+        parts += [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    try:
+        import triton
+
+        parts.append(f"triton {triton.__version__}")
+    except ImportError:
+        pass
+    parts.append(_ops.cpu_build_name() or "no cpu kernel")
+    parts.append(f"{os.cpu_count()} cpus, {torch.get_num_threads()} threads")
+    return " | ".join(parts)
+
+
+def cache_file() -> Path:
+    from normswap.kernels.cpu import _cache_root
+
+    return _cache_root() / "autotune.json"
+
+
+def _load_disk() -> None:
+    global _disk_loaded
+    if _disk_loaded:
+        return
+    _disk_loaded = True
+    try:
+        data = json.loads(cache_file().read_text())
+    except (OSError, ValueError):
+        return
+    if data.get("version") != FILE_VERSION:
+        return
+    for entry in data.get("machines", {}).get(_machine_id(), []):
+        try:
+            key = (entry["device"], entry["dtype"], int(entry["width_bucket"]), entry["rows"], bool(entry["grad"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        detail = {k: v for k, v in entry.items() if k not in ("device", "dtype", "width_bucket", "rows", "grad")}
+        if isinstance(detail.get("ranking"), list) and detail["ranking"]:
+            _memory.setdefault(key, detail["ranking"])
+            _details.setdefault(key, {**detail, "why": "cached: " + str(detail.get("why", ""))})
+
+
+def _save_disk() -> None:
+    path = cache_file()
+    try:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("version") != FILE_VERSION:
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        machines = data.setdefault("machines", {})
+        mine = {(e.get("device"), e.get("dtype"), e.get("width_bucket"), e.get("rows"), e.get("grad")): e
+                for e in machines.get(_machine_id(), []) if isinstance(e, dict)}
+        for key, detail in _details.items():
+            if detail.get("measured"):
+                d = {k: v for k, v in detail.items() if k != "why" or not str(v).startswith("cached: ")}
+                mine[key] = {"device": key[0], "dtype": key[1], "width_bucket": key[2], "rows": key[3], "grad": key[4], **d}
+        machines[_machine_id()] = list(mine.values())
+        data["version"] = FILE_VERSION
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement in the next process
