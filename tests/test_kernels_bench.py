@@ -8,7 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from normswap.cli.bench import bench
-from normswap.kernels.bench import Case, format_markdown, run_benchmark
+from normswap.cli.bench_kernels import load_bench_script
+
+_bench = load_bench_script("kernels")
+Case, format_markdown, run_benchmark = _bench.Case, _bench.format_markdown, _bench.run_benchmark
 
 
 def test_bench_kernels_json_and_files(tmp_path):

@@ -1,10 +1,15 @@
-"""`normswap bench kernels`: time LayerNorm, torch's RMSNorm and normswap's RMSNorm side by side."""
+"""`normswap bench kernels`: time LayerNorm, torch's RMSNorm and normswap's RMSNorm side by side.
+
+A thin entry point: the benchmark itself is bench/kernels.py of the source checkout this normswap
+was imported from (benchmarks are not part of the installed package)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -39,6 +44,21 @@ def _parse_dtypes(text):
     return names
 
 
+def load_bench_script(name: str):
+    """bench/<name>.py of the checkout next to this normswap package, as a module."""
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    if not path.is_file():
+        raise NormswapError(f"benchmarks run from a source checkout: {path} not found")
+    key = f"normswap_bench_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 @click.command("kernels")
 @device_option()
 @click.option("--dtypes", default=None, help="Comma list of float32,float16,bfloat16 (default: fp32,bf16 on CPU; bf16 on CUDA).")
@@ -50,12 +70,13 @@ def _parse_dtypes(text):
 @click.option("--quick", is_flag=True, help="Two small shapes, fp32, 3 repeats (a smoke run, seconds).")
 @click.option("--out", "out_path", default=None, help="Also write the JSON result to this file.")
 @click.option("--markdown", "md_path", default=None, help="Also write the markdown table to this file.")
+@click.option("--jsonl", "jsonl_path", default=None, help="Append each case to this file as one JSON line the moment it is measured.")
+@click.option("--no-tiny", is_flag=True, help="Skip the per-call rows at tiny shapes (1 and 4 rows).")
 @json_option
-def kernels(device, dtypes, shapes, repeats, modes, no_residual, threads, quick, out_path, md_path, as_json):
+def kernels(device, dtypes, shapes, repeats, modes, no_residual, threads, quick, out_path, md_path, jsonl_path, no_tiny, as_json):
     """Median time, GB/s and ratio to LayerNorm for each norm implementation, forward and
     forward+backward (on CUDA also the share of the measured device copy bandwidth)."""
-    from normswap.kernels.bench import format_markdown, run_benchmark
-
+    bench_kernels = load_bench_script("kernels")
     dev = resolve_device(device)
     if repeats is not None and repeats < 1:
         raise NormswapError("--repeats must be at least 1")
@@ -67,16 +88,20 @@ def kernels(device, dtypes, shapes, repeats, modes, no_residual, threads, quick,
 
         torch.set_num_threads(threads)
 
-    def progress(row):
-        if not as_json:
+    def progress(kind, row):
+        if kind == "tiny" and not as_json:
+            click.echo(f"{row['rows']}x{row['hidden']} {row['dtype']} {row['mode']} per call: " + ", ".join(
+                f"{k} {v['median_us']:.1f} µs" for k, v in row["impls"].items()), err=True)
+        elif not as_json:
             ln = "layer_norm" if row["variant"] == "plain" else "add_layer_norm"
             parts = ", ".join(f"{k} {v['median_ms']:.3f} ms ({v['vs_layer_norm']:.2f}×)" for k, v in row["impls"].items() if k != ln)
             click.echo(f"{row['rows']}x{row['hidden']} {row['dtype']} {row['variant']} {row['mode']}: "
                        f"{ln} {row['impls'][ln]['median_ms']:.3f} ms; {parts}", err=True)
 
-    result = run_benchmark(dev, dtypes=_parse_dtypes(dtypes), shapes=_parse_shapes(shapes), repeats=repeats,
-                           modes=mode_list, residual=not no_residual, quick=quick, progress=progress)
-    md = format_markdown(result)
+    result = bench_kernels.run_benchmark(dev, dtypes=_parse_dtypes(dtypes), shapes=_parse_shapes(shapes), repeats=repeats,
+                                         modes=mode_list, residual=not no_residual, quick=quick, progress=progress,
+                                         tiny=not no_tiny, jsonl=jsonl_path)
+    md = bench_kernels.format_markdown(result)
     for path, text in ((out_path, json.dumps(result, indent=2) + "\n"), (md_path, md)):
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

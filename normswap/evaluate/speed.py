@@ -18,6 +18,11 @@ Measurements, on random token ids (throughput does not depend on the values):
   forward hooks (CUDA events on GPU, perf_counter on CPU) in separate, hooked calls so the
   hooks never slow the throughput numbers.
 Peak memory is measured by :mod:`normswap.evaluate.memory`.
+
+With ``compile=True`` every model is wrapped in ``torch.compile`` (Inductor, dynamic shapes for
+the growing KV cache) before the warm-up, which then also pays the compilation; the original and
+the converted model are both compiled, so the ratio compares compiled with compiled. Norm time is
+not measured then: per-module hooks would break the compiled graph that fuses the norms.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class SpeedConfig:
     new_tokens: int = 32
     seed: int = 0
     kinds: tuple = KINDS
+    compile: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -72,6 +78,8 @@ class _Bench:
         self.name = name
         self.model = model
         self.cfg = cfg
+        # the compiled wrapper shares the model's parameters and train/eval state
+        self.run = torch.compile(model) if cfg.compile else model
         self.device = model_device(model)
         vocab = int(model.config.vocab_size)
         g = torch.Generator().manual_seed(cfg.seed)
@@ -92,7 +100,7 @@ class _Bench:
     # -- single operations -------------------------------------------------------------------
     def _forward(self):
         with torch.inference_mode():
-            self.model(input_ids=self.batch, use_cache=False)
+            self.run(input_ids=self.batch, use_cache=False)
 
     def _train_step(self):
         if self.optimizer is None:
@@ -101,7 +109,7 @@ class _Bench:
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, weight_decay=0.0)
         self.model.train()
         try:
-            out = self.model(input_ids=self.batch, labels=self.batch, use_cache=False)
+            out = self.run(input_ids=self.batch, labels=self.batch, use_cache=False)
             out.loss.backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -113,13 +121,13 @@ class _Bench:
         with torch.inference_mode():
             _sync(self.device)
             t0 = time.perf_counter()
-            out = self.model(input_ids=self.prompt, use_cache=True)
+            out = self.run(input_ids=self.prompt, use_cache=True)
             token = out.logits[:, -1:].argmax(-1)
             _sync(self.device)
             t1 = time.perf_counter()
             past = _cache_of(out)
             for _ in range(self.new_tokens - 1):
-                out = self.model(input_ids=token, use_cache=True, **{self.cache_arg: past})
+                out = self.run(input_ids=token, use_cache=True, **{self.cache_arg: past})
                 past = _cache_of(out)
                 token = out.logits[:, -1:].argmax(-1)
             _sync(self.device)
@@ -263,6 +271,8 @@ class _Bench:
 def measure_speed(models, config: SpeedConfig | None = None, progress=None) -> dict[str, dict]:
     """Measure ``models`` (a list of (name, model)) interleaved; ``{name: summary}``."""
     cfg = config or SpeedConfig()
+    if cfg.compile:
+        cfg = SpeedConfig(**{**cfg.to_dict(), "kinds": tuple(k for k in cfg.kinds if k != "norm_share")})
     benches = [_Bench(name, model, cfg) for name, model in models]
     for b in benches:
         if progress:

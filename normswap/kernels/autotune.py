@@ -83,7 +83,10 @@ def ranking(device: torch.device, dtype: torch.dtype, h: int, rows: int, grad: b
         _load_disk()
         found = _memory.get(key)
         if found is None:
-            detail = measure(device, getattr(torch, key[1]), key[2], key[3], grad, cands)
+            # the first call of a kind may come from inside no_grad or inference_mode: the
+            # measurement needs ordinary tensors and autograd either way
+            with torch.inference_mode(False), torch.enable_grad():
+                detail = measure(device, getattr(torch, key[1]), key[2], key[3], grad, cands)
             found = detail["ranking"]
             _memory[key] = found
             _details[key] = detail

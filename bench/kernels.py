@@ -1,9 +1,20 @@
-"""Kernel benchmark: torch LayerNorm vs torch's RMSNorm vs normswap's RMSNorm.
+"""Kernel benchmark: torch LayerNorm vs torch's RMSNorm vs normswap's RMSNorm, through the public
+API (`normswap.kernels.rms_norm`) and the module converted models call (`normswap.modules.RMSNorm`).
+
+`normswap bench kernels` is the command-line entry point; this file is the benchmark (it lives in
+bench/, outside the package, and imports normswap from the same checkout).
 
 For each shape, dtype and mode (forward; forward+backward) and variant (plain; residual add
 fused in), every implementation is timed on the same inputs and reported as median time,
 achieved bandwidth over the bytes the operation must move at minimum (the same nominal bytes for
 every implementation of a row, so GB/s compare directly), and its time ratio to LayerNorm.
+
+Tiny shapes (1 and 4 rows, H from 64 to 1024) get their own table of per-call times, module
+against module (nn.LayerNorm vs the converted model's RMSNorm) and function against function:
+there the cost is the call itself (Python, dispatch, autograd), not memory traffic.
+
+The result also lists what `auto` chose on this device for each kind of call, and the
+measurements it chose by (normswap.kernels.autotune).
 
 Timing method:
 - CUDA: CUDA events around a sweep over several distinct input sets whose total size exceeds
@@ -15,17 +26,23 @@ Timing method:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from normswap.kernels import backend_for, rms_norm
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the normswap of this checkout
+
+from normswap.kernels import autotune, backend_for, rms_norm  # noqa: E402
+from normswap.modules import RMSNorm  # noqa: E402
 
 EPS = 1e-5
 
@@ -35,7 +52,11 @@ CUDA_SHAPES = [(r, h) for r in (4096, 8192, 16384) for h in (768, 2048, 4096, 81
 CUDA_DTYPES = ["bfloat16"]
 QUICK_SHAPES = [(1024, 256), (512, 1024)]
 
+TINY_ROWS = (1, 4)
+TINY_HIDDEN = (64, 256, 1024)
+
 IMPLS = ["layer_norm", "torch_rms_norm", "normswap", "normswap_weight"]
+TINY_IMPLS = ["LayerNorm_module", "RMSNorm_module", "layer_norm", "normswap"]
 RESIDUAL_IMPLS = ["add_layer_norm", "add_torch_rms_norm", "add_normswap", "normswap_fused"]
 
 
@@ -91,7 +112,7 @@ def _impl_fns(case: Case, w, b) -> dict[str, Callable]:
         return {
             "layer_norm": lambda x, r: F.layer_norm(x, h, w, b, EPS),
             "torch_rms_norm": lambda x, r: F.rms_norm(x, h, w, EPS),
-            "normswap": lambda x, r: rms_norm(x, None, EPS),  # weightless, as exact convert emits
+            "normswap": lambda x, r: rms_norm(x, None, EPS),  # public API, weightless as exact convert emits
             "normswap_weight": lambda x, r: rms_norm(x, w, EPS),
         }
 
@@ -247,8 +268,83 @@ def _capture(run, sets, device):
         return None
 
 
+def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int) -> dict:
+    """Per-call µs of each TINY_IMPLS entry at rows × hidden: (median, min) over repeats, each repeat
+    timing a loop of calls (interleaved across implementations, order reversed every other repeat)."""
+    grad = mode == "fwd+bwd"
+    ln_mod = torch.nn.LayerNorm(hidden, eps=EPS, device=device, dtype=dtype)
+    rms_mod = RMSNorm(hidden, eps=EPS, elementwise_affine=False, device=device, dtype=dtype)
+    ln_mod.requires_grad_(grad)
+    w = torch.ones(hidden, device=device, dtype=dtype, requires_grad=grad)
+    b = torch.zeros(hidden, device=device, dtype=dtype, requires_grad=grad)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, requires_grad=grad)
+    dy = torch.randn(rows, hidden, device=device, dtype=dtype)
+    h = (hidden,)
+    fns = {
+        "LayerNorm_module": (lambda: ln_mod(x), [x, ln_mod.weight, ln_mod.bias]),
+        "RMSNorm_module": (lambda: rms_mod(x), [x]),
+        "layer_norm": (lambda: F.layer_norm(x, h, w, b, EPS), [x, w, b]),
+        "normswap": (lambda: rms_norm(x, None, EPS), [x]),
+    }
+
+    def runner(fn, leaves):
+        if grad:
+            return lambda: torch.autograd.grad(fn(), leaves, dy)
+
+        def run():
+            with torch.no_grad():
+                fn()
+
+        return run
+
+    runs = {name: runner(fn, leaves) for name, (fn, leaves) in fns.items()}
+    calls = 200 if not grad else 50
+    cuda = device.type == "cuda"
+    for run in runs.values():  # warm-up: autotune's first measurement, allocator, lazy init
+        for _ in range(10):
+            run()
+    samples = {name: [] for name in runs}
+    for rep in range(repeats):
+        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
+            run = runs[name]
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                run()
+            if cuda:
+                torch.cuda.synchronize(device)
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+    out = {name: {"median_us": statistics.median(v), "min_us": min(v)} for name, v in samples.items()}
+    for name, base in (("RMSNorm_module", "LayerNorm_module"), ("normswap", "layer_norm"),
+                       ("LayerNorm_module", "LayerNorm_module"), ("layer_norm", "layer_norm")):
+        out[name]["vs_layer_norm"] = out[name]["median_us"] / out[base]["median_us"]
+    return out
+
+
+class _JsonLines:
+    """Appends one JSON object a line and flushes it to disk at once, so a run that is killed
+    keeps every case it finished."""
+
+    def __init__(self, path):
+        self.path = path
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, obj: dict) -> None:
+        if not self.path:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(obj) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("fwd", "fwd+bwd"),
-                  residual=True, quick=False, progress=None) -> dict:
+                  residual=True, quick=False, progress=None, tiny=True, jsonl=None) -> dict:
+    """Every table of the benchmark; `jsonl` (a path) also gets each case as one line the moment it
+    is measured, `progress(kind, row)` is told too."""
+    log = _JsonLines(jsonl)
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         from normswap.errors import NormswapError
@@ -274,7 +370,9 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
         # CPU timings on a shared machine mean little without the load they were taken under
         "loadavg_before": _loadavg(),
         "rows": [],
+        "tiny": [],
     }
+    log.write({"kind": "setup", **{k: v for k, v in result.items() if k not in ("rows", "tiny")}})
     try:
         import triton
 
@@ -306,8 +404,27 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
                     row = {"rows": rows, "hidden": hidden, "dtype": dt, "variant": variant, "mode": mode,
                            "nominal_bytes": nbytes, "impls": impls}
                     result["rows"].append(row)
+                    log.write({"kind": "row", **row})
                     if progress:
-                        progress(row)
+                        progress("row", row)
+    if tiny:
+        tiny_dtype = getattr(torch, dtypes[0])
+        for mode in modes:
+            for rows in TINY_ROWS:
+                for hidden in TINY_HIDDEN if not quick else TINY_HIDDEN[:1]:
+                    t = {"rows": rows, "hidden": hidden, "dtype": dtypes[0], "mode": mode,
+                         "impls": time_tiny(device, rows, hidden, tiny_dtype, mode, max(5, repeats))}
+                    result["tiny"].append(t)
+                    log.write({"kind": "tiny", **t})
+                    if progress:
+                        progress("tiny", t)
+    if result["tiny"]:
+        slower = [f"{t['rows']}x{t['hidden']} {t['mode']}" for t in result["tiny"]
+                  if t["impls"]["RMSNorm_module"]["median_us"] > t["impls"]["LayerNorm_module"]["median_us"]]
+        result["tiny_goal"] = {"goal": "converted RMSNorm module's per-call time <= nn.LayerNorm's at tiny shapes",
+                               "value": slower, "passed": not slower}
+    result["auto_choices"] = autotune.choices()
+    log.write({"kind": "auto_choices", "choices": result["auto_choices"]})
     result["loadavg_after"] = _loadavg()
     result["backward"] = _derived_backward(result)
     if cuda:
@@ -425,11 +542,31 @@ def format_markdown(result) -> str:
              + (f" ({b['copy_share'] * 100:.0f}% of copy)" if b.get("copy_share") else ""))
             if b["bwd_ms"] is not None else f"{b['rows']}×{b['hidden']} {b['dtype']}: below timing noise"
             for b in result["backward"]))
-    if result.get("goals"):
+    if result.get("tiny"):
+        lines.append("")
+        lines.append("**tiny shapes** — per-call µs, median (× the LayerNorm counterpart: module vs nn.LayerNorm, "
+                     "function vs F.layer_norm)")
+        lines.append("")
+        lines.append("| rows × H | dtype | mode | " + " | ".join(TINY_IMPLS) + " |")
+        lines.append("|---|---|---|" + "---|" * len(TINY_IMPLS))
+        for t in result["tiny"]:
+            cells = [f"{t['impls'][n]['median_us']:.1f} ({t['impls'][n]['vs_layer_norm']:.2f}×)" for n in TINY_IMPLS]
+            lines.append(f"| {t['rows']}×{t['hidden']} | {t['dtype']} | {t['mode']} | " + " | ".join(cells) + " |")
+    if result.get("auto_choices"):
+        lines.append("")
+        lines.append("**what `auto` chose** (normswap.kernels.autotune; per device, dtype, width bucket, rows, gradient)")
+        lines.append("")
+        lines.append("| device | dtype | width ≤ | rows | grad | order | why |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for c in result["auto_choices"]:
+            lines.append(f"| {c['device']} | {c['dtype']} | {c['width_bucket']} | {c['rows']} | {'yes' if c['grad'] else 'no'} | "
+                         f"{' > '.join(c['ranking'])} | {c.get('why', '')} |")
+    goals = list(result.get("goals") or []) + ([result["tiny_goal"]] if result.get("tiny_goal") else [])
+    if goals:
         lines.append("")
         lines.append("| goal | value | met |")
         lines.append("|---|---|---|")
-        for g in result["goals"]:
+        for g in goals:
             v = g["value"]
             v = f"{v * 100:.1f}%" if isinstance(v, float) else (", ".join(v) if isinstance(v, list) and v else "—")
             lines.append(f"| {g['goal']} | {v} | {'yes' if g['passed'] else 'NO'} |")
