@@ -1,0 +1,122 @@
+"""How a call reaches a kernel: the lean eager path, the measured choice of `auto` (and its cache),
+and torch.compile, where Inductor must be able to fuse the residual add with the norm."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+import torch
+
+import normswap.kernels as K
+from normswap.kernels import _ops, autotune, rms_norm
+from normswap.kernels.reference import rms_norm_reference
+
+
+@pytest.fixture
+def fresh_autotune(tmp_path, monkeypatch):
+    monkeypatch.setenv("NORMSWAP_CACHE_DIR", str(tmp_path))
+    autotune.forget()
+    yield tmp_path
+    autotune.forget()
+
+
+def test_no_grad_calls_skip_autograd_function_and_custom_op(monkeypatch):
+    """On CPU with the compiled kernel, an inference call goes straight to the kernel and a
+    training call through one C++ autograd node: neither touches the Python autograd.Function
+    nor the custom-op dispatcher (each ~20 µs a call)."""
+    if not _ops.cpu_fast_available():
+        pytest.skip("compiled CPU kernel not available here")
+
+    def forbidden(*a, **k):
+        raise AssertionError("slow path taken")
+
+    monkeypatch.setattr(_ops._EagerRMSNorm, "apply", forbidden)
+    monkeypatch.setattr(_ops, "forward_impl", forbidden)
+    x = torch.randn(3, 5, 64)
+    w = torch.rand(64) + 0.5
+    with torch.no_grad():
+        y = rms_norm(x, w, backend="cpu")
+    torch.testing.assert_close(y, rms_norm_reference(x, w), rtol=1e-5, atol=1e-6)
+    xg = x.clone().requires_grad_()
+    wg = w.clone().requires_grad_()
+    y = rms_norm(xg, wg, backend="cpu")
+    node = y.grad_fn.next_functions[0][0]  # behind the view back to x's shape
+    assert "NormFunction" in node.name(), node.name()
+    y.sum().backward()
+    assert xg.grad is not None and wg.grad is not None and wg.grad.dtype == torch.float32
+    # negative control: the composite backend does take the Python autograd.Function
+    with pytest.raises(AssertionError, match="slow path"):
+        rms_norm(xg, wg, backend="composite")
+
+
+def test_auto_measures_once_then_reads_its_cache(fresh_autotune, monkeypatch):
+    x = torch.randn(40, 96)
+    with torch.inference_mode():  # the first call of a kind may come from inside inference mode
+        y = rms_norm(x, None)
+    torch.testing.assert_close(y, rms_norm_reference(x), rtol=1e-5, atol=1e-6)
+    (choice,) = [c for c in autotune.choices() if c["width_bucket"] == 128 and not c["grad"] and c["rows"] == "many"]
+    assert choice["measured"] and set(choice["us"]) >= {"native", "composite"}
+    assert choice["ranking"][0] == min(choice["us"], key=choice["us"].get), "the fastest measured candidate wins"
+    assert choice["ranking"][0] in choice["why"]
+    stored = json.loads((fresh_autotune / "autotune.json").read_text())
+    entries = [e for m in stored["machines"].values() for e in m]
+    assert any(e["width_bucket"] == 128 and e["ranking"] == choice["ranking"] for e in entries)
+    # a new process (simulated) takes the stored choice without measuring again
+    autotune.forget()
+    monkeypatch.setattr(autotune, "measure", lambda *a, **k: pytest.fail("measured again despite the cache"))
+    rms_norm(x, None)
+    (again,) = [c for c in autotune.choices() if c["width_bucket"] == 128 and not c["grad"] and c["rows"] == "many"]
+    assert again["ranking"] == choice["ranking"] and again["why"].startswith("cached")
+
+
+def test_auto_rejects_a_fast_candidate_that_computes_wrongly(fresh_autotune, monkeypatch):
+    """A candidate is ranked only if its output agrees with the reference formula."""
+    real = K.call_impl
+
+    def broken_native(impl, x, weight, residual, eps):
+        if impl == "native":
+            return x * 0  # fast and wrong
+        return real(impl, x, weight, residual, eps)
+
+    monkeypatch.setattr(K, "call_impl", broken_native)
+    detail = autotune.measure(torch.device("cpu"), torch.float32, 64, "few", False, ["native", "composite"], repeats=1)
+    assert detail["ranking"][0] == "composite" and "native" in detail["rejected"]
+    assert "differs from the reference" in detail["rejected"]["native"]
+
+
+def test_native_is_never_used_with_a_weight_of_another_dtype(fresh_autotune, monkeypatch):
+    """F.rms_norm would round an fp32 γ to bf16 (and take a slow path): the API skips it then."""
+    monkeypatch.setattr(autotune, "ranking", lambda *a: ["native", "composite"])
+    used = []
+    real = K.call_impl
+    monkeypatch.setattr(K, "call_impl", lambda impl, *a: used.append(impl) or real(impl, *a))
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    rms_norm(x, torch.rand(32) + 0.5)
+    rms_norm(x, (torch.rand(32) + 0.5).bfloat16())
+    assert used == ["composite", "native"]
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="Inductor on CPU needs a C++ compiler")
+def test_inductor_fuses_residual_add_and_norm_into_one_kernel():
+    """Under torch.compile `auto` hands Inductor the plain formula: the add, the statistics and
+    the scaling become one generated loop (no opaque normswap op, no separate add kernel)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    w = torch.rand(64) + 0.5
+
+    def block(x, r):
+        return rms_norm(x, w, 1e-5, residual=r)
+
+    x, r = torch.randn(8, 64), torch.randn(8, 64)
+    (y, s), codes = run_and_get_code(torch.compile(block, backend="inductor", fullgraph=True), x, r)
+    code = "\n".join(codes)
+    kernels = set(re.findall(r"cpp_fused_\w+", code))
+    assert len(kernels) == 1 and "add" in next(iter(kernels)), kernels
+    assert "normswap" not in code
+    ye, se = block(x, r)
+    torch.testing.assert_close(s, se)
+    torch.testing.assert_close(y, ye, rtol=1e-5, atol=1e-6)
