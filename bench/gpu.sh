@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# One prepared GPU run for normswap's kernels (target: one H200, under 8 minutes in all).
+# One prepared GPU run for normswap (target: one H200, under 8 minutes in all, by construction).
 #
-#   bash bench/gpu.sh              # on the GPU machine, from anywhere; uses its own torch/triton
-#   bash bench/gpu.sh --dry-run    # CPU smoke run of every step (same as NORMSWAP_BENCH_QUICK=1)
+#   bash bench/gpu.sh              # on the GPU machine, from anywhere; uses its own torch/transformers/triton
+#   bash bench/gpu.sh --dry-run    # the same steps, tiny, on CPU (same as NORMSWAP_BENCH_QUICK=1)
 #
-# Steps (each with its own timeout; a failing step is recorded and the next one still runs):
-#   1. tests   - tests/test_kernels.py on CUDA with NORMSWAP_KERNEL=triton: compiled kernels,
-#                no interpreter, checked against float64 (incl. H up to 32768)
-#   2. kernels - `normswap bench kernels --device cuda`: LLM shapes (4096-16384 rows x
-#                H in {768, 2048, 4096, 8192}, bf16), fwd and fwd+bwd, fused residual rows,
-#                measured copy bandwidth and each kernel's share of it, goals evaluated
-#   3. model   - bench/model_throughput.py: GPT-2-small (random init) vs its exact conversion,
-#                forward and training-step tokens/s and peak memory
+# Steps (each killed at its limit; a failing step is recorded and the next one still runs):
+#   tests     - tests/test_kernels.py + test_kernels_dispatch.py; CUDA is detected, so the Triton
+#               kernels run compiled (not interpreted), checked against float64
+#   kernels   - `normswap bench kernels --device cuda`: LLM shapes, bf16, fwd and fwd+bwd, fused
+#               residual rows, per-call times at tiny shapes, what `auto` chose and why, measured
+#               copy bandwidth and each kernel's share of it; every case is appended to
+#               kernels.jsonl the moment it is measured, so a kill keeps what was done
+#   user-path - the user's path: bench/make_gpt2_source.py writes a GPT-2-small-shaped model
+#               (random init), and `normswap run bench/gpt2-small-gpu.yaml` converts it exactly,
+#               fine-tunes it 50 steps under bf16 autocast with NORMSWAP_KERNEL=triton (the Triton
+#               kernels inside the training loop) and writes `eval report` on cuda; the report
+#               (report.md, results.json) is copied to user-path/ beside the kernel results
 # Results: bench/results/gpu-<UTC stamp>/ (dry runs: a temp dir unless NORMSWAP_BENCH_RESULTS is
 # set), and a copy in $OUT when that is set. Exit status: number of failed steps.
 set -uo pipefail   # deliberately no -e: one failing step must not lose the others' results
@@ -19,10 +23,23 @@ set -uo pipefail   # deliberately no -e: one failing step must not lose the othe
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 
 QUICK=${NORMSWAP_BENCH_QUICK:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then QUICK=1; fi
+
+# Time budget (seconds). Each step gets LIMIT + KILL_AFTER at most; env and summary are bounded
+# too; the total must stay under 480 s (8 min) or the script refuses to start.
+KILL_AFTER=5
+L_ENV=10; L_TESTS=80; L_KERNELS=140; L_USER=180; L_SUMMARY=30
+BUDGET=$(( L_ENV + L_TESTS + L_KERNELS + L_USER + L_SUMMARY + 5 * KILL_AFTER ))
+if (( BUDGET >= 480 )); then echo "step limits add up to ${BUDGET}s, over 8 minutes" >&2; exit 99; fi
+if [[ "$QUICK" == "1" ]]; then
+    # the dry run checks the script on a CPU, often a shared one: same steps, tiny, longer limits
+    S=${NORMSWAP_DRY_RUN_SCALE:-4}
+    L_TESTS=$(( L_TESTS * S )); L_KERNELS=$(( L_KERNELS * S )); L_USER=$(( L_USER * S )); L_SUMMARY=$(( L_SUMMARY * S ))
+fi
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 if [[ "$QUICK" == "1" ]]; then
@@ -31,54 +48,77 @@ else
     RES=${NORMSWAP_BENCH_RESULTS:-$ROOT/bench/results/gpu-$STAMP}
 fi
 mkdir -p "$RES"
-STATUS="$RES/.steps.tsv"
+WORK=$(mktemp -d -t normswap-gpu-work.XXXXXX)   # models and checkpoints: never under results/
+STATUS="$RES/steps.tsv"
 : >"$STATUS"
 T0=$(date +%s)
 
-step() {  # step NAME TIMEOUT_S CMD...
+step() {  # step NAME LIMIT_S CMD...
     local name=$1 limit=$2
     shift 2
     local start end rc
     start=$(date +%s)
     echo "=== [$name] $(date -u +%H:%M:%S) (limit ${limit}s): $*" | tee -a "$RES/$name.log"
-    timeout --kill-after=10 "$limit" "$@" >>"$RES/$name.log" 2>&1
+    timeout --kill-after=$KILL_AFTER "$limit" "$@" >>"$RES/$name.log" 2>&1
     rc=$?
     end=$(date +%s)
     if [[ $rc -eq 124 || $rc -eq 137 ]]; then echo "=== [$name] TIMED OUT after ${limit}s" | tee -a "$RES/$name.log"; fi
     echo "=== [$name] rc=$rc in $((end - start))s" | tee -a "$RES/$name.log"
     tail -n 5 "$RES/$name.log"
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((end - start))" "$limit" >>"$STATUS"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((end - start))" "$limit" >>"$STATUS"   # written as it goes
 }
+
+user_path() {  # DEVICE EXTRA_RUN_ARGS...
+    local device=$1
+    shift
+    local tiny=()
+    [[ "$device" == "cpu" ]] && tiny=(--tiny)
+    "$PY" bench/make_gpt2_source.py "$WORK/source" "${tiny[@]}" || return 1
+    "$PY" -m normswap run bench/gpt2-small-gpu.yaml --out "$WORK/run" --set source="$WORK/source" \
+        --set device="$device" "$@"
+    local rc=$?
+    mkdir -p "$RES/user-path"   # whatever the run wrote, even if it was stopped part-way
+    for f in report/report.md report/results.json summary.md run.json; do
+        [[ -f "$WORK/run/$f" ]] && cp "$WORK/run/$f" "$RES/user-path/"
+    done
+    return $rc
+}
+export -f user_path
+export PY WORK RES
 
 if [[ "$QUICK" == "1" ]]; then
     DEVICE=cpu
-    step tests 300 "$PY" -m pytest tests/test_kernels.py -q -p no:cacheprovider -rfE \
+    step tests "$L_TESTS" "$PY" -m pytest tests/test_kernels.py -q -p no:cacheprovider -rfE \
         -k "forward_and_grads and (float32-64 or bfloat16-384)"
-    step kernels 300 "$PY" -m normswap bench kernels --device cpu --quick \
+    step kernels "$L_KERNELS" "$PY" -m normswap bench kernels --device cpu --quick --jsonl "$RES/kernels.jsonl" \
         --out "$RES/kernels.json" --markdown "$RES/kernels.md"
-    step model 300 "$PY" bench/model_throughput.py --quick --device cpu \
-        --out "$RES/model.json" --markdown "$RES/model.md"
+    step user-path "$L_USER" bash -c 'user_path cpu --set variants.exact.finetune.steps=5 \
+        --set variants.exact.finetune.seq_len=64 --set variants.exact.finetune.eval_tokens=1024 \
+        --set eval.seq_len=64 --set eval.max_tokens=2048 --set eval.repeats=2 --set eval.new_tokens=4'
 else
     DEVICE=cuda
-    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv >"$RES/env.txt" 2>&1 || true
-    step tests 150 env NORMSWAP_TEST_DEVICE=cuda NORMSWAP_KERNEL=triton "$PY" -m pytest tests/test_kernels.py -q -p no:cacheprovider -rfE --timeout=90
-    step kernels 240 "$PY" -m normswap bench kernels --device cuda \
+    timeout "$L_ENV" nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version \
+        --format=csv >"$RES/env.txt" 2>&1 || true
+    step tests "$L_TESTS" "$PY" -m pytest tests/test_kernels.py tests/test_kernels_dispatch.py -q -x \
+        -p no:cacheprovider -rfE -m "not slow"
+    step kernels "$L_KERNELS" "$PY" -m normswap bench kernels --device cuda \
+        --shapes 8192x768,8192x2048,8192x4096,16384x4096,4096x8192 --jsonl "$RES/kernels.jsonl" \
         --out "$RES/kernels.json" --markdown "$RES/kernels.md"
-    step model 150 "$PY" bench/model_throughput.py --device cuda \
-        --out "$RES/model.json" --markdown "$RES/model.md"
+    step user-path "$L_USER" env NORMSWAP_KERNEL=triton bash -c 'user_path cuda'
 fi
 
-# status.json + summary.md (env, step table, the kernel and model tables, goals)
-"$PY" - "$RES" "$STATUS" "$DEVICE" "$QUICK" "$(( $(date +%s) - T0 ))" <<'EOF'
+# status.json + summary.md (env, step table, the kernel tables, the user path's report)
+timeout "$L_SUMMARY" "$PY" - "$RES" "$STATUS" "$DEVICE" "$QUICK" "$(( $(date +%s) - T0 ))" "$BUDGET" <<'EOF'
 import json, os, platform, sys
-res, status_path, device, quick, total = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", int(sys.argv[5])
+res, status_path, device, quick, total, budget = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", int(sys.argv[5]), int(sys.argv[6])
 steps = []
 for line in open(status_path):
     name, rc, secs, limit = line.rstrip("\n").split("\t")
     rc = int(rc)
     steps.append({"step": name, "rc": rc, "seconds": int(secs), "limit_s": int(limit),
                   "status": "ok" if rc == 0 else ("timeout" if rc in (124, 137) else "failed")})
-env = {"python": platform.python_version(), "device": device, "dry_run": quick, "total_seconds": total}
+env = {"python": platform.python_version(), "device": device, "dry_run": quick, "total_seconds": total,
+       "budget_seconds": budget, "loadavg": list(os.getloadavg())}
 try:
     import torch
     env["torch"] = torch.__version__
@@ -97,12 +137,12 @@ kj = os.path.join(res, "kernels.json")
 if os.path.exists(kj):
     k = json.load(open(kj))
     summary["copy_gbps"] = k.get("copy_gbps")
-    summary["goals"] = k.get("goals")
-mj = os.path.join(res, "model.json")
-if os.path.exists(mj):
-    m = json.load(open(mj))
-    summary["model_speedup"] = m.get("speedup")
-    summary["model_equivalent"] = m.get("equivalent")
+    summary["goals"] = (k.get("goals") or []) + ([k["tiny_goal"]] if k.get("tiny_goal") else [])
+up = os.path.join(res, "user-path", "results.json")
+if os.path.exists(up):
+    r = json.load(open(up))
+    summary["user_path"] = [{k: m.get(k) for k in ("name", "perplexity", "tokens_per_second", "norm_time_share", "ratios")}
+                            for m in r.get("models", [])]
 tmp = os.path.join(res, ".status.json.tmp")
 json.dump(summary, open(tmp, "w"), indent=2)
 os.replace(tmp, os.path.join(res, "status.json"))
@@ -112,7 +152,7 @@ if os.path.exists(os.path.join(res, "env.txt")):
     lines += ["```", open(os.path.join(res, "env.txt")).read().strip(), "```", ""]
 lines += ["| step | status | rc | seconds (limit) |", "|---|---|---|---|"]
 lines += [f"| {s['step']} | {s['status']} | {s['rc']} | {s['seconds']} ({s['limit_s']}) |" for s in steps]
-for title, name in (("Kernels", "kernels.md"), ("Model throughput", "model.md")):
+for title, name in (("Kernels", "kernels.md"), ("User path: convert, bf16 fine-tune, eval report", os.path.join("user-path", "report.md"))):
     p = os.path.join(res, name)
     if os.path.exists(p):
         lines += ["", f"## {title}", "", open(p).read().strip()]
@@ -124,16 +164,16 @@ tmp = os.path.join(res, ".summary.md.tmp")
 open(tmp, "w").write("\n".join(lines) + "\n")
 os.replace(tmp, os.path.join(res, "summary.md"))
 EOF
-rm -f "$STATUS"
+rm -rf "$WORK"
 
 if [[ -n "${OUT:-}" ]]; then
     mkdir -p "$OUT"
     # at most 8 files come back from the device machine: the summary first
-    for f in summary.md status.json kernels.json model.json tests.log kernels.log model.log env.txt; do
-        [[ -f "$RES/$f" ]] && cp "$RES/$f" "$OUT/"
+    for f in summary.md status.json kernels.jsonl kernels.json tests.log user-path.log user-path/report.md user-path/results.json; do
+        [[ -f "$RES/$f" ]] && cp "$RES/$f" "$OUT/$(echo "$f" | tr / -)"
     done
 fi
 
-FAILED=$(grep -c '"status": "\(failed\|timeout\)"' "$RES/status.json" || true)
-echo "results: $RES ($FAILED failed step(s)), total $(( $(date +%s) - T0 ))s"
-exit "$FAILED"
+FAILED=$(grep -c '"status": "\(failed\|timeout\)"' "$RES/status.json" 2>/dev/null || true)
+echo "results: $RES (${FAILED:-?} failed step(s)), total $(( $(date +%s) - T0 ))s of a ${BUDGET}s budget"
+exit "${FAILED:-1}"

@@ -91,3 +91,23 @@ def test_diagnostics_loss_matches_the_model_and_exact_conversion_centres_the_str
     assert max(lay["token_mean_abs"] for lay in after["layers"]) < 1e-5
     for b, a in zip(before["layers"], after["layers"]):
         assert a["rms"] <= b["rms"] + 1e-6  # centring can only lower the RMS
+
+
+def test_compiled_speed_compares_compiled_models():
+    """--compile: both models run under torch.compile (Inductor) and the speed setup says so;
+    per-module norm timing, which would break the compiled graph, is left out."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    a = tiny_gpt2(seed=0)
+    b = copy.deepcopy(a)
+    cfg = SpeedConfig(batch_size=2, seq_len=16, repeats=1, min_time=0.0, max_calls=1, kinds=("forward", "norm_share"),
+                      compile=True)
+    out = measure_speed([("a", a), ("b", b)], cfg)
+    # one graph serves both (same class; parameters are graph inputs), none if nothing was compiled
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, "the models were not compiled"
+    for name in ("a", "b"):
+        assert out[name]["tokens_per_second"]["forward"] > 0
+        assert out[name]["norm_time_share"] is None
+    assert not isinstance(a.forward, torch.nn.Module) and type(a).__name__ == "GPT2LMHeadModel"  # models not replaced

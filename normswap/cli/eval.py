@@ -82,13 +82,14 @@ def eval_group():
 @click.option("--min-time", type=float, default=0.2, show_default=True, help="Seconds per speed measurement (short calls are repeated).")
 @click.option("--new-tokens", type=int, default=32, show_default=True, help="Tokens generated per generation measurement.")
 @click.option("--no-speed", is_flag=True, help="Skip throughput and norm-time measurements.")
+@click.option("--compile", "compile_", is_flag=True, help="Measure speed with every model under torch.compile (Inductor): compiled original vs compiled converted.")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement.")
 @click.option("--limit", "lm_eval_limit", type=int, default=None, help="lm-eval: documents per task (for quick runs).")
 @force_option
 @json_option
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def report(models, data, split, device, dtype, seq_len, batch_size, out, baseline, tasks, stride, max_tokens, repeats,
-           warmup, min_time, new_tokens, no_speed, no_memory, lm_eval_limit, force, as_json, quiet):
+           warmup, min_time, new_tokens, no_speed, compile_, no_memory, lm_eval_limit, force, as_json, quiet):
     """Evaluate MODELs side by side and write DIR/results.json, report.md, report.html and plots."""
     _require_hub(models, baseline, data, tasks)
     from pathlib import Path
@@ -107,7 +108,8 @@ def report(models, data, split, device, dtype, seq_len, batch_size, out, baselin
         results = evaluate(entries, data=data, split=split, baseline_name=base, tasks=tasks, device=dev, dtype=dt,
                            seq_len=seq_len, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
                            speed=not no_speed, memory=not no_memory, lm_eval_limit=lm_eval_limit, progress=say,
-                           speed_options={"repeats": repeats, "warmup": warmup, "min_time": min_time, "new_tokens": new_tokens})
+                           speed_options={"repeats": repeats, "warmup": warmup, "min_time": min_time, "new_tokens": new_tokens,
+                                          "compile": compile_})
         written = write_report(results, out, force=force)
     if as_json:
         click.echo(json.dumps({k: str(v) for k, v in written.items()}))
@@ -163,9 +165,10 @@ def ppl(models, data, split, device, dtype, seq_len, batch_size, stride, max_tok
 @click.option("--new-tokens", type=int, default=32, show_default=True, help="Tokens generated per generation measurement.")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement.")
 @trust_remote_code_option
+@click.option("--compile", "compile_", is_flag=True, help="Measure speed with every model under torch.compile (Inductor): compiled original vs compiled converted.")
 @json_option
 @click.option("--quiet", is_flag=True, help="No progress lines.")
-def speed(models, device, dtype, seq_len, batch_size, baseline, repeats, warmup, min_time, new_tokens, no_memory, as_json, quiet):
+def speed(models, device, dtype, seq_len, batch_size, baseline, repeats, warmup, min_time, new_tokens, no_memory, compile_, as_json, quiet):
     """Throughput (forward, train step, generation), peak memory and time in norm layers, interleaved."""
     from normswap.evaluate.runner import evaluate, load_entries
 
@@ -175,7 +178,8 @@ def speed(models, device, dtype, seq_len, batch_size, baseline, repeats, warmup,
     entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
     results = evaluate(entries, text="", baseline_name=base, device=dev, dtype=dt, seq_len=seq_len, batch_size=batch_size,
                        perplexity=False, diagnostics=False, memory=not no_memory, progress=say,
-                       speed_options={"repeats": repeats, "warmup": warmup, "min_time": min_time, "new_tokens": new_tokens})
+                       speed_options={"repeats": repeats, "warmup": warmup, "min_time": min_time, "new_tokens": new_tokens,
+                                      "compile": compile_})
     if as_json:
         click.echo(json.dumps({"device": results["device"], "dtype": results["dtype"], "speed_setup": results.get("speed_setup"),
                                "models": [{k: m.get(k) for k in ("name", "path", "tokens_per_second", "peak_memory_bytes",
