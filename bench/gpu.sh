@@ -76,12 +76,13 @@ user_path() {  # DEVICE EXTRA_RUN_ARGS...
     "$PY" bench/make_gpt2_source.py "$WORK/source" "${tiny[@]}" || return 1
     "$PY" -m normswap run bench/gpt2-small-gpu.yaml --out "$WORK/run" --set source="$WORK/source" \
         --set device="$device" "$@"
-    local rc=$?
-    mkdir -p "$RES/user-path"   # whatever the run wrote, even if it was stopped part-way
+}
+
+collect_user_path() {  # outside the timed step: whatever the run wrote, even if it was killed part-way
+    mkdir -p "$RES/user-path"
     for f in report/report.md report/results.json summary.md run.json; do
         [[ -f "$WORK/run/$f" ]] && cp "$WORK/run/$f" "$RES/user-path/"
     done
-    return $rc
 }
 export -f user_path
 export PY WORK RES
@@ -95,6 +96,7 @@ if [[ "$QUICK" == "1" ]]; then
     step user-path "$L_USER" bash -c 'user_path cpu --set variants.exact.finetune.steps=5 \
         --set variants.exact.finetune.seq_len=64 --set variants.exact.finetune.eval_tokens=1024 \
         --set eval.seq_len=64 --set eval.max_tokens=2048 --set eval.repeats=2 --set eval.new_tokens=4'
+    collect_user_path
 else
     DEVICE=cuda
     timeout "$L_ENV" nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version \
@@ -105,6 +107,7 @@ else
         --shapes 8192x768,8192x2048,8192x4096,16384x4096,4096x8192 --jsonl "$RES/kernels.jsonl" \
         --out "$RES/kernels.json" --markdown "$RES/kernels.md"
     step user-path "$L_USER" env NORMSWAP_KERNEL=triton bash -c 'user_path cuda'
+    collect_user_path
 fi
 
 # status.json + summary.md (env, step table, the kernel tables, the user path's report)
