@@ -19,9 +19,10 @@ Measurements, on random token ids (throughput does not depend on the values):
   hooks never slow the throughput numbers.
 Peak memory is measured by :mod:`normswap.evaluate.memory`.
 
-With ``compile=True`` every model is wrapped in ``torch.compile`` (Inductor, dynamic shapes for
-the growing KV cache) before the warm-up, which then also pays the compilation; the original and
-the converted model are both compiled, so the ratio compares compiled with compiled. Norm time is
+With ``compile=True`` every model is wrapped in ``torch.compile`` (Inductor; decoding with a
+growing KV cache makes Dynamo recompile once with dynamic shapes) before the warm-up, which then
+also pays the compilation; the original and the converted model are both compiled, so the ratio
+compares compiled with compiled. Norm time is
 not measured then: per-module hooks would break the compiled graph that fuses the norms.
 """
 
