@@ -49,6 +49,11 @@ def supported_summary() -> str:
     return ", ".join(f.display for f in all_families())
 
 
+def has_family(config) -> bool:
+    """Whether a curated data file covers ``config.model_type``."""
+    return any(getattr(config, "model_type", None) in fam.model_types for fam in all_families())
+
+
 def family_for_config(config) -> Family:
     """The family whose data covers ``config.model_type``; refuse loudly, never guess."""
     model_type = getattr(config, "model_type", None)

@@ -31,6 +31,9 @@ class NormEntry:
     # The norm's output starts the residual stream (BLOOM's embedding LayerNorm): in exact mode
     # its output must be re-centred at run time because γ⊙n + β is not zero-mean.
     starts_stream: bool = False
+    # γ = weight + gamma_offset (1 for Nemotron's LayerNorm1P); ε when the module has no eps attribute
+    gamma_offset: float = 0.0
+    eps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class Family:
     examples: tuple[str, ...]
     test_configs: tuple[dict, ...]
     source: str  # the file it came from
+    # modules whose first input is centred at run time (a stream start no single module writes,
+    # e.g. Whisper's conv features + positions computed inline in the encoder's forward)
+    centered_inputs: tuple[str, ...] = ()
+    discovered: bool = False  # written by `normswap families discover`, not curated
+    description: dict | None = field(default=None, compare=False)  # the parsed dict of a discovered family
 
     def placement_for(self, config) -> str:
         if isinstance(self.placement, str):
@@ -82,10 +90,10 @@ _TOP_KEYS = {
     "name": str, "display": str, "model_types": list, "placement": (str, dict), "layers": str,
     "embeddings": list, "writers": list, "norms": list, "final_norm": (dict, type(None)),
     "head": (str, type(None)), "head_norms": list, "leave_alone": list, "notes": str,
-    "examples": list, "test_configs": list,
+    "examples": list, "test_configs": list, "centered_inputs": list, "discovered": bool,
 }
 _REQUIRED = ("name", "model_types", "placement", "layers", "norms")
-_NORM_KEYS = {"norm", "readers", "when", "optional", "starts_stream"}
+_NORM_KEYS = {"norm", "readers", "when", "optional", "starts_stream", "gamma_offset", "eps"}
 _MODULE_KEYS = {"module", "when", "optional"}
 
 
@@ -123,12 +131,19 @@ def _norm_entry(source, where, raw) -> NormEntry:
         _fail(source, where + ".readers", "must be a list of module paths")
     for j, r in enumerate(readers):
         _check_path(source, f"{where}.readers[{j}]", r)
+    for key in ("gamma_offset", "eps"):
+        if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], (int, float))):
+            _fail(source, f"{where}.{key}", f"must be a number, got {raw[key]!r}")
+    if "eps" in raw and not raw["eps"] > 0:
+        _fail(source, f"{where}.eps", f"must be positive, got {raw['eps']!r}")
     return NormEntry(
         norm=raw["norm"],
         readers=tuple(readers),
         when=_when(source, where, raw.get("when")),
         optional=bool(raw.get("optional", False)),
         starts_stream=bool(raw.get("starts_stream", False)),
+        gamma_offset=float(raw.get("gamma_offset", 0.0)),
+        eps=float(raw["eps"]) if "eps" in raw else None,
     )
 
 
@@ -206,4 +221,13 @@ def parse_family(raw: Any, source: str) -> Family:
         examples=tuple(raw.get("examples", [])),
         test_configs=tuple(raw.get("test_configs", [])),
         source=source,
+        centered_inputs=tuple(_centered_inputs(source, raw.get("centered_inputs", []))),
+        discovered=bool(raw.get("discovered", False)),
+        description=dict(raw) if raw.get("discovered") else None,
     )
+
+
+def _centered_inputs(source, paths):
+    for j, p in enumerate(paths):
+        _check_path(source, f"centered_inputs[{j}]", p)
+    return paths

@@ -41,6 +41,17 @@ def _center_output_hook(module, args, output):
     return output - output.mean(dim=-1, keepdim=True)
 
 
+def _center_input_hook(module, args, kwargs):
+    # The same for a stream start no single module writes (discovered families): centre the
+    # hidden states where the first layer reads them.
+    if args and isinstance(args[0], torch.Tensor):
+        return (args[0] - args[0].mean(dim=-1, keepdim=True),) + tuple(args[1:]), kwargs
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        h = kwargs["hidden_states"]
+        return args, {**kwargs, "hidden_states": h - h.mean(dim=-1, keepdim=True)}
+    return None
+
+
 def _local_name(model, name):
     """Names are recorded on the class that was converted (e.g. `bert.encoder...` in
     BertForMaskedLM); the bare model class (AutoModel) holds the same modules without the
@@ -103,7 +114,17 @@ def apply_normswap_structure(model, block):
 
 
 def register_runtime_centering(model, block):
-    """(Re-)register the output-centring hooks; idempotent."""
+    """(Re-)register the output- and input-centring hooks; idempotent."""
+    for name in block.get("centered_inputs", []):
+        name = _local_name(model, name)
+        if name is None:
+            continue
+        module = model.get_submodule(name)
+        for hook_id, hook in list(module._forward_pre_hooks.items()):
+            if getattr(hook, "__name__", "") == "_center_input_hook":
+                del module._forward_pre_hooks[hook_id]
+                module._forward_pre_hooks_with_kwargs.pop(hook_id, None)
+        module.register_forward_pre_hook(_center_input_hook, with_kwargs=True)
     for name in block.get("centered_outputs", []):
         name = _local_name(model, name)
         if name is None:

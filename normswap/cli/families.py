@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -44,11 +45,14 @@ def markdown_table(rows) -> str:
     return "\n".join(lines)
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @json_option
 @click.option("--markdown", is_flag=True, help="The README's supported-family table.")
-def families(as_json, markdown):
-    """List the LayerNorm families normswap knows (one data file each)."""
+@click.pass_context
+def families(ctx, as_json, markdown):
+    """List the LayerNorm families normswap knows (one data file each); discover new ones."""
+    if ctx.invoked_subcommand is not None:
+        return
     rows = family_rows()
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -59,3 +63,97 @@ def families(as_json, markdown):
         types = max(len(", ".join(r["model_types"])) for r in rows)
         for r in rows:  # the long placement text goes last so the other columns stay aligned
             click.echo(f"{r['display']:<{width}}  {', '.join(r['model_types']):<{types}}  {r['placement']}")
+
+
+@families.command()
+@click.argument("model")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the family file (YAML) here.")
+@json_option
+def discover(model, out, as_json):
+    """Derive a family description from MODEL (a model directory, config.json, hub id or converted
+    checkpoint), check it by converting a tiny randomised instance, and print or save it."""
+    result = run_discover(model, out)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+        return
+    if out is None:
+        click.echo(result["yaml"], nl=False)
+    check = result["check"]
+    verdict = {True: "exact", False: "NOT exact (refused)", None: "post-LN: approximate mode only"}[check.get("exact")]
+    diff = f", max |Δ| {check['max_abs_diff']:.2g} (threshold {check['threshold']:.2g})" if check.get("max_abs_diff") is not None else ""
+    click.echo(f"{result['model_type']}: {verdict} on a tiny randomised instance{diff}" + (f": {check['reason']}" if check.get("reason") else ""), err=True)
+    if out:
+        click.echo(f"wrote {out}", err=True)
+
+
+@families.command()
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout).")
+@click.option("--only", multiple=True, help="Survey only these model_types (repeatable).")
+@json_option
+def survey(out, only, as_json):
+    """Try discovery on every config class of the installed transformers that builds a model with
+    LayerNorm-like modules, and tabulate exact / approximate-only / refused with the reason."""
+    from normswap.architectures.survey import run_survey, survey_markdown
+
+    rows = run_survey(only=list(only) or None, progress=lambda m: click.echo(m, err=True))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    text = survey_markdown(rows)
+    if out:
+        from normswap.recipes.runner import _atomic_write
+
+        _atomic_write(Path(out), text)
+        click.echo(f"wrote {out}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+def _load_config(spec):
+    """A config from a model directory, hub id, normswap:NAME, or a config.json file."""
+    from normswap.checkpoint import load as ckload
+    from normswap.errors import NormswapError
+
+    path = Path(spec).expanduser()
+    if path.is_file():
+        from transformers import AutoConfig
+
+        try:
+            raw = json.loads(path.read_text())
+            return AutoConfig.for_model(raw.pop("model_type"), **raw)
+        except (json.JSONDecodeError, KeyError, ValueError) as e:
+            raise NormswapError(f"{spec} is not a transformers config.json ({type(e).__name__}: {e})") from None
+    return ckload.load_config(ckload.resolve(spec))
+
+
+def run_discover(spec, out) -> dict:
+    """Discover (or, for a converted checkpoint, read back) a family description; save it if asked."""
+    import yaml
+
+    from normswap.architectures.discover import DiscoveryError, discover_family
+    from normswap.errors import NormswapError
+
+    config = _load_config(spec)
+    block = getattr(config, "normswap", None)
+    if isinstance(block, dict) and block.get("format_version"):
+        description = block.get("discovered_family")
+        if not description:
+            raise NormswapError(f"{spec} was converted with the curated family {block.get('family')!r}: see `normswap families`")
+        check = {"exact": block.get("mode") == "exact" or None, "reason": "recorded in the converted checkpoint", "max_abs_diff": None}
+        model_type = block.get("source_model_type", "?")
+    else:
+        try:
+            _, check = discover_family(config)
+        except DiscoveryError as e:
+            raise NormswapError(str(e)) from None
+        description = check.pop("description")
+        model_type = config.model_type
+        if check["exact"] is False:
+            raise NormswapError(f"{model_type}: the discovered plan is not exact on a tiny randomised instance ({check['reason']}); nothing written")
+    text = "# Discovered by `normswap families discover` and checked by converting a tiny randomised instance.\n"
+    text += yaml.safe_dump(description, sort_keys=False, width=120)
+    if out:
+        from normswap.recipes.runner import _atomic_write
+
+        _atomic_write(Path(out), text)
+    return {"model_type": model_type, "check": check, "description": description, "yaml": text, "out": out}

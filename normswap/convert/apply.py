@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from normswap.architectures import family_for_config
+from normswap.architectures import resolve_family
 from normswap.convert.execute import TensorDict, execute, prepare
 from normswap.convert.inputs import match
 from normswap.convert.plan import ConvertOptions, Plan, is_layernorm, is_rmsnorm
@@ -34,7 +34,7 @@ def convert_model(model, *, mode="auto", gamma=None, beta=None, untie=False, fam
     """
     config = model.config
     check_convertible(model, config)
-    fam = family if family is not None else family_for_config(config)
+    fam = family if family is not None else resolve_family(config, type(model))
     source = StateDict(model.state_dict())
     inputs = match(model, source, type(model).__name__)
     conv = prepare(model, inputs, fam, ConvertOptions(mode=mode, gamma=gamma, beta=beta, untie=untie), dtype)

@@ -70,6 +70,8 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
     elif kind == "copy":
         for a, b in row_blocks(shape):
             put(read(op["src"], a, b), a)
+    elif kind == "add_constant":  # a (1+γ)-parametrised norm's γ kept on the RMSNorm
+        put(get(op["src"], dtype=F64) + op["add"])
     elif kind == "center_rows":
         for a, b in row_blocks(shape):
             x = get(op["src"], a, b)
@@ -84,7 +86,7 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
 
 def _linear_weight(op, shape, get, put, calc):
     """W·diag(γ) (γ scales the input axis), then optionally centred over the output axis."""
-    gamma64 = get(op["gamma"], dtype=F64) if op.get("gamma") else None
+    gamma64 = get(op["gamma"], dtype=F64) + op.get("gamma_offset", 0.0) if op.get("gamma") else None
     blocks = row_blocks(shape)
     if op["layout"] == "linear":  # [out, in]: γ scales columns; centring averages each column
         gamma = gamma64.to(calc) if gamma64 is not None else None

@@ -17,7 +17,7 @@ import time
 import torch
 
 from normswap import __version__
-from normswap.architectures import family_for_config
+from normswap.architectures import resolve_family
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import environment, history_entry, write_manifest
@@ -61,7 +61,9 @@ def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=Fa
         config.dtype = load_dtype  # from_pretrained(dtype="auto") records it on the config it is given
         model = ckinputs.skeleton(config, load_dtype)
         check_convertible(model, config)
-        family = family_for_config(config)
+        family = resolve_family(config, type(model))
+        if family.discovered:
+            say(f"no family file for model_type {config.model_type!r}: using the plan discovered from the model itself (checked by converting a tiny randomised instance)")
         matched = ckinputs.match(model, source, label)
         options = options or ConvertOptions(mode=mode, gamma=gamma, beta=beta, untie=untie)
         source_config = copy.deepcopy(config)  # prepare() records the conversion on `config`

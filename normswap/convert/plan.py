@@ -188,8 +188,8 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
     if mode == "exact" and (options.gamma == "reset" or options.beta == "drop"):
         raise NormswapError("--gamma reset and --beta drop discard parameters, so they are not exact: use --mode approx")
 
-    head_module = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    embed_module = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head_module = _optional_call(model, "get_output_embeddings")
+    embed_module = _optional_call(model, "get_input_embeddings")
     if tied is None:
         tied = head_module is not None and embed_module is not None and head_module.weight is embed_module.weight
     head_name = _name_of(model, head_module) if head_module is not None else None
@@ -215,6 +215,11 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
             "left_alone": [],
         },
     )
+    if family.centered_inputs:
+        plan.block["centered_inputs"] = [n for p in family.centered_inputs for n in res.expand(p) if res.exists(n)]
+    if family.discovered:
+        # the whole description travels with the checkpoint: `normswap families discover OUT` saves it
+        plan.block["discovered_family"] = family.description
     if tied and head_name and embed_name:
         plan.aliases[_param_key(head_name)] = _param_key(embed_name)
 
@@ -251,7 +256,7 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
             )
         plan.block["left_alone"].append({"module": name, "reason": reason})
     for name, *_ in entries:
-        if not is_layernorm(res.module(name)):
+        if not family.discovered and not is_layernorm(res.module(name)):
             raise NormswapError(f"{family.name}: '{name}' is {type(res.module(name)).__name__}, not a LayerNorm (nothing to convert?)")
 
     # -- residual-stream writers (exact mode centres them) ------------------------------------
@@ -300,7 +305,7 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
         rec = {
             "role": role,
             "hidden_size": _norm_hidden(module),
-            "eps": _norm_eps(module),
+            "eps": entry.eps if entry.eps is not None else _norm_eps(module),
             "gamma": gamma,
             "beta": beta,
             "weight": gamma in ("keep", "reset"),
@@ -317,6 +322,10 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
             plan.drop.append(wkey)
         if gamma == "reset":
             plan.derivations[wkey] = {"op": "ones", "size": rec["hidden_size"]}
+        if entry.gamma_offset:
+            rec["gamma_offset"] = entry.gamma_offset  # γ = weight + offset (LayerNorm1P)
+            if gamma == "keep":
+                plan.derivations[wkey] = {"op": "add_constant", "src": wkey, "add": entry.gamma_offset}
         if beta in ("fold", "drop"):
             plan.drop.append(bkey)
         if gamma == "fold" or beta == "fold":
@@ -326,6 +335,7 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
                     raise NormswapError(f"{family.name}: {r} reads two norms ({family.source})")
                 ops["gamma"] = wkey if gamma == "fold" else None
                 ops["beta"] = bkey if beta == "fold" else None
+                ops["gamma_offset"] = entry.gamma_offset if gamma == "fold" else 0.0
         if mode == "exact" and role == "embedding":
             plan.block["centered_outputs"].append(name)
 
@@ -345,6 +355,11 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
     writer_set = set(writer_names)
     for name in list(reader_ops) + [w for w in writer_names if w not in reader_ops]:
         module = res.module(name)
+        if name not in reader_ops and type(module).__name__ != "Conv1D" and not isinstance(module, (nn.Linear, nn.Embedding)):
+            # a writer with no weight matrix to centre (a layer scale, a whole embeddings block):
+            # its output is centred at run time instead
+            plan.block["centered_outputs"].append(name)
+            continue
         layout = layout_of(module)
         ops = reader_ops.get(name, {"gamma": None, "beta": None})
         center = name in writer_set
@@ -354,6 +369,8 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
         has_bias = getattr(module, "bias", None) is not None
         out_features = module.weight.shape[1] if layout == "conv1d" else module.weight.shape[0]
         plan.derivations[_param_key(name)] = {"op": "linear_weight", "src": src_w, "layout": layout, "gamma": ops["gamma"], "center": center}
+        if ops.get("gamma_offset"):
+            plan.derivations[_param_key(name)]["gamma_offset"] = ops["gamma_offset"]
         if has_bias or ops["beta"]:
             plan.derivations[_param_key(name, "bias")] = {
                 "op": "linear_bias",
@@ -368,6 +385,14 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
                 plan.block["added_biases"][name] = int(out_features)
 
     return plan
+
+
+def _optional_call(model, method):
+    """get_input/output_embeddings, or None where the class has none (CLIPModel raises)."""
+    try:
+        return getattr(model, method)() if hasattr(model, method) else None
+    except (NotImplementedError, AttributeError):
+        return None
 
 
 def _name_of(model, target) -> str | None:

@@ -1,0 +1,578 @@
+"""Discover a family description from the model itself, and check it by an exact conversion.
+
+On a tiny float64 instance of the architecture, one traced forward pass (trace.py) gives the data
+flow. From it:
+
+* LayerNorm-like modules are found by behaviour (norms.py), whatever their class is called.
+* The *residual stream* of each layer stack is the set of values reachable from a layer's input
+  through additions, per-token-transparent ops (dropout, casts, views keeping the last axis) and
+  scalar scaling. A norm reading a stream value is a stream norm; the other operands of the
+  additions are the *writes*, traced back to the module that produced them: a Linear/Conv1D (its
+  weight rows are centred), an embedding table (its rows are centred), a norm (its output is
+  re-centred at run time, like BLOOM's embedding LayerNorm), or any other module returning a tensor
+  (its output is centred at run time). A write no module produces alone (ViT's class token,
+  Whisper's conv features) falls back to centring the stack's first layer input at run time.
+* Post-LN: the stream is read by something other than a norm or an addition (BERT's attention
+  reads the previous norm's output): approximate mode only.
+* A norm's *readers* are the Linear/Conv1D modules its output feeds (through transparent ops); γ
+  and β fold into them only when nothing else reads it and it is not a model output.
+* Norms not reading the stream (per-head q/k norms, head transforms) are left alone.
+
+The description is written in the family-file schema (paths templated over ``${i}`` when every
+layer has the same structure) and is only ever used after :func:`check_family` converted a fresh
+randomised tiny instance with it and found the outputs unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import torch
+from torch import nn
+
+from normswap.architectures import norms as norm_probe
+from normswap.architectures.probes import model_outputs, probe_inputs
+from normswap.architectures.schema import Family, parse_family
+from normswap.architectures.trace import ADD, SCALE, TRANSPARENT, trace_forward
+from normswap.errors import NormswapError
+
+EXACT_RTOL = 1e-5  # relative to the output scale; float32-internal norms (Cohere, OLMo) stay ~1e-7
+
+
+class DiscoveryError(NormswapError):
+    """Discovery could not describe the architecture (the message says why)."""
+
+
+# -- tiny instances -----------------------------------------------------------------------------
+
+_SIZES = {
+    # config attribute -> tiny value (applied to the config and every sub-config that has it)
+    "num_hidden_layers": 2, "n_layer": 2, "n_layers": 2, "num_layers": 2, "encoder_layers": 2, "decoder_layers": 2,
+    "hidden_size": 64, "n_embd": 64, "d_model": 64, "embed_dim": 64, "dim": 64,
+    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+    "intermediate_size": 128, "ffn_dim": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "n_inner": 128,
+    "hidden_dim": 128, "projection_dim": 32, "head_dim": 16, "kv_channels": 16, "rotary_dim": 8,
+    "image_size": 32, "patch_size": 8, "max_source_positions": 32, "max_target_positions": 64,
+    "max_position_embeddings": 128, "n_positions": 128, "vocab_size": 256,
+}
+
+
+def shrink_config(config):
+    """A copy of ``config`` with tiny sizes, so a float64 instance costs milliseconds."""
+    config = copy.deepcopy(config)
+
+    def visit(cfg, depth=0):
+        if depth > 2:
+            return
+        for attr, value in _SIZES.items():
+            have = getattr(cfg, attr, None)
+            if isinstance(have, int) and not isinstance(have, bool) and have > value:
+                try:
+                    setattr(cfg, attr, value)
+                except Exception:
+                    pass
+        kv = getattr(cfg, "num_key_value_heads", None)
+        if isinstance(kv, int) and kv > 1:
+            cfg.num_key_value_heads = 2
+        elif "num_key_value_heads" in vars(cfg) and kv is None and isinstance(getattr(cfg, "num_attention_heads", None), int):
+            cfg.num_key_value_heads = cfg.num_attention_heads  # None means "as many as query heads"
+        vocab = getattr(cfg, "vocab_size", None)
+        for attr in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id", "cls_token_id"):
+            v = getattr(cfg, attr, None)
+            if isinstance(vocab, int) and isinstance(v, int) and v >= vocab:
+                setattr(cfg, attr, vocab - 1)
+        for attr in ("layer_types",):
+            v = getattr(cfg, attr, None)
+            n = getattr(cfg, "num_hidden_layers", None)
+            if isinstance(v, list) and isinstance(n, int):
+                setattr(cfg, attr, v[:n])
+        for name in list(vars(cfg)):
+            sub = getattr(cfg, name, None)
+            if hasattr(sub, "to_dict") and sub is not cfg and hasattr(sub, "model_type"):
+                visit(sub, depth + 1)
+
+    visit(config)
+    return config
+
+
+def model_class(config):
+    from normswap.checkpoint.load import model_class_for
+
+    return model_class_for(config)
+
+
+def tiny_instance(config, cls=None, *, seed=0, shrink=True, dtype=torch.float64):
+    """A randomised float64 (or ``dtype``) model of ``config``'s architecture (γ far from 1, β and biases non-zero)."""
+    from normswap.testing import randomize_
+
+    cfg = shrink_config(config) if shrink else copy.deepcopy(config)
+    cls = cls or model_class(cfg)
+    torch.manual_seed(seed)
+    try:
+        model = cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
+    except Exception as e:
+        raise DiscoveryError(f"cannot build a tiny {getattr(cfg, 'model_type', '?')} model: {_first_line(e)}") from None
+    model = model.to(dtype).eval()
+    randomize_(model, seed)
+    return model
+
+
+def _first_line(e) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:200]
+
+
+# -- discovery ----------------------------------------------------------------------------------
+
+
+class _Graph:
+    """The trace of one model, with the questions discovery asks of it."""
+
+    def __init__(self, model, inputs):
+        self.model = model
+        self.modules = dict(model.named_modules())
+        self.trace, self.outputs = trace_forward(model, inputs)
+        self.norms: dict[str, norm_probe.NormSpec] = {}
+        for name, module in self.modules.items():
+            node = self.trace.module_inputs.get(name)
+            if node is None or not isinstance(node.tensor, torch.Tensor) or node.tensor.dim() < 1:
+                continue
+            spec = norm_probe.layernorm_spec(module, tuple(node.tensor.shape))
+            if spec is not None:
+                self.norms[name] = spec
+        self.output_nodes = {id(self.trace.node(t)) for t in _tensors(self.outputs)}
+
+    def in_scope(self, node, module_name):
+        return node.scope == module_name or node.scope.startswith(module_name + ".")
+
+    def norm_output(self, name):
+        outs = self.trace.module_outputs.get(name) or []
+        return outs[0] if outs else None
+
+    def passes_on(self, node, consumer) -> bool:
+        """Whether ``consumer`` carries ``node``'s value on per token (still centred if it was)."""
+        if consumer.op in TRANSPARENT:
+            t, src = consumer.tensor, node.tensor
+            return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.dim() > 0 and src.dim() > 0 and t.shape[-1] == src.shape[-1]
+        if consumer.op in SCALE:
+            return len(consumer.inputs) == 1 or (len(consumer.inputs) == 2 and consumer.inputs[1].tensor is not None and consumer.inputs[1].tensor.dim() == 0)
+        return False
+
+    def decompose(self, node, stream_ids, depth=0):
+        """The writes summed into ``node``: [(kind, module, node)], kind in table/linear/norm/module/bad."""
+        if id(node) in stream_ids or depth > 200:
+            return []
+        if node.op in ADD and len(node.inputs) == 2 and all(i.tensor is not None and i.tensor.dim() > 0 for i in node.inputs) \
+                and node.inputs[0].tensor.shape[-1] == node.inputs[1].tensor.shape[-1] == node.tensor.shape[-1]:
+            parts = self.decompose(node.inputs[0], stream_ids, depth + 1) + self.decompose(node.inputs[1], stream_ids, depth + 1)
+        elif node.inputs and self.passes_on(node.inputs[0], node):
+            parts = self.decompose(node.inputs[0], stream_ids, depth + 1)
+        else:
+            parts = [self.classify(node)]
+        if any(kind == "bad" for kind, *_ in parts):
+            # a module that returns this very value can have its output centred at run time
+            for m in reversed(node.modules):  # the outermost (ViTEmbeddings, not its dropout)
+                if self.trace.module_returns_tensor.get(m) and m not in self.norms:
+                    return [("module", m, node)]
+        return parts
+
+    def classify(self, node):
+        if node.modules:
+            m = node.modules[0]
+            mod = self.modules[m]
+            if m in self.norms:
+                return ("norm", m, node)
+            if isinstance(mod, nn.Embedding) and isinstance(getattr(mod, "weight", None), nn.Parameter):
+                return ("table", m, node)
+            if _is_linear(mod):
+                return ("linear", m, node)
+        if node.op == "embedding" or node.op == "param":
+            pname = node.param if node.op == "param" else next((i.param for i in node.inputs if i.param), None)
+            owner = pname.rpartition(".")[0] if pname else None
+            if owner is not None and isinstance(self.modules.get(owner), nn.Embedding) and pname.endswith("weight"):
+                return ("table", owner, node)
+        if node.modules and self.trace.module_returns_tensor.get(node.modules[0]):
+            return ("module", node.modules[0], node)
+        return ("bad", node.op, node)
+
+    def stream(self, seeds):
+        """Values reachable from ``seeds`` through additions and transparent ops; and their non-norm readers."""
+        seen: dict[int, object] = {}
+        foreign: list = []
+        norm_readers: set[str] = set()
+        todo = list(seeds)
+        while todo:
+            node = todo.pop()
+            if id(node) in seen:
+                continue
+            seen[id(node)] = node
+            for c in node.consumers:
+                norm = next((n for n in self.norms if self.in_scope(c, n) and self.trace.module_inputs.get(n) is node), None)
+                if norm is not None:
+                    norm_readers.add(norm)
+                elif c.op in ADD or self.passes_on(node, c):
+                    todo.append(c)
+                else:
+                    foreign.append(c)
+        return seen, norm_readers, foreign
+
+    def readers(self, norm):
+        """Linear modules reading the norm's output, and whether anything else reads it."""
+        out = self.norm_output(norm)
+        readers, other, todo, seen = [], [], [out], set()
+        while todo:
+            node = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if id(node) in self.output_nodes:
+                other.append("a model output")
+            for c in node.consumers:
+                if self.in_scope(c, norm):
+                    continue
+                lin = next((m for m in (c.scope,) if _is_linear(self.modules.get(m)) and self.trace.module_inputs.get(m) is not None), None)
+                if lin and self.trace.module_inputs[lin] in (node, out) or (lin and id(self.trace.module_inputs[lin]) in seen):
+                    if lin not in readers:
+                        readers.append(lin)
+                elif self.passes_on(node, c):
+                    todo.append(c)
+                else:
+                    other.append(c.scope or c.op)
+        return readers, other
+
+
+def _is_linear(module) -> bool:
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def _tensors(value):
+    from torch.utils._pytree import tree_leaves
+
+    if hasattr(value, "to_tuple"):
+        value = value.to_tuple()
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _layer_stacks(model, norm_names):
+    """ModuleLists whose every element holds a LayerNorm-like module: the layer stacks."""
+    stacks = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0:
+            if all(any(n.startswith(f"{name}.{i}.") for n in norm_names) for i in range(len(module))):
+                if not any(name.startswith(s + ".") for s in stacks):
+                    stacks.append(name)
+    return stacks
+
+
+def discover(model, *, name=None) -> dict:
+    """Describe ``model``'s architecture as a family-file dict (raises DiscoveryError with the reason)."""
+    model = model.eval()
+    inputs = probe_inputs(model, seq_len=8)
+    try:
+        g = _Graph(model, inputs)
+    except DiscoveryError:
+        raise
+    except Exception as e:
+        raise DiscoveryError(f"cannot trace {type(model).__name__} on a probe input: {_first_line(e)}") from None
+    if not g.norms:
+        raise DiscoveryError(f"{type(model).__name__}: no module computes LayerNorm (shift-invariant, γ·n+β); nothing to convert")
+    stacks = _layer_stacks(model, g.norms)
+    if not stacks:
+        raise DiscoveryError(f"{type(model).__name__}: no stack of layers with LayerNorms found")
+    for n in g.norms:
+        if g.trace.module_calls.get(n, 0) > 1:
+            raise DiscoveryError(f"{type(model).__name__}: LayerNorm {n} runs {g.trace.module_calls[n]} times per forward; one plan per call is not supported")
+
+    converted: dict[str, dict] = {}  # norm -> {"readers": [...], "starts_stream": bool}
+    writers: dict[str, str] = {}  # module -> kind (linear | table | module)
+    centered_inputs: list[str] = []
+    post_evidence: list[str] = []
+    stream_of: dict[str, str] = {}  # norm -> stack
+    hidden_sizes = set()
+
+    def take_writes(parts, consumer, what):
+        """Record centring for each write; a bad one falls back to centring ``consumer``'s input."""
+        bad = [p for p in parts if p[0] == "bad"]
+        if bad:
+            if consumer is None:
+                raise DiscoveryError(f"{type(model).__name__}: a write into the residual stream ({bad[0][1]} in {what}) is not produced by any module")
+            if consumer not in centered_inputs:
+                centered_inputs.append(consumer)
+            return
+        for kind, mod, node in parts:
+            if kind == "norm":
+                if mod not in converted:
+                    converted[mod] = {"readers": [], "starts_stream": True}
+                    inp = g.trace.module_inputs[mod]
+                    take_writes(g.decompose(inp, set()), mod, f"the input of {mod}")
+            else:
+                writers.setdefault(mod, kind)
+
+    for stack in stacks:
+        layers = model.get_submodule(stack)
+        seeds = [g.trace.module_inputs.get(f"{stack}.{i}") for i in range(len(layers))]
+        if any(s is None for s in seeds):
+            raise DiscoveryError(f"{type(model).__name__}: layer stack {stack} did not run on the probe input")
+        values, readers, foreign = g.stream([seeds[0]])
+        for i, s in enumerate(seeds[1:], 1):
+            if id(s) not in values:
+                post_evidence.append(f"{stack}.{i} input is not the running sum of the previous layer's writes")
+        hidden_sizes.add(int(seeds[0].tensor.shape[-1]))
+        for c in foreign:
+            post_evidence.append(f"the residual stream is read by {c.scope or c.op} ({c.op}), not only by norms")
+        for n in readers:
+            converted.setdefault(n, {"readers": [], "starts_stream": False})
+            stream_of[n] = stack
+        # writes: the non-stream operands of every addition on the stream
+        for node in values.values():
+            if node.op in ADD:
+                for operand in node.inputs:
+                    if id(operand) not in values:
+                        take_writes(g.decompose(operand, set(values)), None if node is not seeds[0] else f"{stack}.0", f"{stack}")
+        start = g.decompose(seeds[0], set())
+        take_writes(start, f"{stack}.0", f"the input of {stack}.0")
+
+    placement = "post" if post_evidence else "pre"
+    if placement == "post":
+        # approximate mode: every norm over the stream width becomes an RMSNorm (γ, β kept)
+        converted = {n: {"readers": [], "starts_stream": False} for n, s in g.norms.items() if s.hidden_size in hidden_sizes}
+        writers, centered_inputs = {}, []
+    else:
+        for n, rec in converted.items():
+            if rec["starts_stream"]:
+                continue
+            readers, other = g.readers(n)
+            rec["readers"] = readers if readers and not other else []
+    left = {n: "does not read the residual stream (per-head q/k norm or head transform): its input is not centred"
+            for n in g.norms if n not in converted}
+    for n, m in g.modules.items():
+        from normswap.convert.plan import is_layernorm
+
+        if is_layernorm(m) and n not in g.norms:
+            left[n] = f"{type(m).__name__} does not compute LayerNorm (not shift-invariant, or a different formula)"
+    return _describe(model, stacks, g, converted, writers, centered_inputs, left, placement, post_evidence, name)
+
+
+def _describe(model, stacks, g, converted, writers, centered_inputs, left, placement, post_evidence, name) -> dict:
+    """Write the findings in the family-file schema, templating per-layer paths over ``${i}``."""
+    config = model.config
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    base = prefix + "." if prefix and isinstance(getattr(model, prefix, None), nn.Module) else ""
+
+    def rel(path):
+        return path[len(base):] if base and path.startswith(base) else ("^" + path if base else path)
+
+    main = stacks[0]
+    main_len = len(model.get_submodule(main))
+    pattern = re.compile(re.escape(rel(main)) + r"\.(\d+)\.")
+
+    def template(path):
+        m = pattern.match(path)
+        return (pattern.sub(f"{rel(main)}.${{i}}.", path, count=1), int(m.group(1))) if m else (path, None)
+
+    def collapse(items):
+        """items: [(path, payload)], payload hashable: one templated entry when all layers agree."""
+        groups: dict = {}
+        order = []
+        for path, payload in items:
+            t, idx = template(path)
+            key = (t, (tuple(template(p)[0] for p in payload[0]), payload[1]))
+            if key not in groups:
+                order.append(key)
+                groups[key] = set()
+            groups[key].add(idx)
+        out = []
+        for key in order:
+            idxs = groups[key]
+            if None not in idxs and idxs == set(range(main_len)):
+                out.append(key)
+            else:  # not uniform across layers: spell out each one
+                for path, payload in items:
+                    t, _ = template(path)
+                    if (t, (tuple(template(p)[0] for p in payload[0]), payload[1])) == key:
+                        out.append((path, (tuple(payload[0]), payload[1])))
+        return out
+
+    def spec_extras(n):
+        s = g.norms[n]
+        extra = {}
+        if s.gamma_offset:
+            extra["gamma_offset"] = s.gamma_offset
+        declared = list(norm_probe._declared_eps(g.modules[n]))
+        if not declared or abs(declared[0] - s.eps) > 1e-3 * s.eps:
+            extra["eps"] = s.eps
+        return extra
+
+    final = None
+    stack_output_norms = []
+    layer_items, other_items = [], []
+    for n in sorted(converted, key=lambda n: list(g.modules).index(n)):
+        rec = converted[n]
+        payload = (tuple(rel(r) for r in rec["readers"]), rec["starts_stream"])
+        in_layers = any(n.startswith(s + ".") for s in stacks)
+        (layer_items if in_layers else other_items).append((rel(n), payload, n))
+        if not in_layers and not rec["starts_stream"]:
+            stack_output_norms.append(n)
+
+    def norm_entry(path, payload, source):
+        e = {"norm": path, "readers": list(payload[0])}
+        if payload[1]:
+            e["starts_stream"] = True
+        e.update(spec_extras(source))
+        return e
+
+    norms_out = []
+    sources = {rel(n): n for n in converted}
+    for path, payload in collapse([(p, pl) for p, pl, _ in layer_items]):
+        src = sources.get(path) or sources[path.replace("${i}", "0")]
+        norms_out.append(norm_entry(path, payload, src))
+    for path, payload, src in other_items:
+        entry = norm_entry(path, payload, src)
+        if final is None and src in stack_output_norms and src == stack_output_norms[-1] and placement == "pre":
+            final = entry
+        else:
+            norms_out.append(entry)
+    if not norms_out and final is not None:
+        norms_out, final = [final], None
+
+    embeddings = [rel(m) for m, kind in writers.items() if kind in ("table",) or (kind == "module" and not any(m.startswith(s + ".") for s in stacks))]
+    writer_paths = [rel(m) for m, kind in writers.items() if rel(m) not in embeddings]
+    writer_out = []
+    for path, _ in collapse([(w, ((), False)) for w in writer_paths]):
+        writer_out.append(path)
+    from normswap.convert.plan import _optional_call
+
+    head = _optional_call(model, "get_output_embeddings")
+    head_name = next((n for n, m in g.modules.items() if m is head), None) if head is not None else None
+
+    leave = [{"pattern": re.escape(n), "reason": reason} for n, reason in left.items()]
+    raw = {
+        "name": name or getattr(config, "model_type", type(model).__name__).replace("-", "_"),
+        "display": f"{type(model).__name__} (discovered)",
+        "model_types": [getattr(config, "model_type", "unknown")],
+        "placement": placement,
+        "layers": rel(main),
+        "embeddings": embeddings,
+        "writers": writer_out,
+        "norms": norms_out,
+        "final_norm": final,
+        "head": rel(head_name) if head_name else None,
+        "leave_alone": leave,
+        "centered_inputs": [template(rel(c))[0] if False else rel(c) for c in centered_inputs],
+        "notes": ("post-LN: " + "; ".join(dict.fromkeys(post_evidence))[:300]) if post_evidence else "",
+        "discovered": True,
+    }
+    if raw["final_norm"] is None:
+        raw.pop("final_norm")
+    return raw
+
+
+# -- the check every discovered description must pass ---------------------------------------------
+
+
+def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float64) -> dict:
+    """Convert a fresh randomised tiny instance with ``family``; compare every output in float64.
+
+    Returns {"exact": bool|None, "max_abs_diff", "threshold", "mode", "reason"}; ``exact`` is None
+    for post-LN families (approximate only by construction).
+    """
+    from normswap.convert.apply import convert_model
+
+    source = tiny_instance(config, cls, seed=seed, dtype=dtype)
+    placement = family.placement_for(source.config)
+    if placement == "post":
+        return {"exact": None, "mode": "approx", "max_abs_diff": None, "threshold": None,
+                "reason": "post-LN: a norm's output is also the residual skip path"}
+    converted = copy.deepcopy(source)
+    try:
+        convert_model(converted, mode="exact", family=family)
+    except NormswapError as e:
+        return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None, "reason": str(e)}
+    inputs = probe_inputs(source, seq_len=8, seed=seed)
+    try:
+        ref = model_outputs(source, inputs)
+        got = model_outputs(converted, inputs)
+    except Exception as e:
+        return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None,
+                "reason": f"the converted tiny model does not run: {_first_line(e)}"}
+    scale = max([1.0] + [float(r.double().abs().max()) for r in ref.values()])
+    threshold = EXACT_RTOL * scale
+    worst, changed, shifted = 0.0, [], []
+    for key, r in ref.items():
+        if key not in got or got[key].shape != r.shape:
+            return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None,
+                    "reason": f"converted model's output {key} differs in shape"}
+        delta = got[key].double() - r.double()
+        diff = float(delta.abs().max())
+        worst = max(worst, diff)
+        if diff > threshold:
+            changed.append(key)
+            if float((delta - delta.mean(-1, keepdim=True)).abs().max()) <= threshold:
+                shifted.append(key)
+    exact = not changed
+    reason = ""
+    if changed and shifted == changed:
+        reason = (f"output {', '.join(changed)} is the raw residual stream (no norm before it leaves the model); "
+                  "an exact conversion centres the stream, which shifts it per token")
+    elif changed:
+        reason = f"output {', '.join(changed[:3])} changed by {worst:.3g} (> {threshold:.3g}) on a tiny randomised instance"
+    return {"exact": exact, "mode": "exact", "max_abs_diff": worst, "threshold": threshold, "reason": reason,
+            "changed_outputs": changed}
+
+
+def discover_family(config, cls=None, *, name=None) -> tuple[Family, dict]:
+    """Discover on a tiny instance of ``config``, check, and return (family, check result)."""
+    dtype = torch.float64
+    model = tiny_instance(config, cls, seed=0)
+    try:
+        raw = discover(model, name=name)
+    except DiscoveryError as e:
+        if "cannot trace" not in str(e):
+            raise
+        # some modeling code does not run in float64 (XGLM's masking): float32 is enough to see the flow
+        dtype = torch.float32
+        model = tiny_instance(config, cls, seed=0, dtype=dtype)
+        raw = discover(model, name=name)
+    family = parse_family(raw, f"discovered from {type(model).__name__}")
+    check = check_family(family, config, cls, dtype=dtype)
+    if check["exact"] is False and any(n.get("readers") for n in raw["norms"] + ([raw["final_norm"]] if raw.get("final_norm") else [])):
+        # folding γ/β is an optimisation; keeping them on the RMSNorm is exact whenever centring is
+        unfolded = copy.deepcopy(raw)
+        for n in unfolded["norms"] + ([unfolded["final_norm"]] if unfolded.get("final_norm") else []):
+            n["readers"] = []
+        fam2 = parse_family(unfolded, family.source)
+        check2 = check_family(fam2, config, cls, dtype=dtype)
+        if check2["exact"]:
+            check2["note"] = "γ/β folding was not exact, so they stay on the RMSNorm: " + check["reason"]
+            raw, family, check = unfolded, fam2, check2
+    return family, {**check, "description": raw}
+
+
+_RESOLVED: dict = {}
+
+
+def resolve_family(config, cls=None) -> Family:
+    """The family for ``config``: its curated data file, else one discovered from the model.
+
+    A discovered description is used only when converting a fresh randomised tiny instance with
+    it left every output unchanged (post-LN ones, approximate by nature, are used in approx mode);
+    otherwise refuse with the reason.
+    """
+    from normswap.architectures.registry import family_for_config, has_family, supported_summary
+
+    if has_family(config):
+        return family_for_config(config)
+    key = (config.to_json_string(use_diff=False), getattr(cls, "__name__", None))
+    if key not in _RESOLVED:
+        known = f"; supported families: {supported_summary()}"
+        try:
+            family, check = discover_family(config, cls)
+        except DiscoveryError as e:
+            raise NormswapError(f"unsupported architecture: model_type={config.model_type!r} has no family file, and discovery failed: {e}{known}") from None
+        if not check["exact"]:
+            raise NormswapError(
+                f"unsupported architecture: model_type={config.model_type!r} has no family file, and the discovered plan "
+                f"is not exact on a tiny randomised instance ({check['reason']}){known}")
+        _RESOLVED[key] = family
+    return _RESOLVED[key]

@@ -1,0 +1,113 @@
+"""Probe inputs of the right kind and shape for any model: token ids, images, audio features.
+
+Used by discovery (its trace and its exactness check) and by convert's verification for models
+that do not take text alone (vision encoders take ``pixel_values``, Whisper ``input_features``
+plus ``decoder_input_ids``, CLIP both ids and pixels). Values are random but seeded.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def _sub(config, *names):
+    for n in names:
+        sub = getattr(config, n, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            return sub
+    return config
+
+
+def _first(config, names, default):
+    for n in names:
+        v = getattr(config, n, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        if isinstance(v, (list, tuple)) and v and isinstance(v[0], int):
+            return v[0]
+    return default
+
+
+def _vocab(config) -> int:
+    return _first(_sub(config, "text_config", "decoder"), ("vocab_size",), 256) or 256
+
+
+def forward_parameters(model) -> set[str]:
+    return set(inspect.signature(model.forward).parameters)
+
+
+def takes_text_only(model) -> bool:
+    """True for models whose forward needs nothing but ``input_ids``."""
+    params = forward_parameters(model)
+    needs = {"pixel_values", "input_features"} & params
+    return getattr(model, "main_input_name", "input_ids") == "input_ids" and not needs and not (
+        "decoder_input_ids" in params and getattr(model.config, "is_encoder_decoder", False))
+
+
+def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dtype=None, ids=None) -> dict:
+    """Keyword arguments for ``model(**inputs)``: every main input the forward takes.
+
+    ``ids`` (a [batch, seq] LongTensor) replaces the random token ids, e.g. real text in verify.
+    """
+    config = model.config
+    params = forward_parameters(model)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = dtype or next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    out: dict = {}
+    main = getattr(model, "main_input_name", "input_ids")
+    text_config = _sub(config, "text_config")
+    max_pos = _first(text_config, ("max_position_embeddings", "n_positions", "max_target_positions"), seq_len)
+    length = min(seq_len, max_pos) if ids is None else ids.shape[1]
+    vocab = _vocab(config)
+
+    def random_ids(n):
+        return torch.randint(0, vocab, (ids.shape[0] if ids is not None else batch, n), generator=gen)
+
+    if "pixel_values" in params and (main == "pixel_values" or "input_ids" in params):
+        vision = _sub(config, "vision_config")
+        size = _first(vision, ("image_size",), 32)
+        channels = _first(vision, ("num_channels",), 3)
+        out["pixel_values"] = torch.randn(batch, channels, size, size, generator=gen)
+    if "input_features" in params and main == "input_features":
+        audio = _sub(config, "encoder_config", "audio_config")
+        mels = _first(audio, ("num_mel_bins", "feature_size"), 80)
+        frames = 2 * _first(audio, ("max_source_positions",), 32)
+        out["input_features"] = torch.randn(batch, mels, frames, generator=gen)
+    if "input_ids" in params and (main == "input_ids" or "pixel_values" in out and main != "pixel_values"):
+        out["input_ids"] = ids if ids is not None else random_ids(length)
+    if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
+        dec_len = min(length, _first(config, ("max_target_positions", "max_position_embeddings"), length))
+        out["decoder_input_ids"] = (ids[:, :dec_len] if ids is not None else random_ids(dec_len))
+    batch_of = next(iter(out.values())).shape[0] if out else batch
+    for key, value in list(out.items()):
+        out[key] = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+        assert value.shape[0] == batch_of
+    return out
+
+
+def model_outputs(model, inputs) -> dict[str, torch.Tensor]:
+    """Every floating-point tensor the model returns, by name (nested tuples flattened)."""
+    with torch.no_grad():
+        out = model(**inputs)
+    items = out.items() if hasattr(out, "items") else enumerate(out if isinstance(out, (tuple, list)) else (out,))
+    flat: dict[str, torch.Tensor] = {}
+
+    def walk(prefix, value):
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                flat[prefix] = value
+        elif isinstance(value, (tuple, list)):
+            for i, v in enumerate(value):
+                walk(f"{prefix}.{i}", v)
+        elif hasattr(value, "items") and not hasattr(value, "get_seq_length"):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+
+    for k, v in items:
+        if k in ("past_key_values",) or hasattr(v, "get_seq_length"):
+            continue  # caches repeat the projections already compared through the outputs
+        walk(str(k), v)
+    return flat
