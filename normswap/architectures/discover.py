@@ -163,6 +163,10 @@ class _Graph:
         """The writes summed into ``node``: [(kind, module, node)], kind in table/linear/norm/module/bad."""
         if id(node) in stream_ids or depth > 200:
             return []
+        if node.modules:
+            kind = self.classify(node)
+            if kind[0] in ("linear", "table", "norm"):  # a whole module's output (FalconLinear adds its own bias)
+                return [kind]
         if node.op in ADD and len(node.inputs) == 2 and all(i.tensor is not None and i.tensor.dim() > 0 for i in node.inputs) \
                 and node.inputs[0].tensor.shape[-1] == node.inputs[1].tensor.shape[-1] == node.tensor.shape[-1]:
             parts = self.decompose(node.inputs[0], stream_ids, depth + 1) + self.decompose(node.inputs[1], stream_ids, depth + 1)

@@ -76,6 +76,13 @@ def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dty
         mels = _first(audio, ("num_mel_bins", "feature_size"), 80)
         frames = 2 * _first(audio, ("max_source_positions",), 32)
         out["input_features"] = torch.randn(batch, mels, frames, generator=gen)
+    if "input_values" in params and main == "input_values":
+        audio = _sub(config, "audio_config")
+        mels = _first(audio, ("num_mel_bins",), 0)
+        if mels:  # spectrogram models (AST): [batch, frames, mel bins]
+            out["input_values"] = torch.randn(batch, _first(audio, ("max_length",), 128), mels, generator=gen)
+        else:  # raw waveform models (wav2vec2 family): [batch, samples]
+            out["input_values"] = torch.randn(batch, 4000, generator=gen)
     if "input_ids" in params and (main == "input_ids" or "pixel_values" in out and main != "pixel_values"):
         out["input_ids"] = ids if ids is not None else random_ids(length)
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):

@@ -89,13 +89,14 @@ def discover(model, out, as_json):
 @families.command()
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout).")
 @click.option("--only", multiple=True, help="Survey only these model_types (repeatable).")
+@click.option("--jobs", type=int, default=1, show_default=True, help="Worker processes.")
 @json_option
-def survey(out, only, as_json):
+def survey(out, only, jobs, as_json):
     """Try discovery on every config class of the installed transformers that builds a model with
     LayerNorm-like modules, and tabulate exact / approximate-only / refused with the reason."""
     from normswap.architectures.survey import run_survey, survey_markdown
 
-    rows = run_survey(only=list(only) or None, progress=lambda m: click.echo(m, err=True))
+    rows = run_survey(only=list(only) or None, progress=lambda m: click.echo(m, err=True), jobs=jobs)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return

@@ -1,0 +1,242 @@
+"""Discovery: the plan derived from the model itself matches every curated family file, converts
+new architectures exactly (ViT, CLIP, Whisper, Cohere, OLMo, Nemotron), and is refused when not."""
+
+import copy
+import functools
+import json
+
+import pytest
+import torch
+import yaml
+
+from normswap.architectures import get_family
+from normswap.architectures.discover import DiscoveryError, check_family, discover, discover_family, resolve_family
+from normswap.architectures.norms import layernorm_spec
+from normswap.architectures.probes import model_outputs, probe_inputs
+from normswap.architectures.schema import parse_family
+from normswap.convert.apply import convert_model
+from normswap.convert.plan import ConvertOptions, build_plan
+from normswap.errors import NormswapError
+from normswap.testing import family_variants, randomize_, tiny_model
+
+
+def _decisions(plan):
+    """What a conversion does: per norm γ/β and readers, per tensor the op, run-time centring."""
+    b = plan.block
+    return {
+        "placement": plan.placement,
+        "norms": {n: (r["gamma"], r["beta"], tuple(sorted(r["readers"])) if "fold" in (r["gamma"], r["beta"]) else ())
+                  for n, r in b["norms"].items()},
+        "derivations": {k: (v["op"], v.get("center"), v.get("gamma"), v.get("beta")) for k, v in plan.derivations.items()},
+        "centered_outputs": sorted(b["centered_outputs"]),
+        "left_alone": sorted(x["module"] for x in b["left_alone"]),
+        "added_biases": sorted(b["added_biases"]),
+    }
+
+
+@pytest.mark.parametrize("family,variant", family_variants(), ids=[f"{f}-{v}" for f, v in family_variants()])
+def test_discovery_reproduces_curated_family(family, variant):
+    model = tiny_model(family, variant)
+    try:
+        discovered = parse_family(discover(model.double()), "discovered")
+    except DiscoveryError:  # XGLM's masking does not run in float64
+        discovered = parse_family(discover(model.float()), "discovered")
+    curated = build_plan(get_family(family), model, model.config, ConvertOptions())
+    found = build_plan(discovered, model, model.config, ConvertOptions())
+    assert _decisions(found) == _decisions(curated)
+
+
+# -- new architectures: tiny configs, exact conversion, negative control ---------------------------
+
+NEW = {
+    "vit": ("ViTConfig", "ViTModel", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8)),
+    "clip_text": ("CLIPTextConfig", "CLIPTextModel", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128, max_position_embeddings=32)),
+    "whisper": ("WhisperConfig", "WhisperForConditionalGeneration", dict(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=16, max_target_positions=32, vocab_size=128,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)),
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=128, head_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+}
+
+
+def _config(key):
+    import transformers
+
+    cfg_cls, model_cls, kwargs = NEW[key]
+    return getattr(transformers, cfg_cls)(**kwargs), getattr(transformers, model_cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _discovered(key):
+    config, cls = _config(key)
+    family, check = discover_family(config, cls)
+    return config, cls, family, check
+
+
+def _max_rel_diff(a, b):
+    scale = max(1.0, max(float(v.abs().max()) for v in a.values()))
+    return max(float((a[k] - b[k]).abs().max()) for k in a) / scale
+
+
+def _skip_centring(family):
+    """The same plan with every centring removed: RMSNorm then reads an uncentred stream."""
+    raw = copy.deepcopy(family.description)
+    raw.update(embeddings=[], writers=[], centered_inputs=[])
+    for n in raw["norms"] + ([raw["final_norm"]] if raw.get("final_norm") else []):
+        n.pop("starts_stream", None)
+    return parse_family(raw, "skip-centring")
+
+
+@pytest.mark.parametrize("key", sorted(NEW))
+def test_new_architecture_converts_exactly(key):
+    config, cls, family, check = _discovered(key)
+    assert family.discovered and check["exact"], check
+    torch.manual_seed(3)
+    source = randomize_(cls(config).double().eval(), seed=3)
+    inputs = probe_inputs(source, seq_len=8, seed=3)
+    ref = model_outputs(source, inputs)
+    exact = copy.deepcopy(source)
+    convert_model(exact, family=family, mode="exact")
+    assert _max_rel_diff(ref, model_outputs(exact, inputs)) < 1e-5  # Cohere/OLMo norms compute in float32
+    wrong = copy.deepcopy(source)
+    convert_model(wrong, family=_skip_centring(family), mode="exact")
+    assert _max_rel_diff(ref, model_outputs(wrong, inputs)) > 1e-2
+
+
+def test_whisper_encoder_and_decoder_both_converted():
+    family = _discovered("whisper")[2]
+    desc = family.description
+    norms = {n["norm"] for n in desc["norms"]} | ({desc["final_norm"]["norm"]} if desc.get("final_norm") else set())
+    assert any(n.startswith("encoder.layers.") for n in norms) and any(n.startswith("decoder.layers.") for n in norms)
+    assert {"encoder.layer_norm", "decoder.layer_norm"} <= norms
+    # the encoder's stream starts inline (gelu(conv) + positions): centred where its first layer reads it
+    assert desc["centered_inputs"] == ["encoder.layers.0"]
+
+
+def test_clip_vision_tower_pooled_output_exact_but_raw_stream_output_refused():
+    """CLIP's vision tower returns its un-normalised residual stream as last_hidden_state: an exact
+    conversion centres that stream, so discovery refuses; its pooled output is exact."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    config = CLIPVisionConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8)
+    family, check = discover_family(config, CLIPVisionModel)
+    assert check["exact"] is False and "raw residual stream" in check["reason"] and check["changed_outputs"] == ["last_hidden_state"]
+    with pytest.raises(NormswapError, match="raw residual stream"):
+        resolve_family(config, CLIPVisionModel)
+    source = randomize_(CLIPVisionModel(config).double().eval(), seed=2)
+    inputs = probe_inputs(source, seed=2)
+    ref = model_outputs(source, inputs)
+    conv = copy.deepcopy(source)
+    convert_model(conv, family=family, mode="exact")
+    got = model_outputs(conv, inputs)
+    assert float((ref["pooler_output"] - got["pooler_output"]).abs().max()) < 1e-9
+    delta = got["last_hidden_state"] - ref["last_hidden_state"]
+    assert float(delta.abs().max()) > 1e-2  # the stream itself moved ...
+    assert float((delta - delta.mean(-1, keepdim=True)).abs().max()) < 1e-9  # ... by a per-token constant only
+
+
+# -- LayerNorm detection by behaviour ------------------------------------------------------------
+
+
+def test_layernorm_variants_detected_by_behaviour():
+    from transformers.models.cohere.modeling_cohere import CohereLayerNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.nemotron.modeling_nemotron import NemotronLayerNorm1P
+    from transformers.models.olmo.modeling_olmo import OlmoLayerNorm
+
+    def rand(m):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.copy_(torch.rand(p.shape) + 0.5)
+        return m.double()
+
+    spec = layernorm_spec(rand(torch.nn.LayerNorm(16, eps=1e-6)), (4, 16))
+    assert spec and spec.eps == 1e-6 and spec.has_weight and spec.has_bias and spec.gamma_offset == 0
+    spec = layernorm_spec(rand(torch.nn.LayerNorm(16, bias=False)), (4, 16))
+    assert spec and not spec.has_bias
+    spec = layernorm_spec(OlmoLayerNorm(16), (4, 16))  # no parameters, no eps attribute: ε fitted
+    assert spec and not spec.has_weight and spec.eps == 1e-5
+    assert layernorm_spec(rand(CohereLayerNorm(16, eps=1e-5)), (4, 16)).has_weight
+    assert layernorm_spec(rand(NemotronLayerNorm1P(16)), (4, 16)).gamma_offset == 1.0
+    assert layernorm_spec(rand(LlamaRMSNorm(16)), (4, 16)) is None  # RMSNorm is not shift-invariant
+    assert layernorm_spec(torch.nn.Linear(16, 16).double(), (4, 16)) is None
+
+
+def test_schema_checks_new_keys():
+    good = {"name": "x", "model_types": ["x"], "placement": "pre", "layers": "h", "norms": [{"norm": "h.${i}.ln", "gamma_offset": 1}]}
+    assert parse_family(copy.deepcopy(good), "x.yaml").norms[0].gamma_offset == 1.0
+    bad = copy.deepcopy(good)
+    bad["norms"][0]["eps"] = "small"
+    with pytest.raises(NormswapError, match=r"x.yaml: norms\[0\].eps"):
+        parse_family(bad, "x.yaml")
+    bad = dict(good, centered_inputs=["h 0"])
+    with pytest.raises(NormswapError, match=r"centered_inputs\[0\]"):
+        parse_family(bad, "x.yaml")
+
+
+# -- the CLI: convert without a family file, discover, refuse ---------------------------------------
+
+
+def test_convert_discovers_records_and_reloads(tmp_path, run_cli):
+    """convert on a ViT (no family file): one line says so, the description travels in OUT's config,
+    stock transformers reloads OUT through its modeling file, and `families discover OUT` saves it."""
+    from transformers import AutoModel
+
+    config, cls = _config("vit")
+    torch.manual_seed(0)
+    src = randomize_(cls(config).eval())
+    src.save_pretrained(tmp_path / "vit")
+    code, out, err = run_cli("convert", tmp_path / "vit", tmp_path / "out")
+    assert code == 0, err
+    assert sum("no family file for model_type 'vit'" in line for line in err.splitlines()) == 1
+    assert "exact: PASSED" in out
+    block = json.loads((tmp_path / "out" / "config.json").read_text())["normswap"]
+    assert block["discovered_family"]["placement"] == "pre" and block["mode"] == "exact"
+    reloaded = AutoModel.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    inputs = probe_inputs(src, seed=5)
+    with torch.no_grad():
+        a, b = src(**inputs).last_hidden_state, reloaded(**inputs).last_hidden_state
+    assert float((a - b).abs().max()) < 1e-4
+
+    code, _, err = run_cli("families", "discover", tmp_path / "out", "--out", tmp_path / "vit.yaml")
+    assert code == 0, err
+    saved = parse_family(yaml.safe_load((tmp_path / "vit.yaml").read_text()), "vit.yaml")
+    assert saved.discovered and saved.model_types == ("vit",)
+
+
+def test_families_discover_config_file_and_refusal(tmp_path, run_cli):
+    from transformers import CLIPVisionConfig, OlmoConfig
+
+    NEW_OLMO = NEW["olmo"][2]
+    OlmoConfig(**NEW_OLMO).save_pretrained(tmp_path / "olmo")
+    code, out, err = run_cli("families", "discover", tmp_path / "olmo" / "config.json")
+    assert code == 0, err
+    assert yaml.safe_load(out)["placement"] == "pre" and "olmo: exact" in err
+
+    CLIPVisionConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+                     patch_size=8).save_pretrained(tmp_path / "clipv")
+    code, out, err = run_cli("families", "discover", tmp_path / "clipv", "--out", tmp_path / "clipv.yaml")
+    assert code != 0 and "raw residual stream" in err and "Traceback" not in err
+    assert not (tmp_path / "clipv.yaml").exists()
+
+
+def test_check_family_catches_a_wrong_description():
+    """The safety net itself: a description missing one writer fails the exact check."""
+    model = tiny_model("gpt2").double()
+    raw = discover(model)
+    raw["writers"] = raw["writers"][:1]
+    result = check_family(parse_family(raw, "broken"), model.config)
+    assert result["exact"] is False and result["max_abs_diff"] > 1e-3
+
+
+def test_survey_sample():
+    from normswap.architectures.survey import run_survey, survey_markdown
+
+    rows = {r["model_type"]: r for r in run_survey(only=["vit", "llama", "bert"])}
+    assert rows["vit"]["status"] == "exact"
+    assert rows["llama"]["status"] == "no-layernorm"  # RMSNorm: nothing to try
+    assert rows["bert"]["status"] == "approx-only"
+    text = survey_markdown(list(rows.values()))
+    assert "**Tried: 2** — exact: 1, approximate-only (post-LN): 1, refused: 0" in text
