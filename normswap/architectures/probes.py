@@ -38,6 +38,11 @@ def forward_parameters(model) -> set[str]:
     return set(inspect.signature(model.forward).parameters)
 
 
+def required_parameters(model) -> set[str]:
+    return {n for n, p in inspect.signature(model.forward).parameters.items()
+            if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
 def takes_text_only(model) -> bool:
     """True for models whose forward needs nothing but ``input_ids``."""
     params = forward_parameters(model)
@@ -53,6 +58,7 @@ def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dty
     """
     config = model.config
     params = forward_parameters(model)
+    required = required_parameters(model)
     gen = torch.Generator().manual_seed(seed)
     dtype = dtype or next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -66,7 +72,7 @@ def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dty
     def random_ids(n):
         return torch.randint(0, vocab, (ids.shape[0] if ids is not None else batch, n), generator=gen)
 
-    if "pixel_values" in params and (main == "pixel_values" or "input_ids" in params):
+    if "pixel_values" in params and (main == "pixel_values" or "pixel_values" in required or "input_ids" in params):
         vision = _sub(config, "vision_config")
         size = _first(vision, ("image_size",), 32)
         channels = _first(vision, ("num_channels",), 3)
@@ -83,7 +89,7 @@ def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dty
             out["input_values"] = torch.randn(batch, _first(audio, ("max_length",), 128), mels, generator=gen)
         else:  # raw waveform models (wav2vec2 family): [batch, samples]
             out["input_values"] = torch.randn(batch, 4000, generator=gen)
-    if "input_ids" in params and (main == "input_ids" or "pixel_values" in out and main != "pixel_values"):
+    if "input_ids" in params and (main == "input_ids" or "input_ids" in required or "pixel_values" in out and main != "pixel_values"):
         out["input_ids"] = ids if ids is not None else random_ids(length)
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
         dec_len = min(length, _first(config, ("max_target_positions", "max_position_embeddings"), length))
@@ -118,3 +124,21 @@ def model_outputs(model, inputs) -> dict[str, torch.Tensor]:
             continue  # caches repeat the projections already compared through the outputs
         walk(str(k), v)
     return flat
+
+
+def output_fidelity(reference, candidate, *, seed: int = 0, batch: int = 2, seq_len: int = 16) -> dict:
+    """How far ``candidate``'s outputs are from ``reference``'s on the same probe inputs.
+
+    For models without a language-model head (encoders, vision and audio towers) this is the
+    fidelity measure: per output (last hidden state, pooled output, logits...) the max |Δ| and
+    the max |Δ| relative to the reference's largest value. Both models must take the same inputs.
+    """
+    inputs = probe_inputs(reference, batch=batch, seq_len=seq_len, seed=seed)
+    ref = model_outputs(reference, inputs)
+    got = model_outputs(candidate, {k: v.to(next(candidate.parameters()).device) for k, v in inputs.items()})
+    out = {}
+    for key, r in ref.items():
+        if key in got and got[key].shape == r.shape:
+            diff = float((got[key].double().cpu() - r.double().cpu()).abs().max())
+            out[key] = {"max_abs_diff": diff, "max_rel_diff": diff / max(float(r.double().abs().max()), 1e-30)}
+    return {"inputs": {k: list(v.shape) for k, v in inputs.items()}, "outputs": out}

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-PER_MODEL_SECONDS = 60
+PER_MODEL_SECONDS = 40
 
 
 class _Timeout(Exception):
