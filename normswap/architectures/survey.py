@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-PER_MODEL_SECONDS = 40
+PER_MODEL_SECONDS = 120
 
 
 class _Timeout(Exception):
@@ -51,18 +51,19 @@ def survey_one(model_type: str) -> dict:
     row = {"model_type": model_type, "curated": False}
     t0 = time.perf_counter()
     try:
+        # no time limit around imports: interrupting one leaves half-initialised modules behind
+        config = AutoConfig.for_model(model_type)
+        row["curated"] = has_family(config)
+        tiny = shrink_config(config)
+        cls = model_class(tiny)
+        with torch.device("meta"):
+            skeleton = cls.from_config(tiny)
+        row["class"] = type(skeleton).__name__
+        if not has_layernorm_class(skeleton):
+            row.update(status="no-layernorm", reason="no LayerNorm module in the tiny model")
+            return row
+        cls = type(skeleton)
         with _time_limit(PER_MODEL_SECONDS):
-            config = AutoConfig.for_model(model_type)
-            row["curated"] = has_family(config)
-            tiny = shrink_config(config)
-            cls = model_class(tiny)
-            with torch.device("meta"):
-                skeleton = cls.from_config(tiny)
-            row["class"] = type(skeleton).__name__
-            if not has_layernorm_class(skeleton):
-                row.update(status="no-layernorm", reason="no LayerNorm module in the tiny model")
-                return row
-            cls = type(skeleton)
             try:
                 family, check = discover_family(config, cls)
             except DiscoveryError as e:
@@ -80,7 +81,7 @@ def survey_one(model_type: str) -> dict:
             else:
                 row.update(status="refused", reason=check["reason"])
     except _Timeout:
-        row.update(status="not-built", reason=f"over {PER_MODEL_SECONDS} s")
+        row.update(status="refused", reason=f"discovery and check took over {PER_MODEL_SECONDS} s")
     except Exception as e:  # a default config that does not build a tiny model is counted, not tried
         if row.get("class") is None:
             row.update(status="not-built", reason=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}")
@@ -95,6 +96,20 @@ def model_types() -> list[str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     return sorted(CONFIG_MAPPING_NAMES)
+
+
+def _preload():
+    """Import what every architecture needs once, in the parent, so forked workers share it."""
+    import accelerate  # noqa: F401
+    import transformers
+    import transformers.modeling_utils  # noqa: F401
+    from transformers import AutoModel, AutoModelForCausalLM  # noqa: F401
+
+    import normswap.architectures.discover  # noqa: F401
+    import normswap.convert.apply  # noqa: F401
+    import normswap.testing  # noqa: F401
+
+    transformers.logging.set_verbosity_error()
 
 
 def _worker_init():
@@ -121,7 +136,8 @@ def run_survey(only=None, progress=None, jobs=1) -> list[dict]:
     else:
         import multiprocessing
 
-        with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_init, maxtasksperchild=20) as pool:
+        _preload()
+        with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_init) as pool:
             for row in pool.imap_unordered(survey_one, names):
                 report(row)
     order = {mt: i for i, mt in enumerate(names)}
