@@ -99,7 +99,7 @@ def model_types() -> list[str]:
 
 
 def _preload():
-    """Import what every architecture needs once, in the parent, so forked workers share it."""
+    """Import what every architecture needs once per worker, before any time limit applies."""
     import accelerate  # noqa: F401
     import transformers
     import transformers.modeling_utils  # noqa: F401
@@ -113,10 +113,8 @@ def _preload():
 
 
 def _worker_init():
-    import transformers
-
     torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
+    _preload()
 
 
 def run_survey(only=None, progress=None, jobs=1) -> list[dict]:
@@ -136,8 +134,8 @@ def run_survey(only=None, progress=None, jobs=1) -> list[dict]:
     else:
         import multiprocessing
 
-        _preload()
-        with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_init) as pool:
+        # spawn, not fork: a forked torch thread pool can deadlock the workers
+        with multiprocessing.get_context("spawn").Pool(jobs, initializer=_worker_init) as pool:
             for row in pool.imap_unordered(survey_one, names):
                 report(row)
     order = {mt: i for i, mt in enumerate(names)}
