@@ -240,3 +240,14 @@ def test_survey_sample():
     assert rows["bert"]["status"] == "approx-only"
     text = survey_markdown(list(rows.values()))
     assert "**Tried: 2** — exact: 1, approximate-only (post-LN): 1, refused: 0" in text
+
+
+def test_readme_quotes_the_committed_survey():
+    """The README's numbers are the committed survey's (regenerate: `normswap families survey`)."""
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    survey = (root / "docs" / "architectures-survey.md").read_text()
+    readme = (root / "README.md").read_text()
+    summary = [line for line in survey.splitlines() if line.startswith(("Enumerated:", "Pre-LN"))]
+    assert len(summary) == 2 and all(line in readme for line in summary)

@@ -115,25 +115,22 @@ def apply_normswap_structure(model, block):
 
 def register_runtime_centering(model, block):
     """(Re-)register the output- and input-centring hooks; idempotent."""
-    for name in block.get("centered_inputs", []):
-        name = _local_name(model, name)
-        if name is None:
-            continue
-        module = model.get_submodule(name)
-        for hook_id, hook in list(module._forward_pre_hooks.items()):
-            if getattr(hook, "__name__", "") == "_center_input_hook":
-                del module._forward_pre_hooks[hook_id]
-                module._forward_pre_hooks_with_kwargs.pop(hook_id, None)
-        module.register_forward_pre_hook(_center_input_hook, with_kwargs=True)
-    for name in block.get("centered_outputs", []):
-        name = _local_name(model, name)
-        if name is None:
-            continue
-        module = model.get_submodule(name)
-        for hook_id, hook in list(module._forward_hooks.items()):
-            if getattr(hook, "__name__", "") == "_center_output_hook":
-                del module._forward_hooks[hook_id]
-        module.register_forward_hook(_center_output_hook)
+    for key, hook, hooks_attr in (("centered_inputs", _center_input_hook, "_forward_pre_hooks"),
+                                  ("centered_outputs", _center_output_hook, "_forward_hooks")):
+        for name in block.get(key, []):
+            name = _local_name(model, name)
+            if name is None:
+                continue
+            module = model.get_submodule(name)
+            hooks = getattr(module, hooks_attr)
+            for hook_id, old in list(hooks.items()):
+                if getattr(old, "__name__", "") == hook.__name__:
+                    del hooks[hook_id]
+                    module._forward_pre_hooks_with_kwargs.pop(hook_id, None)
+            if key == "centered_inputs":
+                module.register_forward_pre_hook(hook, with_kwargs=True)
+            else:
+                module.register_forward_hook(hook)
 
 
 def normswap_classes(model_type, config_name, source_config, sources):
