@@ -67,7 +67,7 @@ def survey_one(model_type: str) -> dict:
             try:
                 family, check = discover_family(config, cls)
             except DiscoveryError as e:
-                row.update(status="refused", reason=str(e))
+                row.update(status=_status_of(str(e)), reason=str(e))
                 return row
             desc = check.pop("description")
             row["placement"] = desc["placement"]
@@ -90,6 +90,15 @@ def survey_one(model_type: str) -> dict:
     finally:
         row["seconds"] = round(time.perf_counter() - t0, 2)
     return row
+
+
+def _status_of(reason: str) -> str:
+    """Refusals before a plan exists are not the plan's fault: say which kind they are."""
+    if reason.startswith(("cannot trace", "cannot build")):
+        return "untraceable"  # the probe inputs normswap builds do not run this model
+    if "no module computes LayerNorm" in reason:
+        return "no-layernorm"  # *LayerNorm-named modules that compute RMSNorm (T5), or none ran on the probe
+    return "refused"
 
 
 def model_types() -> list[str]:
@@ -158,10 +167,14 @@ def survey_markdown(rows) -> str:
         "",
         f"Enumerated: {len(rows)} model_types in transformers' CONFIG_MAPPING; "
         f"{sum(r['status'] == 'not-built' for r in rows)} do not build a tiny model from their default config; "
-        f"{sum(r['status'] == 'no-layernorm' for r in rows)} have no LayerNorm module. "
-        f"**Tried: {len(tried)}** — exact: {len(exact)}, approximate-only (post-LN): {len(approx)}, refused: {len(refused)}.",
+        f"{sum(r['status'] == 'no-layernorm' for r in rows)} have no module that computes LayerNorm (none by class, "
+        "or only RMSNorm under a LayerNorm name); "
+        f"{sum(r['status'] == 'untraceable' for r in rows)} do not run on normswap's probe inputs (multimodal models "
+        "needing image tokens, boxes, extra inputs). "
+        f"**Tried: {len(tried)}** (traced, with LayerNorms) — exact: {len(exact)}, approximate-only (post-LN): "
+        f"{len(approx)}, refused: {len(refused)}.",
         "",
-        f"Pre-LN (everything not post-LN): {len(pre)}; converted exactly on tiny configs: {len(exact)} "
+        f"Pre-LN or undetermined (tried and not post-LN): {len(pre)}; converted exactly on tiny configs: {len(exact)} "
         f"({100 * len(exact) / max(1, len(pre)):.0f} %). Every refusal is a plan whose check on a tiny randomised "
         "instance was not exact, or an architecture discovery could not describe; none is converted.",
         "",
@@ -175,6 +188,6 @@ def survey_markdown(rows) -> str:
                      f"{r.get('placement', '')} | {r.get('norms', '')} | {diff} | {reason} |")
     lines += ["", "## Not tried", "", "| model_type | why |", "|---|---|"]
     for r in rows:
-        if r["status"] in ("not-built", "no-layernorm"):
+        if r["status"] in ("not-built", "no-layernorm", "untraceable"):
             lines.append(f"| `{r['model_type']}` | {(r.get('reason') or r['status']).replace('|', '/')[:160]} |")
     return "\n".join(lines) + "\n"

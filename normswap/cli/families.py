@@ -90,21 +90,26 @@ def discover(model, out, as_json):
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout).")
 @click.option("--only", multiple=True, help="Survey only these model_types (repeatable).")
 @click.option("--jobs", type=int, default=1, show_default=True, help="Worker processes.")
+@click.option("--save-json", type=click.Path(dir_okay=False), default=None, help="Also write the rows as JSON here.")
 @json_option
-def survey(out, only, jobs, as_json):
+def survey(out, only, jobs, save_json, as_json):
     """Try discovery on every config class of the installed transformers that builds a model with
     LayerNorm-like modules, and tabulate exact / approximate-only / refused with the reason."""
     from normswap.architectures.survey import run_survey, survey_markdown
 
     rows = run_survey(only=list(only) or None, progress=lambda m: click.echo(m, err=True), jobs=jobs)
+    if save_json:
+        from normswap.publish import atomic_write_text
+
+        atomic_write_text(save_json, json.dumps(rows, indent=1, default=str) + "\n")
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
     text = survey_markdown(rows)
     if out:
-        from normswap.recipes.runner import _atomic_write
+        from normswap.publish import atomic_write_text
 
-        _atomic_write(Path(out), text)
+        atomic_write_text(out, text)
         click.echo(f"wrote {out}", err=True)
     else:
         click.echo(text, nl=False)
@@ -154,7 +159,7 @@ def run_discover(spec, out) -> dict:
     text = "# Discovered by `normswap families discover` and checked by converting a tiny randomised instance.\n"
     text += yaml.safe_dump(description, sort_keys=False, width=120)
     if out:
-        from normswap.recipes.runner import _atomic_write
+        from normswap.publish import atomic_write_text
 
-        _atomic_write(Path(out), text)
+        atomic_write_text(out, text)
     return {"model_type": model_type, "check": check, "description": description, "yaml": text, "out": out}
