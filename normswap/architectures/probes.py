@@ -51,7 +51,7 @@ def takes_text_only(model) -> bool:
         "decoder_input_ids" in params and getattr(model.config, "is_encoder_decoder", False))
 
 
-def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dtype=None, ids=None) -> dict:
+def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dtype=None, ids=None, device=None) -> dict:
     """Keyword arguments for ``model(**inputs)``: every main input the forward takes.
 
     ``ids`` (a [batch, seq] LongTensor) replaces the random token ids, e.g. real text in verify.
@@ -61,7 +61,7 @@ def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dty
     required = required_parameters(model)
     gen = torch.Generator().manual_seed(seed)
     dtype = dtype or next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    device = device or next((p.device for p in model.parameters()), torch.device("cpu"))
     out: dict = {}
     main = getattr(model, "main_input_name", "input_ids")
     text_config = _sub(config, "text_config")
@@ -124,6 +124,14 @@ def model_outputs(model, inputs) -> dict[str, torch.Tensor]:
             continue  # caches repeat the projections already compared through the outputs
         walk(str(k), v)
     return flat
+
+
+def complete_inputs(model, inputs: dict) -> dict:
+    """Verification's text probe, plus images / audio features / decoder ids where the model needs them
+    (built on the CPU in float32: ``model`` may be a meta-device skeleton)."""
+    if takes_text_only(model):
+        return inputs
+    return probe_inputs(model, ids=inputs.get("input_ids"), dtype=torch.float32, device="cpu")
 
 
 def output_fidelity(reference, candidate, *, seed: int = 0, batch: int = 2, seq_len: int = 16) -> dict:

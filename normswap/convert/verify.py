@@ -22,6 +22,7 @@ import math
 import torch
 from torch import nn
 
+from normswap.architectures.probes import complete_inputs
 from normswap.convert.inputs import persistent_buffers
 from normswap.convert.memory import release_freed_memory
 from normswap.errors import NormswapError
@@ -195,6 +196,7 @@ def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, de
     skel = build_src()
     inputs = probe_inputs(tokenizer, skel.config)
     ids = inputs["input_ids"]
+    inputs = complete_inputs(skel, inputs)  # vision / audio / encoder-decoder models need more than ids
     ref = outputs(lambda: skel, fetch_src, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
     got = outputs(build_conv, fetch_conv, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
     if ref.shape != got.shape:
