@@ -256,8 +256,21 @@ def test_source_errors(tmp_path, monkeypatch):
     with pytest.raises(NormswapError, match="no .txt/.md files"):
         load_documents(str(tmp_path / "empty"), "train")
     (tmp_path / "blank.txt").write_text("\n\n   \n")
-    with pytest.raises(NormswapError, match="no documents in the 'train' split"):
+    with pytest.raises(NormswapError, match="blank.txt' holds no text"):
         list(load_documents(str(tmp_path / "blank.txt"), "train"))
+    (tmp_path / "zero.txt").write_text("")
+    with pytest.raises(NormswapError, match=r"zero.txt: the file is empty$"):
+        load_documents(str(tmp_path / "zero.txt"), "train")
+    (tmp_path / "zero.jsonl").write_text("")
+    with pytest.raises(NormswapError, match=r"zero.jsonl: the file is empty$"):
+        load_documents(str(tmp_path / "zero.jsonl"), "all")
+    # Bytes that are not UTF-8: the message names the file and the line.
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(NormswapError, match=r"latin1.jsonl:2: not UTF-8"):
+        list(load_documents(str(tmp_path / "latin1.jsonl"), "all"))
+    (tmp_path / "latin1.txt").write_bytes(b"line one\nline two\nna\xefve line three\n")
+    with pytest.raises(NormswapError, match=r"latin1.txt:3: not UTF-8"):
+        list(load_documents(str(tmp_path / "latin1.txt"), "all"))
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(NormswapError, match=r"bad.jsonl:2: not valid JSON"):
         list(load_documents(str(tmp_path / "bad.jsonl"), "all"))
@@ -269,6 +282,62 @@ def test_source_errors(tmp_path, monkeypatch):
         load_documents(str(tmp_path / "missing.txt"), "train")
     except NormswapError as e:
         assert "\n" not in str(e)
+
+
+def test_verse_per_line_file_becomes_runs_of_lines_split_three_ways(tmp_path):
+    """A file with one record per line and no blank line at all (the shape issue #12 names)."""
+    verses = list(kjv.verses("train"))[:18582]
+    path = tmp_path / "verses.txt"
+    path.write_text("\n".join(verses) + "\n")
+    splits = {s: list(load_documents(str(path), s)) for s in ("train", "validation", "test")}
+    assert all(len(v) >= 10 for v in splits.values()), {s: len(v) for s, v in splits.items()}
+    # Documents are runs of whole lines of a few thousand characters; every verse lands once.
+    found = [line for docs in splits.values() for d in docs for line in d.split("\n")]
+    assert sorted(found) == sorted(verses)
+    sizes = [len(d) for docs in splits.values() for d in docs]
+    assert max(sizes) < 4000 + max(map(len, verses)) + 1 and sorted(sizes)[1] >= 3999  # only the file's tail is shorter
+    assert not set(splits["train"]) & (set(splits["validation"]) | set(splits["test"]))
+    # A file with blank lines keeps its paragraphs (control: not cut into line runs).
+    paras = tmp_path / "paras.txt"
+    paras.write_text("\n\n".join("\n".join(verses[i:i + 5]) for i in range(0, 200, 5)))
+    docs = list(load_documents(str(paras), "all"))
+    assert all(d.count("\n\n") >= 1 for d in docs[:-1])
+
+
+def test_small_file_gets_a_deterministic_held_out_slice_with_a_notice(tmp_path, capsys):
+    paras = _paragraphs(400, seed=7)
+    # Twelve documents none of which hashes into validation or test: the hash alone leaves both empty.
+    chosen = [p for p in paras if hash_split(p) == "train"][:12]
+    path = tmp_path / "small.txt"
+    path.write_text("\n\n".join(chosen))
+    from normswap.data import sources
+
+    sources._NOTICES.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sources, "TEXT_CHUNK_CHARS", 1)  # one paragraph per document
+        mp.setattr(sources._chunk_text, "__defaults__", (1,))
+        splits = {s: list(load_documents(str(path), s)) for s in ("train", "validation", "test")}
+        again = list(load_documents(str(path), "validation"))
+    assert splits["validation"] == [chosen[-2]] and splits["test"] == [chosen[-1]] and again == splits["validation"]
+    assert splits["train"] == chosen[:-2]  # held-out text is never trained on
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "small.txt" in err and "never trained on" in err
+    # Too few documents for both: one clear line (and `all` still reads it).
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text(chosen[0])
+    with pytest.raises(NormswapError, match=r"tiny.txt holds only 1 document\(s\).*--eval-data"):
+        list(load_documents(str(tiny), "validation"))
+    assert list(load_documents(str(tiny), "all")) == [chosen[0]]
+
+
+def test_default_eval_split_reads_a_users_file_whole(tmp_path):
+    from normswap.data import default_eval_split
+
+    (tmp_path / "a.txt").write_text("text")
+    assert default_eval_split("embedded") == "test"
+    assert default_eval_split(str(tmp_path / "a.txt")) == "all"
+    assert default_eval_split(str(tmp_path)) == "all"
+    assert default_eval_split("wikitext:wikitext-2-raw-v1") == "test"
 
 
 # ---------------------------------------------------------------- packing

@@ -65,6 +65,12 @@ def _split_of(testament: int, name: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _chapters() -> tuple[tuple[str, str, int, str], ...]:
     """All chapters in canonical order as (split, book, chapter, text); read once per process."""
+    return tuple((s, book, c, " ".join(vs)) for s, book, c, vs in _chapter_verses())
+
+
+@functools.lru_cache(maxsize=1)
+def _chapter_verses() -> tuple[tuple[str, str, int, tuple[str, ...]], ...]:
+    """All chapters in canonical order as (split, book, chapter, verses)."""
     with resources.as_file(_database_path()) as db:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
@@ -75,13 +81,13 @@ def _chapters() -> tuple[tuple[str, str, int, str], ...]:
             ).fetchall()
         finally:
             con.close()
-    chapters: list[tuple[str, str, int, str]] = []
+    chapters: list[tuple[str, str, int, tuple[str, ...]]] = []
     current_key, verses = None, []
 
     def flush():
         if current_key and verses:
             t, b, c = current_key
-            chapters.append((_split_of(t, names[(t, b)]), names[(t, b)], c, " ".join(verses)))
+            chapters.append((_split_of(t, names[(t, b)]), names[(t, b)], c, tuple(verses)))
 
     for t, b, c, p1, p2 in rows:
         # A handful of rows carry no reference at all and are stray headings (e.g. a lone "Jonah"
@@ -108,6 +114,13 @@ def documents(split: str):
     for s, _book, _chapter, text in _chapters():
         if split == "all" or s == split:
             yield text
+
+
+def verses(split: str):
+    """Single verses of the given split, in canonical order (e.g. to write a verse-per-line file)."""
+    for s, _book, _chapter, vs in _chapter_verses():
+        if split == "all" or s == split:
+            yield from vs
 
 
 def books(split: str) -> list[str]:

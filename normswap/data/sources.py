@@ -14,7 +14,8 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Iterable, Iterator
+import sys
+from typing import Callable, Iterable, Iterator
 
 from normswap.errors import NormswapError
 
@@ -48,21 +49,111 @@ def _check_split(split: str) -> None:
         raise NormswapError(f"unknown split {split!r}; use one of {', '.join(_ACCEPTED_SPLITS)}")
 
 
-def _select(docs: Iterable[str], split: str) -> Iterator[str]:
-    for doc in docs:
-        if not doc or not doc.strip():
-            continue
-        if split == "all" or hash_split(doc) == split:
+def _nonblank(docs: Iterable[str]) -> Iterator[str]:
+    return (d for d in docs if d and d.strip())
+
+
+# Held-out notices already printed by this process (a training stream re-reads its split every epoch).
+_NOTICES: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _fallback_slices(make_docs: Callable[[], Iterable[str]], where: str) -> dict[int, str]:
+    """Held-out documents to take from train when the hash leaves a held-out split empty.
+
+    A small corpus (a few dozen documents) can hash no document into validation or test. Then the
+    last ~5 % of its train-hashed documents (at least one per split) become that split instead:
+    deterministic, never trained on, and announced in one line. The scan stops as soon as both
+    held-out splits have a document, so a real corpus pays for a few dozen hashes only.
+    """
+    seen = {"validation": False, "test": False}
+    train_idx: list[int] = []
+    n = 0
+    for i, doc in enumerate(_nonblank(make_docs())):
+        n += 1
+        s = hash_split(doc)
+        if s == "train":
+            train_idx.append(i)
+        else:
+            seen[s] = True
+            if all(seen.values()):
+                return {}
+    if n == 0:
+        return {}  # no text at all: load_documents says so
+    empty = tuple(s for s in ("validation", "test") if not seen[s])
+    k = max(1, round(0.05 * n))
+    if len(train_idx) - k * len(empty) < 1:
+        raise NormswapError(
+            f"{where} holds only {n} document(s): too few for both a training split and a held-out split; "
+            "give more text or name the held-out set (finetune --eval-data)"
+        )
+    tail = train_idx[-k * len(empty):]
+    plan = {i: s for j, s in enumerate(empty) for i in tail[j * k:(j + 1) * k]}
+    if (where, empty) not in _NOTICES:
+        _NOTICES.add((where, empty))
+        print(f"normswap: {where}: no document hashed into the {' and '.join(empty)} split; using its last {k * len(empty)} "
+              f"training document(s) as {' and '.join(empty)} instead (never trained on)", file=sys.stderr)
+    return plan
+
+
+def _hash_split(make_docs: Callable[[], Iterable[str]], split: str, where: str) -> Iterator[str]:
+    """The documents of one split of a source that has no splits of its own (see hash_split)."""
+    if split == "all":
+        yield from _nonblank(make_docs())
+        return
+    plan = _fallback_slices(make_docs, where)
+    for i, doc in enumerate(_nonblank(make_docs())):
+        if plan.get(i, None) == split or (i not in plan and hash_split(doc) == split):
             yield doc
 
 
+def has_own_splits(spec: str) -> bool:
+    """True for corpora that come with held-out splits (the embedded corpus' books, a saved
+    DatasetDict, a hub dataset); False for a user's plain files, which `normswap eval` reads whole."""
+    spec = str(spec)
+    if spec == "embedded":
+        return True
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return (path / "dataset_dict.json").is_file()
+    return not path.exists() and bool(_HUB_ID.match(spec))
+
+
+def default_eval_split(spec: str, held_out: str = "test") -> str:
+    """The split an evaluation reads when none is named: ``held_out`` of a corpus with its own
+    splits, all of a user's explicit file or directory."""
+    return held_out if has_own_splits(spec) else "all"
+
+
+def _line_runs(para: str, chunk_chars: int) -> Iterator[str]:
+    """Cut one long paragraph (a file with no blank lines: one record per line) into runs of whole
+    lines of at least ~chunk_chars characters, so that a verse-per-line file still becomes many
+    documents that the hash split can spread over train and held-out."""
+    buf: list[str] = []
+    size = 0
+    for line in para.split("\n"):
+        buf.append(line)
+        size += len(line) + 1
+        if size >= chunk_chars:
+            yield "\n".join(buf)
+            buf, size = [], 0
+    if buf:
+        yield "\n".join(buf)
+
+
 def _chunk_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> Iterator[str]:
-    """Group consecutive paragraphs into documents of at least ~chunk_chars characters."""
+    """Documents of a plain text: consecutive paragraphs grouped to at least ~chunk_chars
+    characters; a paragraph longer than twice that (no blank lines) is cut into runs of lines."""
     buf: list[str] = []
     size = 0
     for para in re.split(r"\n\s*\n", text):
         para = para.strip()
         if not para:
+            continue
+        if len(para) > 2 * chunk_chars and "\n" in para:
+            if buf:
+                yield "\n\n".join(buf)
+                buf, size = [], 0
+            yield from _line_runs(para, chunk_chars)
             continue
         buf.append(para)
         size += len(para)
@@ -73,11 +164,18 @@ def _chunk_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> Iterator[str]
         yield "\n\n".join(buf)
 
 
+def _undecodable(path: Path, data: bytes, e: UnicodeDecodeError) -> NormswapError:
+    line = data.count(b"\n", 0, e.start) + 1
+    return NormswapError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start}); convert the file to UTF-8")
+
+
 def _read_text_file(path: Path) -> str:
+    data = path.read_bytes()
     try:
-        return path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise NormswapError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from e
+        raise _undecodable(path, data, e) from None
+    return text
 
 
 def _text_docs(paths: list[Path]) -> Iterator[str]:
@@ -87,8 +185,11 @@ def _text_docs(paths: list[Path]) -> Iterator[str]:
 
 def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
     """A .json file holding one array of records (loaded whole: such files are small by nature)."""
+    data = path.read_bytes()
     try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        rows = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise _undecodable(path, data, e) from None
     except json.JSONDecodeError as e:
         raise NormswapError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     for i, row in enumerate(rows):
@@ -112,8 +213,12 @@ def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
     if path.suffix.lower() == ".json" and _starts_with_array(path):
         yield from _json_array_docs(path, text_field)
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise NormswapError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); convert the file to UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -165,24 +270,25 @@ def _from_dataset_object(obj, split: str, text_field: str, where: str) -> Iterat
 
     if not isinstance(obj, datasets.DatasetDict):
         _check_column(obj, text_field, where)
-        return _select(_dataset_docs(obj, text_field, where), split)
+        return _hash_split(lambda: _dataset_docs(obj, text_field, where), split, where)
     available = list(obj.keys())
     for name in available:
         _check_column(obj[name], text_field, where)
     if split == "all":
-        return _select((d for name in available for d in _dataset_docs(obj[name], text_field, where)), "all")
+        return _nonblank(d for name in available for d in _dataset_docs(obj[name], text_field, where))
     native = {}
     for wanted, candidates in _HUB_SPLIT_NAMES.items():
         native[wanted] = next((c for c in candidates if c in obj), None)
     if native["train"] is None and len(available) == 1:
         native["train"] = available[0]
     if native[split] is not None and (split != "train" or all(native.values())):
-        return _select(_dataset_docs(obj[native[split]], text_field, where), "all")
+        return _nonblank(_dataset_docs(obj[native[split]], text_field, where))
     if native["train"] is None:
         raise NormswapError(f"{where}: has no {split!r} split and no train split to derive it from (splits: {', '.join(available)})")
     # A held-out split is missing: derive it from a hashed slice of train, and then train on the
     # remaining ~90 % only, so the derived held-out text is never trained on.
-    return _select(_dataset_docs(obj[native["train"]], text_field, where), split)
+    train = native["train"]
+    return _hash_split(lambda: _dataset_docs(obj[train], text_field, where), split, where)
 
 
 def _check_column(ds, text_field: str, where: str) -> None:
@@ -245,15 +351,17 @@ def _open_source(spec: str, split: str, text_field: str) -> Iterator[str]:
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
         if not files:
             raise NormswapError(f"{path}: directory holds no .txt/.md files and is not a saved dataset")
-        return _select(_text_docs(files), split)
+        return _hash_split(lambda: _text_docs(files), split, str(path))
     if path.is_file():
+        if path.stat().st_size == 0:
+            raise NormswapError(f"{path}: the file is empty")
         suffix = path.suffix.lower()
         if suffix in (".jsonl", ".json"):
-            return _select(_jsonl_docs(path, text_field), split)
+            return _hash_split(lambda: _jsonl_docs(path, text_field), split, str(path))
         if suffix == ".parquet":
-            return _select(_parquet_docs(path, text_field), split)
+            return _hash_split(lambda: _parquet_docs(path, text_field), split, str(path))
         if suffix in TEXT_SUFFIXES or suffix == "":
-            return _select(_text_docs([path]), split)
+            return _hash_split(lambda: _text_docs([path]), split, str(path))
         raise NormswapError(f"{path}: unsupported file type {suffix!r}; use .txt, .md, .jsonl, .parquet or a directory")
     looks_like_path = (
         spec.startswith((".", "/", "~"))
@@ -288,8 +396,9 @@ def _nonempty(docs: Iterator[str], spec: str, split: str) -> Iterator[str]:
         n += 1
         yield doc
     if n == 0:
-        hint = "" if split in ("train", "all") else " (held-out splits take ~5% of documents each; the corpus may be too small)"
-        raise NormswapError(f"data source {spec!r} has no documents in the {split!r} split{hint}")
+        if split == "all" or not has_own_splits(spec):
+            raise NormswapError(f"data source {spec!r} holds no text (every document is empty or blank)")
+        raise NormswapError(f"data source {spec!r} has no documents in the {split!r} split")
 
 
 def load_text(spec: str, split: str = "validation", *, text_field: str = "text") -> str:
