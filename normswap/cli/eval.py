@@ -7,8 +7,9 @@
     normswap eval render results.json         # rebuild report.md/html/PNGs from results.json
 
 MODEL is anything convert accepts or produced: a local directory, a hub id, normswap:NAME; write
-NAME=SPEC to label it. The held-out split defaults to `test` (the numbers you report); use
-`--split validation` while choosing between models so the test split stays unseen.
+NAME=SPEC to label it. The held-out split defaults to `test` (the numbers you report) of the
+embedded corpus or a dataset with splits, and to all of a text file or directory you name with
+--data; use `--split validation` while choosing between models so the test split stays unseen.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from normswap.cli.options import (
     batch_size_option, data_option, device_option, dtype_option, force_option, json_option, trust_remote_code_option,
 )
 
-SPLITS = ("test", "validation", "train")
+SPLITS = ("test", "validation", "train", "all")
 
 
 def _common(f):
     for decorator in reversed([
         click.argument("models", nargs=-1, required=True),
         data_option,
-        click.option("--split", type=click.Choice(SPLITS), default="test", show_default=True,
-                     help="Held-out split: test for reported numbers, validation for model selection."),
+        click.option("--split", type=click.Choice(SPLITS), default=None,
+                     help="Held-out split: test for reported numbers, validation for model selection, all for the whole source "
+                          "(default: test of the embedded corpus or a dataset with splits; all of a file or directory you name)."),
         device_option(),
         dtype_option(),
         click.option("--seq-len", type=int, default=None, help="Window length in tokens (default: min(shortest model context, 512))."),
@@ -56,6 +58,22 @@ def _require_hub(models, baseline=None, data=None, tasks=None):
 
     planned, _ = plan_entries(list(models), baseline)  # a mistyped --baseline is refused here, with a hint
     require_hub(models=[spec for _, spec in planned])
+
+
+def _split(data, split):
+    from normswap.data import default_eval_split
+
+    return split or default_eval_split(data)
+
+
+def _refuse_encoders(entries):
+    from normswap.errors import NormswapError
+    from normswap.evaluate.kinds import CAUSAL_LM, model_kind
+
+    enc = [e.name for e in entries if model_kind(e.model) != CAUSAL_LM]
+    if enc:
+        raise NormswapError(f"perplexity is not defined for encoders ({', '.join(enc)}); "
+                            "`normswap eval report` measures their fidelity to a --baseline")
 
 
 def _setup(device, dtype):
@@ -105,7 +123,7 @@ def report(models, data, split, device, dtype, seq_len, batch_size, out, baselin
     say = _progress(quiet)
     with output_lock(out, create_parent=True):
         entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
-        results = evaluate(entries, data=data, split=split, baseline_name=base, tasks=tasks, device=dev, dtype=dt,
+        results = evaluate(entries, data=data, split=_split(data, split), baseline_name=base, tasks=tasks, device=dev, dtype=dt,
                            seq_len=seq_len, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
                            speed=not no_speed, memory=not no_memory, lm_eval_limit=lm_eval_limit, progress=say,
                            speed_options={"repeats": repeats, "warmup": warmup, "min_time": min_time, "new_tokens": new_tokens,
@@ -133,7 +151,8 @@ def ppl(models, data, split, device, dtype, seq_len, batch_size, stride, max_tok
     dev, dt = _setup(device, dtype)
     say = _progress(quiet)
     entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
-    results = evaluate(entries, data=data, split=split, baseline_name=base, device=dev, dtype=dt, seq_len=seq_len,
+    _refuse_encoders(entries)
+    results = evaluate(entries, data=data, split=_split(data, split), baseline_name=base, device=dev, dtype=dt, seq_len=seq_len,
                        stride=stride, batch_size=batch_size, max_tokens=max_tokens, speed=False, memory=False,
                        diagnostics=False, progress=say)
     if as_json:
@@ -258,6 +277,13 @@ def _print_speed(results):
 
 
 def _print_table(results):
+    if any(m.get("fidelity") for m in results["models"]):
+        from normswap.report.encoders import fidelity_rows
+
+        header, rows = fidelity_rows(results)
+        _echo_rows([tuple(header)] + [tuple(r) + () for r in rows])
+        sys.stdout.flush()
+        return
     rows = [("model", "kind", "perplexity", "bits/byte", "forward tok/s", "train-step tok/s")]
     for m in results["models"]:
         rows.append((m["name"], m.get("kind", ""), f"{m['perplexity']:.4f}" if m.get("perplexity") is not None else "-",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from normswap.evaluate.kinds import training_loss
 from normswap.evaluate.perplexity import model_device
 
 
@@ -41,8 +42,7 @@ def train_step_inputs(model, batch_size: int, seq_len: int, seed: int = 0):
 def _step(model, optimizer, batch):
     model.train()
     try:
-        out = model(input_ids=batch, labels=batch, use_cache=False)
-        out.loss.backward()
+        training_loss(model, batch).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     finally:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from normswap.errors import NormswapError
+from normswap.evaluate.kinds import common_group, model_kind
 from normswap.evaluate.norms import hidden_size_of, norm_kind, norm_modules
 from normswap.evaluate.perplexity import model_context, truncate_text
 from normswap.evaluate.perplexity import perplexity as run_perplexity
@@ -114,6 +115,7 @@ def _model_info(entry: ModelEntry) -> dict:
     params = int(sum(p.numel() for p in entry.model.parameters()))
     info = {
         "kind": kind,
+        "model_kind": model_kind(entry.model),
         "architecture": (getattr(config, "architectures", None) or [type(entry.model).__name__])[0],
         "parameters": params,
         "norm_classes": norms,
@@ -222,7 +224,7 @@ def plan_entries(specs, baseline=None) -> tuple[list[tuple[str, str]], str | Non
 def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, progress=None) -> tuple[list[ModelEntry], str | None]:
     """Load ``specs`` (``SPEC`` or ``NAME=SPEC``); add ``baseline`` when it is not one of them."""
     import normswap
-    from normswap.checkpoint.load import is_local, resolve
+    from normswap.checkpoint.load import is_causal_lm, is_local, load_config, resolve
 
     planned, baseline_name = plan_entries(specs, baseline)
     entries = []
@@ -230,18 +232,25 @@ def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, pro
         if progress:
             progress(f"loading {name} ({spec})")
         resolved = resolve(spec)
-        model = normswap.load_model(spec, dtype=dtype, device=device, task="causal-lm")
+        # a causal LM as its LM-head class; anything else (an encoder) as the class it names
+        task = "causal-lm" if is_causal_lm(load_config(resolved)) else "auto"
+        model = normswap.load_model(spec, dtype=dtype, device=device, task=task)
         tok = normswap.load_tokenizer(spec)
         entries.append(ModelEntry(name=name, spec=spec, model=model, tokenizer=tok,
                                   path=str(Path(resolved).resolve()) if is_local(resolved) else resolved))
+        common_group({e.name: model_kind(e.model) for e in entries})  # refuse a mixed list before loading the rest
     return entries, baseline_name
 
 
 def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=None, baseline_name=None, tasks=None,
              device="cpu", dtype=torch.float32, seq_len=None, stride=None, batch_size=8, max_tokens=DEFAULT_MAX_TOKENS,
              perplexity=True, diagnostics=True, speed=True, speed_options=None, memory=True, diagnostics_batch=4,
-             lm_eval_limit=None, progress=None, lm_eval_log=None) -> dict:
-    """Run every measurement on ``entries`` and return the results dict (schema: docs/results-schema.md)."""
+             lm_eval_limit=None, fidelity=None, fidelity_tokens=8192, seed=0, progress=None, lm_eval_log=None) -> dict:
+    """Run every measurement on ``entries`` and return the results dict (schema: docs/results-schema.md).
+
+    Encoders (no causal-LM head) get fidelity to the baseline (or the first model) instead of
+    perplexity, diagnostics and lm-eval tasks; ``fidelity`` None means: for encoders only.
+    """
     from normswap.evaluate.diagnostics import diagnostics as run_diagnostics
     from normswap.evaluate.diagnostics import fixed_batch
     from normswap.evaluate.lm_eval_adapter import crosscheck, default_log, parse_tasks, run_tasks
@@ -252,6 +261,15 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
     if not entries:
         raise NormswapError("give at least one model to evaluate")
     lm_eval_log = Path(lm_eval_log) if lm_eval_log else default_log()
+    kinds = {e.name: model_kind(e.model) for e in entries}
+    encoders = common_group(kinds) == "encoder"
+    if encoders:
+        if parse_tasks(tasks):
+            raise NormswapError("lm-eval tasks score causal LMs; these models are encoders (drop --tasks)")
+        perplexity = diagnostics = False  # not defined without a next-token head
+        speed_options = dict(speed_options or {}, kinds=("forward", "train_step", "norm_share"))  # nothing to generate
+    if fidelity is None:
+        fidelity = encoders
     contexts = [c for c in (model_context(e.model) for e in entries) if c]
     max_ctx = min(contexts) if contexts else None
     if seq_len is None:
@@ -260,7 +278,7 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
         raise NormswapError(f"--seq-len {seq_len} is longer than the shortest model context ({max_ctx} tokens)")
     if stride is None:
         stride = max(seq_len // 2, 1)
-    need_text = perplexity or diagnostics
+    need_text = perplexity or diagnostics or fidelity
     if text is None and need_text:
         from normswap.data import load_text
 
@@ -347,6 +365,14 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
         detail = peak_memory(e.model, batch_size, mem_seq)
         row["peak_memory_bytes"] = detail.pop("peak_memory_bytes")
         row["memory_detail"] = {"batch_size": batch_size, "seq_len": mem_seq, **detail}
+    if fidelity:
+        from normswap.evaluate.fidelity import fidelity as run_fidelity
+
+        reference = baseline_name or entries[0].name
+        measured, info = run_fidelity(entries, reference, text, max_tokens=fidelity_tokens, seq_len=seq_len, seed=seed, progress=say)
+        results["fidelity_setup"] = info
+        for row in rows:
+            row["fidelity"] = measured[row["name"]]
     base = next((r for r in rows if r["name"] == baseline_name), None)
     for row in rows:
         row["ratios"] = ratios(row, base) if base is not None else None

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from normswap.evaluate.kinds import training_loss
 from normswap.evaluate.norms import norm_modules
 from normswap.evaluate.perplexity import model_context, model_device
 
@@ -110,8 +111,7 @@ class _Bench:
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, weight_decay=0.0)
         self.model.train()
         try:
-            out = self.run(input_ids=self.batch, labels=self.batch, use_cache=False)
-            out.loss.backward()
+            training_loss(self.model, self.batch, forward=self.run).backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         finally:

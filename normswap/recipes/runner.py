@@ -284,7 +284,7 @@ class Runner:
         from normswap.checkpoint.load import is_local, resolve
 
         dtype = resolve_dtype(ev["dtype"], self.device)
-        masked = recipe["task"] == "masked-lm"
+        masked = recipe["task"] in ("masked-lm", "encoder")
         t0 = time.perf_counter()
         say = lambda m: self.say(f"eval: {m}")  # noqa: E731
         entries = []
@@ -295,24 +295,14 @@ class Runner:
             entries.append(ModelEntry(name=name, spec=str(spec), model=model, tokenizer=normswap.load_tokenizer(spec),
                                       path=str(Path(resolved).resolve()) if is_local(resolved) else resolved))
         speed_options = {"repeats": ev["repeats"], "warmup": ev["warmup"], "min_time": ev["min_time"], "new_tokens": ev["new_tokens"]}
-        if masked:  # no generation, and no causal loss for the diagnostics' gradient
-            speed_options["kinds"] = ("forward", "train_step", "norm_share")
+        # encoders: evaluate() measures fidelity to the source instead of perplexity, and no generation
         results = evaluate(
             entries, data=recipe["data"], split=ev["split"], baseline_name=SOURCE_NAME, tasks=",".join(ev["tasks"]) or None,
             device=self.device, dtype=dtype, seq_len=ev["seq_len"], stride=ev["stride"], batch_size=ev["batch_size"],
-            max_tokens=ev["max_tokens"], perplexity=ev["perplexity"], diagnostics=ev["diagnostics"] and not masked,
-            speed=ev["speed"], speed_options=speed_options, memory=ev["memory"], lm_eval_limit=ev["lm_eval_limit"], progress=say,
+            max_tokens=ev["max_tokens"], perplexity=ev["perplexity"], diagnostics=ev["diagnostics"],
+            speed=ev["speed"], speed_options=speed_options, memory=ev["memory"], lm_eval_limit=ev["lm_eval_limit"],
+            fidelity=ev["fidelity"], fidelity_tokens=ev["fidelity_tokens"], seed=recipe["seed"], progress=say,
         )
-        if ev["fidelity"]:
-            from normswap.recipes.fidelity import fidelity
-
-            say("fidelity: hidden states and masked-token predictions vs the source")
-            measured, info = fidelity(entries, SOURCE_NAME, data=recipe["data"], split=ev["split"], max_tokens=ev["fidelity_tokens"],
-                                seq_len=ev["seq_len"], seed=recipe["seed"])
-            for row in results["models"]:
-                row["fidelity"] = measured.get(row["name"])
-            if results.get("data") is None:
-                results["data"] = info
         results["title"] = recipe["report"]["title"]
         results["recipe"] = {"name": recipe["name"], "description": recipe["description"], "file": str(self.loaded.path),
                              "overrides": self.loaded.overrides, "run_dir": str(self.out)}
@@ -343,6 +333,7 @@ def summary_rows(results: dict) -> list[dict]:
             "forward_ratio_range": [fwd_iv["low"], fwd_iv["high"]] if fwd_iv else None,
             "forward_verdict": fwd_iv["verdict"] if fwd_iv else None,
             "hidden_cosine": fid.get("hidden_cosine"),
+            "embedding_cosine": fid.get("embedding_cosine"),
             "masked_perplexity": fid.get("masked_perplexity"),
             "top1_agreement": fid.get("top1_agreement"),
         })
@@ -362,7 +353,7 @@ def format_table(rows: list[dict], *, markdown: bool = False) -> str:
     if perplexity:
         header += ["perplexity", "Δ vs original"]
     if fidelity:
-        header += ["hidden cosine", "masked ppl", "top-1 agree"]
+        header += ["hidden cosine", "embedding cosine", "masked ppl", "top-1 agree"]
     speed = any(r.get("forward_ratio") is not None for r in rows)
     header += ["forward tok/s"] + (["ratio [per-repeat range]", "forward speed"] if speed else [])
     table = [header]
@@ -372,8 +363,8 @@ def format_table(rows: list[dict], *, markdown: bool = False) -> str:
             p = r.get("perplexity")
             line += ["–" if p is None else f"{p:.4f}", "baseline" if r["model"] == SOURCE_NAME else _pct(r.get("delta_vs_original"))]
         if fidelity:
-            c, mp, a = r.get("hidden_cosine"), r.get("masked_perplexity"), r.get("top1_agreement")
-            line += ["–" if c is None else f"{c:.4f}", "–" if mp is None else f"{mp:.3f}", "–" if a is None else f"{a * 100:.1f}%"]
+            c, ec, mp, a = r.get("hidden_cosine"), r.get("embedding_cosine"), r.get("masked_perplexity"), r.get("top1_agreement")
+            line += ["–" if c is None else f"{c:.4f}", "–" if ec is None else f"{ec:.4f}", "–" if mp is None else f"{mp:.3f}", "–" if a is None else f"{a * 100:.1f}%"]
         t, q, rng = r.get("forward_tokens_per_second"), r.get("forward_ratio"), r.get("forward_ratio_range")
         line.append("–" if t is None else f"{t:,.0f}")
         if speed:

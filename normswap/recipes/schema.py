@@ -22,7 +22,7 @@ from normswap.finetune.config import option_errors, recipe_fields
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 SOURCE_NAME = "original"  # the unconverted source's label in the report (and the baseline)
 HEALED_SUFFIX = "-healed"  # report/directory label of a variant after its fine-tune
-TASKS = ("causal-lm", "masked-lm")
+TASKS = ("causal-lm", "masked-lm", "encoder")
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ TOP = {
     "description": Field("str", default="", help="one paragraph shown in the run summary"),
     "source": Field("str", required=True, help="model to migrate: a local directory, a hub id or normswap:NAME"),
     "task": Field("choice", default="causal-lm", choices=TASKS,
-                  help="causal-lm (perplexity, fine-tune) or masked-lm (encoders such as BERT: fidelity to the source)"),
+                  help="causal-lm (perplexity), masked-lm or encoder (BERT, sentence encoders: fidelity to the source)"),
     "data": Field("str", default="embedded", help="corpus for fine-tuning and evaluation (see normswap finetune --data)"),
     "device": Field("str", default="auto", help="cpu, cuda, cuda:N or auto"),
     "seed": Field("int", default=0),
@@ -252,19 +252,16 @@ def validate(raw, where: str) -> dict:
     recipe["eval"] = _section(where, "eval.", raw.get("eval"), EVAL)
     recipe["report"] = _section(where, "report.", raw.get("report"), REPORT)
     ev = recipe["eval"]
-    masked = recipe["task"] == "masked-lm"
+    masked = recipe["task"] in ("masked-lm", "encoder")
     if ev["perplexity"] is None:
         ev["perplexity"] = not masked
     if ev["fidelity"] is None:
         ev["fidelity"] = masked
     if masked:
         if ev["perplexity"]:
-            _fail(where, "eval.perplexity", "perplexity is not defined for a masked-lm; use eval.fidelity (cosine and masked-token loss vs the source)")
+            _fail(where, "eval.perplexity", f"perplexity is not defined for a {recipe['task']}; use eval.fidelity (cosine and masked-token loss vs the source)")
         if ev["tasks"]:
             _fail(where, "eval.tasks", "lm-eval tasks need a causal-lm recipe")
-        for n, v in resolved_variants.items():
-            if v["finetune"] is not None:
-                _fail(where, f"variants.{n}.finetune", "normswap finetune heals causal LMs only; remove it from this masked-lm recipe")
     if ev["seq_len"] is not None and ev["stride"] is not None and ev["stride"] > ev["seq_len"]:
         _fail(where, "eval.stride", f"must be <= eval.seq_len ({ev['seq_len']}), got {ev['stride']}")
     if recipe["report"]["title"] is None:

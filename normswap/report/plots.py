@@ -224,7 +224,9 @@ def finetune_plot(results, out: Path) -> Path | None:
 def all_plots(results, out: Path) -> dict[str, Path]:
     out = Path(out)
     made = {}
-    for key, fn in (("perplexity", perplexity_plot), ("throughput", throughput_plot),
+    from normswap.report.encoders import fidelity_plot
+
+    for key, fn in (("perplexity", perplexity_plot), ("fidelity", fidelity_plot), ("throughput", throughput_plot),
                     ("finetune_loss", finetune_plot), ("activations", activation_plot)):
         path = fn(results, out)
         if path is not None:

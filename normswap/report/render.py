@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 
 from normswap.evaluate.stats import MIN_REPEATS, NO_DIFFERENCE, fmt_interval, intervals_of, measurable
+from normswap.report import encoders
 from normswap.report.claims import claims
 
 
@@ -237,6 +238,7 @@ def markdown(results, figures: dict[str, Path]) -> str:
     out.append("")
     out += [f"- {line}" for line in table_notes(results)]
     out.append("")
+    out += encoders.markdown_section(results)
     out += ["## Claims vs measured", ""]
     for c in claims(results):
         out.append(f"**{c['claim']}** — **{c['verdict']}**. {c['meaning']}")
@@ -258,7 +260,7 @@ def markdown(results, figures: dict[str, Path]) -> str:
         out.append(f"| {m['name']} | {fmt_num(dg.get('loss'), 4)} | {fmt_num(dg.get('grad_norm'), 4)} | {len(layers)} | "
                    f"{fmt_num(sum(rms) / len(rms) if rms else None, 4)} | {fmt_num(max(tm) if tm else None, 5)} |")
     out.append("")
-    titles = {"perplexity": "Perplexity", "throughput": "Throughput", "finetune_loss": "Fine-tune loss", "activations": "Activations entering each norm"}
+    titles = {"perplexity": "Perplexity", "fidelity": "Fidelity to the reference", "throughput": "Throughput", "finetune_loss": "Fine-tune loss", "activations": "Activations entering each norm"}
     if figures:
         out += ["## Figures", ""]
         for key, path in figures.items():
@@ -357,6 +359,7 @@ def html_report(results, figures: dict[str, Path]) -> str:
     notes = table_notes(results)
     if notes:
         parts.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    parts.append(encoders.html_section(results))
 
     parts.append("<h2>Claims vs measured</h2><div class='tablewrap'><table class='claims'><thead><tr><th>claim</th><th>this run</th></tr></thead><tbody>")
     for c in claims(results):
@@ -367,6 +370,7 @@ def html_report(results, figures: dict[str, Path]) -> str:
     parts.append("</tbody></table></div>")
 
     titles = {"perplexity": ("Perplexity", "Token perplexity and bits per byte on the held-out text; bits per byte compares across tokenizers."),
+              "fidelity": ("Fidelity to the reference", encoders.CAPTION),
               "throughput": ("Throughput", "Tokens per second (medians of interleaved repeats) and the share of forward time inside norm layers."),
               "finetune_loss": ("Fine-tune loss", "From train_log.jsonl next to each fine-tuned model: training loss per step, held-out loss at its eval steps."),
               "activations": ("Activations entering each norm", "Per norm layer, on one fixed batch: RMS of the input, and how far each token's vector is from zero-mean.")}

@@ -1,0 +1,153 @@
+"""How closely a model still computes what a reference (the unconverted source) computes.
+
+Perplexity is not defined for an encoder (BERT, RoBERTa, MiniLM sentence encoders), so encoders
+are compared with a reference model on the same held-out text instead:
+
+* ``hidden_cosine``: mean over tokens of the cosine between the model's last hidden state and the
+  reference's (1.0 = same direction; what a classifier head reads);
+* ``embedding_cosine`` / ``embedding_cosine_min``: mean and worst cosine between mean-pooled
+  sentence embeddings (each sentence of the text embedded on its own, padding masked out: what a
+  sentence-embedding model such as all-MiniLM-L6-v2 returns);
+* ``masked_loss`` / ``masked_perplexity``: cross-entropy at 15 % masked positions (the same
+  positions for every model, drawn with ``seed``), for models with a masked-LM head;
+* ``top1_agreement``: share of those masked positions where the model's best guess equals the
+  reference's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from normswap.errors import NormswapError
+
+MASK_RATE = 0.15
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+MIN_SENTENCE_WORDS = 3
+
+
+def token_blocks(tokenizer, text: str, max_tokens: int, seq_len: int) -> torch.Tensor:
+    """Consecutive [CLS] … [SEP] rows of exactly seq_len tokens from the text (at most max_tokens)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+    framed = tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None
+    inner = seq_len - 2 if framed else seq_len
+    rows = [ids[i:i + inner] for i in range(0, len(ids) - inner + 1, inner)]
+    if not rows:
+        raise NormswapError(f"fidelity: the evaluation text has fewer than {inner} tokens; lower --seq-len or give more text")
+    if framed:
+        rows = [[tokenizer.cls_token_id] + r + [tokenizer.sep_token_id] for r in rows]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def special_mask(ids: torch.Tensor, tokenizer) -> torch.Tensor:
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    for tid in (tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id):
+        if tid is not None:
+            special |= ids == tid
+    return special
+
+
+def fixed_mask(ids: torch.Tensor, tokenizer, seed: int, rate: float = MASK_RATE) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids with the chosen positions replaced by [MASK], chosen positions); the same for every model."""
+    g = torch.Generator().manual_seed(seed)
+    chosen = (torch.rand(ids.shape, generator=g) < rate) & ~special_mask(ids, tokenizer)
+    masked = ids.clone()
+    if tokenizer.mask_token_id is not None:
+        masked[chosen] = tokenizer.mask_token_id
+    return masked, chosen
+
+
+def sentences(text: str, limit: int) -> list[str]:
+    """The text's first ``limit`` sentences (lines or ./!/? ends) of at least three words."""
+    out = []
+    for s in _SENTENCE_END.split(text):
+        s = s.strip()
+        if len(s.split()) >= MIN_SENTENCE_WORDS:
+            out.append(s)
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _last_hidden(out) -> torch.Tensor:
+    hs = getattr(out, "hidden_states", None)
+    return hs[-1] if hs is not None else out.last_hidden_state
+
+
+def run_blocks(model, ids: torch.Tensor, micro: int = 8) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(last hidden states, MLM logits or None) of the rows, in float32 on the CPU."""
+    hidden, logits = [], []
+    with torch.inference_mode():
+        for i in range(0, ids.shape[0], micro):
+            out = model(input_ids=ids[i:i + micro].to(_device(model)), output_hidden_states=True)
+            hidden.append(_last_hidden(out).float().cpu())
+            lg = getattr(out, "logits", None)
+            logits.append(lg.float().cpu() if lg is not None else None)
+    return torch.cat(hidden), (torch.cat(logits) if all(x is not None for x in logits) else None)
+
+
+def sentence_embeddings(model, tokenizer, texts: list[str], seq_len: int, micro: int = 16) -> torch.Tensor:
+    """Mean-pooled last hidden states (padding excluded), one row per text, float32 on the CPU."""
+    rows = []
+    with torch.inference_mode():
+        for i in range(0, len(texts), micro):
+            enc = tokenizer(texts[i:i + micro], padding=True, truncation=True, max_length=seq_len, return_tensors="pt")
+            mask = enc["attention_mask"].to(_device(model))
+            out = model(input_ids=enc["input_ids"].to(_device(model)), attention_mask=mask, output_hidden_states=True)
+            h = _last_hidden(out).float()
+            m = mask.unsqueeze(-1).to(h.dtype)
+            rows.append(((h * m).sum(1) / m.sum(1).clamp_min(1.0)).cpu())
+    return torch.cat(rows)
+
+
+def fidelity(entries, reference: str, text: str, *, max_tokens: int = 8192, seq_len: int = 128, max_sentences: int = 256,
+             seed: int = 0, progress=None) -> tuple[dict, dict]:
+    """({model name: metrics}, what was read) for every entry against the entry named ``reference``."""
+    say = progress or (lambda msg: None)
+    ref = next((e for e in entries if e.name == reference), None)
+    if ref is None:
+        raise NormswapError(f"fidelity: no model named {reference} to compare with")
+    tok = ref.tokenizer
+    ids = token_blocks(tok, text, max_tokens, seq_len)
+    masked, chosen = fixed_mask(ids, tok, seed)
+    sents = sentences(text, max_sentences)
+    if not sents:
+        raise NormswapError(f"fidelity: the evaluation text holds no sentence of {MIN_SENTENCE_WORDS} or more words")
+    say(f"fidelity: reference {reference}")
+    ref_hidden, _ = run_blocks(ref.model, ids)
+    _, ref_logits = run_blocks(ref.model, masked)
+    ref_top = ref_logits[chosen].argmax(-1) if ref_logits is not None else None
+    ref_emb = sentence_embeddings(ref.model, tok, sents, seq_len)
+    out = {}
+    for e in entries:
+        say(f"fidelity: {e.name}")
+        hidden = ref_hidden if e is ref else run_blocks(e.model, ids)[0]
+        logits = ref_logits if e is ref else run_blocks(e.model, masked)[1]
+        emb = ref_emb if e is ref else sentence_embeddings(e.model, tok, sents, seq_len)
+        per_sentence = torch.nn.functional.cosine_similarity(emb, ref_emb, dim=-1)
+        row = {
+            "reference": reference,
+            "hidden_cosine": torch.nn.functional.cosine_similarity(hidden, ref_hidden, dim=-1).mean().item(),
+            "embedding_cosine": per_sentence.mean().item(),
+            "embedding_cosine_min": per_sentence.min().item(),
+            "sentences": len(sents),
+            "tokens": int(ids.numel()),
+            "masked_positions": int(chosen.sum()),
+            "masked_loss": None, "masked_perplexity": None, "top1_agreement": None,
+        }
+        if logits is not None and chosen.any() and tok.mask_token_id is not None:
+            sel = logits[chosen]
+            loss = torch.nn.functional.cross_entropy(sel, ids[chosen]).item()
+            row.update(masked_loss=loss, masked_perplexity=math.exp(min(loss, 700)))
+            if ref_top is not None:
+                row["top1_agreement"] = (sel.argmax(-1) == ref_top).float().mean().item()
+        out[e.name] = row
+    info = {"fidelity_tokens": int(ids.numel()), "fidelity_rows": int(ids.shape[0]), "sentences": len(sents),
+            "mask_rate": MASK_RATE, "mask_seed": seed, "seq_len": seq_len, "reference": reference}
+    return out, info
