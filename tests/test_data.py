@@ -338,6 +338,15 @@ def test_default_eval_split_reads_a_users_file_whole(tmp_path):
     assert default_eval_split(str(tmp_path / "a.txt")) == "all"
     assert default_eval_split(str(tmp_path)) == "all"
     assert default_eval_split("wikitext:wikitext-2-raw-v1") == "test"
+    from normswap.data import finetune_splits
+
+    a = str(tmp_path / "a.txt")
+    assert finetune_splits(a) == ("train", a, "validation")  # held out from the same file by hash
+    assert finetune_splits(a, a) == ("train", a, "validation")  # the same file named twice: still split
+    (tmp_path / "held.txt").write_text("held out")
+    held = str(tmp_path / "held.txt")
+    assert finetune_splits(a, held) == ("all", held, "all")  # a named held-out file: train on all of a
+    assert finetune_splits("embedded", a) == ("train", a, "all")  # the embedded corpus keeps its book split
 
 
 # ---------------------------------------------------------------- packing

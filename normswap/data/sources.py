@@ -118,6 +118,19 @@ def has_own_splits(spec: str) -> bool:
     return not path.exists() and bool(_HUB_ID.match(spec))
 
 
+def finetune_splits(data: str, eval_data: str | None = None) -> tuple[str, str, str]:
+    """(training split of ``data``, held-out source, held-out split) of a fine-tune.
+
+    Without ``eval_data`` the held-out set is ``data``'s validation split. With it (finetune
+    --eval-data), the held-out set is that source (its validation split, or all of a plain file),
+    and a plain ``data`` file is trained on whole: the user has named what is held out.
+    """
+    data = str(data)
+    if eval_data is None or str(eval_data) == data:
+        return "train", data, "validation"
+    return default_eval_split(data, "train"), str(eval_data), default_eval_split(str(eval_data), "validation")
+
+
 def default_eval_split(spec: str, held_out: str = "test") -> str:
     """The split an evaluation reads when none is named: ``held_out`` of a corpus with its own
     splits, all of a user's explicit file or directory."""
