@@ -68,7 +68,13 @@ class CausalLM:
 def objective_for(config):
     """The objective class for a model of this config: its ``task`` says how to load the model,
     its ``build(cfg, model, teacher, autocast=)`` makes the objective."""
-    return CausalLM
+    from normswap.checkpoint.load import is_causal_lm
+
+    if is_causal_lm(config):
+        return CausalLM
+    from normswap.finetune.encoder_objectives import Encoder
+
+    return Encoder
 
 
 def _vocab_size(model) -> int:
@@ -77,7 +83,17 @@ def _vocab_size(model) -> int:
 
 
 def heldout_loss(model, blocks: torch.Tensor, *, micro_batch: int = 8, accelerator=None, autocast=None) -> float:
-    """Mean next-token cross-entropy (``losses.lm_loss``) of ``model`` over ``blocks`` ([n, seq_len]).
+    """Mean next-token cross-entropy (``losses.lm_loss``) of ``model`` over ``blocks`` ([n, seq_len])."""
+
+    def sums(model, ids):
+        predicted = ids[:, 1:].numel()
+        return lm_loss(model(input_ids=ids, use_cache=False).logits, ids).double() * predicted, predicted
+
+    return heldout_mean(model, blocks, sums, micro_batch=micro_batch, accelerator=accelerator, autocast=autocast)
+
+
+def heldout_mean(model, blocks: torch.Tensor, batch_sums, *, micro_batch: int = 8, accelerator=None, autocast=None) -> float:
+    """Σ loss / Σ count over ``blocks``, where ``batch_sums(model, ids) -> (loss sum, count)`` scores one micro-batch.
 
     With an accelerator the blocks are shared out across processes (every process runs the same
     number of forward passes, padding with zero-weight repeats, as FSDP needs) and the sums are
@@ -102,10 +118,9 @@ def heldout_loss(model, blocks: torch.Tensor, *, micro_batch: int = 8, accelerat
                 idx, weight = [0], 0.0
             ids = blocks[idx].to(device)
             with ctx():
-                logits = model(input_ids=ids, use_cache=False).logits
-            predicted = ids[:, 1:].numel()
-            total += lm_loss(logits, ids).double() * predicted * weight
-            count += predicted * weight
+                loss_sum, n = batch_sums(model, ids)
+            total += loss_sum.double() * weight
+            count += n * weight
     if accelerator is not None and world > 1:
         total, count = accelerator.reduce(torch.stack([total, count]), reduction="sum").unbind()
     if was_training:

@@ -41,6 +41,7 @@ import torch
 from normswap.errors import NormswapError
 from normswap.finetune import state as ckpt
 from normswap.finetune.config import LOG_FILE, FinetuneConfig, default_eval_tokens, flag, option_errors, options
+from normswap.data import finetune_splits
 from normswap.finetune.data import TrainStream, eval_blocks, fingerprint
 from normswap.finetune.objectives import objective_for
 from normswap.finetune.run_dir import RunDir
@@ -244,6 +245,11 @@ def _make_accelerator(cfg: FinetuneConfig):
     return Accelerator(cpu=on_cpu, mixed_precision=mixed)
 
 
+def _perplexity(objective, loss: float | None) -> float | None:
+    """exp(held-out loss) where that loss is a cross-entropy (not for a distillation distance)."""
+    return math.exp(min(loss, 700)) if loss is not None and getattr(objective, "reports_perplexity", True) else None
+
+
 # ---------------------------------------------------------------------------------- the trainer
 @dataclass
 class Trainer:
@@ -364,7 +370,7 @@ class Trainer:
                             echo(f"normswap finetune: skipped the broken checkpoint {note}")
                         echo(f"normswap finetune: resuming from {path} (step {step}/{self.cfg.steps})")
                     self.stream = TrainStream(self.stream.tokenizer, self.cfg.data, self.stream.seq_len, self.cfg.seed,
-                                              position=int(loaded.trainer_state["data_position"]))
+                                              position=int(loaded.trainer_state["data_position"]), split=self.stream.split)
                     return step
             broken.append(error or f"{path} (a file of another process)")
         if broken:
@@ -408,7 +414,8 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     eval_tokens = cfg.eval_tokens or default_eval_tokens(cfg.steps, cfg.batch_size, seq_len)
     cfg = dataclasses.replace(cfg, seq_len=seq_len, eval_tokens=eval_tokens)
     tokenizer = load_tokenizer(resolved)
-    eval_set = eval_blocks(tokenizer, cfg.data, seq_len, eval_tokens)
+    train_split, eval_spec, eval_split = finetune_splits(cfg.data, cfg.eval_data)
+    eval_set = eval_blocks(tokenizer, eval_spec, seq_len, eval_tokens, split=eval_split)
 
     # ---- model, teacher, objective ----
     from accelerate.utils import set_seed
@@ -439,7 +446,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   eps=cfg.adam_eps)
     model, optimizer = accelerator.prepare(model, optimizer)
-    trainer = Trainer(cfg, accelerator, model, optimizer, objective, TrainStream(tokenizer, cfg.data, seq_len, cfg.seed), run,
+    trainer = Trainer(cfg, accelerator, model, optimizer, objective, TrainStream(tokenizer, cfg.data, seq_len, cfg.seed, split=train_split), run,
                       start_weights, hooks)
 
     # ---- resume: the newest intact checkpoint, the log cut to it, the overrides recorded ----
@@ -480,7 +487,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
         if start_step == 0:
             initial_eval = trainer.heldout(eval_set)
             log({"step": 0, "loss": None, "lr": 0.0, "grad_norm": None, "tokens_per_second": None, "world_size": world,
-                 "eval_loss": initial_eval, "eval_perplexity": math.exp(min(initial_eval, 700))})
+                 "eval_loss": initial_eval, "eval_perplexity": _perplexity(objective, initial_eval)})
         model.train()
         with _StopFlag() as stop:
             for step in range(start_step + 1, cfg.steps + 1):
@@ -501,7 +508,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
                        **rec.parts}
                 if step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0):
                     ev = trainer.heldout(eval_set)
-                    row["eval_loss"], row["eval_perplexity"] = ev, math.exp(min(ev, 700))
+                    row["eval_loss"], row["eval_perplexity"] = ev, _perplexity(objective, ev)
                 log(row)
                 last_row = row
                 if bar is not None:
@@ -536,8 +543,8 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
         "trainable": cfg.trainable, "trainable_parameters": n_trainable, "parameters": n_params,
         "distill_from": cfg.distill_from, "resumed_from_step": start_step if cfg.resume else None,
         "initial_eval_loss": initial_eval, "final_eval_loss": final_eval,
-        "initial_perplexity": math.exp(min(initial_eval, 700)) if initial_eval is not None else None,
-        "final_perplexity": math.exp(min(final_eval, 700)),
+        "initial_perplexity": _perplexity(objective, initial_eval),
+        "final_perplexity": _perplexity(objective, final_eval),
         "final_train_loss": last_row.get("loss"), "wall_seconds": wall,
     }
     weights = ckpt.full_weights(model)  # a collective under FSDP

@@ -261,7 +261,10 @@ class Runner:
         t0 = time.perf_counter()
         with _FinetuneWatcher(target / "train_log.jsonl", f"finetune {label}", opts["steps"], self.say):
             summary = run_finetune(cfg, echo=lambda m: self.say(f"finetune {label}: {m.removeprefix('normswap finetune: ')}"))
-        self.say(f"finetune {label}: held-out perplexity {summary['initial_perplexity']:.3f} -> {summary['final_perplexity']:.3f} "
+        what, a, b = (("perplexity", summary["initial_perplexity"], summary["final_perplexity"]) if summary["final_perplexity"] is not None
+                      else ("loss", summary["initial_eval_loss"], summary["final_eval_loss"]))  # a distillation distance: no perplexity
+        spec = ".3f" if what == "perplexity" else ".4g"
+        self.say(f"finetune {label}: held-out {what} {a:{spec}} -> {b:{spec}} "
                  f"in {summary['wall_seconds']:.1f} s")
         self._record(step, fp, time.perf_counter() - t0, output=str(target),
                      perplexity_before=summary["initial_perplexity"], perplexity_after=summary["final_perplexity"])
