@@ -85,7 +85,7 @@ def embedding_cosines(src: Path, others: dict[str, Path], n_sentences: int, seq_
 
 
 def curve(out: Path) -> dict:
-    from normswap.finetune.trainer import read_log_rows
+    from normswap.finetune.run_dir import read_log_rows
 
     rows = read_log_rows(out / "train_log.jsonl")
     return {"steps": [r["step"] for r in rows if r.get("loss") is not None],

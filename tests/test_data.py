@@ -304,6 +304,21 @@ def test_verse_per_line_file_becomes_runs_of_lines_split_three_ways(tmp_path):
     assert all(d.count("\n\n") >= 1 for d in docs[:-1])
 
 
+def test_readme_finetune_and_eval_examples_work_on_a_verse_per_line_file(tmp_path, run_cli):
+    """The README's commands with `--data verses.txt` (18,582 lines, no blank line), shortened."""
+    path = tmp_path / "verses.txt"
+    path.write_text("\n".join(list(kjv.verses("train"))[:18582]) + "\n")
+    out = tmp_path / "healed"
+    code, _, err = run_cli("finetune", "normswap:kjv-gpt2", out, "--data", path, "--steps", "2", "--lr", "1e-4", "--warmup-steps", "1",
+                           "--seq-len", "64", "--batch-size", "2", "--seed", "0", "--eval-tokens", "512", "--no-progress")
+    assert code == 0, err
+    assert (out / "config.json").is_file() and "no documents" not in err
+    code, stdout, err = run_cli("eval", "ppl", "normswap:kjv-gpt2", "--data", path, "--max-tokens", "1024", "--json", "--quiet")
+    assert code == 0, err
+    data = json.loads(stdout)["data"]
+    assert data["split"] == "all" and data["truncated"]  # the whole file is the evaluation text (capped here)
+
+
 def test_small_file_gets_a_deterministic_held_out_slice_with_a_notice(tmp_path, capsys):
     paras = _paragraphs(400, seed=7)
     # Twelve documents none of which hashes into validation or test: the hash alone leaves both empty.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -132,3 +133,126 @@ def test_masking_is_bert_style_seeded_per_row_and_skips_special_tokens(encoders)
     assert torch.equal(sub_inputs, inputs[10:12]) and torch.equal(sub_labels, labels[10:12])
     other, _ = mask_tokens(ids, tok, seed=4)
     assert not torch.equal(other, inputs)  # negative control: the seed matters
+
+
+# ---------------------------------------------------------------- healing
+
+CAUSAL_LOG_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_second", "world_size", "tokens", "data_fingerprint", "epoch"}
+QUICK_FT = dict(batch_size=4, seq_len=32, eval_tokens=512, warmup_steps=2, lr=1e-3, device="cpu", progress=False)
+
+
+def _finetune(model, out, hooks=None, **kw):
+    from normswap.finetune import FinetuneConfig, run_finetune
+
+    return run_finetune(FinetuneConfig(model=str(model), out=str(out), **{**QUICK_FT, **kw}), hooks=hooks)
+
+
+def _hidden_cosine(model_dir, source_dir) -> float:
+    import normswap
+    from normswap.data import load_text
+    from normswap.evaluate.fidelity import run_blocks, token_blocks
+
+    tok = normswap.load_tokenizer(str(source_dir))
+    ids = token_blocks(tok, load_text("embedded", "test")[:20000], 1024, 32)
+    a = run_blocks(normswap.load_model(str(model_dir), task="auto"), ids)[0]
+    b = run_blocks(normswap.load_model(str(source_dir), task="auto"), ids)[0]
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1).mean().item()
+
+
+def test_distillation_heals_an_approximate_encoder_into_converts_format(encoders, tmp_path, run_cli):
+    import normswap
+    from normswap.finetune.run_dir import read_log_rows
+
+    out = tmp_path / "healed"
+    code, stdout, err = run_cli("finetune", encoders["mlm-approx"], out, "--distill-from", encoders["mlm"], "--steps", "12",
+                                "--batch-size", "4", "--seq-len", "32", "--eval-tokens", "512", "--warmup-steps", "2",
+                                "--lr", "1e-3", "--no-progress")
+    assert code == 0, err
+    rows = read_log_rows(out / "train_log.jsonl")
+    assert [r["step"] for r in rows] == list(range(13))
+    assert all(CAUSAL_LOG_KEYS <= set(r) for r in rows[1:])  # the same keys as a causal LM's log ...
+    assert {"hidden_loss", "logit_kl"} <= set(rows[1])  # ... plus the objective's terms
+    assert rows[-1]["eval_loss"] < 0.7 * rows[0]["eval_loss"] and rows[0]["eval_perplexity"] is None
+    healed = normswap.load_model(str(out), task="auto")
+    assert any(c.__name__ == "BertForMaskedLM" for c in type(healed).__mro__) and healed.config.normswap["mode"] == "approx"
+    from normswap.checkpoint.manifest import read_manifest
+
+    assert read_manifest(str(out))["finetune"]["distill_from"] == str(encoders["mlm"])
+    # what a user cares about: closer to the source than the conversion was (the approximate
+    # conversion itself is the negative control)
+    assert _hidden_cosine(out, encoders["mlm"]) > _hidden_cosine(encoders["mlm-approx"], encoders["mlm"]) + 0.01
+
+
+def test_bare_encoder_heals_only_with_a_teacher(encoders, tmp_path):
+    from normswap.finetune.run_dir import read_log_rows
+
+    with pytest.raises(NormswapError, match="without a masked-LM head.*--distill-from") as e:
+        _finetune(encoders["enc-approx"], tmp_path / "no-teacher", steps=2)
+    assert "\n" not in str(e.value) and not (tmp_path / "no-teacher").exists()
+    s = _finetune(encoders["enc-approx"], tmp_path / "final-only", steps=3, distill_from=str(encoders["enc"]), distill_layers="final")
+    rows = read_log_rows(tmp_path / "final-only" / "train_log.jsonl")
+    assert "hidden_loss" in rows[1] and "logit_kl" not in rows[1]  # no head: hidden states only
+    assert s["final_eval_loss"] < s["initial_eval_loss"]
+
+
+def test_masked_lm_objective_trains_and_resumes_on_the_same_trajectory(encoders, tmp_path):
+    """No teacher: the masked-LM loss; a run that crashes after a checkpoint and resumes ends with
+    the same weights and losses as one that never stopped (masks come from seeded per-row generators)."""
+    from safetensors.torch import load_file
+
+    from normswap.finetune.run_dir import read_log_rows
+    from normswap.finetune.trainer import Hooks
+
+    straight = tmp_path / "straight"
+    s = _finetune(encoders["mlm-approx"], straight, steps=6, save_every=3)
+    assert s["initial_perplexity"] == pytest.approx(math.exp(s["initial_eval_loss"]))  # masked-token perplexity
+    assert s["final_eval_loss"] < s["initial_eval_loss"]
+
+    def crash(step):
+        if step == 4:
+            raise RuntimeError("simulated crash")
+
+    crashed = tmp_path / "crashed"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _finetune(encoders["mlm-approx"], crashed, steps=6, save_every=3, hooks=Hooks(after_step=crash))
+    _finetune(encoders["mlm-approx"], crashed, steps=6, save_every=3, resume=True)
+    a, b = load_file(straight / "model.safetensors"), load_file(crashed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    la, lb = read_log_rows(straight / "train_log.jsonl"), read_log_rows(crashed / "train_log.jsonl")
+    assert [r["loss"] for r in la] == [r["loss"] for r in lb]
+    # negative control: another seed draws other masks, so another trajectory
+    other = _finetune(encoders["mlm-approx"], tmp_path / "seed1", steps=6, seed=1)
+    assert other["final_train_loss"] != s["final_train_loss"]
+
+
+def test_eval_data_names_the_held_out_set(encoders, tmp_path):
+    """A verse-per-line training file with a separately named held-out file."""
+    from normswap.data import kjv
+
+    train, held = tmp_path / "train.txt", tmp_path / "held.txt"
+    train.write_text("\n".join(list(kjv.verses("train"))[:400]) + "\n")
+    held.write_text("\n".join(list(kjv.verses("test"))[:40]) + "\n")
+    s = _finetune(encoders["mlm-approx"], tmp_path / "out", steps=2, data=str(train), eval_data=str(held), eval_tokens=256)
+    assert s["eval_tokens"] == 256 and s["final_eval_loss"] > 0
+    import json as _json
+
+    assert _json.loads((tmp_path / "out" / "finetune_run.json").read_text())["config"]["eval_data"] == str(held)
+
+
+def test_encoder_recipe_converts_heals_and_reports_offline(encoders, tmp_path, run_cli):
+    """The shipped all-minilm-l6-v2 recipe's pipeline, on the tiny BertModel instead of the hub model."""
+    out = tmp_path / "run"
+    ft = "variants.approx.finetune."
+    code, stdout, err = run_cli("run", "all-minilm-l6-v2", "--out", out, "--set", f"source={encoders['enc']}", "--set", "needs_network=false",
+                                "--set", f"{ft}steps=8", "--set", f"{ft}batch_size=4", "--set", f"{ft}seq_len=32", "--set", f"{ft}lr=0.001",
+                                "--set", f"{ft}warmup_steps=2", "--set", f"{ft}eval_tokens=256", "--set", "eval.seq_len=32",
+                                "--set", "eval.fidelity_tokens=1024", "--set", "eval.speed=false", "--set", "eval.memory=false")
+    assert code == 0, err
+    results = json.loads((out / "report" / "results.json").read_text())
+    fid = {m["name"]: m["fidelity"] for m in results["models"]}
+    assert list(fid) == ["original", "approx", "approx-healed"]
+    assert fid["original"]["embedding_cosine"] == pytest.approx(1.0, abs=1e-6)
+    # healing moved the conversion toward the original (the unhealed conversion is the control)
+    assert fid["approx-healed"]["hidden_cosine"] > fid["approx"]["hidden_cosine"]
+    assert fid["approx-healed"]["embedding_cosine"] > fid["approx"]["embedding_cosine"]
+    assert "embedding cosine" in stdout and (out / "report" / "fidelity.png").is_file()
