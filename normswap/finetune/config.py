@@ -68,8 +68,8 @@ class FinetuneConfig:
     distill_from: str | None = _opt(None, "Teacher model (e.g. the unconverted source): train toward its token distributions.", kind="str")
     distill_layers: str = _opt("all", "Encoders: distil the hidden states of every layer (all) or of the last one (final).",
                                choices=("all", "final"))
-    eval_data: str | None = _opt(None, "Held-out set (default: the validation split of --data; a --data file is then trained on "
-                                 "whole).", kind="str", recipe=False)
+    eval_data: str | None = _opt(None, "Held-out set of the eval loss (default: the validation split of --data); when given, a "
+                                 "--data file or directory is trained on whole.", kind="str", recipe=False)
     distill_alpha: float = _opt(1.0, "Loss = α·KL(teacher‖student) + (1−α)·LM loss.", minimum=0.0, maximum=1.0)
     distill_temperature: float = _opt(1.0, "Softmax temperature of the distillation KL.", above=0.0)
     adam_beta1: float = _opt(0.9, "AdamW β1.", minimum=0.0, below=1.0)
