@@ -241,6 +241,7 @@ def test_eval_data_names_the_held_out_set(encoders, tmp_path):
     assert _json.loads((tmp_path / "out" / "finetune_run.json").read_text())["config"]["eval_data"] == str(held)
 
 
+@pytest.mark.slow
 def test_encoder_recipe_converts_heals_and_reports_offline(encoders, tmp_path, run_cli):
     """The shipped all-minilm-l6-v2 recipe's pipeline, on the tiny BertModel instead of the hub model."""
     out = tmp_path / "run"
