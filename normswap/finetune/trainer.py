@@ -539,7 +539,8 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     summary = {
         "model": cfg.model, "out": str(run.out), "data": cfg.data, "steps": cfg.steps, "world_size": world,
         "distributed": distributed.value if hasattr(distributed, "value") else str(distributed),
-        "global_batch": cfg.batch_size, "seq_len": seq_len, "tokens": cfg.steps * tokens_per_step, "eval_tokens": eval_tokens,
+        "global_batch": cfg.batch_size, "seq_len": seq_len, "tokens": cfg.steps * tokens_per_step,
+        "eval_tokens": int(eval_set.numel()),  # what the held-out split held, up to --eval-tokens
         "trainable": cfg.trainable, "trainable_parameters": n_trainable, "parameters": n_params,
         "distill_from": cfg.distill_from, "resumed_from_step": start_step if cfg.resume else None,
         "initial_eval_loss": initial_eval, "final_eval_loss": final_eval,
