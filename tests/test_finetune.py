@@ -631,3 +631,33 @@ def test_torchrun_two_processes_match_one_process(models, tmp_path):
     # Adam divides by sqrt(v): on near-zero gradients a 1e-7 difference moves a weight by up to
     # ~1e-5 after a few steps (measured 1.5e-5 here with lr 2e-3), so weights get a looser bound
     assert w2.keys() == w1.keys() and max(float((w2[k] - w1[k]).abs().max()) for k in w1) < 1e-4
+
+
+def test_force_replaces_a_run_with_one_complete_out_at_every_instant(tmp_path, monkeypatch):
+    """--force builds the fresh run beside OUT and swaps it in: a failure (or kill) before the swap
+    leaves the old OUT whole; after it, OUT is the fresh run. Negative control: deleting OUT first
+    (the old behaviour) would leave nothing behind when the swap never happens."""
+    from normswap.errors import NormswapError
+    from normswap.finetune import run_dir as rd
+
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / "weights.bin").write_text("old model")
+    run = {"status": "running", "config": {"lr": 1e-3}, "resumes": []}
+
+    with pytest.raises(NormswapError):
+        rd.RunDir(out).start(run, replace=False)  # no --force: refused, OUT untouched
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed before publishing")
+
+    monkeypatch.setattr(rd, "publish_dir", killed)
+    with pytest.raises(KeyboardInterrupt):
+        rd.RunDir(out).start(run, replace=True)
+    assert (out / "weights.bin").read_text() == "old model"
+    assert not list(tmp_path.glob(".ft*staging*")), "the staging directory is removed on failure"
+
+    monkeypatch.undo()
+    rd.RunDir(out).start(run, replace=True)
+    assert not (out / "weights.bin").exists()
+    assert rd.RunDir(out).read_run() == run and (out / "checkpoints").is_dir() and (out / "train_log.jsonl").read_text() == ""

@@ -63,12 +63,19 @@ class RunDir:
         atomic_write_text(self.run_file, json.dumps(run, indent=2))
 
     def start(self, run: dict, *, replace: bool) -> None:
-        """A fresh run: OUT created (or replaced), the run file written, the log emptied."""
-        if replace and self.out.exists():
-            shutil.rmtree(self.out)
-        self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
-        self.write_run(run)
-        self.log_file.write_text("")
+        """A fresh run: OUT created (or replaced), the run file written, the log emptied.
+
+        The fresh run directory is built beside OUT and published in one step, so that with
+        ``--force`` a kill at any instant leaves either the old OUT or the new run, never neither."""
+        if self.out.exists() and not replace:
+            raise NormswapError(f"{self.out} exists: pass --resume to continue the fine-tune in it, or --force to replace it")
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        with staging_dir(self.out) as tmp:
+            fresh = RunDir(tmp)
+            fresh.checkpoints_dir.mkdir()
+            fresh.write_run(run)
+            fresh.log_file.write_text("")
+            publish_dir(tmp, self.out, force=replace)
 
     # ---- the log
     def rows(self) -> list[dict]:
