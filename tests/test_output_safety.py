@@ -141,8 +141,14 @@ def test_killed_convert_then_two_concurrent_converts(tmp_path, src):
     while first.poll() is None and not STAGES["staging created"](out) and time.time() < deadline:
         time.sleep(0.002)
     assert first.poll() is None, "the second convert finished before the third could start"
-    second = subprocess.run([sys.executable, "-m", "normswap", "convert", str(src), str(out), "--force"], env=ENV,
-                            capture_output=True, text=True, timeout=300)
+    # Hold the second convert still (it keeps its lock) while the third starts: without this the
+    # tiny conversion can finish during the third's imports on a fast machine, and the test would race.
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = subprocess.run([sys.executable, "-m", "normswap", "convert", str(src), str(out), "--force"], env=ENV,
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     _, first_err = first.communicate(timeout=300)
     assert first.returncode == 0, first_err
     cleaned = [line for line in first_err.splitlines() if "cleaned up after stopped process" in line]
