@@ -136,3 +136,29 @@ def test_a_normswap_config_naming_a_non_model_class_is_refused(converted, tmp_pa
     (ckpt / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(NormswapError, match="not a transformers model class"):
         normswap.load_model(ckpt)
+
+
+def test_recipe_key_trust_remote_code_is_the_only_way_a_recipe_runs_a_sources_code(tmp_path):
+    """A recipe whose source ships an auto_map module: refused in one line without the key, and the
+    module runs (with the one-line warning) only where the recipe sets ``trust_remote_code: true``."""
+    src, marker = _evil_source(tmp_path, model_type="evil_type")
+    recipe = textwrap.dedent(f"""\
+        name: evil
+        source: {src}
+        {{key}}
+        variants:
+          exact: {{{{convert: {{{{mode: exact}}}}}}}}
+        eval: {{{{seq_len: 64, stride: 64, max_tokens: 128, speed: false, diagnostics: false}}}}
+    """)
+    runs = {}
+    for name, key in (("plain", ""), ("trusted", "trust_remote_code: true")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(recipe.format(key=key))
+        runs[name] = subprocess.run([sys.executable, "-m", "normswap", "run", str(path), "--out", str(tmp_path / f"run-{name}")],
+                                    env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+        if name == "plain":
+            assert runs[name].returncode != 0 and "Traceback" not in runs[name].stderr, runs[name].stderr
+            assert len(_errors(runs[name].stderr)) == 1 and "--trust-remote-code" in runs[name].stderr
+            assert not marker.exists()
+    assert marker.read_text() == "ran", runs["trusted"].stderr
+    assert sum("warning: --trust-remote-code" in line for line in runs["trusted"].stderr.splitlines()) == 1
