@@ -66,3 +66,24 @@ def test_two_virtualenvs_use_two_build_directories(tmp_path):
     assert len(runs) == 2, runs  # two interpreters with their own prefixes...
     assert len(set(runs.values())) == 2, runs  # ...build into two directories
     assert cpu._build_name(*cpu._flags()) in runs.values()
+
+
+def test_a_first_build_says_so_in_one_line_and_a_cached_one_is_silent(tmp_path, monkeypatch, capsys):
+    """The compiler itself is replaced (a real build takes about a minute): what is tested is the
+    user-facing line, printed exactly when no built library is in the cache yet."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("NORMSWAP_CACHE_DIR", str(tmp_path))
+    built = []
+
+    def fake_build(*, name, build_directory, **kwargs):
+        Path(build_directory, f"{name}.so").write_bytes(b"")
+        built.append(name)
+        return "extension"
+
+    monkeypatch.setattr(cpp_extension, "load", fake_build)
+    assert cpu._load() == "extension"
+    first = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(first) == 1 and "building the CPU RMSNorm kernel" in first[0] and str(tmp_path) in first[0]
+    assert cpu._load() == "extension" and len(built) == 2  # torch's own loader runs again, from the cache
+    assert capsys.readouterr().err.strip() == ""  # control: a cached build prints nothing
