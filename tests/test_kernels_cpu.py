@@ -146,7 +146,9 @@ def test_broken_compiler_falls_back_quietly(monkeypatch, tmp_path, capfd):
     assert cpu.available() is False
     assert cpu.unavailable_reason()
     out, err = capfd.readouterr()
-    assert out == "" and err == ""
+    # the one line announcing a first build is allowed (issue #11); no compiler output reaches the terminal
+    assert out == "" and len(err.splitlines()) <= 1 and all(line.startswith("normswap: building the CPU RMSNorm kernel")
+                                                             for line in err.splitlines()), err
     with pytest.raises(RuntimeError, match="not available"):
         cpu.forward(torch.ones(2, 4), None, None, EPS)
 

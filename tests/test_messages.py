@@ -27,11 +27,13 @@ def _with_config(tmp_path, **changes):
 def test_shape_mismatch_names_the_tensor_and_both_shapes(tmp_path, run_cli):
     """transformers says 'look at the above report', which it logged where nobody sees it."""
     src = _with_config(tmp_path, n_inner=4 * 128 * 2)  # the weights have n_inner 512
-    for args in (("convert", src, tmp_path / "out", "--no-streaming"), ("eval", "ppl", src, "--quiet")):
+    for args in (("convert", src, tmp_path / "out"), ("eval", "ppl", src, "--quiet")):
         line = _error_line(*run_cli(*args)[::2])
         assert "above report" not in line
+        # convert's own input check and the loader used by eval word it differently; both must name
+        # the tensor, the shape in the files and the shape the config implies
         assert "mlp.c_" in line and ("[512, 128]" in line or "[128, 512]" in line), line
-        assert "on disk but config.json implies" in line and "more tensors differ" in line
+        assert "[1024, 128]" in line or "[128, 1024]" in line, line
     assert not (tmp_path / "out").exists()
 
 
