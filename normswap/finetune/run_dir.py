@@ -66,9 +66,9 @@ class RunDir:
         """A fresh run: OUT created (or replaced), the run file written, the log emptied.
 
         The fresh run directory is built beside OUT and published in one step, so that with
-        ``--force`` a kill at any instant leaves either the old OUT or the new run, never neither."""
-        if self.out.exists() and not replace:
-            raise NormswapError(f"{self.out} exists: pass --resume to continue the fine-tune in it, or --force to replace it")
+        ``--force`` a kill at any instant leaves either the old OUT or the new run, never neither.
+        Without ``replace`` an existing OUT is refused by publish_dir (the CLI refuses it earlier,
+        with advice, in resolve_options)."""
         self.out.parent.mkdir(parents=True, exist_ok=True)
         with staging_dir(self.out) as tmp:
             fresh = RunDir(tmp)
