@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from normswap.convert.ops import row_blocks
+from normswap.convert.ops import read_buffer, row_blocks
 from normswap.convert.source import numel
 from normswap.errors import NormswapError
 
@@ -142,9 +142,10 @@ class Inputs:
     def file_dtype(self, key) -> torch.dtype:
         return self.source.specs[self.disk_key(key)][0]
 
-    def read(self, key, start=None, stop=None) -> torch.Tensor:
-        """Rows of model tensor ``key`` in its load dtype (what from_pretrained would hold)."""
-        return self.source.read(self.disk_key(key), start, stop).to(self.specs[key][0])
+    def read(self, key, start=None, stop=None, out=None) -> torch.Tensor:
+        """Rows of model tensor ``key`` in its load dtype (what from_pretrained would hold);
+        ``out``: a byte buffer the source may read into (``SafetensorsFiles.read``)."""
+        return self.source.read(self.disk_key(key), start, stop, out=out).to(self.specs[key][0])
 
     def read_as(self, key, dtype) -> torch.Tensor:
         """Tensor ``key`` cast straight from the file dtype (what from_pretrained(dtype=...) holds),
@@ -155,7 +156,8 @@ class Inputs:
             return self.source.read(disk).to(dtype)
         out = torch.empty(shape, dtype=dtype)
         for a, b in row_blocks(shape):
-            out[a:b] = self.source.read(disk, a, b)  # copy_ casts exactly like .to()
+            raw = read_buffer((b - a, *shape[1:]), torch.float64)
+            out[a:b] = self.source.read(disk, a, b, out=raw)  # copy_ casts exactly like .to()
         return out
 
 

@@ -17,6 +17,8 @@ Precision policy (measured: bench/convert_precision.py, docs/conversion-precisio
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 BLOCK_ELEMENTS = 1 << 20  # elements per row block: ~4 MB in float32, small enough to stay in cache levels
@@ -42,6 +44,39 @@ def row_blocks(shape):
     return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
 
 
+class _Scratch(threading.local):
+    """Per-thread buffers for row blocks, reused block after block and tensor after tensor.
+
+    A fresh multi-megabyte buffer is fresh pages: the kernel zero-fills each one on first touch,
+    which here costs more than the arithmetic done in it (bf16 -> float32 into a new tensor
+    2.5 ns/element, into a reused one 0.8). Each tag is one role in an op (the bytes read, the
+    element-wise block, its float64 form for a reduction, the output block); a thread holds one
+    block per tag, so memory stays at a few blocks per worker.
+    """
+
+    def take(self, tag: str, shape, dtype: torch.dtype) -> torch.Tensor:
+        n = _numel(shape) * dtype.itemsize
+        buf = self.__dict__.get(tag)
+        if buf is None or buf.numel() < n:
+            buf = self.__dict__[tag] = torch.empty(n, dtype=torch.uint8)
+        return buf[:n].view(dtype).view(tuple(shape))
+
+
+SCRATCH = _Scratch()
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def read_buffer(shape, dtype: torch.dtype) -> torch.Tensor:
+    """This thread's buffer for the raw bytes of one row block (``read(..., out=)``)."""
+    return SCRATCH.take("read", (_numel(shape) * dtype.itemsize,), torch.uint8)
+
+
 def source_keys(op: dict) -> list[str]:
     """The source tensors an op reads."""
     keys = [op.get(k) for k in ("src", "weight", "gamma", "beta")]
@@ -51,40 +86,58 @@ def source_keys(op: dict) -> list[str]:
 def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, device="cpu") -> None:
     """Evaluate one derivation of an output of ``shape``.
 
-    ``read(key, start=None, stop=None)`` returns rows of a source tensor (its load dtype, on the
-    CPU), ``shape_of(key)`` its shape; ``emit(tensor, row)`` receives the result's row blocks in
+    ``read(key, start=None, stop=None, out=None)`` returns rows of a source tensor (its load dtype,
+    on the CPU; a file source reads them into the uint8 buffer ``out`` when given), ``shape_of(key)``
+    its shape; ``emit(tensor, row)`` receives the result's row blocks in
     ``out_dtype``.
     """
     calc = compute or compute_dtype(out_dtype)
     dev = torch.device(device)
+    reuse = dev.type == "cpu"  # blocks go to this thread's scratch buffers; another device allocates its own
 
-    def get(key, a=None, b=None, dtype=None):  # a private copy: the ops below work in place
-        return read(key, a, b).to(device=dev, dtype=dtype or calc, copy=True)
+    def get(key, a=None, b=None, dtype=None, tag=None):
+        """A private copy of rows a:b of ``key`` in ``dtype`` (the ops below work in place);
+        ``tag`` names the scratch buffer a row block lives in until this thread's next block."""
+        dtype = dtype or calc
+        if not (reuse and tag):
+            return read(key, a, b).to(device=dev, dtype=dtype, copy=True)
+        shape = (b - a, *shape_of(key)[1:])
+        raw = read(key, a, b, out=read_buffer(shape, torch.float64))
+        return SCRATCH.take(tag, shape, dtype).copy_(raw)  # copy_ casts exactly like .to()
 
     def put(t, row=0):
-        emit(t.to(out_dtype).cpu(), row)
+        if t.dtype == out_dtype and t.device.type == "cpu":
+            emit(t, row)
+        elif reuse:
+            emit(SCRATCH.take("out", t.shape, out_dtype).copy_(t), row)
+        else:
+            emit(t.to(out_dtype).cpu(), row)
+
+    def wide(x):
+        """x's float64 form for a reduction (the same values: the cast is exact)."""
+        return SCRATCH.take("wide", x.shape, F64).copy_(x) if reuse else x.to(F64)
 
     kind = op["op"]
     if kind == "ones":
         put(torch.ones(op["size"], dtype=out_dtype))
     elif kind == "copy":
         for a, b in row_blocks(shape):
-            put(read(op["src"], a, b), a)
+            put(get(op["src"], a, b, dtype=out_dtype, tag="block"), a)
     elif kind == "add_constant":  # a (1+γ)-parametrised norm's γ kept on the RMSNorm
         put(get(op["src"], dtype=F64) + op["add"])
     elif kind == "center_rows":
         for a, b in row_blocks(shape):
-            x = get(op["src"], a, b)
-            put(_subtract(x, x.to(F64).mean(dim=-1, keepdim=True)), a)
+            x = get(op["src"], a, b, tag="block")
+            put(_subtract(x, wide(x).mean(dim=-1, keepdim=True)), a)
     elif kind == "linear_weight":
-        _linear_weight(op, shape, get, put, calc)
+        _linear_weight(op, shape, get, put, wide, calc)
     elif kind == "linear_bias":
         put(_linear_bias(op, get, shape_of))
     else:
         raise ValueError(f"unknown conversion op {kind!r}")
 
 
-def _linear_weight(op, shape, get, put, calc):
+def _linear_weight(op, shape, get, put, wide, calc):
     """W·diag(γ) (γ scales the input axis), then optionally centred over the output axis."""
     gamma64 = get(op["gamma"], dtype=F64) + op.get("gamma_offset", 0.0) if op.get("gamma") else None
     blocks = row_blocks(shape)
@@ -94,21 +147,21 @@ def _linear_weight(op, shape, get, put, calc):
         if op.get("center"):
             colsum = torch.zeros(shape[1], dtype=F64, device=gamma64.device if gamma64 is not None else None)
             for a, b in blocks:
-                x = get(op["src"], a, b, dtype=F64)
+                x = get(op["src"], a, b, dtype=F64, tag="wide")
                 colsum = colsum.to(x.device) + x.sum(dim=0)
             mean = colsum / shape[0]
             mean = mean * gamma64 if gamma64 is not None else mean
         for a, b in blocks:
-            x = get(op["src"], a, b)
+            x = get(op["src"], a, b, tag="block")
             if gamma is not None:
                 x.mul_(gamma)
             put(_subtract(x, mean) if mean is not None else x, a)
         return
     # conv1d [in, out] (and embeddings): γ scales rows; centring averages each row
     for a, b in blocks:
-        x = get(op["src"], a, b)
+        x = get(op["src"], a, b, tag="block")
         g = gamma64[a:b].unsqueeze(1) if gamma64 is not None else None
-        mean = x.to(F64).mean(dim=1, keepdim=True) if op.get("center") else None
+        mean = wide(x).mean(dim=1, keepdim=True) if op.get("center") else None
         if mean is not None and g is not None:
             mean = mean * g
         if g is not None:
@@ -137,7 +190,7 @@ def _linear_bias(op, get, shape_of):
         beta = get(op["beta"], dtype=F64)
         b = b.to(beta.device)
         for r0, r1 in row_blocks(shape_of(op["weight"])):
-            w = get(op["weight"], r0, r1, dtype=F64)
+            w = get(op["weight"], r0, r1, dtype=F64, tag="wide")
             if op["layout"] == "linear":  # [out, in] @ β[in], row block by row block
                 b[r0:r1] += w @ beta
             else:  # β[in] @ [in, out]: the row blocks are slices of the sum

@@ -171,8 +171,12 @@ class SafetensorsFiles:
         dtype, shape = self.specs[key]
         return self._fd(self.where[key]), self.offsets[key], numel(shape) * element_size(dtype)
 
-    def read(self, key, start=None, stop=None) -> torch.Tensor:
-        """Tensor ``key`` (rows ``start:stop`` of dimension 0 when given) in its file dtype."""
+    def read(self, key, start=None, stop=None, out=None) -> torch.Tensor:
+        """Tensor ``key`` (rows ``start:stop`` of dimension 0 when given) in its file dtype.
+
+        ``out``: a uint8 buffer of at least the rows' size to read into (a view of it is returned),
+        so that a caller reading block after block reuses pages instead of faulting in new ones.
+        """
         dtype, shape = self.specs[key]
         if not shape:
             start, stop = 0, 1
@@ -181,7 +185,7 @@ class SafetensorsFiles:
         row = numel(shape[1:]) * element_size(dtype)
         size = (stop - start) * row
         out_shape = (stop - start, *shape[1:]) if shape else ()
-        buf = torch.empty(size, dtype=torch.uint8)  # not zero-filled, unlike bytearray
+        buf = out[:size] if out is not None and out.numel() >= size else torch.empty(size, dtype=torch.uint8)
         if size:
             fd, offset, _ = self.raw(key)
             view, done = memoryview(buf.numpy()), 0
@@ -213,7 +217,7 @@ class StateDict:
     def raw(self, key):
         return None
 
-    def read(self, key, start=None, stop=None) -> torch.Tensor:
+    def read(self, key, start=None, stop=None, out=None) -> torch.Tensor:  # out: already in memory, unused
         t = self.tensors[key]
         if start is None or t.dim() == 0:
             return t.cpu()
