@@ -45,13 +45,16 @@ def _logprobs(model, ids):
 
 
 def test_module_by_module_figures_equal_whole_models(neox_src, tmp_path, run_cli):
-    """max |Δ log-prob| from the blockwise runs is the one whole float32 models give on the same probe."""
+    """max |Δ log-prob| from the blockwise runs is the one whole float32 models give on the same probe;
+    the float64 noise-floor pass runs only when the difference exceeds --tolerance, and then gives
+    the whole models' figure."""
     from normswap.convert.verify import probe_inputs
 
     code, out, err = run_cli("convert", neox_src, tmp_path / "out", "--json")
     assert code == 0, err
     ver = json.loads(out)["verification"]
-    assert ver["passed"] is True and ver["noise_floor"] is not None
+    assert ver["passed"] is True and ver["max_abs_diff"] <= 1e-4 == ver["threshold"]
+    assert ver["noise_floor"] is None and "not measured" in ver["noise_floor_note"]
 
     src = AutoModelForCausalLM.from_pretrained(neox_src, dtype=torch.float32).eval()
     conv = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True, dtype=torch.float32).eval()
@@ -59,8 +62,25 @@ def test_module_by_module_figures_equal_whole_models(neox_src, tmp_path, run_cli
     assert ver["probe_tokens"] == ids.numel()
     whole = float((_logprobs(src, ids) - _logprobs(conv, ids)).abs().max())
     assert ver["max_abs_diff"] == pytest.approx(whole, rel=1e-9, abs=1e-12)
+
+    # a tolerance below the difference: the noise floor is measured and sets the threshold
+    code, out, err = run_cli("convert", neox_src, tmp_path / "tight", "--json", "--tolerance", str(whole / 2))
+    assert code == 0, err
+    tight = json.loads(out)["verification"]
     floor = float((_logprobs(src.double(), ids) - _logprobs(AutoModelForCausalLM.from_pretrained(neox_src, dtype=torch.float32).eval(), ids)).abs().max())
-    assert ver["noise_floor"] == pytest.approx(floor, rel=1e-9, abs=1e-12)
+    assert tight["noise_floor"] == pytest.approx(floor, rel=1e-9, abs=1e-12)
+    assert tight["threshold"] == pytest.approx(max(whole / 2, 4 * floor)) and tight["passed"] is True
+
+
+def test_16_bit_rounding_floor_is_the_unrounded_weights_difference(neox_src, tmp_path, run_cli):
+    """bfloat16 output: the difference exceeds --tolerance, so the rounding floor is measured (converted weights
+    before their rounding, with the conversion's own float32 arithmetic) and covers it; the float64 pass is skipped."""
+    code, out, err = run_cli("convert", neox_src, tmp_path / "out", "--json", "--dtype", "bfloat16")
+    assert code == 0, err
+    ver = json.loads(out)["verification"]
+    assert ver["max_abs_diff"] > 1e-4 and ver["rounding_floor"] > 0
+    assert ver["threshold"] == pytest.approx(4 * ver["rounding_floor"]) and ver["passed"] is True
+    assert ver["noise_floor"] is None
 
 
 def test_wrong_conversion_exits_1_and_publishes_nothing(neox_src, tmp_path, run_cli, centring_disabled):

@@ -135,28 +135,26 @@ def run_verification(conv: Conversion, source_config, resolved, staged, *, causa
             (lambda: ckinputs.skeleton(staged_config, torch.float32, buffers=True), staged_inputs.read_as),
             unrounded=(lambda key, dt: unrounded_tensor(conv, staged_inputs.disk_key(key), device).to(dt)) if sixteen else None,
             tokenizer=_tokenizer(resolved), causal=causal, device=device, resident_ok=whole < 0.5 * available_memory(),
+            tolerance=tolerance,
         )
     finally:
         staged_files.close()
-    threshold = tolerance
-    if result["noise_floor"] is not None:
-        threshold = max(threshold, 4 * result["noise_floor"])
-    if result.get("rounding_floor") is not None:
-        threshold = max(threshold, 4 * result["rounding_floor"])
-    result["threshold"] = threshold
+    threshold = result["threshold"]
     result["passed"] = bool(result["max_abs_diff"] <= threshold) if conv.plan.mode == "exact" else None
     return result
 
 
 def unrounded_tensor(conv: Conversion, key, device="cpu") -> torch.Tensor:
-    """Output tensor ``key`` as the conversion computes it before rounding to a 16-bit dtype (float32, float64 math)."""
+    """Output tensor ``key`` as the conversion computes it before rounding to a 16-bit dtype: the same
+    arithmetic (``ops.compute_dtype`` of the output dtype) stopped before the final cast."""
     w = conv.writes[key]
     op = conv.plan.derivations.get(w.value_key)
     if op is None:
         return conv.inputs.read(w.value_key).to(torch.float32)
-    sink = TensorDict({key: (torch.float32, w.shape)})
+    calc = ops.compute_dtype(w.dtype)
+    sink = TensorDict({key: (calc, w.shape)})
     ops.run(op, w.shape, conv.inputs.read, lambda k: conv.inputs.specs[k][1], lambda t, row: sink.write(key, t, row),
-            torch.float32, device=device)
+            calc, compute=calc, device=device)
     return sink.tensors[key]
 
 
