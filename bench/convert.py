@@ -249,7 +249,7 @@ STEPS = ("copy", "convert_no_verify", "convert_verified")
 
 
 def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mode="auto", rounds=2, workdir=None,
-                  keep=False, progress=None) -> dict:
+                  keep=False, progress=None, command=None) -> dict:
     """Build the synthetic checkpoint, then time cp / convert --no-verify / convert, interleaved in rounds."""
     say = progress or (lambda m: None)
     load_at_start = [round(x, 2) for x in os.getloadavg()]
@@ -315,6 +315,7 @@ def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mo
         verified = runs["convert_verified"][-1].get("verification") or {}
         return {
             "benchmark": "convert",
+            "command": command,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": {**machine(), "load_average_at_start": load_at_start, "load_average_1m_after_each_step": loads},
             "checkpoint": info,
@@ -332,7 +333,12 @@ def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mo
                 "meta-device skeleton: the part of every convert step's wall time and RSS that is not conversion",
                 "steps are interleaved (copy, --no-verify, verified) in every round; medians over rounds (the upper one of two)",
                 "NORMSWAP_KERNEL=torch for every step: no first build of the compiled CPU kernel inside a timed step",
-                "wall seconds include process start-up and imports; in-process seconds are convert's own",
+                "wall seconds include process start-up and imports; in-process seconds are convert's own "
+                "(in-process × copy: those seconds over the copy's wall seconds)",
+                "verification runs the probe through the source and the written checkpoint in float32, module by module; "
+                "for 16-bit outputs a third float32 pass (the converted weights before rounding) gives the rounding floor "
+                "when the difference exceeds --tolerance; the float64 noise-floor pass runs only when the difference "
+                "still exceeds the threshold",
             ],
             **({"workdir": str(root)} if keep else {}),
         }
@@ -368,6 +374,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"# normswap bench convert — {info['family']}, {info['parameters'] / 1e9:.2f}B parameters, {info['dtype']}",
         "",
+        f"Command: `{result.get('command')}`",
+        "",
         f"{result['date']} · {m['cpu']} · {m['cores']} cores · {m['memory_gb']} GiB RAM · torch {m['torch']} · "
         f"load average (1, 5, 15 min) {m['load_average_at_start']} at start; 1-min load after each step "
         f"{m['load_average_1m_after_each_step']} (shared machine)",
@@ -376,8 +384,8 @@ def markdown(result: dict) -> str:
         f"{_gb(info['bytes'])} in {info['files']} safetensors files, largest shard {_gb(info['largest_shard_bytes'])}. "
         f"Mode: {result['mode']}. {result['rounds']} interleaved rounds; page cache: {result['page_cache']}.",
         "",
-        "| step | wall s (median) | all rounds | × copy | in-process s | peak RSS | × largest shard | goal |",
-        "|---|---:|---|---:|---:|---:|---:|---|",
+        "| step | wall s (median) | all rounds | × copy | in-process s | in-process × copy | peak RSS | × largest shard | goal |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     labels = {"copy": "copy (`cp -r`)", "convert_no_verify": "`normswap convert --no-verify`",
               "convert_verified": "`normswap convert` (verified)"}
@@ -386,17 +394,19 @@ def markdown(result: dict) -> str:
         if "goal_time_x_copy" in row:
             goal = (f"time ≤ {row['goal_time_x_copy']}×: **{'met' if row['time_goal_met'] else 'not met'}**; "
                     f"RSS ≤ {row['goal_rss_x_shard']}×: **{'met' if row['rss_goal_met'] else 'not met'}**")
-        inproc = f"{row['convert_seconds_median']:.1f}" if row.get("convert_seconds_median") is not None else ""
+        inproc = row.get("convert_seconds_median")
+        inproc_x = f"{inproc / steps['copy']['seconds_median']:.2f}" if inproc is not None else ""
+        inproc = f"{inproc:.1f}" if inproc is not None else ""
         lines.append(f"| {labels[key]} | {row['seconds_median']:.1f} | {', '.join(f'{x:.1f}' for x in row['seconds_all'])} | "
-                     f"{row['x_copy']:.2f} | {inproc} | {_gb(row['peak_rss_bytes_max'])} | {row['peak_rss_x_largest_shard']:.2f} | {goal} |")
+                     f"{row['x_copy']:.2f} | {inproc} | {inproc_x} | {_gb(row['peak_rss_bytes_max'])} | {row['peak_rss_x_largest_shard']:.2f} | {goal} |")
     base = result["baseline"]
-    lines.append(f"| baseline (imports + meta skeleton) | {base['seconds']:.1f} | | {base['seconds'] / steps['copy']['seconds_median']:.2f} | | "
+    lines.append(f"| baseline (imports + meta skeleton) | {base['seconds']:.1f} | | {base['seconds'] / steps['copy']['seconds_median']:.2f} | | | "
                  f"{_gb(base['peak_rss_bytes'])} | {base['peak_rss_bytes'] / info['largest_shard_bytes']:.2f} | |")
     ver = result.get("verification") or {}
     if ver.get("max_abs_diff") is not None:
-        lines += ["", f"Verification of the last verified run: max |Δ log-prob| {ver['max_abs_diff']:.3g}, noise floor "
-                      f"{ver.get('noise_floor')}, rounding floor {ver.get('rounding_floor')}, threshold {ver.get('threshold'):.3g}, "
-                      f"passed {ver.get('passed')}."]
+        lines += ["", f"Verification of the last verified run: {ver.get('probe_tokens')} probe tokens, max |Δ log-prob| "
+                      f"{ver['max_abs_diff']:.3g}, rounding floor {ver.get('rounding_floor')}, noise floor {ver.get('noise_floor')} "
+                      f"({ver.get('noise_floor_note', 'measured')}), threshold {ver.get('threshold'):.3g}, passed {ver.get('passed')}."]
     lines += [""] + [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -418,7 +428,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     result = bench_convert(params=args.params, shards=args.shards, dtype=args.dtype, family=args.family, mode=args.mode,
                            rounds=args.rounds, workdir=args.workdir, keep=args.keep,
-                           progress=lambda msg: print(f"bench convert: {msg}", file=sys.stderr, flush=True))
+                           progress=lambda msg: print(f"bench convert: {msg}", file=sys.stderr, flush=True),
+                           command=" ".join(["normswap bench convert", *(argv if argv is not None else sys.argv[1:])]))
     md = markdown(result)
     if args.save:
         Path(args.save + ".json").write_text(json.dumps(result, indent=2) + "\n")
