@@ -255,3 +255,32 @@ def test_cuda_arithmetic_matches_cpu_to_one_ulp(tmp_path):
     a, b = _tensors(tmp_path / "cpu"), _tensors(tmp_path / "gpu")
     for key in a:
         assert int(_ulps(a[key][1], b[key][1]).max()) <= 1, key
+
+
+def test_rounding_floor_weights_are_the_written_ones_before_rounding(tmp_path):
+    """bf16 output: the weights verification uses for the rounding floor are the conversion's own float32
+    results before the final cast, so rounding them gives the written tensors bit for bit; float64
+    arithmetic (what the floor used before) would not."""
+    from normswap.convert.inputs import match
+    from normswap.convert.pipeline import unrounded_tensor
+    from normswap.convert.plan import ConvertOptions
+    from normswap.convert.source import StateDict
+    from normswap.architectures import family_for_config
+
+    m = tiny_model("gpt_neox", 0, hidden_size=256, intermediate_size=1024).to(torch.bfloat16)
+    inputs = match(m, StateDict(m.state_dict()), "m")
+    conv = execute.prepare(m, inputs, family_for_config(m.config), ConvertOptions(mode="exact"))
+    sink = execute.TensorDict(conv.specs)
+    execute.execute(conv, sink)
+    computed = [k for k, w in conv.writes.items() if w.value_key in conv.plan.derivations and w.dtype == torch.bfloat16]
+    assert len(computed) > 10
+    float64_differs = 0
+    for key in computed:
+        exact = unrounded_tensor(conv, key)
+        assert exact.dtype == torch.float32
+        assert torch.equal(_bits(exact.to(torch.bfloat16)), _bits(sink.tensors[key])), key
+        sink64 = execute.TensorDict({key: (torch.float64, conv.writes[key].shape)})
+        ops.run(conv.plan.derivations[conv.writes[key].value_key], conv.writes[key].shape, inputs.read,
+                lambda k: inputs.specs[k][1], lambda t, row: sink64.write(key, t, row), torch.float64)
+        float64_differs += int((sink64.tensors[key] != exact.double()).sum())
+    assert float64_differs > 0  # control: the float64 path's unrounded values are not the same numbers
