@@ -149,8 +149,13 @@ def execute(conv: Conversion, sink, *, device="cpu", compute=None, workers=None)
         if _numel(conv.writes[key].shape) >= ops.BLOCK_ELEMENTS:  # only big tensors leave big holes
             release_freed_memory()
 
-    # biggest first, so that the last tensors to finish are small ones
-    order = sorted(conv.writes, key=lambda k: -_numel(conv.writes[k].shape))
+    def work(key):  # elements read and written: a folded bias reads its whole weight matrix
+        w = conv.writes[key]
+        op = conv.plan.derivations.get(w.value_key)
+        return _numel(w.shape) + (sum(_numel(shape_of(k)) for k in ops.source_keys(op)) if op else 0)
+
+    # the most work first, so that the last tasks to finish are short ones (not the head's W·β)
+    order = sorted(conv.writes, key=lambda k: -work(k))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
