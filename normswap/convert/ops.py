@@ -48,8 +48,7 @@ class _Scratch(threading.local):
     """Per-thread buffers for row blocks, reused block after block and tensor after tensor.
 
     A fresh multi-megabyte buffer is fresh pages: the kernel zero-fills each one on first touch,
-    which here costs more than the arithmetic done in it (bf16 -> float32 into a new tensor
-    2.5 ns/element, into a reused one 0.8). Each tag is one role in an op (the bytes read, the
+    which costs about as much as the casts and element-wise arithmetic done in it. Each tag is one role in an op (the bytes read, the
     element-wise block, its float64 form for a reduction, the output block); a thread holds one
     block per tag, so memory stays at a few blocks per worker.
     """
