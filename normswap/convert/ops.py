@@ -21,6 +21,8 @@ import threading
 
 import torch
 
+from normswap.convert.source import numel
+
 BLOCK_ELEMENTS = 1 << 20  # elements per row block: ~4 MB in float32, small enough to stay in cache levels
 F64 = torch.float64
 
@@ -54,7 +56,7 @@ class _Scratch(threading.local):
     """
 
     def take(self, tag: str, shape, dtype: torch.dtype) -> torch.Tensor:
-        n = _numel(shape) * dtype.itemsize
+        n = numel(shape) * dtype.itemsize
         buf = self.__dict__.get(tag)
         if buf is None or buf.numel() < n:
             buf = self.__dict__[tag] = torch.empty(n, dtype=torch.uint8)
@@ -64,16 +66,9 @@ class _Scratch(threading.local):
 SCRATCH = _Scratch()
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
 def read_buffer(shape, dtype: torch.dtype) -> torch.Tensor:
     """This thread's buffer for the raw bytes of one row block (``read(..., out=)``)."""
-    return SCRATCH.take("read", (_numel(shape) * dtype.itemsize,), torch.uint8)
+    return SCRATCH.take("read", (numel(shape) * dtype.itemsize,), torch.uint8)
 
 
 def source_keys(op: dict) -> list[str]:
