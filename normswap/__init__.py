@@ -1,6 +1,6 @@
 """normswap: LayerNorm -> fused RMSNorm migration for Hugging Face checkpoints."""
 
-__version__ = "0.1.0"
+from normswap.version import __version__
 
 __all__ = ["__version__", "load_model", "load_tokenizer"]
 

@@ -11,7 +11,7 @@ from normswap.architectures import all_families, family_for_config, get_family
 from normswap.architectures.schema import parse_family
 from normswap.convert.plan import ConvertOptions, build_plan, is_layernorm
 from normswap.errors import NormswapError
-from normswap.testing import family_variants, tiny_config
+from helpers import family_variants, tiny_config
 
 REQUIRED = {"gpt2", "gpt_neo", "gpt_neox", "opt", "bloom", "phi", "gptj", "codegen", "falcon", "gpt_bigcode",
             "stablelm", "xglm", "bert", "roberta"}

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from normswap.convert.plan import is_layernorm
-from normswap.testing import family_variants, tiny_model
+from helpers import family_variants, tiny_model
 
 PRE = family_variants("pre")
 POST = family_variants("post")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from normswap.testing import tiny_model
+from helpers import tiny_model
 
 
 def _tree_hash(path: Path) -> str:

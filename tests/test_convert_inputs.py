@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from normswap.testing import tiny_model
+from helpers import tiny_model
 
 
 @pytest.fixture

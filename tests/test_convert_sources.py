@@ -11,7 +11,7 @@ from safetensors import safe_open
 from normswap.convert import execute, ops
 from normswap.convert.apply import convert_model
 from normswap.convert.pipeline import convert_checkpoint
-from normswap.testing import tiny_model
+from helpers import tiny_model
 
 
 def _save(model, path, *, shard="24KB", dtype=None):

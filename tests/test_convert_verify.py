@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from normswap.convert import execute, pipeline
-from normswap.testing import tiny_model
+from helpers import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,7 @@ def test_verified_conversion_stays_near_a_shard_not_the_model(tmp_path):
     """A ~330 MB float32 checkpoint in 4 shards, converted *with* verification: anonymous memory grows by
     less than 2.5 shards, within the up-front estimate; the same verification with all weights resident grows by
     more than the model."""
-    from normswap.testing import tiny_config
+    from helpers import tiny_config
     from transformers import GPTNeoXForCausalLM
 
     config = tiny_config("gpt_neox", 0, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,

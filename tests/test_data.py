@@ -285,7 +285,7 @@ def test_source_errors(tmp_path, monkeypatch):
 
 
 def test_verse_per_line_file_becomes_runs_of_lines_split_three_ways(tmp_path):
-    """A file with one record per line and no blank line at all (the shape issue #12 names)."""
+    """A file with one record per line and no blank line at all (an encoder corpus's shape)."""
     verses = list(kjv.verses("train"))[:18582]
     path = tmp_path / "verses.txt"
     path.write_text("\n".join(verses) + "\n")

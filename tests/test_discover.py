@@ -17,7 +17,8 @@ from normswap.architectures.schema import parse_family
 from normswap.convert.apply import convert_model
 from normswap.convert.plan import ConvertOptions, build_plan
 from normswap.errors import NormswapError
-from normswap.testing import family_variants, randomize_, tiny_model
+from helpers import family_variants, tiny_model
+from normswap.architectures.randomize import randomize_
 
 
 def _decisions(plan):

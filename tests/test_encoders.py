@@ -1,4 +1,4 @@
-"""Encoders end to end (issue #12): eval report by fidelity, refusals, masking, healing.
+"""Encoders end to end: eval report by fidelity, refusals, masking, healing.
 
 Models are tiny real BertForMaskedLM / BertModel built from the bert family's test config, with a
 WordPiece vocabulary trained here on the embedded corpus; conversion is the real approximate one.
@@ -38,7 +38,7 @@ def _wordpiece():
 def encoders(tmp_path_factory):
     """{name: dir}: a masked-LM BERT and a bare BertModel, each with its approximate conversion."""
     from normswap.convert.pipeline import convert_checkpoint
-    from normswap.testing import tiny_model
+    from helpers import tiny_model
 
     root = tmp_path_factory.mktemp("encoders")
     tok = _wordpiece()

@@ -146,7 +146,7 @@ def test_broken_compiler_falls_back_quietly(monkeypatch, tmp_path, capfd):
     assert cpu.available() is False
     assert cpu.unavailable_reason()
     out, err = capfd.readouterr()
-    # the one line announcing a first build is allowed (issue #11); no compiler output reaches the terminal
+    # the one line announcing a first build is allowed; no compiler output reaches the terminal
     assert out == "" and len(err.splitlines()) <= 1 and all(line.startswith("normswap: building the CPU RMSNorm kernel")
                                                              for line in err.splitlines()), err
     with pytest.raises(RuntimeError, match="not available"):

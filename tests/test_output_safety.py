@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from normswap import publish
-from normswap.testing import tiny_model
+from helpers import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

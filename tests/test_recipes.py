@@ -292,7 +292,7 @@ def test_masked_lm_recipe_reports_fidelity_against_the_source(tmp_path, run_cli)
     from transformers import PreTrainedTokenizerFast
 
     from normswap.data import load_documents
-    from normswap.testing import tiny_model
+    from helpers import tiny_model
 
     tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tk.normalizer = normalizers.BertNormalizer(lowercase=True)

@@ -104,7 +104,7 @@ def model_class(config):
 
 def tiny_instance(config, cls=None, *, seed=0, shrink=True, dtype=torch.float64):
     """A randomised float64 (or ``dtype``) model of ``config``'s architecture (γ far from 1, β and biases non-zero)."""
-    from normswap.testing import randomize_
+    from normswap.architectures.randomize import randomize_
 
     cfg = shrink_config(config) if shrink else copy.deepcopy(config)
     cls = cls or model_class(cfg)
@@ -463,7 +463,7 @@ def _describe(model, stacks, g, converted, writers, centered_inputs, left, place
         "final_norm": final,
         "head": rel(head_name) if head_name else None,
         "leave_alone": leave,
-        "centered_inputs": [template(rel(c))[0] if False else rel(c) for c in centered_inputs],
+        "centered_inputs": [rel(c) for c in centered_inputs],
         "notes": ("post-LN: " + "; ".join(dict.fromkeys(post_evidence))[:300]) if post_evidence else "",
         "discovered": True,
     }
@@ -481,7 +481,8 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
     Returns {"exact": bool|None, "max_abs_diff", "threshold", "mode", "reason"}; ``exact`` is None
     for post-LN families (approximate only by construction).
     """
-    from normswap.convert.apply import convert_model
+    from normswap.convert.inplace import check_convertible, convert_with_family
+    from normswap.convert.plan import ConvertOptions
 
     source = tiny_instance(config, cls, seed=seed, dtype=dtype)
     placement = family.placement_for(source.config)
@@ -490,7 +491,8 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
                 "reason": "post-LN: a norm's output is also the residual skip path"}
     converted = copy.deepcopy(source)
     try:
-        convert_model(converted, mode="exact", family=family)
+        check_convertible(converted, converted.config)
+        convert_with_family(converted, family, ConvertOptions(mode="exact"))
     except NormswapError as e:
         return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None, "reason": str(e)}
     inputs = probe_inputs(source, seq_len=8, seed=seed)

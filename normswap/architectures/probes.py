@@ -132,21 +132,3 @@ def complete_inputs(model, inputs: dict) -> dict:
     if takes_text_only(model):
         return inputs
     return probe_inputs(model, ids=inputs.get("input_ids"), dtype=torch.float32, device="cpu")
-
-
-def output_fidelity(reference, candidate, *, seed: int = 0, batch: int = 2, seq_len: int = 16) -> dict:
-    """How far ``candidate``'s outputs are from ``reference``'s on the same probe inputs.
-
-    For models without a language-model head (encoders, vision and audio towers) this is the
-    fidelity measure: per output (last hidden state, pooled output, logits...) the max |Δ| and
-    the max |Δ| relative to the reference's largest value. Both models must take the same inputs.
-    """
-    inputs = probe_inputs(reference, batch=batch, seq_len=seq_len, seed=seed)
-    ref = model_outputs(reference, inputs)
-    got = model_outputs(candidate, {k: v.to(next(candidate.parameters()).device) for k, v in inputs.items()})
-    out = {}
-    for key, r in ref.items():
-        if key in got and got[key].shape == r.shape:
-            diff = float((got[key].double().cpu() - r.double().cpu()).abs().max())
-            out[key] = {"max_abs_diff": diff, "max_rel_diff": diff / max(float(r.double().abs().max()), 1e-30)}
-    return {"inputs": {k: list(v.shape) for k, v in inputs.items()}, "outputs": out}

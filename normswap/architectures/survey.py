@@ -116,7 +116,7 @@ def _preload():
 
     import normswap.architectures.discover  # noqa: F401
     import normswap.convert.apply  # noqa: F401
-    import normswap.testing  # noqa: F401
+    import normswap.architectures.randomize  # noqa: F401
 
     transformers.logging.set_verbosity_error()
 

@@ -13,7 +13,6 @@ replaced modeling file never runs.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import sys
@@ -89,15 +88,6 @@ def _hub_reachable_or_cached(repo_id: str) -> bool:
 
 def is_local(resolved: str) -> bool:
     return Path(resolved).is_dir()
-
-
-def read_config_dict(resolved: str) -> dict:
-    """config.json as a plain dict (local dirs only; hub ids go through AutoConfig)."""
-    try:
-        with open(Path(resolved) / "config.json") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise NormswapError(f"{resolved}/config.json is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
 def load_config(spec):

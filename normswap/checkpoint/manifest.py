@@ -31,7 +31,7 @@ def environment() -> dict:
     import torch
     import transformers
 
-    from normswap import __version__
+    from normswap.version import __version__
 
     return {
         "normswap": __version__,

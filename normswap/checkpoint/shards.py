@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from normswap import __version__
+from normswap.version import __version__
 from normswap.errors import NormswapError
 
 INDEX_NAME = "model.safetensors.index.json"

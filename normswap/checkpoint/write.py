@@ -18,7 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
-from normswap import __version__
+from normswap.version import __version__
 from normswap.checkpoint.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from normswap.checkpoint.shards import ShardedCheckpoint
 from normswap.publish import check_output_path, publish_dir, staging_dir

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from normswap import __version__
+from normswap.version import __version__
 from normswap.errors import NormswapError
 
 # command name -> "module:attribute"
@@ -41,20 +41,14 @@ class LazyGroup(click.Group):
         return super().resolve_command(ctx, args)
 
     def list_commands(self, ctx):
-        return sorted(name for name in COMMANDS if self.get_command(ctx, name) is not None)
+        return sorted(COMMANDS)
 
     def get_command(self, ctx, name):
         target = COMMANDS.get(name)
         if target is None:
             return None
         module, attr = target.split(":")
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name == module:  # command not installed in this build
-                return None
-            raise
-        return getattr(mod, attr)
+        return getattr(importlib.import_module(module), attr)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from normswap.convert.ops import read_buffer, row_blocks
-from normswap.convert.source import numel
 from normswap.errors import NormswapError
 
 
@@ -228,7 +227,3 @@ def persistent_buffers(model) -> set:
             if buf is not None and bname not in skip:
                 out.add(f"{mname}.{bname}" if mname else bname)
     return out
-
-
-def total_bytes(specs: dict) -> int:
-    return sum(numel(shape) * torch.empty((), dtype=dt).element_size() for dt, shape in specs.values())

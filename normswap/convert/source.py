@@ -57,10 +57,7 @@ def local_dir(resolved, *, download=True) -> Path | None:
     path = Path(str(resolved))
     if path.is_dir():
         return path
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        return None
+    from huggingface_hub import snapshot_download
     patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
     for local_only in (True, False):
         if not local_only and not download:

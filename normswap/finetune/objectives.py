@@ -2,8 +2,9 @@
 
 An objective is the seam between the training loop and the model kind: the loop only calls
 ``objective.loss(student, batch) -> Loss`` on each micro-batch and ``objective.heldout_loss(...)``
-at evaluation time. ``objective_for(config)`` picks the objective class for the model's config;
-its ``task`` says how the trainer loads the model (and a teacher).
+at evaluation time. The trainer's ``objective_for(config)`` picks the objective class (this
+module's ``CausalLM`` or ``encoder_objectives.Encoder``); its ``task`` says how the trainer loads
+the model (and a teacher).
 """
 
 from __future__ import annotations
@@ -63,18 +64,6 @@ class CausalLM:
                     "distillation needs the same tokenizer"
                 )
         return cls(teacher, alpha=cfg.distill_alpha, temperature=cfg.distill_temperature, autocast=autocast)
-
-
-def objective_for(config):
-    """The objective class for a model of this config: its ``task`` says how to load the model,
-    its ``build(cfg, model, teacher, autocast=)`` makes the objective."""
-    from normswap.checkpoint.load import is_causal_lm
-
-    if is_causal_lm(config):
-        return CausalLM
-    from normswap.finetune.encoder_objectives import Encoder
-
-    return Encoder
 
 
 def _vocab_size(model) -> int:

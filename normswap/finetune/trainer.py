@@ -43,7 +43,8 @@ from normswap.finetune import state as ckpt
 from normswap.finetune.config import LOG_FILE, FinetuneConfig, default_eval_tokens, flag, option_errors, options
 from normswap.data import finetune_splits
 from normswap.finetune.data import TrainStream, eval_blocks, fingerprint
-from normswap.finetune.objectives import objective_for
+from normswap.finetune.encoder_objectives import Encoder
+from normswap.finetune.objectives import CausalLM
 from normswap.finetune.run_dir import RunDir
 from normswap.finetune.schedule import lr_factor
 
@@ -82,6 +83,14 @@ class StepRecord:
     @property
     def finite(self) -> bool:
         return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
+
+
+def objective_for(config):
+    """The objective class for a model of this config: its ``task`` says how to load the model,
+    its ``build(cfg, model, teacher, autocast=)`` makes the objective."""
+    from normswap.checkpoint.load import is_causal_lm
+
+    return CausalLM if is_causal_lm(config) else Encoder
 
 
 # ---------------------------------------------------------------------------------- options

@@ -30,10 +30,10 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 
 from normswap.errors import NormswapError
 from normswap.kernels import autotune as _autotune
+from normswap.kernels.dispatch import call_impl
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -61,37 +61,6 @@ def requested_backend() -> str:
     if value not in BACKENDS:
         raise NormswapError(f"NORMSWAP_KERNEL={value!r} is not one of {', '.join(BACKENDS)}")
     return value
-
-
-def call_impl(impl, x, weight, residual, eps):
-    """One implementation by name, API convention (y or (y, summed)); inputs already validated."""
-    if impl == "cpu" and x.dtype in _CPU_DTYPES and not _is_compiling():  # Dynamo cannot trace pybind
-        out = _cpu_ext().norm(x, weight, residual, eps)
-        return (out[0], out[1]) if residual is not None else out[0]
-    if impl == "native":
-        if residual is not None:
-            s = x + residual
-            return F.rms_norm(s, (s.shape[-1],), weight, eps), s
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    from normswap.kernels import _ops  # registers torch.ops.normswap.* on first use
-
-    y, _, summed = _ops.apply(x, weight, residual, float(eps), impl)
-    return (y, summed) if residual is not None else y
-
-
-_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_ext = None
-
-
-def _cpu_ext():
-    global _ext
-    if _ext is None:
-        from normswap.kernels import _ops
-
-        if not _ops.cpu_fast_available():
-            raise NormswapError("the compiled CPU kernel is not available (needs a C++ compiler and ninja)")
-        _ext = _ops.cpu_extension()
-    return _ext
 
 
 def _auto_impl(x, weight, residual):

@@ -128,7 +128,7 @@ def _shape(device: torch.device, width: int, rows: str) -> tuple:
 def measure(device, dtype, width, rows, grad, cands, repeats: int = 7) -> dict:
     """Time each candidate (forward, or forward+backward) and rank the ones whose output agrees
     with the reference formula."""
-    from normswap.kernels import call_impl
+    from normswap.kernels.dispatch import call_impl
     from normswap.kernels.reference import normalize
 
     n, h = _shape(device, width, rows)

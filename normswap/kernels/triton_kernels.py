@@ -5,7 +5,7 @@ Host functions follow the same contract as normswap.kernels.cpu / reference:
     backward(dy[N,H], xin[N,H], rstd[N], weight|None)      -> (dx, dw fp32 [H] | None)
 Inputs must have a unit stride along H; any row stride is handled in the kernel.
 
-Design (see shared/reference/kernels.md):
+Design:
 - forward: one pass over x; a program owns BLOCK_M whole rows held in registers (BLOCK_M > 1 only
   for small H, to give each program enough bytes in flight); fp32 statistics; rstd saved.
 - backward: a persistent grid of a few programs per SM, each walking a contiguous slice of rows

@@ -219,16 +219,3 @@ def finetune_plot(results, out: Path) -> Path | None:
     else:
         fig.suptitle(f"fine-tune of {models[0]['name']}", fontsize=10)
     return _save(fig, out / "finetune_loss.png")
-
-
-def all_plots(results, out: Path) -> dict[str, Path]:
-    out = Path(out)
-    made = {}
-    from normswap.report.encoders import fidelity_plot
-
-    for key, fn in (("perplexity", perplexity_plot), ("fidelity", fidelity_plot), ("throughput", throughput_plot),
-                    ("finetune_loss", finetune_plot), ("activations", activation_plot)):
-        path = fn(results, out)
-        if path is not None:
-            made[key] = path
-    return made

@@ -23,8 +23,21 @@ def _json_default(o):
     return str(o)
 
 
+def all_plots(results, out: Path) -> dict[str, Path]:
+    """Every figure the results call for, by key (a plot with nothing to show returns None)."""
+    from normswap.report.encoders import fidelity_plot
+    from normswap.report.plots import activation_plot, finetune_plot, perplexity_plot, throughput_plot
+
+    made = {}
+    for key, fn in (("perplexity", perplexity_plot), ("fidelity", fidelity_plot), ("throughput", throughput_plot),
+                    ("finetune_loss", finetune_plot), ("activations", activation_plot)):
+        path = fn(results, Path(out))
+        if path is not None:
+            made[key] = path
+    return made
+
+
 def render_into(results: dict, folder: Path) -> dict[str, Path]:
-    from normswap.report.plots import all_plots
     from normswap.report.render import html_report, markdown
 
     folder = Path(folder)

@@ -1,6 +1,6 @@
-"""Tiny, real transformers models built from each family's test configs.
+"""Tiny, real transformers models built from each family's test configs (test helpers; not shipped).
 
-Used by the test suite, the benchmarks and the docs: a model whose γ, β, biases and embeddings
+Used by the test suite and bench/convert_precision.py: a model whose γ, β, biases and embeddings
 are randomised (embeddings deliberately *not* centred, norms far from γ=1, β=0), so a wrong
 conversion cannot pass by luck.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from normswap.architectures import get_family
+from normswap.architectures.randomize import randomize_
 
 
 def family_variants(placement=None):
@@ -59,18 +60,3 @@ def tiny_model(family: str, variant: int = 0, *, seed: int = 0, randomize: bool 
     if randomize:
         randomize_(model, seed)
     return model.eval()
-
-
-def randomize_(model, seed: int = 0):
-    """Move every parameter well away from its initialisation, norms included."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype)
-            if p.dim() == 1 and name.endswith("weight"):  # γ: positive, far from 1
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen).to(p.dtype) * 1.5)
-            elif p.dim() == 1:  # β and biases
-                p.copy_(noise * 0.2 + 0.1)
-            else:  # matrices and tables: add a common offset so nothing is zero-mean
-                p.add_(noise * 0.05 + 0.02)
-    return model

@@ -1,0 +1,46 @@
+"""Convert a model in memory, in place, with a family already chosen.
+
+The family lookup lives one level up (`apply.convert_model`): discovery checks each description it
+produces by converting a tiny instance through this module, so this module must not import
+`normswap.architectures`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from normswap.convert.execute import TensorDict, execute, prepare
+from normswap.convert.inputs import match
+from normswap.convert.plan import ConvertOptions, Plan, is_layernorm, is_rmsnorm
+from normswap.convert.source import StateDict
+from normswap.errors import NormswapError
+
+
+def check_convertible(model, config) -> None:
+    """Refuse models that have nothing to convert, before looking up a family."""
+    block = getattr(config, "normswap", None)
+    if isinstance(block, dict) and block.get("format_version"):
+        raise NormswapError("nothing to convert: this checkpoint was already converted by normswap")
+    modules = list(model.modules())
+    if not any(is_layernorm(m) for m in modules):
+        if any(is_rmsnorm(m) for m in modules):
+            raise NormswapError(f"nothing to convert: {type(model).__name__} already uses RMSNorm")
+        raise NormswapError(f"nothing to convert: {type(model).__name__} has no LayerNorm")
+
+
+def convert_with_family(model, family, options: ConvertOptions, *, dtype=None, device="cpu") -> Plan:
+    """Convert ``model`` in place with ``family``, exactly as `normswap convert` computes the
+    tensors from files; return the plan."""
+    source = StateDict(model.state_dict())
+    inputs = match(model, source, type(model).__name__)
+    conv = prepare(model, inputs, family, options, dtype)
+    sink = TensorDict(conv.specs)
+    execute(conv, sink, device=device)
+    with torch.no_grad():
+        missing, unexpected = model.load_state_dict(sink.tensors, strict=False)
+    # tied duplicates are written once; buffers that are not persistent never show up in a state dict
+    params = dict(model.named_parameters(remove_duplicate=True))
+    missing = [k for k in missing if k in params]
+    if missing or unexpected:
+        raise NormswapError(f"internal error: converted weights do not fit the new module tree (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return conv.plan

@@ -1,0 +1,231 @@
+"""The package's shape, read from its source with `ast` (nothing is imported or run):
+
+- no import cycles: every `import` counts, at module level or inside a function (a lazy import
+  hides a cycle from the interpreter, not from the reader who has to know which module comes first);
+- no benchmark modules ship: benchmarks live in bench/, `normswap bench ...` are thin entry points;
+- product code reads no test hooks from the environment: the only NORMSWAP_* names it mentions are
+  the documented user settings listed below.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "normswap"
+
+# NORMSWAP_* environment variables product code may read, each a documented user setting.
+USER_SETTINGS = {
+    "NORMSWAP_KERNEL": "forces one RMSNorm implementation (auto|triton|cpu|native|composite|torch)",
+    "NORMSWAP_AUTOTUNE": "0 uses the static implementation order instead of measuring on first use",
+    "NORMSWAP_CACHE_DIR": "where the compiled CPU kernel and the autotune table are cached",
+    "NORMSWAP_CPU_KERNEL": "0 never builds or uses the compiled CPU kernel",
+    "NORMSWAP_DEBUG": "1 is --debug (tracebacks); --debug sets it so lm-eval's worker code sees it too",
+}
+DOCS = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+# -- the import graph -----------------------------------------------------------------------------
+
+
+def module_files(package: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file under ``package``."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(name: str, source: str, modules: set[str]) -> set[str]:
+    """The package's modules that module ``name`` imports anywhere in ``source``.
+
+    ``from P import X`` is an edge to ``P.X`` when that is a module, else to ``P``. The implicit
+    import of a module's parent packages is not an edge (Python initialises a package before its
+    submodules, so ``P/__init__.py`` importing ``P.sub`` is not a cycle by itself).
+    """
+    top = next(iter(modules)).split(".")[0] if modules else ""
+    package = name if _is_package(name, modules) else name.rpartition(".")[0]
+
+    def known(dotted):
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(known(a.name) for a in node.names if a.name.split(".")[0] == top)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != top:
+                continue
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                out.add(sub if sub in modules else known(target))
+    out.discard(None)
+    out.discard(name)
+    return out
+
+
+def _is_package(name, modules):
+    return any(m.startswith(name + ".") for m in modules)
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    files = module_files(package)
+    names = set(files)
+    return {name: imports_of(name, path.read_text(encoding="utf-8"), names) for name, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm, iterative),
+    each as one concrete cycle through its members, e.g. ['a', 'b', 'a']."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(_cycle_through(sorted(component), graph))
+    return found
+
+
+def _cycle_through(component, graph):
+    """A shortest path from the component's first member back to itself (breadth-first)."""
+    members, first = set(component), component[0]
+    parents, frontier = {first: None}, [first]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for child in sorted(graph.get(node, ())):
+                if child == first:
+                    path = [node]
+                    while parents[path[-1]] is not None:
+                        path.append(parents[path[-1]])
+                    return path[::-1] + [first]
+                if child in members and child not in parents:
+                    parents[child] = node
+                    nxt.append(child)
+        frontier = nxt
+    return component  # pragma: no cover - a strongly connected component always has a cycle
+
+
+def test_cycle_finder_detects_cycles_in_a_synthetic_graph():
+    # negative control: the finder must see a cycle, including one closed only by a lazy import
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}, "p.e": set()}
+    assert cycles(graph) == [["p.a", "p.b", "p.c", "p.a"]]
+    assert cycles({"p.a": {"p.b"}, "p.b": set(), "p.c": {"p.a", "p.b"}}) == []
+
+    modules = {"p", "p.a", "p.b"}
+    lazy = "import os\n\ndef f():\n    from p.b import thing\n    from . import b\n"
+    assert imports_of("p.a", lazy, modules) == {"p.b"}
+    assert imports_of("p.b", "from p import a\n", modules) == {"p.a"}
+    assert imports_of("p", "def f():\n    from p.a import x\n", modules) == {"p.a"}
+    assert cycles({"p.a": {"p.b"}, "p.b": {"p.a"}}) == [["p.a", "p.b", "p.a"]]
+
+
+def test_graph_sees_the_package_edges():
+    graph = import_graph()
+    assert len(graph) > 50
+    assert "normswap.errors" in graph["normswap.convert.inplace"]  # a module-level import
+    assert "normswap.checkpoint.load" in graph["normswap"]  # a lazy import inside load_model()
+
+
+def test_package_has_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "import cycles (imports inside functions count):\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+# -- no benchmarks in the package ----------------------------------------------------------------
+
+
+def test_package_ships_no_benchmark_modules():
+    benches = [name for name in module_files() if "bench" in name.rpartition(".")[2]]
+    assert benches, "the CLI's `normswap bench` entry points should be found"
+    inside = [b for b in benches if not b.startswith("normswap.cli.")]
+    assert not inside, f"benchmark modules in the package (they belong in bench/): {inside}"
+    for name in benches:
+        tree = ast.parse(module_files()[name].read_text(encoding="utf-8"))
+        timers = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & {"perf_counter", "perf_counter_ns", "synchronize", "Event"}
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names} | {
+            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not timers and "time" not in imported and "timeit" not in imported, (
+            f"{name} times something itself; `normswap bench` entry points only run the script in bench/")
+
+
+# -- no test hooks in the environment ------------------------------------------------------------
+
+_NAME = re.compile(r"NORMSWAP_[A-Z0-9_]+")
+
+
+def env_names(source: str) -> set[str]:
+    """NORMSWAP_* names that appear as a whole string constant (how os.environ, getenv and
+    `name in os.environ` spell them)."""
+    return {n.value for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and _NAME.fullmatch(n.value)}
+
+
+def test_env_scan_finds_a_hook():
+    # negative control: a hook read any of the usual ways is found
+    hook = ('import os\nA = os.environ.get("NORMSWAP_FINETUNE_INJECT_NAN_AT")\n'
+            'B = os.getenv("NORMSWAP_X")\nC = "NORMSWAP_Y" in os.environ\nD = os.environ["NORMSWAP_Z"]\n')
+    assert env_names(hook) == {"NORMSWAP_FINETUNE_INJECT_NAN_AT", "NORMSWAP_X", "NORMSWAP_Y", "NORMSWAP_Z"}
+    assert env_names('"""Set NORMSWAP_KERNEL=torch to force the reference."""\n') == set()
+
+
+def test_product_reads_only_documented_user_settings():
+    used = {}
+    for name, path in module_files().items():
+        for var in env_names(path.read_text(encoding="utf-8")):
+            used.setdefault(var, []).append(name)
+    hooks = {var: where for var, where in used.items() if var not in USER_SETTINGS}
+    assert not hooks, f"environment variables read by product code that are not user settings: {hooks}"
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in DOCS)
+    undocumented = [var for var in USER_SETTINGS if var not in docs]
+    assert not undocumented, f"user settings not described in README.md, bench/README.md or docs/: {undocumented}"
+    assert "NORMSWAP_KERNEL" in used  # the scan reads the real package
+
+
+@pytest.mark.parametrize("helper", ["testing", "test_utils", "fixtures"])
+def test_no_test_helpers_ship(helper):
+    assert not (PACKAGE / f"{helper}.py").exists(), f"normswap/{helper}.py ships only for tests; keep it in tests/"
