@@ -29,6 +29,23 @@ def _noise_floor(model, ids):
         return None
 
 
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids)[0].double()
+
+
+def _without_centring(model):
+    """The source with every LayerNorm computing γ·x/rms(x) + β: what approx conversion promises."""
+    for module in model.modules():
+        if is_layernorm(module):
+            def forward(x, m=module):
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
+                return y * m.weight + (m.bias if m.bias is not None else 0)
+
+            module.forward = forward
+    return model
+
+
 def _probe(model):
     gen = torch.Generator().manual_seed(1)
     return torch.randint(0, model.config.vocab_size, (2, 24), generator=gen)
@@ -106,13 +123,26 @@ def test_tied_head_stays_tied_and_exact(sources, tmp_path, run_cli):
     s = json.loads(stdout)
     assert code == 0 and not s["untied"] and s["centered_at_runtime"] == ["transformer.wte"]
     assert s["parameters_after"] <= s["parameters_before"]
-    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True)
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True, dtype=torch.float32).eval()
     assert converted.lm_head.weight is converted.transformer.wte.weight
     # the shared matrix is the original one: centring it in place would have changed the logits
     assert torch.equal(converted.lm_head.weight, model.lm_head.weight)
     block = converted.config.normswap
     assert block["norms"]["transformer.ln_f"]["gamma"] == "keep"
     assert "tied output head" in block["norms"]["transformer.ln_f"]["why"]
+
+    # what a user cares about: the tied model computes the source's next-token distribution
+    ids = _probe(model)
+    threshold = _threshold(_noise_floor(model, ids))
+    assert float((_logprobs(converted, ids) - _logprobs(model, ids)).abs().max()) <= threshold
+    # negative control: centring the shared matrix in place (instead of the embedding output at run
+    # time) keeps the tie but moves the head, which the logits comparison catches
+    wrong = copy.deepcopy(converted)
+    with torch.no_grad():
+        shared = wrong.transformer.wte.weight
+        shared.sub_(shared.mean(-1, keepdim=True))
+    assert wrong.lm_head.weight is wrong.transformer.wte.weight
+    assert float((_logprobs(wrong, ids) - _logprobs(model, ids)).abs().max()) > 100 * threshold
 
 
 @pytest.mark.parametrize("family,variant", POST, ids=[f"{f}-{v}" for f, v in POST])
@@ -133,10 +163,20 @@ def test_post_ln_refuses_exact_and_converts_approx(family, variant, tmp_path, ru
     auto = AutoModelForCausalLM if family == "opt" else AutoModelForMaskedLM
     converted = auto.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
     assert not any(is_layernorm(m) for m in converted.modules())
-    ids = torch.randint(3, model.config.vocab_size, (2, 12))
-    with torch.no_grad():
-        out = converted(input_ids=ids)[0]
-    assert torch.isfinite(out).all()
+    # approx means: each LayerNorm becomes γ·x/rms(x) + β (no centring, γ and β kept), so the
+    # converted model computes exactly the source with the centring removed from its norms
+    ids = torch.randint(3, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    reference = _without_centring(copy.deepcopy(model))
+    got, want, source = (_logits(m, ids) for m in (converted, reference, model))
+    scale = float(want.abs().max())
+    assert float((got - want).abs().max()) <= 1e-5 * scale
+    # negative controls: the source itself (centring kept) is far from that reference on these
+    # randomised weights (why post-LN models need healing), and so is dropping β
+    assert float((source - want).abs().max()) > 1e-2 * scale
+    code, _, err = run_cli("convert", src, tmp_path / "nobeta", "--mode", "approx", "--beta", "drop")
+    assert code == 0, err
+    no_beta = auto.from_pretrained(tmp_path / "nobeta", trust_remote_code=True).eval()
+    assert float((_logits(no_beta, ids) - want).abs().max()) > 1e-2 * scale
     base = AutoModel.from_pretrained(tmp_path / "out", trust_remote_code=True) if family != "opt" else None
     assert base is None or not any(is_layernorm(m) for m in base.modules())
 

@@ -223,13 +223,14 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
 
 
 def _shape_mismatch(auto, resolved, kwargs) -> str:
-    """What transformers' 'see the above report' refers to: the first tensor whose shape on disk
-    differs from the one the config implies, and how many more do."""
+    """What transformers' 'see the above report' refers to: one tensor whose shape on disk differs
+    from the one the config implies (a matrix where one differs: it shows both sizes), and how many
+    more do. transformers' list comes in no fixed order, so the choice is made here."""
     _, info = auto.from_pretrained(resolved, ignore_mismatched_sizes=True, **kwargs)
     bad = list(info.get("mismatched_keys") or [])
     if not bad:
         return "tensor shapes on disk differ from the ones config.json implies"
-    key, disk, want = bad[0]
+    key, disk, want = min(bad, key=lambda b: (-len(b[1]), b[0]))
     more = f" ({len(bad) - 1} more tensors differ)" if len(bad) > 1 else ""
     return (f"tensor {key} has shape {list(disk)} on disk but config.json implies {list(want)}{more}: "
             "the config does not belong to these weights")
