@@ -2,7 +2,9 @@
 
 Triton's compiler and ptxas run on any machine, so every CI run proves the kernels *compile* for
 the real target (the interpreter tests cannot: they never lower to PTX), and the register
-report proves the production launch settings do not spill. What runs fast on a GPU is for
+report proves the production launch settings do not spill. Each kernel is specialised from the
+argument values of a real launch with Triton's own launcher rule (divisibility by 16, constant 1),
+so the code checked is the code a GPU runs. What runs fast on a GPU is for
 bench/gpu.sh to show.
 """
 
@@ -27,27 +29,59 @@ try:
 except ImportError:  # pragma: no cover - older triton
     pytest.skip("this triton has no ahead-of-time compile API", allow_module_level=True)
 
+try:
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import native_specialize_impl
+except ImportError:  # pragma: no cover - another triton layout
+    pytest.skip("this triton does not expose its launch-time specialisation", allow_module_level=True)
+
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-POINTERS = {"X", "R", "W", "Y", "S", "DY", "DX"}
-TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+TARGET = GPUTarget("cuda", 90, 32)
+H100_SMS = 132
+ROWS = 4096  # a prefill-sized batch: what a real launch passes (a multiple of 16, like most)
 
 
-def _compile(fn, dtype, constexprs, num_warps):
-    sig = {}
-    for name in fn.arg_names:
+def launch_args(fn, h, dtype, rows=ROWS, *, has_w=True):
+    """The values of ``fn``'s run-time arguments in a production launch of ``rows`` × ``h``
+    contiguous rows (as triton_kernels.forward/backward pass them; pointers as aligned tensors)."""
+    t = torch.empty(16, dtype=dtype)
+    f32 = torch.empty(16, dtype=torch.float32)
+    pointers = {"X": t, "R": t, "W": t, "Y": t, "S": t, "DY": t, "DX": t, "RSTD": f32, "DWP": f32}
+    ints = {"n_rows": rows, "n_cols": h, "sx": h, "sr": h, "sy": h, "ss": h, "sdy": h, "sdx": h, "eps": 1e-5}
+    if "rows_per_prog" in fn.arg_names:
+        looped, block_m, _, _ = tk._settings(h, torch.device("cuda"), tk.MAX_FUSED_N, backward=True)
+        block_m = 1 if looped else block_m
+        programs = max(1, min(tk.BWD_PROGRAMS_PER_SM * H100_SMS, triton.cdiv(rows, block_m))) if has_w else triton.cdiv(rows, block_m)
+        ints["rows_per_prog"] = triton.cdiv(triton.cdiv(rows, programs), block_m) * block_m
+    return {**pointers, **ints}
+
+
+def _specialise(fn, values, constexprs, divisibility=True):
+    """Signature, constants and attributes exactly as Triton's launcher derives them from the
+    argument values: pointers and integers divisible by 16 carry ``tt.divisibility=16`` (what lets
+    the compiler vectorise loads), an integer equal to 1 becomes a constant."""
+    backend = CUDABackend(TARGET)
+    sig, consts, attrs = {}, dict(constexprs), {}
+    for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name in POINTERS:
-            sig[name] = f"*{TL[dtype]}"
-        elif name in ("RSTD", "DWP"):
-            sig[name] = "*fp32"
-        elif name == "eps":
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+            continue
+        kind, spec = native_specialize_impl(backend, values[name], False, True, True)
+        if kind == "constexpr":
+            sig[name], consts[name] = "constexpr", spec
+            continue
+        sig[name] = kind
+        if divisibility and spec:
+            attrs[(i,)] = backend.parse_attr(spec)
+    return sig, consts, attrs
+
+
+def _compile(fn, dtype, constexprs, num_warps, *, h=None, rows=ROWS, divisibility=True):
+    values = launch_args(fn, h if h is not None else constexprs["BLOCK_N"], dtype, rows, has_w=constexprs.get("HAS_W", True))
+    sig, consts, attrs = _specialise(fn, values, constexprs, divisibility)
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     try:
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+        return triton.compile(src, target=TARGET, options={"num_warps": num_warps})
     except Exception as e:  # e.g. no CUDA backend shipped with this triton build
         if "ptxas" in str(e) and not os.path.exists(os.path.join(BIN, "ptxas")):
             pytest.skip(f"no ptxas: {e}")
@@ -81,19 +115,35 @@ def _launch(h, dtype, backward, has_w=True, has_r=True):
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
-@pytest.mark.parametrize("h", [768, 4096, 8192, 16384, 32768])
+@pytest.mark.parametrize("h", [128, 384, 768, 4096, 8192, 16384, 32768])
 def test_production_settings_compile_without_spills(h, backward):
     fn, consts, warps = _launch(h, torch.bfloat16, backward)
-    res = _resources(_compile(fn, torch.bfloat16, consts, warps))
+    res = _resources(_compile(fn, torch.bfloat16, consts, warps, h=h))
     assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, f"{fn.__name__} H={h} spills: {res}"
     assert res["REG"] <= 128, f"{fn.__name__} H={h}: {res['REG']} registers a thread limits occupancy"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_other_variants_compile(dtype):
+    # H=1000 and an odd row count: the launch where no integer is divisible by 16
     for backward, has_w, has_r in [(False, False, False), (False, True, False), (True, False, False)]:
         fn, consts, warps = _launch(1000, dtype, backward, has_w=has_w, has_r=has_r)
-        assert _compile(fn, dtype, consts, warps).asm["ptx"]
+        assert _compile(fn, dtype, consts, warps, h=1000, rows=999).asm["ptx"]
+
+
+def test_specialisation_is_what_the_launcher_uses():
+    """The compiled kernel is the one a launch runs: divisibility reaches the IR and vectorises the
+    loads (negative control: without it the same kernel loads element by element or in pairs)."""
+    fn, consts, warps = _launch(4096, torch.bfloat16, False)
+    values = launch_args(fn, 4096, torch.bfloat16)
+    sig, _, attrs = _specialise(fn, values, consts)
+    assert sig["n_cols"] == "i32" and [["tt.divisibility", 16]] in attrs.values()
+    assert (fn.arg_names.index("n_cols"),) in attrs and (fn.arg_names.index("X"),) in attrs
+    with_div = _compile(fn, torch.bfloat16, consts, warps, h=4096)
+    without = _compile(fn, torch.bfloat16, consts, warps, h=4096, divisibility=False)
+    assert "tt.divisibility = 16" in with_div.asm["ttir"] and "tt.divisibility" not in without.asm["ttir"]
+    wide = re.compile(r"ld\.global(\.\w+)*\.v4\.b32")
+    assert wide.search(with_div.asm["ptx"]) and not wide.search(without.asm["ptx"])
 
 
 def test_spill_check_can_fail():
