@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -241,6 +242,46 @@ def test_hub_id_goes_through_load_dataset_with_config(monkeypatch):
     assert calls[-1] == ("user/corpus", None)
     with pytest.raises(NormswapError, match=r"^cannot load hub dataset 'broken': Couldn't reach the Hub$"):
         load_documents("broken", "train")
+
+
+def _hub_dataset_in_cache(cache, repo_id, splits, commit="0123abcd"):
+    """What `datasets.load_dataset(repo_id)` leaves in its cache after one online load of a hub
+    dataset of parquet files (<namespace>___<name>/default/0.0.0/<commit>/<name>-<split>.arrow),
+    written by datasets' own parquet builder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    namespace, name = repo_id.split("/")
+    files = {}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    for split, texts in splits.items():
+        files[split] = str(cache.parent / f"{split}.parquet")
+        pq.write_table(pa.table({"text": texts}), files[split])
+    builder = Parquet(data_files=files, cache_dir=str(cache), dataset_name=f"{namespace}___{name}", hash=commit, config_id="default")
+    builder.download_and_prepare()
+    for f in Path(builder.cache_dir).glob(f"{namespace}___{name}-*.arrow"):  # the hub path names them after the repo
+        f.rename(f.with_name(f.name.replace(f"{namespace}___{name}-", f"{name}-")))
+
+
+def test_hub_id_loads_through_the_real_datasets_cache_offline(tmp_path, monkeypatch):
+    """A hub id goes through the real `datasets.load_dataset` (no fake): offline, a dataset loaded
+    before comes from datasets' cache; one that is not cached is refused in one line."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("pyarrow")
+    assert datasets.config.HF_HUB_OFFLINE  # tests never reach the hub (conftest)
+    cache = tmp_path / "hf" / "datasets"
+    verses = [f"verse {i}: and the earth was without form" for i in range(60)]
+    _hub_dataset_in_cache(cache, "someone/verses", {"train": verses[:30] + [""] + verses[30:], "test": ["held out verse"]})
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    assert load_text("someone/verses", "test") == "held out verse"
+    # no validation split: derived from a hashed slice of train, which then trains on the rest only
+    train, validation = (list(load_documents("someone/verses", s)) for s in ("train", "validation"))
+    assert validation and train and not set(train) & set(validation)
+    assert set(train) | set(validation) <= set(verses) and len(train) >= 40  # the blank row dropped
+    # negative control: an id not in the cache is refused with the offline advice, no traceback text
+    with pytest.raises(NormswapError, match=r"unavailable offline .* pass a local path or `embedded`$"):
+        load_documents("someone/other", "train")
 
 
 def test_source_errors(tmp_path, monkeypatch):

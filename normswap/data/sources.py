@@ -334,18 +334,19 @@ def _offline() -> bool:
 
 
 def _hub_docs(spec: str, split: str, text_field: str) -> Iterator[str]:
-    """A hub dataset id, optionally `id:config` (e.g. `wikitext:wikitext-2-raw-v1`)."""
-    if _offline():
-        raise NormswapError(
-            f"{spec!r} is neither a local file nor directory, and hub datasets are unavailable offline "
-            "(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); pass a local path or `embedded`"
-        )
+    """A hub dataset id, optionally `id:config` (e.g. `wikitext:wikitext-2-raw-v1`). Offline,
+    `datasets` serves one loaded before from its cache and touches no network."""
     import datasets
 
     name, _, config = spec.partition(":")
     try:
         obj = datasets.load_dataset(name, config or None)
     except Exception as e:
+        if _offline():
+            raise NormswapError(
+                f"{spec!r} is neither a local file nor directory, nor a hub dataset in the datasets cache, and hub "
+                "datasets are unavailable offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); pass a local path or `embedded`"
+            ) from None
         raise NormswapError(f"cannot load hub dataset {spec!r}: {_first_line(e)}") from e
     return _from_dataset_object(obj, split, text_field, spec)
 
