@@ -68,3 +68,37 @@ def test_bench_kernels_rejects_bad_options(args, msg, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+def test_measured_times_follow_a_known_slowdown(monkeypatch):
+    """The timings measure the implementation they name: one made slower by a known 4 ms per call
+    comes out at least 4 ms slower per call, and its ratio to LayerNorm says so, while the others
+    stay fast (a benchmark that timed the wrong thing, or mixed the names up, fails this)."""
+    import time
+
+    import torch
+
+    delay = 4e-3
+    real = _bench._impl_fns
+
+    def with_slow_torch_rms_norm(case, w, b):
+        fns = real(case, w, b)
+        fast = fns["torch_rms_norm"]
+        fns["torch_rms_norm"] = lambda x, r: (time.sleep(delay), fast(x, r))[1]
+        return fns
+
+    monkeypatch.setattr(_bench, "_impl_fns", with_slow_torch_rms_norm)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # an OpenMP region waiting on a descheduled thread (a shared machine) costs ms
+    try:
+        res = run_benchmark("cpu", dtypes=["float32"], shapes=[(16, 64)], repeats=7, modes=("fwd",), residual=False, tiny=False)
+    finally:
+        torch.set_num_threads(threads)
+    (row,) = res["rows"]
+    impls = row["impls"]
+    assert impls["torch_rms_norm"]["min_ms"] >= delay * 1e3
+    assert impls["torch_rms_norm"]["median_ms"] - impls["layer_norm"]["median_ms"] >= 0.9 * delay * 1e3
+    assert impls["torch_rms_norm"]["vs_layer_norm"] > 2
+    # 16×64 floats take microseconds: the untouched implementations stay far below the delay
+    for name in ("layer_norm", "normswap", "normswap_weight"):
+        assert impls[name]["median_ms"] < delay * 1e3 / 2, (name, impls[name])
