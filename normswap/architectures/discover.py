@@ -34,10 +34,14 @@ from torch import nn
 from normswap.architectures import norms as norm_probe
 from normswap.architectures.probes import model_outputs, probe_inputs
 from normswap.architectures.schema import Family, parse_family
-from normswap.architectures.trace import ADD, SCALE, TRANSPARENT, trace_forward
+from normswap.architectures.trace import ADD, PAD, REARRANGE, REDUCE, SCALE, TRANSPARENT, trace_forward
 from normswap.errors import NormswapError
 
 EXACT_RTOL = 1e-5  # relative to the output scale; float32-internal norms (Cohere, OLMo) stay ~1e-7
+
+
+# torch functionals whose output is the output of a Linear module's weights (named by this suffix)
+FUNCTIONAL_WRITERS = {"linear": ".weight", "multi_head_attention_forward": "out_proj.weight"}
 
 
 class DiscoveryError(NormswapError):
@@ -146,6 +150,21 @@ class _Graph:
     def in_scope(self, node, module_name):
         return node.scope == module_name or node.scope.startswith(module_name + ".")
 
+    def reads(self, norm, node) -> bool:
+        """Whether one of ``norm``'s calls took ``node`` as its input."""
+        return any(i is node for i in self.trace.module_call_inputs.get(norm, ()))
+
+    def fed_by(self, node, module, depth=8) -> bool:
+        """Whether ``node`` is ``module``'s output, possibly moved around by per-token ops (a layer's input
+        that the previous layer returned)."""
+        while node is not None and depth >= 0:
+            if module in node.modules:
+                return True
+            if node.op not in TRANSPARENT | REARRANGE | PAD or not node.inputs:
+                return False
+            node, depth = node.inputs[0], depth - 1
+        return False
+
     def norm_output(self, name):
         outs = self.trace.module_outputs.get(name) or []
         return outs[0] if outs else None
@@ -155,6 +174,17 @@ class _Graph:
         if consumer.op in TRANSPARENT:
             t, src = consumer.tensor, node.tensor
             return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.dim() > 0 and src.dim() > 0 and t.shape[-1] == src.shape[-1]
+        t, src = consumer.tensor, node.tensor
+        if consumer.op in REARRANGE:
+            return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.numel() == src.numel()
+        if consumer.op in PAD:
+            value = next((v for v in consumer.scalars if isinstance(v, float)), 0.0)
+            return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and value == 0.0 and len(consumer.inputs) == 1
+        if consumer.op in REDUCE:  # over token axes only, never over the features
+            dims = [d for d in consumer.scalars if isinstance(d, int)]
+            last = {-1, src.dim() - 1} if isinstance(src, torch.Tensor) else set()
+            return isinstance(t, torch.Tensor) and t.dim() > 0 and bool(dims) and not (set(dims) & last) \
+                and t.shape[-1] == src.shape[-1] and len(consumer.inputs) == 1
         if consumer.op in SCALE:
             return len(consumer.inputs) == 1 or (len(consumer.inputs) == 2 and consumer.inputs[1].tensor is not None and consumer.inputs[1].tensor.dim() == 0)
         return False
@@ -196,6 +226,12 @@ class _Graph:
             owner = pname.rpartition(".")[0] if pname else None
             if owner is not None and isinstance(self.modules.get(owner), nn.Embedding) and pname.endswith("weight"):
                 return ("table", owner, node)
+        suffix = FUNCTIONAL_WRITERS.get(node.op)
+        if suffix is not None:  # a functional call on a Linear's own weight (nn.MultiheadAttention's out_proj)
+            pname = next((i.param for i in node.inputs if i.param and i.param.endswith(suffix)), None)
+            owner = pname[: -len(".weight")] if pname else None
+            if owner is not None and _is_linear(self.modules.get(owner)):
+                return ("linear", owner, node)
         if node.modules and self.trace.module_returns_tensor.get(node.modules[0]):
             return ("module", node.modules[0], node)
         return ("bad", node.op, node)
@@ -212,7 +248,7 @@ class _Graph:
                 continue
             seen[id(node)] = node
             for c in node.consumers:
-                norm = next((n for n in self.norms if self.in_scope(c, n) and self.trace.module_inputs.get(n) is node), None)
+                norm = next((n for n in self.norms if self.in_scope(c, n) and self.reads(n, node)), None)
                 if norm is not None:
                     norm_readers.add(norm)
                 elif c.op in ADD or self.passes_on(node, c):
@@ -258,15 +294,30 @@ def _tensors(value):
     return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
-def _layer_stacks(model, norm_names):
-    """ModuleLists whose every element holds a LayerNorm-like module: the layer stacks."""
-    stacks = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) > 0:
-            if all(any(n.startswith(f"{name}.{i}.") for n in norm_names) for i in range(len(module))):
-                if not any(name.startswith(s + ".") for s in stacks):
-                    stacks.append(name)
-    return stacks
+def _layer_stacks(model, g):
+    """The layer stacks: ModuleLists (or Sequentials, CvT) of layers that each hold a LayerNorm-like
+    module and run one after the other (layer i reads what layer i-1 returned).
+
+    Hierarchical models (Swin, PVT, CvT) nest one stack per stage inside a list of stages; each
+    stage's layers form their own residual stream, so the innermost lists are the stacks. Lists of
+    modules that do not feed each other (PVT's per-stage patch embeddings) are not stacks. Models
+    that keep their norms in lists of bare norms (XLM's ``layer_norm1``) fall back to those lists.
+    """
+    def holds_norms(name, module, bare):
+        return all(any(n.startswith(f"{name}.{i}.") or (bare and n == f"{name}.{i}") for n in g.norms)
+                   for i in range(len(module)))
+
+    def chained(name, module):
+        return all(g.fed_by(g.trace.module_inputs.get(f"{name}.{i}"), f"{name}.{i - 1}") for i in range(1, len(module)))
+
+    for bare in (False, True):
+        lists = [name for name, module in model.named_modules()
+                 if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0 and holds_norms(name, module, bare)
+                 and (bare or chained(name, module))]
+        stacks = [name for name in lists if not any(other.startswith(name + ".") for other in lists)]
+        if stacks:
+            return stacks
+    return []
 
 
 def discover(model, *, name=None) -> dict:
@@ -281,17 +332,19 @@ def discover(model, *, name=None) -> dict:
         raise DiscoveryError(f"cannot trace {type(model).__name__} on a probe input: {_first_line(e)}") from None
     if not g.norms:
         raise DiscoveryError(f"{type(model).__name__}: no module computes LayerNorm (shift-invariant, γ·n+β); nothing to convert")
-    stacks = _layer_stacks(model, g.norms)
+    stacks = _layer_stacks(model, g)
     if not stacks:
         raise DiscoveryError(f"{type(model).__name__}: no stack of layers with LayerNorms found")
-    for n in g.norms:
-        if g.trace.module_calls.get(n, 0) > 1:
-            raise DiscoveryError(f"{type(model).__name__}: LayerNorm {n} runs {g.trace.module_calls[n]} times per forward; one plan per call is not supported")
+    # a norm that runs more than once (BLIP's post_layernorm on the sequence and on the pooled token,
+    # ALBERT's shared layer) is one RMSNorm for every call: each call's input must be centred, and
+    # its γ/β stay on it (the readers of one call say nothing about the others')
+    repeated = {n for n in g.norms if g.trace.module_calls.get(n, 0) > 1}
 
     converted: dict[str, dict] = {}  # norm -> {"readers": [...], "starts_stream": bool}
     writers: dict[str, str] = {}  # module -> kind (linear | table | module)
     centered_inputs: list[str] = []
     post_evidence: list[str] = []
+    raw_readers: list = []  # (stack, consumer) reading the stream outside the layers
     stream_of: dict[str, str] = {}  # norm -> stack
     hidden_sizes = set()
 
@@ -308,8 +361,8 @@ def discover(model, *, name=None) -> dict:
             if kind == "norm":
                 if mod not in converted:
                     converted[mod] = {"readers": [], "starts_stream": True}
-                    inp = g.trace.module_inputs[mod]
-                    take_writes(g.decompose(inp, set()), mod, f"the input of {mod}")
+                    for inp in g.trace.module_call_inputs[mod]:
+                        take_writes(g.decompose(inp, set()), mod, f"the input of {mod}")
             else:
                 writers.setdefault(mod, kind)
 
@@ -323,8 +376,10 @@ def discover(model, *, name=None) -> dict:
             if id(s) not in values:
                 post_evidence.append(f"{stack}.{i} input is not the running sum of the previous layer's writes")
         hidden_sizes.add(int(seeds[0].tensor.shape[-1]))
-        for c in foreign:
+        in_layers = [c for c in foreign if any(c.scope == f"{stack}.{i}" or c.scope.startswith(f"{stack}.{i}.") for i in range(len(layers)))]
+        for c in in_layers:
             post_evidence.append(f"the residual stream is read by {c.scope or c.op} ({c.op}), not only by norms")
+        raw_readers.extend((stack, c) for c in foreign if c not in in_layers)
         for n in readers:
             converted.setdefault(n, {"readers": [], "starts_stream": False})
             stream_of[n] = stack
@@ -337,14 +392,24 @@ def discover(model, *, name=None) -> dict:
         start = g.decompose(seeds[0], set())
         take_writes(start, f"{stack}.0", f"the input of {stack}.0")
 
+    if raw_readers and not post_evidence:
+        # pre-LN, but the stream itself (not a norm of it) is read after the last layer: centring the
+        # writes would shift what that reader sees by the stream's per-token mean, which the converted
+        # model no longer has
+        stack, c = raw_readers[0]
+        raise DiscoveryError(
+            f"{type(model).__name__}: pre-LN, but the raw residual stream of {stack} is read by {c.scope or 'the model'} ({c.op}) "
+            "without a norm; an exact conversion would shift what it reads by the stream's per-token mean, so it is refused")
     placement = "post" if post_evidence else "pre"
     if placement == "post":
         # approximate mode: every norm over the stream width becomes an RMSNorm (γ, β kept)
         converted = {n: {"readers": [], "starts_stream": False} for n, s in g.norms.items() if s.hidden_size in hidden_sizes}
+        if not converted:  # channel-first streams (ConvNeXt, CvT stages): the last axis is not the width
+            converted = {n: {"readers": [], "starts_stream": False} for n in g.norms if any(n.startswith(s + ".") for s in stacks)}
         writers, centered_inputs = {}, []
     else:
         for n, rec in converted.items():
-            if rec["starts_stream"]:
+            if rec["starts_stream"] or n in repeated:
                 continue
             readers, other = g.readers(n)
             rec["readers"] = readers if readers and not other else []
@@ -488,7 +553,7 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
     placement = family.placement_for(source.config)
     if placement == "post":
         return {"exact": None, "mode": "approx", "max_abs_diff": None, "threshold": None,
-                "reason": "post-LN: a norm's output is also the residual skip path"}
+                "reason": "not pre-LN (a norm's output is the residual skip path, or the stream is read by more than norms)"}
     converted = copy.deepcopy(source)
     try:
         check_convertible(converted, converted.config)

@@ -101,9 +101,15 @@ def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dty
     return out
 
 
-def model_outputs(model, inputs) -> dict[str, torch.Tensor]:
-    """Every floating-point tensor the model returns, by name (nested tuples flattened)."""
-    with torch.no_grad():
+def model_outputs(model, inputs, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every floating-point tensor the model returns, by name (nested tuples flattened).
+
+    The forward runs with the random generators seeded by ``seed`` (and restored afterwards), so
+    models that draw at run time (ViT-MAE's patch masking, ViLT's patch sampling) draw the same for
+    a source and its conversion.
+    """
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed)
         out = model(**inputs)
     items = out.items() if hasattr(out, "items") else enumerate(out if isinstance(out, (tuple, list)) else (out,))
     flat: dict[str, torch.Tensor] = {}

@@ -19,6 +19,14 @@ TRANSPARENT = {
     "dropout", "feature_alpha_dropout", "alpha_dropout", "view", "reshape", "contiguous", "to", "float", "double",
     "half", "bfloat16", "type", "type_as", "clone", "detach", "__get__", "__getitem__",
 }
+# ops that move a value's axes around without mixing its numbers (window partitions, channel-first
+# layouts between layers): a centred feature vector stays a centred feature vector, wherever its
+# axis went. Discovery follows the stream through them; the exactness check confirms the axis.
+REARRANGE = {"permute", "transpose", "movedim", "swapaxes", "flatten", "unflatten", "squeeze", "unsqueeze"}
+# zero padding adds all-zero positions (centred) and leaves the others alone
+PAD = {"pad"}
+# averages over tokens (mean pooling): an average of centred feature vectors is centred
+REDUCE = {"mean", "sum"}
 ADD = {"add", "__add__", "__radd__", "__iadd__", "add_"}
 SCALE = {"mul", "__mul__", "__rmul__", "__imul__", "mul_", "div", "__truediv__", "__itruediv__", "div_"}
 
@@ -57,7 +65,8 @@ class Trace(TorchFunctionMode):
         self.nodes: dict[int, Node] = {}
         self.keep: list = []
         self.param_names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-        self.module_inputs: dict[str, Node] = {}  # module name -> node of its first tensor input
+        self.module_inputs: dict[str, Node] = {}  # module name -> node of its first tensor input (first call)
+        self.module_call_inputs: dict[str, list[Node]] = {}  # module name -> that node for every call
         self.module_outputs: dict[str, list[Node]] = {}
         self.module_returns_tensor: dict[str, bool] = {}
         self.module_calls: dict[str, int] = {}
@@ -100,8 +109,9 @@ class Trace(TorchFunctionMode):
         for mname, module in self.model.named_modules():
             def pre(mod, args, kwargs, mname=mname):
                 first = next((a for a in tree_leaves((args, kwargs.get("hidden_states"))) if isinstance(a, torch.Tensor)), None)
-                if first is not None and mname not in self.module_inputs:
-                    self.module_inputs[mname] = self.node(first)
+                if first is not None:
+                    self.module_inputs.setdefault(mname, self.node(first))
+                    self.module_call_inputs.setdefault(mname, []).append(self.node(first))
                 self.module_calls[mname] = self.module_calls.get(mname, 0) + 1
                 self.stack.append(mname)
 
