@@ -56,7 +56,7 @@ _SIZES = {
     "hidden_size": 64, "n_embd": 64, "d_model": 64, "embed_dim": 64, "dim": 64,
     "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
     "intermediate_size": 128, "ffn_dim": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "n_inner": 128,
-    "hidden_dim": 128, "projection_dim": 32, "head_dim": 16, "kv_channels": 16, "rotary_dim": 8,
+    "hidden_dim": 128, "projection_dim": 32, "projection_size": 64, "head_dim": 16, "kv_channels": 16, "rotary_dim": 8,
     "image_size": 32, "patch_size": 8, "max_source_positions": 32, "max_target_positions": 64,
     "max_position_embeddings": 128, "n_positions": 128, "vocab_size": 256,
 }
@@ -169,12 +169,18 @@ class _Graph:
         outs = self.trace.module_outputs.get(name) or []
         return outs[0] if outs else None
 
-    def passes_on(self, node, consumer) -> bool:
-        """Whether ``consumer`` carries ``node``'s value on per token (still centred if it was)."""
+    def passes_on(self, node, consumer, rearranged=True) -> bool:
+        """Whether ``consumer`` carries ``node``'s value on per token (still centred if it was).
+
+        ``rearranged=False`` leaves out ops that move the feature axis or mix tokens: a write traced back
+        through them would be centred at run time along an axis that was not its feature axis then.
+        """
         if consumer.op in TRANSPARENT:
             t, src = consumer.tensor, node.tensor
             return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.dim() > 0 and src.dim() > 0 and t.shape[-1] == src.shape[-1]
         t, src = consumer.tensor, node.tensor
+        if not rearranged and consumer.op in REARRANGE | PAD | REDUCE:
+            return False
         if consumer.op in REARRANGE:
             return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.numel() == src.numel()
         if consumer.op in PAD:
@@ -200,7 +206,7 @@ class _Graph:
         if node.op in ADD and len(node.inputs) == 2 and all(i.tensor is not None and i.tensor.dim() > 0 for i in node.inputs) \
                 and node.inputs[0].tensor.shape[-1] == node.inputs[1].tensor.shape[-1] == node.tensor.shape[-1]:
             parts = self.decompose(node.inputs[0], stream_ids, depth + 1) + self.decompose(node.inputs[1], stream_ids, depth + 1)
-        elif node.inputs and self.passes_on(node.inputs[0], node):
+        elif node.inputs and self.passes_on(node.inputs[0], node, rearranged=False):
             parts = self.decompose(node.inputs[0], stream_ids, depth + 1)
         else:
             parts = [self.classify(node)]
@@ -379,7 +385,9 @@ def discover(model, *, name=None) -> dict:
         in_layers = [c for c in foreign if any(c.scope == f"{stack}.{i}" or c.scope.startswith(f"{stack}.{i}.") for i in range(len(layers)))]
         for c in in_layers:
             post_evidence.append(f"the residual stream is read by {c.scope or c.op} ({c.op}), not only by norms")
-        raw_readers.extend((stack, c) for c in foreign if c not in in_layers)
+        raw_readers.extend((stack, f"{c.scope or 'the model'} ({c.op})") for c in foreign if c not in in_layers)
+        if any(id(v) in g.output_nodes for v in values.values()):
+            raw_readers.append((stack, "the caller (it is returned as a model output)"))
         for n in readers:
             converted.setdefault(n, {"readers": [], "starts_stream": False})
             stream_of[n] = stack
@@ -396,9 +404,9 @@ def discover(model, *, name=None) -> dict:
         # pre-LN, but the stream itself (not a norm of it) is read after the last layer: centring the
         # writes would shift what that reader sees by the stream's per-token mean, which the converted
         # model no longer has
-        stack, c = raw_readers[0]
+        stack, reader = raw_readers[0]
         raise DiscoveryError(
-            f"{type(model).__name__}: pre-LN, but the raw residual stream of {stack} is read by {c.scope or 'the model'} ({c.op}) "
+            f"{type(model).__name__}: pre-LN, but the raw residual stream of {stack} is read by {reader} "
             "without a norm; an exact conversion would shift what it reads by the stream's per-token mean, so it is refused")
     placement = "post" if post_evidence else "pre"
     if placement == "post":
@@ -579,7 +587,8 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
         worst = max(worst, diff)
         if diff > threshold:
             changed.append(key)
-            if float((delta - delta.mean(-1, keepdim=True)).abs().max()) <= threshold:
+            if any(float((delta - delta.mean(ax, keepdim=True)).abs().max()) <= threshold
+                   for ax in range(1, delta.dim()) if delta.shape[ax] > 1):
                 shifted.append(key)
     exact = not changed
     reason = ""
