@@ -386,8 +386,6 @@ def discover(model, *, name=None) -> dict:
         for c in in_layers:
             post_evidence.append(f"the residual stream is read by {c.scope or c.op} ({c.op}), not only by norms")
         raw_readers.extend((stack, f"{c.scope or 'the model'} ({c.op})") for c in foreign if c not in in_layers)
-        if any(id(v) in g.output_nodes for v in values.values()):
-            raw_readers.append((stack, "the caller (it is returned as a model output)"))
         for n in readers:
             converted.setdefault(n, {"readers": [], "starts_stream": False})
             stream_of[n] = stack
@@ -632,19 +630,23 @@ def discover_family(config, cls=None, *, name=None) -> tuple[Family, dict]:
 _RESOLVED: dict = {}
 
 
-def resolve_family(config, cls=None) -> Family:
-    """The family for ``config``: its curated data file, else one discovered from the model.
+def resolve_family(config, cls=None, family_file=None) -> Family:
+    """The family for ``config``: ``family_file`` when given, else its curated data file, else one
+    discovered from the model.
 
-    A discovered description is used only when converting a fresh randomised tiny instance with
-    it left every output unchanged (post-LN ones, approximate by nature, are used in approx mode);
-    otherwise refuse with the reason.
+    A family file or a discovered description is used only when converting a fresh randomised tiny
+    instance with it left every output unchanged (post-LN ones, approximate by nature, are used in
+    approx mode); otherwise refuse with the reason.
     """
-    from normswap.architectures.registry import family_for_config, has_family, supported_summary
+    from normswap.architectures.registry import family_for_config, has_family, load_family_file, supported_summary
 
-    if has_family(config):
+    if family_file is None and has_family(config):
         return family_for_config(config)
-    key = (config.to_json_string(use_diff=False), getattr(cls, "__name__", None))
+    key = (config.to_json_string(use_diff=False), getattr(cls, "__name__", None), str(family_file))
     if key not in _RESOLVED:
+        if family_file is not None:
+            _RESOLVED[key] = _checked_file_family(load_family_file(family_file), config, cls)
+            return _RESOLVED[key]
         known = f"; supported families: {supported_summary()}"
         try:
             family, check = discover_family(config, cls)
@@ -656,3 +658,21 @@ def resolve_family(config, cls=None) -> Family:
                 f"is not exact on a tiny randomised instance ({check['reason']}){known}")
         _RESOLVED[key] = family
     return _RESOLVED[key]
+
+
+def _checked_file_family(family: Family, config, cls) -> Family:
+    """``family`` (from --family-file) if it describes ``config``'s model_type and passes the exactness check."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in family.model_types:
+        raise NormswapError(f"family file {family.source} describes model_types {', '.join(family.model_types)}, not {model_type!r}")
+    try:
+        check = check_family(family, config, cls)
+    except DiscoveryError as e:
+        raise NormswapError(f"family file {family.source}: {e}") from None
+    except NormswapError:
+        raise
+    except Exception as e:  # a path the model does not have, a module of the wrong kind
+        raise NormswapError(f"family file {family.source} does not fit {model_type}: {_first_line(e)}") from None
+    if check["exact"] is False:
+        raise NormswapError(f"family file {family.source} is not exact on a tiny randomised {model_type} instance ({check['reason']})")
+    return family
