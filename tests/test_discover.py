@@ -252,3 +252,104 @@ def test_readme_quotes_the_committed_survey():
     readme = (root / "README.md").read_text()
     summary = [line for line in survey.splitlines() if line.startswith(("Enumerated:", "Pre-LN or undetermined"))]
     assert len(summary) == 2 and all(line in readme for line in summary)
+
+
+# -- mechanisms added for the survey's refusals -----------------------------------------------------
+
+
+def _tiny(cfg_name, model_name, **kwargs):
+    import transformers
+
+    return getattr(transformers, cfg_name)(**kwargs), getattr(transformers, model_name)
+
+
+VISION = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8)
+
+
+def _exact_and_control(config, cls):
+    """The discovered plan is exact, and the same plan without centring is caught by the check."""
+    family, check = discover_family(config, cls)
+    assert check["exact"], check
+    control = check_family(_skip_centring(family), config, cls)
+    assert control["exact"] is False and control["max_abs_diff"] > 1e-3
+    return family
+
+
+def test_random_masking_drawn_the_same_for_source_and_conversion():
+    """ViT-MAE masks random patches at every forward: the check seeds both forwards alike, so the
+    comparison is exact; without the seed the two draws differ and nothing would compare."""
+    config, cls = _tiny("ViTMAEConfig", "ViTMAEModel", decoder_hidden_size=32, decoder_num_hidden_layers=1,
+                        decoder_num_attention_heads=4, decoder_intermediate_size=64, **VISION)
+    _exact_and_control(config, cls)
+    model = randomize_(cls(config).double().eval(), seed=1)
+    inputs = probe_inputs(model, seed=1)
+    a, b, c = (model_outputs(model, inputs, seed=s)["last_hidden_state"] for s in (0, 0, 1))
+    assert torch.equal(a, b) and float((a - c).abs().max()) > 1e-3
+
+
+def test_norm_called_twice_centres_its_non_stream_call():
+    """BLIP's post_layernorm normalises the stream, then its own output's first token again: the
+    second call reads a norm output (not centred), so its input is centred at run time."""
+    config, cls = _tiny("BlipVisionConfig", "BlipVisionModel", **VISION)
+    family = _exact_and_control(config, cls)
+    assert "post_layernorm" in family.centered_inputs
+    without = parse_family({**family.description, "centered_inputs": []}, "no run-time centring")
+    result = check_family(without, config, cls)
+    assert result["exact"] is False and result["changed_outputs"] == ["pooler_output"]
+
+
+def test_siglip_conv_patch_embedding_centred_through_its_block():
+    """SigLIP's stream starts with conv patches moved to channels-last (flatten, transpose) plus positions;
+    the conv output itself is not centred along its last axis, so the whole embeddings block is."""
+    config, cls = _tiny("SiglipVisionConfig", "SiglipVisionModel", **VISION)
+    family = _exact_and_control(config, cls)
+    assert "embeddings" in [e.module for e in family.embeddings]
+    wrong = parse_family({**family.description, "embeddings": ["embeddings.patch_embedding", "embeddings.position_embedding"]}, "conv")
+    assert check_family(wrong, config, cls)["exact"] is False
+
+
+def test_hierarchical_and_bare_norm_stacks():
+    """PVT's stages are separate layer stacks; the raw stream of one is read by the next stage's
+    patch embedding (a conv, no norm), which an exact conversion would shift: refused with the
+    reason. XLM keeps its norms in bare lists after each residual add: post-LN, approximate only."""
+    config, cls = _tiny("PvtConfig", "PvtModel", image_size=32, hidden_sizes=[16, 32], num_encoder_blocks=2, depths=[1, 1],
+                        sequence_reduction_ratios=[2, 1], num_attention_heads=[1, 2], patch_sizes=[4, 2], strides=[4, 2],
+                        mlp_ratios=[2, 2])
+    with pytest.raises(DiscoveryError, match=r"raw residual stream of encoder\.block\.0 is read by encoder\.patch_embeddings\.1"):
+        discover_family(config, cls)
+    config, cls = _tiny("XLMConfig", "XLMModel", emb_dim=64, n_layers=2, n_heads=4, vocab_size=128, max_position_embeddings=32)
+    family, check = discover_family(config, cls)
+    assert check["exact"] is None and family.placement == "post"
+    assert {n.norm for n in family.norms} >= {"layer_norm1.0", "layer_norm2.1"}
+
+
+# -- --family-file: a saved description, checked again before it is used ---------------------------
+
+
+def test_family_file_round_trip_and_refusals(tmp_path, run_cli):
+    """`families discover --out FILE` then `convert --family-file FILE` converts exactly; a file that
+    drops a writer, names another model_type or is not YAML is refused in one line, OUT not written."""
+    config, cls = _config("vit")
+    src = randomize_(cls(config).eval(), seed=4)
+    src.save_pretrained(tmp_path / "vit")
+    code, _, err = run_cli("families", "discover", tmp_path / "vit", "--out", tmp_path / "vit.yaml")
+    assert code == 0, err
+    code, out, err = run_cli("convert", tmp_path / "vit", tmp_path / "out", "--family-file", tmp_path / "vit.yaml")
+    assert code == 0, err
+    assert f"using the family file {tmp_path / 'vit.yaml'}" in err and "exact: PASSED" in out
+    block = json.loads((tmp_path / "out" / "config.json").read_text())["normswap"]
+    assert block["discovered_family"] == yaml.safe_load((tmp_path / "vit.yaml").read_text())
+
+    raw = yaml.safe_load((tmp_path / "vit.yaml").read_text())
+    bad = {
+        "dropped": {**raw, "writers": raw["writers"][:1]},
+        "other": {**raw, "model_types": ["deit"]},
+    }
+    for name, content in bad.items():
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(content))
+    (tmp_path / "broken.yaml").write_text("norms: [unclosed\n")
+    for name, message in (("dropped", "is not exact on a tiny randomised vit instance"), ("other", "describes model_types deit, not 'vit'"),
+                          ("broken", "not valid YAML")):
+        code, _, err = run_cli("convert", tmp_path / "vit", tmp_path / f"out-{name}", "--family-file", tmp_path / f"{name}.yaml")
+        assert code != 0 and message in err and "Traceback" not in err, (name, err)
+        assert not (tmp_path / f"out-{name}").exists()

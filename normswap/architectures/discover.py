@@ -351,6 +351,7 @@ def discover(model, *, name=None) -> dict:
     centered_inputs: list[str] = []
     post_evidence: list[str] = []
     raw_readers: list = []  # (stack, consumer) reading the stream outside the layers
+    stream_values: dict[int, object] = {}
     stream_of: dict[str, str] = {}  # norm -> stack
     hidden_sizes = set()
 
@@ -378,6 +379,7 @@ def discover(model, *, name=None) -> dict:
         if any(s is None for s in seeds):
             raise DiscoveryError(f"{type(model).__name__}: layer stack {stack} did not run on the probe input")
         values, readers, foreign = g.stream([seeds[0]])
+        stream_values.update(values)
         for i, s in enumerate(seeds[1:], 1):
             if id(s) not in values:
                 post_evidence.append(f"{stack}.{i} input is not the running sum of the previous layer's writes")
@@ -398,6 +400,11 @@ def discover(model, *, name=None) -> dict:
         start = g.decompose(seeds[0], set())
         take_writes(start, f"{stack}.0", f"the input of {stack}.0")
 
+    for n in sorted(repeated & set(converted)):
+        if not converted[n]["starts_stream"] and any(id(i) not in stream_values for i in g.trace.module_call_inputs[n]):
+            # BLIP's post_layernorm also normalises its own output's first token: that call's input
+            # is not centred, so the RMSNorm centres its input at run time (one norm, every call)
+            centered_inputs.append(n)
     if raw_readers and not post_evidence:
         # pre-LN, but the stream itself (not a norm of it) is read after the last layer: centring the
         # writes would shift what that reader sees by the stream's per-token mean, which the converted

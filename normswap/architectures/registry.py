@@ -34,6 +34,24 @@ def _load_all() -> dict[str, Family]:
     return families
 
 
+def load_family_file(path) -> Family:
+    """A family file outside the package (``normswap convert --family-file``), validated like the
+    shipped ones. It is not curated: its description travels with the converted checkpoint, as a
+    discovered one does, and it is used only after the same exactness check (discover.resolve_family)."""
+    import dataclasses
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise NormswapError(f"cannot read family file {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise NormswapError(f"invalid family file {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    fam = parse_family(raw, str(path))
+    return dataclasses.replace(fam, discovered=True, description=dict(raw))
+
+
 def all_families() -> list[Family]:
     return list(_load_all().values())
 

@@ -27,11 +27,13 @@ from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
               help="Run a probe batch through SRC and the staged OUT (one module at a time, bounded memory) before publishing OUT.")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True,
               help="Exact mode fails above this max |Δ log-prob| (or 4x the measured float32 / rounding floor, if larger).")
+@click.option("--family-file", type=click.Path(dir_okay=False), default=None,
+              help="Use this family file (YAML, e.g. saved by `normswap families discover --out`) instead of the curated or discovered plan; it must pass the same exactness check on a tiny instance.")
 @device_option(default="cpu")
 @force_option
 @trust_remote_code_option
 @json_option
-def convert(src, out, mode, gamma, beta, untie, dtype, max_shard_size, verify, tolerance, device, force, as_json):
+def convert(src, out, mode, gamma, beta, untie, dtype, max_shard_size, verify, tolerance, family_file, device, force, as_json):
     """Convert the LayerNorm checkpoint SRC (directory, hub id or normswap:NAME) into OUT with RMSNorm."""
     from normswap.cli.options import resolve_device
     from normswap.convert.pipeline import convert_checkpoint
@@ -41,7 +43,7 @@ def convert(src, out, mode, gamma, beta, untie, dtype, max_shard_size, verify, t
     with output_lock(out):
         result = convert_checkpoint(src, out, mode=mode, gamma=gamma, beta=beta, untie=untie, dtype=dtype, force=force,
                                     verify=verify, tolerance=tolerance, max_shard_size=max_shard_size,
-                                    device=resolve_device(device), progress=say)
+                                    device=resolve_device(device), progress=say, family_file=family_file)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
         return

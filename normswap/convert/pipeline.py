@@ -39,11 +39,11 @@ MEMORY_MARGIN = 0.9  # refuse verification above this share of the available mem
 
 def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=False, dtype=None, force=False,
                        verify=True, tolerance=DEFAULT_TOLERANCE, max_shard_size="5GB", device="cpu", progress=None,
-                       options: ConvertOptions | None = None) -> dict:
+                       options: ConvertOptions | None = None, family_file=None) -> dict:
     """Convert SRC into OUT and return the summary that `--json` prints.
 
     ``options`` replaces mode/gamma/beta/untie when given (tests build deliberately wrong plans
-    through it).
+    through it). ``family_file``: a family YAML to use instead of the curated or discovered one.
     """
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
@@ -61,8 +61,10 @@ def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=Fa
         config.dtype = load_dtype  # from_pretrained(dtype="auto") records it on the config it is given
         model = ckinputs.skeleton(config, load_dtype)
         check_convertible(model, config)
-        family = resolve_family(config, type(model))
-        if family.discovered:
+        family = resolve_family(config, type(model), family_file)
+        if family_file is not None:
+            say(f"using the family file {family_file} (checked by converting a tiny randomised instance)")
+        elif family.discovered:
             say(f"no family file for model_type {config.model_type!r}: using the plan discovered from the model itself (checked by converting a tiny randomised instance)")
         matched = ckinputs.match(model, source, label)
         options = options or ConvertOptions(mode=mode, gamma=gamma, beta=beta, untie=untie)
