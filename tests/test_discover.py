@@ -353,3 +353,21 @@ def test_family_file_round_trip_and_refusals(tmp_path, run_cli):
         code, _, err = run_cli("convert", tmp_path / "vit", tmp_path / f"out-{name}", "--family-file", tmp_path / f"{name}.yaml")
         assert code != 0 and message in err and "Traceback" not in err, (name, err)
         assert not (tmp_path / f"out-{name}").exists()
+
+
+def test_families_all_lists_what_the_committed_survey_converted(run_cli):
+    """Plain `families` lists the curated files and says how many more convert through discovery;
+    `--all` adds those (exact and approximate) from the shipped survey, never a refused one."""
+    from normswap.architectures.survey import shipped_rows
+
+    status = {r["model_type"]: r["status"] for r in shipped_rows()}
+    curated = {r["model_type"] for r in shipped_rows() if r["curated"]}  # gpt-sw3's config is a GPT-2 one
+    code, out, err = run_cli("families")
+    assert code == 0 and "vit" not in out.split() and "normswap families --all" in err
+    code, out, _ = run_cli("families", "--all", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["gpt2"]["data_file"] and rows["vit"]["discovered"] and rows["vit"]["exact"]
+    listed = {r["model_types"][0] for r in rows.values() if r.get("discovered")}
+    assert listed == {mt for mt, s in status.items() if s in ("exact", "approx-only")} - curated
+    assert status["clip_vision_model"] == "refused" and "clip_vision_model" not in listed

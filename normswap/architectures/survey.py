@@ -185,6 +185,14 @@ def load_rows(paths) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 
+def shipped_rows() -> list[dict]:
+    """The committed survey's rows (``data/survey.json``, written by docs/architectures-survey.sh)."""
+    import json
+    from importlib import resources
+
+    return json.loads(resources.files("normswap.architectures").joinpath("data", "survey.json").read_text())
+
+
 def survey_markdown(rows) -> str:
     import transformers
 

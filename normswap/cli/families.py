@@ -36,6 +36,32 @@ def family_rows() -> list[dict]:
     return rows
 
 
+def discovered_rows() -> list[dict]:
+    """Architectures without a family file that the committed survey converted (exact or approximate):
+    what `normswap families --all` adds. They are re-discovered and re-checked at every convert."""
+    from normswap.architectures.survey import shipped_rows
+
+    rows = []
+    for r in shipped_rows():
+        if r.get("curated") or r["status"] not in ("exact", "approx-only"):
+            continue
+        exact = r["status"] == "exact"
+        rows.append({
+            "name": r["model_type"],
+            "display": f"{r.get('class', r['model_type'])} (discovered)",
+            "model_types": [r["model_type"]],
+            "placement": "pre" if exact else "post",
+            "exact": exact,
+            "norms_per_layer": None,
+            "left_alone": [],
+            "examples": [],
+            "notes": r.get("reason", ""),
+            "data_file": None,
+            "discovered": True,
+        })
+    return rows
+
+
 def markdown_table(rows) -> str:
     lines = ["| family | model_type | LayerNorm placement | exact mode | left alone | example hub ids |", "|---|---|---|---|---|---|"]
     for r in rows:
@@ -48,12 +74,14 @@ def markdown_table(rows) -> str:
 @click.group(invoke_without_command=True)
 @json_option
 @click.option("--markdown", is_flag=True, help="The README's supported-family table.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also list the architectures without a family file that convert through discovery (from the committed survey).")
 @click.pass_context
-def families(ctx, as_json, markdown):
+def families(ctx, as_json, markdown, show_all):
     """List the LayerNorm families normswap knows (one data file each); discover new ones."""
     if ctx.invoked_subcommand is not None:
         return
-    rows = family_rows()
+    rows = family_rows() + (discovered_rows() if show_all else [])
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif markdown:
@@ -63,6 +91,11 @@ def families(ctx, as_json, markdown):
         types = max(len(", ".join(r["model_types"])) for r in rows)
         for r in rows:  # the long placement text goes last so the other columns stay aligned
             click.echo(f"{r['display']:<{width}}  {', '.join(r['model_types']):<{types}}  {r['placement']}")
+        if not show_all:
+            found = discovered_rows()
+            exact = sum(r["exact"] for r in found)
+            click.echo(f"normswap: {len(found)} more architectures convert through discovery ({exact} exactly), "
+                       "checked on tiny configs: `normswap families --all` lists them", err=True)
 
 
 @families.command()
