@@ -371,3 +371,31 @@ def test_families_all_lists_what_the_committed_survey_converted(run_cli):
     listed = {r["model_types"][0] for r in rows.values() if r.get("discovered")}
     assert listed == {mt for mt, s in status.items() if s in ("exact", "approx-only")} - curated
     assert status["clip_vision_model"] == "refused" and "clip_vision_model" not in listed
+
+
+# -- fidelity for models without text input: eval report on probe inputs ---------------------------
+
+
+@pytest.mark.parametrize("key", ["vit", pytest.param("whisper", marks=pytest.mark.slow)])
+def test_eval_report_fidelity_on_probe_inputs(tmp_path, run_cli, key):
+    """`normswap eval report` on a ViT (images) or Whisper (audio features + decoder ids) and its
+    conversions reports fidelity to the original on probe inputs instead of refusing: the exact
+    conversion matches to float32 rounding, the approximate one (no centring) visibly does not."""
+    config, cls = _config(key)
+    src = randomize_(cls(config).eval(), seed=6)
+    src.save_pretrained(tmp_path / "src")
+    for mode in ("exact", "approx"):
+        code, _, err = run_cli("convert", tmp_path / "src", tmp_path / mode, "--mode", mode, *(["--no-verify"] if mode == "approx" else []))
+        assert code == 0, err
+    code, out, err = run_cli("eval", "report", f"orig={tmp_path / 'src'}", f"exact={tmp_path / 'exact'}", f"approx={tmp_path / 'approx'}",
+                             "--out", tmp_path / "report", "--repeats", "1")
+    assert code == 0, err
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    setup = results["fidelity_setup"]
+    assert setup["method"] == "probe inputs" and setup["reference"] == "orig"
+    assert ("pixel_values" if key == "vit" else "input_features") in setup["inputs"]
+    fid = {m["name"]: m["fidelity"] for m in results["models"]}
+    assert fid["orig"]["max_abs_diff"] == 0.0
+    assert fid["exact"]["max_rel_diff"] < 1e-5 and fid["exact"]["output_cosine"] > 1 - 1e-9
+    assert fid["approx"]["max_rel_diff"] > 1e-3 and fid["approx"]["hidden_cosine"] < fid["exact"]["hidden_cosine"]
+    assert results["models"][0]["perplexity"] is None and "max |Δ|" in (tmp_path / "report" / "report.md").read_text()

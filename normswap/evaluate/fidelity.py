@@ -108,11 +108,18 @@ def sentence_embeddings(model, tokenizer, texts: list[str], seq_len: int, micro:
 
 def fidelity(entries, reference: str, text: str, *, max_tokens: int = 8192, seq_len: int = 128, max_sentences: int = 256,
              seed: int = 0, progress=None) -> tuple[dict, dict]:
-    """({model name: metrics}, what was read) for every entry against the entry named ``reference``."""
+    """({model name: metrics}, what was read) for every entry against the entry named ``reference``.
+
+    Models that do not read text (images, audio features) are compared on probe inputs instead
+    (:func:`probe_fidelity`)."""
+    from normswap.evaluate.kinds import PROBE_INPUT, model_kind
+
     say = progress or (lambda msg: None)
     ref = next((e for e in entries if e.name == reference), None)
     if ref is None:
         raise NormswapError(f"fidelity: no model named {reference} to compare with")
+    if model_kind(ref.model) == PROBE_INPUT:
+        return probe_fidelity(entries, reference, seed=seed, progress=progress)
     tok = ref.tokenizer
     ids = token_blocks(tok, text, max_tokens, seq_len)
     masked, chosen = fixed_mask(ids, tok, seed)
@@ -150,4 +157,69 @@ def fidelity(entries, reference: str, text: str, *, max_tokens: int = 8192, seq_
         out[e.name] = row
     info = {"fidelity_tokens": int(ids.numel()), "fidelity_rows": int(ids.shape[0]), "sentences": len(sents),
             "mask_rate": MASK_RATE, "mask_seed": seed, "seq_len": seq_len, "reference": reference}
+    return out, info
+
+
+PROBE_BATCH = 8
+
+
+def _main_output(outputs: dict) -> str:
+    """The output a user reads first: the last hidden state, else the logits, else the first one."""
+    return next((k for k in ("last_hidden_state", "logits") if k in outputs), next(iter(outputs)))
+
+
+def probe_fidelity(entries, reference: str, *, seed: int = 0, batch: int = PROBE_BATCH, progress=None) -> tuple[dict, dict]:
+    """Fidelity of models without text input (ViT, CLIP, Whisper) to ``reference`` on seeded probe
+    inputs of the right shape (images, audio features, decoder ids: architectures/probes.py).
+
+    Per output (last hidden state, pooled output, logits …): the mean cosine between the model's and
+    the reference's vectors along the last axis, the max |Δ| and the max |Δ| relative to the
+    reference's largest value. ``hidden_cosine`` is the cosine of the main output (last hidden state,
+    else logits), ``output_cosine`` the worst output's, ``max_abs_diff`` / ``max_rel_diff`` the worst
+    over every output.
+    """
+    from normswap.architectures.probes import model_outputs, probe_inputs
+
+    say = progress or (lambda msg: None)
+    ref = next(e for e in entries if e.name == reference)
+    inputs = probe_inputs(ref.model, batch=batch, seed=seed)
+    say(f"fidelity: reference {reference} on probe inputs {', '.join(f'{k} {list(v.shape)}' for k, v in inputs.items())}")
+
+    def outputs_of(model):
+        device = _device(model)
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        moved = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in inputs.items()}
+        return {k: v.double().cpu() for k, v in model_outputs(model, moved, seed=seed).items()}
+
+    ref_out = outputs_of(ref.model)
+    main = _main_output(ref_out)
+    out = {}
+    for e in entries:
+        say(f"fidelity: {e.name}")
+        got = ref_out if e is ref else outputs_of(e.model)
+        per = {}
+        for key, r in ref_out.items():
+            g = got.get(key)
+            if g is None or g.shape != r.shape:
+                raise NormswapError(f"fidelity: {e.name} does not return {key} of shape {list(r.shape)} as {reference} does; "
+                                    "compare models of the same architecture")
+            diff = float((g - r).abs().max()) if r.numel() else 0.0
+            cos = torch.nn.functional.cosine_similarity(g.reshape(-1, r.shape[-1]), r.reshape(-1, r.shape[-1]), dim=-1) \
+                if r.dim() > 0 and r.shape[-1] > 1 else None
+            per[key] = {"cosine": None if cos is None else cos.mean().item(), "max_abs_diff": diff,
+                        "max_rel_diff": diff / max(float(r.abs().max()), 1e-30)}
+        cosines = [v["cosine"] for v in per.values() if v["cosine"] is not None]
+        out[e.name] = {
+            "reference": reference,
+            "hidden_cosine": per[main]["cosine"],
+            "output_cosine": min(cosines) if cosines else None,
+            "max_abs_diff": max(v["max_abs_diff"] for v in per.values()),
+            "max_rel_diff": max(v["max_rel_diff"] for v in per.values()),
+            "main_output": main,
+            "outputs": per,
+            "embedding_cosine": None, "embedding_cosine_min": None, "sentences": 0, "tokens": 0, "masked_positions": 0,
+            "masked_loss": None, "masked_perplexity": None, "top1_agreement": None,
+        }
+    info = {"reference": reference, "method": "probe inputs", "inputs": {k: list(v.shape) for k, v in inputs.items()},
+            "seed": seed, "main_output": main}
     return out, info

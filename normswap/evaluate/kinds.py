@@ -4,7 +4,10 @@
 * ``masked-lm``: an encoder with a masked-LM head (BertForMaskedLM …): fidelity to a reference
   including masked-token agreement;
 * ``encoder``: a bare encoder (BertModel, a sentence-embedding model): fidelity of hidden states
-  and sentence embeddings to a reference.
+  and sentence embeddings to a reference;
+* ``probe-input``: a model whose forward needs more than token ids (a ViT or CLIP tower on images,
+  Whisper on audio features plus decoder ids): fidelity of every output to a reference on the same
+  seeded probe inputs of the right shape (architectures/probes.py); there is no text to read.
 
 Causal LMs compare with each other by perplexity; encoders (with or without a head) with each
 other by fidelity to one reference. A list mixing the two groups has nothing in common to report.
@@ -16,13 +19,16 @@ import torch
 
 from normswap.errors import NormswapError
 
-CAUSAL_LM, MASKED_LM, ENCODER = "causal-lm", "masked-lm", "encoder"
-GROUP = {CAUSAL_LM: "causal-lm", MASKED_LM: "encoder", ENCODER: "encoder"}
+CAUSAL_LM, MASKED_LM, ENCODER, PROBE_INPUT = "causal-lm", "masked-lm", "encoder", "probe-input"
+GROUP = {CAUSAL_LM: "causal-lm", MASKED_LM: "encoder", ENCODER: "encoder", PROBE_INPUT: "probe-input"}
 
 
 def model_kind(model) -> str:
+    from normswap.architectures.probes import takes_text_only
     from normswap.checkpoint.load import is_causal_lm
 
+    if not takes_text_only(model):
+        return PROBE_INPUT
     if is_causal_lm(model.config):
         return CAUSAL_LM
     if any(cls.__name__.endswith("ForMaskedLM") for cls in type(model).__mro__):
@@ -34,10 +40,10 @@ def common_group(kinds: dict[str, str]) -> str:
     """The comparison group of ``{name: kind}``; one-line error when they cannot be compared."""
     groups = {GROUP[k] for k in kinds.values()}
     if len(groups) > 1:
-        causal = [n for n, k in kinds.items() if GROUP[k] == "causal-lm"]
-        enc = [n for n, k in kinds.items() if GROUP[k] == "encoder"]
+        names = {"causal-lm": "causal LMs", "encoder": "encoders", "probe-input": "image/audio models"}
+        parts = [f"{names[g]} ({', '.join(n for n, k in kinds.items() if GROUP[k] == g)})" for g in names if g in groups]
         raise NormswapError(
-            f"cannot compare causal LMs ({', '.join(causal)}) with encoders ({', '.join(enc)}): perplexity is not defined for an "
+            f"cannot compare {' with '.join(parts)}: perplexity is not defined for an "
             "encoder and fidelity needs one reference of the same kind; evaluate them in separate reports"
         )
     return groups.pop()

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from normswap.errors import NormswapError
-from normswap.evaluate.kinds import common_group, model_kind
+from normswap.evaluate.kinds import PROBE_INPUT, common_group, model_kind
 from normswap.evaluate.norms import hidden_size_of, norm_kind, norm_modules
 from normswap.evaluate.perplexity import model_context, truncate_text
 from normswap.evaluate.perplexity import perplexity as run_perplexity
@@ -235,7 +235,8 @@ def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, pro
         # a causal LM as its LM-head class; anything else (an encoder) as the class it names
         task = "causal-lm" if is_causal_lm(load_config(resolved)) else "auto"
         model = normswap.load_model(spec, dtype=dtype, device=device, task=task)
-        tok = normswap.load_tokenizer(spec)
+        # image / audio models are compared on probe inputs: a tokenizer is neither needed nor always there
+        tok = None if model_kind(model) == PROBE_INPUT else normswap.load_tokenizer(spec)
         entries.append(ModelEntry(name=name, spec=spec, model=model, tokenizer=tok,
                                   path=str(Path(resolved).resolve()) if is_local(resolved) else resolved))
         common_group({e.name: model_kind(e.model) for e in entries})  # refuse a mixed list before loading the rest
@@ -262,7 +263,14 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
         raise NormswapError("give at least one model to evaluate")
     lm_eval_log = Path(lm_eval_log) if lm_eval_log else default_log()
     kinds = {e.name: model_kind(e.model) for e in entries}
-    encoders = common_group(kinds) == "encoder"
+    group = common_group(kinds)
+    if group == PROBE_INPUT:
+        # images / audio in, no text: fidelity to the reference on probe inputs is what is defined
+        if parse_tasks(tasks):
+            raise NormswapError(f"lm-eval tasks need text; these models read images or audio ({', '.join(kinds)}): drop --tasks")
+        perplexity = diagnostics = speed = memory = False  # speed and memory runs feed token ids
+        fidelity = True
+    encoders = group == "encoder"
     if encoders:
         if parse_tasks(tasks):
             raise NormswapError("lm-eval tasks score causal LMs; these models are encoders (drop --tasks)")
@@ -278,7 +286,7 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
         raise NormswapError(f"--seq-len {seq_len} is longer than the shortest model context ({max_ctx} tokens)")
     if stride is None:
         stride = max(seq_len // 2, 1)
-    need_text = perplexity or diagnostics or fidelity
+    need_text = (perplexity or diagnostics or fidelity) and group != PROBE_INPUT
     if text is None and need_text:
         from normswap.data import load_text
 
@@ -288,7 +296,7 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
     # The cap is applied once, in characters, with the baseline's (or first model's) tokenizer,
     # so every model reads exactly the same text.
     cap_entry = next((e for e in entries if e.name == baseline_name), entries[0])
-    text, truncated = truncate_text(text or "", cap_entry.tokenizer, max_tokens)
+    text, truncated = truncate_text(text or "", cap_entry.tokenizer, max_tokens) if need_text and group != PROBE_INPUT else (None, False)
     dtype_name = str(dtype).replace("torch.", "")
     results = {
         "schema_version": 1,

@@ -20,11 +20,34 @@ def _f(x, digits=4):
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+def _g(x):
+    return "–" if x is None else f"{x:.2e}"
+
+
 def has_fidelity(results) -> bool:
     return any(m.get("fidelity") for m in results["models"])
 
 
+PROBE_HEADER = ["model", "kind", "main output cosine", "worst output cosine", "max |Δ|", "max |Δ| / max |ref|"]
+PROBE_CAPTION = ("Fidelity to the reference on the same seeded probe inputs (images / audio features of the model's shape): "
+                 "cosine of the main output (last hidden state, else logits) per position, of the worst output, and the "
+                 "largest absolute and relative difference over every output (1.0 and 0 = identical).")
+
+
+def _probed(results) -> bool:
+    return (results.get("fidelity_setup") or {}).get("method") == "probe inputs"
+
+
+def caption(results) -> str:
+    return PROBE_CAPTION if _probed(results) else CAPTION
+
+
 def fidelity_rows(results) -> tuple[list[str], list[list[str]]]:
+    if _probed(results):  # models without text input (evaluate/fidelity.py: probe_fidelity)
+        return PROBE_HEADER, [[m["name"], m.get("kind", ""), _f((m.get("fidelity") or {}).get("hidden_cosine"), 6),
+                               _f((m.get("fidelity") or {}).get("output_cosine"), 6),
+                               _g((m.get("fidelity") or {}).get("max_abs_diff")), _g((m.get("fidelity") or {}).get("max_rel_diff"))]
+                              for m in results["models"]]
     rows = []
     for m in results["models"]:
         f = m.get("fidelity") or {}
@@ -43,7 +66,7 @@ def markdown_section(results) -> list[str]:
     if not has_fidelity(results):
         return []
     header, rows = fidelity_rows(results)
-    out = [f"## Fidelity to {_reference(results)}", "", CAPTION, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out = [f"## Fidelity to {_reference(results)}", "", caption(results), "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out + [""]
 
@@ -54,13 +77,15 @@ def html_section(results) -> str:
     e = html.escape
     header, rows = fidelity_rows(results)
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return (f"<h2>Fidelity to {e(_reference(results))}</h2><p class='sub'>{e(CAPTION)}</p><div class='tablewrap'><table class='text2'>"
+    return (f"<h2>Fidelity to {e(_reference(results))}</h2><p class='sub'>{e(caption(results))}</p><div class='tablewrap'><table class='text2'>"
             "<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + f"</tr></thead><tbody>{body}</tbody></table></div>")
 
 
 def fidelity_plot(results, out: Path) -> Path | None:
     """Bars of 1 − cosine on a log scale: 0.999 and 0.99 differ by a factor of ten, which a linear
     0..1 axis would hide."""
+    if _probed(results):  # the figure's bars are the text measures; the table holds the probe-input ones
+        return None
     models = [m for m in results["models"] if m.get("fidelity") and m["name"] != _reference(results)]
     if not models:
         return None
