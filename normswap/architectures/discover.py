@@ -76,6 +76,11 @@ def shrink_config(config):
                     setattr(cfg, attr, value)
                 except Exception:
                     pass
+        for attr in ("num_heads", "num_attention_heads"):
+            heads = getattr(cfg, attr, None)
+            if isinstance(heads, (list, tuple)) and heads and all(isinstance(h, int) and h > 0 for h in heads):
+                # per-stage heads (Swin's 3, 6, 12, 24) must divide the shrunk widths: powers of two do
+                setattr(cfg, attr, [1 << (h.bit_length() - 1) for h in heads])
         kv = getattr(cfg, "num_key_value_heads", None)
         if isinstance(kv, int) and kv > 1:
             cfg.num_key_value_heads = 2
