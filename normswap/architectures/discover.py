@@ -213,6 +213,12 @@ class _Graph:
             parts = self.decompose(node.inputs[0], stream_ids, depth + 1) + self.decompose(node.inputs[1], stream_ids, depth + 1)
         elif node.inputs and self.passes_on(node.inputs[0], node, rearranged=False):
             parts = self.decompose(node.inputs[0], stream_ids, depth + 1)
+        elif node.inputs and self.passes_on(node.inputs[0], node):
+            # moved around (SAM's window un-partition): fine for centred weights, whose output is
+            # centred along the writer's own feature axis; not for a run-time centring of a module
+            parts = self.decompose(node.inputs[0], stream_ids, depth + 1)
+            if any(kind not in ("linear", "table") for kind, *_ in parts):
+                parts = [("bad", node.op, node)]
         else:
             parts = [self.classify(node)]
         if any(kind == "bad" for kind, *_ in parts):
