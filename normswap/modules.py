@@ -24,13 +24,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x, residual=None):
         """y = RMSNorm(x) (+ bias); with `residual`, returns (RMSNorm(x + residual), x + residual)."""
-        out = rms_norm(x, self.weight, self.eps, residual=residual)
-        if self.bias is None:
-            return out
-        # β in the output's dtype: a float32 bias must not promote a bf16 activation
-        if residual is None:
-            return out + self.bias.to(out.dtype)
-        return out[0] + self.bias.to(out[0].dtype), out[1]
+        # one call: on CPU the bias is added inside the C++ function (normswap.kernels, per-call cost)
+        return rms_norm(x, self.weight, self.eps, residual, bias=self.bias)
 
     def extra_repr(self):
         return f"{self.hidden_size}, eps={self.eps}, weight={self.weight is not None}, bias={self.bias is not None}"

@@ -52,6 +52,60 @@ def test_no_grad_calls_skip_autograd_function_and_custom_op(monkeypatch):
         rms_norm(xg, wg, backend="composite")
 
 
+def test_module_call_is_one_cpp_call_with_bias_and_residual(monkeypatch):
+    """`auto` on CPU, once it has chosen the compiled kernel, sends the converted module's call
+    (γ, β, residual) to one C++ function: no Python backend dispatch, the bias added there, every
+    gradient (x, residual, γ, β) as autograd gives for the plain formula; bad shapes are ValueErrors."""
+    if not _ops.cpu_fast_available():
+        pytest.skip("compiled CPU kernel not available here")
+    from normswap.modules import RMSNorm
+
+    monkeypatch.setenv("NORMSWAP_AUTOTUNE", "0")  # static order: cpu first, no measurement
+    for memo in ("_memory", "_details", "chosen", "direct"):  # this test's choices end with it
+        monkeypatch.setattr(autotune, memo, {})
+    m = RMSNorm(64, eps=1e-4, bias=True)
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+        m.bias.uniform_(-1, 1)
+    x = torch.randn(2, 3, 64, requires_grad=True)
+    r = torch.randn(2, 3, 64, requires_grad=True)
+    dy = torch.randn(2, 3, 64)
+    ds = torch.randn(2, 3, 64)
+    m(x.detach())  # first call of this kind: the choice is made (and memoised) here
+
+    def forbidden(*a, **k):
+        raise AssertionError("Python dispatch taken")
+
+    monkeypatch.setattr(K, "call_impl", forbidden)
+    monkeypatch.setattr(K, "_auto_impl", forbidden)
+    y, s = m(x, residual=r)
+    names, fn = [], y.grad_fn  # view back to x's shape <- bias add <- the C++ autograd node
+    for _ in range(3):
+        names.append(fn.name())
+        fn = fn.next_functions[0][0]
+    assert any("NormFunction" in n for n in names), names
+    got = torch.autograd.grad((y, s), (x, r, m.weight, m.bias), (dy, ds))
+    xr, rr = x.detach().clone().requires_grad_(), r.detach().clone().requires_grad_()
+    wr, br = m.weight.detach().clone().requires_grad_(), m.bias.detach().clone().requires_grad_()
+    yr, sr = rms_norm_reference(xr, wr, 1e-4, rr)
+    yr = yr + br
+    torch.testing.assert_close(y, yr, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, sr)
+    want = torch.autograd.grad((yr, sr), (xr, rr, wr, br), (dy, ds))
+    for name, a, b in zip(("x", "residual", "weight", "bias"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"d{name}")
+    # negative control: without the bias the output is measurably different
+    assert not torch.allclose(y, yr - br, atol=1e-3)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), rms_norm_reference(x, m.weight, 1e-4) + m.bias, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="bias has shape"):
+        rms_norm(x.detach(), m.weight, bias=torch.zeros(63))
+    with pytest.raises(ValueError, match="weight has shape"):
+        rms_norm(x.detach(), torch.ones(2, 32))
+    with pytest.raises(ValueError, match="residual shape"):
+        rms_norm(x.detach(), m.weight, residual=torch.zeros(3, 2, 64))
+
+
 def test_auto_measures_once_then_reads_its_cache(fresh_autotune, monkeypatch):
     x = torch.randn(40, 96)
     with torch.inference_mode():  # the first call of a kind may come from inside inference mode

@@ -1,6 +1,6 @@
 """RMSNorm kernels behind one function.
 
-    rms_norm(x, weight=None, eps=1e-5, residual=None) -> y  |  (y, x + residual)
+    rms_norm(x, weight=None, eps=1e-5, residual=None, *, bias=None) -> y  |  (y, x + residual)
 
 Backends, chosen per call by the environment variable NORMSWAP_KERNEL:
 - ``auto`` (default): in eager mode the fastest implementation measured on this machine for the
@@ -19,10 +19,12 @@ exactly as `x + residual` would (bf16 + fp32 -> fp32), is rounded to that dtype,
 normalised and returned; y then has the sum's dtype. Autocast does not change any of this: like HF's
 LlamaRMSNorm, the norm returns the dtype it was given.
 
-Per-call cost: an eager call that needs no gradient goes straight to the chosen kernel; on CPU a
-call that does goes through one C++ autograd node (normswap.kernels.cpu), not a Python
-autograd.Function and the custom-op dispatcher, so decode-sized calls cost about what
-F.layer_norm's do.
+Per-call cost: where `auto` chose normswap's C++ kernel on CPU for a kind of call (dtype, width,
+few/many rows, weight dtype; decided once and memoised), the call goes straight to one C++
+function (``norm`` / ``add_norm`` in csrc/rms_norm_cpu.cpp) that checks the arguments, adds the
+bias and, only when a gradient is needed, builds one C++ autograd node — no Python
+autograd.Function, no custom-op dispatcher, no Python-side checks — so a decode-sized call costs
+less than F.layer_norm's (bench/README.md, tiny shapes).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 from normswap.errors import NormswapError
 from normswap.kernels import autotune as _autotune
-from normswap.kernels.dispatch import call_impl
+from normswap.kernels.dispatch import _CPU_DTYPES, _cpu_ext, call_impl
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -95,16 +97,45 @@ def _choose(x, weight, h):
     return picks[0] if picks[0] == picks[1] else tuple(picks)
 
 
-def rms_norm(x, weight=None, eps=1e-5, residual=None, *, backend=None):
-    """RMSNorm over the last dimension of x, optionally fused with a residual add.
+def _direct_cpu(key, x, weight):
+    """The C++ extension when `auto` runs normswap's CPU kernel for this kind of call with and
+    without gradient (so the call can skip every Python-side step), else False. Memoised."""
+    direct = False
+    if x.dtype in _CPU_DTYPES and _choose(x, weight, key[1]) == "cpu":
+        direct = _cpu_ext()
+    _autotune.direct[key] = direct
+    return direct
 
-    Returns y, or (y, x + residual) when residual is given. Differentiable in x, weight and
+
+def _add_bias(out, bias, residual):
+    # β in the output's dtype: a float32 bias must not promote a bf16 activation
+    if residual is None:
+        return out + bias.to(out.dtype)
+    return out[0] + bias.to(out[0].dtype), out[1]
+
+
+def rms_norm(x, weight=None, eps=1e-5, residual=None, *, bias=None, backend=None):
+    """RMSNorm over the last dimension of x (+ bias), optionally fused with a residual add.
+
+    Returns y, or (y, x + residual) when residual is given. Differentiable in x, weight, bias and
     residual. `backend` overrides NORMSWAP_KERNEL for this call.
     """
+    if backend is None and not _is_compiling() and x.is_cpu and requested_backend() == "auto":
+        h = x.shape[-1] if x.dim() else 0
+        key = (x.dtype, h, x.numel() <= 16 * h, None if weight is None else weight.dtype)
+        ext = _autotune.direct.get(key)
+        if ext is None:
+            ext = _direct_cpu(key, x, weight) if x.dim() else False
+        if ext and (residual is None or residual.dtype == x.dtype):
+            if residual is None:
+                return ext.norm(x, weight, bias, eps)
+            return ext.add_norm(x, residual, weight, bias, eps)
     backend = requested_backend() if backend is None else backend
     h = x.shape[-1]
     if weight is not None and weight.shape != (h,):
         raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)}, expected ({h},)")
+    if bias is not None and bias.shape != (h,):
+        raise ValueError(f"rms_norm: bias has shape {tuple(bias.shape)}, expected ({h},)")
     if residual is not None:
         if residual.shape != x.shape:
             raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
@@ -124,8 +155,10 @@ def rms_norm(x, weight=None, eps=1e-5, residual=None, *, backend=None):
     if backend == "torch" or x.dtype == torch.float64:
         from normswap.kernels.reference import rms_norm_reference
 
-        return rms_norm_reference(x, weight, eps, residual)
-    return call_impl(backend, x, weight, residual, eps)
+        out = rms_norm_reference(x, weight, eps, residual)
+    else:
+        out = call_impl(backend, x, weight, residual, eps)
+    return out if bias is None else _add_bias(out, bias, residual)
 
 
 def backend_for(device, dtype=torch.float32, hidden: int = 768, rows: int = 1024, grad: bool = False) -> str:

@@ -32,6 +32,7 @@ import torch
 _lock = threading.Lock()
 _memory: dict = {}  # key tuple -> ranking (list of impl names, best first)
 chosen: dict = {}  # the API's per-call memo (see normswap.kernels._auto_impl), cleared with the rest
+direct: dict = {}  # (dtype, width, few rows, γ dtype) -> the CPU extension when `auto` calls it directly, else False
 _details: dict = {}  # key tuple -> what was measured (for `normswap bench kernels`)
 _disk_loaded = False
 FILE_VERSION = 1
@@ -110,6 +111,7 @@ def forget() -> None:
         _memory.clear()
         _details.clear()
         chosen.clear()
+        direct.clear()
         _disk_loaded = False
 
 

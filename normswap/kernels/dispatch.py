@@ -14,8 +14,8 @@ _is_compiling = torch.compiler.is_compiling
 def call_impl(impl, x, weight, residual, eps):
     """One implementation by name, API convention (y or (y, summed)); inputs already validated."""
     if impl == "cpu" and x.dtype in _CPU_DTYPES and not _is_compiling():  # Dynamo cannot trace pybind
-        out = _cpu_ext().norm(x, weight, residual, eps)
-        return (out[0], out[1]) if residual is not None else out[0]
+        ext = _cpu_ext()
+        return ext.norm(x, weight, None, eps) if residual is None else ext.add_norm(x, residual, weight, None, eps)
     if impl == "native":
         if residual is not None:
             s = x + residual

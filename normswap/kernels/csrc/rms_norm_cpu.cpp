@@ -265,6 +265,7 @@ std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dy, const at::Tens
 // The autograd node of `norm`: saves the normalised tensor (x + residual when fused), rstd and
 // the weight; the backward is the fused kernel above. x and residual get the same gradient, as
 // they would from PyTorch's own `x + residual`; the summed stream's own gradient is added to it.
+// Whether a residual was fused is told by the number of outputs (no saved_data map to fill).
 struct NormFunction : public torch::autograd::Function<NormFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const c10::optional<at::Tensor>& weight,
@@ -275,7 +276,6 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     const at::Tensor& summed = std::get<2>(out);
     const bool has_res = summed.defined();
     ctx->save_for_backward({has_res ? summed : x, rstd, weight.has_value() ? *weight : at::Tensor()});
-    ctx->saved_data["has_res"] = has_res;
     if (has_res) return {y, summed};
     return {y};
   }
@@ -286,32 +286,59 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     const at::Tensor& xin = saved[0];
     const at::Tensor& rstd = saved[1];
     const at::Tensor& w = saved[2];
-    const bool has_res = ctx->saved_data["has_res"].toBool();
+    const bool has_res = grads.size() > 1;
     at::Tensor dy = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(xin);
     c10::optional<at::Tensor> wopt;
     if (w.defined()) wopt = w;
     auto g = normswap_cpu::backward(dy, xin, rstd, wopt, w.defined() && ctx->needs_input_grad(1));
     at::Tensor dx = std::get<0>(g);
     at::Tensor dw = std::get<1>(g);
-    if (has_res && grads.size() > 1 && grads[1].defined()) dx = dx.add(grads[1]);
+    if (has_res && grads[1].defined()) dx = dx.add(grads[1]);
     if (dw.defined()) dw = dw.to(w.scalar_type());
     return {dx, dw, has_res ? dx : at::Tensor(), at::Tensor()};
   }
 };
 
-// RMSNorm of x over its last dimension (any leading shape): y, or (y, x + residual). x and
-// residual must share a dtype the kernel supports; the weight may have any float dtype.
-std::vector<at::Tensor> norm(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
-                             const c10::optional<at::Tensor>& residual, double eps) {
-  TORCH_CHECK(x.dim() >= 1, "normswap cpu kernel: x must have at least one dimension");
+// The argument checks of the Python API (normswap.kernels.rms_norm), raised as ValueError like
+// there, so that the module's direct call needs no Python-side checks of its own.
+static void check_norm_args(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                            const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& bias) {
+  if (x.dim() < 1) throw py::value_error("rms_norm: x must have at least one dimension");
   const int64_t H = x.size(-1);
-  const at::Tensor x2 = x.reshape({-1, H}).contiguous();
+  if (weight.has_value() && weight->defined() && (weight->dim() != 1 || weight->size(0) != H))
+    throw py::value_error("rms_norm: weight has shape " + c10::str(weight->sizes()) + ", expected (" +
+                          std::to_string(H) + ",)");
+  if (bias.has_value() && bias->defined() && (bias->dim() != 1 || bias->size(0) != H))
+    throw py::value_error("rms_norm: bias has shape " + c10::str(bias->sizes()) + ", expected (" +
+                          std::to_string(H) + ",)");
+  if (residual.has_value() && residual->defined()) {
+    if (residual->sizes() != x.sizes())
+      throw py::value_error("rms_norm: residual shape " + c10::str(residual->sizes()) + " differs from x " +
+                            c10::str(x.sizes()));
+    if (residual->scalar_type() != x.scalar_type())
+      throw py::value_error("rms_norm: the compiled kernel's direct call needs residual in x's dtype");
+  }
+}
+
+// RMSNorm of x over its last dimension (any leading shape), + bias when given: y, or (y, x +
+// residual). x and residual must share a dtype the kernel supports; weight and bias may have any
+// float dtype (the bias is rounded to y's dtype before the add, as `y + bias.to(y.dtype)` would).
+// The whole eager call in one C++ function: checks, reshape to rows, grad-mode check, the C++
+// autograd node only when a gradient is needed.
+static std::vector<at::Tensor> norm_impl(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                         const c10::optional<at::Tensor>& residual,
+                                         const c10::optional<at::Tensor>& bias, double eps) {
+  check_norm_args(x, weight, residual, bias);
+  const int64_t H = x.size(-1);
+  const at::Tensor x2 = x.dim() == 2 ? x.contiguous() : x.reshape({-1, H}).contiguous();
   c10::optional<at::Tensor> r2;
   const bool has_res = residual.has_value() && residual->defined();
-  if (has_res) r2 = residual->reshape({-1, H}).contiguous();
+  if (has_res) r2 = residual->dim() == 2 ? residual->contiguous() : residual->reshape({-1, H}).contiguous();
   const bool has_w = weight.has_value() && weight->defined();
+  const bool has_b = bias.has_value() && bias->defined();
   const bool grad = at::GradMode::is_enabled() &&
-                    (x.requires_grad() || (has_w && weight->requires_grad()) || (has_res && residual->requires_grad()));
+                    (x.requires_grad() || (has_w && weight->requires_grad()) ||
+                     (has_res && residual->requires_grad()) || (has_b && bias->requires_grad()));
   std::vector<at::Tensor> out;
   if (grad) {
     out = NormFunction::apply(x2, weight, r2, eps);
@@ -320,10 +347,27 @@ std::vector<at::Tensor> norm(const at::Tensor& x, const c10::optional<at::Tensor
     out.push_back(std::get<0>(f));
     if (has_res) out.push_back(std::get<2>(f));
   }
+  if (has_b) {
+    const at::Tensor b = bias->scalar_type() == out[0].scalar_type() ? *bias : bias->to(out[0].scalar_type());
+    // a fresh output that nothing else holds: add in place unless autograd must see the add
+    out[0] = grad ? out[0].add(b) : out[0].add_(b);
+  }
   if (x.dim() != 2) {
     for (auto& t : out) t = t.view(x.sizes());
   }
   return out;
+}
+
+at::Tensor norm(const at::Tensor& x, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                double eps) {
+  return norm_impl(x, weight, c10::nullopt, bias, eps)[0];
+}
+
+std::tuple<at::Tensor, at::Tensor> add_norm(const at::Tensor& x, const at::Tensor& residual,
+                                            const c10::optional<at::Tensor>& weight,
+                                            const c10::optional<at::Tensor>& bias, double eps) {
+  auto out = norm_impl(x, weight, residual, bias, eps);
+  return {out[0], out[1]};
 }
 
 }  // namespace normswap_cpu
@@ -334,8 +378,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weight"), py::arg("residual"), py::arg("eps"));
   m.def("backward", &normswap_cpu::backward, "RMSNorm backward: (dx, dweight fp32 or None)", py::arg("dy"),
         py::arg("x"), py::arg("rstd"), py::arg("weight"), py::arg("compute_dweight") = true);
-  m.def("norm", &normswap_cpu::norm, "RMSNorm over the last dim, differentiable: [y] or [y, x + residual]",
-        py::arg("x"), py::arg("weight"), py::arg("residual"), py::arg("eps"));
+  m.def("norm", &normswap_cpu::norm, "RMSNorm over the last dim (+ bias), differentiable: y", py::arg("x"),
+        py::arg("weight"), py::arg("bias"), py::arg("eps"));
+  m.def("add_norm", &normswap_cpu::add_norm,
+        "RMSNorm of x + residual over the last dim (+ bias), differentiable: (y, x + residual)", py::arg("x"),
+        py::arg("residual"), py::arg("weight"), py::arg("bias"), py::arg("eps"));
   m.def("isa", &normswap_cpu::isa, "instruction-set variant in use");
   m.def("set_isa", &normswap_cpu::set_isa, "force 'baseline', 'avx2' or 'best'; False if unavailable");
   m.def("supports", &normswap_cpu::supports, "whether a dtype name (e.g. 'bfloat16') is supported");
