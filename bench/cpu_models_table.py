@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The goal table of a bench/cpu_models.sh run: converted ÷ original throughput per size, kind
-and mode, from the JSON files in the run directory (nothing typed in by hand)."""
+and mode, from the JSON files in the run directory (nothing typed in by hand). Each cell is the
+median paired ratio with its [min, max] over the interleaved repeats (normswap.evaluate.stats);
+"met" needs the median ≥ the goal, and the verdict says whether the repeats tell the two apart."""
 
 from __future__ import annotations
 
@@ -8,27 +10,51 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from normswap.evaluate.stats import NO_DIFFERENCE  # noqa: E402
+
 KINDS = ("forward", "train_step", "decode")
 GOAL = 0.98
+
+
+def cell(o: dict, c: dict, iv: dict | None, kind: str) -> tuple[str, bool | None]:
+    if iv:
+        r = iv["median"]
+        text = f"{r:.3f} [{iv['low']:.2f}, {iv['high']:.2f}]" + (" ~" if iv["verdict"] == NO_DIFFERENCE else "")
+    elif o.get(kind) and c.get(kind):
+        r = c[kind] / o[kind]
+        text = f"{r:.3f}"
+    else:
+        return "—", None
+    return text + ("" if r >= GOAL else " ✗"), r >= GOAL
 
 
 def main(run_dir: str) -> int:
     d = Path(run_dir)
     lines = [f"# CPU: converted (exact) vs original, {d.name}", "",
-             "Throughput ratio converted ÷ original (≥ 1: converted faster), medians of interleaved repeats; "
-             f"goal ≥ {GOAL}. Commands and load averages: commands.txt.", "",
+             "Throughput ratio converted ÷ original (≥ 1: converted faster): median of the per-repeat paired ratios "
+             f"[min, max] over interleaved repeats; ✗ marks a median below the goal {GOAL}; ~ marks an interval that "
+             "contains 1 (no measurable difference). Commands and load averages: commands.txt.", "",
              "| size | mode | " + " | ".join(KINDS) + " | original tokens/s (fwd, train, decode) |", "|---|---|" + "---|" * (len(KINDS) + 1)]
+    met = []
     for f in sorted(d.glob("*.json")):
         size, mode = f.stem.rsplit("-", 1)
         data = json.loads(f.read_text())
         models = {m["name"]: m for m in data["models"]}
-        o, c = models["original"]["tokens_per_second"], models["exact"]["tokens_per_second"]
+        orig, conv = models["original"], models["exact"]
+        o, c = orig["tokens_per_second"], conv["tokens_per_second"]
+        ivs = (conv.get("ratio_intervals") or {}).get("tokens_per_second") or {}
         cells = []
         for k in KINDS:
-            r = c[k] / o[k] if o.get(k) and c.get(k) else None
-            cells.append("—" if r is None else f"{r:.3f}{'' if r >= GOAL else ' ✗'}")
+            text, ok = cell(o, c, ivs.get(k), k)
+            cells.append(text)
+            if ok is not None:
+                met.append(ok)
         lines.append(f"| {size} | {mode} | " + " | ".join(cells) + " | "
                      + ", ".join(f"{o[k]:.0f}" if o.get(k) else "—" for k in KINDS) + " |")
+    lines += ["", f"Goal (median ≥ {GOAL} in every cell): {'met' if met and all(met) else 'not met'} "
+              f"({sum(met)} of {len(met)} cells)."]
     print("\n".join(lines))
     return 0
 

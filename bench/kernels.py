@@ -56,7 +56,9 @@ TINY_ROWS = (1, 4)
 TINY_HIDDEN = (64, 256, 1024)
 
 IMPLS = ["layer_norm", "torch_rms_norm", "normswap", "normswap_weight"]
-TINY_IMPLS = ["LayerNorm_module", "RMSNorm_module", "layer_norm", "normswap"]
+# RMSNorm_module: a converted layer norm (γ folded away); RMSNorm_affine: γ and β kept (a tied
+# model's final norm), the like-for-like counterpart of nn.LayerNorm; torch_rms_norm: F.rms_norm.
+TINY_IMPLS = ["LayerNorm_module", "RMSNorm_module", "RMSNorm_affine", "layer_norm", "normswap", "torch_rms_norm"]
 RESIDUAL_IMPLS = ["add_layer_norm", "add_torch_rms_norm", "add_normswap", "normswap_fused"]
 
 
@@ -274,7 +276,9 @@ def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int) ->
     grad = mode == "fwd+bwd"
     ln_mod = torch.nn.LayerNorm(hidden, eps=EPS, device=device, dtype=dtype)
     rms_mod = RMSNorm(hidden, eps=EPS, elementwise_affine=False, device=device, dtype=dtype)
+    rms_affine = RMSNorm(hidden, eps=EPS, bias=True, device=device, dtype=dtype)
     ln_mod.requires_grad_(grad)
+    rms_affine.requires_grad_(grad)
     w = torch.ones(hidden, device=device, dtype=dtype, requires_grad=grad)
     b = torch.zeros(hidden, device=device, dtype=dtype, requires_grad=grad)
     x = torch.randn(rows, hidden, device=device, dtype=dtype, requires_grad=grad)
@@ -283,8 +287,10 @@ def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int) ->
     fns = {
         "LayerNorm_module": (lambda: ln_mod(x), [x, ln_mod.weight, ln_mod.bias]),
         "RMSNorm_module": (lambda: rms_mod(x), [x]),
+        "RMSNorm_affine": (lambda: rms_affine(x), [x, rms_affine.weight, rms_affine.bias]),
         "layer_norm": (lambda: F.layer_norm(x, h, w, b, EPS), [x, w, b]),
         "normswap": (lambda: rms_norm(x, None, EPS), [x]),
+        "torch_rms_norm": (lambda: F.rms_norm(x, h, None, EPS), [x]),
     }
 
     def runner(fn, leaves):
@@ -316,7 +322,8 @@ def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int) ->
                 torch.cuda.synchronize(device)
             samples[name].append((time.perf_counter() - t0) / calls * 1e6)
     out = {name: {"median_us": statistics.median(v), "min_us": min(v)} for name, v in samples.items()}
-    for name, base in (("RMSNorm_module", "LayerNorm_module"), ("normswap", "layer_norm"),
+    for name, base in (("RMSNorm_module", "LayerNorm_module"), ("RMSNorm_affine", "LayerNorm_module"),
+                       ("normswap", "layer_norm"), ("torch_rms_norm", "layer_norm"),
                        ("LayerNorm_module", "LayerNorm_module"), ("layer_norm", "layer_norm")):
         out[name]["vs_layer_norm"] = out[name]["median_us"] / out[base]["median_us"]
     return out
@@ -420,8 +427,9 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
                         progress("tiny", t)
     if result["tiny"]:
         slower = [f"{t['rows']}x{t['hidden']} {t['mode']}" for t in result["tiny"]
-                  if t["impls"]["RMSNorm_module"]["median_us"] > t["impls"]["LayerNorm_module"]["median_us"]]
-        result["tiny_goal"] = {"goal": "converted RMSNorm module's per-call time <= nn.LayerNorm's at tiny shapes",
+                  if max(t["impls"]["RMSNorm_module"]["median_us"], t["impls"]["RMSNorm_affine"]["median_us"])
+                  > t["impls"]["LayerNorm_module"]["median_us"]]
+        result["tiny_goal"] = {"goal": "converted RMSNorm module's per-call time (weightless and with γ, β) <= nn.LayerNorm's at tiny shapes",
                                "value": slower, "passed": not slower}
     result["auto_choices"] = autotune.choices()
     log.write({"kind": "auto_choices", "choices": result["auto_choices"]})
@@ -545,7 +553,7 @@ def format_markdown(result) -> str:
     if result.get("tiny"):
         lines.append("")
         lines.append("**tiny shapes** — per-call µs, median (× the LayerNorm counterpart: module vs nn.LayerNorm, "
-                     "function vs F.layer_norm)")
+                     "functions vs F.layer_norm)")
         lines.append("")
         lines.append("| rows × H | dtype | mode | " + " | ".join(TINY_IMPLS) + " |")
         lines.append("|---|---|---|" + "---|" * len(TINY_IMPLS))
