@@ -193,6 +193,23 @@ def shipped_rows() -> list[dict]:
     return json.loads(resources.files("normswap.architectures").joinpath("data", "survey.json").read_text())
 
 
+REFUSAL_CAUSES = (  # (what the reason says, the cause it names), first match wins
+    ("raw residual stream", "the raw residual stream leaves the model or its stack without a norm"),
+    ("is not produced by any module", "a write into the stream that no module owns (a bare parameter, a concatenation)"),
+    ("changed by", "the plan's exactness check failed"),
+    ("took over", "over the time limit"),
+)
+
+
+def refusal_causes(refused) -> list[tuple[str, int]]:
+    """How many refusals each cause accounts for (the rest: 'other'), largest first."""
+    counts: dict[str, int] = {}
+    for r in refused:
+        cause = next((c for key, c in REFUSAL_CAUSES if key in (r.get("reason") or "")), "other")
+        counts[cause] = counts.get(cause, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
+
+
 def survey_markdown(rows) -> str:
     import transformers
 
@@ -219,6 +236,8 @@ def survey_markdown(rows) -> str:
         f"Pre-LN or undetermined (tried and not post-LN): {len(pre)}; converted exactly on tiny configs: {len(exact)} "
         f"({100 * len(exact) / max(1, len(pre)):.0f} %). Every refusal is a plan whose check on a tiny randomised "
         "instance was not exact, or an architecture discovery could not describe; none is converted.",
+        "",
+        "Refusals by cause: " + "; ".join(f"{cause}: {n}" for cause, n in refusal_causes(refused)) + ".",
         "",
         "| model_type | class | curated file | result | placement | norms | max abs diff | reason |",
         "|---|---|---|---|---|---|---|---|",
