@@ -127,16 +127,20 @@ def discover(model, out, as_json):
 @click.option("--shard", default=None, metavar="K/N", help="Survey only the K-th of N equal slices of the model_types (runs that fit a time slot).")
 @click.option("--from-json", "from_json", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Tabulate rows saved by --save-json (repeatable, e.g. one file per shard) instead of running.")
+@click.option("--update", multiple=True, type=click.Choice(["exact", "approx-only", "refused", "untraceable", "not-built", "no-layernorm"]),
+              help="With --from-json: re-run the rows of this status (repeatable) and keep the others; the table says which rows are from which run.")
 @json_option
-def survey(out, only, jobs, save_json, shard, from_json, as_json):
+def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
     """Try discovery on every config class of the installed transformers that builds a model with
     LayerNorm-like modules, and tabulate exact / approximate-only / refused with the reason."""
-    from normswap.architectures.survey import load_rows, model_types, run_survey, shard_of, survey_markdown
+    from normswap.architectures.survey import load_rows, model_types, run_survey, shard_of, survey_markdown, update_rows
 
-    if from_json:
+    names = list(only) or (shard_of(model_types(), shard) if shard else None)
+    if from_json and update:
+        rows = update_rows(load_rows(from_json), statuses=update, progress=lambda m: click.echo(m, err=True), jobs=jobs)
+    elif from_json:
         rows = load_rows(from_json)
     else:
-        names = list(only) or (shard_of(model_types(), shard) if shard else None)
         rows = run_survey(only=names, progress=lambda m: click.echo(m, err=True), jobs=jobs)
     if save_json:
         from normswap.publish import atomic_write_text
