@@ -97,14 +97,15 @@ def test_fidelity_reads_a_whole_user_file(encoders, tmp_path):
     import normswap
     from normswap.data import default_eval_split
     from normswap.data import kjv
+    from normswap.evaluate.config import EvalConfig
     from normswap.evaluate.runner import ModelEntry, evaluate
 
     path = tmp_path / "heldout.txt"
     path.write_text("\n".join(list(kjv.verses("test"))[:60]) + "\n")
     entries = [ModelEntry(name=n, spec=str(encoders[n]), model=normswap.load_model(str(encoders[n]), task="auto"),
                           tokenizer=normswap.load_tokenizer(str(encoders[n]))) for n in ("mlm", "mlm-approx")]
-    res = evaluate(entries, data=str(path), split=default_eval_split(str(path)), baseline_name="mlm", seq_len=32,
-                   speed=False, memory=False)
+    res = evaluate(entries, EvalConfig(split=default_eval_split(str(path)), seq_len=32, speed=False, memory=False), data=str(path),
+                   baseline_name="mlm")
     assert res["data"]["split"] == "all" and res["data"]["words"] == len(path.read_text().split())  # every word read
     assert res["fidelity_setup"]["sentences"] >= 55
 

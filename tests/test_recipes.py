@@ -181,13 +181,13 @@ def test_network_recipe_offline_fails_fast_in_one_line(tmp_path, monkeypatch):
     assert "Traceback" not in p.stderr
     assert not out.exists()  # refused before anything was written
     # negative control: the same recipe pointed at a local source is not refused for the network
-    from normswap.recipes.runner import network_problem
+    from normswap.recipes.runner import require_network
 
-    local = load_recipe("pythia-160m", [f"source={tmp_path}"]).recipe
-    assert network_problem(local) is None
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert "offline mode is on" in network_problem(load_recipe("pythia-160m").recipe)
-    assert network_problem(load_recipe("quickstart").recipe) is None  # needs_network: false
+    require_network(load_recipe("pythia-160m", [f"source={tmp_path}"]).recipe)
+    require_network(load_recipe("quickstart").recipe)  # needs_network: false
+    with pytest.raises(NormswapError, match="offline mode is on"):
+        require_network(load_recipe("pythia-160m").recipe)
 
 
 # ------------------------------------------------------------------ a small real run

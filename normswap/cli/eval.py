@@ -19,28 +19,36 @@ import sys
 
 import click
 
-from normswap.cli.options import (
-    batch_size_option, data_option, device_option, dtype_option, force_option, json_option, trust_remote_code_option,
-)
+from normswap.cli.options import config_options, data_option, device_option, force_option, json_option, trust_remote_code_option
+from normswap.declared import options
+from normswap.evaluate.config import EvalConfig
 
-SPLITS = ("test", "validation", "train", "all")
+# Which of EvalConfig's options each command offers (`report` offers them all); the declaration
+# itself (help, default, bounds) is EvalConfig's.
+PPL_OPTIONS = ("split", "seq_len", "batch_size", "dtype", "stride", "max_tokens")
+SPEED_OPTIONS = ("seq_len", "batch_size", "dtype", "repeats", "warmup", "min_time", "new_tokens", "compile", "memory")
 
 
-def _common(f):
-    for decorator in reversed([
-        click.argument("models", nargs=-1, required=True),
-        data_option,
-        click.option("--split", type=click.Choice(SPLITS), default=None,
-                     help="Held-out split: test for reported numbers, validation for model selection, all for the whole source "
-                          "(default: test of the embedded corpus or a dataset with splits; all of a file or directory you name)."),
-        device_option(),
-        dtype_option(),
-        click.option("--seq-len", type=int, default=None, help="Window length in tokens (default: min(shortest model context, 512))."),
-        batch_size_option,
-        trust_remote_code_option,
-    ]):
-        f = decorator(f)
-    return f
+def _offered(names=None):
+    return config_options([f for f in options(EvalConfig) if names is None or f.name in names])
+
+
+quiet_option = click.option("--quiet", is_flag=True, help="No progress lines.")
+
+
+def _config(opts: dict, **fixed) -> EvalConfig:
+    """The EvalConfig of a command's options (``fixed``: what the command itself decides); a value
+    outside its declared bounds is refused in one line naming the option."""
+    from normswap import declared
+    from normswap.errors import NormswapError
+    from normswap.evaluate.config import option_errors
+
+    values = {**opts, **fixed}
+    flags = {f.name: declared.cli_flag(f) for f in options(EvalConfig)}
+    problems = [f"{flags[name]} {why}" for name, why in option_errors(values)]
+    if problems:
+        raise NormswapError("; ".join(problems))
+    return declared.build(EvalConfig, values)
 
 
 def _progress(quiet):
@@ -60,27 +68,14 @@ def _require_hub(models, baseline=None, data=None, tasks=None):
     require_hub(models=[spec for _, spec in planned])
 
 
-def _split(data, split):
-    from normswap.data import default_eval_split
-
-    return split or default_eval_split(data)
-
-
-def _refuse_encoders(entries):
-    from normswap.errors import NormswapError
-    from normswap.evaluate.kinds import CAUSAL_LM, model_kind
-
-    enc = [e.name for e in entries if model_kind(e.model) != CAUSAL_LM]
-    if enc:
-        raise NormswapError(f"perplexity is not defined for encoders ({', '.join(enc)}); "
-                            "`normswap eval report` measures their fidelity to a --baseline")
-
-
-def _setup(device, dtype):
+def _load(models, baseline, device, cfg, say):
     from normswap.cli.options import resolve_device, resolve_dtype
+    from normswap.evaluate.runner import load_entries
 
     dev = resolve_device(device)
-    return dev, resolve_dtype(dtype, dev)
+    dt = resolve_dtype(cfg.dtype, dev)
+    entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
+    return entries, base, dict(baseline_name=base, device=dev, dtype=dt, progress=say)
 
 
 @click.group("eval")
@@ -89,45 +84,33 @@ def eval_group():
 
 
 @eval_group.command("report")
-@_common
+@click.argument("models", nargs=-1, required=True)
+@data_option
+@device_option()
+@_offered()
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Directory for results.json, report.md, report.html and the PNGs.")
 @click.option("--baseline", default=None, help="Model the ratios are against: one of the MODELs (name or spec) or another spec.")
-@click.option("--tasks", default=None, help="Comma-separated lm-eval tasks (normswap_kjv works offline; hub tasks need network).")
-@click.option("--stride", type=int, default=None, help="Tokens between window starts (default: seq-len / 2).")
-@click.option("--max-tokens", type=int, default=65536, show_default=True, help="Cap on evaluated tokens (0: the whole split); stated in results.")
-@click.option("--repeats", type=int, default=5, show_default=True, help="Interleaved speed repeats (medians).")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Unmeasured warm-up runs per model.")
-@click.option("--min-time", type=float, default=0.2, show_default=True, help="Seconds per speed measurement (short calls are repeated).")
-@click.option("--new-tokens", type=int, default=32, show_default=True, help="Tokens generated per generation measurement.")
-@click.option("--no-speed", is_flag=True, help="Skip throughput and norm-time measurements.")
-@click.option("--compile", "compile_", is_flag=True, help="Measure speed with every model under torch.compile (Inductor): compiled original vs compiled converted.")
-@click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement.")
-@click.option("--limit", "lm_eval_limit", type=int, default=None, help="lm-eval: documents per task (for quick runs).")
+@trust_remote_code_option
 @force_option
 @json_option
-@click.option("--quiet", is_flag=True, help="No progress lines.")
-def report(models, data, split, device, dtype, seq_len, batch_size, out, baseline, tasks, stride, max_tokens, repeats,
-           warmup, min_time, new_tokens, no_speed, compile_, no_memory, lm_eval_limit, force, as_json, quiet):
+@quiet_option
+def report(models, data, device, out, baseline, force, as_json, quiet, **opts):
     """Evaluate MODELs side by side and write DIR/results.json, report.md, report.html and plots."""
-    _require_hub(models, baseline, data, tasks)
+    cfg = _config(opts)
+    _require_hub(models, baseline, data, cfg.tasks)
     from pathlib import Path
 
-    from normswap.evaluate.runner import evaluate, load_entries, split_label
+    from normswap.evaluate.runner import evaluate, split_label
     from normswap.publish import output_lock
     from normswap.report import write_report
     from normswap.report.write import check_out
 
     local_models = [spec for _, spec in map(split_label, list(models) + [baseline or ""]) if spec and Path(spec).expanduser().exists()]
     check_out(out, force=force, reads=local_models)
-    dev, dt = _setup(device, dtype)
     say = _progress(quiet)
     with output_lock(out, create_parent=True):
-        entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
-        results = evaluate(entries, data=data, split=_split(data, split), baseline_name=base, tasks=tasks, device=dev, dtype=dt,
-                           seq_len=seq_len, stride=stride, batch_size=batch_size, max_tokens=max_tokens,
-                           speed=not no_speed, memory=not no_memory, lm_eval_limit=lm_eval_limit, progress=say,
-                           speed_options={"repeats": repeats, "warmup": warmup, "min_time": min_time, "new_tokens": new_tokens,
-                                          "compile": compile_})
+        entries, _, run = _load(models, baseline, device, cfg, say)
+        results = evaluate(entries, cfg, data=data, **run)
         written = write_report(results, out, force=force)
     if as_json:
         click.echo(json.dumps({k: str(v) for k, v in written.items()}))
@@ -137,24 +120,23 @@ def report(models, data, split, device, dtype, seq_len, batch_size, out, baselin
 
 
 @eval_group.command("ppl")
-@_common
-@click.option("--stride", type=int, default=None, help="Tokens between window starts (default: seq-len / 2).")
-@click.option("--max-tokens", type=int, default=65536, show_default=True, help="Cap on evaluated tokens (0: the whole split).")
+@click.argument("models", nargs=-1, required=True)
+@data_option
+@device_option()
+@_offered(PPL_OPTIONS)
 @click.option("--baseline", default=None, help="Add perplexity ratios against this model.")
+@trust_remote_code_option
 @json_option
-@click.option("--quiet", is_flag=True, help="No progress lines.")
-def ppl(models, data, split, device, dtype, seq_len, batch_size, stride, max_tokens, baseline, as_json, quiet):
+@quiet_option
+def ppl(models, data, device, baseline, as_json, quiet, **opts):
     """Perplexity, bits per byte and word perplexity of MODELs on the held-out split."""
-    from normswap.evaluate.runner import evaluate, load_entries
+    from normswap.evaluate.runner import evaluate
+    from normswap.report.tables import text_table
 
+    cfg = _config(opts, perplexity=True, diagnostics=False, speed=False, memory=False, fidelity=False)
     _require_hub(models, baseline, data)
-    dev, dt = _setup(device, dtype)
-    say = _progress(quiet)
-    entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
-    _refuse_encoders(entries)
-    results = evaluate(entries, data=data, split=_split(data, split), baseline_name=base, device=dev, dtype=dt, seq_len=seq_len,
-                       stride=stride, batch_size=batch_size, max_tokens=max_tokens, speed=False, memory=False,
-                       diagnostics=False, progress=say)
+    entries, base, run = _load(models, baseline, device, cfg, _progress(quiet))
+    results = evaluate(entries, cfg, data=data, **run)
     if as_json:
         click.echo(json.dumps({"data": results["data"], "models": [
             {k: m.get(k) for k in ("name", "path", "perplexity", "bits_per_byte", "word_perplexity", "perplexity_detail", "ratios")}
@@ -163,42 +145,30 @@ def ppl(models, data, split, device, dtype, seq_len, batch_size, stride, max_tok
     d = results["data"]
     click.echo(f"{d['spec']} / {d['split']}: {d['characters']:,} chars, seq_len {d['seq_len']}, stride {d['stride']}"
                + (f" (capped at {d['max_tokens']:,} tokens)" if d["truncated"] else ""))
-    rows = [("model", "perplexity", "bits/byte", "word ppl", "tokens")]
+    rows = []
     for m in results["models"]:
         ratio = (m.get("ratios") or {}).get("perplexity")
         rows.append((m["name"], f"{m['perplexity']:.4f}" + (f" (x{ratio:.4f})" if ratio and m["name"] != base else ""),
                      f"{m['bits_per_byte']:.4f}", f"{m['word_perplexity']:.3f}", f"{m['perplexity_detail']['tokens']:,}"))
-    _echo_rows(rows)
+    click.echo(text_table(("model", "perplexity", "bits/byte", "word ppl", "tokens"), rows))
 
 
 @eval_group.command("speed")
 @click.argument("models", nargs=-1, required=True)
 @device_option()
-@dtype_option()
-@click.option("--seq-len", type=int, default=None, help="Tokens per sequence (default: min(shortest model context, 512)).")
-@batch_size_option
+@_offered(SPEED_OPTIONS)
 @click.option("--baseline", default=None, help="Model the ratios are against.")
-@click.option("--repeats", type=int, default=5, show_default=True, help="Interleaved repeats (medians).")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Unmeasured warm-up runs per model.")
-@click.option("--min-time", type=float, default=0.2, show_default=True, help="Seconds per measurement (short calls are repeated).")
-@click.option("--new-tokens", type=int, default=32, show_default=True, help="Tokens generated per generation measurement.")
-@click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement.")
 @trust_remote_code_option
-@click.option("--compile", "compile_", is_flag=True, help="Measure speed with every model under torch.compile (Inductor): compiled original vs compiled converted.")
 @json_option
-@click.option("--quiet", is_flag=True, help="No progress lines.")
-def speed(models, device, dtype, seq_len, batch_size, baseline, repeats, warmup, min_time, new_tokens, no_memory, compile_, as_json, quiet):
+@quiet_option
+def speed(models, device, baseline, as_json, quiet, **opts):
     """Throughput (forward, train step, generation), peak memory and time in norm layers, interleaved."""
-    from normswap.evaluate.runner import evaluate, load_entries
+    from normswap.evaluate.runner import evaluate
 
+    cfg = _config(opts, perplexity=False, diagnostics=False, fidelity=False, speed=True)
     _require_hub(models, baseline)
-    dev, dt = _setup(device, dtype)
-    say = _progress(quiet)
-    entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
-    results = evaluate(entries, text="", baseline_name=base, device=dev, dtype=dt, seq_len=seq_len, batch_size=batch_size,
-                       perplexity=False, diagnostics=False, memory=not no_memory, progress=say,
-                       speed_options={"repeats": repeats, "warmup": warmup, "min_time": min_time, "new_tokens": new_tokens,
-                                      "compile": compile_})
+    entries, _, run = _load(models, baseline, device, cfg, _progress(quiet))
+    results = evaluate(entries, cfg, **run)
     if as_json:
         click.echo(json.dumps({"device": results["device"], "dtype": results["dtype"], "speed_setup": results.get("speed_setup"),
                                "models": [{k: m.get(k) for k in ("name", "path", "tokens_per_second", "peak_memory_bytes",
@@ -230,14 +200,6 @@ def render(results_json, out, force):
 
 
 # ------------------------------------------------------------------ tables
-def _echo_rows(rows):
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    for j, r in enumerate(rows):
-        click.echo("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-        if j == 0:
-            click.echo("  ".join("-" * w for w in widths))
-
-
 def _fmt_tps(m, key, results):
     """``25,023 x1.03 [0.95–1.12] n.d.``: tokens/s, ratio, per-repeat range, and n.d. when that range
     says the ratio is no measurable difference (stats.py); the baseline gets no ratio."""
@@ -264,7 +226,9 @@ def _ratio_legend(results):
 def _print_speed(results):
     from normswap.report.render import fmt_bytes
 
-    rows = [("model", "forward tok/s", "train-step tok/s", "generate tok/s", "decode tok/s", "peak memory", "norm share")]
+    from normswap.report.tables import text_table
+
+    rows = []
     for m in results["models"]:
         mr = (m.get("ratios") or {}).get("peak_memory_bytes")
         share = m.get("norm_time_share")
@@ -272,23 +236,24 @@ def _print_speed(results):
                      _fmt_tps(m, "generate", results), _fmt_tps(m, "decode", results),
                      fmt_bytes(m.get("peak_memory_bytes")) + (f" (x{mr:.2f})" if mr is not None else ""),
                      "-" if share is None else f"{share * 100:.1f}%"))
-    _echo_rows(rows)
+    click.echo(text_table(("model", "forward tok/s", "train-step tok/s", "generate tok/s", "decode tok/s", "peak memory", "norm share"),
+                          rows))
     _ratio_legend(results)
 
 
 def _print_table(results):
-    if any(m.get("fidelity") for m in results["models"]):
-        from normswap.report.encoders import fidelity_rows
+    from normswap.report.encoders import fidelity_rows, has_fidelity
+    from normswap.report.tables import text_table
 
-        header, rows = fidelity_rows(results)
-        _echo_rows([tuple(header)] + [tuple(r) + () for r in rows])
+    if has_fidelity(results):
+        click.echo(text_table(*fidelity_rows(results)))
         sys.stdout.flush()
         return
-    rows = [("model", "kind", "perplexity", "bits/byte", "forward tok/s", "train-step tok/s")]
+    rows = []
     for m in results["models"]:
         rows.append((m["name"], m.get("kind", ""), f"{m['perplexity']:.4f}" if m.get("perplexity") is not None else "-",
                      f"{m['bits_per_byte']:.4f}" if m.get("bits_per_byte") is not None else "-",
                      _fmt_tps(m, "forward", results), _fmt_tps(m, "train_step", results)))
-    _echo_rows(rows)
+    click.echo(text_table(("model", "kind", "perplexity", "bits/byte", "forward tok/s", "train-step tok/s"), rows))
     _ratio_legend(results)
     sys.stdout.flush()

@@ -18,38 +18,20 @@ import math
 import click
 from click.core import ParameterSource
 
-from normswap.cli.options import data_option, device_option, force_option, json_option, seed_option, trust_remote_code_option
-from normswap.finetune.config import flag, options
+from normswap.cli.options import (
+    config_options, data_option, device_option, force_option, json_option, seed_option, trust_remote_code_option,
+)
+from normswap.finetune.config import options
 
 # fields whose option is shared with other commands (declared once, in cli/options.py)
 SHARED = {"data": data_option, "seed": seed_option, "device": device_option(),
           "force": force_option}
-TYPES = {"int": int, "float": float, "str": str}
-
-
-def _option(f):
-    """The click option of one FinetuneConfig field, from its metadata."""
-    if f.name in SHARED:
-        return SHARED[f.name]
-    m = f.metadata
-    if m["kind"] == "bool":
-        if f.default is None:  # three states: on, off, or decided at run time
-            return click.option(f"{flag(f.name)}/--no-{flag(f.name)[2:]}", f.name, default=None, help=m["help"])
-        return click.option(flag(f.name), f.name, is_flag=True, default=f.default, help=m["help"])
-    kind = click.Choice(m["choices"]) if m["choices"] else TYPES[m["kind"]]
-    return click.option(flag(f.name), f.name, type=kind, default=f.default, show_default=f.default is not None, help=m["help"])
-
-
-def _with_config_options(command):
-    for f in reversed([f for f in options() if f.metadata["cli"]]):
-        command = _option(f)(command)
-    return command
 
 
 @click.command("finetune")
 @click.argument("model")
 @click.argument("out", required=False, type=click.Path(file_okay=False))
-@_with_config_options
+@config_options([f for f in options() if f.metadata["cli"]], SHARED)
 @trust_remote_code_option
 @json_option
 @click.pass_context

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
-
 
 def device_option(default="auto"):
     return click.option(
@@ -14,10 +12,6 @@ def device_option(default="auto"):
         show_default=True,
         help="cpu, cuda, cuda:N or auto (cuda when available).",
     )
-
-
-def dtype_option(default="auto", help_text="Compute dtype (auto: the checkpoint's own; float32 on CPU)."):
-    return click.option("--dtype", type=click.Choice(DTYPES), default=default, show_default=True, help=help_text)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON summary.")
@@ -43,8 +37,38 @@ trust_remote_code_option = click.option(
     help="Let source models run the Python files they ship (auto_map). Off by default: only for sources you trust. "
          "normswap's own converted checkpoints never need it.",
 )
-seq_len_option = click.option("--seq-len", type=int, default=None, help="Tokens per sequence (default: min(model context, 512)).")
-batch_size_option = click.option("--batch-size", type=int, default=8, show_default=True, help="Sequences per batch.")
+
+
+CLICK_TYPES = {"int": int, "float": float, "str": str, "list[str]": str}  # a list is given as a,b
+
+
+def config_option(f, shared=None):
+    """The click option of one declared config field (normswap/declared.py), from its metadata;
+    ``shared``: options declared once here for several commands, by field name."""
+    from normswap.declared import cli_flag, default_of
+
+    if shared and f.name in shared:
+        return shared[f.name]
+    m, name, default = f.metadata, cli_flag(f), default_of(f)
+    if m["kind"] == "bool":
+        if default is False:
+            return click.option(name, f.name, is_flag=True, default=False, help=m["help"])
+        # on by default (``--no-speed`` turns it off) or three states (decided at run time when absent)
+        return click.option(f"{name}/--no-{name[2:]}", f.name, default=default, show_default="on" if default else False, help=m["help"])
+    if m["kind"] == "list[str]":
+        default = ",".join(default) or None
+    kind = click.Choice(m["choices"]) if m["choices"] else CLICK_TYPES[m["kind"]]
+    return click.option(name, f.name, type=kind, default=default, show_default=default is not None, help=m["help"])
+
+
+def config_options(fields, shared=None):
+    """Decorator: the click options of ``fields`` (declared config fields), in their order."""
+    def decorate(command):
+        for f in reversed(list(fields)):
+            command = config_option(f, shared)(command)
+        return command
+
+    return decorate
 
 
 def resolve_device(device: str) -> str:

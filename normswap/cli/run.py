@@ -20,14 +20,15 @@ set_option = click.option(
 def print_outcome(state: dict, out, *, seconds: float) -> None:
     from pathlib import Path
 
-    from normswap.recipes.runner import format_table
+    from normswap.recipes.runner import MODELS, REPORT, RUN_FILE, SUMMARY
+    from normswap.report.tables import summary_table, text_table
+    from normswap.report.write import HTML, MARKDOWN, RESULTS
 
     click.echo("")
-    click.echo(format_table(state["summary"]))
+    click.echo(text_table(*summary_table(state["summary"])))
     click.echo("")
-    report = Path(out) / "report"
-    click.echo(f"report:  {report / 'report.html'}  (also report.md, results.json)")
-    click.echo(f"run:     {out}  (models/, recipe.yaml, run.json, summary.md)  in {seconds:.0f} s")
+    click.echo(f"report:  {Path(out) / REPORT / HTML}  (also {MARKDOWN}, {RESULTS})")
+    click.echo(f"run:     {out}  ({MODELS}/, recipe.yaml, {RUN_FILE}, {SUMMARY})  in {seconds:.0f} s")
 
 
 @click.command("run")
@@ -84,9 +85,8 @@ def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
     from normswap.recipes.runner import run_recipe
 
     t0 = time.perf_counter()
-    say = None if not as_json else (lambda m: click.echo(f"normswap run: {m}", err=True))
     with output_lock(out, create_parent=True):
-        state = run_recipe(loaded, out, resume=resume, force=force, say=say)
+        state = run_recipe(loaded, out, resume=resume, force=force)
     if as_json:
         click.echo(json.dumps(state, indent=2, default=str))
         return

@@ -1,31 +1,32 @@
 """Evaluate several models side by side and assemble ``results.json`` (docs/results-schema.md).
 
-Order of work: load every model; per model, perplexity, diagnostics and lm-eval tasks; then the
-speed measurements for all models together (interleaved, see speed.py); then peak memory. Speed
-runs last because its train steps touch optimizer state (with lr=0, so weights stay put anyway).
+Load every model (:func:`load_entries`), then :func:`evaluate`: resolve the configuration against
+the models (window length, split, which measurements their kind defines), read the text once, run
+each selected measurement of evaluate/measurements.py over all models, and add the ratios to the
+baseline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
-import json
 import platform
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from normswap.errors import NormswapError
-from normswap.evaluate.kinds import PROBE_INPUT, common_group, model_kind
-from normswap.evaluate.norms import hidden_size_of, norm_kind, norm_modules
+from normswap.evaluate.config import EvalConfig
+from normswap.evaluate.kinds import PROBE_INPUT, READS_TEXT, common_group, measurements_for, model_kind
+from normswap.evaluate.measurements import MEASUREMENTS, Run
+from normswap.evaluate.models import model_info
 from normswap.evaluate.perplexity import model_context, truncate_text
-from normswap.evaluate.perplexity import perplexity as run_perplexity
 from normswap.evaluate.stats import METHOD as RATIO_METHOD
 from normswap.evaluate.stats import ratio_intervals
 
 _LABEL = re.compile(r"^[A-Za-z0-9_.\- ]+$")
-DEFAULT_MAX_TOKENS = 65536
 
 
 @dataclass
@@ -35,7 +36,6 @@ class ModelEntry:
     model: object = None
     tokenizer: object = None
     path: str | None = None
-    info: dict = field(default_factory=dict)
 
 
 def split_label(arg: str) -> tuple[str | None, str]:
@@ -83,81 +83,6 @@ def device_description(device: str) -> str:
         return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
     cpu = platform.processor() or platform.machine()
     return f"cpu ({cpu}, {torch.get_num_threads()} threads)"
-
-
-def _model_info(entry: ModelEntry) -> dict:
-    """What kind of model this is: original, converted (exact/approx) or fine-tuned, with its log."""
-    config = entry.model.config
-    block = getattr(config, "normswap", None)
-    block = dict(block) if isinstance(block, dict) else None
-    manifest = None
-    if entry.path and Path(entry.path).is_dir():
-        try:
-            from normswap.checkpoint.manifest import read_manifest
-
-            manifest = read_manifest(entry.path)
-        except ImportError:
-            manifest = None
-        except NormswapError:
-            manifest = None
-    finetuned = bool(manifest and manifest.get("finetune")) or bool(entry.path and (Path(entry.path) / "train_log.jsonl").is_file())
-    if finetuned:
-        kind = "fine-tuned"
-    elif block:
-        kind = f"converted ({block.get('mode', '?')})"
-    else:
-        kind = "original"
-    found = norm_modules(entry.model)
-    norms = sorted({type(m).__name__ for _, m in found})
-    # The usual per-token arithmetic of one norm over d features: LayerNorm ~8d (mean, subtract,
-    # square, mean, scale, gamma, beta), RMSNorm ~4d (square, mean, scale, gamma).
-    norm_flops = sum((8 if norm_kind(m) == "layer" else 4) * (hidden_size_of(m) or 0) for _, m in found)
-    params = int(sum(p.numel() for p in entry.model.parameters()))
-    info = {
-        "kind": kind,
-        "model_kind": model_kind(entry.model),
-        "architecture": (getattr(config, "architectures", None) or [type(entry.model).__name__])[0],
-        "parameters": params,
-        "norm_classes": norms,
-        "norm_layers": len(found),
-        "flops_per_token": {"norms": norm_flops, "model_estimate": 2 * params},
-        "normswap": {k: block.get(k) for k in ("mode", "source", "format_version", "version") if k in block} if block else None,
-        "finetune": read_train_log(Path(entry.path) / "train_log.jsonl") if entry.path else None,
-    }
-    if manifest and manifest.get("finetune"):
-        info["finetune_manifest"] = manifest.get("finetune")
-    return info
-
-
-def read_train_log(path: Path, max_points: int = 400) -> dict | None:
-    """Loss curve from ``normswap finetune``'s train_log.jsonl, thinned to ``max_points``."""
-    from normswap.finetune.run_dir import read_log_rows
-
-    if not path.is_file():
-        return None
-    rows = read_log_rows(path)
-    train = [(r["step"], r["loss"]) for r in rows if "step" in r and r.get("loss") is not None]
-    evals = [(r["step"], r["eval_loss"]) for r in rows if "step" in r and r.get("eval_loss") is not None]
-    every = max(1, len(train) // max_points)
-    thinned = train[::every]
-    if train and thinned[-1] != train[-1]:
-        thinned.append(train[-1])
-    # With distillation, `loss` is the mixed objective: keep its parts apart (KL and cross-entropy
-    # differ by orders of magnitude and must not share an axis).
-    by_step = {r["step"]: r for r in rows if "step" in r}
-    parts = {key: [by_step[s].get(key) for s, _ in thinned] for key in ("lm_loss", "distill_loss")
-             if any(by_step[s].get(key) is not None for s, _ in thinned)}
-    return {
-        "train_log": str(path),
-        "steps": [s for s, _ in thinned],
-        "loss": [v for _, v in thinned],
-        **parts,
-        "eval_steps": [s for s, _ in evals],
-        "eval_loss": [v for _, v in evals],
-        "final_loss": train[-1][1] if train else None,
-        "final_eval_loss": evals[-1][1] if evals else None,
-        "total_steps": train[-1][0] if train else None,
-    }
 
 
 def _ratio(a, b):
@@ -223,85 +148,72 @@ def plan_entries(specs, baseline=None) -> tuple[list[tuple[str, str]], str | Non
 
 def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, progress=None) -> tuple[list[ModelEntry], str | None]:
     """Load ``specs`` (``SPEC`` or ``NAME=SPEC``); add ``baseline`` when it is not one of them."""
+    planned, baseline_name = plan_entries(specs, baseline)
+    return load_planned(planned, device=device, dtype=dtype, progress=progress), baseline_name
+
+
+def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -> list[ModelEntry]:
+    """Load each (name, spec): a causal LM as its LM-head class, anything else (an encoder) as the
+    class it names; a list mixing the two is refused before the rest loads."""
     import normswap
     from normswap.checkpoint.load import is_causal_lm, is_local, load_config, resolve
 
-    planned, baseline_name = plan_entries(specs, baseline)
     entries = []
     for name, spec in planned:
         if progress:
             progress(f"loading {name} ({spec})")
         resolved = resolve(spec)
-        # a causal LM as its LM-head class; anything else (an encoder) as the class it names
         task = "causal-lm" if is_causal_lm(load_config(resolved)) else "auto"
         model = normswap.load_model(spec, dtype=dtype, device=device, task=task)
         # image / audio models are compared on probe inputs: a tokenizer is neither needed nor always there
         tok = None if model_kind(model) == PROBE_INPUT else normswap.load_tokenizer(spec)
-        entries.append(ModelEntry(name=name, spec=spec, model=model, tokenizer=tok,
+        entries.append(ModelEntry(name=name, spec=str(spec), model=model, tokenizer=tok,
                                   path=str(Path(resolved).resolve()) if is_local(resolved) else resolved))
-        common_group({e.name: model_kind(e.model) for e in entries})  # refuse a mixed list before loading the rest
-    return entries, baseline_name
+        common_group({e.name: model_kind(e.model) for e in entries})
+    return entries
 
 
-def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=None, baseline_name=None, tasks=None,
-             device="cpu", dtype=torch.float32, seq_len=None, stride=None, batch_size=8, max_tokens=DEFAULT_MAX_TOKENS,
-             perplexity=True, diagnostics=True, speed=True, speed_options=None, memory=True, diagnostics_batch=4,
-             lm_eval_limit=None, fidelity=None, fidelity_tokens=8192, seed=0, progress=None, lm_eval_log=None) -> dict:
-    """Run every measurement on ``entries`` and return the results dict (schema: docs/results-schema.md).
+def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, data="embedded", baseline_name=None, device="cpu",
+             dtype=torch.float32, seed=0, progress=None, lm_eval_log=None) -> dict:
+    """Run the measurements ``config`` selects on ``entries``; the results dict (docs/results-schema.md).
 
-    Encoders (no causal-LM head) get fidelity to the baseline (or the first model) instead of
-    perplexity, diagnostics and lm-eval tasks; ``fidelity`` None means: for encoders only.
+    Causal LMs get perplexity (and diagnostics, lm-eval tasks); encoders get fidelity to the
+    baseline (or the first model) instead: evaluate/kinds.py says what each kind defines.
     """
-    from normswap.evaluate.diagnostics import diagnostics as run_diagnostics
-    from normswap.evaluate.diagnostics import fixed_batch
-    from normswap.evaluate.lm_eval_adapter import crosscheck, default_log, parse_tasks, run_tasks
-    from normswap.evaluate.memory import peak_memory
-    from normswap.evaluate.speed import SpeedConfig, measure_speed
+    from normswap.evaluate.lm_eval_adapter import default_log
 
+    cfg = config or EvalConfig()
     say = progress or (lambda msg: None)
     if not entries:
         raise NormswapError("give at least one model to evaluate")
-    lm_eval_log = Path(lm_eval_log) if lm_eval_log else default_log()
     kinds = {e.name: model_kind(e.model) for e in entries}
     group = common_group(kinds)
-    if group == PROBE_INPUT:
-        # images / audio in, no text: fidelity to the reference on probe inputs is what is defined
-        if parse_tasks(tasks):
-            raise NormswapError(f"lm-eval tasks need text; these models read images or audio ({', '.join(kinds)}): drop --tasks")
-        perplexity = diagnostics = speed = memory = False  # speed and memory runs feed token ids
-        fidelity = True
-    encoders = group == "encoder"
-    if encoders:
-        if parse_tasks(tasks):
-            raise NormswapError("lm-eval tasks score causal LMs; these models are encoders (drop --tasks)")
-        perplexity = diagnostics = False  # not defined without a next-token head
-        speed_options = dict(speed_options or {}, kinds=("forward", "train_step", "norm_share"))  # nothing to generate
-    if fidelity is None:
-        fidelity = encoders
+    wanted = {"perplexity": cfg.perplexity, "diagnostics": cfg.diagnostics, "tasks": bool(cfg.tasks), "speed": cfg.speed,
+              "memory": cfg.memory, "fidelity": cfg.fidelity}
+    chosen = measurements_for(group, wanted, list(kinds))
     contexts = [c for c in (model_context(e.model) for e in entries) if c]
     max_ctx = min(contexts) if contexts else None
-    if seq_len is None:
-        seq_len = min(max_ctx or 512, 512)
+    seq_len = cfg.seq_len or min(max_ctx or 512, 512)
     if max_ctx is not None and seq_len > max_ctx:
         raise NormswapError(f"--seq-len {seq_len} is longer than the shortest model context ({max_ctx} tokens)")
-    if stride is None:
-        stride = max(seq_len // 2, 1)
-    need_text = (perplexity or diagnostics or fidelity) and group != PROBE_INPUT
-    if text is None and need_text:
-        from normswap.data import load_text
+    cfg = dataclasses.replace(cfg, seq_len=seq_len, stride=cfg.stride or max(seq_len // 2, 1))
+    need_text = READS_TEXT[group] and any(m.reads_text for m in MEASUREMENTS if m.name in chosen)
+    text, split = "", None
+    if need_text:
+        from normswap.data import default_eval_split, load_text
 
+        split = cfg.split or default_eval_split(str(data))
         say(f"loading {data} ({split} split)")
         text = load_text(data, split)
-    full_chars = len(text or "")
+    full_chars = len(text)
     # The cap is applied once, in characters, with the baseline's (or first model's) tokenizer,
     # so every model reads exactly the same text.
     cap_entry = next((e for e in entries if e.name == baseline_name), entries[0])
-    text, truncated = truncate_text(text or "", cap_entry.tokenizer, max_tokens) if need_text and group != PROBE_INPUT else (None, False)
-    dtype_name = str(dtype).replace("torch.", "")
+    text, truncated = truncate_text(text, cap_entry.tokenizer, cfg.max_tokens) if need_text else (text, False)
     results = {
         "schema_version": 1,
         "device": device_description(device),
-        "dtype": dtype_name,
+        "dtype": str(dtype).replace("torch.", ""),
         "data": None if not need_text else {
             "spec": str(data),
             "split": split,
@@ -309,78 +221,27 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
             "characters_available": full_chars,
             "bytes": len(text.encode("utf-8")),
             "words": len(text.split()),
-            "max_tokens": max_tokens or None,
+            "max_tokens": cfg.max_tokens or None,
             "truncated": truncated,
             "cap_tokenizer_of": cap_entry.name if truncated else None,
-            "seq_len": seq_len,
-            "stride": stride,
-            "batch_size": batch_size,
+            "seq_len": cfg.seq_len,
+            "stride": cfg.stride,
+            "batch_size": cfg.batch_size,
         },
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "versions": versions(),
         "baseline": baseline_name,
         "models": [],
     }
-    rows = []
-    for e in entries:
-        row = {"name": e.name, "path": e.path, "spec": e.spec}
-        row.update(_model_info(e))
-        row.update({"perplexity": None, "bits_per_byte": None, "word_perplexity": None, "perplexity_detail": None})
-        if perplexity:
-            say(f"perplexity: {e.name}")
-            ppl = run_perplexity(e.model, e.tokenizer, text, seq_len=seq_len, stride=stride, batch_size=batch_size)
-            row.update({
-                "perplexity": ppl.perplexity,
-                "bits_per_byte": ppl.bits_per_byte,
-                "word_perplexity": ppl.word_perplexity,
-                "perplexity_detail": {"tokens": ppl.tokens, "nll_nats": ppl.nll_nats, "windows": ppl.windows},
-            })
-        row["diagnostics"] = None
-        if diagnostics:
-            say(f"diagnostics: {e.name}")
-            row["diagnostics"] = run_diagnostics(e.model, fixed_batch(e.tokenizer, text, diagnostics_batch, seq_len))
-        row["tasks"] = {}
-        if parse_tasks(tasks):
-            say(f"lm-eval {tasks}: {e.name} (its output: {lm_eval_log})")
-            window = model_context(e.model) or 2048  # lm-eval's own default when the config names none
-            row["tasks"] = run_tasks(e.model, e.tokenizer, tasks, batch_size=batch_size, max_length=window,
-                                     limit=lm_eval_limit, device=device, log_path=lm_eval_log)
-            results["lm_eval_log"] = str(lm_eval_log)
-            # normswap's own number on the very windows lm-eval scored, so the report can show
-            # that the two agree (and explain why its headline perplexity differs).
-            checks = {t: crosscheck(e.model, e.tokenizer, t, window=window, limit=lm_eval_limit, batch_size=batch_size)
-                      for t in parse_tasks(tasks)}
-            row["task_crosscheck"] = {t: c for t, c in checks.items() if c is not None}
-        rows.append(row)
-    if speed:
-        cfg = SpeedConfig(batch_size=batch_size, seq_len=seq_len, **(speed_options or {}))
-        say("speed: interleaved over models")
-        measured = measure_speed([(e.name, e.model) for e in entries], cfg, progress=say)
-        results["speed_setup"] = cfg.to_dict()
+    run = Run(entries=entries, config=cfg, text=text, group=group, baseline=baseline_name, device=device, seed=seed,
+              lm_eval_log=Path(lm_eval_log) if lm_eval_log else default_log(), say=say)
+    rows = [{"name": e.name, "path": e.path, "spec": e.spec, **model_info(e.model, e.path)} for e in entries]
+    for m in MEASUREMENTS:
+        records, top = m.measure(run) if m.name in chosen else ({}, {})
+        results.update(top)
         for row in rows:
-            row.update(measured[row["name"]])
-    else:
-        for row in rows:
-            row.update({"tokens_per_second": {}, "norm_time_share": None, "norm_time": None})
-    for e, row in zip(entries, rows):
-        row["peak_memory_bytes"] = None
-        row["memory_detail"] = None
-        if not memory:
-            row["memory_detail"] = {"method": "not measured", "reason": "not requested (--no-memory, or eval.memory: false in a recipe)"}
-            continue
-        say(f"peak memory: {e.name}")
-        mem_seq = min(seq_len, model_context(e.model) or seq_len)
-        detail = peak_memory(e.model, batch_size, mem_seq)
-        row["peak_memory_bytes"] = detail.pop("peak_memory_bytes")
-        row["memory_detail"] = {"batch_size": batch_size, "seq_len": mem_seq, **detail}
-    if fidelity:
-        from normswap.evaluate.fidelity import fidelity as run_fidelity
-
-        reference = baseline_name or entries[0].name
-        measured, info = run_fidelity(entries, reference, text, max_tokens=fidelity_tokens, seq_len=seq_len, seed=seed, progress=say)
-        results["fidelity_setup"] = info
-        for row in rows:
-            row["fidelity"] = measured[row["name"]]
+            row.update(records.get(row["name"], m.empty()).row())
+    speed = "speed" in chosen
     base = next((r for r in rows if r["name"] == baseline_name), None)
     for row in rows:
         row["ratios"] = ratios(row, base) if base is not None else None
@@ -389,18 +250,3 @@ def evaluate(entries: list[ModelEntry], *, data="embedded", split="test", text=N
         results["ratio_method"] = RATIO_METHOD
     results["models"] = rows
     return results
-
-
-def dumps(results: dict) -> str:
-    return json.dumps(results, indent=2, sort_keys=False, default=_json_default)
-
-
-def _json_default(o):
-    if isinstance(o, Path):
-        return str(o)
-    if isinstance(o, torch.dtype):
-        return str(o).replace("torch.", "")
-    if hasattr(o, "item"):
-        return o.item()
-    return str(o)
-

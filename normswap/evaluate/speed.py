@@ -32,36 +32,14 @@ import inspect
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+import dataclasses
 
 import torch
 
+from normswap.evaluate.config import SpeedConfig
 from normswap.evaluate.kinds import training_loss
 from normswap.evaluate.norms import norm_modules
 from normswap.evaluate.perplexity import model_context, model_device
-
-KINDS = ("forward", "train_step", "generate", "norm_share")
-
-
-@dataclass
-class SpeedConfig:
-    batch_size: int = 8
-    seq_len: int = 128
-    repeats: int = 5
-    warmup: int = 1
-    min_time: float = 0.2  # seconds per measurement; more calls are made when one is shorter
-    max_calls: int = 50
-    prompt_len: int = 64
-    new_tokens: int = 32
-    seed: int = 0
-    kinds: tuple = KINDS
-    compile: bool = False
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["kinds"] = list(self.kinds)
-        return d
-
 
 def _cache_of(out):
     cache = out.get("cache") if hasattr(out, "get") else None
@@ -273,7 +251,7 @@ def measure_speed(models, config: SpeedConfig | None = None, progress=None) -> d
     """Measure ``models`` (a list of (name, model)) interleaved; ``{name: summary}``."""
     cfg = config or SpeedConfig()
     if cfg.compile:
-        cfg = SpeedConfig(**{**cfg.to_dict(), "kinds": tuple(k for k in cfg.kinds if k != "norm_share")})
+        cfg = dataclasses.replace(cfg, kinds=tuple(k for k in cfg.kinds if k != "norm_share"))
     benches = [_Bench(name, model, cfg) for name, model in models]
     for b in benches:
         if progress:

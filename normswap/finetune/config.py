@@ -1,9 +1,9 @@
 """The fine-tune's options, declared once.
 
-Each field of ``FinetuneConfig`` carries its help text, bounds, choices and two roles in its
-metadata; from them come the ``normswap finetune`` click options (cli/finetune.py), the recipe
-schema's ``finetune:`` table (recipes/schema.py), the validation of both, and what ``--resume``
-may change:
+Each field of ``FinetuneConfig`` is declared with ``normswap.declared.option`` (help text, bounds,
+choices) plus its role under ``--resume``; from them come the ``normswap finetune`` click options
+(cli/finetune.py), the recipe schema's ``finetune:`` table (recipes/schema.py), the validation of
+both, and what ``--resume`` may change:
 
 * ``resume="match"``: part of the run's trajectory or of its evaluation; a resumed run takes the
   recorded value and refuses a different one given on the command line.
@@ -17,8 +17,10 @@ This module imports neither torch nor click, so that ``--help`` and recipe valid
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from normswap import declared
+from normswap.declared import option
 
 RUN_FILE = "finetune_run.json"
 LOG_FILE = "train_log.jsonl"
@@ -32,13 +34,9 @@ EVAL_RULE = (f"default: a quarter of the run's training tokens (steps × batch-s
              f"sequences, at most {EVAL_TOKENS_MAX:,}")
 
 
-def _opt(default, help, *, kind=None, choices=(), minimum=None, maximum=None, above=None, below=None,
-         resume="match", recipe=True, cli=True):
-    """A config field with its declaration as metadata (see the module docstring)."""
-    kind = kind or ("bool" if isinstance(default, bool) else type(default).__name__)
-    meta = dict(help=help, kind=kind, choices=tuple(choices), minimum=minimum, maximum=maximum, above=above, below=below,
-                resume=resume, recipe=recipe, cli=cli)
-    return field(metadata=meta) if default is dataclasses.MISSING else field(default=default, metadata=meta)
+def _opt(default, help, *, resume="match", **declaration):
+    """A config field with its declaration (normswap/declared.py) and its role under --resume."""
+    return option(default, help, resume=resume, **declaration)
 
 
 @dataclass
@@ -91,7 +89,7 @@ class FinetuneConfig:
 
 
 def options() -> list[dataclasses.Field]:
-    return list(dataclasses.fields(FinetuneConfig))
+    return declared.options(FinetuneConfig)
 
 
 def flag(name: str) -> str:
@@ -101,25 +99,7 @@ def flag(name: str) -> str:
 def option_errors(values: dict) -> list[tuple[str, str]]:
     """(option name, what is wrong) for each value in ``values`` outside its declared bounds, plus
     the checks that relate two options. Shared by the trainer and the recipe schema."""
-    errors = []
-    for f in options():
-        if f.name not in values or values[f.name] is None:
-            continue
-        v, m = values[f.name], f.metadata
-        if m["choices"] and v not in m["choices"]:
-            errors.append((f.name, f"must be one of {', '.join(m['choices'])}, got {v!r}"))
-        if m["kind"] not in ("int", "float") or isinstance(v, bool):
-            continue
-        if isinstance(v, float) and not math.isfinite(v):
-            errors.append((f.name, f"must be a finite number, got {v}"))
-        elif m["minimum"] is not None and v < m["minimum"]:
-            errors.append((f.name, f"must be >= {m['minimum']:g}, got {v}"))
-        elif m["maximum"] is not None and v > m["maximum"]:
-            errors.append((f.name, f"must be <= {m['maximum']:g}, got {v}"))
-        elif m["above"] is not None and not v > m["above"]:
-            errors.append((f.name, f"must be > {m['above']:g}, got {v}"))
-        elif m["below"] is not None and not v < m["below"]:
-            errors.append((f.name, f"must be < {m['below']:g}, got {v}"))
+    errors = declared.option_errors(FinetuneConfig, values)
     if isinstance(values.get("batch_size"), int) and isinstance(values.get("grad_accum"), int) and values["grad_accum"] >= 1:
         if values["batch_size"] % values["grad_accum"]:
             errors.append(("batch_size", f"must be divisible by grad_accum ({values['grad_accum']}), got {values['batch_size']}"))
@@ -127,16 +107,8 @@ def option_errors(values: dict) -> list[tuple[str, str]]:
 
 
 def recipe_fields() -> dict[str, dict]:
-    """The recipe schema's finetune table: name -> {kind, default, choices, nullable, minimum, help}."""
-    table = {}
-    for f in options():
-        m = f.metadata
-        if not m["recipe"]:
-            continue
-        table[f.name] = dict(kind="choice" if m["choices"] else m["kind"], default=f.default, choices=m["choices"],
-                             nullable=f.default is None, minimum=m["minimum"] if m["minimum"] is not None else m["above"],
-                             help=m["help"])
-    return table
+    """The recipe schema's finetune table (see declared.recipe_fields)."""
+    return declared.recipe_fields(FinetuneConfig)
 
 
 def default_eval_tokens(steps: int, batch_size: int, seq_len: int) -> int:

@@ -2,7 +2,7 @@
 
 Public API:
     load_recipe(path_or_name, overrides=()) -> LoadedRecipe   (validated; errors are one line)
-    run_recipe(loaded, out, resume=False, force=False, say=None) -> dict   (run.json's content)
+    run_recipe(loaded, out, resume=False, force=False, progress=None) -> dict   (run.json's content)
     shipped_recipes() -> {name: path}
     validate(raw_dict, where) -> resolved recipe dict; describe_fields() -> the schema as text
 """

@@ -1,4 +1,5 @@
-"""Run a validated recipe: convert each variant, fine-tune where asked, evaluate all side by side.
+"""Run a validated recipe: a list of steps (convert each variant, fine-tune where asked, evaluate
+all side by side) run in order, each reporting its progress through one callback.
 
 Layout of the run directory DIR:
 
@@ -10,31 +11,35 @@ Layout of the run directory DIR:
     DIR/models/<variant>-healed/  finetune's output for a variant that converts and fine-tunes
     DIR/report/                normswap eval report: results.json, report.md, report.html, PNGs
 
-Each step writes its output atomically (convert: staging dir + rename; finetune: final files moved
-in last; report: temp dir + rename) and is recorded in run.json with a fingerprint of everything
-that determines it (its options and its input's fingerprint). ``resume`` skips a step whose
-output is complete and whose fingerprint is unchanged, so an interrupted or edited run redoes only
-what changed; the evaluation is redone whenever any model was.
+Each step writes its output atomically (the command it runs publishes it) and is recorded in
+run.json with a fingerprint of everything that determines it (its options and its input's
+fingerprint). ``resume`` skips a step whose output is complete and whose fingerprint is unchanged,
+so an interrupted or edited run redoes only what changed; the evaluation is redone whenever any
+model was.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
-import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from normswap.errors import NormswapError
 from normswap.publish import atomic_write_text
 from normswap.recipes.loader import LoadedRecipe, dump_recipe
-from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME
+from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, report_names
 
 RUN_FILE = "run.json"
-OWNED = ("recipe.yaml", "recipe.original.yaml", RUN_FILE, "summary.md", "models", "report")
+MODELS, REPORT, SUMMARY = "models", "report", "summary.md"
+OWNED = ("recipe.yaml", "recipe.original.yaml", RUN_FILE, SUMMARY, MODELS, REPORT)
+PROGRESS_EVERY = 10.0  # seconds between a fine-tune's progress lines (readable in logs and CI)
+
+Progress = Callable[[str], None]
 
 
 def _now() -> str:
@@ -45,83 +50,231 @@ def _fingerprint(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-# ------------------------------------------------------------------------------------ network
-def network_problem(recipe: dict, *, timeout: float = 3.0) -> str | None:
-    """Why a needs_network recipe cannot run now (None: it can). Costs at most ~``timeout`` s."""
-    from normswap.network import data_needs_hub, hub_problem, model_needs_hub
-
-    if not recipe["needs_network"]:
-        return None
-    if not model_needs_hub(recipe["source"]) and not data_needs_hub(recipe["data"]):
-        return None  # everything it needs is already on this machine
-    return hub_problem(timeout)
+def _print_progress(msg: str) -> None:
+    print(f"normswap run: {msg}", file=sys.stderr, flush=True)
 
 
-# ------------------------------------------------------------------------------------ progress
-class _FinetuneWatcher:
-    """Prints a progress line from finetune's train_log.jsonl every few seconds (works in logs and
-    CI, where a progress bar is a wall of carriage returns)."""
+@dataclass
+class Model:
+    """A model of the run: where it is and the fingerprint of everything that made it."""
 
-    def __init__(self, log_path: Path, label: str, total: int, say, every: float = 10.0):
-        self.log_path, self.label, self.total, self.say, self.every = log_path, label, total, say, every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._last_step = 0
-        self._t0 = time.perf_counter()
+    name: str
+    spec: str
+    fingerprint: str
 
-    def __enter__(self):
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=5)
-        return False
+@dataclass
+class Context:
+    recipe: dict
+    loaded: LoadedRecipe
+    out: Path
+    device: str
+    say: Progress
+    models: dict[str, Model] = field(default_factory=dict)  # every model built so far, by name
+    ran_any: bool = False  # some model step ran (not skipped): the evaluation must run again
 
-    def _latest(self) -> dict | None:
+
+# ------------------------------------------------------------------------------------ steps
+@dataclass
+class ConvertStep:
+    variant: str
+    source: str  # name of the model it converts
+    options: dict
+
+    @property
+    def name(self) -> str:
+        return f"convert:{self.variant}"
+
+    @property
+    def produces(self) -> str:
+        return self.variant
+
+    def target(self, ctx: Context) -> Path:
+        return ctx.out / MODELS / self.variant
+
+    def fingerprint(self, ctx: Context) -> str:
+        return _fingerprint({"step": "convert", "input": ctx.models[self.source].fingerprint, "options": self.options})
+
+    def complete(self, ctx: Context) -> bool:
+        from normswap.checkpoint.manifest import MANIFEST_NAME
+
+        return (self.target(ctx) / MANIFEST_NAME).is_file()  # convert publishes the whole directory at once
+
+    def run(self, ctx: Context) -> dict:
+        from normswap.convert.pipeline import convert_checkpoint
+
+        o, say = self.options, lambda m: ctx.say(f"convert {self.variant}: {m}")
+        say(f"{o['mode']} mode" + "".join(f", {k} {o[k]}" for k in ("gamma", "beta") if o[k]) + (", untie" if o["untie"] else ""))
+        t0 = time.perf_counter()
+        summary = convert_checkpoint(ctx.models[self.source].spec, self.target(ctx), mode=o["mode"], gamma=o["gamma"], beta=o["beta"],
+                                     untie=o["untie"], dtype=o["dtype"], force=True, verify=o["verify"], tolerance=o["tolerance"],
+                                     progress=say)
+        ver = summary.get("verification") or {}
+        line = f"{summary['norms_replaced']} norms replaced in {time.perf_counter() - t0:.1f} s"
+        if ver.get("max_abs_diff") is not None:
+            line += f"; max |Δ log-prob| vs source {ver['max_abs_diff']:.2g}" + (" (exact: passed)" if ver.get("passed") else "")
+        say(line)
+        return {"mode": summary["mode"], "verification": ver}
+
+
+@dataclass
+class FinetuneStep:
+    label: str  # the model it writes
+    source: str  # name of the model it fine-tunes
+    options: dict
+
+    @property
+    def name(self) -> str:
+        return f"finetune:{self.label}"
+
+    @property
+    def produces(self) -> str:
+        return self.label
+
+    def target(self, ctx: Context) -> Path:
+        return ctx.out / MODELS / self.label
+
+    def _options(self, ctx: Context) -> dict:
+        opts = dict(self.options)
+        if opts["distill_from"] == "source":
+            opts["distill_from"] = ctx.recipe["source"]
+        return opts
+
+    def fingerprint(self, ctx: Context) -> str:
+        r = ctx.recipe
+        return _fingerprint({"step": "finetune", "input": ctx.models[self.source].fingerprint, "options": self._options(ctx),
+                             "data": r["data"], "seed": r["seed"]})
+
+    def complete(self, ctx: Context) -> bool:
+        from normswap.finetune.run_dir import RunDir
+
         try:
-            lines = self.log_path.read_text().splitlines()
-        except OSError:
-            return None
-        for line in reversed(lines):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row.get("step"):
-                return row
-        return None
+            return (RunDir(self.target(ctx)).read_run() or {}).get("status") == "finished"
+        except NormswapError:  # a damaged run file: not complete, the step runs again
+            return False
 
-    def _run(self):
-        last_print = time.perf_counter()
-        while not self._stop.wait(1.0):
-            if time.perf_counter() - last_print < self.every:
-                continue
-            row = self._latest()
-            if row is None or row["step"] == self._last_step:
-                continue
-            self._last_step = row["step"]
-            last_print = time.perf_counter()
-            elapsed = last_print - self._t0
-            left = elapsed / row["step"] * (self.total - row["step"])
-            loss = row.get("loss")
-            self.say(f"{self.label}: step {row['step']}/{self.total}"
-                     + (f"  loss {loss:.3f}" if isinstance(loss, (int, float)) else "")
-                     + f"  ({elapsed:.0f} s, ~{left:.0f} s left)")
+    def run(self, ctx: Context) -> dict:
+        from normswap.finetune import FinetuneConfig, run_finetune
+        from normswap.finetune.run_dir import RunDir
+        from normswap.finetune.trainer import Hooks
+
+        r, o, say = ctx.recipe, self._options(ctx), lambda m: ctx.say(f"finetune {self.label}: {m}")
+        say(f"{o['steps']} steps x {o['batch_size']} sequences, lr {o['lr']:g}, warmup {o['warmup_steps']}"
+            + (f", distilling from {o['distill_from']}" if o["distill_from"] else ""))
+        cfg = FinetuneConfig(model=ctx.models[self.source].spec, out=str(self.target(ctx)), data=r["data"], seed=r["seed"],
+                             device=r["device"], force=True, progress=False, **o)
+        summary = run_finetune(cfg, hooks=Hooks(after_step=_StepProgress(RunDir(self.target(ctx)), o["steps"], say)),
+                               echo=lambda m: say(m.removeprefix("normswap finetune: ")))
+        what, a, b = (("perplexity", summary["initial_perplexity"], summary["final_perplexity"]) if summary["final_perplexity"] is not None
+                      else ("loss", summary["initial_eval_loss"], summary["final_eval_loss"]))  # a distillation distance: no perplexity
+        spec = ".3f" if what == "perplexity" else ".4g"
+        say(f"held-out {what} {a:{spec}} -> {b:{spec}} in {summary['wall_seconds']:.1f} s")
+        return {"perplexity_before": summary["initial_perplexity"], "perplexity_after": summary["final_perplexity"]}
+
+
+class _StepProgress:
+    """The fine-tune's ``after_step`` hook: every PROGRESS_EVERY seconds, one line with the step and
+    the loss the trainer logged for it (read through its RunDir)."""
+
+    def __init__(self, run_dir, total: int, say: Progress):
+        self.run_dir, self.total, self.say = run_dir, total, say
+        self.t0 = self.last = time.perf_counter()
+
+    def __call__(self, step: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_EVERY:
+            return
+        self.last = now
+        row = next((r for r in reversed(self.run_dir.rows()) if r.get("step") == step), {})
+        loss = row.get("loss")
+        elapsed = now - self.t0
+        self.say(f"step {step}/{self.total}" + (f"  loss {loss:.3f}" if isinstance(loss, (int, float)) else "")
+                 + f"  ({elapsed:.0f} s, ~{elapsed / step * (self.total - step):.0f} s left)")
+
+
+@dataclass
+class EvalStep:
+    """Every model of the report side by side with the source: results.json and the report."""
+
+    names: list[str]  # the report's models, in order
+    name: str = "eval"
+    produces: None = None  # a report, not a model
+
+    def target(self, ctx: Context) -> Path:
+        return ctx.out / REPORT
+
+    def fingerprint(self, ctx: Context) -> str:
+        r = ctx.recipe
+        return _fingerprint({"step": "eval", "models": [(n, ctx.models[n].fingerprint) for n in self.names], "eval": r["eval"],
+                             "data": r["data"], "device": ctx.device, "report": r["report"]})
+
+    def complete(self, ctx: Context) -> bool:
+        from normswap.report.write import RESULTS
+
+        return not ctx.ran_any and (self.target(ctx) / RESULTS).is_file()
+
+    def run(self, ctx: Context) -> dict:
+        from normswap import declared
+        from normswap.cli.options import resolve_dtype
+        from normswap.evaluate.config import EvalConfig
+        from normswap.evaluate.runner import evaluate, load_planned
+        from normswap.report import write_report
+
+        r, say = ctx.recipe, lambda m: ctx.say(f"eval: {m}")
+        cfg = declared.build(EvalConfig, r["eval"])
+        dtype = resolve_dtype(cfg.dtype, ctx.device)
+        entries = load_planned([(n, ctx.models[n].spec) for n in self.names], device=ctx.device, dtype=dtype, progress=say)
+        results = evaluate(entries, cfg, data=r["data"], baseline_name=SOURCE_NAME, device=ctx.device, dtype=dtype, seed=r["seed"],
+                           progress=say)
+        results["title"] = r["report"]["title"]
+        results["recipe"] = {"name": r["name"], "description": r["description"], "file": str(ctx.loaded.path),
+                             "overrides": ctx.loaded.overrides, "run_dir": str(ctx.out)}
+        say(f"writing {self.target(ctx)}")
+        write_report(results, self.target(ctx), force=True)
+        return {}
+
+    def results(self, ctx: Context) -> dict:
+        from normswap.report.write import RESULTS
+
+        return json.loads((self.target(ctx) / RESULTS).read_text())
+
+
+def plan_steps(recipe: dict) -> list:
+    """The run as a list of steps, in order: each variant's convert and/or fine-tune, then the evaluation."""
+    steps = []
+    for name, v in recipe["variants"].items():
+        current = SOURCE_NAME
+        if v["convert"] is not None:
+            steps.append(ConvertStep(name, current, v["convert"]))
+            current = name
+        if v["finetune"] is not None:
+            steps.append(FinetuneStep(name + HEALED_SUFFIX if v["convert"] is not None else name, current, v["finetune"]))
+    return steps + [EvalStep(report_names(recipe))]
 
 
 # ------------------------------------------------------------------------------------ the run
+def require_network(recipe: dict) -> None:
+    """Whatever the recipe downloads must be reachable: checked once, before DIR is touched."""
+    from normswap.network import require_hub
+
+    teachers = [v["finetune"]["distill_from"] for v in recipe["variants"].values() if v["finetune"] is not None]
+    teachers = [recipe["source"] if t == "source" else t for t in teachers if t]
+    try:
+        require_hub(models=[recipe["source"], *teachers], data=recipe["data"], tasks=recipe["eval"]["tasks"])
+    except NormswapError as e:
+        raise NormswapError(f"recipe {recipe['name']} needs the network: {e}") from None
+
+
 class Runner:
-    def __init__(self, loaded: LoadedRecipe, out, *, resume=False, force=False, say=None):
+    def __init__(self, loaded: LoadedRecipe, out, *, resume=False, force=False, progress: Progress | None = None):
         self.loaded = loaded
         self.recipe = loaded.recipe
         self.out = Path(out).expanduser()
         self.resume = resume
         self.force = force
-        self.say = say or (lambda msg: print(f"normswap run: {msg}", file=sys.stderr, flush=True))
+        self.say = progress or _print_progress
         self.state: dict = {}
 
-    # ---- directory --------------------------------------------------------------------------
     def _prepare_out(self) -> None:
         out = self.out
         if out.exists() and not out.is_dir():
@@ -140,7 +293,7 @@ class Runner:
             elif not self.resume:
                 raise NormswapError(f"--out {out} holds a previous run: pass --resume to continue it (finished steps are kept) or --force to start again")
         out.mkdir(parents=True, exist_ok=True)
-        (out / "models").mkdir(exist_ok=True)
+        (out / MODELS).mkdir(exist_ok=True)
         old = {}
         if self.resume and previous.is_file():
             try:
@@ -164,239 +317,59 @@ class Runner:
     def _save(self) -> None:
         atomic_write_text(self.out / RUN_FILE, json.dumps(self.state, indent=2, default=str) + "\n")
 
-    def _done(self, step: str, fingerprint: str, complete: bool) -> bool:
-        rec = self.state["steps"].get(step)
-        return bool(self.resume and complete and rec and rec.get("status") == "done" and rec.get("fingerprint") == fingerprint)
+    def _run_step(self, step, ctx: Context) -> None:
+        fp = step.fingerprint(ctx)
+        rec = self.state["steps"].get(step.name)
+        done = (self.resume and rec and rec.get("status") == "done" and rec.get("fingerprint") == fp) and step.complete(ctx)
+        target = step.target(ctx)
+        if done:
+            self.say(f"{step.name.replace(':', ' ')}: done already ({target}), skipped")
+        else:
+            t0 = time.perf_counter()
+            extra = step.run(ctx)
+            ctx.ran_any = True
+            self.state["steps"][step.name] = {"status": "done", "fingerprint": fp, "seconds": round(time.perf_counter() - t0, 2),
+                                              "finished": _now(), "output": str(target), **extra}
+            self._save()
+        if step.produces is not None:
+            ctx.models[step.produces] = Model(step.produces, str(target), fp)
 
-    def _record(self, step: str, fingerprint: str, seconds: float, **extra) -> None:
-        self.state["steps"][step] = {"status": "done", "fingerprint": fingerprint, "seconds": round(seconds, 2), "finished": _now(), **extra}
-        self._save()
-
-    # ---- steps ------------------------------------------------------------------------------
     def run(self) -> dict:
-        recipe = self.recipe
-        problem = network_problem(recipe)
-        if problem:
-            raise NormswapError(f"recipe {recipe['name']} needs the network (needs_network: true, source {recipe['source']}) but {problem}")
         from normswap.checkpoint.load import resolve
         from normswap.cli.options import resolve_device
 
+        recipe = self.recipe
+        require_network(recipe)
         resolve(recipe["source"])  # a missing source fails before DIR is touched
-        self.device = resolve_device(recipe["device"])
+        device = resolve_device(recipe["device"])
         self._prepare_out()
         t_run = time.perf_counter()
         self.say(f"recipe {recipe['name']}: {len(recipe['variants'])} variant(s) of {recipe['source']} -> {self.out}")
-        models = {SOURCE_NAME: (recipe["source"], _fingerprint({"source": recipe["source"]}))}
-        ran_any = False
-        for name, v in recipe["variants"].items():
-            current, fp = models[SOURCE_NAME]
-            if v["convert"] is not None:
-                target = self.out / "models" / name
-                current, fp, ran = self._convert(name, current, fp, v["convert"], target)
-                ran_any |= ran
-                models[name] = (current, fp)
-            if v["finetune"] is not None:
-                label = name + HEALED_SUFFIX if v["convert"] is not None else name
-                target = self.out / "models" / label
-                current, fp, ran = self._finetune(label, current, fp, v["finetune"], target)
-                ran_any |= ran
-                models[label] = (current, fp)
-        from normswap.recipes.schema import report_names
+        ctx = Context(recipe=recipe, loaded=self.loaded, out=self.out, device=device, say=self.say,
+                      models={SOURCE_NAME: Model(SOURCE_NAME, recipe["source"], _fingerprint({"source": recipe["source"]}))})
+        steps = plan_steps(recipe)
+        for step in steps:
+            self._run_step(step, ctx)
+        from normswap.report.tables import markdown_table, summary_rows, summary_table
+        from normswap.report.write import HTML
 
-        shown = [(n, models[n]) for n in report_names(recipe)]
-        results = self._evaluate(shown, force_rerun=ran_any)
-        rows = summary_rows(results)
+        rows = summary_rows(steps[-1].results(ctx))
         self.state.update(status="finished", finished=_now(), seconds=round(time.perf_counter() - t_run, 1), summary=rows,
-                          report=str(self.out / "report" / "report.html"))
+                          report=str(self.out / REPORT / HTML))
         self._save()
-        table = format_table(rows, markdown=True)
-        atomic_write_text(self.out / "summary.md", f"# {recipe['report']['title']}\n\n{table}\n\nReport: report/report.html\n")
+        table = "\n".join(markdown_table(*summary_table(rows), numbers=True))
+        atomic_write_text(self.out / SUMMARY, f"# {recipe['report']['title']}\n\n{table}\n\nReport: {REPORT}/{HTML}\n")
         return self.state
 
-    def _convert(self, name, src, src_fp, opts, target: Path):
-        from normswap.convert.pipeline import convert_checkpoint
 
-        step = f"convert:{name}"
-        fp = _fingerprint({"step": "convert", "input": src_fp, "options": opts})
-        complete = (target / "config.json").is_file() and (target / "normswap_manifest.json").is_file()
-        if self._done(step, fp, complete):
-            self.say(f"convert {name}: done already ({target}), skipped")
-            return str(target), fp, False
-        self.say(f"convert {name}: {opts['mode']} mode" + "".join(f", {k} {opts[k]}" for k in ("gamma", "beta") if opts[k]) + (", untie" if opts["untie"] else ""))
-        t0 = time.perf_counter()
-        summary = convert_checkpoint(src, target, mode=opts["mode"], gamma=opts["gamma"], beta=opts["beta"], untie=opts["untie"],
-                                     dtype=opts["dtype"], force=True, verify=opts["verify"], tolerance=opts["tolerance"],
-                                     progress=lambda m: self.say(f"convert {name}: {m}"))
-        ver = summary.get("verification") or {}
-        line = f"convert {name}: {summary['norms_replaced']} norms replaced in {time.perf_counter() - t0:.1f} s"
-        if ver.get("max_abs_diff") is not None:
-            line += f"; max |Δ log-prob| vs source {ver['max_abs_diff']:.2g}" + (" (exact: passed)" if ver.get("passed") else "")
-        self.say(line)
-        self._record(step, fp, time.perf_counter() - t0, output=str(target), mode=summary["mode"], verification=ver)
-        return str(target), fp, True
-
-    def _finetune(self, label, src, src_fp, opts, target: Path):
-        from normswap.finetune import FinetuneConfig, run_finetune
-
-        recipe = self.recipe
-        step = f"finetune:{label}"
-        opts = dict(opts)
-        if opts["distill_from"] == "source":
-            opts["distill_from"] = recipe["source"]
-        fp = _fingerprint({"step": "finetune", "input": src_fp, "options": opts, "data": recipe["data"], "seed": recipe["seed"]})
-        run_file = target / "finetune_run.json"
-        complete = False
-        if run_file.is_file() and (target / "config.json").is_file():
-            try:
-                complete = json.loads(run_file.read_text()).get("status") == "finished"
-            except json.JSONDecodeError:
-                complete = False
-        if self._done(step, fp, complete):
-            self.say(f"finetune {label}: done already ({target}), skipped")
-            return str(target), fp, False
-        self.say(f"finetune {label}: {opts['steps']} steps x {opts['batch_size']} sequences, lr {opts['lr']:g}, warmup {opts['warmup_steps']}"
-                 + (f", distilling from {opts['distill_from']}" if opts["distill_from"] else ""))
-        cfg = FinetuneConfig(model=str(src), out=str(target), data=recipe["data"], seed=recipe["seed"], device=recipe["device"],
-                             force=True, progress=False, **opts)
-        t0 = time.perf_counter()
-        with _FinetuneWatcher(target / "train_log.jsonl", f"finetune {label}", opts["steps"], self.say):
-            summary = run_finetune(cfg, echo=lambda m: self.say(f"finetune {label}: {m.removeprefix('normswap finetune: ')}"))
-        what, a, b = (("perplexity", summary["initial_perplexity"], summary["final_perplexity"]) if summary["final_perplexity"] is not None
-                      else ("loss", summary["initial_eval_loss"], summary["final_eval_loss"]))  # a distillation distance: no perplexity
-        spec = ".3f" if what == "perplexity" else ".4g"
-        self.say(f"finetune {label}: held-out {what} {a:{spec}} -> {b:{spec}} "
-                 f"in {summary['wall_seconds']:.1f} s")
-        self._record(step, fp, time.perf_counter() - t0, output=str(target),
-                     perplexity_before=summary["initial_perplexity"], perplexity_after=summary["final_perplexity"])
-        return str(target), fp, True
-
-    def _evaluate(self, shown, *, force_rerun: bool) -> dict:
-        recipe, ev = self.recipe, self.recipe["eval"]
-        step = "eval"
-        report_dir = self.out / "report"
-        fp = _fingerprint({"step": "eval", "models": [(n, f) for n, (_, f) in shown], "eval": ev, "data": recipe["data"],
-                           "device": self.device, "report": recipe["report"]})
-        if not force_rerun and self._done(step, fp, (report_dir / "results.json").is_file()):
-            self.say(f"eval: done already ({report_dir}), skipped")
-            return json.loads((report_dir / "results.json").read_text())
-        from normswap.cli.options import resolve_dtype
-        from normswap.evaluate.runner import ModelEntry, evaluate
-        from normswap.report import write_report
-
-        import normswap
-        from normswap.checkpoint.load import is_local, resolve
-
-        dtype = resolve_dtype(ev["dtype"], self.device)
-        masked = recipe["task"] in ("masked-lm", "encoder")
-        t0 = time.perf_counter()
-        say = lambda m: self.say(f"eval: {m}")  # noqa: E731
-        entries = []
-        for name, (spec, _) in shown:
-            say(f"loading {name} ({spec})")
-            resolved = resolve(spec)
-            model = normswap.load_model(spec, dtype=dtype, device=self.device, task="auto" if masked else "causal-lm")
-            entries.append(ModelEntry(name=name, spec=str(spec), model=model, tokenizer=normswap.load_tokenizer(spec),
-                                      path=str(Path(resolved).resolve()) if is_local(resolved) else resolved))
-        speed_options = {"repeats": ev["repeats"], "warmup": ev["warmup"], "min_time": ev["min_time"], "new_tokens": ev["new_tokens"]}
-        # encoders: evaluate() measures fidelity to the source instead of perplexity, and no generation
-        results = evaluate(
-            entries, data=recipe["data"], split=ev["split"], baseline_name=SOURCE_NAME, tasks=",".join(ev["tasks"]) or None,
-            device=self.device, dtype=dtype, seq_len=ev["seq_len"], stride=ev["stride"], batch_size=ev["batch_size"],
-            max_tokens=ev["max_tokens"], perplexity=ev["perplexity"], diagnostics=ev["diagnostics"],
-            speed=ev["speed"], speed_options=speed_options, memory=ev["memory"], lm_eval_limit=ev["lm_eval_limit"],
-            fidelity=ev["fidelity"], fidelity_tokens=ev["fidelity_tokens"], seed=recipe["seed"], progress=say,
-        )
-        results["title"] = recipe["report"]["title"]
-        results["recipe"] = {"name": recipe["name"], "description": recipe["description"], "file": str(self.loaded.path),
-                             "overrides": self.loaded.overrides, "run_dir": str(self.out)}
-        say(f"writing {report_dir}")
-        write_report(results, report_dir, force=True)
-        self._record(step, fp, time.perf_counter() - t0, output=str(report_dir))
-        return results
-
-
-# ------------------------------------------------------------------------------------ summary
-def summary_rows(results: dict) -> list[dict]:
-    """The numbers the run prints at the end: one row per model, against the source."""
-    base = next((m for m in results["models"] if m["name"] == results.get("baseline")), None)
-    rows = []
-    for m in results["models"]:
-        ppl = m.get("perplexity")
-        bppl = base.get("perplexity") if base else None
-        fwd = ((m.get("ratios") or {}).get("tokens_per_second") or {}).get("forward")
-        fwd_iv = (((m.get("ratio_intervals") or {}).get("tokens_per_second")) or {}).get("forward")
-        fid = m.get("fidelity") or {}
-        rows.append({
-            "model": m["name"],
-            "kind": m.get("kind"),
-            "perplexity": ppl,
-            "delta_vs_original": (ppl / bppl - 1.0) if (ppl is not None and bppl) else None,
-            "forward_tokens_per_second": (m.get("tokens_per_second") or {}).get("forward"),
-            "forward_ratio": fwd,
-            "forward_ratio_range": [fwd_iv["low"], fwd_iv["high"]] if fwd_iv else None,
-            "forward_verdict": fwd_iv["verdict"] if fwd_iv else None,
-            "hidden_cosine": fid.get("hidden_cosine"),
-            "embedding_cosine": fid.get("embedding_cosine"),
-            "masked_perplexity": fid.get("masked_perplexity"),
-            "top1_agreement": fid.get("top1_agreement"),
-        })
-    return rows
-
-
-def _pct(x):
-    if x is None:
-        return "–"
-    return "0.00%" if abs(x) < 5e-5 else f"{x * 100:+.2f}%"
-
-
-def format_table(rows: list[dict], *, markdown: bool = False) -> str:
-    fidelity = any(r.get("hidden_cosine") is not None for r in rows)
-    perplexity = any(r.get("perplexity") is not None for r in rows)
-    header = ["model"]
-    if perplexity:
-        header += ["perplexity", "Δ vs original"]
-    if fidelity:
-        header += ["hidden cosine", "embedding cosine", "masked ppl", "top-1 agree"]
-    speed = any(r.get("forward_ratio") is not None for r in rows)
-    header += ["forward tok/s"] + (["ratio [per-repeat range]", "forward speed"] if speed else [])
-    table = [header]
-    for r in rows:
-        line = [r["model"]]
-        if perplexity:
-            p = r.get("perplexity")
-            line += ["–" if p is None else f"{p:.4f}", "baseline" if r["model"] == SOURCE_NAME else _pct(r.get("delta_vs_original"))]
-        if fidelity:
-            c, ec, mp, a = r.get("hidden_cosine"), r.get("embedding_cosine"), r.get("masked_perplexity"), r.get("top1_agreement")
-            line += ["–" if c is None else f"{c:.4f}", "–" if ec is None else f"{ec:.4f}", "–" if mp is None else f"{mp:.3f}", "–" if a is None else f"{a * 100:.1f}%"]
-        t, q, rng = r.get("forward_tokens_per_second"), r.get("forward_ratio"), r.get("forward_ratio_range")
-        line.append("–" if t is None else f"{t:,.0f}")
-        if speed:
-            if r["model"] == SOURCE_NAME:
-                line += ["baseline", ""]
-            else:
-                line += ["–" if q is None else f"×{q:.2f}" + (f" [{rng[0]:.2f}–{rng[1]:.2f}]" if rng else ""),
-                         {"higher": "faster", "lower": "slower"}.get(r.get("forward_verdict"), "no measurable difference")]
-        table.append(line)
-    if markdown:
-        out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
-        out += ["| " + " | ".join(r) + " |" for r in table[1:]]
-        return "\n".join(out)
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    lines = []
-    for j, r in enumerate(table):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def run_recipe(loaded: LoadedRecipe, out, *, resume=False, force=False, say=None) -> dict:
-    """Run ``loaded`` into ``out``; returns run.json's content (with ``summary`` rows)."""
+def run_recipe(loaded: LoadedRecipe, out, *, resume=False, force=False, progress: Progress | None = None) -> dict:
+    """Run ``loaded`` into ``out``; returns run.json's content (with ``summary`` rows). ``progress``
+    receives every progress line (default: printed to stderr as ``normswap run: ...``)."""
     if loaded.recipe.get("trust_remote_code"):
         from normswap.checkpoint.load import set_trust_remote_code
 
         set_trust_remote_code(True)
-    return Runner(loaded, out, resume=resume, force=force, say=say).run()
+    return Runner(loaded, out, resume=resume, force=force, progress=progress).run()
 
 
-__all__ = ["Runner", "format_table", "network_problem", "run_recipe", "summary_rows"]
+__all__ = ["Runner", "plan_steps", "require_network", "run_recipe"]

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from normswap.errors import NormswapError
+from normswap.evaluate.config import option_errors as eval_option_errors
+from normswap.evaluate.config import recipe_fields as eval_recipe_fields
 from normswap.finetune.config import option_errors, recipe_fields
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -67,28 +69,10 @@ CONVERT = {
 # generated from FinetuneConfig, the one declaration of the fine-tune's options
 FINETUNE = {name: Field(**spec) for name, spec in recipe_fields().items()}
 
-EVAL = {
-    "split": Field("choice", default="test", choices=("test", "validation")),
-    "seq_len": Field("int", default=None, nullable=True, minimum=2),
-    "stride": Field("int", default=None, nullable=True, minimum=1),
-    "max_tokens": Field("int", default=65536, minimum=0, help="cap on evaluated tokens (0: the whole split)"),
-    "batch_size": Field("int", default=8, minimum=1),
-    "dtype": Field("choice", default="auto", choices=("auto", "float32", "float16", "bfloat16", "float64")),
-    "perplexity": Field("bool", default=None, nullable=True, help="default: true for causal-lm, false (not defined) for masked-lm"),
-    "fidelity": Field("bool", default=None, nullable=True,
-                      help="cosine of last hidden states vs the source, and masked-token loss (default: true for masked-lm)"),
-    "fidelity_tokens": Field("int", default=8192, minimum=16),
-    "diagnostics": Field("bool", default=True),
-    "speed": Field("bool", default=True),
-    "memory": Field("bool", default=False),
-    "repeats": Field("int", default=5, minimum=1),
-    "warmup": Field("int", default=1, minimum=0),
-    "min_time": Field("float", default=0.2, minimum=0),
-    "new_tokens": Field("int", default=32, minimum=1),
-    "tasks": Field("list[str]", default=[]),
-    "lm_eval_limit": Field("int", default=None, nullable=True, minimum=1),
-    "before_finetune": Field("bool", default=True,
-                             help="also report each fine-tuned variant as it was before the fine-tune"),
+# generated from EvalConfig, the one declaration of the evaluation's options (also `normswap eval`'s),
+# plus what only a recipe decides: which of its models the report shows
+EVAL = {name: Field(**spec) for name, spec in eval_recipe_fields().items()} | {
+    "before_finetune": Field("bool", default=True, help="also report each fine-tuned variant as it was before the fine-tune"),
 }
 
 REPORT = {
@@ -262,8 +246,8 @@ def validate(raw, where: str) -> dict:
             _fail(where, "eval.perplexity", f"perplexity is not defined for a {recipe['task']}; use eval.fidelity (cosine and masked-token loss vs the source)")
         if ev["tasks"]:
             _fail(where, "eval.tasks", "lm-eval tasks need a causal-lm recipe")
-    if ev["seq_len"] is not None and ev["stride"] is not None and ev["stride"] > ev["seq_len"]:
-        _fail(where, "eval.stride", f"must be <= eval.seq_len ({ev['seq_len']}), got {ev['stride']}")
+    for option, why in eval_option_errors(ev):
+        _fail(where, f"eval.{option}", why)
     if recipe["report"]["title"] is None:
         recipe["report"]["title"] = recipe["name"]
     return recipe

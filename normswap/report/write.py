@@ -14,7 +14,7 @@ from pathlib import Path
 from normswap.errors import NormswapError
 from normswap.publish import check_output_path, publish_dir, staging_dir
 
-FILES = ("results.json", "report.md", "report.html")
+RESULTS, MARKDOWN, HTML = "results.json", "report.md", "report.html"
 
 
 def _json_default(o):
@@ -48,10 +48,10 @@ def render_into(results: dict, folder: Path) -> dict[str, Path]:
         shutil.copyfile(log, folder / "lm_eval.log")
         results["lm_eval_log"] = "lm_eval.log"
     results["figures"] = {k: Path(p).name for k, p in figures.items()}
-    (folder / "results.json").write_text(json.dumps(results, indent=2, default=_json_default) + "\n")
-    (folder / "report.md").write_text(markdown(results, figures))
-    (folder / "report.html").write_text(html_report(results, figures))
-    return {"results": folder / "results.json", "markdown": folder / "report.md", "html": folder / "report.html", **figures}
+    (folder / RESULTS).write_text(json.dumps(results, indent=2, default=_json_default) + "\n")
+    (folder / MARKDOWN).write_text(markdown(results, figures))
+    (folder / HTML).write_text(html_report(results, figures))
+    return {"results": folder / RESULTS, "markdown": folder / MARKDOWN, "html": folder / HTML, **figures}
 
 
 def check_out(out, *, force: bool = False, reads=()) -> Path:
