@@ -7,25 +7,25 @@ import json
 import click
 
 from normswap.cli.options import device_option, force_option, json_option, trust_remote_code_option
-from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
+from normswap.convert.choices import BETA_CHOICES, DEFAULT_TOLERANCE, GAMMA_CHOICES, MODES, OUTPUT_DTYPES
 
 
 @click.command()
 @click.argument("src")
 @click.argument("out", type=click.Path())
-@click.option("--mode", type=click.Choice(["auto", "exact", "approx"]), default="auto", show_default=True,
+@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
               help="exact: centre residual writers so RMSNorm == LayerNorm (pre-LN only). approx: swap without centring, then heal with `normswap finetune`. auto: exact for pre-LN, approx for post-LN.")
 @click.option("--gamma", type=click.Choice(GAMMA_CHOICES), default=None,
               help="What to do with each LayerNorm's weight: fold into the reading linears (default where possible), keep on the RMSNorm (default elsewhere), or reset to 1 (lossy).")
 @click.option("--beta", type=click.Choice(BETA_CHOICES), default=None,
               help="What to do with each LayerNorm's bias: fold into the reading linears (default where possible), keep as an RMSNorm bias (default elsewhere), or drop (lossy).")
 @click.option("--untie", is_flag=True, help="Untie a tied output head so the final norm folds into it (costs vocab x hidden parameters).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto", show_default=True,
+@click.option("--dtype", type=click.Choice(OUTPUT_DTYPES), default="auto", show_default=True,
               help="Output dtype (auto: the source's).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Shard the safetensors above this size.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Run a probe batch through SRC and the staged OUT (one module at a time, bounded memory) before publishing OUT.")
-@click.option("--tolerance", type=float, default=1e-4, show_default=True,
+@click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True,
               help="Exact mode fails above this max |Δ log-prob| (or 4x the measured float32 / rounding floor, if larger).")
 @click.option("--family-file", type=click.Path(dir_okay=False), default=None,
               help="Use this family file (YAML, e.g. saved by `normswap families discover --out`) instead of the curated or discovered plan; it must pass the same exactness check on a tiny instance.")

@@ -34,6 +34,8 @@ def _offered(names=None):
 
 
 quiet_option = click.option("--quiet", is_flag=True, help="No progress lines.")
+baseline_option = click.option("--baseline", default=None,
+                               help="Model the ratios are against: one of the MODELs (name or spec) or another spec.")
 
 
 def _config(opts: dict, **fixed) -> EvalConfig:
@@ -89,7 +91,7 @@ def eval_group():
 @device_option()
 @_offered()
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Directory for results.json, report.md, report.html and the PNGs.")
-@click.option("--baseline", default=None, help="Model the ratios are against: one of the MODELs (name or spec) or another spec.")
+@baseline_option
 @trust_remote_code_option
 @force_option
 @json_option
@@ -124,7 +126,7 @@ def report(models, data, device, out, baseline, force, as_json, quiet, **opts):
 @data_option
 @device_option()
 @_offered(PPL_OPTIONS)
-@click.option("--baseline", default=None, help="Add perplexity ratios against this model.")
+@baseline_option
 @trust_remote_code_option
 @json_option
 @quiet_option
@@ -157,7 +159,7 @@ def ppl(models, data, device, baseline, as_json, quiet, **opts):
 @click.argument("models", nargs=-1, required=True)
 @device_option()
 @_offered(SPEED_OPTIONS)
-@click.option("--baseline", default=None, help="Model the ratios are against.")
+@baseline_option
 @trust_remote_code_option
 @json_option
 @quiet_option

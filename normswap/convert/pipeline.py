@@ -26,6 +26,7 @@ from normswap.checkpoint.write import copy_side_files, write_config_and_code
 from normswap.convert import inputs as ckinputs
 from normswap.convert import verify as verification
 from normswap.convert.apply import check_convertible
+from normswap.convert.choices import DEFAULT_TOLERANCE
 from normswap.convert import ops
 from normswap.convert.execute import Conversion, TensorDict, execute, prepare
 from normswap.convert.plan import ConvertOptions
@@ -33,7 +34,6 @@ from normswap.convert.source import SafetensorsFiles, local_dir, numel, open_sou
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import check_output_path, publish_dir, staging_dir
 
-DEFAULT_TOLERANCE = 1e-4
 MEMORY_MARGIN = 0.9  # refuse verification above this share of the available memory
 
 

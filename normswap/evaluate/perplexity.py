@@ -19,7 +19,7 @@ windows of equal length, and the NLL is summed in float64.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +41,6 @@ class PerplexityResult:
     windows: int
     seq_len: int
     stride: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def count_words(text: str) -> int:

@@ -4,8 +4,9 @@ A recipe is validated as a whole before anything runs, so a typo in the last sec
 surface after a twenty-minute fine-tune. Every error is one line naming the file and the dotted
 key (``recipes/x.yaml: variants.approx.finetune.stpes: unknown key (did you mean steps?)``).
 
-The schema is declared as data (``Field`` tables below) rather than as code, so that
-``normswap run --explain`` style documentation, validation and defaults come from one place.
+The schema is data (``Field`` tables below), so that ``normswap run --schema``, validation and
+defaults come from one place; the finetune and eval tables are generated from the dataclasses that
+also generate ``normswap finetune``'s and ``normswap eval``'s options (normswap/declared.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any
 
+from normswap.convert.choices import BETA_CHOICES, DEFAULT_TOLERANCE, GAMMA_CHOICES, MODES, OUTPUT_DTYPES
 from normswap.errors import NormswapError
 from normswap.evaluate.config import option_errors as eval_option_errors
 from normswap.evaluate.config import recipe_fields as eval_recipe_fields
@@ -57,13 +59,13 @@ TOP = {
 }
 
 CONVERT = {
-    "mode": Field("choice", default="auto", choices=("auto", "exact", "approx")),
-    "gamma": Field("choice", default=None, choices=("fold", "keep", "reset"), nullable=True),
-    "beta": Field("choice", default=None, choices=("fold", "drop", "keep"), nullable=True),
+    "mode": Field("choice", default="auto", choices=MODES),
+    "gamma": Field("choice", default=None, choices=GAMMA_CHOICES, nullable=True),
+    "beta": Field("choice", default=None, choices=BETA_CHOICES, nullable=True),
     "untie": Field("bool", default=False),
-    "dtype": Field("choice", default="auto", choices=("auto", "float32", "float16", "bfloat16")),
+    "dtype": Field("choice", default="auto", choices=OUTPUT_DTYPES),
     "verify": Field("bool", default=True),
-    "tolerance": Field("float", default=1e-4, minimum=0),
+    "tolerance": Field("float", default=DEFAULT_TOLERANCE, minimum=0),
 }
 
 # generated from FinetuneConfig, the one declaration of the fine-tune's options

@@ -66,9 +66,9 @@ def markdown_section(results) -> list[str]:
     if not has_fidelity(results):
         return []
     header, rows = fidelity_rows(results)
-    out = [f"## Fidelity to {_reference(results)}", "", caption(results), "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out + [""]
+    from normswap.report.tables import markdown_table
+
+    return [f"## Fidelity to {_reference(results)}", "", caption(results), ""] + markdown_table(header, rows) + [""]
 
 
 def html_section(results) -> str:

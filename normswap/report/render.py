@@ -9,6 +9,7 @@ from pathlib import Path
 from normswap.evaluate.stats import MIN_REPEATS, NO_DIFFERENCE, fmt_interval, intervals_of, measurable
 from normswap.report import encoders
 from normswap.report.claims import claims
+from normswap.report.tables import markdown_table
 
 
 def fmt_num(x, digits=2):
@@ -232,9 +233,7 @@ def markdown(results, figures: dict[str, Path]) -> str:
                 f"{label} {val}" + (f" {note}" if note else "") for label, val, _, note in c["items"]))
         out.append("")
     header, rows = table_rows(results)
-    out += ["## Side by side", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        out.append("| " + " | ".join((v + (f" ({r})" if r else "")).replace("|", "/") for v, r, _ in row) + " |")
+    out += ["## Side by side", ""] + markdown_table(header, [[v + (f" ({r})" if r else "") for v, r, _ in row] for row in rows])
     out.append("")
     out += [f"- {line}" for line in table_notes(results)]
     out.append("")
@@ -246,19 +245,20 @@ def markdown(results, figures: dict[str, Path]) -> str:
         out.append("")
     cols, trows = task_table(results)
     if cols:
-        out += ["## lm-eval tasks", "", "| model | " + " | ".join(f"{t} {k}" for t, k in cols) + " |", "|" + "---|" * (len(cols) + 1)]
-        out += ["| " + " | ".join(r) + " |" for r in trows]
+        out += ["## lm-eval tasks", ""] + markdown_table(["model"] + [f"{t} {k}" for t, k in cols], trows)
         out.append("")
         out += [f"- {line}" for line in task_notes(results)]
         out.append("")
-    out += ["## Training diagnostics (one fixed batch)", "", "| model | loss | grad norm | norm layers | mean input RMS | max abs(per-token mean) |", "|---|---|---|---|---|---|"]
+    drows = []
     for m in results["models"]:
         dg = m.get("diagnostics") or {}
         layers = dg.get("layers") or []
-        rms = [lay["rms"] for lay in layers if "rms"in lay]
+        rms = [lay["rms"] for lay in layers if "rms" in lay]
         tm = [lay["token_mean_abs"] for lay in layers if "token_mean_abs" in lay]
-        out.append(f"| {m['name']} | {fmt_num(dg.get('loss'), 4)} | {fmt_num(dg.get('grad_norm'), 4)} | {len(layers)} | "
-                   f"{fmt_num(sum(rms) / len(rms) if rms else None, 4)} | {fmt_num(max(tm) if tm else None, 5)} |")
+        drows.append([m["name"], fmt_num(dg.get("loss"), 4), fmt_num(dg.get("grad_norm"), 4), len(layers),
+                      fmt_num(sum(rms) / len(rms) if rms else None, 4), fmt_num(max(tm) if tm else None, 5)])
+    out += ["## Training diagnostics (one fixed batch)", ""] + markdown_table(
+        ["model", "loss", "grad norm", "norm layers", "mean input RMS", "max abs(per-token mean)"], drows)
     out.append("")
     titles = {"perplexity": "Perplexity", "fidelity": "Fidelity to the reference", "throughput": "Throughput", "finetune_loss": "Fine-tune loss", "activations": "Activations entering each norm"}
     if figures:
