@@ -374,3 +374,43 @@ def test_oversized_recipe_is_refused_before_parsing(tmp_path):
     p.write_text("name: t\ndescription: " + "x" * (5 << 20) + "\n")
     with pytest.raises(NormswapError, match="a recipe is at most"):
         load_recipe(str(p))
+
+
+# ------------------------------------------------------------------ the run as steps
+def test_a_recipe_runs_as_an_ordered_list_of_steps():
+    from normswap.recipes.runner import ConvertStep, EvalStep, FinetuneStep, plan_steps
+
+    steps = plan_steps(load_recipe("quickstart").recipe)
+    assert [s.name for s in steps] == ["convert:exact", "convert:approx", "finetune:approx-healed", "eval"]
+    assert [type(s) for s in steps] == [ConvertStep, ConvertStep, FinetuneStep, EvalStep]
+    # each model step reads what the step before it wrote; the evaluation reads every model of the report
+    assert (steps[1].source, steps[2].source) == ("original", "approx")
+    assert steps[-1].names == ["original", "exact", "approx", "approx-healed"]
+    # negative control: a variant that only fine-tunes reads the source and keeps its own name
+    r = load_recipe("quickstart", ["variants.approx.convert="]).recipe
+    assert [(s.name, getattr(s, "source", None)) for s in plan_steps(r)][1:3] == [("finetune:approx", "original"), ("eval", None)]
+
+
+def test_finetune_progress_comes_from_the_trainer_hook_and_its_log(tmp_path, monkeypatch):
+    """The run's fine-tune progress lines come through the trainer's after_step hook and read the
+    loss the trainer logged for that step (no thread, no second log parser)."""
+    from normswap.finetune import FinetuneConfig, run_finetune
+    from normswap.finetune.run_dir import RunDir
+    from normswap.finetune.trainer import Hooks
+    from normswap.recipes import runner
+
+    monkeypatch.setattr(runner, "PROGRESS_EVERY", 0.0)
+    out, lines = tmp_path / "ft", []
+    hook = runner._StepProgress(RunDir(out), 3, lines.append)
+    run_finetune(FinetuneConfig(model="normswap:kjv-gpt2", out=str(out), steps=3, warmup_steps=1, seq_len=32, batch_size=2,
+                                eval_tokens=256, progress=False, device="cpu"), hooks=Hooks(after_step=hook), echo=lambda m: None)
+    logged = {r["step"]: r["loss"] for r in RunDir(out).rows() if r.get("loss") is not None}
+    assert [ln.split("  ")[0] for ln in lines] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert all(f"loss {logged[i + 1]:.3f}" in ln for i, ln in enumerate(lines))
+    # negative control: with the default interval a 3-step run of a second or two prints nothing
+    monkeypatch.setattr(runner, "PROGRESS_EVERY", 3600.0)
+    quiet = []
+    hook = runner._StepProgress(RunDir(out), 3, quiet.append)
+    for step in (1, 2, 3):
+        hook(step)
+    assert quiet == []

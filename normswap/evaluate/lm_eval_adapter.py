@@ -99,11 +99,10 @@ def routed_to(log_path: Path):
 
 
 def parse_tasks(tasks) -> list[str]:
-    if tasks is None:
-        return []
-    if isinstance(tasks, str):
-        tasks = tasks.split(",")
-    return [t.strip() for t in tasks if t and t.strip()]
+    """``a,b`` or a list -> the task names."""
+    from normswap.declared import as_list
+
+    return as_list(tasks)
 
 
 def _clean_scores(task_results: dict) -> dict:

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 from normswap.errors import NormswapError
 from normswap.publish import atomic_write_text
@@ -76,21 +76,24 @@ class Context:
 
 # ------------------------------------------------------------------------------------ steps
 @dataclass
-class ConvertStep:
-    variant: str
-    source: str  # name of the model it converts
+class ModelStep:
+    """A step that writes one model, DIR/models/<produces>, from the model named ``source``."""
+
+    produces: str
+    source: str
     options: dict
+    kind: ClassVar[str]
 
     @property
     def name(self) -> str:
-        return f"convert:{self.variant}"
-
-    @property
-    def produces(self) -> str:
-        return self.variant
+        return f"{self.kind}:{self.produces}"
 
     def target(self, ctx: Context) -> Path:
-        return ctx.out / MODELS / self.variant
+        return ctx.out / MODELS / self.produces
+
+
+class ConvertStep(ModelStep):
+    kind = "convert"
 
     def fingerprint(self, ctx: Context) -> str:
         return _fingerprint({"step": "convert", "input": ctx.models[self.source].fingerprint, "options": self.options})
@@ -103,7 +106,7 @@ class ConvertStep:
     def run(self, ctx: Context) -> dict:
         from normswap.convert.pipeline import convert_checkpoint
 
-        o, say = self.options, lambda m: ctx.say(f"convert {self.variant}: {m}")
+        o, say = self.options, lambda m: ctx.say(f"convert {self.produces}: {m}")
         say(f"{o['mode']} mode" + "".join(f", {k} {o[k]}" for k in ("gamma", "beta") if o[k]) + (", untie" if o["untie"] else ""))
         t0 = time.perf_counter()
         summary = convert_checkpoint(ctx.models[self.source].spec, self.target(ctx), mode=o["mode"], gamma=o["gamma"], beta=o["beta"],
@@ -117,22 +120,8 @@ class ConvertStep:
         return {"mode": summary["mode"], "verification": ver}
 
 
-@dataclass
-class FinetuneStep:
-    label: str  # the model it writes
-    source: str  # name of the model it fine-tunes
-    options: dict
-
-    @property
-    def name(self) -> str:
-        return f"finetune:{self.label}"
-
-    @property
-    def produces(self) -> str:
-        return self.label
-
-    def target(self, ctx: Context) -> Path:
-        return ctx.out / MODELS / self.label
+class FinetuneStep(ModelStep):
+    kind = "finetune"
 
     def _options(self, ctx: Context) -> dict:
         opts = dict(self.options)
@@ -158,7 +147,7 @@ class FinetuneStep:
         from normswap.finetune.run_dir import RunDir
         from normswap.finetune.trainer import Hooks
 
-        r, o, say = ctx.recipe, self._options(ctx), lambda m: ctx.say(f"finetune {self.label}: {m}")
+        r, o, say = ctx.recipe, self._options(ctx), lambda m: ctx.say(f"finetune {self.produces}: {m}")
         say(f"{o['steps']} steps x {o['batch_size']} sequences, lr {o['lr']:g}, warmup {o['warmup_steps']}"
             + (f", distilling from {o['distill_from']}" if o["distill_from"] else ""))
         cfg = FinetuneConfig(model=ctx.models[self.source].spec, out=str(self.target(ctx)), data=r["data"], seed=r["seed"],
