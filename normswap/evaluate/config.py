@@ -49,7 +49,7 @@ class EvalConfig:
     # file, where the command reads all of a file the user names (data.default_eval_split).
     split: str | None = option(None, "Held-out split: test for reported numbers, validation for model selection, all for the "
                                "whole source (default: test of the embedded corpus or a dataset with splits; all of a file or "
-                               "directory you name).", kind="str", choices=SPLITS, recipe_default="test")
+                               "directory you name; test in a recipe).", kind="str", choices=SPLITS, recipe_default="test")
     seq_len: int | None = option(None, "Window length in tokens (default: min(shortest model context, 512)).", kind="int", minimum=2)
     stride: int | None = option(None, "Tokens between window starts (default: seq-len / 2).", kind="int", minimum=1)
     max_tokens: int = option(65536, "Cap on evaluated tokens (0: the whole split); stated in results.", minimum=0)

@@ -106,7 +106,7 @@ def sentence_embeddings(model, tokenizer, texts: list[str], seq_len: int, micro:
     return torch.cat(rows)
 
 
-def fidelity(entries, reference: str, text: str, *, max_tokens: int = 8192, seq_len: int = 128, max_sentences: int = 256,
+def fidelity(entries, reference: str, text: str, *, max_tokens: int, seq_len: int, max_sentences: int = 256,
              seed: int = 0, progress=None) -> tuple[dict, dict]:
     """({model name: metrics}, what was read) for every entry against the entry named ``reference``.
 
