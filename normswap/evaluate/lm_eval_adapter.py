@@ -154,12 +154,9 @@ def run_tasks(model, tokenizer, tasks, *, batch_size: int = 8, max_length: int |
 
 
 def _evaluate(model, tokenizer, names, *, batch_size, max_length, limit, device) -> dict:
-    try:
-        import lm_eval
-        from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
-    except ImportError as e:  # pragma: no cover - lm-eval is a dependency
-        raise NormswapError(f"--tasks needs lm-evaluation-harness: pip install lm-eval ({e})") from None
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
 
     logging.getLogger("lm_eval").setLevel(logging.INFO)  # all of it, into the log file
     # Indexing lm-eval's ~15k built-in task files takes most of a minute on a small CPU; skip it

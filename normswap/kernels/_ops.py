@@ -20,21 +20,16 @@ from torch import Tensor
 # small inputs; None means the kernel module's default
 TRITON_MAX_FUSED_N: Optional[int] = None
 
-_cpu_module = None  # False once the import has failed
+_cpu_module = None  # imported on first use (it pulls in torch.utils.cpp_extension)
 
 
 def cpu_fast_available() -> bool:
-    """Whether the compiled CPU fast path (normswap.kernels.cpu, built by the CPU work) loads.
+    """Whether the compiled CPU fast path (normswap.kernels.cpu) loads.
 
     Asked on every call (cpu.available() caches its build; it also honours a per-call switch)."""
     global _cpu_module
     if _cpu_module is None:
-        try:
-            from normswap.kernels import cpu as _cpu_module  # noqa: PLC0415
-        except ImportError:
-            _cpu_module = False
-    if _cpu_module is False:
-        return False
+        from normswap.kernels import cpu as _cpu_module  # noqa: PLC0415
     try:
         return bool(_cpu_module.available())
     except Exception:  # the contract says it never raises; be safe anyway
