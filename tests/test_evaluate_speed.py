@@ -30,9 +30,8 @@ def test_speed_numbers_are_sane_and_leave_the_weights_alone():
         assert 0 < out[name]["norm_time_share"] < 1
         assert out[name]["norm_time"]["layers"] == 5  # 2 blocks x (ln_1, ln_2) + ln_f
         assert out[name]["speed_setup"]["repeats"] == 3
-    # The same model measured twice: the ratio is ~1 up to machine noise (sanity, not timing).
-    ratio = out["b"]["tokens_per_second"]["forward"] / out["a"]["tokens_per_second"]["forward"]
-    assert 0.2 < ratio < 5
+    # that the numbers follow the model they name is tests/test_speed_sensitivity.py's job (a known
+    # slowdown must show); a ratio range here would pass for almost any timing code
     # lr=0 AdamW steps ran, yet every weight is bit-identical and the model is back in eval mode.
     for k, v in a.state_dict().items():
         assert torch.equal(v, before[k]), k
