@@ -169,11 +169,14 @@ def match(model, source, label: str) -> Inputs:
     ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
     cls = type(model).__name__
 
+    # older checkpoints store buffers that are no longer persistent (BERT's embeddings.position_ids):
+    # from_pretrained drops them silently, and so do we
+    buffers = {name for name, _ in model.named_buffers(remove_duplicate=False)}
     keymap, unexpected, used_by = {}, [], {}
     for key in source.specs:
         new, pattern = rename(key)
         if new not in meta_sd:
-            if not any(p.search(key) for p in ignore):
+            if new not in buffers and not any(p.search(key) for p in ignore):
                 unexpected.append(key)
             continue
         if pattern is not None:
