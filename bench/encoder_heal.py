@@ -12,7 +12,7 @@ checkpoint as model.zip; we read the zip, never import the package's code). Step
 Every other finetune option stays at its default. Goal: mean sentence-embedding cosine
 to the original >= 0.99, worst sentence >= 0.97, on held-out text: the first --sentences verses of
 the embedded corpus' test books (never trained on), each embedded on its own and mean-pooled (what
-sentence-transformers does for this model). Writes bench/results/encoder_heal.json and .md.
+sentence-transformers does for this model). Writes bench/results/encoder-heal.json and .md.
 
     python bench/encoder_heal.py                 # ~1-2 h on a busy 2-core CPU; minutes on a GPU
     python bench/encoder_heal.py --model-dir DIR # any local encoder checkpoint instead
@@ -91,6 +91,8 @@ def curve(out: Path) -> dict:
     return {"steps": [r["step"] for r in rows if r.get("loss") is not None],
             "loss": [r["loss"] for r in rows if r.get("loss") is not None],
             "eval": [(r["step"], r["eval_loss"]) for r in rows if r.get("eval_loss") is not None],
+            "parts": {k: [r.get(k) for r in rows if r.get("loss") is not None]
+                      for k in sorted({k for r in rows for k in r if k.endswith(("_loss", "_kl")) and k != "eval_loss"})},
             "keys": sorted(rows[-1]) if rows else []}
 
 
@@ -113,11 +115,12 @@ def main(argv=None):
     ns = [sys.executable, "-m", "normswap"]
     if not (approx / "config.json").is_file():
         run(ns + ["convert", str(src), str(approx), "--mode", "approx", "--force"], log)
-    common = ["--steps", str(args.steps), "--batch-size", "16", "--seq-len", "128", "--force"]
+    common = ["--steps", str(args.steps), "--batch-size", "16", "--seq-len", "128"]
     arms = {"distill": ["--distill-from", str(src)], "mlm": []}
     healed, refused = {}, {}
     for arm in args.arms.split(","):
         out = work / f"healed-{arm}"
+        shutil.rmtree(out, ignore_errors=True)  # a fresh OUT, so that no --force is needed
         code, text = run(ns + ["finetune", str(approx), str(out)] + arms[arm] + common, log)
         if code == 0:
             healed[arm] = out
@@ -139,8 +142,8 @@ def main(argv=None):
     }
     res = Path(args.results)
     res.mkdir(parents=True, exist_ok=True)
-    (res / "encoder_heal.json").write_text(json.dumps(result, indent=2) + "\n")
-    (res / "encoder_heal.md").write_text(render_md(result))
+    (res / "encoder-heal.json").write_text(json.dumps(result, indent=2) + "\n")
+    (res / "encoder-heal.md").write_text(render_md(result))
     print(render_md(result))
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
@@ -148,7 +151,7 @@ def main(argv=None):
 
 def render_md(r: dict) -> str:
     out = [f"# Healing an approximately converted encoder: {r['model']}", "",
-           "Command: `python bench/encoder_heal.py` (bench/encoder_heal.py); raw numbers: encoder_heal.json.", "",
+           "Command: `python bench/encoder_heal.py` (bench/encoder_heal.py); raw numbers, every step's loss: encoder-heal.json.", "",
            f"Held-out: {r['held_out']}. Goal: mean >= {r['goal']['mean']}, worst >= {r['goal']['worst']}.", "",
            "| model | mean cosine | worst | 5th percentile | goal met |", "|---|---:|---:|---:|---|"]
     for name, c in r["cosine_to_original"].items():
