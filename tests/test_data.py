@@ -345,19 +345,46 @@ def test_verse_per_line_file_becomes_runs_of_lines_split_three_ways(tmp_path):
     assert all(d.count("\n\n") >= 1 for d in docs[:-1])
 
 
-def test_readme_finetune_and_eval_examples_work_on_a_verse_per_line_file(tmp_path, run_cli):
-    """The README's commands with `--data verses.txt` (18,582 lines, no blank line), shortened."""
+def _readme_command(start: str) -> list[str]:
+    """The README's command line that begins with ``start`` (continuations joined, comment cut)."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text().replace("\\\n", " ")
+    line = next(ln.strip() for ln in text.splitlines() if ln.strip().startswith(start))
+    return shlex.split(line, comments=True)[1:]  # without the leading `normswap`
+
+
+def test_readme_finetune_and_eval_examples_work_on_a_verse_per_line_file(tmp_path, run_cli, monkeypatch):
+    """The README's convert, fine-tune and eval lines, unchanged but for `--data verses.txt` (18,582
+    lines, no blank line) and `--steps 2`; read from README.md, so an edited example is what runs."""
     path = tmp_path / "verses.txt"
     path.write_text("\n".join(list(kjv.verses("train"))[:18582]) + "\n")
-    out = tmp_path / "healed"
-    code, _, err = run_cli("finetune", "normswap:kjv-gpt2", out, "--data", path, "--steps", "2", "--lr", "1e-4", "--warmup-steps", "1",
-                           "--seq-len", "64", "--batch-size", "2", "--seed", "0", "--eval-tokens", "512", "--no-progress")
+    monkeypatch.chdir(tmp_path)
+    convert = _readme_command("normswap convert normswap:kjv-gpt2 kjv-approx --mode approx")
+    code, _, err = run_cli(*convert)
     assert code == 0, err
-    assert (out / "config.json").is_file() and "no documents" not in err
-    code, stdout, err = run_cli("eval", "ppl", "normswap:kjv-gpt2", "--data", path, "--max-tokens", "1024", "--json", "--quiet")
+    finetune = _readme_command("normswap finetune kjv-approx kjv-healed --data embedded")
+    assert finetune[finetune.index("--steps") + 1] == "200" and finetune[finetune.index("--data") + 1] == "embedded"
+    finetune[finetune.index("--steps") + 1] = "2"
+    finetune[finetune.index("--data") + 1] = str(path)
+    code, _, err = run_cli(*finetune, "--no-progress")
+    assert code == 0, err
+    assert (tmp_path / "kjv-healed" / "config.json").is_file() and "no documents" not in err
+    run = json.loads((tmp_path / "kjv-healed" / "finetune_run.json").read_text())
+    assert run["status"] == "finished" and run["config"]["data"] == str(path) and run["config"]["seq_len"] == 128
+    # eval: the README's line on the healed model; a file named with --data is read whole, and the
+    # example's own --split restricts it to the file's held-out documents
+    ppl = _readme_command("normswap eval ppl kjv-exact --split validation")
+    ppl[ppl.index("kjv-exact")] = "kjv-healed"
+    code, stdout, err = run_cli(*ppl, "--data", path, "--json", "--quiet")
     assert code == 0, err
     data = json.loads(stdout)["data"]
-    assert data["split"] == "all" and data["truncated"]  # the whole file is the evaluation text (capped here)
+    assert data["split"] == "validation" and 0 < data["words"] < 0.2 * len(path.read_text().split())
+    code, stdout, err = run_cli("eval", "ppl", "kjv-healed", "--data", path, "--max-tokens", "1024", "--json", "--quiet")
+    assert code == 0, err
+    data = json.loads(stdout)["data"]
+    assert data["split"] == "all" and data["truncated"]  # without --split: the whole file (capped here)
 
 
 def test_small_file_gets_a_deterministic_held_out_slice_with_a_notice(tmp_path, capsys):
