@@ -377,7 +377,7 @@ def test_readme_finetune_and_eval_examples_work_on_a_verse_per_line_file(tmp_pat
     # example's own --split restricts it to the file's held-out documents
     ppl = _readme_command("normswap eval ppl kjv-exact --split validation")
     ppl[ppl.index("kjv-exact")] = "kjv-healed"
-    code, stdout, err = run_cli(*ppl, "--data", path, "--json", "--quiet")
+    code, stdout, err = run_cli(*ppl, "--data", path, "--max-tokens", "8192", "--json", "--quiet")
     assert code == 0, err
     data = json.loads(stdout)["data"]
     assert data["split"] == "validation" and 0 < data["words"] < 0.2 * len(path.read_text().split())

@@ -186,6 +186,40 @@ def test_distillation_heals_an_approximate_encoder_into_converts_format(encoders
     assert healed_gap < 0.7 * approx_gap, (healed_gap, approx_gap)
 
 
+def test_distillation_trains_without_dropout_on_hidden_states_and_pooled_directions(encoders, tmp_path):
+    """The student's loss is a deterministic function of its weights (dropout off: the teacher is
+    deterministic, so dropout noise would swamp the small remaining error), and its terms measure
+    what they claim: the pooled-span term only the direction of mean-pooled spans."""
+    import normswap
+    from normswap.finetune import FinetuneConfig
+    from normswap.finetune.encoder_objectives import Encoder, frame, hidden_state_loss, pooled_cosine_loss, token_cosine_loss
+
+    cfg = FinetuneConfig(model=str(encoders["mlm-approx"]), out=str(tmp_path / "o"), distill_from=str(encoders["mlm"]))
+    student = normswap.load_model(str(encoders["mlm-approx"]), task="auto")
+    teacher = normswap.load_model(str(encoders["mlm"]), task="auto")
+    control = normswap.load_model(str(encoders["mlm-approx"]), task="auto").train()
+    ids = torch.randint(5, 256, (2, 48), generator=torch.Generator().manual_seed(0))
+    # negative control: as loaded, a model in training mode is noisy (dropout)
+    assert not torch.equal(control(input_ids=ids).logits, control(input_ids=ids).logits)
+    objective = Encoder.build(cfg, student, teacher)
+    student.train()
+    a, b = objective.loss(student, ids), objective.loss(student, ids)
+    assert torch.equal(a.total, b.total) and {"hidden_loss", "token_cosine_loss", "pooled_cosine_loss", "logit_kl"} <= set(a.parts)
+    assert a.total.item() == pytest.approx(sum(a.parts[k].item() for k in ("hidden_loss", "token_cosine_loss", "pooled_cosine_loss",
+                                                                            "logit_kl")), rel=1e-5)
+
+    with torch.no_grad():
+        h = teacher(input_ids=frame(ids, objective.tokenizer), output_hidden_states=True).hidden_states
+    last = h[-1]
+    assert pooled_cosine_loss(last, last).abs() < 1e-6 and token_cosine_loss(last, last).abs() < 1e-6
+    # direction only: a scaled copy costs nothing here but does in the squared error ...
+    assert pooled_cosine_loss(3 * last, last).abs() < 1e-5 and hidden_state_loss([3 * last], [last], "final") > 1
+    # ... and one span (16 tokens) turned around is found
+    flipped = last.clone()
+    flipped[0, 16:32] *= -1
+    assert pooled_cosine_loss(flipped, last).item() == pytest.approx(2 / 6, rel=1e-4)  # 1 of 2 × 3 spans at cosine −1
+
+
 def test_bare_encoder_heals_only_with_a_teacher(encoders, tmp_path):
     from normswap.finetune.run_dir import read_log_rows
 
@@ -207,24 +241,24 @@ def test_masked_lm_objective_trains_and_resumes_on_the_same_trajectory(encoders,
     from normswap.finetune.trainer import Hooks
 
     straight = tmp_path / "straight"
-    s = _finetune(encoders["mlm-approx"], straight, steps=6, save_every=3)
+    s = _finetune(encoders["mlm-approx"], straight, steps=4, save_every=2)
     assert s["initial_perplexity"] == pytest.approx(math.exp(s["initial_eval_loss"]))  # masked-token perplexity
     assert s["final_eval_loss"] < s["initial_eval_loss"]
 
     def crash(step):
-        if step == 4:
+        if step == 3:
             raise RuntimeError("simulated crash")
 
     crashed = tmp_path / "crashed"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        _finetune(encoders["mlm-approx"], crashed, steps=6, save_every=3, hooks=Hooks(after_step=crash))
-    _finetune(encoders["mlm-approx"], crashed, steps=6, save_every=3, resume=True)
+        _finetune(encoders["mlm-approx"], crashed, steps=4, save_every=2, hooks=Hooks(after_step=crash))
+    _finetune(encoders["mlm-approx"], crashed, steps=4, save_every=2, resume=True)
     a, b = load_file(straight / "model.safetensors"), load_file(crashed / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     la, lb = read_log_rows(straight / "train_log.jsonl"), read_log_rows(crashed / "train_log.jsonl")
     assert [r["loss"] for r in la] == [r["loss"] for r in lb]
     # negative control: another seed draws other masks, so another trajectory
-    other = _finetune(encoders["mlm-approx"], tmp_path / "seed1", steps=6, seed=1)
+    other = _finetune(encoders["mlm-approx"], tmp_path / "seed1", steps=4, seed=1)
     assert other["final_train_loss"] != s["final_train_loss"]
 
 

@@ -9,8 +9,8 @@
   where both models have a masked-LM head, KL(teacher‖student) of the head's token
   distributions. ``--distill-alpha`` < 1 mixes in the masked-LM loss. The student trains without
   dropout: the target is the teacher's deterministic function, and dropout noise in the student
-  would dominate the small remaining error (on all-MiniLM-L6-v2 the train loss with dropout
-  stayed ~6× the held-out loss without it).
+  would dominate the small remaining error (with dropout, the train loss stays several times the
+  held-out loss, which is measured without it).
 * ``MaskedLM`` (no teacher, masked-LM models): the pre-training objective: 15 % of the tokens
   chosen, 80 % of those replaced by [MASK], 10 % by a random token, 10 % kept, cross-entropy on
   the chosen ones (what transformers' DataCollatorForLanguageModeling does).
