@@ -294,3 +294,28 @@ def test_encoder_recipe_converts_heals_and_reports_offline(encoders, tmp_path, r
     assert fid["approx-healed"]["hidden_cosine"] > fid["approx"]["hidden_cosine"]
     assert fid["approx-healed"]["embedding_cosine"] < 1.0 and fid["approx-healed"]["sentences"] >= 100
     assert "embedding cosine" in stdout and (out / "report" / "fidelity.png").is_file()
+
+
+def test_convert_drops_a_stored_buffer_that_is_no_longer_persistent(encoders, tmp_path):
+    """Older BERT checkpoints (all-MiniLM-L6-v2's among them) store embeddings.position_ids, a
+    buffer transformers no longer saves: convert drops it like from_pretrained; a tensor with no
+    place in the model at all is still refused (the control)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from normswap.convert.pipeline import convert_checkpoint
+
+    def with_extra(name, key):
+        src = tmp_path / name
+        shutil.copytree(encoders["enc"], src)
+        sd = load_file(src / "model.safetensors")
+        sd[key] = torch.arange(512, dtype=torch.int64).unsqueeze(0)
+        save_file(sd, src / "model.safetensors", metadata={"format": "pt"})
+        return src
+
+    convert_checkpoint(str(with_extra("old", "embeddings.position_ids")), str(tmp_path / "old-approx"), mode="approx", force=True)
+    assert (tmp_path / "old-approx" / "config.json").is_file()
+    with pytest.raises(NormswapError, match="no place in the BertModel.*embeddings.stray"):
+        convert_checkpoint(str(with_extra("stray", "embeddings.stray")), str(tmp_path / "stray-approx"), mode="approx", force=True)
+    assert not (tmp_path / "stray-approx").exists()
