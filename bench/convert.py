@@ -14,7 +14,7 @@ is its own (``os.wait4`` reports the child's ``ru_maxrss``):
 with the three interleaved in every round, so that the machine's load hits them alike. The page
 cache is warm for every step: before each step the source files are read once (``cat`` to
 /dev/null), so every step reads from memory and writes into the page cache (written pages are
-flushed by the kernel in the background, for cp as for convert). Goals (issue 15): --no-verify
+flushed by the kernel in the background, for cp as for convert). Goals: --no-verify
 ≤ 2x the copy's wall time, peak RSS ≤ 2x the largest shard; verified ≤ 4x the copy, peak RSS ≤
 2.5x the largest shard.
 """

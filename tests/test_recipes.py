@@ -107,7 +107,7 @@ def test_structure_errors():
     assert "needs convert" in _error(_minimal(variants={"a": {}}))
     assert "names 'original'" in _error(_minimal(variants={"original": {"convert": {}}}))
     assert "eval.perplexity" in _error(_minimal(task="masked-lm", eval={"perplexity": True}))
-    validate(_minimal(task="masked-lm", variants={"a": {"convert": {}, "finetune": {}}}), "recipes/x.yaml")  # encoders heal too (#12)
+    validate(_minimal(task="masked-lm", variants={"a": {"convert": {}, "finetune": {}}}), "recipes/x.yaml")  # encoders heal too
     assert "a recipe is a YAML mapping" in _error(["not", "a", "mapping"])
 
 
