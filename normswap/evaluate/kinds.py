@@ -53,8 +53,8 @@ def training_loss(model, ids: torch.Tensor, *, forward=None) -> torch.Tensor:
     """A loss whose backward pass costs what a training step of this kind of model costs (for speed
     and memory measurements): next-token loss, masked-LM loss over every position, or for a bare
     encoder the mean square of its last hidden state. ``forward``: what to call instead of
-    ``model`` (e.g. its torch.compile'd form)."""
-    kind, run = model_kind(model), forward or model
+    ``model`` (e.g. its torch.compile'd form, which refuses ``bool()``: hence ``is None``)."""
+    kind, run = model_kind(model), model if forward is None else forward
     if kind == ENCODER:
         return run(input_ids=ids).last_hidden_state.float().pow(2).mean()
     if kind == MASKED_LM:
