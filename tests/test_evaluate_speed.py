@@ -111,3 +111,22 @@ def test_compiled_speed_compares_compiled_models():
         assert out[name]["tokens_per_second"]["forward"] > 0 and out[name]["tokens_per_second"]["train_step"] > 0
         assert out[name]["norm_time_share"] is None
     assert not isinstance(a.forward, torch.nn.Module) and type(a).__name__ == "GPT2LMHeadModel"  # models not replaced
+
+
+def test_compiled_models_each_get_their_own_recompile_budget(monkeypatch):
+    """Models of one class share Dynamo's per-code-object graph cap; past it the later models ran
+    eager (compiled decode measured at half speed). The cap scales with the number of models for
+    the measurement only."""
+    import torch._dynamo
+
+    from normswap.evaluate import speed
+
+    seen = []
+    monkeypatch.setattr(speed, "_measure", lambda benches, cfg, progress: seen.append(torch._dynamo.config.recompile_limit) or {})
+    default = torch._dynamo.config.recompile_limit
+    a = tiny_gpt2(seed=0)
+    models = [("a", a), ("b", copy.deepcopy(a)), ("c", copy.deepcopy(a))]
+    speed.measure_speed(models, SpeedConfig(repeats=1, compile=True))
+    speed.measure_speed(models, SpeedConfig(repeats=1, compile=False))
+    assert seen == [3 * default, default]  # control: eager measurement leaves the cap alone
+    assert torch._dynamo.config.recompile_limit == default  # restored afterwards
