@@ -118,14 +118,17 @@ def test_whisper_encoder_and_decoder_both_converted():
 
 def test_clip_vision_tower_pooled_output_exact_but_raw_stream_output_refused():
     """CLIP's vision tower returns its un-normalised residual stream as last_hidden_state: an exact
-    conversion centres that stream, so discovery refuses; its pooled output is exact."""
+    conversion centres that stream, so discovery refuses; the same plan keeps its pooled output exact."""
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
     config = CLIPVisionConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8)
-    family, check = discover_family(config, CLIPVisionModel)
-    assert check["exact"] is False and "raw residual stream" in check["reason"] and check["changed_outputs"] == ["last_hidden_state"]
+    with pytest.raises(DiscoveryError, match="raw residual stream of encoder.layers is returned as a model output"):
+        discover_family(config, CLIPVisionModel)
     with pytest.raises(NormswapError, match="raw residual stream"):
         resolve_family(config, CLIPVisionModel)
+    family = parse_family(discover(randomize_(CLIPVisionModel(config).double().eval(), seed=0), refuse_raw_outputs=False), "raw")
+    check = check_family(family, config, CLIPVisionModel)
+    assert check["exact"] is False and "raw residual stream" in check["reason"] and check["changed_outputs"] == ["last_hidden_state"]
     source = randomize_(CLIPVisionModel(config).double().eval(), seed=2)
     inputs = probe_inputs(source, seed=2)
     ref = model_outputs(source, inputs)

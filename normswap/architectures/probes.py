@@ -23,9 +23,10 @@ def _sub(config, *names):
 def _first(config, names, default):
     for n in names:
         v = getattr(config, n, None)
-        if isinstance(v, int) and not isinstance(v, bool):
+        # sizes only: XLNet's max_position_embeddings is -1 ("unlimited"), which is no length
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
-        if isinstance(v, (list, tuple)) and v and isinstance(v[0], int):
+        if isinstance(v, (list, tuple)) and v and isinstance(v[0], int) and v[0] > 0:
             return v[0]
     return default
 

@@ -70,6 +70,9 @@ class Family:
     # modules whose first input is centred at run time (a stream start no single module writes,
     # e.g. Whisper's conv features + positions computed inline in the encoder's forward)
     centered_inputs: tuple[str, ...] = ()
+    # parameters added to the residual stream as they are (a bias vector a module returns beside its
+    # output, GPT-NeoX-Japanese's dense_bias): exact mode centres the vector itself
+    stream_biases: tuple[str, ...] = ()
     discovered: bool = False  # written by `normswap families discover`, not curated
     description: dict | None = field(default=None, compare=False)  # the parsed dict of a discovered family
 
@@ -90,7 +93,7 @@ _TOP_KEYS = {
     "name": str, "display": str, "model_types": list, "placement": (str, dict), "layers": str,
     "embeddings": list, "writers": list, "norms": list, "final_norm": (dict, type(None)),
     "head": (str, type(None)), "head_norms": list, "leave_alone": list, "notes": str,
-    "examples": list, "test_configs": list, "centered_inputs": list, "discovered": bool,
+    "examples": list, "test_configs": list, "centered_inputs": list, "stream_biases": list, "discovered": bool,
 }
 _REQUIRED = ("name", "model_types", "placement", "layers", "norms")
 _NORM_KEYS = {"norm", "readers", "when", "optional", "starts_stream", "gamma_offset", "eps"}
@@ -221,13 +224,14 @@ def parse_family(raw: Any, source: str) -> Family:
         examples=tuple(raw.get("examples", [])),
         test_configs=tuple(raw.get("test_configs", [])),
         source=source,
-        centered_inputs=tuple(_centered_inputs(source, raw.get("centered_inputs", []))),
+        centered_inputs=tuple(_paths(source, "centered_inputs", raw.get("centered_inputs", []))),
+        stream_biases=tuple(_paths(source, "stream_biases", raw.get("stream_biases", []))),
         discovered=bool(raw.get("discovered", False)),
         description=dict(raw) if raw.get("discovered") else None,
     )
 
 
-def _centered_inputs(source, paths):
+def _paths(source, key, paths):
     for j, p in enumerate(paths):
-        _check_path(source, f"centered_inputs[{j}]", p)
+        _check_path(source, f"{key}[{j}]", p)
     return paths

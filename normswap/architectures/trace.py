@@ -17,12 +17,16 @@ from torch.utils._pytree import tree_leaves
 # ops that pass a value on unchanged per token (as far as "is it centred along the last axis" goes)
 TRANSPARENT = {
     "dropout", "feature_alpha_dropout", "alpha_dropout", "view", "reshape", "contiguous", "to", "float", "double",
-    "half", "bfloat16", "type", "type_as", "clone", "detach", "__get__", "__getitem__",
+    "half", "bfloat16", "type", "type_as", "clone", "detach", "__get__", "__getitem__", "data",
+    "expand", "expand_as", "broadcast_to",  # a bias vector broadcast over the tokens keeps its last axis
 }
+# ops whose later tensor arguments give only a shape or dtype (``bias.expand_as(residual)``): those are
+# not a use of the value, or GPT-NeoX-Japanese's stream would look read by something other than norms
+SHAPE_DONORS = {"expand_as", "view_as", "reshape_as", "type_as"}
 # ops that move a value's axes around without mixing its numbers (window partitions, channel-first
 # layouts between layers): a centred feature vector stays a centred feature vector, wherever its
 # axis went. Discovery follows the stream through them; the exactness check confirms the axis.
-REARRANGE = {"permute", "transpose", "movedim", "swapaxes", "flatten", "unflatten", "squeeze", "unsqueeze"}
+REARRANGE = {"permute", "transpose", "movedim", "swapaxes", "flatten", "unflatten", "squeeze", "unsqueeze", "T", "mT"}
 # zero padding adds all-zero positions (centred) and leaves the others alone
 PAD = {"pad"}
 # averages over tokens (mean pooling): an average of centred feature vectors is centred
@@ -85,10 +89,16 @@ class Trace(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = getattr(func, "__name__", str(func))
+        if name == "__get__" and isinstance(out, torch.Tensor):
+            # a tensor-valued attribute (``.real`` of an FFT, ``.T``, ``.data``) is a value, named by
+            # the attribute: left out, its result would look like an input nobody produced
+            name = getattr(getattr(func, "__self__", None), "__name__", name)
         if name in METADATA:
             return out
         flat = tree_leaves((args, kwargs))
         ins = [self.node(a) for a in flat if isinstance(a, torch.Tensor)]
+        if name in SHAPE_DONORS:
+            ins = ins[:1]
         scalars = [a for a in flat if isinstance(a, (int, float)) and not isinstance(a, bool)]
         mutated = name.endswith("_") and not name.startswith("__") or name in ("__iadd__", "__imul__", "__itruediv__", "__setitem__")
         results = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]

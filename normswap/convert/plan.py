@@ -339,12 +339,26 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
         if mode == "exact" and role == "embedding":
             plan.block["centered_outputs"].append(name)
 
+    # -- bias vectors added to the stream as they are: centre the vector ----------------------
+    if mode == "exact":
+        for path in family.stream_biases:
+            for key in res.expand(path):
+                owner, _, attr = key.rpartition(".")
+                param = getattr(res.module(owner), attr, None)
+                if not isinstance(param, nn.Parameter) or param.dim() != 1:
+                    raise NormswapError(f"{family.name}: stream bias '{key}' is not a bias vector parameter ({family.source})")
+                plan.derivations[key] = {"op": "linear_bias", "src": key, "weight": None, "layout": "linear",
+                                         "beta": None, "center": True, "size": int(param.shape[0])}
+
     # -- embeddings: centre the table, or centre its output at run time when tied ---------------
     for name in embedding_names:
         module = res.module(name)
         weight = getattr(module, "weight", None)
         is_table = isinstance(module, nn.Embedding) and isinstance(weight, nn.Parameter)
-        if is_table and not (tied and not untie and name == embed_name):
+        # the tied table may be reachable under more names than get_input_embeddings' (SeamlessM4T's
+        # encoder and decoder share it with the head): identity, not the name, says it is the head's
+        shares_head = name == embed_name or (embed_module is not None and weight is getattr(embed_module, "weight", None))
+        if is_table and not (tied and not untie and shares_head):
             plan.derivations[_param_key(name)] = {"op": "center_rows", "src": _param_key(name)}
         else:
             # tied table (the head must keep the original matrix) or a computed embedding
