@@ -213,12 +213,16 @@ class _Graph:
             parts = self.decompose(node.inputs[0], stream_ids, depth + 1) + self.decompose(node.inputs[1], stream_ids, depth + 1)
         elif node.inputs and self.passes_on(node.inputs[0], node, rearranged=False):
             parts = self.decompose(node.inputs[0], stream_ids, depth + 1)
-        elif node.inputs and self.passes_on(node.inputs[0], node):
+        elif node.inputs and self.passes_on(node.inputs[0], node) and keeps_feature_axis(node.inputs[0], node):
             # moved around (SAM's window un-partition): fine for centred weights, whose output is
-            # centred along the writer's own feature axis; not for a run-time centring of a module
+            # centred along the writer's own feature axis as long as that axis stays last (GroupViT's
+            # token-mixing MLP is transposed back: its output axis is the tokens); not for a run-time
+            # centring of a module
             parts = self.decompose(node.inputs[0], stream_ids, depth + 1)
             if any(kind not in ("linear", "table") for kind, *_ in parts):
                 parts = [("bad", node.op, node)]
+        elif (scaled := self.layer_scaled(node, stream_ids, depth)) is not None:
+            parts = [scaled]
         else:
             parts = [self.classify(node)]
         if any(kind == "bad" for kind, *_ in parts):
@@ -227,6 +231,21 @@ class _Graph:
                 if self.trace.module_returns_tensor.get(m) and m not in self.norms:
                     return [("module", m, node)]
         return parts
+
+    def layer_scaled(self, node, stream_ids, depth):
+        """("scaled", (linear, λ), node) for a write λ⊙(Linear output) with λ a parameter vector over the
+        features (InternVL's lambda_1): λ folds into the Linear's rows, which are then centred."""
+        if node.op not in SCALE or node.op.startswith(("div", "__truediv", "__itruediv")) or len(node.inputs) != 2:
+            return None
+        width = node.tensor.shape[-1] if isinstance(node.tensor, torch.Tensor) and node.tensor.dim() > 0 else None
+        scale = next((i for i in node.inputs if i.op == "param" and i.param and i.tensor.dim() == 1 and i.tensor.shape[0] == width), None)
+        if scale is None:
+            return None
+        other = node.inputs[1] if node.inputs[0] is scale else node.inputs[0]
+        parts = self.decompose(other, stream_ids, depth + 1)
+        if len(parts) != 1 or parts[0][0] != "linear" or not isinstance(self.modules[parts[0][1]], nn.Linear):
+            return None
+        return ("scaled", (parts[0][1], scale.param), node)
 
     def classify(self, node):
         if node.modules:
@@ -256,6 +275,23 @@ class _Graph:
         if node.modules and self.trace.module_returns_tensor.get(node.modules[0]):
             return ("module", node.modules[0], node)
         return ("bad", _what(node), node)
+
+    def read_elsewhere(self, node) -> bool:
+        """Whether anything but an addition or a norm reads ``node`` (following per-token ops)."""
+        todo, seen = [node], set()
+        while todo:
+            n = todo.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            for c in n.consumers:
+                if c.op in ADD or any(self.in_scope(c, m) and self.reads(m, n) for m in self.norms):
+                    continue
+                if self.passes_on(n, c, rearranged=False):
+                    todo.append(c)
+                else:
+                    return True
+        return False
 
     def stream(self, seeds):
         """Values reachable from ``seeds`` through additions and transparent ops; and their non-norm readers."""
@@ -397,6 +433,7 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
     converted: dict[str, dict] = {}  # norm -> {"readers": [...], "starts_stream": bool}
     writers: dict[str, str] = {}  # module -> kind (linear | table | module)
     stream_biases: list[str] = []  # parameters added to the stream as they are
+    stream_scales: list[tuple[str, str]] = []  # (λ parameter, Linear) for writes λ⊙Linear(x)
     centered_inputs: list[str] = []
     post_evidence: list[str] = []
     raw_readers: list = []  # (stack, consumer) reading the stream outside the layers
@@ -408,6 +445,11 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
 
     def take_writes(parts, consumer, what):
         """Record centring for each write; a bad one falls back to centring ``consumer``'s input."""
+        # a value centred at run time where it is produced (a norm starting the stream, a module's
+        # output) is centred for every reader: one that is not the stream (GroupViT's cross-attention
+        # query is its group tokens' norm output) would read a shifted value, so centre downstream
+        parts = [("bad", f"{mod} (also read outside the stream)", node) if kind in ("norm", "module") and g.read_elsewhere(node) else (kind, mod, node)
+                 for kind, mod, node in parts]
         bad = [p for p in parts if p[0] == "bad"]
         if bad:
             if consumer is None:
@@ -424,6 +466,11 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
                     converted[mod] = {"readers": [], "starts_stream": True}
                     for inp in g.trace.module_call_inputs[mod]:
                         take_writes(g.decompose(inp, set()), mod, f"the input of {mod}")
+            elif kind == "scaled":
+                linear, scale = mod
+                writers.setdefault(linear, "linear")
+                if (scale, linear) not in stream_scales:
+                    stream_scales.append((scale, linear))
             elif kind == "param":
                 if mod not in stream_biases:
                     stream_biases.append(mod)
@@ -486,7 +533,7 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
         converted = {n: {"readers": [], "starts_stream": False} for n, s in g.norms.items() if s.hidden_size in hidden_sizes}
         if not converted:  # channel-first streams (ConvNeXt, CvT stages): the last axis is not the width
             converted = {n: {"readers": [], "starts_stream": False} for n in g.norms if any(n.startswith(s + ".") for s in stacks)}
-        writers, centered_inputs, stream_biases = {}, [], []
+        writers, centered_inputs, stream_biases, stream_scales = {}, [], [], []
     else:
         for n, rec in converted.items():
             if rec["starts_stream"] or n in repeated:
@@ -500,10 +547,12 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
 
         if is_layernorm(m) and n not in g.norms:
             left[n] = f"{type(m).__name__} does not compute LayerNorm (not shift-invariant, or a different formula)"
-    return _describe(model, stacks, g, converted, writers, centered_inputs, left, placement, post_evidence, name, stream_biases)
+    return _describe(model, stacks, g, converted, writers, centered_inputs, left, placement, post_evidence, name,
+                     stream_biases, stream_scales)
 
 
-def _describe(model, stacks, g, converted, writers, centered_inputs, left, placement, post_evidence, name, stream_biases=()) -> dict:
+def _describe(model, stacks, g, converted, writers, centered_inputs, left, placement, post_evidence, name,
+              stream_biases=(), stream_scales=()) -> dict:
     """Write the findings in the family-file schema, templating per-layer paths over ``${i}``."""
     config = model.config
     prefix = getattr(model, "base_model_prefix", "") or ""
@@ -610,13 +659,16 @@ def _describe(model, stacks, g, converted, writers, centered_inputs, left, place
         "leave_alone": leave,
         "centered_inputs": [rel(c) for c in centered_inputs],
         "stream_biases": [path for path, _ in collapse([(rel(p), ((), False)) for p in stream_biases])],
+        "stream_scales": [{"scale": path, "writer": payload[0][0]}
+                          for path, payload in collapse([(rel(p), ((rel(w),), False)) for p, w in stream_scales])],
         "notes": ("post-LN: " + "; ".join(dict.fromkeys(post_evidence))[:300]) if post_evidence else "",
         "discovered": True,
     }
     if raw["final_norm"] is None:
         raw.pop("final_norm")
-    if not raw["stream_biases"]:
-        raw.pop("stream_biases")
+    for key in ("stream_biases", "stream_scales"):
+        if not raw[key]:
+            raw.pop(key)
     return raw
 
 
@@ -635,6 +687,11 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
     source = tiny_instance(config, cls, seed=seed, dtype=dtype)
     placement = family.placement_for(source.config)
     if placement == "post":
+        # approximate by nature; still, the approximate plan must convert the tiny instance and run
+        failure = _approx_failure(family, source, seed)
+        if failure:
+            return {"exact": False, "mode": "approx", "max_abs_diff": None, "threshold": None,
+                    "reason": f"post-LN, and the approximate conversion {failure}"}
         return {"exact": None, "mode": "approx", "max_abs_diff": None, "threshold": None,
                 "reason": "not pre-LN (a norm's output is the residual skip path, or the stream is read by more than norms)"}
     converted = copy.deepcopy(source)
@@ -677,6 +734,23 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
         reason = f"output {', '.join(changed[:3])} changed by {worst:.3g} (> {threshold:.3g}) on a tiny randomised instance"
     return {"exact": exact, "mode": "exact", "max_abs_diff": worst, "threshold": threshold, "reason": reason,
             "changed_outputs": changed}
+
+
+def _approx_failure(family, source, seed) -> str:
+    """Why an approximate conversion of ``source`` with ``family`` fails ('' when it converts and its
+    outputs keep their shapes and stay finite)."""
+    from normswap.convert.inplace import convert_with_family
+    from normswap.convert.plan import ConvertOptions
+
+    converted = copy.deepcopy(source)
+    try:
+        convert_with_family(converted, family, ConvertOptions(mode="approx"))
+        inputs = probe_inputs(source, seq_len=8, seed=seed)
+        ref, got = model_outputs(source, inputs), model_outputs(converted, inputs)
+    except Exception as e:
+        return f"fails: {_first_line(e)}"
+    bad = [k for k, r in ref.items() if k not in got or got[k].shape != r.shape or not bool(torch.isfinite(got[k]).all())]
+    return f"changes the shape of, or makes non-finite, output {', '.join(bad[:3])}" if bad else ""
 
 
 def discover_family(config, cls=None, *, name=None) -> tuple[Family, dict]:
@@ -732,7 +806,7 @@ def resolve_family(config, cls=None, family_file=None) -> Family:
             family, check = discover_family(config, cls)
         except DiscoveryError as e:
             raise NormswapError(f"unsupported architecture: model_type={config.model_type!r} has no family file, and discovery failed: {e}{known}") from None
-        if not check["exact"]:
+        if check["exact"] is False:  # None: post-LN, whose approximate plan converted and ran
             raise NormswapError(
                 f"unsupported architecture: model_type={config.model_type!r} has no family file, and the discovered plan "
                 f"is not exact on a tiny randomised instance ({check['reason']}){known}")

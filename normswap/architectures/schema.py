@@ -44,6 +44,12 @@ class ModuleEntry:
 
 
 @dataclass(frozen=True)
+class StreamScale:
+    scale: str  # a parameter path (a vector over the hidden size)
+    writer: str  # the Linear whose output it scales
+
+
+@dataclass(frozen=True)
 class LeaveAlone:
     pattern: str  # a regular expression over full module names
     reason: str
@@ -73,6 +79,9 @@ class Family:
     # parameters added to the residual stream as they are (a bias vector a module returns beside its
     # output, GPT-NeoX-Japanese's dense_bias): exact mode centres the vector itself
     stream_biases: tuple[str, ...] = ()
+    # layer scales applied to a writer's output before the addition (InternVL's lambda_1 ⊙ o_proj(x)):
+    # exact mode folds λ into the writer's rows (then centred) and sets λ to ones
+    stream_scales: tuple[StreamScale, ...] = ()
     discovered: bool = False  # written by `normswap families discover`, not curated
     description: dict | None = field(default=None, compare=False)  # the parsed dict of a discovered family
 
@@ -93,7 +102,7 @@ _TOP_KEYS = {
     "name": str, "display": str, "model_types": list, "placement": (str, dict), "layers": str,
     "embeddings": list, "writers": list, "norms": list, "final_norm": (dict, type(None)),
     "head": (str, type(None)), "head_norms": list, "leave_alone": list, "notes": str,
-    "examples": list, "test_configs": list, "centered_inputs": list, "stream_biases": list, "discovered": bool,
+    "examples": list, "test_configs": list, "centered_inputs": list, "stream_biases": list, "stream_scales": list, "discovered": bool,
 }
 _REQUIRED = ("name", "model_types", "placement", "layers", "norms")
 _NORM_KEYS = {"norm", "readers", "when", "optional", "starts_stream", "gamma_offset", "eps"}
@@ -226,6 +235,7 @@ def parse_family(raw: Any, source: str) -> Family:
         source=source,
         centered_inputs=tuple(_paths(source, "centered_inputs", raw.get("centered_inputs", []))),
         stream_biases=tuple(_paths(source, "stream_biases", raw.get("stream_biases", []))),
+        stream_scales=tuple(_stream_scale(source, f"stream_scales[{j}]", e) for j, e in enumerate(raw.get("stream_scales", []))),
         discovered=bool(raw.get("discovered", False)),
         description=dict(raw) if raw.get("discovered") else None,
     )
@@ -235,3 +245,11 @@ def _paths(source, key, paths):
     for j, p in enumerate(paths):
         _check_path(source, f"{key}[{j}]", p)
     return paths
+
+
+def _stream_scale(source, where, raw) -> StreamScale:
+    if not isinstance(raw, dict) or set(raw) != {"scale", "writer"}:
+        _fail(source, where, "must be {scale: PARAMETER, writer: MODULE}")
+    _check_path(source, where + ".scale", raw["scale"])
+    _check_path(source, where + ".writer", raw["writer"])
+    return StreamScale(raw["scale"], raw["writer"])

@@ -236,7 +236,8 @@ def survey_markdown(rows) -> str:
     exact = [r for r in tried if r["status"] == "exact"]
     approx = [r for r in tried if r["status"] == "approx-only"]
     refused = [r for r in tried if r["status"] == "refused"]
-    pre = [r for r in tried if r["status"] != "approx-only"]
+    # a post-LN row refused because even its approximate conversion failed is still post-LN
+    pre = [r for r in tried if r["status"] != "approx-only" and r.get("placement") != "post"]
     lines = [
         "# Architectures tried by discovery",
         "",

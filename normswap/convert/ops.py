@@ -73,7 +73,7 @@ def read_buffer(shape, dtype: torch.dtype) -> torch.Tensor:
 
 def source_keys(op: dict) -> list[str]:
     """The source tensors an op reads."""
-    keys = [op.get(k) for k in ("src", "weight", "gamma", "beta")]
+    keys = [op.get(k) for k in ("src", "weight", "gamma", "beta", "scale_out")]
     return [k for k in keys if k]
 
 
@@ -134,6 +134,8 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
 def _linear_weight(op, shape, get, put, wide, calc):
     """W·diag(γ) (γ scales the input axis), then optionally centred over the output axis."""
     gamma64 = get(op["gamma"], dtype=F64) + op.get("gamma_offset", 0.0) if op.get("gamma") else None
+    # a layer scale λ applied to this writer's output (λ⊙(Wx)) folds into its rows: diag(λ)·W
+    scale64 = get(op["scale_out"], dtype=F64) if op.get("scale_out") else None
     blocks = row_blocks(shape)
     if op["layout"] == "linear":  # [out, in]: γ scales columns; centring averages each column
         gamma = gamma64.to(calc) if gamma64 is not None else None
@@ -142,6 +144,8 @@ def _linear_weight(op, shape, get, put, wide, calc):
             colsum = torch.zeros(shape[1], dtype=F64, device=gamma64.device if gamma64 is not None else None)
             for a, b in blocks:
                 x = get(op["src"], a, b, dtype=F64, tag="wide")
+                if scale64 is not None:
+                    x = x * scale64[a:b].to(x.device).unsqueeze(1)
                 colsum = colsum.to(x.device) + x.sum(dim=0)
             mean = colsum / shape[0]
             mean = mean * gamma64 if gamma64 is not None else mean
@@ -149,8 +153,12 @@ def _linear_weight(op, shape, get, put, wide, calc):
             x = get(op["src"], a, b, tag="block")
             if gamma is not None:
                 x.mul_(gamma)
+            if scale64 is not None:
+                x.mul_(scale64[a:b].to(device=x.device, dtype=x.dtype).unsqueeze(1))
             put(_subtract(x, mean) if mean is not None else x, a)
         return
+    if scale64 is not None:
+        raise ValueError("scale_out folds into a Linear's rows only")
     # conv1d [in, out] (and embeddings): γ scales rows; centring averages each row
     for a, b in blocks:
         x = get(op["src"], a, b, tag="block")
@@ -189,6 +197,8 @@ def _linear_bias(op, get, shape_of):
                 b[r0:r1] += w @ beta
             else:  # β[in] @ [in, out]: the row blocks are slices of the sum
                 b += beta[r0:r1] @ w
+    if op.get("scale_out"):
+        b = b * get(op["scale_out"], dtype=F64).to(b.device)
     if op.get("center"):
         b = b - b.mean()
     return b

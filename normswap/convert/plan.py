@@ -339,16 +339,23 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
         if mode == "exact" and role == "embedding":
             plan.block["centered_outputs"].append(name)
 
-    # -- bias vectors added to the stream as they are: centre the vector ----------------------
+    # -- bias vectors added to the stream as they are: centre the vector; layer scales: fold ----
+    scale_of: dict[str, str] = {}  # writer Linear -> the λ parameter folded into its rows
     if mode == "exact":
         for path in family.stream_biases:
             for key in res.expand(path):
-                owner, _, attr = key.rpartition(".")
-                param = getattr(res.module(owner), attr, None)
-                if not isinstance(param, nn.Parameter) or param.dim() != 1:
-                    raise NormswapError(f"{family.name}: stream bias '{key}' is not a bias vector parameter ({family.source})")
+                size = _vector_size(res, key, family, "stream bias")
                 plan.derivations[key] = {"op": "linear_bias", "src": key, "weight": None, "layout": "linear",
-                                         "beta": None, "center": True, "size": int(param.shape[0])}
+                                         "beta": None, "center": True, "size": size}
+        for entry in family.stream_scales:
+            for key, writer in zip(res.expand(entry.scale), res.expand(entry.writer)):
+                size = _vector_size(res, key, family, "layer scale")
+                module = res.module(writer)
+                if not isinstance(module, nn.Linear) or module.weight.shape[0] != size or writer not in writer_names:
+                    raise NormswapError(f"{family.name}: layer scale '{key}' must scale a centred Linear writer's output, "
+                                        f"and {writer} is not one ({family.source})")
+                scale_of[writer] = key
+                plan.derivations[key] = {"op": "ones", "size": size}  # λ now lives in the writer's rows
 
     # -- embeddings: centre the table, or centre its output at run time when tied ---------------
     for name in embedding_names:
@@ -383,6 +390,8 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
         has_bias = getattr(module, "bias", None) is not None
         out_features = module.weight.shape[1] if layout == "conv1d" else module.weight.shape[0]
         plan.derivations[_param_key(name)] = {"op": "linear_weight", "src": src_w, "layout": layout, "gamma": ops["gamma"], "center": center}
+        if name in scale_of:
+            plan.derivations[_param_key(name)]["scale_out"] = scale_of[name]
         if ops.get("gamma_offset"):
             plan.derivations[_param_key(name)]["gamma_offset"] = ops["gamma_offset"]
         if has_bias or ops["beta"]:
@@ -395,10 +404,21 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
                 "center": center,
                 "size": int(out_features),
             }
+            if name in scale_of:
+                plan.derivations[_param_key(name, "bias")]["scale_out"] = scale_of[name]
             if not has_bias:
                 plan.block["added_biases"][name] = int(out_features)
 
     return plan
+
+
+def _vector_size(res, key, family, what) -> int:
+    """The length of the parameter vector ``key`` (a dotted path to a module's attribute)."""
+    owner, _, attr = key.rpartition(".")
+    param = getattr(res.module(owner), attr, None)
+    if not isinstance(param, nn.Parameter) or param.dim() != 1:
+        raise NormswapError(f"{family.name}: {what} '{key}' is not a parameter vector ({family.source})")
+    return int(param.shape[0])
 
 
 def _optional_call(model, method):

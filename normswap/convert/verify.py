@@ -50,7 +50,7 @@ def probe_inputs(tokenizer, config, seq_len: int = SEQ_LEN, seed: int = 0) -> di
     """
     vocab = int(getattr(config, "vocab_size", None) or 256)
     ctx = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or seq_len
-    seq_len = min(seq_len, int(ctx))
+    seq_len = min(seq_len, int(ctx)) if int(ctx) > 0 else seq_len  # XLNet's -1: no limit
     gen = torch.Generator().manual_seed(seed)
     rand = torch.randint(0, vocab, (seq_len,), generator=gen)
     text = None
