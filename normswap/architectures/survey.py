@@ -201,8 +201,10 @@ def shipped_rows() -> list[dict]:
     return json.loads(resources.files("normswap.architectures").joinpath("data", "survey.json").read_text())
 
 
+RAW_STREAM = "raw residual stream"  # what every refusal of a stream that leaves without a norm says
+
 REFUSAL_CAUSES = (  # (what the reason says, the cause it names), first match wins
-    ("raw residual stream", "the raw residual stream leaves the model or its stack without a norm"),
+    (RAW_STREAM, "the raw residual stream leaves the model or its stack without a norm"),
     ("is not produced by any module", "a write into the stream that no module owns (a bare parameter, a concatenation)"),
     ("changed by", "the plan's exactness check failed"),
     ("took over", "over the time limit"),
@@ -238,6 +240,7 @@ def survey_markdown(rows) -> str:
     refused = [r for r in tried if r["status"] == "refused"]
     # a post-LN row refused because even its approximate conversion failed is still post-LN
     pre = [r for r in tried if r["status"] != "approx-only" and r.get("placement") != "post"]
+    raw = [r for r in pre if r["status"] == "refused" and RAW_STREAM in (r.get("reason") or "")]
     lines = [
         "# Architectures tried by discovery",
         "",
@@ -257,6 +260,13 @@ def survey_markdown(rows) -> str:
         f"Pre-LN or undetermined (tried and not post-LN): {len(pre)}; converted exactly on tiny configs: {len(exact)} "
         f"({100 * len(exact) / max(1, len(pre)):.0f} %). Every refusal is a plan whose check on a tiny randomised "
         "instance was not exact, or an architecture discovery could not describe; none is converted.",
+        "",
+        f"Exact among architectures whose stream ends in a norm (a separate figure; the one above is the headline): "
+        f"{len(exact)} of {len(pre) - len(raw)} ({100 * len(exact) / max(1, len(pre) - len(raw)):.0f} %), leaving out the "
+        f"{len(raw)} pre-LN architectures whose raw residual stream leaves the model or its stack without a norm (returned "
+        "as an output, or read by a convolution, a pooling or a projection). Those are refused on principle: an exact "
+        "conversion centres every write, so the stream itself loses its per-token mean, and giving it back costs one "
+        "reduction per write (as much as the LayerNorm that was removed).",
         "",
         "Refusals by cause: " + ("; ".join(f"{cause}: {n}" for cause, n in refusal_causes(refused)) or "none") + ".",
         "",
