@@ -430,6 +430,10 @@ def test_post_ln_models_with_unowned_writes_are_approx_only_and_convert(tmp_path
         # control: the same plan called pre-LN is caught by the exact check (post-LN is no excuse)
         as_pre = parse_family({**family.description, "placement": "pre"}, "forced pre")
         assert check_family(as_pre, config, cls)["exact"] is False
+    # control: a post-LN plan whose approximate conversion cannot apply is refused, not listed as approx-only
+    broken = {**family.description, "norms": family.description["norms"] + [{"norm": "no.such.norm", "readers": []}]}
+    result = check_family(parse_family(broken, "broken"), config, cls)
+    assert result["exact"] is False and "post-LN, and the approximate conversion fails" in result["reason"]
     config, cls = xlnet
     torch.manual_seed(0)
     randomize_(cls(config).eval(), seed=0).save_pretrained(tmp_path / "xlnet")
