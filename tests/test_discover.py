@@ -178,6 +178,12 @@ def test_schema_checks_new_keys():
     bad = dict(good, centered_inputs=["h 0"])
     with pytest.raises(NormswapError, match=r"centered_inputs\[0\]"):
         parse_family(bad, "x.yaml")
+    scaled = dict(good, stream_biases=["h.${i}.bias"], stream_scales=[{"scale": "h.${i}.ls", "writer": "h.${i}.out"}])
+    family = parse_family(scaled, "x.yaml")
+    assert family.stream_biases == ("h.${i}.bias",) and family.stream_scales[0].writer == "h.${i}.out"
+    for wrong, where in (({"scale": "h.${i}.ls"}, r"stream_scales\[0\]"), ({"scale": "h.${j}.ls", "writer": "o"}, r"stream_scales\[0\].scale")):
+        with pytest.raises(NormswapError, match=where):
+            parse_family(dict(good, stream_scales=[wrong]), "x.yaml")
 
 
 # -- the CLI: convert without a family file, discover, refuse ---------------------------------------
@@ -474,6 +480,10 @@ def test_layer_scale_folded_into_its_writer():
     without = parse_family({k: v for k, v in family.description.items() if k != "stream_scales"}, "no fold")
     control = check_family(without, config, cls)
     assert control["exact"] is False and control["max_abs_diff"] > 1e-3, control
+    # a layer scale named on a Linear that is not a stream writer is refused when planning
+    misplaced = {**family.description, "stream_scales": [{"scale": "encoder.layer.${i}.lambda_2", "writer": "encoder.layer.${i}.mlp.fc1"}]}
+    result = check_family(parse_family(misplaced, "misplaced"), config, cls)
+    assert result["exact"] is False and "must scale a centred Linear writer" in result["reason"]
     config, cls = _tiny("InternVLVisionConfig", "InternVLVisionModel", use_mean_pooling=True, **VISION)
     with pytest.raises(DiscoveryError, match="raw residual stream of encoder.layer is returned as a model output"):
         discover_family(config, cls)
