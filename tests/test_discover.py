@@ -523,3 +523,16 @@ def test_groupvit_token_mixing_and_grouping_exact():
     readers = {r for n in desc["norms"] for r in n["readers"]}
     assert not any("mlp_inter" in r for r in readers)
     assert not any(n.get("starts_stream") and "norm_post_tokens" in n["norm"] for n in desc["norms"])
+
+
+def test_cast_that_returns_its_input_keeps_the_residual_a_stream_value():
+    """Cohere2-MoE's experts run only in float32, so discovery traces it in float32, where the norm's
+    ``x.to(float32)`` returns x itself: the trace keeps x's node (the residual kept aside is still the
+    stream), so the model is pre-LN and exact, not mistaken for post-LN."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("cohere2_moe")
+    family, check = discover_family(config)
+    assert family.placement == "pre" and check["exact"], check
+    control = check_family(_skip_centring(family), config, dtype=torch.float32)  # float32: what the experts run in
+    assert control["exact"] is False and control["max_abs_diff"] > 1e-3

@@ -106,6 +106,10 @@ class Trace(TorchFunctionMode):
             results = [args[0]]
         if mutated and args and isinstance(args[0], torch.Tensor) and not any(r is args[0] for r in results):
             results.append(args[0])
+        if not mutated:
+            # ``x.to(float32)`` on a float32 x returns x itself: the value did not change, and a new node
+            # would make every earlier use of x (a residual kept aside) look like a use of the cast
+            results = [t for t in results if not any(t is a for a in flat if isinstance(a, torch.Tensor))]
         for t in results:
             n = Node(name, ins, scalars, tensor=t, scope=self.stack[-1] if self.stack else "")
             for i in ins:
