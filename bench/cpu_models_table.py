@@ -36,7 +36,8 @@ def main(run_dir: str) -> int:
              "Throughput ratio converted ÷ original (≥ 1: converted faster): median of the per-repeat paired ratios "
              f"[min, max] over interleaved repeats; ✗ marks a median below the goal {GOAL}; ~ marks an interval that "
              "contains 1 (no measurable difference). Commands and load averages: commands.txt.", "",
-             "| size | mode | " + " | ".join(KINDS) + " | original tokens/s (fwd, train, decode) |", "|---|---|" + "---|" * (len(KINDS) + 1)]
+             "| size | mode | " + " | ".join(KINDS) + " | original tokens/s (fwd, train, decode) | repeats, decode tokens |",
+             "|---|---|" + "---|" * (len(KINDS) + 2)]
     met = []
     for f in sorted(d.glob("*.json")):
         size, mode = f.stem.rsplit("-", 1)
@@ -44,6 +45,7 @@ def main(run_dir: str) -> int:
         models = {m["name"]: m for m in data["models"]}
         orig, conv = models["original"], models["exact"]
         o, c = orig["tokens_per_second"], conv["tokens_per_second"]
+        setup = data.get("speed_setup") or {}
         ivs = (conv.get("ratio_intervals") or {}).get("tokens_per_second") or {}
         cells = []
         for k in KINDS:
@@ -52,7 +54,8 @@ def main(run_dir: str) -> int:
             if ok is not None:
                 met.append(ok)
         lines.append(f"| {size} | {mode} | " + " | ".join(cells) + " | "
-                     + ", ".join(f"{o[k]:.0f}" if o.get(k) else "—" for k in KINDS) + " |")
+                     + ", ".join(f"{o[k]:.0f}" if o.get(k) else "—" for k in KINDS)
+                     + f" | {setup.get('repeats', '?')}, {max(0, setup.get('new_tokens', 1) - 1)} |")
     lines += ["", f"Goal (median ≥ {GOAL} in every cell): {'met' if met and all(met) else 'not met'} "
               f"({sum(met)} of {len(met)} cells)."]
     print("\n".join(lines))

@@ -87,3 +87,15 @@ def test_a_first_build_says_so_in_one_line_and_a_cached_one_is_silent(tmp_path, 
     assert len(first) == 1 and "building the CPU RMSNorm kernel" in first[0] and str(tmp_path) in first[0]
     assert cpu._load() == "extension" and len(built) == 2  # torch's own loader runs again, from the cache
     assert capsys.readouterr().err.strip() == ""  # control: a cached build prints nothing
+
+
+def test_two_checkouts_of_the_same_sources_use_two_build_directories(tmp_path, monkeypatch):
+    """torch's build.ninja names the sources by absolute path: two checkouts (worktrees) sharing a
+    build directory would rebuild over each other's library in turn, so the directory is keyed by
+    where the sources are, not only by what they contain."""
+    here = cpu._build_name(*cpu._flags())
+    assert cpu._build_name(*cpu._flags()) == here  # control: the same checkout, the same directory
+    copy = tmp_path / "csrc"
+    shutil.copytree(cpu._CSRC, copy)
+    monkeypatch.setattr(cpu, "_CSRC", copy)
+    assert cpu._build_name(*cpu._flags()) != here

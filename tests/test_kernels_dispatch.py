@@ -79,11 +79,9 @@ def test_module_call_is_one_cpp_call_with_bias_and_residual(monkeypatch):
     monkeypatch.setattr(K, "call_impl", forbidden)
     monkeypatch.setattr(K, "_auto_impl", forbidden)
     y, s = m(x, residual=r)
-    names, fn = [], y.grad_fn  # view back to x's shape <- bias add <- the C++ autograd node
-    for _ in range(3):
-        names.append(fn.name())
-        fn = fn.next_functions[0][0]
-    assert any("NormFunction" in n for n in names), names
+    # view back to x's shape <- the C++ autograd node, which adds the bias itself (no AddBackward)
+    node = y.grad_fn.next_functions[0][0]
+    assert "NormFunction" in node.name(), (y.grad_fn.name(), node.name())
     got = torch.autograd.grad((y, s), (x, r, m.weight, m.bias), (dy, ds))
     xr, rr = x.detach().clone().requires_grad_(), r.detach().clone().requires_grad_()
     wr, br = m.weight.detach().clone().requires_grad_(), m.bias.detach().clone().requires_grad_()
@@ -104,6 +102,69 @@ def test_module_call_is_one_cpp_call_with_bias_and_residual(monkeypatch):
         rms_norm(x.detach(), torch.ones(2, 32))
     with pytest.raises(ValueError, match="residual shape"):
         rms_norm(x.detach(), m.weight, residual=torch.zeros(3, 2, 64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_inside_the_kernel_is_bit_for_bit_a_separate_add(dtype):
+    """The C++ kernel adds β in its store loop: y must equal `norm(x) + bias.to(y.dtype)` exactly
+    (two roundings in bf16, as the separate add makes them), with and without a residual and a
+    gradient, and β's gradient must be dy summed over the rows."""
+    if not _ops.cpu_fast_available():
+        pytest.skip("compiled CPU kernel not available here")
+    from normswap.kernels.dispatch import _cpu_ext
+
+    ext = _cpu_ext()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 7, 72, generator=g).to(dtype)  # 72: the vector body, the 8-lane loop and a tail
+    r = torch.randn(2, 7, 72, generator=g).to(dtype)
+    w = torch.rand(72, generator=g) + 0.5
+    b = torch.randn(72, generator=g) * 3  # float32 β on bf16 activations: rounded to bf16 first
+    with torch.no_grad():
+        y = ext.norm(x, w, b, 1e-5)
+        assert torch.equal(y, ext.norm(x, w, None, 1e-5) + b.to(dtype))
+        ys, s = ext.add_norm(x, r, w, b, 1e-5)
+        y0, s0 = ext.add_norm(x, r, w, None, 1e-5)
+        assert torch.equal(ys, y0 + b.to(dtype)) and torch.equal(s, s0)
+        if dtype == torch.bfloat16:  # negative control: rounding once would be a different result
+            once = (rms_norm_reference(x.float(), w) + b.to(dtype).float()).to(dtype)
+            assert not torch.equal(y, once)
+    dy = torch.randn(x.shape, generator=g).to(dtype)
+    for weight in (w, None):  # the bias's place among the node's inputs moves with the weight
+        xg, bg = x.clone().requires_grad_(), b.clone().requires_grad_()
+        yg = ext.norm(xg, weight, bg, 1e-5)
+        with torch.no_grad():
+            assert torch.equal(yg.detach(), ext.norm(x, weight, None, 1e-5) + b.to(dtype))
+        dx, db = torch.autograd.grad(yg, (xg, bg), dy)
+        assert db.dtype == b.dtype
+        torch.testing.assert_close(db, dy.reshape(-1, 72).sum(0).to(b.dtype))
+        xr = x.clone().requires_grad_()
+        torch.testing.assert_close(dx, torch.autograd.grad(ext.norm(xr, weight, None, 1e-5), xr, dy)[0])  # β adds nothing to dx
+
+
+def test_module_reads_a_parametrized_weight(monkeypatch):
+    """The module reads its parameters from `_parameters` (fast); a weight moved out of it by
+    torch.nn.utils.parametrize must still be used, through the ordinary lookup."""
+    from torch.nn.utils import parametrize
+
+    from normswap.modules import RMSNorm
+
+    class Double(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    m = RMSNorm(64, bias=True)
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+        m.bias.uniform_(-1, 1)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        plain = m(x)
+        torch.testing.assert_close(plain, rms_norm_reference(x, m.weight) + m.bias, rtol=1e-5, atol=1e-5)
+        parametrize.register_parametrization(m, "weight", Double())
+        doubled = m(x)
+    torch.testing.assert_close(doubled, rms_norm_reference(x, 2 * m.parametrizations.weight.original) + m.bias,
+                               rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(doubled, plain, atol=1e-3)  # control: the parametrization changed y
 
 
 def test_auto_measures_once_then_reads_its_cache(fresh_autotune, monkeypatch):

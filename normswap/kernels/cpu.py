@@ -55,8 +55,9 @@ _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("rms_norm_cpu.cpp", "rms_norm_cpu_kernel.h")
 # -O3 for the inner loops; -fno-math-errno/-fno-trapping-math (as torch itself builds) let sqrt
 # become one instruction; no -ffast-math, so NaN/inf propagate and the summation order is the one
-# the source spells out.
-_BASE_CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-function"]
+# the source spells out; -ffp-contract=off because GCC would otherwise fuse `y * w + bias` into
+# one FMA in the AVX2 variant, and the bias must round exactly as a separate `y + bias` does.
+_BASE_CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-Wno-unused-function"]
 
 _lock = threading.Lock()
 _ext = None
@@ -98,7 +99,10 @@ def _build_key() -> tuple:
     from torch.utils import cpp_extension
 
     cxx = os.environ.get("CXX", "c++")
-    return (torch.__version__, str(Path(torch.__file__).resolve().parent), sys.implementation.cache_tag, sys.platform,
+    # The sources' directory too: torch's build.ninja names the source files by absolute path, so
+    # two checkouts of the same sources sharing one build directory rewrite it and rebuild over
+    # each other's library in turn (seen here: processes of one worktree waiting on the other's rebuild).
+    return (str(_CSRC.resolve()), torch.__version__, str(Path(torch.__file__).resolve().parent), sys.implementation.cache_tag, sys.platform,
             sys.prefix, sysconfig.get_paths().get("include"), tuple(cpp_extension.include_paths()), cxx, shutil.which(cxx))
 
 

@@ -48,6 +48,7 @@ struct FwdArgs {
   const void* x;
   const void* res;
   const void* w;
+  const float* b;  // bias, fp32 holding values rounded to x's dtype; null when absent
   void* y;
   void* summed;
   float* rstd;
@@ -68,7 +69,7 @@ typedef void (*FwdFn)(const FwdArgs&, int64_t, int64_t);
 typedef void (*BwdFn)(const BwdArgs&, float*, int64_t, int64_t);
 
 struct Table {
-  FwdFn fwd[3][2][2];
+  FwdFn fwd[3][2][2][2];
   BwdFn bwd[3][2][2];
 };
 
@@ -183,8 +184,22 @@ static at::Tensor prepare_weight(const c10::optional<at::Tensor>& weight, const 
   return w.to(at::kFloat).contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
-                                                       const c10::optional<at::Tensor>& residual, double eps) {
+// The bias as a contiguous fp32 tensor of values rounded to x's dtype (undefined when absent), so
+// the row kernel's `round(y) + b` is exactly a separate `y + bias.to(y.dtype)`.
+static at::Tensor prepare_bias(const c10::optional<at::Tensor>& bias, const at::Tensor& x) {
+  if (!bias.has_value() || !bias->defined()) return at::Tensor();
+  const at::Tensor& b = *bias;
+  TORCH_CHECK(b.device().is_cpu(), "normswap cpu kernel: bias must be a CPU tensor");
+  TORCH_CHECK(b.numel() == x.size(1), "normswap cpu kernel: bias has ", b.numel(), " elements, expected ", x.size(1));
+  const at::Tensor r = b.scalar_type() == x.scalar_type() ? b : b.to(x.scalar_type());
+  return r.to(at::kFloat).contiguous();
+}
+
+// y (+ bias), rstd, summed; `bias` is optional so the Python-facing `forward` keeps its contract.
+static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_biased(const at::Tensor& x,
+                                                                     const c10::optional<at::Tensor>& weight,
+                                                                     const c10::optional<at::Tensor>& residual,
+                                                                     const c10::optional<at::Tensor>& bias, double eps) {
   check_rows(x, "x");
   const int d = dtype_index(x.scalar_type());
   TORCH_CHECK(d >= 0, "normswap cpu kernel: unsupported dtype ", x.scalar_type());
@@ -201,6 +216,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x, cons
     TORCH_CHECK(res.device().is_cpu(), "normswap cpu kernel: residual must be a CPU tensor");
     res = res.to(x.scalar_type()).contiguous();
   }
+  const at::Tensor b = prepare_bias(bias, x);
+  const int bk = b.defined() ? 1 : 0;
   at::Tensor y = at::empty_like(x);
   at::Tensor rstd = at::empty({N}, x.options().dtype(at::kFloat));
   at::Tensor summed = has_res ? at::empty_like(x) : at::Tensor();
@@ -208,14 +225,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x, cons
   a.x = x.data_ptr();
   a.res = has_res ? res.data_ptr() : nullptr;
   a.w = wk ? w.data_ptr() : nullptr;
+  a.b = bk ? b.data_ptr<float>() : nullptr;
   a.y = y.data_ptr();
   a.summed = has_res ? summed.data_ptr() : nullptr;
   a.rstd = rstd.data_ptr<float>();
   a.H = H;
   a.eps = static_cast<float>(eps);
-  const FwdFn fn = g_table->fwd[d][wk][has_res ? 1 : 0];
-  at::parallel_for(0, N, grain_rows(H), [&](int64_t b, int64_t e) { fn(a, b, e); });
+  const FwdFn fn = g_table->fwd[d][wk][has_res ? 1 : 0][bk];
+  at::parallel_for(0, N, grain_rows(H), [&](int64_t r0, int64_t r1) { fn(a, r0, r1); });
   return {y, rstd, summed};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                                       const c10::optional<at::Tensor>& residual, double eps) {
+  return forward_biased(x, weight, residual, c10::nullopt, eps);
 }
 
 std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd,
@@ -265,17 +288,21 @@ std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dy, const at::Tens
 // The autograd node of `norm`: saves the normalised tensor (x + residual when fused), rstd and
 // the weight; the backward is the fused kernel above. x and residual get the same gradient, as
 // they would from PyTorch's own `x + residual`; the summed stream's own gradient is added to it.
-// Whether a residual was fused is told by the number of outputs (no saved_data map to fill).
+// The bias's gradient is dy summed over the rows (in y's dtype, then the bias's: what autograd
+// gives a separate `y + bias.to(y.dtype)`). Whether a residual was fused is told by the number
+// of outputs (no saved_data map to fill).
 struct NormFunction : public torch::autograd::Function<NormFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const c10::optional<at::Tensor>& weight,
-                                                const c10::optional<at::Tensor>& residual, double eps) {
-    auto out = normswap_cpu::forward(x, weight, residual, eps);
+                                                const c10::optional<at::Tensor>& residual,
+                                                const c10::optional<at::Tensor>& bias, double eps) {
+    auto out = normswap_cpu::forward_biased(x, weight, residual, bias, eps);
     const at::Tensor& y = std::get<0>(out);
     const at::Tensor& rstd = std::get<1>(out);
     const at::Tensor& summed = std::get<2>(out);
     const bool has_res = summed.defined();
-    ctx->save_for_backward({has_res ? summed : x, rstd, weight.has_value() ? *weight : at::Tensor()});
+    ctx->save_for_backward({has_res ? summed : x, rstd, weight.has_value() ? *weight : at::Tensor(),
+                            bias.has_value() ? *bias : at::Tensor()});
     if (has_res) return {y, summed};
     return {y};
   }
@@ -286,6 +313,7 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     const at::Tensor& xin = saved[0];
     const at::Tensor& rstd = saved[1];
     const at::Tensor& w = saved[2];
+    const at::Tensor& bias = saved[3];
     const bool has_res = grads.size() > 1;
     at::Tensor dy = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(xin);
     c10::optional<at::Tensor> wopt;
@@ -295,7 +323,11 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     at::Tensor dw = std::get<1>(g);
     if (has_res && grads[1].defined()) dx = dx.add(grads[1]);
     if (dw.defined()) dw = dw.to(w.scalar_type());
-    return {dx, dw, has_res ? dx : at::Tensor(), at::Tensor()};
+    at::Tensor db;
+    // needs_input_grad counts only the tensors that were given: x, [weight], [residual], bias
+    const size_t bias_edge = 1 + (w.defined() ? 1 : 0) + (has_res ? 1 : 0);
+    if (bias.defined() && ctx->needs_input_grad(bias_edge)) db = dy.sum(0).to(bias.scalar_type());
+    return {dx, dw, has_res ? dx : at::Tensor(), db, at::Tensor()};
   }
 };
 
@@ -340,17 +372,14 @@ static std::vector<at::Tensor> norm_impl(const at::Tensor& x, const c10::optiona
                     (x.requires_grad() || (has_w && weight->requires_grad()) ||
                      (has_res && residual->requires_grad()) || (has_b && bias->requires_grad()));
   std::vector<at::Tensor> out;
+  // the bias is added inside the row kernel (no second op, no second pass over y)
+  const c10::optional<at::Tensor> b = has_b ? bias : c10::optional<at::Tensor>();
   if (grad) {
-    out = NormFunction::apply(x2, weight, r2, eps);
+    out = NormFunction::apply(x2, weight, r2, b, eps);
   } else {
-    auto f = normswap_cpu::forward(x2, weight, r2, eps);
+    auto f = normswap_cpu::forward_biased(x2, weight, r2, b, eps);
     out.push_back(std::get<0>(f));
     if (has_res) out.push_back(std::get<2>(f));
-  }
-  if (has_b) {
-    const at::Tensor b = bias->scalar_type() == out[0].scalar_type() ? *bias : bias->to(out[0].scalar_type());
-    // a fresh output that nothing else holds: add in place unless autograd must see the add
-    out[0] = grad ? out[0].add(b) : out[0].add_(b);
   }
   if (x.dim() != 2) {
     for (auto& t : out) t = t.view(x.sizes());

@@ -124,15 +124,18 @@ struct F16 {
 // as `summed` and uses the ROUNDED value, the same tensor the backward will receive), sums the
 // squares in fp32; pass 2 re-reads the row (now in L1/L2) and writes
 //   y = cast_T( (x * rstd) * w )          (w is fp32; no weight: cast_T(x * rstd))
-// i.e. normalise in fp32, multiply by the weight in fp32, cast once.
+// i.e. normalise in fp32, multiply by the weight in fp32, cast once. With a bias b (arriving as
+// fp32 holding values already rounded to T): y = cast_T( cast_T((x * rstd) * w) + b ), bit for
+// bit what a separate `y + b.to(T)` computes, without a second pass over y or a second op call.
 
-template <class L, bool HAS_W, bool RES>
+template <class L, bool HAS_W, bool RES, bool HAS_B>
 static void fwd_rows(const FwdArgs& a, int64_t r0, int64_t r1) {
   typedef typename L::T T;
   const int64_t H = a.H;
   const int64_t H32 = H - H % (4 * kLanes);
   const int64_t H8 = H - H % kLanes;
   const float* w = static_cast<const float*>(a.w);  // always fp32 (see the binding)
+  const float* b = a.b;                              // fp32, rounded to T by the binding
   const float inv_h = 1.0f / (float)H;
   for (int64_t i = r0; i < r1; ++i) {
     const T* x = static_cast<const T*>(a.x) + i * H;
@@ -206,6 +209,12 @@ static void fwd_rows(const FwdArgs& a, int64_t r0, int64_t r1) {
         v2 *= F32::load(w + j + 2 * kLanes);
         v3 *= F32::load(w + j + 3 * kLanes);
       }
+      if (HAS_B) {
+        v0 = L::round(v0) + F32::load(b + j);
+        v1 = L::round(v1) + F32::load(b + j + kLanes);
+        v2 = L::round(v2) + F32::load(b + j + 2 * kLanes);
+        v3 = L::round(v3) + F32::load(b + j + 3 * kLanes);
+      }
       L::store(y + j, v0);
       L::store(y + j + kLanes, v1);
       L::store(y + j + 2 * kLanes, v2);
@@ -214,11 +223,13 @@ static void fwd_rows(const FwdArgs& a, int64_t r0, int64_t r1) {
     for (; j < H8; j += kLanes) {
       vf v0 = L::load(src + j) * vr;
       if (HAS_W) v0 *= F32::load(w + j);
+      if (HAS_B) v0 = L::round(v0) + F32::load(b + j);
       L::store(y + j, v0);
     }
     for (; j < H; ++j) {
       float v = L::load1(src + j) * rs;
       if (HAS_W) v *= F32::load1(w + j);
+      if (HAS_B) v = L::round1(v) + b[j];
       L::store1(y + j, v);
     }
   }
@@ -314,17 +325,21 @@ static void bwd_rows(const BwdArgs& a, float* dwp, int64_t r0, int64_t r1) {
   }
 }
 
-// ---- tables, indexed [dtype][has weight][flag] ----
+// ---- tables, indexed [dtype][has weight][flag] (forward: [flag][has bias]) ----
 // dtype: 0 float32, 1 bfloat16, 2 float16. The weight always arrives as fp32 (the binding
 // converts it once per call: converting a bf16 weight inside the row loop cost ~20% measured).
 // flag: residual (forward) / compute dweight (backward).
 
 template <class L>
 static void fill_for_dtype(Table& t, int d) {
-  t.fwd[d][0][0] = &fwd_rows<L, false, false>;
-  t.fwd[d][0][1] = &fwd_rows<L, false, true>;
-  t.fwd[d][1][0] = &fwd_rows<L, true, false>;
-  t.fwd[d][1][1] = &fwd_rows<L, true, true>;
+  t.fwd[d][0][0][0] = &fwd_rows<L, false, false, false>;
+  t.fwd[d][0][1][0] = &fwd_rows<L, false, true, false>;
+  t.fwd[d][1][0][0] = &fwd_rows<L, true, false, false>;
+  t.fwd[d][1][1][0] = &fwd_rows<L, true, true, false>;
+  t.fwd[d][0][0][1] = &fwd_rows<L, false, false, true>;
+  t.fwd[d][0][1][1] = &fwd_rows<L, false, true, true>;
+  t.fwd[d][1][0][1] = &fwd_rows<L, true, false, true>;
+  t.fwd[d][1][1][1] = &fwd_rows<L, true, true, true>;
   t.bwd[d][0][0] = &bwd_rows<L, false, false>;
   t.bwd[d][0][1] = nullptr;  // no weight, no dweight
   t.bwd[d][1][0] = &bwd_rows<L, true, false>;
