@@ -284,3 +284,50 @@ def test_rounding_floor_weights_are_the_written_ones_before_rounding(tmp_path):
                 lambda k: inputs.specs[k][1], lambda t, row: sink64.write(key, t, row), torch.float64)
         float64_differs += int((sink64.tensors[key] != exact.double()).sum())
     assert float64_differs > 0  # control: the float64 path's unrounded values are not the same numbers
+
+
+@pytest.mark.parametrize("family,opts", [("gpt2", {"untie": True}), ("gpt_neox", {"dtype": "bfloat16"}), ("bloom", {})],
+                         ids=["gpt2-conv1d-untied", "gpt_neox-bf16", "bloom-fp32"])
+def test_bias_summed_in_the_weight_pass_gives_the_same_bits(family, opts, tmp_path, monkeypatch):
+    """W·β summed from the row blocks the weight's own pass reads (one read of W) = a separate pass over W."""
+    src = _save(tiny_model(family, 0), tmp_path / "src")
+    seen = []
+    fused_biases = execute.fused_biases
+
+    def spy(*args, **kwargs):
+        seen.append(fused_biases(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(execute, "fused_biases", spy)
+    convert_checkpoint(src, tmp_path / "fused", verify=False, **opts)
+    assert len(seen[0]) >= 2  # control: the fusion happened (every γ/β-folding reader)
+    monkeypatch.setattr(execute, "fused_biases", lambda *a, **k: {})
+    convert_checkpoint(src, tmp_path / "separate", verify=False, **opts)
+    assert_same_checkpoint(tmp_path / "fused", tmp_path / "separate")
+
+
+def test_row_blocks_on_a_pool_give_the_same_bits(tmp_path):
+    """Verification recomputes (and reads) tensors with their row blocks on several threads: the same
+    bits as one block after another, sums over blocks included (fused W·β, column means)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from normswap.convert.inputs import match
+    from normswap.convert.pipeline import unrounded_tensor
+    from normswap.convert.plan import ConvertOptions
+    from normswap.convert.source import StateDict
+    from normswap.architectures import family_for_config
+
+    m = tiny_model("gpt_neox", 0, hidden_size=256, intermediate_size=1024).to(torch.bfloat16)
+    inputs = match(m, StateDict(m.state_dict()), "m")
+    conv = execute.prepare(m, inputs, family_for_config(m.config), ConvertOptions(mode="exact"))
+    computed = [k for k, w in conv.writes.items() if w.value_key in conv.plan.derivations]
+    assert any(len(ops.row_blocks(conv.writes[k].shape)) > 4 for k in computed)  # really several blocks
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for key in computed:
+            alone = unrounded_tensor(conv, key)
+            assert torch.equal(_bits(unrounded_tensor(conv, key, pool=pool)), _bits(alone)), key
+            out = torch.empty_like(alone)
+            assert torch.equal(_bits(unrounded_tensor(conv, key, pool=pool, out=out)), _bits(alone)) and out.data_ptr() != alone.data_ptr()
+        for key in list(inputs.specs)[:20]:
+            if inputs.disk_key(key) is not None and inputs.specs[key][0].is_floating_point:
+                assert torch.equal(inputs.read_as(key, torch.float32, pool=pool), inputs.read_as(key, torch.float32)), key

@@ -126,15 +126,21 @@ def execute(conv: Conversion, sink, *, device="cpu", compute=None, workers=None)
     def shape_of(key):
         return inputs.specs[key][1]
 
+    fused = fused_biases(conv, compute)  # weight output key -> bias output key summed in its pass
+
+    def emitter(key):
+        return lambda t, row: sink.write(key, t, row)
+
     def one(key):
         w = conv.writes[key]
         op = conv.plan.derivations.get(w.value_key)
-
-        def emit(t, row):
-            sink.write(key, t, row)
-
+        emit = emitter(key)
         if op is not None:
-            ops.run(op, w.shape, inputs.read, shape_of, emit, w.dtype, compute=compute, device=device)
+            bias = None
+            if key in fused:
+                b = conv.writes[fused[key]]
+                bias = (conv.plan.derivations[b.value_key], emitter(fused[key]), b.dtype)
+            ops.run(op, w.shape, inputs.read, shape_of, emit, w.dtype, compute=compute, device=device, bias=bias)
             return
         file_dtype = inputs.file_dtype(w.value_key)
         raw = inputs.source.raw(inputs.disk_key(w.value_key))
@@ -155,11 +161,10 @@ def execute(conv: Conversion, sink, *, device="cpu", compute=None, workers=None)
         return _numel(w.shape) + (sum(_numel(shape_of(k)) for k in ops.source_keys(op)) if op else 0)
 
     # the most work first, so that the last tasks to finish are short ones (not the head's W·β)
-    order = sorted(conv.writes, key=lambda k: -work(k))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    summed = set(fused.values())
+    order = sorted((k for k in conv.writes if k not in summed), key=lambda k: -work(k))
     try:
-        with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
+        with ops.intra_op_threads(1), ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
             futures = [pool.submit(one_then_trim, key) for key in order]
             try:
                 for future in futures:
@@ -169,8 +174,26 @@ def execute(conv: Conversion, sink, *, device="cpu", compute=None, workers=None)
                     future.cancel()
                 raise
     finally:
-        torch.set_num_threads(threads)
         release_freed_memory()
+
+
+def fused_biases(conv: Conversion, compute=None) -> dict:
+    """Weight output key -> the bias output whose W·β reads the same matrix (``ops.fusable``):
+    one pass over W computes both, with the bits of two separate passes."""
+    derived = {key: conv.plan.derivations.get(w.value_key) for key, w in conv.writes.items()}
+    readers = {}  # source matrix -> the weight output that reads it block by block
+    for key, op in derived.items():
+        if op is not None and op["op"] == "linear_weight" and tuple(conv.inputs.specs[op["src"]][1]) == conv.writes[key].shape:
+            readers.setdefault(op["src"], key)
+    fused = {}
+    for key, op in derived.items():
+        weight_key = readers.get(op.get("weight")) if op is not None and op["op"] == "linear_bias" else None
+        if weight_key is None or weight_key in fused:
+            continue
+        weight = conv.writes[weight_key]
+        if ops.fusable(derived[weight_key], op, conv.inputs.specs[op["weight"]][0], weight.dtype, compute):
+            fused[weight_key] = key
+    return fused
 
 
 def _numel(shape) -> int:
@@ -183,8 +206,10 @@ def _numel(shape) -> int:
 class TensorDict:
     """A sink that assembles the output tensors in memory."""
 
-    def __init__(self, specs: dict):
-        self.tensors = {k: torch.empty(shape, dtype=dt) for k, (dt, shape) in specs.items()}
+    def __init__(self, specs: dict, tensors: dict | None = None):
+        """``tensors``: some outputs' destination tensors, given (reused buffers); the rest are allocated."""
+        given = tensors or {}
+        self.tensors = {k: given[k] if k in given else torch.empty(shape, dtype=dt) for k, (dt, shape) in specs.items()}
 
     def write(self, key, tensor, row=0):
         target = self.tensors[key]

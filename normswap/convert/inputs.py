@@ -146,17 +146,26 @@ class Inputs:
         ``out``: a byte buffer the source may read into (``SafetensorsFiles.read``)."""
         return self.source.read(self.disk_key(key), start, stop, out=out).to(self.specs[key][0])
 
-    def read_as(self, key, dtype) -> torch.Tensor:
+    def read_as(self, key, dtype, out=None, pool=None) -> torch.Tensor:
         """Tensor ``key`` cast straight from the file dtype (what from_pretrained(dtype=...) holds),
-        filled row block by row block so that no second whole-size copy exists at any time."""
+        filled row block by row block so that no second whole-size copy exists at any time;
+        ``out``: the tensor to fill (a reused buffer) instead of a fresh one; ``pool``: threads
+        that fill row blocks side by side."""
         disk = self.disk_key(key)
         shape = self.source.specs[disk][1]
+        if out is None:
+            if len(shape) < 2:
+                return self.source.read(disk).to(dtype)
+            out = torch.empty(shape, dtype=dtype)
         if len(shape) < 2:
-            return self.source.read(disk).to(dtype)
-        out = torch.empty(shape, dtype=dtype)
-        for a, b in row_blocks(shape):
-            raw = read_buffer((b - a, *shape[1:]), torch.float64)
-            out[a:b] = self.source.read(disk, a, b, out=raw)  # copy_ casts exactly like .to()
+            return out.copy_(self.source.read(disk).reshape(out.shape))
+        def fill(ab):
+            a, b = ab
+            raw = read_buffer((b - a, *shape[1:]), torch.float64)  # this thread's
+            out[a:b].copy_(self.source.read(disk, a, b, out=raw))  # copy_ casts exactly like .to()
+
+        blocks = row_blocks(shape)
+        list(pool.map(fill, blocks)) if pool is not None else [fill(ab) for ab in blocks]
         return out
 
 

@@ -18,6 +18,7 @@ Precision policy (measured: bench/convert_precision.py, docs/conversion-precisio
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import torch
 
@@ -71,21 +72,51 @@ def read_buffer(shape, dtype: torch.dtype) -> torch.Tensor:
     return SCRATCH.take("read", (numel(shape) * dtype.itemsize,), torch.uint8)
 
 
+@contextmanager
+def intra_op_threads(n: int):
+    """torch's own intra-op thread count set to ``n`` meanwhile: where our threads each take a row
+    block or a tensor, torch's parallel regions on top of them only wait for each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def source_keys(op: dict) -> list[str]:
     """The source tensors an op reads."""
     keys = [op.get(k) for k in ("src", "weight", "gamma", "beta", "scale_out")]
     return [k for k in keys if k]
 
 
-def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, device="cpu") -> None:
+def fusable(weight_op: dict, bias_op: dict, load_dtype: torch.dtype, out_dtype: torch.dtype, compute=None) -> bool:
+    """Whether ``bias_op`` (W·β) can be summed from the row blocks ``weight_op`` reads anyway.
+
+    Both must read the same matrix in the same layout, and a block in the arithmetic dtype must
+    widen to float64 exactly (the load dtype is no wider than it), so that the fused sum sees the
+    very float64 numbers ``_linear_bias`` reads on its own: the bits do not depend on the fusion.
+    """
+    calc = compute or compute_dtype(out_dtype)
+    return (weight_op.get("op") == "linear_weight" and bias_op.get("op") == "linear_bias" and bool(bias_op.get("beta"))
+            and weight_op.get("src") == bias_op.get("weight") and weight_op.get("layout") == bias_op.get("layout")
+            and weight_op.get("layout") in ("linear", "conv1d") and not weight_op.get("scale_out")
+            and torch.promote_types(load_dtype, calc) == calc)
+
+
+def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, device="cpu", bias=None, pool=None) -> None:
     """Evaluate one derivation of an output of ``shape``.
 
     ``read(key, start=None, stop=None, out=None)`` returns rows of a source tensor (its load dtype,
     on the CPU; a file source reads them into the uint8 buffer ``out`` when given), ``shape_of(key)``
     its shape; ``emit(tensor, row)`` receives the result's row blocks in
-    ``out_dtype``.
+    ``out_dtype``. ``bias``: ``(op, emit, out_dtype)`` of a ``linear_bias`` that ``fusable`` allows:
+    its W·β is summed from this op's row blocks as they pass, instead of reading W again.
+    ``pool``: a thread pool that computes the row blocks side by side (``each``); sums over blocks
+    are still added in block order, so the bits do not change.
     """
     calc = compute or compute_dtype(out_dtype)
+    each = _each(pool)
     dev = torch.device(device)
     reuse = dev.type == "cpu"  # blocks go to this thread's scratch buffers; another device allocates its own
 
@@ -99,13 +130,17 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
         raw = read(key, a, b, out=read_buffer(shape, torch.float64))
         return SCRATCH.take(tag, shape, dtype).copy_(raw)  # copy_ casts exactly like .to()
 
-    def put(t, row=0):
-        if t.dtype == out_dtype and t.device.type == "cpu":
-            emit(t, row)
-        elif reuse:
-            emit(SCRATCH.take("out", t.shape, out_dtype).copy_(t), row)
-        else:
-            emit(t.to(out_dtype).cpu(), row)
+    def putter(emit, out_dtype):
+        def put(t, row=0):
+            if t.dtype == out_dtype and t.device.type == "cpu":
+                emit(t, row)
+            elif reuse:
+                emit(SCRATCH.take("out", t.shape, out_dtype).copy_(t), row)
+            else:
+                emit(t.to(out_dtype).cpu(), row)
+        return put
+
+    put = putter(emit, out_dtype)
 
     def wide(x):
         """x's float64 form for a reduction (the same values: the cast is exact)."""
@@ -115,60 +150,96 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
     if kind == "ones":
         put(torch.ones(op["size"], dtype=out_dtype))
     elif kind == "copy":
-        for a, b in row_blocks(shape):
-            put(get(op["src"], a, b, dtype=out_dtype, tag="block"), a)
+        each(lambda ab: put(get(op["src"], *ab, dtype=out_dtype, tag="block"), ab[0]), row_blocks(shape))
     elif kind == "add_constant":  # a (1+γ)-parametrised norm's γ kept on the RMSNorm
         put(get(op["src"], dtype=F64) + op["add"])
     elif kind == "center_rows":
-        for a, b in row_blocks(shape):
-            x = get(op["src"], a, b, tag="block")
-            put(_subtract(x, wide(x).mean(dim=-1, keepdim=True)), a)
+        def center(ab):
+            x = get(op["src"], *ab, tag="block")
+            put(_subtract(x, wide(x).mean(dim=-1, keepdim=True)), ab[0])
+
+        each(center, row_blocks(shape))
     elif kind == "linear_weight":
-        _linear_weight(op, shape, get, put, wide, calc)
+        total = _BiasSum(bias[0], get) if bias else None
+        _linear_weight(op, shape, get, put, wide, calc, total, each)
+        if total is not None:
+            putter(*bias[1:])(total.result())
     elif kind == "linear_bias":
-        put(_linear_bias(op, get, shape_of))
+        put(_linear_bias(op, get, shape_of, each))
     else:
         raise ValueError(f"unknown conversion op {kind!r}")
 
 
-def _linear_weight(op, shape, get, put, wide, calc):
-    """W·diag(γ) (γ scales the input axis), then optionally centred over the output axis."""
+def _each(pool):
+    """``each(fn, blocks)``: fn of every block, results in block order; on ``pool``'s threads when given."""
+    if pool is None:
+        return lambda fn, blocks: [fn(ab) for ab in blocks]
+    return lambda fn, blocks: list(pool.map(fn, blocks))
+
+
+def _linear_weight(op, shape, get, put, wide, calc, bias_sum=None, each=_each(None)):
+    """W·diag(γ) (γ scales the input axis), then optionally centred over the output axis; W's row
+    blocks also go to ``bias_sum`` (a fused W·β, see ``run``) before γ touches them."""
     gamma64 = get(op["gamma"], dtype=F64) + op.get("gamma_offset", 0.0) if op.get("gamma") else None
     # a layer scale λ applied to this writer's output (λ⊙(Wx)) folds into its rows: diag(λ)·W
+    # (``fusable`` keeps a W·β away from such a weight: the bias reads the unscaled W)
     scale64 = get(op["scale_out"], dtype=F64) if op.get("scale_out") else None
     blocks = row_blocks(shape)
+
+    def add_parts(parts):  # the fused W·β's block contributions, in block order
+        for (a, b), part in zip(blocks, parts):
+            if part is not None:
+                bias_sum.add(part, a, b)
+
     if op["layout"] == "linear":  # [out, in]: γ scales columns; centring averages each column
         gamma = gamma64.to(calc) if gamma64 is not None else None
         mean = None
         if op.get("center"):
-            colsum = torch.zeros(shape[1], dtype=F64, device=gamma64.device if gamma64 is not None else None)
-            for a, b in blocks:
-                x = get(op["src"], a, b, dtype=F64, tag="wide")
+            def column_sums(ab):
+                x = get(op["src"], *ab, dtype=F64, tag="wide")
                 if scale64 is not None:
-                    x = x * scale64[a:b].to(x.device).unsqueeze(1)
-                colsum = colsum.to(x.device) + x.sum(dim=0)
+                    x = x * scale64[ab[0]:ab[1]].to(x.device).unsqueeze(1)
+                return x.sum(dim=0), bias_sum.part(x, *ab) if bias_sum is not None else None
+
+            sums = each(column_sums, blocks)
+            colsum = torch.zeros(shape[1], dtype=F64, device=gamma64.device if gamma64 is not None else None)
+            for total, _ in sums:  # in block order: the same sum whatever computed the blocks
+                colsum = colsum.to(total.device) + total
+            add_parts([part for _, part in sums])
             mean = colsum / shape[0]
             mean = mean * gamma64 if gamma64 is not None else mean
-        for a, b in blocks:
-            x = get(op["src"], a, b, tag="block")
+
+        def finish(ab):
+            x = get(op["src"], *ab, tag="block")
+            part = bias_sum.part(wide(x), *ab) if bias_sum is not None and mean is None else None
             if gamma is not None:
                 x.mul_(gamma)
             if scale64 is not None:
-                x.mul_(scale64[a:b].to(device=x.device, dtype=x.dtype).unsqueeze(1))
-            put(_subtract(x, mean) if mean is not None else x, a)
+                x.mul_(scale64[ab[0]:ab[1]].to(device=x.device, dtype=x.dtype).unsqueeze(1))
+            put(_subtract(x, mean) if mean is not None else x, ab[0])
+            return part
+
+        add_parts(each(finish, blocks))
         return
     if scale64 is not None:
         raise ValueError("scale_out folds into a Linear's rows only")
+
     # conv1d [in, out] (and embeddings): γ scales rows; centring averages each row
-    for a, b in blocks:
+    def finish_rows(ab):
+        a, b = ab
         x = get(op["src"], a, b, tag="block")
         g = gamma64[a:b].unsqueeze(1) if gamma64 is not None else None
-        mean = wide(x).mean(dim=1, keepdim=True) if op.get("center") else None
+        x64 = wide(x) if op.get("center") or bias_sum is not None else None
+        part = bias_sum.part(x64, a, b) if bias_sum is not None else None
+        mean = x64.mean(dim=1, keepdim=True) if op.get("center") else None
         if mean is not None and g is not None:
             mean = mean * g
         if g is not None:
             x.mul_(g.to(calc))
         put(_subtract(x, mean) if mean is not None else x, a)
+        return part
+
+    add_parts(each(finish_rows, blocks))
 
 
 def _subtract(x, mean64):
@@ -185,21 +256,41 @@ def _subtract(x, mean64):
     return x
 
 
-def _linear_bias(op, get, shape_of):
+def _linear_bias(op, get, shape_of, each=_each(None)):
     """c' = c + W·β with the *original* W (y = W(γ⊙n + β) + c), optionally centred; float64 throughout."""
-    b = get(op["src"], dtype=F64) if op.get("src") else torch.zeros(op["size"], dtype=F64)
+    total = _BiasSum(op, get)
     if op.get("beta"):
-        beta = get(op["beta"], dtype=F64)
-        b = b.to(beta.device)
-        for r0, r1 in row_blocks(shape_of(op["weight"])):
-            w = get(op["weight"], r0, r1, dtype=F64, tag="wide")
-            if op["layout"] == "linear":  # [out, in] @ β[in], row block by row block
-                b[r0:r1] += w @ beta
-            else:  # β[in] @ [in, out]: the row blocks are slices of the sum
-                b += beta[r0:r1] @ w
-    if op.get("scale_out"):
-        b = b * get(op["scale_out"], dtype=F64).to(b.device)
-    if op.get("center"):
-        b = b - b.mean()
-    return b
+        blocks = row_blocks(shape_of(op["weight"]))
+        parts = each(lambda ab: total.part(get(op["weight"], *ab, dtype=F64, tag="wide"), *ab), blocks)
+        for (r0, r1), part in zip(blocks, parts):  # in block order
+            total.add(part, r0, r1)
+    return total.result()
 
+
+class _BiasSum:
+    """c + W·β accumulated over W's row blocks (float64), then optionally centred: ``_linear_bias``,
+    whether it reads W itself or is handed the blocks another op reads (``run``'s ``bias``).
+    ``part`` (any thread) is one block's contribution, ``add`` (in block order) sums it in."""
+
+    def part(self, w64, r0, r1):
+        if self.op["layout"] == "linear":  # [out, in] @ β[in]: rows r0:r1 of the result
+            return w64 @ self.beta
+        return self.beta[r0:r1] @ w64  # β[in] @ [in, out]: the row blocks are slices of the sum
+
+    def add(self, part, r0, r1):
+        if self.op["layout"] == "linear":
+            self.b[r0:r1] += part
+        else:
+            self.b += part
+
+    def __init__(self, op, get):
+        self.op = op
+        self.b = get(op["src"], dtype=F64) if op.get("src") else torch.zeros(op["size"], dtype=F64)
+        self.beta = get(op["beta"], dtype=F64) if op.get("beta") else None
+        if self.beta is not None:
+            self.b = self.b.to(self.beta.device)
+        self.scale = get(op["scale_out"], dtype=F64) if op.get("scale_out") else None
+
+    def result(self):
+        b = self.b * self.scale.to(self.b.device) if self.scale is not None else self.b
+        return b - b.mean() if self.op.get("center") else b

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -132,13 +133,27 @@ def run_verification(conv: Conversion, source_config, resolved, staged, *, causa
         staged_inputs = ckinputs.match(out_skeleton, staged_files, f"the converted checkpoint {staged.name}")
         whole = 8 * max(conv.parameters_before, conv.parameters_after)
         sixteen = conv.output_dtype not in ("float32", "float64")
-        result = verification.verify(
-            (lambda: ckinputs.skeleton(source_config, torch.float32, buffers=True), conv.inputs.read_as),
-            (lambda: ckinputs.skeleton(staged_config, torch.float32, buffers=True), staged_inputs.read_as),
-            unrounded=(lambda key, dt: unrounded_tensor(conv, staged_inputs.disk_key(key), device).to(dt)) if sixteen else None,
-            tokenizer=_tokenizer(resolved), causal=causal, device=device, resident_ok=whole < 0.5 * available_memory(),
-            tolerance=tolerance,
-        )
+        # weights are read (and recomputed) row block by row block on a thread each, torch's own
+        # threads off meanwhile; the forwards between them keep torch's threads
+        pool = ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads()))
+
+        def on_blocks(fetch):
+            def fetch_blocks(key, dtype, out=None):
+                with ops.intra_op_threads(1):
+                    return fetch(key, dtype, out=out, pool=pool)
+            return fetch_blocks
+
+        def unrounded(key, dtype, out=None, pool=None):
+            return unrounded_tensor(conv, staged_inputs.disk_key(key), device, out=out, pool=pool).to(dtype)
+
+        with pool:
+            result = verification.verify(
+                (lambda: ckinputs.skeleton(source_config, torch.float32, buffers=True), on_blocks(conv.inputs.read_as)),
+                (lambda: ckinputs.skeleton(staged_config, torch.float32, buffers=True), on_blocks(staged_inputs.read_as)),
+                unrounded=on_blocks(unrounded) if sixteen else None,
+                tokenizer=_tokenizer(resolved), causal=causal, device=device, resident_ok=whole < 0.5 * available_memory(),
+                tolerance=tolerance,
+            )
     finally:
         staged_files.close()
     threshold = result["threshold"]
@@ -146,17 +161,22 @@ def run_verification(conv: Conversion, source_config, resolved, staged, *, causa
     return result
 
 
-def unrounded_tensor(conv: Conversion, key, device="cpu") -> torch.Tensor:
+def unrounded_tensor(conv: Conversion, key, device="cpu", out=None, pool=None) -> torch.Tensor:
     """Output tensor ``key`` as the conversion computes it before rounding to a 16-bit dtype: the same
-    arithmetic (``ops.compute_dtype`` of the output dtype) stopped before the final cast."""
+    arithmetic (``ops.compute_dtype`` of the output dtype) stopped before the final cast.
+    ``out``: a float32 tensor of the output's shape to fill instead of a fresh one; ``pool``: threads
+    for its row blocks (``ops.run``)."""
     w = conv.writes[key]
     op = conv.plan.derivations.get(w.value_key)
-    if op is None:
-        return conv.inputs.read(w.value_key).to(torch.float32)
     calc = ops.compute_dtype(w.dtype)
-    sink = TensorDict({key: (calc, w.shape)})
+    if out is not None and (out.dtype != calc or tuple(out.shape) != tuple(w.shape)):
+        out = None  # not a buffer for this tensor: computed into a fresh one
+    if op is None:  # passed through: its value in the load dtype (what execute writes), as float32
+        value = conv.inputs.read(w.value_key)
+        return out.copy_(value) if out is not None else value.to(torch.float32)
+    sink = TensorDict({key: (calc, w.shape)}, {key: out} if out is not None else None)
     ops.run(op, w.shape, conv.inputs.read, lambda k: conv.inputs.specs[k][1], lambda t, row: sink.write(key, t, row),
-            calc, compute=calc, device=device)
+            calc, compute=calc, device=device, pool=pool)
     return sink.tensors[key]
 
 

@@ -25,6 +25,7 @@ from torch import nn
 from normswap.architectures.probes import complete_inputs
 from normswap.convert.inputs import persistent_buffers
 from normswap.convert.memory import release_freed_memory
+from normswap.convert.source import numel
 from normswap.errors import NormswapError
 
 PROBE_TEXT = (
@@ -64,10 +65,46 @@ def probe_inputs(tokenizer, config, seq_len: int = SEQ_LEN, seed: int = 0) -> di
     return {"input_ids": torch.stack([text if text is not None else rand, second])}
 
 
+class Arena:
+    """One reusable buffer that holds the weights of the module (or nested modules) running now.
+
+    Weights are taken in call order and given back in reverse (a module's forward nests inside
+    its parent's), so a stack over one buffer serves every module of every pass: pages are faulted
+    in once, by the largest module, instead of once per module and pass. The buffer grows to the
+    largest set of weights resident at once, which is what a fresh allocation per module peaked
+    at too.
+    """
+
+    ALIGN = 64
+
+    def __init__(self):
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.stack: list = []  # (start, stop) of each tensor handed out, in order
+        self.high = 0  # the most bytes wanted at once: the buffer's size after the next reset
+
+    def take(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        n = numel(shape) * dtype.itemsize
+        start = -(-self.stack[-1][1] // self.ALIGN) * self.ALIGN if self.stack else 0
+        self.high = max(self.high, start + n)
+        if start + n > self.buffer.numel():  # grows between runs (see give_back); a fresh tensor meanwhile
+            self.stack.append((start, start + n))
+            return torch.empty(shape, dtype=dtype)
+        self.stack.append((start, start + n))
+        return self.buffer[start:start + n].view(dtype).view(tuple(shape))
+
+    def give_back(self, count: int) -> None:
+        del self.stack[len(self.stack) - count:]
+        if not self.stack and self.high > self.buffer.numel():
+            self.buffer = torch.empty(0, dtype=torch.uint8)
+            release_freed_memory()
+            self.buffer = torch.empty(self.high, dtype=torch.uint8)
+
+
 class Blockwise:
     """A model skeleton run with each module's own parameters loaded only during its forward.
 
-    ``fetch(key, dtype)`` returns the state-dict tensor ``key`` in ``dtype``. Parameters are
+    ``fetch(key, dtype, out=None)`` returns the state-dict tensor ``key`` in ``dtype`` (in ``out``, a
+    tensor of that shape and dtype from the shared ``Arena``, when given). Parameters are
     replaced by storage-free placeholders of the right shape, dtype and device (so code that
     asks for ``model.device`` or ``.dtype`` sees the truth); a module that owns parameters loads
     them in a forward pre-hook and releases them in a forward hook. A parameter that some code
@@ -75,8 +112,9 @@ class Blockwise:
     repeated with every parameter resident, where that fits.
     """
 
-    def __init__(self, model, fetch, dtype, device="cpu"):
+    def __init__(self, model, fetch, dtype, device="cpu", arena=None):
         self.model, self.fetch, self.dtype, self.device = model, fetch, dtype, torch.device(device)
+        self.arena = arena if arena is not None else Arena()
         self.slots = []  # (module, parameter name, state-dict key, placeholder)
         placeholders = {}
         for mname, module in model.named_modules():
@@ -101,19 +139,31 @@ class Blockwise:
                     buf = buf.to(dtype)
                 module._buffers[bname] = buf.to(self.device)
         self.loaded: set = set()
+        self._by_module: dict = {}
+        self._frames: list = []  # arena tensors taken by each module whose forward is running
 
     def _load(self, module, args):
-        for m, pname, key, _ in self._owned(module):
-            m._parameters[pname] = nn.Parameter(self.fetch(key, self.dtype).to(self.device), requires_grad=False)
+        pushed = 0
+        for m, pname, key, holder in self._owned(module):
+            if self.device.type == "cpu" and holder.dtype == self.dtype:
+                value = self.fetch(key, self.dtype, out=self.arena.take(holder.shape, self.dtype))
+                pushed += 1
+            else:
+                value = self.fetch(key, self.dtype).to(self.device)
+            m._parameters[pname] = nn.Parameter(value, requires_grad=False)
             self.loaded.add(key)
+        self._frames.append(pushed)
 
     def _drop(self, module, args, output):
         for m, pname, _, holder in self._owned(module):
             m._parameters[pname] = holder
-        release_freed_memory()
+        self.arena.give_back(self._frames.pop())
 
     def _owned(self, module):
-        return [s for s in self.slots if s[0] is module]
+        owned = self._by_module.get(id(module))
+        if owned is None:
+            owned = self._by_module[id(module)] = [s for s in self.slots if s[0] is module]
+        return owned
 
     def __call__(self, inputs: dict):
         modules = {id(m): m for m, *_ in self.slots}
@@ -148,9 +198,12 @@ class _NotBlockwise(Exception):
     pass
 
 
-def outputs(build, fetch, dtype, inputs, causal, *, device="cpu", resident_ok=False) -> torch.Tensor:
+def outputs(build, fetch, dtype, inputs, causal, *, device="cpu", resident_ok=False, arena=None) -> torch.Tensor:
     """Log-probs (causal) or first output of a fresh skeleton from ``build()``, weights from ``fetch``."""
-    runner = Blockwise(build(), fetch, dtype, device)
+    model = build()
+    if getattr(model.config, "use_cache", None):  # one forward, no generation: a key/value cache is copying only
+        model.config.use_cache = False
+    runner = Blockwise(model, fetch, dtype, device, arena)
     try:
         out = runner(inputs)
     except _NotBlockwise as e:
@@ -193,7 +246,7 @@ def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, de
     that set the threshold.
 
     ``source`` and ``converted`` are (build, fetch) pairs: ``build()`` a fresh skeleton,
-    ``fetch(key, dtype)`` a weight from the files. ``unrounded`` (16-bit outputs) fetches the
+    ``fetch(key, dtype, out=None)`` a weight from the files (see ``Blockwise``). ``unrounded`` (16-bit outputs) fetches the
     converted weights as computed before their rounding to the output dtype: the difference it
     makes is the rounding floor. ``resident_ok``: the whole model fits in memory, so a model that
     cannot run module by module may run with all its weights loaded.
@@ -205,12 +258,14 @@ def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, de
     pass, twice the compute and memory). A floor not measured is reported as null with the reason.
     """
     (build_src, fetch_src), (build_conv, fetch_conv) = source, converted
+    arena = Arena()  # one buffer for the weights of every module of every pass
     skel = build_src()
     inputs = probe_inputs(tokenizer, skel.config)
     ids = inputs["input_ids"]
     inputs = complete_inputs(skel, inputs)  # vision / audio / encoder-decoder models need more than ids
-    ref = outputs(lambda: skel, fetch_src, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
-    got = outputs(build_conv, fetch_conv, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
+    ref = outputs(lambda: skel, fetch_src, torch.float32, inputs, causal, device=device, resident_ok=resident_ok, arena=arena)
+    conv_skel = build_conv()  # the converted and unrounded passes run the same skeleton (weights come per module)
+    got = outputs(lambda: conv_skel, fetch_conv, torch.float32, inputs, causal, device=device, resident_ok=resident_ok, arena=arena)
     if ref.shape != got.shape:
         raise NormswapError(f"verification: output shapes differ ({tuple(ref.shape)} vs {tuple(got.shape)})")
     diff = float((ref - got).abs().max())
@@ -232,7 +287,7 @@ def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, de
             result["rounding_floor_note"] = not_needed.format("--tolerance")
         else:
             # rounding the converted weights to 16 bits moves the outputs by itself; measure that floor
-            exact = outputs(build_conv, unrounded, torch.float32, inputs, causal, device=device, resident_ok=resident_ok)
+            exact = outputs(lambda: conv_skel, unrounded, torch.float32, inputs, causal, device=device, resident_ok=resident_ok, arena=arena)
             result["rounding_floor"] = float((exact - got).abs().max())
             result["threshold"] = max(result["threshold"], 4 * result["rounding_floor"])
             del exact
@@ -240,7 +295,7 @@ def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, de
         result["noise_floor_note"] = not_needed.format("the threshold")
         return result
     try:
-        hi = outputs(build_src, fetch_src, torch.float64, inputs, causal, device=device, resident_ok=resident_ok)
+        hi = outputs(build_src, fetch_src, torch.float64, inputs, causal, device=device, resident_ok=resident_ok, arena=arena)
         result["noise_floor"] = float((hi - ref).abs().max())
         result["threshold"] = max(result["threshold"], 4 * result["noise_floor"])
     except (RuntimeError, NotImplementedError):  # some modeling code does not run in float64 (XGLM's masking)
