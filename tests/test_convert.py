@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from normswap.convert.plan import is_layernorm
 from helpers import family_variants, tiny_model
+from normswap.checkpoint.shards import INDEX_NAME
 
 PRE = family_variants("pre")
 POST = family_variants("post")
@@ -206,10 +207,10 @@ def test_output_format_sharded_bf16_card_and_manifest(sources, tmp_path, run_cli
     assert code == 0, err
     s = json.loads(stdout)
     assert s["verification"]["passed"] and s["verification"]["rounding_floor"] > 0
-    index = json.loads((out / "model.safetensors.index.json").read_text())
+    index = json.loads((out / INDEX_NAME).read_text())
     assert len(set(index["weight_map"].values())) > 1
     config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == "normswap_gpt_neox" and "AutoModelForCausalLM" in config["auto_map"]
+    assert config["model_type"] == "gpt_neox" and "AutoModelForCausalLM" in config["auto_map"]
     assert config["normswap"]["mode"] == "exact" and config["normswap"]["norms"]
     manifest = json.loads((out / "normswap_manifest.json").read_text())
     assert manifest["conversion"]["family"] == "gpt_neox" and manifest["verification"]["max_abs_diff"] < 1

@@ -12,6 +12,7 @@ from normswap.convert import execute, ops
 from normswap.convert.apply import convert_model
 from normswap.convert.pipeline import convert_checkpoint
 from helpers import tiny_model
+from normswap.checkpoint.shards import INDEX_NAME
 
 
 def _save(model, path, *, shard="24KB", dtype=None):
@@ -55,7 +56,7 @@ def assert_same_checkpoint(a, b):
     a, b = Path(a), Path(b)
     weights = sorted(p.name for p in a.glob("*.safetensors"))
     assert weights == sorted(p.name for p in b.glob("*.safetensors"))
-    for name in ("modeling_normswap.py", "model.safetensors.index.json"):
+    for name in ("modeling_normswap.py", INDEX_NAME):
         assert (a / name).exists() == (b / name).exists(), name
         if (a / name).exists():
             assert (a / name).read_text() == (b / name).read_text(), name

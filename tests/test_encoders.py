@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from normswap.errors import NormswapError
+from normswap.checkpoint.shards import SINGLE_NAME
 
 
 def _wordpiece():
@@ -253,7 +254,7 @@ def test_masked_lm_objective_trains_and_resumes_on_the_same_trajectory(encoders,
     with pytest.raises(RuntimeError, match="simulated crash"):
         _finetune(encoders["mlm-approx"], crashed, steps=4, save_every=2, hooks=Hooks(after_step=crash))
     _finetune(encoders["mlm-approx"], crashed, steps=4, save_every=2, resume=True)
-    a, b = load_file(straight / "model.safetensors"), load_file(crashed / "model.safetensors")
+    a, b = load_file(straight / SINGLE_NAME), load_file(crashed / SINGLE_NAME)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     la, lb = read_log_rows(straight / "train_log.jsonl"), read_log_rows(crashed / "train_log.jsonl")
     assert [r["loss"] for r in la] == [r["loss"] for r in lb]

@@ -18,6 +18,7 @@ import pytest
 
 from normswap import publish
 from helpers import tiny_model
+from normswap.checkpoint.shards import SINGLE_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -61,7 +62,7 @@ def _staging(out: Path) -> list[Path]:
 STAGES = {
     "lock taken": lambda out: (out.parent / f".{out.name}{publish.LOCK_SUFFIX}").exists(),
     "staging created": lambda out: bool(_staging(out)),
-    "weights written": lambda out: any((s / "model.safetensors").exists() for s in _staging(out)),
+    "weights written": lambda out: any((s / SINGLE_NAME).exists() for s in _staging(out)),
     "verified": lambda out: any((s / "normswap_manifest.json").exists() for s in _staging(out)),
 }
 
@@ -76,7 +77,7 @@ def _kind(out: Path, old_hash=None):
     assert manifest["conversion"]["mode"] == "exact" and manifest["verification"]["passed"] is True
     from safetensors.torch import load_file
 
-    assert load_file(out / "model.safetensors")
+    assert load_file(out / SINGLE_NAME)
     return "new"
 
 

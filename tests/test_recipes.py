@@ -17,6 +17,7 @@ from normswap.errors import NormswapError
 from normswap.recipes import load_recipe, shipped_recipes, validate
 from normswap.recipes.loader import apply_overrides
 from normswap.recipes.schema import report_names
+from normswap.checkpoint.shards import SINGLE_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = shipped_recipes()
@@ -253,7 +254,7 @@ def test_run_refuses_to_overwrite_and_resume_redoes_only_what_changed(mini_run, 
     code, _, err = run_cli("run", recipe, "--out", out)
     assert code == 2 and "holds a previous run" in err and "--resume" in err
     before = json.loads((out / "run.json").read_text())["steps"]
-    weights = (out / "models" / "approx-healed" / "model.safetensors").read_bytes()
+    weights = (out / "models" / "approx-healed" / SINGLE_NAME).read_bytes()
 
     # only the evaluation changed: no model step runs again
     code, _, err = run_cli("run", recipe, "--out", out, "--resume", "--set", "eval.max_tokens=512")
@@ -271,7 +272,7 @@ def test_run_refuses_to_overwrite_and_resume_redoes_only_what_changed(mini_run, 
     again = json.loads((out / "run.json").read_text())["steps"]
     assert again["convert:approx"]["finished"] == before["convert:approx"]["finished"]
     assert again["finetune:approx-healed"]["fingerprint"] != before["finetune:approx-healed"]["fingerprint"]
-    assert (out / "models" / "approx-healed" / "model.safetensors").read_bytes() != weights
+    assert (out / "models" / "approx-healed" / SINGLE_NAME).read_bytes() != weights
 
 
 def test_run_never_deletes_a_directory_it_did_not_write(tmp_path, run_cli):

@@ -162,3 +162,102 @@ def test_recipe_key_trust_remote_code_is_the_only_way_a_recipe_runs_a_sources_co
             assert not marker.exists()
     assert marker.read_text() == "ran", runs["trusted"].stderr
     assert sum("warning: --trust-remote-code" in line for line in runs["trusted"].stderr.splitlines()) == 1
+
+
+PLAIN_TRANSFORMERS = textwrap.dedent("""
+    # A user's script with stock transformers. Every question transformers would ask on a
+    # terminal ("run the custom code? [y/N]") is answered "no" and counted; warnings are counted.
+    import builtins, json, logging, sys, warnings
+    prompts = []
+    builtins.input = lambda *a, **k: prompts.append(str(a)[:80]) or "n"
+    records = []
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                records.append(record.getMessage()[:120])
+    logging.getLogger("transformers").addHandler(Collect())
+    warnings.simplefilter("error")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    path, source = sys.argv[1], sys.argv[2]
+    result = {}
+    tok = AutoTokenizer.from_pretrained(path)
+    result["ids"] = tok("In the beginning God created the heaven")["input_ids"]
+    result["source_ids"] = AutoTokenizer.from_pretrained(source)("In the beginning God created the heaven")["input_ids"]
+    result["config_type"] = type(AutoConfig.from_pretrained(path)).__name__
+    result["tokenizer_prompts"], result["tokenizer_warnings"] = list(prompts), list(records)
+    try:
+        AutoModelForCausalLM.from_pretrained(path)
+        result["stock_model"] = "loaded"
+    except Exception as e:
+        result["stock_model"] = type(e).__name__ + ": " + str(e).splitlines()[0]
+    warnings.simplefilter("default")
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+    with torch.no_grad():
+        result["logits"] = model(input_ids=torch.tensor([result["ids"]])).logits[0, -1, :8].tolist()
+    print(json.dumps(result))
+""")
+
+
+def _plain_transformers(ckpt: Path, tmp_path: Path) -> dict:
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_TRANSFORMERS)
+    done = subprocess.run([sys.executable, str(script), str(ckpt), str(model_path("kjv-gpt2"))], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_plain_transformers_reads_tokenizer_and_config_without_code_or_prompts_and_refuses_the_stock_model(converted, tmp_path):
+    """The converted checkpoint keeps GPT-2's built-in model_type, so AutoTokenizer and AutoConfig
+    need no remote code and ask nothing; its weights are the "normswap" variant, so the stock GPT-2
+    class (which would build LayerNorm) finds none and fails loudly, while trust_remote_code=True
+    builds the converted model, which computes what normswap's own loader computes."""
+    import normswap
+
+    r = _plain_transformers(converted, tmp_path)
+    assert r["ids"] == r["source_ids"] and len(r["ids"]) > 3
+    assert r["config_type"] == "GPT2Config"
+    assert r["tokenizer_prompts"] == [] and r["tokenizer_warnings"] == []
+    assert r["stock_model"].startswith("OSError") and "model.safetensors" in r["stock_model"]
+    ours = normswap.load_model(converted)
+    with torch.no_grad():
+        expected = ours(input_ids=torch.tensor([r["ids"]])).logits[0, -1, :8]
+    torch.testing.assert_close(torch.tensor(r["logits"]), expected, rtol=1e-5, atol=1e-5)
+
+    # negative control: the earlier format (a model type of normswap's own, weights under the stock
+    # name) makes AutoTokenizer ask to run code, and normswap still loads it, to the same numbers
+    old = tmp_path / "old-format"
+    shutil.copytree(converted, old)
+    cfg = json.loads((old / "config.json").read_text())
+    cfg["model_type"] = "normswap_gpt2"
+    del cfg["normswap"]["weights_variant"]
+    (old / "config.json").write_text(json.dumps(cfg))
+    (old / "model.normswap.safetensors").rename(old / "model.safetensors")
+    script = tmp_path / "old.py"
+    script.write_text(PLAIN_TRANSFORMERS.split("result = {}")[0] + "AutoTokenizer.from_pretrained(path)\nprint(len(prompts))\n")
+    done = subprocess.run([sys.executable, str(script), str(old), "-"], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and int(done.stdout.strip().splitlines()[-1]) >= 1, done.stderr[-2000:]
+    with torch.no_grad():
+        again = normswap.load_model(old)(input_ids=torch.tensor([r["ids"]])).logits[0, -1, :8]
+    torch.testing.assert_close(again, expected, rtol=0, atol=0)
+
+
+def test_a_converted_model_saved_by_plain_transformers_keeps_the_guard(converted, tmp_path):
+    """save_pretrained of the remote-code class writes the variant again, so a re-saved checkpoint
+    is as safe as the converted one (stock class refused) and normswap loads it."""
+    import normswap
+
+    script = textwrap.dedent(f"""
+        from transformers import AutoModelForCausalLM
+        AutoModelForCausalLM.from_pretrained({str(converted)!r}, trust_remote_code=True).save_pretrained({str(tmp_path / 'resaved')!r})
+    """)
+    done = subprocess.run([sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    resaved = tmp_path / "resaved"
+    assert (resaved / "model.normswap.safetensors").is_file() and not (resaved / "model.safetensors").exists()
+    ids = torch.arange(30).unsqueeze(0)
+    with torch.no_grad():
+        a = normswap.load_model(converted)(input_ids=ids).logits
+        b = normswap.load_model(resaved)(input_ids=ids).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -84,13 +84,17 @@ def render_model_card(manifest: dict, config: dict) -> str:
         "## Load",
         "",
         "```python",
-        f"from transformers import {auto}",
+        f"from transformers import {auto}, AutoTokenizer",
         f"model = {auto}.from_pretrained('PATH', trust_remote_code=True)",
+        "tokenizer = AutoTokenizer.from_pretrained('PATH')  # the source's tokenizer, no remote code",
         "# or: import normswap; model = normswap.load_model('PATH')",
         "```",
         "",
         "The bundled `modeling_normswap.py` uses normswap's fused RMSNorm kernels when normswap is installed "
-        "and a plain PyTorch RMSNorm otherwise. Details: `normswap_manifest.json`.",
+        "and a plain PyTorch RMSNorm otherwise. The weights are stored as the transformers variant "
+        "`normswap` (`model.normswap.safetensors`) so that loading without `trust_remote_code`, which would "
+        "build the stock LayerNorm model, fails instead of computing something else. "
+        "Details: `normswap_manifest.json`.",
         "",
     ]
     return "\n".join(lines)

@@ -122,7 +122,10 @@ def _normswap_block(config) -> dict | None:
     """The ``normswap`` block of a converted checkpoint's config (dict or object), else None."""
     get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
     block = get("normswap", None)
-    if isinstance(block, dict) and str(get("model_type", "")).startswith(NORMSWAP_TYPE_PREFIX):
+    if not isinstance(block, dict):
+        return None
+    # current checkpoints name their weights variant; older ones had a model type of their own
+    if block.get("weights_variant") or str(get("model_type", "")).startswith(NORMSWAP_TYPE_PREFIX):
         return block
     return None
 
@@ -135,11 +138,11 @@ def normswap_classes_for(raw: dict):
     auto_map = raw.get("auto_map") or {}
     block = _normswap_block(raw)
     return _normswap_classes(raw["model_type"], block.get("source_model_type"), tuple(sorted(
-        (k, str(v).split(".")[-1]) for k, v in auto_map.items())))
+        (k, str(v).split(".")[-1]) for k, v in auto_map.items())), block.get("weights_variant"))
 
 
 @functools.lru_cache(maxsize=None)
-def _normswap_classes(model_type: str, source_model_type: str, auto_names: tuple):
+def _normswap_classes(model_type: str, source_model_type: str, auto_names: tuple, weights_variant: str | None):
     import transformers
     from transformers import CONFIG_MAPPING, PreTrainedModel
 
@@ -157,7 +160,8 @@ def _normswap_classes(model_type: str, source_model_type: str, auto_names: tuple
         if not (name.startswith("Normswap") and isinstance(source, type) and issubclass(source, PreTrainedModel)):
             raise NormswapError(f"a normswap checkpoint names {name!r} for {auto_key}, which is not a transformers model class")
         sources[name] = source
-    config_cls, classes = normswap_classes(model_type, names["AutoConfig"], CONFIG_MAPPING[source_model_type], sources)
+    config_cls, classes = normswap_classes(model_type, names["AutoConfig"], CONFIG_MAPPING[source_model_type], sources,
+                                           weights_variant=weights_variant)
     return config_cls, {auto_key: classes[name] for auto_key, name in names.items() if name in classes}
 
 
@@ -267,7 +271,7 @@ def load_tokenizer(spec):
     from transformers import AutoTokenizer
 
     resolved = resolve(spec)
-    try:  # given to AutoTokenizer so that it need not look the config up (a normswap one would need code)
+    try:  # given to AutoTokenizer so that it need not look the config up (one of an older normswap checkpoint would need code)
         config = load_config(resolved)
     except NormswapError:
         config = None

@@ -133,15 +133,19 @@ def register_runtime_centering(model, block):
                 module.register_forward_hook(hook)
 
 
-def normswap_classes(model_type, config_name, source_config, sources):
-    """The converted checkpoint's classes: a config class with normswap's own ``model_type`` and,
-    for each ``{class name: source model class}``, a subclass that rebuilds the converted tree.
+def normswap_classes(model_type, config_name, source_config, sources, weights_variant=None):
+    """The converted checkpoint's classes: a config class and, for each ``{class name: source
+    model class}``, a subclass that rebuilds the converted tree.
 
     Returns ``(config class, {class name: model class})``. The checkpoint's modeling file calls
     this with the classes it imports; normswap calls it with the same ones from transformers.
+
+    A checkpoint keeps the source's ``model_type`` (stock AutoConfig and AutoTokenizer read it
+    without code or prompts) and stores its weights under the variant name ``weights_variant``
+    (model.<variant>.safetensors): a stock class, which would build LayerNorm, finds no weights
+    and fails loudly; these classes load and save that variant by default. Checkpoints written
+    before the variant had a model type of their own (``normswap_<type>``) and no variant.
     """
-    # A model type of its own: loading without this code fails loudly instead of silently
-    # building the stock LayerNorm class with missing weights.
     config_cls = type(config_name, (source_config,), {"model_type": model_type, "__module__": __name__})
 
     def make(name, source):
@@ -155,7 +159,19 @@ def normswap_classes(model_type, config_name, source_config, sources):
             register_runtime_centering(self, self.config.normswap)
             return out
 
+        def from_pretrained(cls, *args, **kwargs):
+            if kwargs.get("variant") is None:
+                kwargs["variant"] = weights_variant
+            return source.from_pretrained.__func__(cls, *args, **kwargs)
+
+        def save_pretrained(self, *args, **kwargs):
+            if kwargs.get("variant") is None:
+                kwargs["variant"] = weights_variant
+            return source.save_pretrained(self, *args, **kwargs)
+
         return type(name, (source,), {"config_class": config_cls, "__init__": __init__, "__module__": __name__,
-                                      "resize_token_embeddings": resize_token_embeddings})
+                                      "resize_token_embeddings": resize_token_embeddings,
+                                      "from_pretrained": classmethod(from_pretrained),
+                                      "save_pretrained": save_pretrained})
 
     return config_cls, {name: make(name, source) for name, source in sources.items()}

@@ -23,8 +23,14 @@ import torch
 from normswap.version import __version__
 from normswap.errors import NormswapError
 
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
+# A converted checkpoint stores its weights under a transformers "variant" name
+# (model.normswap.safetensors). Its config keeps the source's built-in model_type, so stock
+# AutoConfig/AutoTokenizer read it without remote code and without a prompt; a stock model class
+# (which would build LayerNorm) finds no model.safetensors and fails loudly, while normswap's
+# classes ask for the variant. transformers' own names: `_add_variant` in modeling_utils.
+WEIGHTS_VARIANT = "normswap"
+INDEX_NAME = f"model.safetensors.index.{WEIGHTS_VARIANT}.json"
+SINGLE_NAME = f"model.{WEIGHTS_VARIANT}.safetensors"
 
 _ST_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -72,7 +78,7 @@ def plan_shards(specs: dict, max_shard_size) -> list[list[str]]:
 def shard_names(count: int) -> list[str]:
     if count == 1:
         return [SINGLE_NAME]
-    return [f"model-{k:05d}-of-{count:05d}.safetensors" for k in range(1, count + 1)]
+    return [f"model.{WEIGHTS_VARIANT}-{k:05d}-of-{count:05d}.safetensors" for k in range(1, count + 1)]
 
 
 def write_index(directory: Path, shards: list[list[str]], names: list[str], specs: dict) -> Path | None:

@@ -1,9 +1,11 @@
 """Write checkpoints in normswap's format, atomically.
 
 Layout of a converted checkpoint directory:
-    config.json                  source config + `normswap` block, own model_type, auto_map
+    config.json                  source config (its built-in model_type) + `normswap` block, auto_map
     modeling_normswap.py         rebuilds the converted module tree on top of the source class
-    model.safetensors            (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
+    model.normswap.safetensors   (or model.normswap-0000k-of-0000n.safetensors +
+                                 model.safetensors.index.normswap.json): the transformers variant
+                                 "normswap", so a stock class finds no weights (shards.py says why)
     tokenizer / generation files copied from the source
     normswap_manifest.json       what was done, by which command, and the measurements
     README.md                    model card
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from normswap.version import __version__
 from normswap.checkpoint.manifest import MANIFEST_NAME, read_manifest, write_manifest
-from normswap.checkpoint.shards import ShardedCheckpoint
+from normswap.checkpoint.shards import WEIGHTS_VARIANT, ShardedCheckpoint
 from normswap.publish import check_output_path, publish_dir, staging_dir
 
 MODELING_FILE = "modeling_normswap.py"
@@ -58,7 +60,7 @@ def write_weights(tensors: dict, directory: Path, *, max_shard_size="5GB") -> li
 
 def normswap_names(source_model_type: str, source_class: str, base_class: str | None = None) -> dict:
     return {
-        "model_type": f"normswap_{source_model_type}",
+        "model_type": source_model_type,  # built-in: see WEIGHTS_VARIANT for what keeps stock loads safe
         "config_class": f"Normswap{source_class}Config",
         "model_class": f"Normswap{source_class}",
         "base_class": f"Normswap{base_class}" if base_class else None,
@@ -109,7 +111,7 @@ def modeling_source(model, names: dict) -> str:
     footer = (
         f"\n\n{names['config_class']}, _classes = normswap_classes(\n"
         f"    {names['model_type']!r}, {names['config_class']!r}, _SourceConfig,\n"
-        f"    {{{', '.join(f'{k!r}: {v}' for k, v in sources.items())}}},\n)\n"
+        f"    {{{', '.join(f'{k!r}: {v}' for k, v in sources.items())}}}, weights_variant={WEIGHTS_VARIANT!r},\n)\n"
         + "".join(f"{k} = _classes[{k!r}]\n" for k in sources)
     )
     return header + body + footer
@@ -133,6 +135,7 @@ def config_dict_for(model) -> dict:
     block = dict(block)
     block.setdefault("source_model_type", model.config.model_type)
     block["source_class"] = src_class
+    block["weights_variant"] = WEIGHTS_VARIANT
     d["normswap"] = block
     d["model_type"] = names["model_type"]
     d["architectures"] = [names["model_class"]]

@@ -23,9 +23,13 @@ from pathlib import Path
 import torch
 
 from normswap.errors import NormswapError
+from normswap.checkpoint import shards
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+# (index, single file) names in the order looked for: a stock checkpoint's, then the variant
+# names normswap's own checkpoints use (checkpoint/shards.py says why)
+SAFETENSORS_NAMES = ((INDEX_NAME, SINGLE_NAME), (shards.INDEX_NAME, shards.SINGLE_NAME))
 BIN_INDEX_NAME = "pytorch_model.bin.index.json"
 ST_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -76,11 +80,11 @@ def local_dir(resolved, *, download=True) -> Path | None:
 
 def weight_files(directory: Path) -> tuple[str | None, list[Path]]:
     """('safetensors', files) | ('bin', files) | (None, []), preferring safetensors like transformers."""
-    index = directory / INDEX_NAME
-    if index.is_file():
-        return "safetensors", _indexed_files(directory, index)
-    if (directory / SINGLE_NAME).is_file():
-        return "safetensors", [directory / SINGLE_NAME]
+    for index_name, single_name in SAFETENSORS_NAMES:
+        if (directory / index_name).is_file():
+            return "safetensors", _indexed_files(directory, directory / index_name)
+        if (directory / single_name).is_file():
+            return "safetensors", [directory / single_name]
     if (directory / BIN_INDEX_NAME).is_file():
         return "bin", _indexed_files(directory, directory / BIN_INDEX_NAME)
     bins = sorted(directory.glob("pytorch_model*.bin"))
@@ -132,9 +136,11 @@ class SafetensorsFiles:
         self.duplicates: list = []  # keys stored in more than one file
         self.metadata: dict = {}
         self._fds: dict = {}
-        index = self.directory / INDEX_NAME
-        if index.is_file():
-            self.metadata = json.loads(index.read_text()).get("metadata") or {}
+        for index_name, _ in SAFETENSORS_NAMES:
+            index = self.directory / index_name
+            if index.is_file():
+                self.metadata = json.loads(index.read_text()).get("metadata") or {}
+                break
         for path in self.files:
             try:
                 with safe_open(str(path), framework="pt") as handle:
