@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
 
 
 def _bench_module():
@@ -89,11 +89,7 @@ def main(argv=None) -> int:
         lines.append(f"| {step} | {med:.1f} | {each} | {med / copy:.2f} | "
                      f"{max(x['peak_rss_bytes'] for x in rows) / 1e9:.2f} GB | {', '.join(str(x['load_1m_after']) for x in rows)} |")
     md = "\n".join(lines) + "\n"
-    if args.save:
-        Path(args.save + ".json").write_text(json.dumps(result, indent=2) + "\n")
-        Path(args.save + ".md").write_text(md)
-    print(md)
-    return 0
+    return save_and_print(args.save, result, md)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from normswap.convert import execute
 from normswap.convert.inputs import match
 from normswap.convert.plan import ConvertOptions
 from normswap.convert.source import StateDict
+from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
 
 
 def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -129,11 +129,7 @@ def main(argv=None) -> int:
               "command": "python bench/convert_precision.py" + (f" --save {args.save}" if args.save else ""),
               "results": results}
     md = markdown(result)
-    if args.save:
-        Path(args.save + ".json").write_text(json.dumps(result, indent=2) + "\n")
-        Path(args.save + ".md").write_text(md)
-    print(md)
-    return 0
+    return save_and_print(args.save, result, md)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
 
 _HERE = Path(__file__).resolve().parent
 
@@ -225,11 +226,7 @@ def main(argv=None) -> int:
     result = profile(params=args.params, shards=args.shards, workdir=args.workdir, command=command,
                      progress=lambda msg: print(f"convert profile: {msg}", file=sys.stderr, flush=True))
     md = markdown(result)
-    if args.save:
-        Path(args.save + ".json").write_text(json.dumps(result, indent=2) + "\n")
-        Path(args.save + ".md").write_text(md)
-    print(md)
-    return 0
+    return save_and_print(args.save, result, md)
 
 
 if __name__ == "__main__":
