@@ -85,9 +85,12 @@ def _unwrap(cls):
 
 def base_class_of(model):
     """The bare model class (what AutoModel builds), when ``model`` is a head class."""
+    import transformers
+
     base = getattr(model, "base_model", model)
     cls = _unwrap(type(base))
-    return None if cls is _unwrap(type(model)) else cls
+    # a wrapper transformers does not export (BartDecoderWrapper) is no AutoModel class: loaders refuse such names
+    return None if cls is _unwrap(type(model)) or getattr(transformers, cls.__name__, None) is not cls else cls
 
 
 def modeling_source(model, names: dict) -> str:
