@@ -8,8 +8,10 @@ with timers around each stage of the real code path (the functions are wrapped, 
 - config: ``load_config`` (transformers' AutoConfig); model class: importing the modeling module;
 - plan: meta skeleton, family, matching file tensors to it, the plan;
 - convert: ``execute`` (reads, arithmetic and writes on a thread pool): its wall seconds, the
-  process's CPU seconds meanwhile, and the thread-seconds spent in reads (``pread``, kernel
-  copies) and in writes (``pwrite``) summed over threads;
+  process's CPU seconds meanwhile (user and kernel apart), and the thread-seconds spent in reads
+  (``pread``, kernel copies) and in writes (``pwrite``) summed over threads, both as elapsed time
+  and as the calling threads' own CPU time: with more threads than free cores, elapsed time in a
+  call includes waiting for a core, so only the CPU column says what the call itself costs;
 - verification: each forward pass (source, converted, unrounded) split into loading weights
   (reads, casts, recomputing unrounded tensors) and the rest of the forward, with the seconds
   inside ``torch.nn.functional.linear`` (the matrix products) counted apart;
@@ -37,7 +39,7 @@ _HERE = Path(__file__).resolve().parent
 
 # The child: the real convert path with timers wrapped around its stages. Prints one JSON line.
 _CHILD = r"""
-import json, sys, time, threading
+import json, sys, time, threading, resource
 T0 = time.perf_counter(); C0 = time.process_time()
 stages = []
 def lap(name, t, c):
@@ -53,15 +55,17 @@ from normswap.checkpoint import load as ckload, shards as SH
 lap("import normswap (cli, pipeline)", t, c)
 
 lock = threading.Lock()
-acc = {"read_thread_s": 0.0, "write_thread_s": 0.0, "linear_s": 0.0}
+acc = {"read_thread_s": 0.0, "write_thread_s": 0.0, "linear_s": 0.0, "read_thread_cpu_s": 0.0, "write_thread_cpu_s": 0.0,
+       "linear_cpu_s": 0.0}
 def timed_into(name, fn):
     def wrapper(*a, **k):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return fn(*a, **k)
         finally:
             with lock:
                 acc[name] += time.perf_counter() - t
+                acc[name[:-len("_s")] + "_cpu_s"] += time.thread_time() - c
     return wrapper
 S.SafetensorsFiles.read = timed_into("read_thread_s", S.SafetensorsFiles.read)
 SH.ShardWriter.write = timed_into("write_thread_s", SH.ShardWriter.write)
@@ -72,13 +76,16 @@ def stage(name, module, attr, extra=None):
     fn = getattr(module, attr)
     def wrapper(*a, **k):
         t, c = time.perf_counter(), time.process_time()
-        before = dict(acc)
+        before, usage = dict(acc), resource.getrusage(resource.RUSAGE_SELF)
         try:
             return fn(*a, **k)
         finally:
             row = {"stage": name, "wall_s": round(time.perf_counter() - t, 3), "cpu_s": round(time.process_time() - c, 3)}
             if extra:
                 row.update({k: round(acc[k] - before[k], 3) for k in extra})
+                now = resource.getrusage(resource.RUSAGE_SELF)
+                row["user_cpu_s"] = round(now.ru_utime - usage.ru_utime, 3)
+                row["kernel_cpu_s"] = round(now.ru_stime - usage.ru_stime, 3)
             stages.append(row)
     setattr(module, attr, wrapper)
 
@@ -86,7 +93,8 @@ stage("config (AutoConfig)", ckload, "load_config")
 stage("model class (imports the modeling code)", ckload, "model_class_for")
 stage("match file tensors to the skeleton", I, "match")
 stage("plan (prepare)", pipeline, "prepare")
-stage("convert: execute (read, arithmetic, write)", pipeline, "execute", ["read_thread_s", "write_thread_s"])
+stage("convert: execute (read, arithmetic, write)", pipeline, "execute",
+      ["read_thread_s", "write_thread_s", "read_thread_cpu_s", "write_thread_cpu_s"])
 stage("verification (total)", pipeline, "run_verification")
 
 passes = []
@@ -193,7 +201,12 @@ def markdown(r: dict) -> str:
                 continue  # a repeat (verification's own config and skeletons) that costs nothing
             seen.add(row["stage"])
             notes = ""
-            if "read_thread_s" in row:
+            if "read_thread_cpu_s" in row:
+                notes = (f"CPU s: user {row['user_cpu_s']:.2f}, kernel {row['kernel_cpu_s']:.2f}. Inside reads and kernel "
+                         f"copies: {row['read_thread_s']:.2f} thread-s elapsed, {row['read_thread_cpu_s']:.2f} CPU; inside "
+                         f"writes: {row['write_thread_s']:.2f} elapsed, {row['write_thread_cpu_s']:.2f} CPU (elapsed beyond "
+                         "CPU: waiting for a core or the file); the rest of the CPU is arithmetic")
+            elif "read_thread_s" in row:  # a result saved before CPU time was recorded
                 notes = (f"thread-seconds summed over the pool: reads and kernel copies {row['read_thread_s']:.2f}, "
                          f"writes {row['write_thread_s']:.2f}; the rest of the CPU is arithmetic")
             lines.append(f"| {row['stage']} | {row['wall_s']:.2f} | {row['cpu_s']:.2f} | {notes} |")
