@@ -5,13 +5,9 @@ Each output tensor's dtype and shape are known up front, so a shard is laid out 
 written, and each tensor's bytes filled in place, in any order, in row pieces and from several
 threads (``pwrite`` at disjoint offsets): memory stays at one piece, whatever the shard size.
 
-The layout is a valid safetensors file (any safetensors reader loads it) in which every tensor
-whose size is a multiple of 64 bytes starts on a 64-byte boundary of the file: the header is
-padded with spaces to that boundary (``safetensors`` pads to 8) and those tensors come first
-(then by dtype, then by name, as ``safetensors`` orders them). transformers memory-maps the
-weights, so a tensor's file offset is its address modulo 64: a GPT-2-small-shaped model decoded
-~5 % slower from weights 8 bytes off a cache line (decode is a stream of matrix-vector products
-whose vector loads then straddle two lines; bench/README.md, "Aligned weights").
+The layout is the one ``safetensors`` itself writes (tensors ordered by dtype, then by name;
+header padded with spaces to 8 bytes), so the data section is byte-identical to ``save_file``'s
+and any safetensors reader loads the result.
 """
 
 from __future__ import annotations
@@ -26,9 +22,6 @@ import torch
 
 from normswap.version import __version__
 from normswap.errors import NormswapError
-
-# cache-line / AVX-512 vector size: the alignment that memory-mapped weights need
-DATA_ALIGNMENT = 64
 
 # A converted checkpoint stores its weights under a transformers "variant" name
 # (model.normswap.safetensors). Its config keeps the source's built-in model_type, so stock
@@ -142,10 +135,7 @@ class ShardWriter(_ClosedOnSuccess):
             if dt not in _ST_DTYPES:
                 raise NormswapError(f"cannot write {key}: dtype {dt} has no safetensors name")
         rank = _dtype_rank()
-        # tensors of whole 64-byte multiples first: each then starts aligned (the format allows
-        # no gaps between tensors, so one odd-sized tensor would shift every later one)
-        order = sorted(self.specs, key=lambda k: (nbytes(*self.specs[k]) % DATA_ALIGNMENT != 0,
-                                                  rank[_ST_DTYPES[self.specs[k][0]]], k))
+        order = sorted(self.specs, key=lambda k: (rank[_ST_DTYPES[self.specs[k][0]]], k))
         header: dict = {}
         if metadata:
             header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -157,7 +147,7 @@ class ShardWriter(_ClosedOnSuccess):
             self.offsets[key] = (pos, n)
             pos += n
         text = json.dumps(header, separators=(",", ":")).encode()
-        text += b" " * (-(8 + len(text)) % DATA_ALIGNMENT)
+        text += b" " * (-len(text) % 8)
         self.data_start = 8 + len(text)
         self.size = self.data_start + pos
         self.written = dict.fromkeys(self.specs, 0)
