@@ -49,11 +49,13 @@ for size in $SIZES; do
         flag=""; [[ $mode == compiled ]] && flag="--compile"
         repeats=${REPEATS:-$(repeats_for "$size")}
         new_tokens=${NEW_TOKENS:-32}
-        cmd=("$PY" -m normswap eval speed "original=$src" "exact=$WORK/$size-exact" --baseline original --device cpu
+        # original_copy: the original loaded a second time and measured like the others, the null
+        # control: what two identical models differ by in this run (noise, not conversion)
+        cmd=("$PY" -m normswap eval speed "original=$src" "original_copy=$src" "exact=$WORK/$size-exact" --baseline original --device cpu
              --batch-size 2 --seq-len 64 --new-tokens "$new_tokens" --repeats "$repeats" --min-time 0.2 --no-memory --json $flag)
         echo "# $(date -u +%FT%TZ) load before: $(load)" >>"$RES/commands.txt"
         [[ $src == normswap:* ]] || echo "# $size source: python bench/make_gpt2_source.py $src ${make[*]} (random init), converted with normswap convert --mode exact" >>"$RES/commands.txt"
-        echo "OMP_NUM_THREADS=$OMP_NUM_THREADS normswap eval speed original=$src exact=<converted> ${cmd[*]:7}" >>"$RES/commands.txt"
+        echo "OMP_NUM_THREADS=$OMP_NUM_THREADS normswap eval speed original=$src original_copy=$src exact=<converted> ${cmd[*]:8}" >>"$RES/commands.txt"
         start=$SECONDS
         "${cmd[@]}" >"$RES/$size-$mode.json.tmp" 2>"$RES/$size-$mode.log"
         rc=$?
