@@ -536,3 +536,14 @@ def test_cast_that_returns_its_input_keeps_the_residual_a_stream_value():
     assert family.placement == "pre" and check["exact"], check
     control = check_family(_skip_centring(family), config, dtype=torch.float32)  # float32: what the experts run in
     assert control["exact"] is False and control["max_abs_diff"] > 1e-3
+
+
+def test_average_pooling_over_frames_keeps_the_stream_centred():
+    """Qwen2-Audio's encoder averages pairs of frames (avg_pool1d on a channel-first view) between its
+    last layer and its final norm: channels never mix, so the pooled stream is still centred and the
+    conversion is exact. Without following the pooling it was refused as a raw stream read by a
+    non-norm module; the skip-centring control shows the check still catches a wrong plan."""
+    config, cls = _tiny("Qwen2AudioEncoderConfig", "Qwen2AudioEncoder", d_model=64, encoder_layers=2,
+                        encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32)
+    family = _exact_and_control(config, cls)
+    assert family.final_norm is not None and family.final_norm.norm == "layer_norm"

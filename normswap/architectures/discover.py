@@ -34,7 +34,7 @@ from torch import nn
 from normswap.architectures import norms as norm_probe
 from normswap.architectures.probes import model_outputs, probe_inputs
 from normswap.architectures.schema import Family, parse_family
-from normswap.architectures.trace import ADD, PAD, REARRANGE, REDUCE, SCALE, TRANSPARENT, trace_forward
+from normswap.architectures.trace import ADD, PAD, POOL, REARRANGE, REDUCE, SCALE, TRANSPARENT, trace_forward
 from normswap.errors import NormswapError
 
 EXACT_RTOL = 1e-5  # relative to the output scale; float32-internal norms (Cohere, OLMo) stay ~1e-7
@@ -184,7 +184,7 @@ class _Graph:
             t, src = consumer.tensor, node.tensor
             return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.dim() > 0 and src.dim() > 0 and t.shape[-1] == src.shape[-1]
         t, src = consumer.tensor, node.tensor
-        if not rearranged and consumer.op in REARRANGE | PAD | REDUCE:
+        if not rearranged and consumer.op in REARRANGE | PAD | REDUCE | POOL:
             return False
         if consumer.op in REARRANGE:
             return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.numel() == src.numel()
@@ -196,6 +196,9 @@ class _Graph:
             last = {-1, src.dim() - 1} if isinstance(src, torch.Tensor) else set()
             return isinstance(t, torch.Tensor) and t.dim() > 0 and bool(dims) and not (set(dims) & last) \
                 and t.shape[-1] == src.shape[-1] and len(consumer.inputs) == 1
+        if consumer.op in POOL:  # the channel axis is 1; the exactness check confirms it is the features'
+            return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.dim() == src.dim() >= 3 \
+                and t.shape[:2] == src.shape[:2] and len(consumer.inputs) == 1
         if consumer.op in SCALE:
             return len(consumer.inputs) == 1 or (len(consumer.inputs) == 2 and consumer.inputs[1].tensor is not None and consumer.inputs[1].tensor.dim() == 0)
         return False

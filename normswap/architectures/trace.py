@@ -31,6 +31,9 @@ REARRANGE = {"permute", "transpose", "movedim", "swapaxes", "flatten", "unflatte
 PAD = {"pad"}
 # averages over tokens (mean pooling): an average of centred feature vectors is centred
 REDUCE = {"mean", "sum"}
+# averages over the positions of a channel-first layout (N, C, ...): channels never mix, so an
+# average of centred feature vectors is centred (Qwen2-Audio's encoder halves its frames this way)
+POOL = {"avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d"}
 ADD = {"add", "__add__", "__radd__", "__iadd__", "add_"}
 SCALE = {"mul", "__mul__", "__rmul__", "__imul__", "mul_", "div", "__truediv__", "__itruediv__", "div_"}
 
