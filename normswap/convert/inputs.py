@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from normswap.convert.ops import read_buffer, row_blocks
+from normswap.convert.ops import each_block, read_buffer, row_blocks
 from normswap.errors import NormswapError
 
 
@@ -159,13 +159,13 @@ class Inputs:
             out = torch.empty(shape, dtype=dtype)
         if len(shape) < 2:
             return out.copy_(self.source.read(disk).reshape(out.shape))
+
         def fill(ab):
             a, b = ab
             raw = read_buffer((b - a, *shape[1:]), torch.float64)  # this thread's
             out[a:b].copy_(self.source.read(disk, a, b, out=raw))  # copy_ casts exactly like .to()
 
-        blocks = row_blocks(shape)
-        list(pool.map(fill, blocks)) if pool is not None else [fill(ab) for ab in blocks]
+        each_block(pool)(fill, row_blocks(shape))
         return out
 
 

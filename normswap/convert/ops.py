@@ -116,7 +116,7 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
     are still added in block order, so the bits do not change.
     """
     calc = compute or compute_dtype(out_dtype)
-    each = _each(pool)
+    each = each_block(pool)
     dev = torch.device(device)
     reuse = dev.type == "cpu"  # blocks go to this thread's scratch buffers; another device allocates its own
 
@@ -170,14 +170,14 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
         raise ValueError(f"unknown conversion op {kind!r}")
 
 
-def _each(pool):
+def each_block(pool):
     """``each(fn, blocks)``: fn of every block, results in block order; on ``pool``'s threads when given."""
     if pool is None:
         return lambda fn, blocks: [fn(ab) for ab in blocks]
     return lambda fn, blocks: list(pool.map(fn, blocks))
 
 
-def _linear_weight(op, shape, get, put, wide, calc, bias_sum=None, each=_each(None)):
+def _linear_weight(op, shape, get, put, wide, calc, bias_sum=None, each=each_block(None)):
     """W·diag(γ) (γ scales the input axis), then optionally centred over the output axis; W's row
     blocks also go to ``bias_sum`` (a fused W·β, see ``run``) before γ touches them."""
     gamma64 = get(op["gamma"], dtype=F64) + op.get("gamma_offset", 0.0) if op.get("gamma") else None
@@ -256,7 +256,7 @@ def _subtract(x, mean64):
     return x
 
 
-def _linear_bias(op, get, shape_of, each=_each(None)):
+def _linear_bias(op, get, shape_of, each=each_block(None)):
     """c' = c + W·β with the *original* W (y = W(γ⊙n + β) + c), optionally centred; float64 throughout."""
     total = _BiasSum(op, get)
     if op.get("beta"):
