@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import normswap  # noqa: E402
+from decode_timing import decode_seconds  # noqa: E402
 
 
 def strip_hooks(model):
@@ -76,15 +77,8 @@ def main(argv=None) -> int:
         with torch.inference_mode():
             m(input_ids=batch, use_cache=False)
 
-    def decode(m, steps=31):
-        with torch.inference_mode():
-            out = m(input_ids=prompt, use_cache=True)
-            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            t = time.perf_counter()
-            for _ in range(steps):
-                out = m(input_ids=tok, use_cache=True, past_key_values=past)
-                past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            return (time.perf_counter() - t) / steps
+    def decode(m, steps=31):  # seconds per token
+        return decode_seconds(m, prompt, steps) / steps
 
     for m in variants.values():
         for _ in range(3):

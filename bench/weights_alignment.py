@@ -24,7 +24,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from decode_timing import decode_seconds  # noqa: E402
 from saved_result import save_and_print  # noqa: E402
 
 from normswap.checkpoint.load import load_model  # noqa: E402
@@ -53,18 +53,6 @@ def with_weights_at(model, offset: int):
         for p in out.parameters():  # tied parameters are one object: placed once, still tied
             p.data = placed(p.data, offset)
     return out
-
-
-def decode_seconds(model, ids, new_tokens: int) -> float:
-    """Seconds for ``new_tokens - 1`` greedy steps after the prompt (prefill not timed)."""
-    with torch.inference_mode():
-        out = model(input_ids=ids, use_cache=True)
-        token, cache = out.logits[:, -1:].argmax(-1), out.past_key_values
-        t0 = time.perf_counter()
-        for _ in range(new_tokens - 1):
-            out = model(input_ids=token, use_cache=True, past_key_values=cache)
-            token, cache = out.logits[:, -1:].argmax(-1), out.past_key_values
-        return time.perf_counter() - t0
 
 
 def main(argv=None) -> int:
@@ -90,11 +78,11 @@ def main(argv=None) -> int:
     ids = torch.randint(0, vocab, (args.batch_size, args.prompt_len), generator=gen)
     names = list(variants)
     for name in names:  # warm-up: allocator, first calls
-        decode_seconds(variants[name], ids, args.new_tokens)
+        decode_seconds(variants[name], ids, args.new_tokens - 1)
     seconds = {name: [] for name in names}
     for r in range(args.repeats):
         for name in names if r % 2 == 0 else names[::-1]:
-            seconds[name].append(decode_seconds(variants[name], ids, args.new_tokens))
+            seconds[name].append(decode_seconds(variants[name], ids, args.new_tokens - 1))
     def paired(other):  # time of ``other`` over the first aligned copy's, per repeat
         ratios = [o / a for a, o in zip(seconds[names[0]], seconds[other])]
         q1, _, q3 = statistics.quantiles(ratios, n=4)
