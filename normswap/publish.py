@@ -5,8 +5,8 @@ Four jobs, used by every command that writes (convert, finetune, eval report, ru
 - ``atomic_write_text`` / ``atomic_write_json``: a file is written beside its destination,
   flushed to disk and renamed over it, so a reader sees the old file or the new one, never half.
 - ``check_output_path``: an OUT that would clobber something is refused before any work: an
-  existing OUT without ``--force``, a file, a dangling symlink, or a path that is (inside, or
-  contains) a model the command reads.
+  existing OUT without ``--force``, a file, a dangling symlink, or a path that overlaps what the
+  command reads (normswap.overlap: one rule for every command).
 - ``output_lock``: a command holds an exclusive ``flock`` on ``.OUT.normswap.lock`` (beside OUT)
   for its whole life; a second process is refused with one line naming the holder's pid and
   command. The kernel drops the lock when its holder dies, however it dies. Taking the lock also
@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from normswap.errors import NormswapError
+from normswap.overlap import check_disjoint
 
 STAGING_TAG = ".normswap-staging-"
 LOCK_SUFFIX = ".normswap.lock"
@@ -61,24 +62,17 @@ def atomic_write_json(path, obj, **dump_kwargs) -> Path:
 
 
 # ------------------------------------------------------------------------------- path safety
-def _overlap(a: Path, b: Path) -> bool:
-    return a == b or a in b.parents or b in a.parents
-
-
 def check_output_path(out, *, force: bool, reads=(), allow_empty: bool = False, must_have_parent: bool = True) -> Path:
     """Refuse an OUT that would clobber something; cheap, so commands call it before any work.
 
-    ``reads``: the local model directories the command reads (OUT may not be one of them, be
-    inside one or contain one). ``allow_empty``: an existing empty directory may be replaced
-    without ``--force``.
+    ``reads``: what the command reads, as ``normswap.overlap.check_disjoint`` takes them (OUT may
+    not be one of them, be inside one or contain one). ``allow_empty``: an existing empty
+    directory may be replaced without ``--force``.
     """
     out = Path(out).expanduser()
     if out.is_symlink() and not out.exists():
         raise NormswapError(f"OUT {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another OUT")
-    real_out = out.resolve()
-    for src in reads:
-        if src and Path(src).exists() and _overlap(real_out, Path(src).resolve()):
-            raise NormswapError(f"OUT {out} overlaps {src}, which this command reads: inputs are never modified; choose another OUT")
+    check_disjoint(reads, [(f"OUT {out}", out)])
     if out.exists() and not out.is_dir():
         raise NormswapError(f"OUT {out} exists and is not a directory")
     if out.exists() and not force and not (allow_empty and not any(out.iterdir())):

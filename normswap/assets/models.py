@@ -18,6 +18,9 @@ MODELS_DIR = Path(__file__).resolve().parent / "models"
 METADATA_FILE = "normswap_model.json"
 
 
+SPEC_PREFIX = "normswap:"  # normswap:NAME names a shipped model wherever a model is accepted
+
+
 def _names() -> list[str]:
     if not MODELS_DIR.is_dir():
         return []
@@ -27,8 +30,7 @@ def _names() -> list[str]:
 def model_path(name: str) -> Path:
     """Directory of the shipped model `name` (a leading `normswap:` is accepted)."""
     name = str(name)
-    if name.startswith("normswap:"):
-        name = name[len("normswap:"):]
+    name = name.removeprefix(SPEC_PREFIX)
     names = _names()
     if name not in names:
         available = ", ".join(names) if names else "none are installed"

@@ -36,9 +36,10 @@ from normswap.convert.choices import BETA_CHOICES, DEFAULT_TOLERANCE, GAMMA_CHOI
 def convert(src, out, mode, gamma, beta, untie, dtype, max_shard_size, verify, tolerance, family_file, device, force, as_json):
     """Convert the LayerNorm checkpoint SRC (directory, hub id or normswap:NAME) into OUT with RMSNorm."""
     from normswap.cli.options import resolve_device
-    from normswap.convert.pipeline import convert_checkpoint
+    from normswap.convert.pipeline import check_out, convert_checkpoint
     from normswap.publish import output_lock
 
+    check_out(src, out, force=force, family_file=family_file)  # before the lock file is made beside OUT
     say = (lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True))
     with output_lock(out):
         result = convert_checkpoint(src, out, mode=mode, gamma=gamma, beta=beta, untie=untie, dtype=dtype, force=force,

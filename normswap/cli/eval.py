@@ -100,15 +100,14 @@ def report(models, data, device, out, baseline, force, as_json, quiet, **opts):
     """Evaluate MODELs side by side and write DIR/results.json, report.md, report.html and plots."""
     cfg = _config(opts)
     _require_hub(models, baseline, data, cfg.tasks)
-    from pathlib import Path
-
     from normswap.evaluate.runner import evaluate, split_label
     from normswap.publish import output_lock
     from normswap.report import write_report
     from normswap.report.write import check_out
 
-    local_models = [spec for _, spec in map(split_label, list(models) + [baseline or ""]) if spec and Path(spec).expanduser().exists()]
-    check_out(out, force=force, reads=local_models)
+    # before the lock file is made beside OUT and before anything loads: OUT never overlaps a model or the data
+    check_out(out, force=force, reads=[("the model", spec) for _, spec in map(split_label, list(models) + [baseline or ""])]
+              + [("the data", data)])
     say = _progress(quiet)
     with output_lock(out, create_parent=True):
         entries, _, run = _load(models, baseline, device, cfg, say)

@@ -61,11 +61,14 @@ def finetune(ctx, model, out, as_json, **opts):
     import contextlib
     import os
 
+    from normswap.finetune.run_dir import check_out_overlap
     from normswap.publish import output_lock
 
+    cfg = FinetuneConfig(model=model, out=out, **opts)
+    check_out_overlap(cfg)  # before OUT's lock file is made beside OUT, and before anything loads
     # one lock per run: the main process of a distributed launch holds it (RANK is set by the launcher)
     with output_lock(out, create_parent=True) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
-        summary = run_finetune(FinetuneConfig(model=model, out=out, **opts), given=given)
+        summary = run_finetune(cfg, given=given)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:

@@ -82,8 +82,9 @@ def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
     if not out:
         raise NormswapError("--out DIR is required to run a recipe (or use --check to only validate it)")
     from normswap.publish import output_lock
-    from normswap.recipes.runner import run_recipe
+    from normswap.recipes.runner import check_overlap, run_recipe
 
+    check_overlap(loaded, out)  # before the lock file is made beside DIR (the runner checks again under it)
     t0 = time.perf_counter()
     with output_lock(out, create_parent=True):
         state = run_recipe(loaded, out, resume=resume, force=force)

@@ -38,6 +38,12 @@ from normswap.publish import check_output_path, publish_dir, staging_dir
 MEMORY_MARGIN = 0.9  # refuse verification above this share of the available memory
 
 
+def check_out(src, out, *, force: bool, family_file=None):
+    """Refuse an OUT that would clobber something or overlap what convert reads (the model and
+    the family file); cheap, so the CLI calls it before taking OUT's lock, and convert_checkpoint again."""
+    return check_output_path(out, force=force, reads=[("the model", src), ("the family file", family_file)])
+
+
 def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=False, dtype=None, force=False,
                        verify=True, tolerance=DEFAULT_TOLERANCE, max_shard_size="5GB", device="cpu", progress=None,
                        options: ConvertOptions | None = None, family_file=None) -> dict:
@@ -49,8 +55,7 @@ def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=Fa
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     resolved = ckload.resolve(src)
-    local = ckload.is_local(resolved)
-    out = check_output_path(out, force=force, reads=[resolved] if local else [])
+    out = check_out(src, out, force=force, family_file=family_file)
     config = ckload.load_config(resolved)
     directory = local_dir(resolved)
     if directory is None:

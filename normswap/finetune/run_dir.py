@@ -18,6 +18,7 @@ from pathlib import Path
 
 from normswap.errors import NormswapError
 from normswap.finetune.config import LOG_FILE, RUN_FILE
+from normswap.overlap import check_disjoint
 from normswap.publish import atomic_write_text, publish_dir, staging_dir
 
 CHECKPOINTS = "checkpoints"
@@ -37,6 +38,25 @@ def read_log_rows(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             break  # a torn last line from a kill: everything after it is not trusted
     return rows
+
+
+# What a fine-tune reads, by option name (what a refusal calls it).
+READS = {"model": "the model", "distill_from": "the teacher", "data": "the data", "eval_data": "the held-out data"}
+
+
+def check_out_overlap(cfg) -> None:
+    """Refuse an OUT that overlaps anything the fine-tune reads (normswap.overlap), before any work.
+
+    ``cfg``: a FinetuneConfig as given; for ``--resume`` the inputs recorded in OUT count too (they
+    are the ones the run will read)."""
+    recorded = {}
+    if cfg.resume:
+        try:
+            recorded = (RunDir(cfg.out).read_run() or {}).get("config", {})
+        except NormswapError:
+            recorded = {}  # a damaged run file: resolve_options says so
+    reads = [(label, spec) for name, label in READS.items() for spec in {getattr(cfg, name), recorded.get(name)} if spec]
+    check_disjoint(reads, [(f"OUT {cfg.out}", cfg.out)])
 
 
 class RunDir:

@@ -45,7 +45,7 @@ from normswap.data import finetune_splits
 from normswap.finetune.data import TrainStream, eval_blocks, fingerprint
 from normswap.finetune.encoder_objectives import Encoder
 from normswap.finetune.objectives import CausalLM
-from normswap.finetune.run_dir import RunDir
+from normswap.finetune.run_dir import RunDir, check_out_overlap
 from normswap.finetune.schedule import lr_factor
 
 
@@ -146,13 +146,6 @@ def _model_id(spec: str) -> str:
 
     resolved = resolve(spec)
     return str(Path(resolved).resolve()) if is_local(resolved) else spec
-
-
-def _check_out_path(out: Path, models: list[str]) -> None:
-    real = out.resolve()
-    for spec in models:
-        if Path(spec).is_dir() and (real == Path(spec).resolve() or real in Path(spec).resolve().parents):
-            raise NormswapError(f"OUT {out} is (or contains) the model {spec}; choose another directory")
 
 
 # ---------------------------------------------------------------------------------- model helpers
@@ -405,7 +398,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     run = RunDir(cfg.out)
     cfg = dataclasses.replace(cfg, model=cfg.model and _model_id(cfg.model), distill_from=cfg.distill_from and _model_id(cfg.distill_from))
     cfg, overrides = resolve_options(cfg, run, given)
-    _check_out_path(run.out, [cfg.model] + ([cfg.distill_from] if cfg.distill_from else []))
+    check_out_overlap(cfg)  # the CLI checked before taking OUT's lock; the recipe runner and the API come here
     accelerator = _make_accelerator(cfg)
     rank, world, main = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
     if cfg.batch_size % (cfg.grad_accum * world):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, ClassVar
 
 from normswap.errors import NormswapError
+from normswap.overlap import check_disjoint
 from normswap.publish import atomic_write_text
 from normswap.recipes.loader import LoadedRecipe, dump_recipe
 from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, report_names
@@ -242,14 +243,29 @@ def plan_steps(recipe: dict) -> list:
 
 
 # ------------------------------------------------------------------------------------ the run
+def _teachers(recipe: dict) -> list[str]:
+    """The models the recipe's fine-tunes distil from."""
+    teachers = [v["finetune"]["distill_from"] for v in recipe["variants"].values() if v["finetune"] is not None]
+    return [recipe["source"] if t == "source" else t for t in teachers if t]
+
+
+def check_overlap(loaded: LoadedRecipe, out) -> None:
+    """What the run writes or deletes in DIR (the OWNED names: models/, report/, its own files; never
+    the rest of DIR) touches nothing any step reads: the source, the teachers, the data, the recipe
+    file. Checked before DIR is touched, so --force never deletes an input."""
+    r, out = loaded.recipe, Path(out).expanduser()
+    reads = ([("the source model", r["source"]), ("the data", r["data"]), ("the recipe", loaded.path)]
+             + [("the teacher", t) for t in _teachers(r)])
+    check_disjoint(reads, [(f"{out / name} (which the run in --out {out} writes)", out / name) for name in OWNED],
+                   advice="move the input or choose another --out")
+
+
 def require_network(recipe: dict) -> None:
     """Whatever the recipe downloads must be reachable: checked once, before DIR is touched."""
     from normswap.network import require_hub
 
-    teachers = [v["finetune"]["distill_from"] for v in recipe["variants"].values() if v["finetune"] is not None]
-    teachers = [recipe["source"] if t == "source" else t for t in teachers if t]
     try:
-        require_hub(models=[recipe["source"], *teachers], data=recipe["data"], tasks=recipe["eval"]["tasks"])
+        require_hub(models=[recipe["source"], *_teachers(recipe)], data=recipe["data"], tasks=recipe["eval"]["tasks"])
     except NormswapError as e:
         raise NormswapError(f"recipe {recipe['name']} needs the network: {e}") from None
 
@@ -330,6 +346,7 @@ class Runner:
         recipe = self.recipe
         require_network(recipe)
         resolve(recipe["source"])  # a missing source fails before DIR is touched
+        check_overlap(self.loaded, self.out)
         device = resolve_device(recipe["device"])
         self._prepare_out()
         t_run = time.perf_counter()
@@ -361,4 +378,4 @@ def run_recipe(loaded: LoadedRecipe, out, *, resume=False, force=False, progress
     return Runner(loaded, out, resume=resume, force=force, progress=progress).run()
 
 
-__all__ = ["Runner", "plan_steps", "require_network", "run_recipe"]
+__all__ = ["Runner", "check_overlap", "plan_steps", "require_network", "run_recipe"]

@@ -2,7 +2,7 @@
 
 Everything is written into a staging directory and published with normswap.publish, so a crash
 or Ctrl-C never leaves a half-written report; an existing OUT is replaced only with ``force``
-(or when it is empty), and never when it is (inside, or contains) a model the report reads.
+(or when it is empty), and never when it overlaps a model or the data the report reads.
 """
 
 from __future__ import annotations
@@ -57,14 +57,15 @@ def render_into(results: dict, folder: Path) -> dict[str, Path]:
 def check_out(out, *, force: bool = False, reads=()) -> Path:
     """Refuse an OUT that would be clobbered; called before any work so a refusal is instant.
 
-    ``reads``: the local model directories being evaluated (OUT may not overlap any of them).
+    ``reads``: what the evaluation read, the models and the data (OUT may not overlap any of them).
     """
     return check_output_path(out, force=force, reads=reads, allow_empty=True, must_have_parent=False)
 
 
 def write_report(results: dict, out, *, force: bool = False) -> dict[str, Path]:
     """Write the report into ``out``; returns the written paths (as they are after the rename)."""
-    out = check_out(out, force=force, reads=[m.get("path") for m in results.get("models", [])])
+    out = check_out(out, force=force, reads=[("the model", m.get("path")) for m in results.get("models", [])]
+                    + [("the data", (results.get("data") or {}).get("spec"))])
     out.parent.mkdir(parents=True, exist_ok=True)
     with staging_dir(out) as tmp:
         written = render_into(results, tmp)
