@@ -26,7 +26,7 @@ from normswap.evaluate.config import EvalConfig
 # Which of EvalConfig's options each command offers (`report` offers them all); the declaration
 # itself (help, default, bounds) is EvalConfig's.
 PPL_OPTIONS = ("split", "seq_len", "batch_size", "dtype", "stride", "max_tokens")
-SPEED_OPTIONS = ("seq_len", "batch_size", "dtype", "repeats", "warmup", "min_time", "new_tokens", "compile", "memory")
+SPEED_OPTIONS = ("seq_len", "batch_size", "dtype", "repeats", "warmup", "min_time", "new_tokens", "compile", "null_control", "memory")
 
 
 def _offered(names=None):
@@ -174,7 +174,8 @@ def speed(models, device, baseline, as_json, quiet, **opts):
         click.echo(json.dumps({"device": results["device"], "dtype": results["dtype"], "speed_setup": results.get("speed_setup"),
                                "models": [{k: m.get(k) for k in ("name", "path", "tokens_per_second", "peak_memory_bytes",
                                                                   "norm_time_share", "norm_time", "ratios", "ratio_intervals")}
-                                          for m in results["models"]], "ratio_method": results.get("ratio_method")}, indent=2))
+                                          for m in results["models"]], "ratio_method": results.get("ratio_method"),
+                               "null_control": results.get("null_control"), "speed_noise": results.get("speed_noise")}, indent=2))
         return
     click.echo(f"{results['device']}, {results['dtype']}")
     _print_speed(results)
@@ -203,8 +204,9 @@ def render(results_json, out, force):
 # ------------------------------------------------------------------ tables
 def _fmt_tps(m, key, results):
     """``25,023 x1.03 [0.95–1.12] n.d.``: tokens/s, ratio, per-repeat range, and n.d. when that range
-    says the ratio is no measurable difference (stats.py); the baseline gets no ratio."""
-    from normswap.evaluate.stats import fmt_interval, intervals_of, measurable
+    says the ratio is no measurable difference (stats.py; "noisy" when the null control says the
+    machine was too noisy to tell); the baseline gets no ratio."""
+    from normswap.evaluate.stats import TOO_NOISY, fmt_interval, intervals_of, measurable
 
     v = (m.get("tokens_per_second") or {}).get(key)
     r = ((m.get("ratios") or {}).get("tokens_per_second") or {}).get(key)
@@ -213,15 +215,21 @@ def _fmt_tps(m, key, results):
     if r is None or m["name"] == results.get("baseline"):
         return f"{v:,.0f}"
     iv = ((intervals_of(m, results) or {}).get("tokens_per_second") or {}).get(key)
-    return f"{v:,.0f} x{r:.2f} {fmt_interval(iv)}".rstrip() + ("" if measurable(iv) else " n.d.")
+    tag = "" if measurable(iv) else " noisy" if iv and iv["verdict"] == TOO_NOISY else " n.d."
+    return f"{v:,.0f} x{r:.2f} {fmt_interval(iv)}".rstrip() + tag
 
 
 def _ratio_legend(results):
-    from normswap.evaluate.stats import MIN_REPEATS, NO_DIFFERENCE
+    from normswap.evaluate.stats import MIN_REPEATS, NO_DIFFERENCE, TOO_NOISY
+    from normswap.report.render import noise_banner, null_control_note
 
     if results.get("baseline") and any(m.get("tokens_per_second") for m in results["models"]):
         click.echo(f"x: ratio to {results['baseline']}; [min-max] of the per-repeat paired ratios; n.d. = {NO_DIFFERENCE} "
-                   f"(range contains 1, or fewer than {MIN_REPEATS} repeats)")
+                   f"(range contains 1 or the null control's, or fewer than {MIN_REPEATS} repeats); noisy = {TOO_NOISY}")
+        click.echo(null_control_note(results))
+        banner = noise_banner(results)
+        if banner:
+            click.echo(f"*** {TOO_NOISY.upper()}: {banner}")
 
 
 def _print_speed(results):

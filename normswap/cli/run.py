@@ -27,6 +27,9 @@ def print_outcome(state: dict, out, *, seconds: float) -> None:
     click.echo("")
     click.echo(text_table(*summary_table(state["summary"])))
     click.echo("")
+    if state.get("speed_noise_banner"):
+        click.echo(f"*** TOO NOISY TO TELL: {state['speed_noise_banner']}")
+        click.echo("")
     click.echo(f"report:  {Path(out) / REPORT / HTML}  (also {MARKDOWN}, {RESULTS})")
     click.echo(f"run:     {out}  ({MODELS}/, recipe.yaml, {RUN_FILE}, {SUMMARY})  in {seconds:.0f} s")
 

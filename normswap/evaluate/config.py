@@ -29,6 +29,9 @@ class SpeedConfig:
     new_tokens: int = option(32, "Tokens generated per generation measurement.", minimum=1)
     compile: bool = option(False, "Measure speed with every model under torch.compile (Inductor): compiled original vs "
                            "compiled converted.")
+    null_control: bool = option(True, "Also time the baseline loaded a second time, interleaved with the rest: what 'no "
+                                "difference' looks like on this machine; a speed ratio is called a difference only when this "
+                                "null control is tight (docs/results-schema.md).")
     # set by the evaluation for each run (not options)
     batch_size: int = 8
     seq_len: int = 128

@@ -31,6 +31,7 @@ class Run:
     seed: int
     lm_eval_log: Path
     say: Callable[[str], None]
+    load_again: Callable | None = None  # ModelEntry -> a second copy of its model, loaded from its spec
 
 
 class Record:
@@ -121,15 +122,36 @@ class SpeedRecord(Record):
         return row
 
 
+NULL_CONTROL_SUFFIX = " (null control)"
+
+
+def null_control_model(run: Run, entry):
+    """A second, separately allocated copy of the baseline: loaded again from its spec (as a second
+    run would load it) when the run can, else copied in memory."""
+    import copy
+
+    if entry.spec and run.load_again is not None:
+        return run.load_again(entry)
+    return copy.deepcopy(entry.model)
+
+
 def measure_speed(run: Run):
     from normswap.evaluate.kinds import SPEED_BY_GROUP
-    from normswap.evaluate.speed import measure_speed as interleaved
+    from normswap.evaluate.speed import measure_speed_run
 
     cfg = run.config
     setup = dataclasses.replace(cfg.speed_setup, batch_size=cfg.batch_size, seq_len=cfg.seq_len, kinds=SPEED_BY_GROUP[run.group])
-    run.say("speed: interleaved over models")
-    measured = interleaved([(e.name, e.model) for e in run.entries], setup, progress=run.say)
-    return {name: SpeedRecord(**m) for name, m in measured.items()}, {"speed_setup": setup.to_dict()}
+    base = next((e for e in run.entries if e.name == run.baseline), None)
+    control = None
+    if base is not None and setup.null_control:
+        run.say(f"speed: loading {base.name} a second time (the null control)")
+        control = (base.name + NULL_CONTROL_SUFFIX, null_control_model(run, base))
+    run.say("speed: interleaved over models" + (" and the null control" if control else ""))
+    measured = measure_speed_run([(e.name, e.model) for e in run.entries], setup, progress=run.say, null_control=control)
+    top = {"speed_setup": setup.to_dict(), "speed_noise": measured["machine"]}  # runner.py adds the null control's verdict
+    if control is not None:
+        top["null_control"] = {"name": control[0], "of": base.name, **measured["null_control"]}
+    return {name: SpeedRecord(**m) for name, m in measured["models"].items()}, top
 
 
 # --------------------------------------------------------------------------------- memory

@@ -24,7 +24,7 @@ from normswap.evaluate.measurements import MEASUREMENTS, Run
 from normswap.evaluate.models import model_info
 from normswap.evaluate.perplexity import model_context, truncate_text
 from normswap.evaluate.stats import METHOD as RATIO_METHOD
-from normswap.evaluate.stats import ratio_intervals
+from normswap.evaluate.stats import null_intervals, ratio_intervals
 
 _LABEL = re.compile(r"^[A-Za-z0-9_.\- ]+$")
 
@@ -234,7 +234,8 @@ def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, dat
         "models": [],
     }
     run = Run(entries=entries, config=cfg, text=text, group=group, baseline=baseline_name, device=device, seed=seed,
-              lm_eval_log=Path(lm_eval_log) if lm_eval_log else default_log(), say=say)
+              lm_eval_log=Path(lm_eval_log) if lm_eval_log else default_log(), say=say,
+              load_again=lambda e: load_planned([(e.name, e.spec)], device=device, dtype=dtype)[0].model)
     rows = [{"name": e.name, "path": e.path, "spec": e.spec, **model_info(e.model, e.path)} for e in entries]
     for m in MEASUREMENTS:
         records, top = m.measure(run) if m.name in chosen else ({}, {})
@@ -243,10 +244,36 @@ def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, dat
             row.update(records.get(row["name"], m.empty()).row())
     speed = "speed" in chosen
     base = next((r for r in rows if r["name"] == baseline_name), None)
+    null_row = results.get("null_control")
+    null = null_intervals(null_row, base) if base is not None and null_row else None
     for row in rows:
         row["ratios"] = ratios(row, base) if base is not None else None
-        row["ratio_intervals"] = ratio_intervals(row, base) if base is not None and speed else None
+        row["ratio_intervals"] = ratio_intervals(row, base, null) if base is not None and speed else None
     if base is not None and speed:
         results["ratio_method"] = RATIO_METHOD
+        if null_row is not None:
+            null_row["ratios"], null_row["ratio_intervals"] = ratios(null_row, base), null
+        results["speed_noise"] = speed_noise(null, results.get("speed_noise"))
     results["models"] = rows
     return results
+
+
+def speed_noise(null: dict | None, machine: dict | None) -> dict:
+    """results.json's ``speed_noise``: how busy the machine was and whether the null control says a
+    speed ratio can be told from noise, per measured kind (evaluate/stats.py states the rule)."""
+    from normswap.evaluate.stats import MIN_REPEATS, NULL_DELTA, null_is_tight
+
+    spreads = {}
+    if null is not None:
+        spreads = {k: iv for k, iv in (null.get("tokens_per_second") or {}).items() if iv}
+        if null.get("norm_ms_per_forward"):
+            spreads["norm_ms_per_forward"] = null["norm_ms_per_forward"]
+    return {
+        "null_control": null is not None,
+        "delta": NULL_DELTA,
+        "min_repeats": MIN_REPEATS,
+        "null_spread": {k: {"low": iv["low"], "high": iv["high"], "repeats": iv["repeats"]} for k, iv in spreads.items()},
+        # None: fewer repeats than a verdict needs, so nothing is judged either way
+        "tight": {k: null_is_tight(iv) if iv["repeats"] >= MIN_REPEATS else None for k, iv in spreads.items()},
+        **(machine or {}),
+    }

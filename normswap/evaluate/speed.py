@@ -19,6 +19,11 @@ Measurements, on random token ids (throughput does not depend on the values):
   hooks never slow the throughput numbers.
 Peak memory is measured by :mod:`normswap.evaluate.memory`.
 
+A null control (``null_control=``: the baseline loaded a second time) is measured like any other
+model, interleaved with the rest; evaluate/stats.py judges every ratio against its spread. The
+machine's load average before and after the run and its CPU count come back with the summaries
+(:func:`measure_speed_run`), so a results.json says how busy the machine was.
+
 With ``compile=True`` every model is wrapped in ``torch.compile`` (Inductor; decoding with a
 growing KV cache makes Dynamo recompile once with dynamic shapes) before the warm-up, which then
 also pays the compilation; the original and the converted model are both compiled, so the ratio
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import statistics
 import time
 import dataclasses
@@ -249,19 +255,47 @@ class _Bench:
 
 def measure_speed(models, config: SpeedConfig | None = None, progress=None) -> dict[str, dict]:
     """Measure ``models`` (a list of (name, model)) interleaved; ``{name: summary}``."""
+    return measure_speed_run(models, config, progress)["models"]
+
+
+def machine_load() -> dict:
+    """The 1/5/15-minute load averages and the CPUs this process may use (what a busy machine shows)."""
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        load = None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"load_average": load, "cpu_count": os.cpu_count(), "usable_cpus": cpus}
+
+
+def measure_speed_run(models, config: SpeedConfig | None = None, progress=None, *, null_control=None) -> dict:
+    """Measure ``models`` and the optional ``null_control`` (name, model) interleaved.
+
+    ``{"models": {name: summary}, "null_control": summary or None, "machine": {...}}``: ``machine``
+    holds :func:`machine_load` before and after the timed repeats (``load_before``,
+    ``load_after``), the CPU counts and the torch threads used.
+    """
     cfg = config or SpeedConfig()
     if cfg.compile:
         cfg = dataclasses.replace(cfg, kinds=tuple(k for k in cfg.kinds if k != "norm_share"))
-    benches = [_Bench(name, model, cfg) for name, model in models]
+    named = list(models) + ([null_control] if null_control is not None else [])
+    benches = [_Bench(name, model, cfg) for name, model in named]
+    before = machine_load()
     if not cfg.compile:
-        return _measure(benches, cfg, progress)
-    # Models of one class share their forward's code object, and Dynamo caps the graphs per code
-    # object (recompile_limit, 8): past it the *later* models silently run eager, which measured
-    # their compiled decode at half speed. Each model gets the default budget of its own.
-    import torch._dynamo
+        summaries = _measure(benches, cfg, progress)
+    else:
+        # Models of one class share their forward's code object, and Dynamo caps the graphs per code
+        # object (recompile_limit, 8): past it the *later* models silently run eager, which measured
+        # their compiled decode at half speed. Each model gets the default budget of its own.
+        from torch import _dynamo
 
-    with torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit * len(benches)):
-        return _measure(benches, cfg, progress)
+        with _dynamo.config.patch(recompile_limit=_dynamo.config.recompile_limit * len(benches)):
+            summaries = _measure(benches, cfg, progress)
+    after = machine_load()
+    control = summaries.pop(null_control[0]) if null_control is not None else None
+    machine = {"load_before": before["load_average"], "load_after": after["load_average"], "cpu_count": before["cpu_count"],
+               "usable_cpus": before["usable_cpus"], "torch_threads": torch.get_num_threads()}
+    return {"models": summaries, "null_control": control, "machine": machine}
 
 
 def _measure(benches, cfg: SpeedConfig, progress) -> dict[str, dict]:

@@ -359,12 +359,17 @@ class Runner:
         from normswap.report.tables import markdown_table, summary_rows, summary_table
         from normswap.report.write import HTML
 
-        rows = summary_rows(steps[-1].results(ctx))
+        from normswap.report.render import noise_banner
+
+        results = steps[-1].results(ctx)
+        rows = summary_rows(results)
+        banner = noise_banner(results)  # the machine was too busy to tell speed differences: said once, with the table
         self.state.update(status="finished", finished=_now(), seconds=round(time.perf_counter() - t_run, 1), summary=rows,
-                          report=str(self.out / REPORT / HTML))
+                          speed_noise_banner=banner, report=str(self.out / REPORT / HTML))
         self._save()
         table = "\n".join(markdown_table(*summary_table(rows), numbers=True))
-        atomic_write_text(self.out / SUMMARY, f"# {recipe['report']['title']}\n\n{table}\n\nReport: {REPORT}/{HTML}\n")
+        note = f"\n\n> **Too noisy to tell.** {banner}" if banner else ""
+        atomic_write_text(self.out / SUMMARY, f"# {recipe['report']['title']}\n\n{table}{note}\n\nReport: {REPORT}/{HTML}\n")
         return self.state
 
 

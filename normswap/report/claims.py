@@ -4,12 +4,14 @@ Each row: the claim, a verdict (reproduced / not reproduced / not measurable her
 measured for each compared model against the baseline, and what they mean — so a user sees what
 the swap buys on *their* model and hardware (often: little end to end, because norms are a small
 share of the work). Timed verdicts come from the per-repeat intervals (normswap/evaluate/stats.py):
-a claim is reproduced only when every repeat meets it, and refuted only when none does.
+a claim is reproduced only when every repeat meets it, and refuted only when none does, and
+neither when the run's null control says the machine was too noisy to tell (the same rule that
+decides a report's colours).
 """
 
 from __future__ import annotations
 
-from normswap.evaluate.stats import claim_verdict, fmt_interval, intervals_of, measurable
+from normswap.evaluate.stats import TOO_NOISY, claim_verdict, fmt_interval, intervals_of, measurable, undecided
 
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
 # The quoted figures: at least 10 % more tokens/s; at least 7 % less time inside the norms.
@@ -68,9 +70,10 @@ def _norm_time_claim(results, base, others):
             verdicts.append(verdict)
             change = 1 - nt["norm_ms_per_forward"] / b_ms
             word = "less" if change >= 0 else "more"
+            noisy = f" ({TOO_NOISY})" if iv and iv["verdict"] == TOO_NOISY else ""
             lines.append(f"{m['name']}: {nt['norm_ms_per_forward']:.2f} ms ({_pct(abs(change))} {word} time, ratio "
                          f"x{nt['norm_ms_per_forward'] / b_ms:.2f} {fmt_interval(iv) or '(no interval)'}; "
-                         f"{_pct(m['norm_time_share'])} of its forward): {verdict}")
+                         f"{_pct(m['norm_time_share'])} of its forward): {verdict}{noisy}")
     else:
         for m in [base] * (base is not None) + others:
             if m.get("norm_time_share") is not None:
@@ -89,6 +92,8 @@ def _amdahl_note(name, ratio, iv, bound) -> str | None:
     if ratio is None or ratio <= bound:
         return None
     head = f"{name}: forward x{ratio:.2f} is above the Amdahl bound x{bound:.2f}"
+    if iv and iv["verdict"] == TOO_NOISY:
+        return f"{head}, but the machine was {TOO_NOISY} (null control): not a gain this run can show"
     if not iv or iv["low"] <= bound:
         return (f"{head}, but its interval {fmt_interval(iv) or '(none)'} reaches below the bound: the excess is "
                 "repeat-to-repeat noise of this machine, not a gain")
@@ -110,7 +115,7 @@ def _throughput_claim(results, base, others):
             if r.get(k) is None:
                 continue
             iv = ivs.get(k)
-            note = ", no measurable difference" if not measurable(iv) else ""
+            note = f", {undecided(iv)}" if not measurable(iv) else ""
             parts.append(f"{k.replace('_', ' ')} x{r[k]:.2f} {fmt_interval(iv) or '(no interval)'}{note}")
         if parts:
             verdict = claim_verdict(ivs.get("forward"), at_least=THROUGHPUT_CLAIM)

@@ -6,7 +6,9 @@ import base64
 import html
 from pathlib import Path
 
-from normswap.evaluate.stats import MIN_REPEATS, NO_DIFFERENCE, fmt_interval, intervals_of, measurable
+from normswap.evaluate.stats import (
+    MIN_REPEATS, NO_DIFFERENCE, NULL_DELTA, TOO_NOISY, fmt_interval, intervals_of, measurable, noisy_kinds, undecided,
+)
 from normswap.report import encoders
 from normswap.report.claims import claims
 from normswap.report.tables import markdown_table
@@ -66,11 +68,37 @@ def timed_state(iv) -> str:
 
 
 def timed_ratio_text(ratio, iv) -> str:
-    """``×1.12 [1.05–1.20]``; a ratio whose interval contains 1 also says so in words."""
+    """``×1.12 [1.05–1.20]``; a ratio that is no difference also says so in words (no measurable
+    difference, or too noisy to tell)."""
     if ratio is None:
         return ""
     text = f"×{ratio:.2f} {fmt_interval(iv)}".strip()
-    return text if measurable(iv) else f"{text} {NO_DIFFERENCE}"
+    return text if measurable(iv) else f"{text} {undecided(iv)}"
+
+
+KIND_WORDS = {"forward": "forward", "train_step": "train step", "generate": "generate", "prefill": "prefill", "decode": "decode",
+              "norm_ms_per_forward": "time in norms"}
+
+
+def noise_banner(results) -> str | None:
+    """The one prominent line a report shows when its null control says the machine was too busy to
+    tell a speed difference from noise (evaluate/stats.py: the rule), else None."""
+    noisy = noisy_kinds(results)
+    if not noisy:
+        return None
+    noise = results.get("speed_noise") or {}
+    spread = noise.get("null_spread") or {}
+    null_name = (results.get("null_control") or {}).get("name", "the baseline loaded twice")
+    parts = [f"{KIND_WORDS.get(k, k)} {fmt_interval(spread.get(k)) or '(not measured)'}" for k in noisy]
+    every = set(noisy) >= set(spread)
+    which = "no speed ratio" if every else "no " + ", ".join(KIND_WORDS.get(k, k) for k in noisy) + " ratio"
+    load = ""
+    if noise.get("load_before") and noise.get("load_after"):
+        load = (f" Load average {noise['load_before'][0]:.1f} before and {noise['load_after'][0]:.1f} after the timing, "
+                f"on {noise.get('usable_cpus') or noise.get('cpu_count')} CPUs.")
+    return (f"This machine was too noisy to tell speed differences: the null control ({null_name}, timed like the others) "
+            f"ranged {'; '.join(parts)} against the baseline, outside ±{NULL_DELTA * 100:.0f} %, so {which} is called faster "
+            f"or slower and none is coloured.{load} Re-run on a quieter machine to tell.")
 
 
 # (word perplexity, generate and prefill tokens/s stay in results.json: the table must fit a page
@@ -138,7 +166,7 @@ def headlines(results) -> list[dict]:
         for key, label in (("forward", "forward"), ("train_step", "train step"), ("decode", "decode")):
             if tr.get(key) is not None:
                 iv = ivs.get(key)
-                note = fmt_interval(iv) + ("" if measurable(iv) else f" {NO_DIFFERENCE}")
+                note = fmt_interval(iv) + ("" if measurable(iv) else f" {undecided(iv)}")
                 items.append((label, f"×{tr[key]:.2f}", timed_state(iv), note.strip()))
         if r.get("peak_memory_bytes") is not None:
             items.append(("peak memory", f"×{r['peak_memory_bytes']:.2f}", exact_state(r["peak_memory_bytes"], lower_better=True, tol=0.005), ""))
@@ -155,10 +183,27 @@ def table_notes(results) -> list[str]:
         notes.append(f"Speed ratios: ratio of medians, [min–max] of the per-repeat paired ratios over {s.get('repeats', '?')} "
                      f"interleaved repeats; a ratio whose range contains 1, or that rests on fewer than {MIN_REPEATS} repeats, "
                      f"is \"{NO_DIFFERENCE}\" and is not coloured.")
+        notes.append(null_control_note(results))
     note = memory_note(results)
     if note:
         notes.append(note)
     return notes
+
+
+def null_control_note(results) -> str:
+    """What the run's null control measured and how it decided the colours (or that there was none)."""
+    noise = results.get("speed_noise") or {}
+    null = results.get("null_control")
+    if not null:
+        return ("No null control in this run (--no-null-control, or results from before it): the verdicts rest on the paired "
+                "intervals alone, which a machine whose load changes during the run can fool.")
+    spread = noise.get("null_spread") or {}
+    shown = "; ".join(f"{KIND_WORDS.get(k, k)} {fmt_interval(iv)}" for k, iv in spread.items())
+    load = ""
+    if noise.get("load_before") and noise.get("load_after"):
+        load = f" Load average {noise['load_before'][0]:.1f} → {noise['load_after'][0]:.1f} on {noise.get('usable_cpus')} CPUs."
+    return (f"Null control: {null['name']} against {null['of']}: {shown}. A ratio is coloured only when this range stays within "
+            f"±{NULL_DELTA * 100:.0f} % for its kind (else \"{TOO_NOISY}\") and the ratio's own range lies outside it." + load)
 
 
 def task_notes(results) -> list[str]:
@@ -225,6 +270,9 @@ def markdown(results, figures: dict[str, Path]) -> str:
     if results.get("baseline"):
         out.append(f"- Ratios are against **{results['baseline']}** (×1.10 = 10% higher).")
     out.append("")
+    banner = noise_banner(results)
+    if banner:
+        out += [f"> **{TOO_NOISY.capitalize()}.** {banner}", ""]
     cards = headlines(results)
     if cards:
         out += ["## Headline", ""]
@@ -280,6 +328,7 @@ h2{font-size:20px;margin:36px 0 12px;padding-bottom:6px;border-bottom:1px solid 
 .sub{color:var(--muted);margin:0 0 20px}
 .meta{background:var(--bg);border:1px solid var(--line);border-radius:8px;padding:12px 16px;font-size:13px;color:var(--muted)}
 .meta div{margin:2px 0}
+.noisy{margin:16px 0 0;padding:12px 16px;border:2px solid #bf8700;border-radius:8px;background:#fff8c5;font-size:14px}
 .cards{display:flex;flex-wrap:wrap;gap:14px}
 .card{flex:1 1 300px;border:1px solid var(--line);border-radius:10px;padding:14px 16px;box-shadow:0 1px 2px rgba(0,0,0,.04)}
 .card h3{margin:0 0 2px;font-size:16px}
@@ -331,6 +380,9 @@ def html_report(results, figures: dict[str, Path]) -> str:
     names = ", ".join(m["name"] for m in results["models"])
     parts.append(f"<h1>{_e(report_title(results))}</h1><p class='sub'>{_e(names)}</p>")
     parts.append("<div class='meta'>" + "".join(f"<div>{_e(line)}</div>" for line in _setup_lines(results)) + "</div>")
+    banner = noise_banner(results)
+    if banner:
+        parts.append(f"<div class='noisy' role='alert'><strong>{_e(TOO_NOISY.capitalize())}.</strong> {_e(banner)}</div>")
 
     cards = headlines(results)
     if cards:
@@ -350,8 +402,9 @@ def html_report(results, figures: dict[str, Path]) -> str:
         cells = []
         for v, r, state in row:
             note = ""
-            if r.endswith(NO_DIFFERENCE):  # the words go on their own line; numbers never wrap
-                r, note = r[: -len(NO_DIFFERENCE)].strip(), NO_DIFFERENCE
+            for words in (NO_DIFFERENCE, TOO_NOISY):
+                if r.endswith(words):  # the words go on their own line; numbers never wrap
+                    r, note = r[: -len(words)].strip(), words
             cells.append(f"<td>{_e(v)}" + (f"<span class='r {state}'>{_e(r)}</span>" if r else "")
                          + (f"<span class='nd'>{_e(note)}</span>" if note else "") + "</td>")
         parts.append("<tr>" + "".join(cells) + "</tr>")

@@ -6,6 +6,8 @@ is a header and rows of strings laid out here; what goes in the cells stays with
 
 from __future__ import annotations
 
+from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
+
 
 def text_table(header, rows) -> str:
     """Columns padded to their widest cell, the first left-aligned, the others right-aligned, and a
@@ -95,6 +97,6 @@ def summary_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
                 line += ["baseline", ""]
             else:
                 line += ["–" if q is None else f"×{q:.2f}" + (f" [{rng[0]:.2f}–{rng[1]:.2f}]" if rng else ""),
-                         {"higher": "faster", "lower": "slower"}.get(r.get("forward_verdict"), "no measurable difference")]
+                         {"higher": "faster", "lower": "slower", TOO_NOISY: TOO_NOISY}.get(r.get("forward_verdict"), NO_DIFFERENCE)]
         cells.append(line)
     return header, cells
