@@ -19,6 +19,7 @@ from normswap.errors import NormswapError
 COMMANDS = {
     "convert": "normswap.cli.convert:convert",
     "finetune": "normswap.cli.finetune:finetune",
+    "study": "normswap.cli.study:study",
     "eval": "normswap.cli.eval:eval_group",
     "bench": "normswap.cli.bench:bench",
     "models": "normswap.cli.models:models",

@@ -1,0 +1,200 @@
+"""The arms of a study, each built from the same starting model.
+
+``Source`` reads MODEL once: a trained checkpoint (its weights are every arm's start), or a config
+(a config.json file, a directory without weights, or any model with ``--from-scratch``), randomly
+initialised per seed. ``build_arm`` turns the starting LayerNorm model into one arm:
+
+* ``layernorm`` / ``layernorm-control``: the model as it is;
+* ``rmsnorm``: normswap's approximate conversion with ``gamma="reset", beta="drop"`` — every
+  LayerNorm that reads the residual stream (the family's norms, see normswap/architectures)
+  becomes an RMSNorm with γ = 1, every other weight stays identical;
+* ``rmsnorm-exact``: normswap's exact conversion (the same function at step 0; pre-LN only);
+* ``rmsnorm-approx``: normswap's approximate conversion with its default choices.
+
+Kernels: ``torch`` runs every RMSNorm through PyTorch's own fused ``F.rms_norm`` (the LayerNorms
+always run PyTorch's fused ``F.layer_norm``, the fastest LayerNorm available here); ``normswap``
+keeps normswap's RMSNorm module, which dispatches to its measured-fastest kernel.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from normswap.errors import NormswapError
+from normswap.modules import RMSNorm
+from normswap.study.config import ARMS, BASELINE, CONTROL, TRAINED_ONLY
+
+FALLBACK_TOKENIZER = "normswap:kjv-gpt2"  # for a bare config: the shipped model's tokenizer
+
+
+class TorchRMSNorm(RMSNorm):
+    """normswap's RMSNorm module (same parameters) computed by PyTorch's own fused ``F.rms_norm``."""
+
+    def forward(self, x, residual=None):
+        if residual is not None:
+            x = x + residual
+        y = F.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
+        y = y if self.bias is None else y + self.bias
+        return y if residual is None else (y, x)
+
+
+@dataclass
+class Source:
+    """What MODEL gives every arm: its config, tokenizer and (when trained) its weights."""
+
+    spec: str
+    config: object
+    tokenizer: object
+    trained: object | None  # the loaded LayerNorm model, or None: random initialisation per seed
+
+    @property
+    def from_scratch(self) -> bool:
+        return self.trained is None
+
+    def start(self, seed: int) -> torch.nn.Module:
+        """The starting LayerNorm model of ``seed`` (a fresh copy each call; fp32, train mode)."""
+        if self.trained is not None:
+            model = copy.deepcopy(self.trained)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(copy.deepcopy(self.config))  # conversion edits the config
+        return model.float().train()
+
+
+def _config_file(spec: str) -> Path | None:
+    p = Path(spec)
+    if p.is_file() and p.suffix == ".json":
+        return p
+    if p.is_dir() and (p / "config.json").is_file() and not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        return p / "config.json"
+    return None
+
+
+def _config_from_file(path: Path):
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise NormswapError(f"cannot read the config {path}: {e}") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise NormswapError(f"{path} is not a transformers config (no model_type)")
+    raw = {k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "transformers_version")}
+    try:
+        return AutoConfig.for_model(raw.pop("model_type"), **raw)
+    except (ValueError, KeyError, TypeError) as e:
+        raise NormswapError(f"{path}: {str(e).splitlines()[0]}") from None
+
+
+def _tokenizer_for(spec: str, config, directory: Path | None):
+    from normswap.checkpoint.load import load_tokenizer
+
+    if directory is None or (directory / "tokenizer.json").exists() or (directory / "tokenizer_config.json").exists():
+        try:
+            return load_tokenizer(str(directory) if directory is not None else spec)
+        except NormswapError:
+            if directory is None:
+                raise
+    tok = load_tokenizer(FALLBACK_TOKENIZER)
+    if getattr(config, "vocab_size", 0) < len(tok):
+        raise NormswapError(f"{spec} ships no tokenizer and its vocabulary ({config.vocab_size}) is smaller than the fallback "
+                            f"{FALLBACK_TOKENIZER}'s ({len(tok)}); give a model directory with a tokenizer")
+    return tok
+
+
+def _is_causal_lm(config) -> bool:
+    from normswap.checkpoint.load import is_causal_lm
+
+    return is_causal_lm(config)
+
+
+def open_source(spec: str, *, from_scratch: bool) -> Source:
+    """Read MODEL (a checkpoint, a hub id, normswap:NAME, a config.json or a directory holding only one)."""
+    from normswap.checkpoint.load import load_config, load_model, resolve
+
+    config_file = _config_file(spec)
+    if config_file is not None:
+        config = _config_from_file(config_file)
+        tokenizer = _tokenizer_for(spec, config, config_file.parent)
+        trained = None
+    else:
+        resolved = resolve(spec)
+        config = load_config(resolved)
+        tokenizer = _tokenizer_for(spec, config, None)
+        trained = None if from_scratch else load_model(resolved, dtype=torch.float32, task="causal-lm", config=config)
+    if not _is_causal_lm(config):
+        raise NormswapError(f"{spec} is a {getattr(config, 'model_type', '?')} model without a causal-LM head: the study trains "
+                            "next-token prediction; give a causal LM (GPT-2, GPT-NeoX, OPT, ...)")
+    return Source(spec=spec, config=config, tokenizer=tokenizer, trained=trained)
+
+
+def default_arms(source: Source) -> list[str]:
+    arms = [BASELINE, "rmsnorm", CONTROL]
+    return arms if source.from_scratch else arms + list(TRAINED_ONLY)
+
+
+def check_arms(arms: list[str], source: Source) -> list[str]:
+    """The arms in study order (the baseline first); refuses an unknown one or a trained-only one from scratch."""
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise NormswapError(f"--arms: no arm named {unknown[0]!r} (arms: {', '.join(ARMS)})")
+    if BASELINE not in arms:
+        raise NormswapError(f"--arms must include {BASELINE} (every verdict is a difference from it)")
+    if len(set(arms)) != len(arms):
+        raise NormswapError("--arms lists an arm twice")
+    scratch_only = [a for a in arms if a in TRAINED_ONLY and source.from_scratch]
+    if scratch_only:
+        raise NormswapError(f"--arms {scratch_only[0]} converts a trained checkpoint, but this study starts from random weights "
+                            "(a config, or --from-scratch): drop it, or study a trained model without --from-scratch")
+    return [BASELINE] + [a for a in arms if a != BASELINE]
+
+
+def _convert(model, arm: str):
+    from normswap.convert import convert_model
+
+    options = {"rmsnorm": dict(mode="approx", gamma="reset", beta="drop"), "rmsnorm-exact": dict(mode="exact"),
+               "rmsnorm-approx": dict(mode="approx")}[arm]
+    try:
+        return convert_model(model, **options)
+    except NormswapError as e:
+        msg = str(e)
+        if msg.startswith("nothing to convert"):
+            raise NormswapError(f"nothing to study: {msg.split(': ', 1)[1]} — there is no LayerNorm to replace by RMSNorm") from None
+        raise NormswapError(f"arm {arm}: {msg}") from None
+
+
+def norm_modules(model) -> list[tuple[str, torch.nn.Module]]:
+    """The model's normalisation layers (LayerNorm or RMSNorm of any class), by name."""
+    from normswap.convert.plan import is_layernorm, is_rmsnorm
+
+    return [(n, m) for n, m in model.named_modules() if is_layernorm(m) or is_rmsnorm(m)]
+
+
+def check_replaceable(source: Source, seed: int) -> int:
+    """Refuse a model with no LayerNorm that reads the residual stream; return how many there are."""
+    model = source.start(seed)
+    plan = _convert(model, "rmsnorm")
+    return plan.summary()["norms_replaced"]
+
+
+def build_arm(source: Source, arm: str, seed: int, kernels: str) -> torch.nn.Module:
+    """Arm ``arm`` of seed ``seed``: the seed's starting model, converted as the arm says."""
+    model = source.start(seed)
+    if arm not in (BASELINE, CONTROL):
+        _convert(model, arm)
+        if kernels == "torch":
+            for _, m in model.named_modules():
+                if type(m) is RMSNorm:
+                    m.__class__ = TorchRMSNorm
+    model.float().train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model

@@ -1,0 +1,119 @@
+"""The usual RMSNorm claims, each judged from the study's numbers: reproduced / not reproduced /
+not measurable here, with the number that decided it.
+
+* equal loss at equal tokens: the final held-out loss of the RMSNorm arm relative to LayerNorm's,
+  paired by seed. Reproduced when the whole 95 % interval lies within ±EQUAL_LOSS_MARGIN (an
+  equivalence test: "no measurable difference" alone is not evidence of equality); not reproduced
+  when it lies wholly outside; otherwise (or with an arm that diverged) not measurable here.
+* 10–30 % higher training throughput: the per-seed throughput ratio's interval. Reproduced when
+  its lower bound is ≥ 1.10, not reproduced when its upper bound is < 1.10.
+* better low-precision stability ("RMS ≥ σ"): the precision table (RMSNorm's worst error against
+  LayerNorm's, per case, a factor 2 apart) and the training runs' instability counts. Reproduced
+  when RMSNorm is better in some case, worse in none, and not measurably less stable in training.
+* the migration rule (γ = 1, linear warmup, η_RMS = η_LN × gradient-scale ratio): needs
+  ``--lr-sweep``; reproduced when the rate the rule picks is not measurably worse than the arm's
+  best swept rate.
+"""
+
+from __future__ import annotations
+
+from normswap.evaluate.stats import NO_DIFFERENCE
+from normswap.report.claims import THROUGHPUT_CLAIM
+from normswap.study import stats
+
+EQUAL_LOSS_MARGIN = 0.01
+REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
+
+
+def _pct(x):
+    return "n/a" if x is None else f"{x * 100:+.2f} %"
+
+
+def equal_loss(cmp: dict) -> tuple[str, str]:
+    iv = cmp["final_eval_loss_relative"]
+    if cmp["diverged"]["arm"] or cmp["diverged"]["baseline"]:
+        who = "the RMSNorm arm" if cmp["diverged"]["arm"] else "the LayerNorm arm"
+        return NOT_MEASURABLE, f"{who} diverged in {max(cmp['diverged'].values())} seed(s)"
+    if not iv or iv["low"] is None:
+        return NOT_MEASURABLE, "needs ≥ 2 seeds for an interval"
+    text = f"final held-out loss {stats.fmt(iv, '+.2%')} vs LayerNorm (margin ±{EQUAL_LOSS_MARGIN:.0%})"
+    m = EQUAL_LOSS_MARGIN
+    if -m <= iv["low"] and iv["high"] <= m:
+        return REPRODUCED, text
+    if iv["low"] > m or iv["high"] < -m:
+        return NOT_REPRODUCED, text
+    return NOT_MEASURABLE, text + ": the interval is wider than the margin"
+
+
+def throughput(cmp: dict, control: dict | None) -> tuple[str, str]:
+    iv = cmp["throughput_ratio"]
+    if not iv or iv["low"] is None:
+        return NOT_MEASURABLE, "needs ≥ 2 seeds for an interval"
+    text = f"training tokens/s ratio {stats.fmt(iv, '.3f')} (claim ≥ {THROUGHPUT_CLAIM:.2f})"
+    if control and control.get("throughput_ratio") and control["throughput_ratio"]["low"] is not None:
+        text += f"; null control layernorm-control/layernorm {stats.fmt(control['throughput_ratio'], '.3f')}"
+    if iv["low"] >= THROUGHPUT_CLAIM:
+        return REPRODUCED, text
+    if iv["high"] < THROUGHPUT_CLAIM:
+        return NOT_REPRODUCED, text
+    return NOT_MEASURABLE, text
+
+
+def stability(cmp: dict, precision: dict | None, train_precision: str) -> tuple[str, str]:
+    parts, verdict = [], None
+    if precision:
+        c = precision["compare"]
+        parts.append(f"norm kernels: RMSNorm ≥ {c['factor']:g}× more accurate than LayerNorm in {len(c['rms_better'])} case(s), "
+                     f"less accurate in {len(c['rms_worse'])}, similar in {c['similar']}")
+        verdict = REPRODUCED if c["rms_better"] and not c["rms_worse"] else NOT_REPRODUCED
+    iv = cmp["instabilities_difference"]
+    if iv:
+        total = sum(abs(v) for v in iv["values"])
+        parts.append(f"training in {train_precision}: instabilities RMSNorm − LayerNorm {stats.fmt(iv, '+.2f')}"
+                     + (" (none in either arm)" if total == 0 and iv["mean"] == 0 else ""))
+        if iv["verdict"] == "higher":
+            verdict = NOT_REPRODUCED
+    return (verdict or NOT_MEASURABLE), "; ".join(parts) or "no precision table"
+
+
+def migration(rule: dict | None) -> tuple[str, str]:
+    if rule is None:
+        return NOT_MEASURABLE, "needs --lr-sweep (e.g. 0.5,1,2) to find each arm's best rate"
+    if rule.get("rule_multiplier") is None:
+        return NOT_MEASURABLE, "no gradient-scale ratio (an arm diverged at the start)"
+    iv = rule["rule_vs_best"]
+    text = (f"gradient-scale ratio {rule['grad_scale_ratio']:.3f} predicts ×{rule['predicted_multiplier']:.3g} → swept "
+            f"×{rule['rule_multiplier']:g}; best ×{rule['arm_best_multiplier']:g}; loss of the pick − best {stats.fmt(iv, '+.4f')}")
+    if rule["rule_multiplier"] == rule["arm_best_multiplier"]:
+        return REPRODUCED, text
+    if iv is None or iv["low"] is None:
+        return NOT_MEASURABLE, text
+    return (REPRODUCED if iv["verdict"] == NO_DIFFERENCE else NOT_REPRODUCED), text
+
+
+def judge(comparisons: dict, rules: dict, precision: dict | None, train_precision: str, control: str) -> list[dict]:
+    """One row per (claim, RMSNorm arm)."""
+    rows = []
+    ctl = comparisons.get(control)
+    for arm, cmp in comparisons.items():
+        if arm == control:
+            continue
+        for claim, (verdict, number) in (
+            ("equal loss at equal tokens", equal_loss(cmp)),
+            ("10–30 % higher training throughput", throughput(cmp, ctl)),
+            ("better low-precision stability (RMS ≥ σ)", stability(cmp, precision, train_precision)),
+            ("migration rule: γ = 1, linear warmup, η_RMS = η_LN × gradient-scale ratio", migration(rules.get(arm))),
+        ):
+            rows.append({"claim": claim, "arm": arm, "verdict": verdict, "decided_by": number})
+    return rows
+
+
+def null_control(ctl: dict | None, band: float = 0.03) -> dict | None:
+    """The layernorm-control arm's throughput ratio against layernorm: within ±band or not."""
+    if not ctl or not ctl.get("throughput_ratio"):
+        return None
+    iv = ctl["throughput_ratio"]
+    within_points = all(abs(v - 1) <= band for v in iv["values"])
+    within_interval = iv["low"] is not None and 1 - band <= iv["low"] and iv["high"] <= 1 + band
+    return {"band": band, "per_seed": iv["values"], "interval": iv, "per_seed_within": within_points,
+            "interval_within": within_interval}

@@ -1,0 +1,140 @@
+"""From the finished units to results.json's numbers: per-unit summaries and paired comparisons.
+
+Throughput: a unit's step times exclude step 1 (memory is counted there) and step 2 (the norm
+share is timed there, with hooks); within a seed, step t of an arm and step t of the baseline ran
+back to back, so their time quotient is one paired sample, and the seed's throughput ratio is the
+median of those quotients (a step the machine interrupted moves one sample, not the mean). Over
+the seeds, stats.paired gives the interval. Schema: docs/study-schema.md.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from normswap.study import stats
+from normswap.study.trainer import MEMORY_STEP, PROFILE_STEP
+
+UNTIMED_STEPS = max(MEMORY_STEP, PROFILE_STEP)  # steps 1..UNTIMED_STEPS are not timed for throughput
+
+
+def timed_seconds(unit: dict) -> list[float]:
+    secs = unit["step_seconds"]
+    return secs[UNTIMED_STEPS:] if len(secs) > UNTIMED_STEPS else secs
+
+
+def instabilities(unit: dict) -> int:
+    return (1 if unit.get("nonfinite") else 0) + len(unit.get("spikes") or []) + len(unit.get("skipped_steps") or [])
+
+
+def summarize_unit(unit: dict, tokens_per_step: int) -> dict:
+    """results.json's row of one unit: its curves and measurements (the per-layer norm-input
+    gradient norms reduced to their first-step, last-step and mean values)."""
+    secs = timed_seconds(unit)
+    per_step = unit["norm_input_grad_norm"]["per_step"]
+    layers = unit["norm_input_grad_norm"]["layers"]
+
+    def col(i):
+        return [row[i] for row in per_step if row[i] is not None]
+
+    norm_grads = {name: {"first": (col(i) or [None])[0], "last": (col(i) or [None])[-1],
+                         "mean": statistics.fmean(col(i)) if col(i) else None} for i, name in enumerate(layers)}
+    return {
+        "arm": unit["arm"], "seed": unit["seed"], "lr_multiplier": unit["lr_multiplier"], "lr": unit["lr"],
+        "status": unit["status"], "steps_done": unit["steps_done"],
+        "final_eval_loss": unit["final_eval_loss"], "eval": unit["eval"],
+        "loss": unit["loss"], "grad_norm": unit["grad_norm"], "grad_scale_start": unit["grad_scale_start"],
+        "norm_input_grad_norm": norm_grads,
+        "nonfinite": unit["nonfinite"], "spikes": unit["spikes"], "skipped_steps": unit["skipped_steps"],
+        "instabilities": instabilities(unit),
+        "memory": unit["memory"],
+        "timing": {"tokens_per_second": tokens_per_step / statistics.median(secs) if secs else None,
+                   "median_step_seconds": statistics.median(secs) if secs else None, "timed_steps": len(secs),
+                   "norm_share": unit["norm_share"]},
+    }
+
+
+def _per_seed(units: dict, arm: str, mult: float, fn) -> dict[int, float | None]:
+    return {seed: fn(u) for (a, seed, m), u in units.items() if a == arm and m == mult}
+
+
+def throughput_ratio(unit: dict, base: dict) -> float | None:
+    """Median over the common timed steps of base_time / unit_time (> 1: the arm is faster)."""
+    a, b = timed_seconds(unit), timed_seconds(base)
+    n = min(len(a), len(b))
+    q = [b[i] / a[i] for i in range(n) if a[i] > 0]
+    return statistics.median(q) if q else None
+
+
+def compare(units: dict, arm: str, base: str, mult: float) -> dict:
+    """The paired intervals of ``arm`` against ``base`` at multiplier ``mult``."""
+    mine = {seed: u for (a, seed, m), u in units.items() if a == arm and m == mult}
+    theirs = {seed: u for (a, seed, m), u in units.items() if a == base and m == mult}
+    seeds = sorted(set(mine) & set(theirs))
+
+    def get(fn):
+        return {s: fn(mine[s]) for s in seeds}, {s: fn(theirs[s]) for s in seeds}
+
+    loss_a, loss_b = get(lambda u: u["final_eval_loss"])
+    rel = {s: (loss_a[s] / loss_b[s] - 1) if loss_a[s] is not None and loss_b[s] else None for s in seeds}
+    tput = {s: throughput_ratio(mine[s], theirs[s]) for s in seeds}
+    mem_a, mem_b = get(lambda u: (u["memory"] or {}).get("peak_bytes"))
+    inst_a, inst_b = get(instabilities)
+    share_a, share_b = get(lambda u: (u["norm_share"] or {}).get("share"))
+    return {
+        "seeds": seeds,
+        "final_eval_loss_difference": stats.paired(loss_a, loss_b),
+        "final_eval_loss_relative": stats.interval(list(rel.values())),
+        "throughput_ratio": stats.interval(list(tput.values()), null=1.0),
+        "cost_at_equal_tokens": stats.interval([1 / v if v else None for v in tput.values()], null=1.0),
+        "peak_memory_ratio": stats.paired(mem_a, mem_b, ratio=True),
+        "peak_memory_difference_bytes": stats.paired(mem_a, mem_b),
+        "instabilities_difference": stats.paired(inst_a, inst_b),
+        "norm_share_difference": stats.paired(share_a, share_b),
+        "diverged": {"arm": sum(1 for s in seeds if mine[s]["nonfinite"]), "baseline": sum(1 for s in seeds if theirs[s]["nonfinite"])},
+    }
+
+
+def sweep(units: dict, arms: list[str], mults: list[float], base: str) -> dict | None:
+    """Each arm's best multiplier (lowest mean final held-out loss; a diverged seed counts as +inf)."""
+    if len(mults) < 2:
+        return None
+
+    def mean_loss(arm, m):
+        vals = [u["final_eval_loss"] for (a, _, mm), u in units.items() if a == arm and mm == m]
+        return math.inf if not vals or any(v is None for v in vals) else statistics.fmean(vals)
+
+    table = {arm: {f"{m:g}": (None if math.isinf(mean_loss(arm, m)) else mean_loss(arm, m)) for m in mults} for arm in arms}
+    best = {arm: min(mults, key=lambda m: mean_loss(arm, m)) for arm in arms}
+
+    def vs_best(arm, m):
+        return stats.paired(_per_seed(units, arm, m, lambda u: u["final_eval_loss"]),
+                            _per_seed(units, arm, best[arm], lambda u: u["final_eval_loss"]))
+
+    return {"multipliers": mults, "mean_final_eval_loss": table, "best_multiplier": {a: best[a] for a in arms},
+            # each rate's final held-out loss minus the arm's best rate's, paired by seed
+            "vs_best": {a: {f"{m:g}": vs_best(a, m) for m in mults if m != best[a]} for a in arms}}
+
+
+def migration_rule(units: dict, arm: str, base: str, mults: list[float], ref: float, best: dict) -> dict:
+    """The rule η_RMS = η_LN × (gradient scale under RMSNorm ÷ under LayerNorm): the ratio measured at
+    the start (mean global gradient norm over the first steps, at the reference rate), the rate it
+    predicts from LayerNorm's best, the swept rate nearest to that (in log), and how that pick's
+    final loss compares with the arm's best swept rate (paired by seed)."""
+    g_arm = _per_seed(units, arm, ref, lambda u: u["grad_scale_start"])
+    g_base = _per_seed(units, base, ref, lambda u: u["grad_scale_start"])
+    ratios = [g_arm[s] / g_base[s] for s in sorted(set(g_arm) & set(g_base)) if g_arm[s] and g_base[s]]
+    ratio = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
+    out = {"arm": arm, "grad_scale_ratio": ratio, "grad_scale_ratio_per_seed": ratios, "reference_multiplier": ref,
+           "baseline_best_multiplier": best[base], "arm_best_multiplier": best[arm]}
+    if ratio is None:
+        return dict(out, predicted_multiplier=None, rule_multiplier=None, rule_vs_best=None, keep_vs_best=None)
+    predicted = best[base] * ratio
+    pick = min(mults, key=lambda m: abs(math.log(m / predicted)))
+
+    def vs_best(m):
+        a = _per_seed(units, arm, m, lambda u: u["final_eval_loss"])
+        b = _per_seed(units, arm, best[arm], lambda u: u["final_eval_loss"])
+        return stats.paired(a, b)
+
+    return dict(out, predicted_multiplier=predicted, rule_multiplier=pick, rule_vs_best=vs_best(pick), keep_vs_best=vs_best(best[base]))

@@ -1,0 +1,265 @@
+"""``run_study``: options, MODEL, DIR, the groups (seed × rate, arms interleaved), the analysis.
+
+Reads top to bottom. Everything that can fail on bad input (options, arm names, MODEL without a
+LayerNorm to replace, DIR that is not a study or overlaps an input, data too short) fails before
+DIR is touched. Only process 0 writes; every process trains its rows of every group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import platform
+import sys
+import time
+
+import torch
+
+from normswap.errors import NormswapError
+from normswap.study import claims as claims_mod
+from normswap.study import results as res
+from normswap.study.arms import check_arms, check_replaceable, default_arms, open_source
+from normswap.study.config import BASELINE, CONTROL, TRAINED_ONLY, StudyConfig, flag, option_errors
+from normswap.study.study_dir import StudyDir, resolve_resume, unit_key
+from normswap.study.trainer import Dist, Group, Hooks
+
+SCHEMA_VERSION = 1
+PROGRESS_EVERY = 30.0  # seconds between progress lines when stderr is not a terminal
+
+
+def _resolve_device(device: str) -> str:
+    from normswap.cli.options import resolve_device
+
+    return resolve_device(device)
+
+
+def _init_dist(device: str) -> Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+        rank = dist.get_rank()
+        if device.startswith("cuda"):
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+            torch.cuda.set_device(torch.device(device))
+        return Dist(torch.device(device), rank, dist.get_world_size())
+    return Dist(torch.device(device))
+
+
+def _agree(dist: Dist, flags: list[bool]) -> list[bool]:
+    """Process 0's decisions, sent as a tensor (nothing pickled)."""
+    if dist.world == 1 or not flags:
+        return flags
+    import torch.distributed as tdist
+
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int64, device=dist.device)
+    tdist.broadcast(t, 0)
+    return [bool(v) for v in t.tolist()]
+
+
+class Progress:
+    """A tqdm bar on a terminal, else one line every PROGRESS_EVERY seconds (and at each unit's end)."""
+
+    def __init__(self, total: int, show_bar: bool, echo):
+        self.total, self.done, self.echo, self.t0, self.last = total, 0, echo, time.perf_counter(), time.perf_counter()
+        self.bar = None
+        if show_bar:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="study", unit="arm-step", dynamic_ncols=True, file=sys.stderr)
+
+    def step(self, n: int, where: str, arms) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            self.bar.set_postfix_str(where)
+            return
+        now = time.perf_counter()
+        if now - self.last >= PROGRESS_EVERY:
+            self.last = now
+            losses = "  ".join(f"{a.name} {a.record['loss'][-1]:.3f}" for a in arms if a.record["loss"] and a.record["loss"][-1] is not None)
+            left = (now - self.t0) / max(self.done, 1) * (self.total - self.done)
+            self.echo(f"study: {where}  {self.done}/{self.total} arm-steps  loss {losses}  ({now - self.t0:.0f} s, ~{left:.0f} s left)")
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _check_sizes(cfg: StudyConfig, source, world: int) -> None:
+    from normswap.evaluate.perplexity import model_context
+
+    context = model_context(source.config)
+    if context is not None and cfg.seq_len > context:
+        raise NormswapError(f"--seq-len {cfg.seq_len} is longer than the model's context ({context})")
+    if cfg.batch_size % world:
+        raise NormswapError(f"--batch-size {cfg.batch_size} (the global batch) must be divisible by the number of processes ({world})")
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks | None = None, echo=None) -> dict:
+    """Run (or resume) the study of ``cfg`` in ``cfg.out``; return results.json's content."""
+    from normswap.data import finetune_splits
+    from normswap.finetune.data import TrainStream, eval_blocks
+
+    echo = echo or (lambda msg: print(msg, file=sys.stderr))
+    hooks = hooks or Hooks()
+    wall0 = time.perf_counter()
+    load_start = _load_average()
+
+    # ---- options (a resume takes DIR's) ----
+    problems = [f"{flag(n)} {why}" for n, why in option_errors(dataclasses.asdict(cfg))]
+    if problems:
+        raise NormswapError("; ".join(problems))
+    study = StudyDir(cfg.out)
+    recorded = study.check(reads=[cfg.model, cfg.data], resume=cfg.resume, force=cfg.force)
+    if recorded is not None:
+        cfg = resolve_resume(cfg, recorded["config"], given)
+    device = _resolve_device(cfg.device)
+    dist = _init_dist(device)
+    main = dist.rank == 0
+
+    # ---- MODEL, arms, data: every refusal before DIR changes ----
+    source = open_source(cfg.model, from_scratch=cfg.from_scratch)
+    arms = check_arms(list(cfg.arms) or default_arms(source), source)
+    check_replaceable(source, 0)
+    notes = []
+    if not cfg.arms and "rmsnorm-exact" in arms:
+        try:  # a default arm the architecture cannot have (exact needs pre-LN): dropped, said
+            from normswap.study.arms import build_arm
+
+            build_arm(source, "rmsnorm-exact", 0, cfg.kernels)
+        except NormswapError as e:
+            arms.remove("rmsnorm-exact")
+            notes.append(f"rmsnorm-exact left out: {e}")
+    _check_sizes(cfg, source, dist.world)
+    mults = cfg.multipliers()
+    ref_mult = 1.0 if 1.0 in mults else mults[0]
+    train_split, eval_spec, eval_split = finetune_splits(cfg.data)
+    eval_set = eval_blocks(source.tokenizer, eval_spec, cfg.seq_len, cfg.eval_tokens, split=eval_split)
+    TrainStream(source.tokenizer, cfg.data, cfg.seq_len, 0, split=train_split).take(1)  # fails now if the data is too short
+
+    # ---- DIR ----
+    if main:
+        if recorded is None:
+            study.start({"config": cfg.recorded(), "arms": arms, "status": "running", "resumes": 0}, replace=cfg.force)
+        else:
+            study.write_run(dict(recorded, config=cfg.recorded(), status="running", resumes=recorded.get("resumes", 0) + 1))
+
+    # ---- the groups ----
+    keys = [(arm, seed, m) for seed in range(cfg.seeds) for m in mults for arm in arms]
+    done_flags = _agree(dist, [main and study.read_unit(unit_key(*k)) is not None for k in keys])
+    units = {k: study.read_unit(unit_key(*k)) for k, d in zip(keys, done_flags) if d} if main else {}
+    todo = [k for k, d in zip(keys, done_flags) if not d]
+    if main and len(todo) < len(keys):
+        echo(f"normswap study: resuming {cfg.out}: {len(keys) - len(todo)} of {len(keys)} units finished, {len(todo)} to run")
+    show_bar = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+    progress = Progress(len(todo) * cfg.steps, bool(show_bar) and main, echo if main else (lambda m: None))
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    try:
+        for seed in range(cfg.seeds):
+            for m in mults:
+                group_arms = [a for a in arms if (a, seed, m) in todo]
+                if not group_arms:
+                    continue
+                group = Group(source, cfg, group_arms, seed, m, dist, hooks)
+                stream = TrainStream(source.tokenizer, cfg.data, cfg.seq_len, seed, split=train_split)
+                where = f"seed {seed + 1}/{cfg.seeds}" + (f" lr ×{m:g}" if len(mults) > 1 else "")
+
+                def save(record, seed=seed, m=m):
+                    units[(record["arm"], seed, m)] = record
+                    if main:
+                        study.write_unit(unit_key(record["arm"], seed, m), record)
+
+                def on_step(t, arms_now, where=where):
+                    progress.step(sum(1 for a in arms_now if a.record["steps_done"] == t), f"{where} step {t}/{cfg.steps}", arms_now)
+
+                for record in group.run(stream, eval_set, on_step=on_step, on_arm_done=save):
+                    if record["status"] == "finished":
+                        save(record)
+                if main:
+                    for record in group.arms:
+                        if record.record["status"] == "diverged":
+                            nf = record.record["nonfinite"]
+                            echo(f"normswap study: arm {record.name} (seed {seed}, lr ×{m:g}) stopped at step {nf['step']}: "
+                                 f"{nf['what']} is {nf['value']}; the other arms went on")
+                del group
+    finally:
+        progress.close()
+    if not main:
+        return {}
+
+    # ---- analysis, precision table, results.json ----
+    from normswap.study.precision import compare as precision_compare
+    from normswap.study.precision import precision_table
+
+    rows = precision_table(device="cpu" if dist.device.type != "cuda" else dist.device)
+    precision = {"rows": rows, "compare": precision_compare(rows)}
+    comparisons = {a: res.compare(units, a, BASELINE, ref_mult) for a in arms if a != BASELINE}
+    sw = res.sweep(units, arms, mults, BASELINE)
+    rules = {}
+    if sw is not None:
+        for a in arms:
+            if a not in (BASELINE, CONTROL):
+                rules[a] = res.migration_rule(units, a, BASELINE, mults, ref_mult, sw["best_multiplier"])
+    verdicts = claims_mod.judge(comparisons, rules, precision, cfg.precision, CONTROL)
+    n_params = sum(p.numel() for p in source.start(0).parameters())
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "normswap-study",
+        "model": cfg.model,
+        "from_scratch": source.from_scratch,
+        "architecture": {"model_type": source.config.model_type, "parameters": n_params,
+                         "norms_replaced": check_replaceable(source, 0)},
+        "setup": {**cfg.recorded(), "arms": arms, "seeds_list": list(range(cfg.seeds)), "multipliers": mults,
+                  "reference_multiplier": ref_mult, "tokens_per_step": tokens_per_step,
+                  "eval_tokens_used": int(eval_set.numel()), "device": str(dist.device), "world_size": dist.world,
+                  "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads(),
+                  "spike_rule": f"loss > {cfg.spike_factor:g} × median of the previous {20} steps (after 10)",
+                  "statistics": res.stats.METHOD},
+        "notes": notes,
+        "baseline": BASELINE,
+        "control": CONTROL if CONTROL in arms else None,
+        "units": [res.summarize_unit(units[k], tokens_per_step) for k in keys if k in units],
+        "comparisons": comparisons,
+        "null_control": claims_mod.null_control(comparisons.get(CONTROL)),
+        "lr_sweep": sw,
+        "migration_rule": rules or None,
+        "precision": precision,
+        "claims": verdicts,
+        "timing": {"wall_seconds": time.perf_counter() - wall0, "load_average_start": load_start,
+                   "load_average_end": _load_average()},
+    }
+    results = _finite(results)
+    from normswap.publish import atomic_write_json
+
+    atomic_write_json(study.results_file, results)
+    from normswap.study.report import write_report
+
+    write_report(results, study.out)
+    run = study.read_run() or {}
+    study.write_run(dict(run, status="finished"))
+    return results
+
+
+def _finite(obj):
+    """JSON has no inf/nan: they become strings ("inf"), so results.json stays standard JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+__all__ = ["Hooks", "TRAINED_ONLY", "run_study"]

@@ -1,0 +1,112 @@
+"""DIR of a study: its run file, one file per finished unit, then results.json and the report.
+
+A unit is one arm × seed × learning-rate multiplier. Its file is written (atomically) the moment it
+finishes or diverges, so a study stopped at any point keeps every finished unit; ``--resume`` runs
+only the others (trainer.py: a group of fewer arms computes exactly what the whole group would).
+DIR is never another command's input: it may not overlap MODEL or the data, and a directory that
+is not a study (a model, anything else that is not empty) is refused even with ``--force``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from normswap.errors import NormswapError
+from normswap.publish import atomic_write_json
+from normswap.study.config import RESULTS_FILE, RUN_FILE, UNITS_DIR, flag, options
+
+RUN_KIND = "normswap-study"
+
+
+def unit_key(arm: str, seed: int, multiplier: float) -> str:
+    return f"seed{seed}-x{multiplier:g}-{arm}"
+
+
+def _what_it_holds(out: Path) -> str:
+    names = sorted(p.name for p in out.iterdir())
+    if "config.json" in names:
+        return "a model (config.json)"
+    if "finetune_run.json" in names:
+        return "a fine-tune run"
+    if "run.json" in names:
+        return "a recipe run"
+    return f"{len(names)} other file(s), e.g. {names[0]}"
+
+
+class StudyDir:
+    def __init__(self, out):
+        self.out = Path(out).expanduser()
+        self.run_file = self.out / RUN_FILE
+        self.units = self.out / UNITS_DIR
+        self.results_file = self.out / RESULTS_FILE
+
+    def read_run(self) -> dict | None:
+        try:
+            run = json.loads(self.run_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return run if isinstance(run, dict) and run.get("kind") == RUN_KIND else None
+
+    def check(self, *, reads: list[str], resume: bool, force: bool) -> dict | None:
+        """Refuse a DIR that would lose or mix something; return the recorded run of a ``--resume``."""
+        real = self.out.resolve()
+        for src in reads:
+            if src and Path(src).exists():
+                s = Path(src).resolve()
+                if real == s or real in s.parents or s in real.parents:
+                    raise NormswapError(f"DIR {self.out} overlaps {src}, which the study reads: inputs are never modified; choose another DIR")
+        if self.out.exists() and not self.out.is_dir():
+            raise NormswapError(f"DIR {self.out} exists and is not a directory")
+        run = self.read_run() if self.out.is_dir() else None
+        if self.out.is_dir() and run is None and any(self.out.iterdir()):
+            raise NormswapError(f"DIR {self.out} is not a normswap study (it holds {_what_it_holds(self.out)}): "
+                                "nothing there is replaced; choose another DIR")
+        if resume:
+            if run is None:
+                raise NormswapError(f"cannot resume: {self.out} holds no study (start it without --resume)")
+            return run
+        if run is not None and not force:
+            raise NormswapError(f"{self.out} holds a study: pass --resume to continue it (finished units are kept) or --force to start again")
+        return None
+
+    def start(self, record: dict, *, replace: bool) -> None:
+        if replace and self.out.exists():
+            shutil.rmtree(self.out)
+        self.units.mkdir(parents=True, exist_ok=True)
+        self.write_run(dict(record, kind=RUN_KIND))
+
+    def write_run(self, record: dict) -> None:
+        atomic_write_json(self.run_file, record)
+
+    def unit_file(self, key: str) -> Path:
+        return self.units / f"{key}.json"
+
+    def read_unit(self, key: str) -> dict | None:
+        try:
+            rec = json.loads(self.unit_file(key).read_text())
+        except (OSError, ValueError):
+            return None  # absent, or cut short by a kill: the unit runs again
+        return rec if isinstance(rec, dict) and rec.get("status") in ("finished", "diverged") else None
+
+    def write_unit(self, key: str, record: dict) -> None:
+        atomic_write_json(self.unit_file(key), record)
+
+
+def resolve_resume(cfg, recorded: dict, given: set[str] | None):
+    """The options in force for a ``--resume``: the recorded ones; an option typed again must match."""
+    import dataclasses
+
+    mine = dataclasses.asdict(cfg)
+    given = given if given is not None else set()
+    merged, mismatches = dict(mine), []
+    for f in options():
+        if f.metadata["resume"] == "free" or f.name not in recorded:
+            continue
+        merged[f.name] = recorded[f.name]
+        if f.name in given and mine[f.name] != recorded[f.name]:
+            mismatches.append(f"{flag(f.name)} is {mine[f.name]!r} but the study used {recorded[f.name]!r}")
+    if mismatches:
+        raise NormswapError("cannot resume: " + "; ".join(mismatches) + " (--resume takes the recorded options: give none, or the same)")
+    return type(cfg)(**merged)
