@@ -1,0 +1,295 @@
+"""`normswap study`: the statistics can fail (a worse learning rate is found worse, identical arms are
+not), interleaved throughput null control structure, two processes = one, kill + resume = uninterrupted,
+and bad input (one clear line, nothing lost) — each with its negative control. Tiny GPT-2 configs
+(random initialisation) on the embedded corpus, a few steps."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(model_type="gpt2", n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=4096,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+COMMON = dict(seq_len=32, batch_size=4, eval_tokens=512, eval_every=5, warmup=2, progress=False, device="cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # two shared cores: one thread per process, and the subprocesses match it
+    yield
+    torch.set_num_threads(old)
+
+
+def _config(tmp_path, name="tiny.json", **overrides) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(dict(TINY, **overrides)))
+    return str(path)
+
+
+def _study(model, out, hooks=None, **opts):
+    from normswap.study.config import StudyConfig
+    from normswap.study.runner import run_study
+
+    cfg = StudyConfig(model=str(model), out=str(out), **{**COMMON, **opts})
+    return run_study(cfg, hooks=hooks, echo=lambda m: None)
+
+
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("CI", None)
+    return env
+
+
+def _tree(path: Path) -> dict:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _untimed(results: dict) -> dict:
+    """results.json without what depends on the clock (throughput, norm share, wall time, load)."""
+    r = json.loads(json.dumps(results))
+    r.pop("timing")
+    r.pop("null_control")
+    for u in r["units"]:
+        u.pop("timing")
+    for c in r["comparisons"].values():
+        for k in ("throughput_ratio", "cost_at_equal_tokens", "norm_share_difference"):
+            c.pop(k)
+    r.pop("claims")  # the throughput claim's wording quotes timings
+    return r
+
+
+# --- the statistics can fail ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sweep_study(tmp_path_factory):
+    """layernorm beside its identical control, at a good rate (×1) and a deliberately poor one (×0.02),
+    3 seeds; dropout on, so "identical" also covers the dropout masks."""
+    root = tmp_path_factory.mktemp("sweep")
+    cfg = _config(root, resid_pdrop=0.1, embd_pdrop=0.1)
+    results = _study(cfg, root / "study", arms=["layernorm", "layernorm-control"], lr=3e-3, lr_sweep=["1", "0.02"], steps=12, seeds=3)
+    return results, root / "study"
+
+
+def test_a_worse_learning_rate_is_reported_worse_with_an_interval_excluding_zero(sweep_study):
+    results, _ = sweep_study
+    sw = results["lr_sweep"]
+    assert sw["best_multiplier"]["layernorm"] == 1.0
+    worse = sw["vs_best"]["layernorm"]["0.02"]
+    assert worse["n"] == 3 and worse["verdict"] == "higher"
+    assert worse["low"] > 0  # the whole interval says the poor rate ends with a higher loss
+
+
+def test_two_identical_arms_are_no_measurable_difference(sweep_study):
+    results, _ = sweep_study
+    ctl = results["comparisons"]["layernorm-control"]
+    iv = ctl["final_eval_loss_difference"]
+    # the same init, batches and dropout masks: the same losses, exactly, in every seed ...
+    assert iv["values"] == [0.0, 0.0, 0.0] and iv["verdict"] == "no measurable difference"
+    units = {(u["arm"], u["seed"], u["lr_multiplier"]): u for u in results["units"]}
+    for seed in range(3):
+        assert units[("layernorm-control", seed, 1.0)]["loss"] == units[("layernorm", seed, 1.0)]["loss"]
+    # ... while the seeds differ from each other (own init and data order): the equality is not vacuous
+    assert units[("layernorm", 0, 1.0)]["loss"] != units[("layernorm", 1, 1.0)]["loss"]
+
+
+def test_interval_logic_negative_controls():
+    """The same machinery on crafted values: consistent positive differences exclude 0; noisy ones do not."""
+    from normswap.study import stats
+
+    assert stats.paired({0: 1.2, 1: 1.3, 2: 1.25}, {0: 1.0, 1: 1.1, 2: 1.02})["verdict"] == "higher"
+    assert stats.paired({0: 1.2, 1: 0.9, 2: 1.05}, {0: 1.0, 1: 1.1, 2: 1.02})["verdict"] == "no measurable difference"
+    assert stats.interval([1.0])["verdict"] == "no measurable difference"  # one seed: no interval, no verdict
+
+
+def test_throughput_null_control_structure(sweep_study):
+    """The interleaved null control is reported per seed with its interval (its ±3 % goal is a
+    benchmark: docs/study/, not a wall-clock threshold here)."""
+    results, out = sweep_study
+    nc = results["null_control"]
+    assert len(nc["per_seed"]) == 3 and all(v > 0 for v in nc["per_seed"])
+    assert nc["band"] == 0.03 and isinstance(nc["per_seed_within"], bool)
+    for u in results["units"]:
+        assert u["timing"]["timed_steps"] == 12 - 2 and u["timing"]["tokens_per_second"] > 0
+        assert u["memory"]["peak_bytes"] > u["memory"]["static_bytes"] > 0
+    report = (out / "report.md").read_text()
+    assert "null control" in report and "## Claims" in report and "## The norms in low precision" in report
+    assert (out / "curves.png").stat().st_size > 0 and (out / "report.html").read_text().startswith("<!doctype html>")
+
+
+def test_rmsnorm_arm_is_gamma_one_and_every_other_weight_identical(tmp_path):
+    from normswap.modules import RMSNorm
+    from normswap.study.arms import TorchRMSNorm, build_arm, open_source
+
+    src = open_source(_config(tmp_path), from_scratch=True)
+    ln, rms = build_arm(src, "layernorm", 3, "torch"), build_arm(src, "rmsnorm", 3, "torch")
+    a, b = ln.state_dict(), rms.state_dict()
+    norms = [n for n, m in rms.named_modules() if isinstance(m, RMSNorm)]
+    assert len(norms) == 2 * 2 + 1 and all(type(rms.get_submodule(n)) is TorchRMSNorm for n in norms)
+    for k, v in b.items():
+        if any(k.startswith(n + ".") for n in norms):
+            assert torch.equal(v, torch.ones_like(v))
+        else:
+            assert torch.equal(v, a[k]), k
+    assert set(a) - set(b) == {n + ".bias" for n in norms}  # β dropped
+    # negative control: another seed is another initialisation
+    assert not torch.equal(build_arm(src, "layernorm", 4, "torch").state_dict()["transformer.h.0.attn.c_attn.weight"],
+                           a["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_migration_rule_and_claims_are_evaluated_with_a_sweep(tmp_path):
+    results = _study(_config(tmp_path), tmp_path / "s", arms=["layernorm", "rmsnorm"], lr=3e-3, lr_sweep=["0.5", "1"],
+                     steps=6, seeds=2)
+    rule = results["migration_rule"]["rmsnorm"]
+    assert rule["grad_scale_ratio"] > 0 and rule["rule_multiplier"] in (0.5, 1.0)
+    assert len(rule["grad_scale_ratio_per_seed"]) == 2
+    verdicts = {c["claim"]: c for c in results["claims"]}
+    assert all(c["verdict"] in ("reproduced", "not reproduced", "not measurable here") for c in verdicts.values())
+    assert "needs --lr-sweep" not in next(c for k, c in verdicts.items() if k.startswith("migration"))["decided_by"]
+
+
+# --- two processes = one -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_reproduce_one_process(tmp_path):
+    cfg = _config(tmp_path)
+    args = ["study", cfg, "--arms", "layernorm,rmsnorm", "--steps", "4", "--seeds", "1", "--seq-len", "32", "--batch-size", "4",
+            "--eval-tokens", "512", "--eval-every", "2", "--warmup", "2", "--device", "cpu", "--no-progress"]
+    two = tmp_path / "two"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "normswap"]
+                       + args + ["--out", str(two)], env=_env(), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res2 = json.loads((two / "results.json").read_text())
+    res1 = _study(cfg, tmp_path / "one", arms=["layernorm", "rmsnorm"], steps=4, seeds=1, eval_every=2)
+    assert res2["setup"]["world_size"] == 2 and res1["setup"]["world_size"] == 1
+    for u2, u1 in zip(res2["units"], res1["units"]):
+        assert (u2["arm"], u2["seed"]) == (u1["arm"], u1["seed"])
+        assert u2["loss"] == pytest.approx(u1["loss"], abs=1e-5)
+        assert u2["grad_norm"] == pytest.approx(u1["grad_norm"], rel=1e-5)
+        assert [e["loss"] for e in u2["eval"]] == pytest.approx([e["loss"] for e in u1["eval"]], abs=1e-5)
+        for name, g in u1["norm_input_grad_norm"].items():
+            assert u2["norm_input_grad_norm"][name]["mean"] == pytest.approx(g["mean"], rel=1e-5)
+    # negative control: the curves are not all alike (a run that ignored the data would pass the above)
+    assert res1["units"][0]["loss"][0] != res1["units"][0]["loss"][-1]
+
+
+# --- kill + resume -------------------------------------------------------------------------------
+
+
+def test_killed_study_resumed_ends_with_the_same_results(tmp_path):
+    from normswap.study.trainer import Hooks
+
+    cfg = _config(tmp_path)
+    opts = dict(arms=["layernorm", "rmsnorm"], steps=6, seeds=2, eval_every=3)
+    whole = _study(cfg, tmp_path / "whole", **opts)
+
+    class Killed(Exception):
+        pass
+
+    def stop(seed, mult, step):
+        if seed == 1 and step == 4:  # mid-unit: seed 0's units are finished, seed 1's are not
+            raise Killed
+
+    out = tmp_path / "cut"
+    with pytest.raises(Killed):
+        _study(cfg, out, hooks=Hooks(after_step=stop), **opts)
+    kept = sorted(p.name for p in (out / "units").iterdir())
+    assert kept == ["seed0-x1-layernorm.json", "seed0-x1-rmsnorm.json"] and not (out / "results.json").exists()
+    before = {n: (out / "units" / n).read_bytes() for n in kept}
+    resumed = _study(cfg, out, resume=True, **opts)
+    assert {n: (out / "units" / n).read_bytes() for n in kept} == before  # finished units were kept, not re-run
+    assert _untimed(resumed) == _untimed(whole)
+    # negative control: a different study (another learning rate) does not compare equal
+    other = _study(cfg, tmp_path / "other", lr=5e-3, **opts)
+    assert _untimed(other) != _untimed(whole)
+
+
+def test_resume_refuses_other_options(tmp_path):
+    from normswap.errors import NormswapError
+    from normswap.study.config import StudyConfig
+    from normswap.study.runner import run_study
+
+    cfg = _config(tmp_path)
+    _study(cfg, tmp_path / "s", arms=["layernorm"], steps=2, seeds=1)
+    with pytest.raises(NormswapError, match="--steps is 3 but the study used 2"):
+        run_study(StudyConfig(model=cfg, out=str(tmp_path / "s"), resume=True, **{**COMMON, "steps": 3}), given={"steps"},
+                  echo=lambda m: None)
+    with pytest.raises(NormswapError, match="holds a study: pass --resume"):
+        _study(cfg, tmp_path / "s", arms=["layernorm"], steps=2, seeds=1)
+
+
+# --- bad input: one clear line, nothing lost -----------------------------------------------------
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "normswap", "study", *args], env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_bad_input_gets_one_line_and_nothing_is_touched(tmp_path):
+    from normswap.errors import NormswapError
+
+    gpt2 = _config(tmp_path)
+    llama = _config(tmp_path, "llama.json", model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, vocab_size=4096)
+    # no LayerNorm to replace
+    with pytest.raises(NormswapError, match="no LayerNorm to replace"):
+        _study(llama, tmp_path / "a", steps=2, seeds=1)
+    assert not (tmp_path / "a").exists()
+    # an arm that does not exist
+    with pytest.raises(NormswapError, match="no arm 'rmsnrom'"):
+        _study(gpt2, tmp_path / "b", arms=["layernorm", "rmsnrom"], steps=2, seeds=1)
+    assert not (tmp_path / "b").exists()
+    # a trained-only arm from random weights
+    with pytest.raises(NormswapError, match="converts a trained checkpoint"):
+        _study(gpt2, tmp_path / "b", arms=["layernorm", "rmsnorm-exact"], steps=2, seeds=1)
+    # DIR that is a model, or inside the model it reads: refused even with --force, every file as it was
+    from normswap.assets.models import model_path
+
+    model = tmp_path / "model"
+    import shutil
+
+    shutil.copytree(model_path("kjv-gpt2"), model)
+    before = _tree(model)
+    with pytest.raises(NormswapError, match="overlaps"):
+        _study(str(model), model / "study", steps=2, seeds=1, force=True)
+    with pytest.raises(NormswapError, match="is not a normswap study .*a model"):
+        _study(gpt2, model, steps=2, seeds=1, force=True)
+    assert _tree(model) == before
+    # the command line: one line, exit 2, no traceback
+    r = _cli(gpt2, "--out", str(tmp_path / "c"), "--arms", "layernorm,nope", "--steps", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert [line for line in r.stderr.splitlines() if line.strip()] == [r.stderr.strip().splitlines()[-1]]
+    assert "nope" in r.stderr
+    # negative control: the same inputs, put right, run
+    res = _study(gpt2, tmp_path / "ok", arms=["layernorm", "rmsnorm"], steps=2, seeds=1)
+    assert [u["status"] for u in res["units"]] == ["finished", "finished"]
+
+
+def test_a_diverging_arm_is_recorded_and_stops_while_the_others_finish(tmp_path):
+    from normswap.study.trainer import Hooks
+
+    def blow_up(arm, step, loss):
+        return loss * float("inf") if arm == "rmsnorm" and step == 3 else loss
+
+    res = _study(_config(tmp_path), tmp_path / "s", hooks=Hooks(loss=blow_up), arms=["layernorm", "rmsnorm", "layernorm-control"],
+                 steps=6, seeds=2)
+    units = {(u["arm"], u["seed"]): u for u in res["units"]}
+    for seed in range(2):
+        bad = units[("rmsnorm", seed)]
+        assert bad["status"] == "diverged" and bad["nonfinite"]["step"] == 3 and bad["nonfinite"]["what"] == "loss"
+        assert bad["steps_done"] == 3 and bad["final_eval_loss"] is None
+        for arm in ("layernorm", "layernorm-control"):  # negative control: the others trained to the end
+            assert units[(arm, seed)]["status"] == "finished" and units[(arm, seed)]["steps_done"] == 6
+    equal = next(c for c in res["claims"] if c["claim"].startswith("equal loss") and c["arm"] == "rmsnorm")
+    assert equal["verdict"] == "not measurable here" and "diverged" in equal["decided_by"]
+    assert res["comparisons"]["rmsnorm"]["diverged"] == {"arm": 2, "baseline": 0}
