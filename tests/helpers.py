@@ -60,3 +60,18 @@ def tiny_model(family: str, variant: int = 0, *, seed: int = 0, randomize: bool 
     if randomize:
         randomize_(model, seed)
     return model.eval()
+
+
+def without_centring(model):
+    """``model`` with every LayerNorm computing γ·x/rms(x) + β (same ε): what an approx conversion
+    promises, and what an engine that swaps LayerNorm for RMSNorm runs."""
+    from normswap.convert.plan import is_layernorm
+
+    for module in model.modules():
+        if is_layernorm(module):
+            def forward(x, m=module):
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
+                return y * m.weight + (m.bias if m.bias is not None else 0)
+
+            module.forward = forward
+    return model

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from normswap.convert.plan import is_layernorm
-from helpers import family_variants, tiny_model
+from helpers import family_variants, tiny_model, without_centring as _without_centring
 from normswap.checkpoint.shards import INDEX_NAME
 
 PRE = family_variants("pre")
@@ -33,18 +33,6 @@ def _noise_floor(model, ids):
 def _logits(model, ids):
     with torch.no_grad():
         return model(input_ids=ids)[0].double()
-
-
-def _without_centring(model):
-    """The source with every LayerNorm computing γ·x/rms(x) + β: what approx conversion promises."""
-    for module in model.modules():
-        if is_layernorm(module):
-            def forward(x, m=module):
-                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
-                return y * m.weight + (m.bias if m.bias is not None else 0)
-
-            module.forward = forward
-    return model
 
 
 def _probe(model):

@@ -130,6 +130,9 @@ def _normswap_block(config) -> dict | None:
     return None
 
 
+normswap_block = _normswap_block  # public: export reads it to tell a converted checkpoint from any other
+
+
 def normswap_classes_for(raw: dict):
     """(config class, {auto class name: model class}) of a converted checkpoint, built from the
     installed remote_code.py and the source classes in transformers. They are deliberately not

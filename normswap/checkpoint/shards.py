@@ -30,7 +30,7 @@ from normswap.errors import NormswapError
 # classes ask for the variant. transformers' own names: `_add_variant` in modeling_utils.
 WEIGHTS_VARIANT = "normswap"
 INDEX_NAME = f"model.safetensors.index.{WEIGHTS_VARIANT}.json"
-SINGLE_NAME = f"model.{WEIGHTS_VARIANT}.safetensors"
+SINGLE_NAME = f"model.{WEIGHTS_VARIANT}.safetensors"  # what shard_names/index_name give for the variant
 
 _ST_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -75,13 +75,20 @@ def plan_shards(specs: dict, max_shard_size) -> list[list[str]]:
     return shards
 
 
-def shard_names(count: int) -> list[str]:
+def shard_names(count: int, variant: str | None = WEIGHTS_VARIANT) -> list[str]:
+    """transformers' file names (``_add_variant``); ``variant=None``: the stock names a stock class loads."""
+    stem = f"model.{variant}" if variant else "model"
     if count == 1:
-        return [SINGLE_NAME]
-    return [f"model.{WEIGHTS_VARIANT}-{k:05d}-of-{count:05d}.safetensors" for k in range(1, count + 1)]
+        return [f"{stem}.safetensors"]
+    return [f"{stem}-{k:05d}-of-{count:05d}.safetensors" for k in range(1, count + 1)]
 
 
-def write_index(directory: Path, shards: list[list[str]], names: list[str], specs: dict) -> Path | None:
+def index_name(variant: str | None = WEIGHTS_VARIANT) -> str:
+    return f"model.safetensors.index.{variant}.json" if variant else "model.safetensors.index.json"
+
+
+def write_index(directory: Path, shards: list[list[str]], names: list[str], specs: dict,
+                variant: str | None = WEIGHTS_VARIANT) -> Path | None:
     """The index json for a multi-file checkpoint (none for a single file), as write_weights writes it."""
     if len(shards) == 1:
         return None
@@ -90,7 +97,7 @@ def write_index(directory: Path, shards: list[list[str]], names: list[str], spec
         for key in keys:
             weight_map[key] = name
             total += nbytes(*specs[key])
-    path = Path(directory) / INDEX_NAME
+    path = Path(directory) / index_name(variant)
     with open(path, "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     return path
@@ -227,14 +234,17 @@ class ShardedCheckpoint(_ClosedOnSuccess):
 
     ``specs`` ({key: (dtype, shape)}, in write order) is split greedily at ``max_shard_size``;
     ``write``/``copy`` go to the shard holding the key; ``close`` checks every byte was
-    written and writes the index for a multi-file checkpoint.
+    written and writes the index for a multi-file checkpoint. ``variant``: the file names'
+    variant (normswap's by default; None for the stock names ``normswap export`` writes).
     """
 
-    def __init__(self, directory, specs: dict, max_shard_size="5GB", metadata: dict | None = None):
+    def __init__(self, directory, specs: dict, max_shard_size="5GB", metadata: dict | None = None,
+                 variant: str | None = WEIGHTS_VARIANT):
         self.directory = Path(directory)
         self.specs = specs
+        self.variant = variant
         self.shards = plan_shards(specs, max_shard_size)
-        self.names = shard_names(len(self.shards))
+        self.names = shard_names(len(self.shards), variant)
         self.writers, self.where = [], {}
         try:
             for keys, name in zip(self.shards, self.names):
@@ -255,7 +265,7 @@ class ShardedCheckpoint(_ClosedOnSuccess):
     def close(self) -> list[str]:
         for writer in self.writers:
             writer.close()
-        write_index(self.directory, self.shards, self.names, self.specs)
+        write_index(self.directory, self.shards, self.names, self.specs, self.variant)
         return list(self.names)
 
     def abort(self):

@@ -18,6 +18,7 @@ from normswap.errors import NormswapError
 # command name -> "module:attribute"
 COMMANDS = {
     "convert": "normswap.cli.convert:convert",
+    "export": "normswap.cli.export:export",
     "finetune": "normswap.cli.finetune:finetune",
     "study": "normswap.cli.study:study",
     "eval": "normswap.cli.eval:eval_group",

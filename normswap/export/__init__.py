@@ -1,0 +1,57 @@
+"""`normswap export`: a checkpoint in another format, verified against it before it is published.
+
+    export_checkpoint(src, dest, fmt, ...) -> Path     # the Python API (the CLI and the matrix use it)
+    run_export(src, dest, fmt, ...) -> dict             # the same, returning the export record
+
+Formats: ``stock`` (stock.py: the source's own architecture, LayerNorm with γ = 1, β = 0).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from normswap.convert.choices import DEFAULT_TOLERANCE
+from normswap.errors import NormswapError
+
+FORMATS = ("stock",)
+
+
+def run_export(src, dest, fmt: str, *, force=False, untie=False, tolerance=DEFAULT_TOLERANCE, max_shard_size="5GB",
+               progress=None) -> dict:
+    """Export the checkpoint ``src`` to ``dest`` in ``fmt``; published only when verified. Returns
+    the export record (also in DEST's normswap_manifest.json)."""
+    from normswap.export.checkpoint import local_model_dir
+    from normswap.publish import check_output_path, output_lock, publish_dir, staging_dir
+
+    if fmt not in FORMATS:
+        raise NormswapError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    src_dir = local_model_dir(src, "the checkpoint")
+    _check_disjoint(src, src_dir, dest)
+    dest = check_output_path(dest, force=force, reads=[src_dir])
+    with output_lock(dest), staging_dir(dest) as tmp:
+        from normswap.export.stock import write_stock
+
+        record = write_stock(src_dir, tmp, untie=untie, max_shard_size=max_shard_size, tolerance=tolerance, say=progress)
+        publish_dir(tmp, dest, force=force)
+    record["out"] = str(dest)
+    return record
+
+
+def _check_disjoint(src, src_dir: Path, dest) -> None:
+    """DEST may not be the checkpoint, lie inside it or contain it (named or resolved: no symlink hides it)."""
+    import os
+
+    d = Path(os.path.abspath(Path(dest).expanduser()))
+    for a in {d.parent.resolve() / d.name, d.resolve()}:
+        for b in {Path(os.path.abspath(src_dir)), src_dir.resolve()}:
+            if a == b or b in a.parents or a in b.parents:
+                raise NormswapError(f"DEST {dest} overlaps the checkpoint {src}, which export reads: inputs are never "
+                                    "modified or deleted; choose another DEST")
+
+
+def export_checkpoint(src, dest, fmt: str, **kwargs) -> Path:
+    """``run_export`` returning DEST's path."""
+    return Path(run_export(src, dest, fmt, **kwargs)["out"])
+
+
+__all__ = ["FORMATS", "run_export", "export_checkpoint"]

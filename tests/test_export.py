@@ -1,0 +1,194 @@
+"""`normswap export`: a converted checkpoint in its source's stock architecture, and as ONNX.
+
+Each export is compared with what a user would compare it with: the original (stock LayerNorm)
+model and the converted one, loaded as a user loads them; each test has a control that a wrong
+export fails.
+"""
+
+import hashlib
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import tiny_model, without_centring as _rms_swapped
+from normswap.assets.models import model_path
+
+
+def _logprobs(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits.double().log_softmax(-1)
+
+
+def _ids(vocab, seed=1):
+    return torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(seed))
+
+
+def _tree_digest(path):
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """Tiny sources (stock LayerNorm checkpoints) and their exact conversions, written once."""
+    from normswap.convert.pipeline import convert_checkpoint
+
+    root = tmp_path_factory.mktemp("export-sources")
+    cache = {}
+
+    def get(family, variant=0, **convert_options):
+        key = (family, variant, tuple(sorted(convert_options.items())))
+        if key not in cache:
+            src = root / f"src-{family}-{variant}"
+            if family == "kjv-gpt2":  # real weights and a real tokenizer
+                src = model_path("kjv-gpt2")
+            elif not src.exists():
+                tiny_model(family, variant).save_pretrained(src)
+            out = root / f"conv-{family}-{len(cache)}"
+            convert_checkpoint(str(src), out, **convert_options)
+            cache[key] = (src, out)
+        return cache[key]
+
+    return get
+
+
+# ------------------------------------------------------------------------------------- stock
+def test_stock_export_is_the_original_function_in_stock_transformers(converted, tmp_path, run_cli):
+    src, out = converted("kjv-gpt2")
+    dest = tmp_path / "stock"
+    code, stdout, stderr = run_cli("export", out, dest, "--format", "stock", "--json")
+    assert code == 0, stderr
+    record = json.loads(stdout)
+    assert record["verification"]["passed"] and record["verification"]["dtype"] == "float64"
+
+    # stock files: the source's model_type and class, no remote code, stock weight name, tokenizer
+    cfg = json.loads((dest / "config.json").read_text())
+    assert cfg["model_type"] == "gpt2" and cfg["architectures"] == ["GPT2LMHeadModel"]
+    assert "auto_map" not in cfg and "normswap" not in cfg
+    assert (dest / "model.safetensors").is_file() and not list(dest.glob("*.py"))
+    assert (dest / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
+
+    stock = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).eval()  # no trust_remote_code
+    original = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    assert type(stock) is type(original)
+    assert not any("RMSNorm" in type(m).__name__ for m in stock.modules())
+    assert stock.lm_head.weight is stock.transformer.wte.weight  # tie kept: no extra parameters
+    ids = _ids(stock.config.vocab_size)
+    assert float((_logprobs(stock, ids) - _logprobs(original, ids)).abs().max()) <= 1e-4
+    # the weights are the converted ones: γ = 1 and β = 0 where the conversion folded them
+    ln = stock.transformer.h[0].ln_1
+    assert torch.equal(ln.weight, torch.ones_like(ln.weight)) and torch.equal(ln.bias, torch.zeros_like(ln.bias))
+
+    # control: the tied table is not centred (its centring ran at run time), so the stream is not
+    # zero-mean and RMSNorm in place of these LayerNorms is another function; the record says so
+    assert record["rmsnorm_ready"] is False and record["not_centred"][0]["module"] == "transformer.wte"
+    assert float((_logprobs(_rms_swapped(stock), ids) - _logprobs(original, ids)).abs().max()) > 1e-2
+
+
+def test_stock_untie_centres_the_table_so_rmsnorm_is_the_same_function(converted, tmp_path, run_cli):
+    src, out = converted("kjv-gpt2")
+    dest = tmp_path / "stock"
+    code, stdout, stderr = run_cli("export", out, dest, "--format", "stock", "--untie", "--json")
+    assert code == 0, stderr
+    record = json.loads(stdout)
+    assert record["rmsnorm_ready"] is True and record["centred_in_weights"] == ["transformer.wte.weight"]
+    stock = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).eval()
+    original = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    assert stock.lm_head.weight is not stock.transformer.wte.weight
+    table = stock.transformer.wte.weight
+    assert float(table.mean(-1).abs().max()) < 1e-6  # centred rows
+    assert torch.equal(stock.lm_head.weight, original.lm_head.weight)  # the head keeps the original table
+    ids = _ids(stock.config.vocab_size)
+    assert float((_logprobs(stock, ids) - _logprobs(original, ids)).abs().max()) <= 1e-4
+    assert float((_logprobs(_rms_swapped(stock), ids) - _logprobs(original, ids)).abs().max()) <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["opt", "phi", "bloom"])
+def test_stock_export_of_other_families(family, converted, tmp_path):
+    from normswap.export import export_checkpoint
+
+    src, out = converted(family)
+    dest = export_checkpoint(out, tmp_path / "stock", "stock")
+    stock = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).eval()
+    original = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    ids = _ids(stock.config.vocab_size)
+    assert float((_logprobs(stock, ids) - _logprobs(original, ids)).abs().max()) <= 1e-4
+    record = json.loads((dest / "normswap_manifest.json").read_text())["export"]
+    # phi's head is its own: nothing was centred at run time, the stream is zero-mean as written
+    assert record["rmsnorm_ready"] is (family == "phi")
+
+
+def test_stock_export_that_differs_is_not_published(converted, tmp_path, run_cli, monkeypatch):
+    """Control for the verification itself: γ written as 0 instead of 1 must fail it, and DEST stays absent."""
+    from normswap.export import stock
+
+    _, out = converted("kjv-gpt2")
+    real = stock.StockPlan.value
+
+    def wrong(self, opened, key):
+        t = real(self, opened, key)
+        return torch.zeros_like(t) if self.fill.get(key) == "ones" else t
+
+    monkeypatch.setattr(stock.StockPlan, "value", wrong)
+    dest = tmp_path / "stock"
+    code, _, stderr = run_cli("export", out, dest, "--format", "stock")
+    assert code == 1 and "verification failed" in stderr and "nothing was written" in stderr
+    assert not dest.exists() and not list(tmp_path.glob(".stock*staging*"))
+
+
+def test_stock_refuses_a_bias_the_stock_class_has_no_place_for(converted, tmp_path, run_cli):
+    _, out = converted("stablelm")  # β folded into q/k/v projections that have no bias in StableLM
+    code, _, stderr = run_cli("export", out, tmp_path / "stock", "--format", "stock")
+    assert code == 2 and "no place for" in stderr and "--gamma keep --beta keep" in stderr
+    assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "stock").exists()
+    # control: with γ and β kept on the norms there is nothing extra, and the export goes through
+    _, kept = converted("stablelm", gamma="keep", beta="keep")
+    code, _, stderr = run_cli("export", kept, tmp_path / "stock", "--format", "stock")
+    assert code == 0, stderr
+
+
+def test_stock_refuses_an_approximate_conversion(converted, tmp_path, run_cli):
+    """Post-LN: the RMSNorms read a stream that is not zero-mean, so a LayerNorm there is another
+    function: refused in one line (control: that LayerNorm really differs)."""
+    import normswap
+
+    _, out = converted("opt", 1)  # OPT with do_layer_norm_before=False: converted approximately
+    code, _, stderr = run_cli("export", out, tmp_path / "stock", "--format", "stock")
+    assert code == 2 and "converted approximately" in stderr and len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "stock").exists()
+
+    model = normswap.load_model(out)
+    ids = _ids(model.config.vocab_size)
+    want = _logprobs(model, ids)
+    for name, module in list(model.named_modules()):
+        if type(module).__name__ == "RMSNorm":
+            ln = torch.nn.LayerNorm(module.hidden_size, eps=module.eps)
+            with torch.no_grad():
+                ln.weight.copy_(module.weight if module.weight is not None else torch.ones(module.hidden_size))
+                ln.bias.copy_(module.bias if module.bias is not None else torch.zeros(module.hidden_size))
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, ln)
+    assert float((_logprobs(model, ids) - want).abs().max()) > 1e-2
+
+
+def test_bad_input_one_line_and_nothing_lost(converted, tmp_path, run_cli):
+    src, out = converted("opt")
+    before = _tree_digest(out)
+    cases = {
+        "not converted": ((src, tmp_path / "a"), "is not a checkpoint normswap converted"),
+        "DEST is OUT": ((out, out), "overlaps the checkpoint"),
+        "DEST inside OUT": ((out, out / "sub"), "overlaps the checkpoint"),
+        "OUT inside DEST": ((out, out.parent), "overlaps the checkpoint"),
+    }
+    for name, ((a, b), message) in cases.items():
+        code, _, stderr = run_cli("export", a, b, "--format", "stock", "--force")
+        assert code == 2 and message in stderr, (name, stderr)
+        assert len(stderr.strip().splitlines()) == 1, (name, stderr)
+    assert _tree_digest(out) == before
+    assert not (tmp_path / "a").exists() and not (out / "sub").exists()
