@@ -27,11 +27,13 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import sys
 from pathlib import Path
 
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, os_error_message
 from normswap.overlap import check_disjoint
+from normswap.private_dirs import open_private
 
 STAGING_TAG = ".normswap-staging-"
 LOCK_SUFFIX = ".normswap.lock"
@@ -44,7 +46,7 @@ def atomic_write_text(path, text: str, *, encoding: str = "utf-8") -> Path:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.normswap-tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        with open(tmp, "w", encoding=encoding) as f:
+        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", encoding=encoding) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -100,7 +102,16 @@ def _holder(lock_path: Path) -> str:
 
 def _acquire(lock_path: Path, command: str) -> int:
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # O_NOFOLLOW: a symlink planted at the lock's name in a shared directory must not make us
+        # truncate and write its target; a hard link or another user's file is refused too
+        try:
+            fd = open_private(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise NormswapError(f"cannot create the lock file {lock_path}: {os_error_message(e)}") from None
+        why = _not_our_lock(fd, lock_path)
+        if why:
+            os.close(fd)
+            raise NormswapError(f"refusing the lock file {lock_path}: {why}; remove it (it is only a lock) and run again")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -119,6 +130,17 @@ def _acquire(lock_path: Path, command: str) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({"pid": os.getpid(), "command": command}).encode())
     return fd
+
+
+def _not_our_lock(fd: int, lock_path: Path) -> str | None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_nlink > 1:
+        return f"it has {st.st_nlink} names (a hard link to another file)"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()})"
+    return None
 
 
 def _release(lock_path: Path, fd: int) -> None:
@@ -150,6 +172,7 @@ def output_lock(out, *, command: str | None = None, say=None, create_parent: boo
     lock_path = _lock_path(out)
     entry = _held.get(lock_path)
     if entry is None:
+        check_writable_destination(out)
         entry = _held[lock_path] = [_acquire(lock_path, command or _command_line()), 0]
         try:
             _remove_leftovers(out, say)
@@ -165,6 +188,44 @@ def output_lock(out, *, command: str | None = None, say=None, create_parent: boo
         if entry[1] == 0:
             del _held[lock_path]
             _release(lock_path, entry[0])
+
+
+# the longest name normswap puts beside OUT: ".OUT" + STAGING_TAG + pid (up to 7 digits) + "-old-" + 8 hex
+_SIBLING_EXTRA = 1 + len(STAGING_TAG) + 7 + len("-old-") + 8
+
+
+def check_writable_destination(out: Path) -> None:
+    """Refuse, before any work, an OUT that normswap could build but never publish: a name too
+    long for the lock and staging names beside it, the current directory (or one holding it) or
+    a mount point (neither can be replaced by a rename), a parent it cannot write."""
+    out = Path(out)
+    try:
+        name_max = os.pathconf(out.parent, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        name_max = 255
+    length = len(os.fsencode(out.name))
+    if length + _SIBLING_EXTRA > name_max:
+        raise NormswapError(f"OUT name {out.name[:40]}... is {length} bytes long: normswap needs {_SIBLING_EXTRA} more for "
+                            f"the lock and staging names it keeps beside OUT, and this file system allows {name_max}; "
+                            f"choose a name of at most {name_max - _SIBLING_EXTRA} bytes")
+    if out.exists():
+        real, cwd = out.resolve(), Path.cwd().resolve()
+        if real == cwd or real in cwd.parents:
+            raise NormswapError(f"OUT {out} is the current directory or holds it: normswap replaces OUT as a whole, which "
+                                "cannot be done to the directory you are working in; give a new directory as OUT")
+        if os.path.ismount(real):
+            raise NormswapError(f"OUT {out} is a mount point, which cannot be replaced by a rename; give a directory inside it as OUT")
+    if out.parent.exists() and not os.access(out.parent, os.W_OK):
+        ro = _read_only_fs(out.parent)
+        raise NormswapError(f"cannot write in {out.parent}: " + ("the file system is read-only" if ro else "permission denied")
+                            + "; choose an OUT in a directory you can write")
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
 
 
 def _alive(pid: str) -> bool:
@@ -211,12 +272,50 @@ def staging_dir(out):
     out = Path(out).expanduser()
     with output_lock(out):  # re-entrant: the command usually holds it already
         tmp = out.parent / f".{out.name}{STAGING_TAG}{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()
+        try:
+            tmp.mkdir(mode=0o700)  # private while it is built; publish_dir gives it the usual mode
+        except OSError as e:
+            raise NormswapError(f"cannot create a staging directory beside OUT: {os_error_message(e)}") from None
         try:
             yield tmp
+        except OSError as e:
+            if errno.errorcode.get(e.errno or 0) in _WRITE_ERRNOS:  # only writing fails these ways
+                raise NormswapError(f"cannot write OUT {out}: {os_error_message(e)}; nothing was written") from None
+            raise
+        except Exception as e:
+            if _is_write_failure(e):  # safetensors' writer wraps the OS error in its own type
+                raise NormswapError(f"cannot write OUT {out}: {_one_line(e)} (the disk is full or not writable: free "
+                                    "some space or choose an OUT on another disk); nothing was written") from None
+            raise
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+_WRITE_ERRNOS = {"ENOSPC", "EDQUOT", "EFBIG", "EROFS"}
+
+
+def _is_write_failure(e: Exception) -> bool:
+    text = str(e)
+    return type(e).__name__ == "SafetensorError" and any(
+        s in text for s in ("No space left", "os error 28", "Read-only file system", "os error 30", "Disk quota", "os error 122"))
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux says it (/proc), else set-and-restore."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 _RENAME_EXCHANGE = 2
@@ -242,6 +341,15 @@ def publish_dir(staging, out, *, force: bool) -> Path:
     """Move a finished staging directory to OUT; with ``force`` an existing OUT is replaced so
     that a complete OUT (old, then new) exists at every instant."""
     staging, out = Path(staging), Path(out)
+    os.chmod(staging, 0o777 & ~_umask())  # built private (staging_dir); published with the mode a mkdir would give
+    try:
+        return _publish(staging, out, force)
+    except OSError as e:
+        raise NormswapError(f"cannot move the finished output into place at {out}: {os_error_message(e)}; "
+                            "nothing was changed") from None
+
+
+def _publish(staging: Path, out: Path, force: bool) -> Path:
     if not (out.exists() or out.is_symlink()):
         os.rename(staging, out)
         return out

@@ -6,7 +6,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
+import pytest
+from helpers import assert_no_traceback
 
 
 @pytest.fixture
@@ -21,6 +22,7 @@ def run_cli(capsys):
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         out, err = capsys.readouterr()
+        assert_no_traceback(args, code, err)
         return code, out, err
 
     return _run

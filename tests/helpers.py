@@ -7,6 +7,8 @@ conversion cannot pass by luck.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from normswap.architectures import get_family
@@ -75,3 +77,23 @@ def without_centring(model):
 
             module.forward = forward
     return model
+
+
+def assert_no_traceback(args, code, err) -> None:
+    """A refusal is one line, never a traceback (issue #22), unless --debug asked for one.
+
+    Every CLI run in the suite passes through here (run_cli, and subprocess runs via
+    ``checked_run``), so a refusal that leaks a traceback fails the test that provoked it."""
+    if code not in (0, None) and "--debug" not in [str(a) for a in args] and os.environ.get("NORMSWAP_DEBUG") != "1":
+        assert "Traceback" not in err, f"normswap {' '.join(map(str, args))} exited {code} with a traceback:\n{err[-3000:]}"
+
+
+def checked_run(cmd, **kwargs):
+    """subprocess.run for a normswap command line, with the no-traceback check on a failure."""
+    import subprocess
+
+    proc = subprocess.run(cmd, check=False, **kwargs)
+    if isinstance(proc.stderr, (str, bytes)):
+        err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
+        assert_no_traceback(cmd, proc.returncode, err)
+    return proc

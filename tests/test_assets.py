@@ -15,6 +15,8 @@ from normswap.assets.models import list_models, model_path
 from normswap.data import load_text
 from normswap.errors import NormswapError
 
+from helpers import checked_run
+
 NAME = "kjv-gpt2"
 SHIPPED = ["kjv-gpt2", "kjv-neox"]  # one sequential-residual and one parallel-residual family
 REPO = Path(__file__).resolve().parents[1]
@@ -138,12 +140,12 @@ def test_load_model_resolves_the_shipped_spec():
 
 def test_cli_models_json_and_table():
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "normswap", "models", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    out = checked_run([sys.executable, "-m", "normswap", "models", "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert {"name", "path", "family", "parameters", "perplexity", "description"} <= set(rows[0])
     assert {r["name"] for r in rows} == set(SHIPPED)
-    table = subprocess.run([sys.executable, "-m", "normswap", "models"], capture_output=True, text=True, env=env, timeout=120)
+    table = checked_run([sys.executable, "-m", "normswap", "models"], capture_output=True, text=True, env=env, timeout=120)
     assert table.returncode == 0 and "VAL PPL" in table.stdout
     assert all(f"normswap:{n}" in table.stdout for n in SHIPPED)
 

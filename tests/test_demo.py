@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import checked_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_demo_quick_end_to_end(tmp_path):
     out = tmp_path / "demo"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
-    p = subprocess.run([sys.executable, "-m", "normswap", "demo", "--quick", "--out", str(out)],
+    p = checked_run([sys.executable, "-m", "normswap", "demo", "--quick", "--out", str(out)],
                        capture_output=True, text=True, env=env, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import checked_run
+
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 32
 # Numbers below are compared with references computed on the CPU in float32: the runs are pinned
@@ -608,7 +610,7 @@ def test_torchrun_two_processes_match_one_process(models, tmp_path):
               "--device", "cpu", "--save-every", "2", "--keep-checkpoints-after-finish"]
     two = tmp_path / "two"
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "normswap"]
-    r = subprocess.run(args + [str(two) if a is None else a for a in common], env=_env(), capture_output=True, text=True, timeout=900)
+    r = checked_run(args + [str(two) if a is None else a for a in common], env=_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     # each process saved its own random state beside the shared weights and optimizer state
     assert {p.name for p in (two / "checkpoints" / "step-4").iterdir()} == {

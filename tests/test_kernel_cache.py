@@ -25,7 +25,7 @@ def test_a_killed_build_does_not_block_the_next_process(tmp_path):
     from torch.utils.file_baton import FileBaton
 
     name = cpu._build_name(*cpu._flags())
-    built = cpu._writable_dir(cpu._cache_root(), name)  # where available() above built it
+    built = cpu._build_dir(name)  # where available() above built it
     cache = tmp_path / "cache"
     build_dir = cache / "cpu_kernel" / name
     shutil.copytree(built, build_dir)  # a finished build: the next process only has to load it

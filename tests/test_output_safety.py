@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from normswap import publish
-from helpers import tiny_model
+from helpers import checked_run, tiny_model
 from normswap.checkpoint.shards import SINGLE_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +146,7 @@ def test_killed_convert_then_two_concurrent_converts(tmp_path, src):
     # tiny conversion can finish during the third's imports on a fast machine, and the test would race.
     os.kill(first.pid, signal.SIGSTOP)
     try:
-        second = subprocess.run([sys.executable, "-m", "normswap", "convert", str(src), str(out), "--force"], env=ENV,
+        second = checked_run([sys.executable, "-m", "normswap", "convert", str(src), str(out), "--force"], env=ENV,
                                 capture_output=True, text=True, timeout=300)
     finally:
         os.kill(first.pid, signal.SIGCONT)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from normswap.recipes import load_recipe, shipped_recipes, validate
 from normswap.recipes.loader import apply_overrides
 from normswap.recipes.schema import report_names
 from normswap.checkpoint.shards import SINGLE_NAME
+
+from helpers import checked_run
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = shipped_recipes()
@@ -174,7 +175,7 @@ def test_overrides_do_not_touch_the_parsed_original():
 def test_network_recipe_offline_fails_fast_in_one_line(tmp_path, monkeypatch):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty-cache"), PYTHONPATH=str(REPO))
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "normswap", "run", "pythia-160m", "--out", str(out)],
+    p = checked_run([sys.executable, "-m", "normswap", "run", "pythia-160m", "--out", str(out)],
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
@@ -332,7 +333,7 @@ def _run_check(path, tmp_path):
     """`normswap run FILE --check` in a child limited to 1 GiB of address space and 60 s."""
     limit = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
              "from normswap.cli.main import main; main(sys.argv[1:])")
-    return subprocess.run([sys.executable, "-c", limit, "run", str(path), "--check"], capture_output=True, text=True,
+    return checked_run([sys.executable, "-c", limit, "run", str(path), "--check"], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 

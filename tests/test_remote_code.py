@@ -18,6 +18,8 @@ import torch
 
 from normswap.assets.models import model_path
 
+from helpers import checked_run
+
 ROOT = Path(__file__).resolve().parents[1]
 
 EVIL = textwrap.dedent("""
@@ -76,7 +78,7 @@ def test_auto_map_of_an_unknown_model_type_is_refused_in_one_line_and_the_flag_r
         assert not marker.exists()
         assert not (tmp_path / "out").exists()
     # positive control: asked for, the same file runs (in a child, so that its import stays there)
-    proc = subprocess.run([sys.executable, "-m", "normswap", "convert", str(src), str(tmp_path / "out"), "--trust-remote-code"],
+    proc = checked_run([sys.executable, "-m", "normswap", "convert", str(src), str(tmp_path / "out"), "--trust-remote-code"],
                           env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert marker.read_text() == "ran"
     warnings = [line for line in proc.stderr.splitlines() if "warning: --trust-remote-code" in line]
@@ -154,7 +156,7 @@ def test_recipe_key_trust_remote_code_is_the_only_way_a_recipe_runs_a_sources_co
     for name, key in (("plain", ""), ("trusted", "trust_remote_code: true")):
         path = tmp_path / f"{name}.yaml"
         path.write_text(recipe.format(key=key))
-        runs[name] = subprocess.run([sys.executable, "-m", "normswap", "run", str(path), "--out", str(tmp_path / f"run-{name}")],
+        runs[name] = checked_run([sys.executable, "-m", "normswap", "run", str(path), "--out", str(tmp_path / f"run-{name}")],
                                     env=_env(tmp_path), capture_output=True, text=True, timeout=600)
         if name == "plain":
             assert runs[name].returncode != 0 and "Traceback" not in runs[name].stderr, runs[name].stderr

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -72,9 +71,12 @@ def routed_to(log_path: Path):
     bars, warnings, `git` run as a subprocess) and the lm_eval logger into ``log_path``."""
     sys.stdout.flush()
     sys.stderr.flush()
+    from normswap.private_dirs import open_private
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     logger = logging.getLogger("lm_eval")
-    with open(log_path, "a") as log:
+    # never through a symlink: the default log sits in a shared temporary directory
+    with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "a") as log:
         saved_fds = [os.dup(1), os.dup(2)]
         saved_streams = sys.stdout, sys.stderr  # may be wrappers that bypass fds 1 and 2 (pytest, IDEs)
         handler, propagate = logging.StreamHandler(log), logger.propagate
@@ -118,8 +120,11 @@ def _clean_scores(task_results: dict) -> dict:
 
 
 def default_log() -> Path:
-    """Where lm-eval's own output goes when the caller names no log file."""
-    return Path(tempfile.gettempdir()) / f"normswap-lm_eval-{os.getpid()}.log"
+    """Where lm-eval's own output goes when the caller names no log file: normswap's private
+    temporary directory (normswap.private_dirs), not a predictable name in the shared one."""
+    from normswap.private_dirs import temp_dir
+
+    return temp_dir() / f"lm_eval-{os.getpid()}.log"
 
 
 def run_tasks(model, tokenizer, tasks, *, batch_size: int = 8, max_length: int | None = None, limit=None, device=None,

@@ -227,21 +227,29 @@ def _machine_id() -> str:
 
 
 def cache_file() -> Path:
-    from normswap.kernels.cpu import _cache_root
+    """Where the table lives (the configured cache root; loaded only when private, see _load_disk)."""
+    from normswap.private_dirs import cache_root
 
-    return _cache_root() / "autotune.json"
+    return cache_root() / "autotune.json"
 
 
 def _load_disk() -> None:
+    """Read the stored choices, only from a private cache (a table another user could write would
+    choose which code runs): a directory or file that fails normswap.private_dirs' check is ignored."""
+    from normswap.private_dirs import check_private_dir, read_private_text
+
     global _disk_loaded
     if _disk_loaded:
         return
     _disk_loaded = True
-    try:
-        data = json.loads(cache_file().read_text())
-    except (OSError, ValueError):
+    path = cache_file()
+    if check_private_dir(path.parent) is not None:
         return
-    if data.get("version") != FILE_VERSION:
+    try:
+        data = json.loads(read_private_text(path) or "null")
+    except ValueError:
+        return
+    if not isinstance(data, dict) or data.get("version") != FILE_VERSION:
         return
     for entry in data.get("machines", {}).get(_machine_id(), []):
         try:
@@ -255,13 +263,21 @@ def _load_disk() -> None:
 
 
 def _save_disk() -> None:
+    from normswap.private_dirs import (
+        NotPrivate,
+        ensure_private_dir,
+        read_private_text,
+        write_private_text,
+    )
+
     path = cache_file()
     try:
+        ensure_private_dir(path.parent)
         try:
-            data = json.loads(path.read_text())
-            if data.get("version") != FILE_VERSION:
+            data = json.loads(read_private_text(path) or "{}")
+            if not isinstance(data, dict) or data.get("version") != FILE_VERSION:
                 data = {}
-        except (OSError, ValueError):
+        except ValueError:
             data = {}
         machines = data.setdefault("machines", {})
         mine = {(e.get("device"), e.get("dtype"), e.get("width_bucket"), e.get("rows"), e.get("grad")): e
@@ -272,9 +288,6 @@ def _save_disk() -> None:
                 mine[key] = {"device": key[0], "dtype": key[1], "width_bucket": key[2], "rows": key[3], "grad": key[4], **d}
         machines[_machine_id()] = list(mine.values())
         data["version"] = FILE_VERSION
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs a re-measurement in the next process
+        write_private_text(path, json.dumps(data, indent=1))
+    except (OSError, NotPrivate):
+        pass  # a read-only or shared cache only costs a re-measurement in the next process

@@ -10,7 +10,10 @@ then uses pure torch.
 
 Build and cache:
 * The cache directory is ``$NORMSWAP_CACHE_DIR`` or ``$XDG_CACHE_HOME/normswap`` (default
-  ``~/.cache/normswap``), sub-directory ``cpu_kernel/<name>`` where the name carries a hash of
+  ``~/.cache/normswap``), sub-directory ``cpu_kernel/<name>``, used only when it is private
+  (``normswap.private_dirs.cache_dir``: created 0700; an existing one must be the user's and
+  writable by nobody else, else ``$TMPDIR/normswap-<uid>`` under the same check, else a fresh
+  ``mkdtemp`` directory, and the skip is said), because the ``.so`` found there is loaded and run. The name carries a hash of
   everything that changes the build: the C++ sources, the compile flags, the compiler, torch (its
   version and where it is installed), the interpreter (ABI tag, ``sys.prefix``) and the include
   paths. A changed source, a torch upgrade or a second virtualenv gets its own build instead of
@@ -42,7 +45,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -69,14 +71,6 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 
 def _disabled_by_env() -> bool:
     return os.environ.get("NORMSWAP_CPU_KERNEL", "").strip().lower() in ("0", "false", "no", "off")
-
-
-def _cache_root() -> Path:
-    env = os.environ.get("NORMSWAP_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "normswap"
 
 
 def _flags() -> tuple[list[str], list[str]]:
@@ -120,7 +114,9 @@ def _build_lock(build_dir: Path):
     """Hold the build directory's lock (dies with its holder); clear torch's stale baton under it."""
     import fcntl
 
-    with open(build_dir.parent / f"{build_dir.name}.lock", "a+") as f:
+    from normswap.private_dirs import open_private
+
+    with os.fdopen(open_private(build_dir.parent / f"{build_dir.name}.lock", os.O_RDWR | os.O_CREAT), "r+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -135,18 +131,12 @@ def _build_lock(build_dir: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _writable_dir(preferred: Path, name: str) -> Path:
-    for root in (preferred, Path(tempfile.gettempdir()) / f"normswap-{os.getuid() if hasattr(os, 'getuid') else 0}"):
-        d = root / "cpu_kernel" / name
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            probe = d / f".probe-{os.getpid()}"
-            probe.write_text("")
-            probe.unlink()
-            return d
-        except OSError:
-            continue
-    raise OSError(f"no writable cache directory (tried {preferred} and the temp dir)")
+def _build_dir(name: str) -> Path:
+    """Where this build lives: a private directory (normswap.private_dirs), never one another user
+    could have planted a library in."""
+    from normswap.private_dirs import cache_dir
+
+    return cache_dir("cpu_kernel", name)
 
 
 def _compiler_missing() -> str | None:
@@ -169,7 +159,7 @@ def _load():
 
     cflags, ldflags = _flags()
     name = _build_name(cflags, ldflags)
-    build_dir = _writable_dir(_cache_root(), name)
+    build_dir = _build_dir(name)
     sink = io.StringIO()
     with _build_lock(build_dir):
         if not (build_dir / f"{name}.so").exists():
