@@ -61,7 +61,7 @@ def test_config_with_more_layers_than_the_weights_is_refused(sharded_neox, tmp_p
     cfg["num_hidden_layers"] += 1
     (sharded_neox / "config.json").write_text(json.dumps(cfg))
     code, _, err = run_cli("convert", sharded_neox, tmp_path / "out", "--no-verify")
-    _refused(code, err, "lacks", tmp_path)
+    _refused(code, err, f"num_hidden_layers is {cfg['num_hidden_layers']} but the weights hold at most", tmp_path)
 
 
 def test_missing_tensor_is_refused_not_invented(sharded_neox, tmp_path, run_cli):

@@ -18,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+from normswap.checkpoint.sizes import check_against_weights, check_declared, safetensors_shapes
 from normswap.errors import NormswapError
 
 SHIPPED_PREFIX = "normswap:"
@@ -54,6 +55,9 @@ def resolve(spec) -> str:
             raise NormswapError(f"{spec} is a file; a model is a directory holding config.json and weights")
         if not (path / "config.json").is_file():
             raise NormswapError(f"{spec} is not a model directory: it has no config.json")
+        from normswap.checkpoint.side_files import side_files
+
+        side_files(path)  # a tokenizer file linked from outside is refused here, before any work
         return str(path)
     looks_local = spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", "", 1)
     if looks_local or not _HUB_ID.match(spec):
@@ -97,6 +101,7 @@ def load_config(spec):
     raw = {}
     try:
         raw, _ = PretrainedConfig.get_config_dict(resolved)  # JSON only: runs nothing
+        check_declared(raw, str(spec))  # before any config class computes with its sizes
         if _normswap_block(raw):
             return normswap_classes_for(raw)[0].from_pretrained(resolved)
         return AutoConfig.from_pretrained(resolved, trust_remote_code=_trust_remote_code)
@@ -204,6 +209,8 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
     config = config if config is not None else load_config(resolved)
     auto = model_class_for(config, task)
     torch_dtype = _torch_dtype(dtype) if dtype is not None else torch.float32
+    if is_local(resolved):  # the model is built from the config before its weights are read
+        check_against_weights(config.to_dict(), safetensors_shapes(resolved), str(spec))
     kwargs = dict(config=config, dtype=torch_dtype, trust_remote_code=remote_code_trusted(config), output_loading_info=True)
     try:
         model, info = auto.from_pretrained(resolved, **kwargs)

@@ -17,20 +17,15 @@ process killed at any instant leaves either no OUT or a complete one.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from normswap.version import __version__
 from normswap.checkpoint.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from normswap.checkpoint.shards import WEIGHTS_VARIANT, ShardedCheckpoint
+from normswap.checkpoint.side_files import copy_side_files
 from normswap.publish import check_output_path, publish_dir, staging_dir
 
 MODELING_FILE = "modeling_normswap.py"
-SIDE_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-    "vocab.txt", "tokenizer.model", "spiece.model", "added_tokens.json", "generation_config.json",
-    "chat_template.jinja", "chat_template.json",
-)
 
 
 # -- weights ---------------------------------------------------------------------------------
@@ -153,15 +148,6 @@ def config_dict_for(model) -> dict:
 
     d["transformers_version"] = transformers.__version__
     return d
-
-
-def copy_side_files(src_dir, directory: Path):
-    if not src_dir or not Path(src_dir).is_dir():
-        return
-    for name in SIDE_FILES:
-        p = Path(src_dir) / name
-        if p.is_file() and not (directory / name).exists():
-            shutil.copy2(p, directory / name)
 
 
 def write_config_and_code(model, directory: Path) -> dict:

@@ -23,7 +23,9 @@ from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import environment, history_entry, write_manifest
 from normswap.checkpoint.shards import ShardedCheckpoint
-from normswap.checkpoint.write import copy_side_files, write_config_and_code
+from normswap.checkpoint.side_files import copy_side_files
+from normswap.checkpoint.sizes import check_against_weights
+from normswap.checkpoint.write import write_config_and_code
 from normswap.convert import inputs as ckinputs
 from normswap.convert import verify as verification
 from normswap.convert.apply import check_convertible
@@ -63,6 +65,7 @@ def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=Fa
     label = str(src)
     source = open_source(directory, label)
     try:
+        check_against_weights(config.to_dict(), {k: shape for k, (_, shape) in source.specs.items()}, label)
         load_dtype = ckinputs.load_dtype(config, source)
         config.dtype = load_dtype  # from_pretrained(dtype="auto") records it on the config it is given
         model = ckinputs.skeleton(config, load_dtype)

@@ -205,6 +205,8 @@ def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
         raise _undecodable(path, data, e) from None
     except json.JSONDecodeError as e:
         raise NormswapError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
+    except RecursionError:
+        raise NormswapError(_too_deep(path)) from None
     for i, row in enumerate(rows):
         if isinstance(row, str):
             yield row
@@ -214,6 +216,12 @@ def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
             raise NormswapError(f"{path}: record {i} has no field {text_field!r} (found: {keys}); choose one with text_field / --text-field")
         if isinstance(row[text_field], str):
             yield row[text_field]
+
+
+def _too_deep(path: Path, lineno: int | None = None) -> str:
+    where = f"{path}:{lineno}" if lineno else str(path)
+    return (f"{where}: JSON nested too deeply to read (more levels than Python's parser allows); a text record is "
+            "an object with a text field: fix or remove that record")
 
 
 def _starts_with_array(path: Path) -> bool:
@@ -238,6 +246,8 @@ def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise NormswapError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+            except RecursionError:
+                raise NormswapError(_too_deep(path, lineno)) from None
             if not isinstance(row, dict) or text_field not in row:
                 keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
                 raise NormswapError(
@@ -259,13 +269,18 @@ def _parquet_docs(path: Path, text_field: str) -> Iterator[str]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
-        raise NormswapError(f"{path}: not a readable parquet file ({type(e).__name__})") from e
+        raise NormswapError(f"{path}: not a readable parquet file ({type(e).__name__}: {_first_line(e)})") from None
     names = pf.schema_arrow.names
     if text_field not in names:
         raise NormswapError(f"{path}: no column {text_field!r} (found: {', '.join(names)}); choose one with text_field / --text-field")
     # Row groups stream the file instead of loading it whole.
     for i in range(pf.num_row_groups):
-        for value in pf.read_row_group(i, columns=[text_field]).column(0).to_pylist():
+        try:
+            values = pf.read_row_group(i, columns=[text_field]).column(0).to_pylist()
+        except (OSError, ValueError, ArithmeticError) as e:  # pyarrow's errors (ArrowInvalid, ArrowIOError...) derive from these
+            raise NormswapError(f"{path}: row group {i} of {pf.num_row_groups} is corrupt ({_first_line(e)}); "
+                                "re-create or re-download the file") from None
+        for value in values:
             if isinstance(value, str):
                 yield value
 

@@ -1,0 +1,87 @@
+"""The files besides config and weights that travel with a model (tokenizer, vocabulary,
+generation config, chat template), and the rule for carrying them into OUT.
+
+Rule: a side file is carried only when it is a regular file inside the model directory. A
+symlink that stays inside is followed (one vocabulary shared by two names is common); a
+symlink that leaves the directory is **refused, with its name**, when the model is opened (every
+command resolves its models first, so before any work) and again when it is copied. Refused
+rather than skipped with a warning because a skipped tokenizer file gives an OUT that silently
+tokenises differently or not at all, and because OUT is what users publish: a link such as
+``vocab.txt -> ~/.ssh/id_rsa`` must stop the command, not scroll past in a warning. A file that
+exists but is not a regular file (a FIFO, a device, a directory) is refused as well: reading
+it could block forever or copy something that is not a file.
+
+The one exception is the hub's own cache layout: a snapshot directory
+(``models--org--name/snapshots/<rev>/``) holds symlinks into the same repository folder's
+``blobs/``; that repository folder counts as the model directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from normswap.errors import NormswapError
+
+SIDE_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "vocab.txt", "tokenizer.model", "spiece.model", "added_tokens.json", "generation_config.json",
+    "chat_template.jinja", "chat_template.json",
+)
+
+
+def model_root(directory: Path) -> Path:
+    """What "inside the model directory" means for ``directory``: itself, or for a hub-cache
+    snapshot the repository folder whose ``blobs/`` its links point into."""
+    directory = Path(directory)
+    if directory.parent.name == "snapshots" and directory.parent.parent.name.startswith(("models--", "datasets--")):
+        return directory.parent.parent
+    return directory
+
+
+def side_files(directory) -> list[tuple[str, Path]]:
+    """(name, the file it is) for every side file present in ``directory``; refuses, in one line
+    naming it, one that leaves the directory through a symlink or is not a regular file."""
+    directory = Path(directory)
+    root = model_root(directory).resolve()
+    found = []
+    for name in SIDE_FILES:
+        p = directory / name
+        if not (p.is_symlink() or p.exists()):
+            continue
+        real = p.resolve()
+        if p.is_symlink() and not real.is_relative_to(root):
+            raise NormswapError(
+                f"{p} is a symbolic link to {real}, outside the model directory {directory}: side files are copied into "
+                "OUT, and normswap carries no file from elsewhere with them; copy the file into the model directory "
+                "instead of linking it (or remove the link)")
+        if not real.exists():
+            continue  # a dangling link inside the directory: nothing to carry
+        if not stat.S_ISREG(os.stat(real).st_mode):
+            raise NormswapError(f"{p} is not a regular file; a model's {name} must be a plain file")
+        found.append((name, real))
+    return found
+
+
+def copy_side_files(src_dir, directory: Path) -> None:
+    """Copy the side files of ``src_dir`` (checked by :func:`side_files`) into ``directory``,
+    keeping any already there. Each is opened without following a link and checked again once
+    open, so a link swapped in after the check is not followed either."""
+    if not src_dir or not Path(src_dir).is_dir():
+        return
+    for name, real in side_files(src_dir):
+        dest = Path(directory) / name
+        if dest.exists():
+            continue
+        try:
+            fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise NormswapError(f"cannot read {Path(src_dir) / name}: {e.strerror}; it changed while it was being copied") from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise NormswapError(f"{Path(src_dir) / name} is not a regular file; a model's {name} must be a plain file")
+            with open(dest, "xb") as g:
+                shutil.copyfileobj(f, g)
+        shutil.copystat(real, dest)
