@@ -96,17 +96,17 @@ def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
         value = _largest(value)
         if key in LAYER_KEYS and value > max(layers, 1):
             raise NormswapError(f"{label}/config.json: {where} is {value:,} but the weights hold at most {layers} layers: "
-                                "the config does not belong to these weights; nothing was built")
+                                "the config does not belong to these weights; nothing was written")
         if key in WIDTH_KEYS + HEAD_KEYS and value > largest:
             raise NormswapError(f"{label}/config.json: {where} is {value:,} but no tensor in the weights has a dimension "
-                                f"that large (largest: {largest:,}): the config does not belong to these weights; nothing was built")
+                                f"that large (largest: {largest:,}): the config does not belong to these weights; nothing was written")
     for name, rec in _norm_records(raw).items():
         size = int(rec["hidden_size"])
         stored = shapes.get(f"{name}.weight") or shapes.get(f"{name}.bias")
         if (stored is not None and tuple(stored) != (size,)) or size > largest:
             have = f"its stored weight has shape {list(stored)}" if stored is not None else f"the largest tensor dimension is {largest:,}"
             raise NormswapError(f"{label}/config.json: the normswap block declares norm {name} with hidden_size {size:,} but "
-                                f"{have}: the config does not belong to these weights; nothing was built")
+                                f"{have}: the config does not belong to these weights; nothing was written")
 
 
 def safetensors_shapes(directory) -> dict:
