@@ -16,6 +16,10 @@
 #               fine-tunes it 50 steps under bf16 autocast with NORMSWAP_KERNEL=triton (the Triton
 #               kernels inside the training loop) and writes `eval report` on cuda; the report
 #               (report.md, results.json) is copied to user-path/ beside the kernel results
+#   study     - `normswap study` of a GPT-2-small-shaped config (random init, 124M parameters):
+#               layernorm, rmsnorm (γ = 1) and the layernorm null control interleaved step by step,
+#               bf16 autocast, 200 steps × 8 × 256 tokens, 2 seeds, on cuda; its report.md and
+#               results.json are copied to study/ (and its report goes into summary.md)
 # Results: bench/results/gpu-<UTC stamp>/ (dry runs: a temp dir unless NORMSWAP_BENCH_RESULTS is
 # set), and a copy in $OUT when that is set. Exit status: number of failed steps.
 set -uo pipefail   # deliberately no -e: one failing step must not lose the others' results
@@ -32,13 +36,15 @@ if [[ "${1:-}" == "--dry-run" ]]; then QUICK=1; fi
 # Time budget (seconds). Each step gets LIMIT + KILL_AFTER at most; env and summary are bounded
 # too; the total must stay under 480 s (8 min) or the script refuses to start.
 KILL_AFTER=5
-L_ENV=10; L_TESTS=80; L_KERNELS=140; L_USER=180; L_SUMMARY=30
-BUDGET=$(( L_ENV + L_TESTS + L_KERNELS + L_USER + L_SUMMARY + 5 * KILL_AFTER ))
+# (the study's 80 s came from the kernels' 140 -> 100, the tests' 80 -> 70 and the user path's 180 -> 150)
+L_ENV=10; L_TESTS=70; L_KERNELS=100; L_USER=150; L_STUDY=80; L_SUMMARY=30
+BUDGET=$(( L_ENV + L_TESTS + L_KERNELS + L_USER + L_STUDY + L_SUMMARY + 6 * KILL_AFTER ))
 if (( BUDGET >= 480 )); then echo "step limits add up to ${BUDGET}s, over 8 minutes" >&2; exit 99; fi
 if [[ "$QUICK" == "1" ]]; then
     # the dry run checks the script on a CPU, often a shared one: same steps, tiny, longer limits
     S=${NORMSWAP_DRY_RUN_SCALE:-4}
     L_TESTS=$(( L_TESTS * S )); L_KERNELS=$(( L_KERNELS * S )); L_USER=$(( L_USER * S )); L_SUMMARY=$(( L_SUMMARY * S ))
+    L_STUDY=$(( L_STUDY * S ))
 fi
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
@@ -84,7 +90,30 @@ collect_user_path() {  # outside the timed step: whatever the run wrote, even if
         [[ -f "$WORK/run/$f" ]] && cp "$WORK/run/$f" "$RES/user-path/"
     done
 }
-export -f user_path
+study_config() {  # DIR SHAPE: a bare config.json (random init per seed; tokenizer: the shipped kjv-gpt2's)
+    mkdir -p "$1"
+    "$PY" - "$1/config.json" "$2" <<'PYEOF'
+import json, sys
+small = dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024)  # GPT-2 small
+tiny = dict(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=4096)  # the dry run: seconds on a CPU
+shape = small if sys.argv[2] == "small" else tiny
+json.dump(dict(model_type="gpt2", **{"vocab_size": 50257, **shape}), open(sys.argv[1], "w"))
+PYEOF
+}
+
+study_run() {  # DEVICE SHAPE EXTRA_ARGS...
+    local device=$1 shape=$2
+    shift 2
+    study_config "$WORK/study-config" "$shape" || return 1
+    "$PY" -m normswap study "$WORK/study-config/config.json" --out "$WORK/study" --device "$device" --precision bf16 \
+        --no-progress "$@"
+}
+
+collect_study() {
+    mkdir -p "$RES/study"
+    for f in report.md results.json; do [[ -f "$WORK/study/$f" ]] && cp "$WORK/study/$f" "$RES/study/"; done
+}
+export -f user_path study_config study_run
 export PY WORK RES
 
 if [[ "$QUICK" == "1" ]]; then
@@ -97,6 +126,9 @@ if [[ "$QUICK" == "1" ]]; then
         --set variants.exact.finetune.seq_len=64 --set variants.exact.finetune.eval_tokens=1024 \
         --set eval.seq_len=64 --set eval.max_tokens=2048 --set eval.repeats=2 --set eval.new_tokens=4'
     collect_user_path
+    step study "$L_STUDY" bash -c 'study_run cpu tiny --steps 5 --seeds 2 --batch-size 4 --seq-len 64 --eval-tokens 512 \
+        --eval-every 0 --warmup 2'
+    collect_study
 else
     DEVICE=cuda
     timeout "$L_ENV" nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version \
@@ -108,6 +140,9 @@ else
         --out "$RES/kernels.json" --markdown "$RES/kernels.md"
     step user-path "$L_USER" env NORMSWAP_KERNEL=triton bash -c 'user_path cuda'
     collect_user_path
+    step study "$L_STUDY" bash -c 'study_run cuda small --steps 200 --seeds 2 --batch-size 8 --seq-len 256 --warmup 40 \
+        --lr 6e-4 --eval-every 100 --eval-tokens 16384'
+    collect_study
 fi
 
 # status.json + summary.md (env, step table, the kernel tables, the user path's report)
@@ -146,6 +181,10 @@ if os.path.exists(up):
     r = json.load(open(up))
     summary["user_path"] = [{k: m.get(k) for k in ("name", "perplexity", "tokens_per_second", "norm_time_share", "ratios")}
                             for m in r.get("models", [])]
+st = os.path.join(res, "study", "results.json")
+if os.path.exists(st):
+    r = json.load(open(st))
+    summary["study"] = {"claims": r.get("claims"), "null_control": r.get("null_control"), "wall_seconds": (r.get("timing") or {}).get("wall_seconds")}
 tmp = os.path.join(res, ".status.json.tmp")
 json.dump(summary, open(tmp, "w"), indent=2)
 os.replace(tmp, os.path.join(res, "status.json"))
@@ -155,7 +194,8 @@ if os.path.exists(os.path.join(res, "env.txt")):
     lines += ["```", open(os.path.join(res, "env.txt")).read().strip(), "```", ""]
 lines += ["| step | status | rc | seconds (limit) |", "|---|---|---|---|"]
 lines += [f"| {s['step']} | {s['status']} | {s['rc']} | {s['seconds']} ({s['limit_s']}) |" for s in steps]
-for title, name in (("Kernels", "kernels.md"), ("User path: convert, bf16 fine-tune, eval report", os.path.join("user-path", "report.md"))):
+for title, name in (("Kernels", "kernels.md"), ("User path: convert, bf16 fine-tune, eval report", os.path.join("user-path", "report.md")),
+                    ("Study: LayerNorm vs RMSNorm, GPT-2-small shape, bf16", os.path.join("study", "report.md"))):
     p = os.path.join(res, name)
     if os.path.exists(p):
         lines += ["", f"## {title}", "", open(p).read().strip()]

@@ -293,3 +293,48 @@ def test_a_diverging_arm_is_recorded_and_stops_while_the_others_finish(tmp_path)
     equal = next(c for c in res["claims"] if c["claim"].startswith("equal loss") and c["arm"] == "rmsnorm")
     assert equal["verdict"] == "not measurable here" and "diverged" in equal["decided_by"]
     assert res["comparisons"]["rmsnorm"]["diverged"] == {"arm": 2, "baseline": 0}
+
+
+# --- from a trained checkpoint, and as a recipe step ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_runs(tmp_path):
+    """From the shipped trained kjv-gpt2 (recipe `study:` step): rmsnorm-exact is the same function
+    at step 0 (same held-out loss), rmsnorm (γ = 1, β dropped) and rmsnorm-approx are not."""
+    import yaml
+
+    from normswap.cli.main import main
+    from normswap.recipes.loader import load_recipe
+    from normswap.recipes.runner import EvalStep, StudyStep, plan_steps
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "s", "source": "normswap:kjv-gpt2", "device": "cpu", "variants": {"exact": {"convert": {"mode": "exact"}}},
+        "eval": {"seq_len": 32, "stride": 32, "max_tokens": 256, "speed": False, "diagnostics": False},
+        "study": {"steps": 2, "seeds": 1, "seq_len": 32, "batch_size": 2, "eval_tokens": 256, "warmup": 1}}))
+    steps = plan_steps(load_recipe(str(recipe)).recipe)
+    assert [type(s) for s in steps[-2:]] == [StudyStep, EvalStep]
+    try:
+        main(["run", str(recipe), "--out", str(tmp_path / "run")])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    res = json.loads((tmp_path / "run" / "study" / "results.json").read_text())
+    assert res["from_scratch"] is False
+    assert res["setup"]["arms"] == ["layernorm", "rmsnorm", "layernorm-control", "rmsnorm-exact", "rmsnorm-approx"]
+    start = {u["arm"]: u["eval"][0]["loss"] for u in res["units"]}
+    assert start["rmsnorm-exact"] == pytest.approx(start["layernorm"], abs=1e-4)
+    assert abs(start["rmsnorm"] - start["layernorm"]) > 1e-3  # negative control: γ = 1 and β dropped change the function
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["steps"]["study"]["status"] == "done"
+
+
+def test_recipe_study_section_is_validated():
+    from normswap.recipes.schema import RecipeError, validate
+
+    base = {"name": "s", "source": "normswap:kjv-gpt2", "variants": {"exact": {"convert": {"mode": "exact"}}}}
+    assert validate(dict(base), "r")["study"] is None
+    assert validate(dict(base, study={"seeds": 2, "lr_sweep": "0.5,1"}), "r")["study"]["lr_sweep"] == ["0.5", "1"]
+    with pytest.raises(RecipeError, match="study.arms"):
+        validate(dict(base, study={"arms": ["layernorm", "rmsnrom"]}), "r")
+    with pytest.raises(RecipeError, match="study.seeds"):
+        validate(dict(base, study={"seeds": 0}), "r")

@@ -10,6 +10,7 @@ Layout of the run directory DIR:
     DIR/models/<variant>/      convert's output (or finetune's, for a variant without convert)
     DIR/models/<variant>-healed/  finetune's output for a variant that converts and fine-tunes
     DIR/report/                normswap eval report: results.json, report.md, report.html, PNGs
+    DIR/study/                 with a `study:` section: normswap study of the source (results.json, report.md, ...)
 
 Each step writes its output atomically (the command it runs publishes it) and is recorded in
 run.json with a fingerprint of everything that determines it (its options and its input's
@@ -36,8 +37,8 @@ from normswap.recipes.loader import LoadedRecipe, dump_recipe
 from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, report_names
 
 RUN_FILE = "run.json"
-MODELS, REPORT, SUMMARY = "models", "report", "summary.md"
-OWNED = ("recipe.yaml", "recipe.original.yaml", RUN_FILE, SUMMARY, MODELS, REPORT)
+MODELS, REPORT, SUMMARY, STUDY = "models", "report", "summary.md", "study"
+OWNED = ("recipe.yaml", "recipe.original.yaml", RUN_FILE, SUMMARY, MODELS, REPORT, STUDY)
 PROGRESS_EVERY = 10.0  # seconds between a fine-tune's progress lines (readable in logs and CI)
 
 Progress = Callable[[str], None]
@@ -229,8 +230,52 @@ class EvalStep:
         return json.loads((self.target(ctx) / RESULTS).read_text())
 
 
+@dataclass
+class StudyStep:
+    """``normswap study`` of the recipe's source (its ``study:`` section) into DIR/study; finished units
+    are kept when the step runs again with the same options (the study's own --resume)."""
+
+    options: dict
+    name: str = "study"
+    produces: None = None  # a study, not a model
+
+    def target(self, ctx: Context) -> Path:
+        return ctx.out / STUDY
+
+    def _config(self, ctx: Context, **extra):
+        from normswap.study.config import StudyConfig
+
+        r = ctx.recipe
+        return StudyConfig(model=ctx.models[SOURCE_NAME].spec, out=str(self.target(ctx)), data=r["data"], device=r["device"],
+                           progress=False, **self.options, **extra)
+
+    def fingerprint(self, ctx: Context) -> str:
+        return _fingerprint({"step": "study", "input": ctx.models[SOURCE_NAME].fingerprint, "options": self.options,
+                             "data": ctx.recipe["data"]})
+
+    def complete(self, ctx: Context) -> bool:
+        from normswap.study.study_dir import StudyDir
+
+        return ((StudyDir(self.target(ctx)).read_run() or {}).get("status") == "finished"
+                and StudyDir(self.target(ctx)).results_file.is_file())
+
+    def run(self, ctx: Context) -> dict:
+        from normswap.study.runner import run_study
+        from normswap.study.study_dir import StudyDir
+
+        say = lambda m: ctx.say(f"study: {m.removeprefix('normswap study: ').removeprefix('study: ')}")  # noqa: E731
+        recorded = StudyDir(self.target(ctx)).read_run() if self.target(ctx).is_dir() else None
+        same = recorded is not None and recorded.get("config") == self._config(ctx, force=True).recorded()
+        cfg = self._config(ctx, resume=same, force=not same)
+        results = run_study(cfg, echo=say)
+        for c in results["claims"]:
+            say(f"{c['arm']}: {c['claim']}: {c['verdict']} ({c['decided_by']})")
+        return {}
+
+
 def plan_steps(recipe: dict) -> list:
-    """The run as a list of steps, in order: each variant's convert and/or fine-tune, then the evaluation."""
+    """The run as a list of steps, in order: each variant's convert and/or fine-tune, the study (when
+    the recipe has one), then the evaluation."""
     steps = []
     for name, v in recipe["variants"].items():
         current = SOURCE_NAME
@@ -239,6 +284,8 @@ def plan_steps(recipe: dict) -> list:
             current = name
         if v["finetune"] is not None:
             steps.append(FinetuneStep(name + HEALED_SUFFIX if v["convert"] is not None else name, current, v["finetune"]))
+    if recipe.get("study") is not None:
+        steps.append(StudyStep(recipe["study"]))
     return steps + [EvalStep(report_names(recipe))]
 
 
@@ -332,7 +379,7 @@ class Runner:
         else:
             t0 = time.perf_counter()
             extra = step.run(ctx)
-            ctx.ran_any = True
+            ctx.ran_any = ctx.ran_any or step.produces is not None  # a new model: the evaluation runs again
             self.state["steps"][step.name] = {"status": "done", "fingerprint": fp, "seconds": round(time.perf_counter() - t0, 2),
                                               "finished": _now(), "output": str(target), **extra}
             self._save()

@@ -22,6 +22,8 @@ from normswap.errors import NormswapError
 from normswap.evaluate.config import option_errors as eval_option_errors
 from normswap.evaluate.config import recipe_fields as eval_recipe_fields
 from normswap.finetune.config import option_errors, recipe_fields
+from normswap.study.config import option_errors as study_option_errors
+from normswap.study.config import recipe_fields as study_recipe_fields
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 SOURCE_NAME = "original"  # the unconverted source's label in the report (and the baseline)
@@ -56,6 +58,7 @@ TOP = {
     "variants": Field("variants", required=True, help="name -> {convert: ..., finetune: ...}; each becomes a model in the report"),
     "eval": Field("section", default=None),
     "report": Field("section", default=None),
+    "study": Field("section", default=None, help="optional: `normswap study` of the source (its arms trained side by side) into DIR/study"),
 }
 
 CONVERT = {
@@ -80,6 +83,10 @@ EVAL = {name: Field(**spec) for name, spec in eval_recipe_fields().items()} | {
 REPORT = {
     "title": Field("str", default=None, nullable=True),
 }
+
+# generated from StudyConfig, the one declaration of `normswap study`'s options (the model, data and
+# device are the recipe's source, data and device)
+STUDY = {name: Field(**spec) for name, spec in study_recipe_fields().items()}
 
 VARIANT_KEYS = ("convert", "finetune", "description")
 
@@ -237,6 +244,9 @@ def validate(raw, where: str) -> dict:
 
     recipe["eval"] = _section(where, "eval.", raw.get("eval"), EVAL)
     recipe["report"] = _section(where, "report.", raw.get("report"), REPORT)
+    recipe["study"] = _section(where, "study.", raw["study"], STUDY) if raw.get("study") is not None else None
+    for option, why in study_option_errors(recipe["study"]) if recipe["study"] is not None else ():
+        _fail(where, f"study.{option}", why)
     ev = recipe["eval"]
     masked = recipe["task"] in ("masked-lm", "encoder")
     if ev["perplexity"] is None:
@@ -273,7 +283,7 @@ def describe_fields() -> str:
     """Plain-text reference of every key (for docs and `normswap run --schema`)."""
     lines = []
     for title, table in (("top level", TOP), ("variants.<name>.convert", CONVERT), ("variants.<name>.finetune", FINETUNE),
-                         ("eval", EVAL), ("report", REPORT)):
+                         ("eval", EVAL), ("report", REPORT), ("study", STUDY)):
         lines.append(f"{title}:")
         for k, f in table.items():
             if f.kind in ("variants", "section"):

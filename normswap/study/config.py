@@ -46,7 +46,7 @@ def _opt(default, help, *, resume="match", **declaration):
 @dataclass
 class StudyConfig:
     out: str = _opt(dataclasses.MISSING, "the study directory", kind="str", recipe=False, cli=False, resume="free")
-    model: str = _opt(DEFAULT_MODEL, "the model (trained checkpoint) or config to study", kind="str", cli=False)
+    model: str = _opt(DEFAULT_MODEL, "the model (trained checkpoint) or config to study", kind="str", cli=False, recipe=False)
     arms: list[str] = _opt([], "Arms to train, comma-separated (default: layernorm,rmsnorm,layernorm-control; from a trained "
                            "checkpoint also rmsnorm-exact,rmsnorm-approx). " + "; ".join(f"{k}: {v}" for k, v in ARMS.items()) + ".",
                            kind="list[str]")
@@ -65,7 +65,7 @@ class StudyConfig:
     batch_size: int = _opt(8, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1)
     seq_len: int = _opt(64, "Tokens per sequence.", minimum=2)
     eval_every: int = _opt(40, "Held-out loss every K steps (always at step 0 and at the end; 0: only those).", minimum=0)
-    eval_tokens: int = _opt(8192, "Held-out tokens (the same for every arm and seed).", minimum=1)
+    eval_tokens: int = _opt(4096, "Held-out tokens (the same for every arm and seed).", minimum=1)
     weight_decay: float = _opt(0.0, "AdamW weight decay (never on norms or biases).", minimum=0.0)
     clip_grad: float = _opt(1.0, "Clip the global gradient norm (0: off); the logged norm is the one before clipping.", minimum=0.0)
     spike_factor: float = _opt(2.0, "A loss spike: a step whose loss exceeds this factor × the median of the previous 20 steps.",
