@@ -65,10 +65,10 @@ def main(argv=None):
     from normswap.checkpoint.write import save_checkpoint
     from normswap.convert import convert_model
     from normswap.finetune import FinetuneConfig, eval_blocks, heldout_loss, run_finetune
-    from normswap.evaluate.perplexity import model_context
+    from normswap.model_facts import context_length
 
     t_all = time.perf_counter()
-    ctx = model_context(load_config(args.model)) or 512
+    ctx = context_length(load_config(args.model)) or 512
     seq_len = args.seq_len or min(ctx, 512)
     tok = normswap.load_tokenizer(args.model)
     blocks = eval_blocks(tok, args.data, seq_len, args.eval_tokens)

@@ -40,3 +40,11 @@ def os_error_message(e: OSError) -> str:
     path = f"{e.filename}: " if e.filename else ""
     advice = _ADVICE.get(name)
     return f"{path}{what}" + (f" ({advice})" if advice else "")
+
+
+def first_line(error: BaseException, max_chars: int | None = None) -> str:
+    """The first line of an exception's message (its type name when the message is empty): how a
+    library's multi-line error is quoted inside normswap's one-line messages."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else type(error).__name__
+    return text[:max_chars] if max_chars else text

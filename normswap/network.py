@@ -17,9 +17,14 @@ from normswap.errors import NormswapError
 PROBE_TIMEOUT = 2.0  # seconds for the one TCP connection that decides "reachable"
 
 
+# Any of these switches the Hub off for everything normswap does (models, datasets, lm-eval tasks):
+# a user who set one of them expects no download at all, whichever library it was meant for.
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
 def offline_env() -> str | None:
     """The environment variable that switches the Hub off, as ``NAME=value`` (None: not set)."""
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    for var in OFFLINE_VARS:
         if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
             return f"{var}={os.environ[var]}"
     return None
@@ -82,15 +87,16 @@ def data_needs_hub(spec) -> bool:
     return bool(HUB_DATASET_ID.match(spec)) and Path(spec).suffix.lower() not in (".txt", ".md", ".jsonl", ".json", ".parquet")
 
 
-def require_hub(*, models=(), data=None, tasks=None, timeout: float = PROBE_TIMEOUT) -> None:
-    """Raise a one-line NormswapError when something asked for needs the Hub and the Hub is out of reach."""
+def require_hub(*, models=(), data=None, hub_tasks=(), timeout: float = PROBE_TIMEOUT) -> None:
+    """Raise a one-line NormswapError when something asked for needs the Hub and the Hub is out of reach.
+
+    ``hub_tasks``: the lm-eval tasks whose datasets live on the Hub
+    (``normswap.evaluate.lm_eval_adapter.hub_tasks`` tells them from normswap's own).
+    """
     needs = [f"model {m}" for m in models if m and model_needs_hub(m)]
     if data is not None and data_needs_hub(data):
         needs.append(f"dataset {data}")
-    if tasks:
-        from normswap.evaluate.lm_eval_adapter import hub_tasks
-
-        needs += [f"lm-eval task {t}" for t in hub_tasks(tasks)]
+    needs += [f"lm-eval task {t}" for t in hub_tasks]
     if not needs:
         return
     problem = hub_problem(timeout)

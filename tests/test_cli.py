@@ -103,11 +103,12 @@ def test_hub_task_offline_fails_before_perplexity(run_cli, tmp_path, monkeypatch
 def test_local_sources_never_ask_for_the_hub(monkeypatch, tmp_path):
     """Negative control: shipped models, local paths, embedded data and normswap's tasks pass the
     check even offline, and an online hub passes too."""
+    from normswap.evaluate.lm_eval_adapter import hub_tasks
     from normswap.network import data_needs_hub, model_needs_hub, require_hub
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "corpus.txt").write_text("In the beginning\n")
-    require_hub(models=["normswap:kjv-gpt2", str(tmp_path)], data="embedded", tasks="normswap_kjv,normswap_kjv_validation")
+    require_hub(models=["normswap:kjv-gpt2", str(tmp_path)], data="embedded", hub_tasks=hub_tasks("normswap_kjv,normswap_kjv_validation"))
     require_hub(models=[], data=str(tmp_path / "corpus.txt"))
     assert data_needs_hub("wikitext:wikitext-2-raw-v1") and data_needs_hub("org/set")
     assert not data_needs_hub("embedded") and not data_needs_hub("./missing.txt")
@@ -124,7 +125,7 @@ def test_local_sources_never_ask_for_the_hub(monkeypatch, tmp_path):
             return False
 
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: Reachable())
-    require_hub(models=["some-org/not-cached-model"], data="wikitext:wikitext-2-raw-v1", tasks="hellaswag")
+    require_hub(models=["some-org/not-cached-model"], data="wikitext:wikitext-2-raw-v1", hub_tasks=hub_tasks("hellaswag"))
 
 
 def test_run_list_wraps_descriptions_at_word_boundaries(run_cli):

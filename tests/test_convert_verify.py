@@ -48,7 +48,7 @@ def test_module_by_module_figures_equal_whole_models(neox_src, tmp_path, run_cli
     """max |Δ log-prob| from the blockwise runs is the one whole float32 models give on the same probe;
     the float64 noise-floor pass runs only when the difference exceeds --tolerance, and then gives
     the whole models' figure."""
-    from normswap.convert.verify import probe_inputs
+    from normswap.convert.verify import verification_ids
 
     code, out, err = run_cli("convert", neox_src, tmp_path / "out", "--json")
     assert code == 0, err
@@ -58,7 +58,7 @@ def test_module_by_module_figures_equal_whole_models(neox_src, tmp_path, run_cli
 
     src = AutoModelForCausalLM.from_pretrained(neox_src, dtype=torch.float32).eval()
     conv = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True, dtype=torch.float32).eval()
-    ids = probe_inputs(None, src.config)["input_ids"]
+    ids = verification_ids(None, src.config)["input_ids"]
     assert ver["probe_tokens"] == ids.numel()
     whole = float((_logprobs(src, ids) - _logprobs(conv, ids)).abs().max())
     assert ver["max_abs_diff"] == pytest.approx(whole, rel=1e-9, abs=1e-12)

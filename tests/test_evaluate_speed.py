@@ -13,7 +13,7 @@ from test_evaluate_fixtures import kjv_tokenizer, tiny_gpt2
 from normswap.data import load_text
 from normswap.evaluate.diagnostics import diagnostics, fixed_batch
 from normswap.evaluate.memory import peak_memory, resident_bytes
-from normswap.evaluate.norms import norm_modules
+from normswap.model_facts import norm_modules
 from normswap.evaluate.speed import SpeedConfig, measure_speed
 
 

@@ -35,7 +35,8 @@ from normswap.architectures import norms as norm_probe
 from normswap.architectures.probes import model_outputs, probe_inputs
 from normswap.architectures.schema import Family, parse_family
 from normswap.architectures.trace import ADD, PAD, POOL, REARRANGE, REDUCE, SCALE, TRANSPARENT, trace_forward
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, first_line
+from normswap.model_facts import declared_eps, is_layernorm, output_embeddings
 
 EXACT_RTOL = 1e-5  # relative to the output scale; float32-internal norms (Cohere, OLMo) stay ~1e-7
 
@@ -121,15 +122,11 @@ def tiny_instance(config, cls=None, *, seed=0, shrink=True, dtype=torch.float64)
     try:
         model = cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
     except Exception as e:
-        raise DiscoveryError(f"cannot build a tiny {getattr(cfg, 'model_type', '?')} model: {_first_line(e)}") from None
+        raise DiscoveryError(f"cannot build a tiny {getattr(cfg, 'model_type', '?')} model: {first_line(e, 200)}") from None
     model = model.to(dtype).eval()
     randomize_(model, seed)
     return model
 
-
-def _first_line(e) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:200]
 
 
 # -- discovery ----------------------------------------------------------------------------------
@@ -422,7 +419,7 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
     except DiscoveryError:
         raise
     except Exception as e:
-        raise DiscoveryError(f"cannot trace {type(model).__name__} on a probe input: {_first_line(e)}") from None
+        raise DiscoveryError(f"cannot trace {type(model).__name__} on a probe input: {first_line(e, 200)}") from None
     if not g.norms:
         raise DiscoveryError(f"{type(model).__name__}: no module computes LayerNorm (shift-invariant, γ·n+β); nothing to convert")
     stacks = _layer_stacks(model, g)
@@ -546,8 +543,6 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
     left = {n: "does not read the residual stream (per-head q/k norm or head transform): its input is not centred"
             for n in g.norms if n not in converted}
     for n, m in g.modules.items():
-        from normswap.convert.plan import is_layernorm
-
         if is_layernorm(m) and n not in g.norms:
             left[n] = f"{type(m).__name__} does not compute LayerNorm (not shift-invariant, or a different formula)"
     return _describe(model, stacks, g, converted, writers, centered_inputs, left, placement, post_evidence, name,
@@ -600,8 +595,8 @@ def _describe(model, stacks, g, converted, writers, centered_inputs, left, place
         extra = {}
         if s.gamma_offset:
             extra["gamma_offset"] = s.gamma_offset
-        declared = list(norm_probe._declared_eps(g.modules[n]))
-        if not declared or abs(declared[0] - s.eps) > 1e-3 * s.eps:
+        declared = declared_eps(g.modules[n])
+        if declared is None or abs(declared - s.eps) > 1e-3 * s.eps:
             extra["eps"] = s.eps
         return extra
 
@@ -642,9 +637,7 @@ def _describe(model, stacks, g, converted, writers, centered_inputs, left, place
     writer_out = []
     for path, _ in collapse([(w, ((), False)) for w in writer_paths]):
         writer_out.append(path)
-    from normswap.convert.plan import _optional_call
-
-    head = _optional_call(model, "get_output_embeddings")
+    head = output_embeddings(model)
     head_name = next((n for n, m in g.modules.items() if m is head), None) if head is not None else None
 
     leave = [{"pattern": re.escape(n), "reason": reason} for n, reason in left.items()]
@@ -705,14 +698,14 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
         return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None, "reason": str(e)}
     except Exception as e:  # a fold whose shapes do not fit (a reader that reads another axis): not this plan
         return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None,
-                "reason": f"the plan does not apply to the tiny model: {_first_line(e)}"}
+                "reason": f"the plan does not apply to the tiny model: {first_line(e, 200)}"}
     inputs = probe_inputs(source, seq_len=8, seed=seed)
     try:
         ref = model_outputs(source, inputs)
         got = model_outputs(converted, inputs)
     except Exception as e:
         return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None,
-                "reason": f"the converted tiny model does not run: {_first_line(e)}"}
+                "reason": f"the converted tiny model does not run: {first_line(e, 200)}"}
     scale = max([1.0] + [float(r.double().abs().max()) for r in ref.values()])
     threshold = EXACT_RTOL * scale
     worst, changed, shifted = 0.0, [], []
@@ -752,7 +745,7 @@ def _approx_failure(family, source, seed) -> str:
         inputs = probe_inputs(source, seq_len=8, seed=seed)
         ref, got = model_outputs(source, inputs), model_outputs(converted, inputs)
     except Exception as e:
-        return f"fails: {_first_line(e)}"
+        return f"fails: {first_line(e, 200)}"
     missing = [k for k in ref if k not in got]
     if missing:
         return f"does not return output {', '.join(missing[:3])}"
@@ -833,7 +826,7 @@ def _checked_file_family(family: Family, config, cls) -> Family:
     except NormswapError:
         raise
     except Exception as e:  # a path the model does not have, a module of the wrong kind
-        raise NormswapError(f"family file {family.source} does not fit {model_type}: {_first_line(e)}") from None
+        raise NormswapError(f"family file {family.source} does not fit {model_type}: {first_line(e, 200)}") from None
     if check["exact"] is False:
         raise NormswapError(f"family file {family.source} is not exact on a tiny randomised {model_type} instance ({check['reason']})")
     return family

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from normswap.model_facts import declared_eps
+
 EPS_CANDIDATES = (1e-5, 1e-6, 1e-12, 1e-8, 1e-7, 1e-3, 1e-4, 1e-10)
 
 
@@ -25,13 +27,6 @@ class NormSpec:
     gamma_offset: float  # γ = weight + offset (0 for nn.LayerNorm, 1 for LayerNorm1P); None weight: γ = 1
     has_weight: bool
     has_bias: bool
-
-
-def _declared_eps(module):
-    for attr in ("eps", "variance_epsilon", "epsilon", "layer_norm_eps"):
-        v = getattr(module, attr, None)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            yield float(v)
 
 
 def _layer_norm(x, eps):
@@ -85,7 +80,8 @@ def layernorm_spec(module: nn.Module, shape) -> NormSpec | None:
     if y_small is None:
         return None
     xs, ys = torch.cat([x, x_small]).double(), torch.cat([y, y_small])
-    for eps in list(_declared_eps(module)) + list(EPS_CANDIDATES):
+    declared = declared_eps(module)
+    for eps in ([declared] if declared is not None else []) + list(EPS_CANDIDATES):
         n = _layer_norm(xs, eps)
         # per-feature least squares y = γ n + β
         nm, ym = n.mean(0), ys.mean(0)

@@ -11,13 +11,7 @@ import inspect
 
 import torch
 
-
-def _sub(config, *names):
-    for n in names:
-        sub = getattr(config, n, None)
-        if sub is not None and hasattr(sub, "to_dict"):
-            return sub
-    return config
+from normswap.model_facts import context_length, sub_config
 
 
 def _first(config, names, default):
@@ -32,7 +26,7 @@ def _first(config, names, default):
 
 
 def _vocab(config) -> int:
-    return _first(_sub(config, "text_config", "decoder"), ("vocab_size",), 256) or 256
+    return _first(sub_config(config, "text_config", "decoder"), ("vocab_size",), 256) or 256
 
 
 def forward_parameters(model) -> set[str]:
@@ -65,26 +59,24 @@ def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dty
     device = device or next((p.device for p in model.parameters()), torch.device("cpu"))
     out: dict = {}
     main = getattr(model, "main_input_name", "input_ids")
-    text_config = _sub(config, "text_config")
-    max_pos = _first(text_config, ("max_position_embeddings", "n_positions", "max_target_positions"), seq_len)
-    length = min(seq_len, max_pos) if ids is None else ids.shape[1]
+    length = min(seq_len, context_length(config) or seq_len) if ids is None else ids.shape[1]
     vocab = _vocab(config)
 
     def random_ids(n):
         return torch.randint(0, vocab, (ids.shape[0] if ids is not None else batch, n), generator=gen)
 
     if "pixel_values" in params and (main == "pixel_values" or "pixel_values" in required or "input_ids" in params):
-        vision = _sub(config, "vision_config")
+        vision = sub_config(config, "vision_config")
         size = _first(vision, ("image_size",), 32)
         channels = _first(vision, ("num_channels",), 3)
         out["pixel_values"] = torch.randn(batch, channels, size, size, generator=gen)
     if "input_features" in params and main == "input_features":
-        audio = _sub(config, "encoder_config", "audio_config")
+        audio = sub_config(config, "encoder_config", "audio_config")
         mels = _first(audio, ("num_mel_bins", "feature_size"), 80)
         frames = 2 * _first(audio, ("max_source_positions",), 32)
         out["input_features"] = torch.randn(batch, mels, frames, generator=gen)
     if "input_values" in params and main == "input_values":
-        audio = _sub(config, "audio_config")
+        audio = sub_config(config, "audio_config")
         mels = _first(audio, ("num_mel_bins",), 0)
         if mels:  # spectrogram models (AST): [batch, frames, mel bins]
             out["input_values"] = torch.randn(batch, _first(audio, ("max_length",), 128), mels, generator=gen)

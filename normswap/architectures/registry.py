@@ -8,7 +8,7 @@ from importlib import resources
 import yaml
 
 from normswap.architectures.schema import Family, parse_family
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, first_line
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,7 +47,7 @@ def load_family_file(path) -> Family:
     except OSError as e:
         raise NormswapError(f"cannot read family file {path}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
-        raise NormswapError(f"invalid family file {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise NormswapError(f"invalid family file {path}: not valid YAML ({first_line(e)})") from None
     fam = parse_family(raw, str(path))
     return dataclasses.replace(fam, discovered=True, description=dict(raw))
 

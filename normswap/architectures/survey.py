@@ -17,6 +17,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from normswap.errors import first_line
+
 PER_MODEL_SECONDS = 120
 
 
@@ -84,9 +86,9 @@ def survey_one(model_type: str) -> dict:
         row.update(status="refused", reason=f"discovery and check took over {PER_MODEL_SECONDS} s")
     except Exception as e:  # a default config that does not build a tiny model is counted, not tried
         if row.get("class") is None:
-            row.update(status="not-built", reason=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}")
+            row.update(status="not-built", reason=f"{type(e).__name__}: {first_line(e, 160)}")
         else:
-            row.update(status="refused", reason=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}")
+            row.update(status="refused", reason=f"{type(e).__name__}: {first_line(e, 160)}")
     finally:
         row["seconds"] = round(time.perf_counter() - t0, 2)
     return row

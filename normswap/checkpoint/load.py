@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from normswap.checkpoint.sizes import check_against_weights, check_declared, safetensors_shapes
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, first_line
 
 SHIPPED_PREFIX = "normswap:"
 NORMSWAP_TYPE_PREFIX = "normswap_"
@@ -106,7 +106,7 @@ def load_config(spec):
             return normswap_classes_for(raw)[0].from_pretrained(resolved)
         return AutoConfig.from_pretrained(resolved, trust_remote_code=_trust_remote_code)
     except OSError as e:
-        raise NormswapError(f"cannot read a model config from {spec}: {_first_line(e)}") from None
+        raise NormswapError(f"cannot read a model config from {spec}: {first_line(e)}") from None
     except (ValueError, KeyError) as e:
         if "trust_remote_code" in str(e):
             raise NormswapError(_needs_code_message(spec, raw)) from None
@@ -217,10 +217,10 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         if "ignore_mismatched_sizes" in str(e):  # transformers points to a report it logged (and we silenced)
             raise NormswapError(f"cannot load weights of {spec}: {_shape_mismatch(auto, resolved, kwargs)}") from None
-        raise NormswapError(f"cannot load weights of {spec}: {_first_line(e)}") from None
+        raise NormswapError(f"cannot load weights of {spec}: {first_line(e)}") from None
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt files
         if type(e).__name__ in ("SafetensorError", "HeaderTooLarge", "HeaderTooSmall"):
-            raise NormswapError(f"cannot load weights of {spec}: corrupted safetensors file ({_first_line(e)})") from None
+            raise NormswapError(f"cannot load weights of {spec}: corrupted safetensors file ({first_line(e)})") from None
         raise
     missing = list(info.get("missing_keys") or [])
     if strict and missing:
@@ -289,7 +289,7 @@ def load_tokenizer(spec):
         tok = AutoTokenizer.from_pretrained(resolved, trust_remote_code=remote_code_trusted(config),
                                             **({"config": config} if config is not None else {}))
     except (OSError, ValueError, KeyError, ImportError, TypeError) as e:
-        raise NormswapError(f"cannot load a tokenizer from {spec}: {_first_line(e)}") from None
+        raise NormswapError(f"cannot load a tokenizer from {spec}: {first_line(e)}") from None
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
@@ -299,8 +299,3 @@ def _one_line(e, limit: int = 400) -> str:
     """The whole message on one line (a reason on a later line is kept), cut at ``limit``."""
     text = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip()) or type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _first_line(e) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

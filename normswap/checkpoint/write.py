@@ -23,6 +23,7 @@ from normswap.version import __version__
 from normswap.checkpoint.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from normswap.checkpoint.shards import WEIGHTS_VARIANT, ShardedCheckpoint
 from normswap.checkpoint.side_files import copy_side_files
+from normswap.model_facts import is_rmsnorm
 from normswap.publish import check_output_path, publish_dir, staging_dir
 
 MODELING_FILE = "modeling_normswap.py"
@@ -198,8 +199,6 @@ def write_checkpoint_dir(model, directory: Path, *, tokenizer=None, source_dir=N
 
 
 def _sync_norm_records(model, block):
-    from normswap.convert.plan import is_rmsnorm
-
     for name, rec in block.get("norms", {}).items():
         try:
             module = model.get_submodule(name)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from normswap.cli.options import device_option, json_option, resolve_device
+from normswap.cli.options import device_option, json_option
+from normswap.devices import resolve_device
 from normswap.errors import NormswapError
 from normswap.publish import atomic_write_text
 

@@ -35,8 +35,8 @@ from normswap.convert.choices import BETA_CHOICES, DEFAULT_TOLERANCE, GAMMA_CHOI
 @json_option
 def convert(src, out, mode, gamma, beta, untie, dtype, max_shard_size, verify, tolerance, family_file, device, force, as_json):
     """Convert the LayerNorm checkpoint SRC (directory, hub id or normswap:NAME) into OUT with RMSNorm."""
-    from normswap.cli.options import resolve_device
     from normswap.convert.pipeline import check_out, convert_checkpoint
+    from normswap.devices import resolve_device
     from normswap.publish import output_lock
 
     check_out(src, out, force=force, family_file=family_file)  # before the lock file is made beside OUT

@@ -61,9 +61,10 @@ def _progress(quiet):
 
 def _require_hub(models, baseline=None, data=None, tasks=None):
     """Before anything loads: whatever must come from the Hub has to be reachable."""
+    from normswap.evaluate.lm_eval_adapter import hub_tasks
     from normswap.network import require_hub
 
-    require_hub(data=data, tasks=tasks)  # first, before importing torch: the data and tasks need nothing loaded
+    require_hub(data=data, hub_tasks=hub_tasks(tasks) if tasks else ())  # first, before importing torch: the data and tasks need nothing loaded
     from normswap.evaluate.runner import plan_entries
 
     planned, _ = plan_entries(list(models), baseline)  # a mistyped --baseline is refused here, with a hint
@@ -71,7 +72,7 @@ def _require_hub(models, baseline=None, data=None, tasks=None):
 
 
 def _load(models, baseline, device, cfg, say):
-    from normswap.cli.options import resolve_device, resolve_dtype
+    from normswap.devices import resolve_device, resolve_dtype
     from normswap.evaluate.runner import load_entries
 
     dev = resolve_device(device)

@@ -69,24 +69,3 @@ def config_options(fields, shared=None):
         return command
 
     return decorate
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        from normswap.errors import NormswapError
-
-        raise NormswapError(f"--device {device} requested but no CUDA device is available")
-    return device
-
-
-def resolve_dtype(dtype: str, device: str):
-    """auto -> bfloat16 on CUDA, float32 on CPU."""
-    import torch
-
-    if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, dtype)

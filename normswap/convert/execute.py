@@ -23,10 +23,11 @@ import torch
 
 from normswap.checkpoint.remote_code import apply_normswap_structure
 from normswap.convert import ops
-from normswap.convert.plan import ConvertOptions, Plan, build_plan, is_layernorm
+from normswap.convert.plan import ConvertOptions, Plan, build_plan
 from normswap.convert.inputs import Inputs, tie_groups
 from normswap.convert.memory import release_freed_memory
 from normswap.errors import NormswapError
+from normswap.model_facts import is_layernorm
 
 
 @dataclass

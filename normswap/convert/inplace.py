@@ -11,9 +11,10 @@ import torch
 
 from normswap.convert.execute import TensorDict, execute, prepare
 from normswap.convert.inputs import match
-from normswap.convert.plan import ConvertOptions, Plan, is_layernorm, is_rmsnorm
+from normswap.convert.plan import ConvertOptions, Plan
 from normswap.convert.source import StateDict
 from normswap.errors import NormswapError
+from normswap.model_facts import is_layernorm, is_rmsnorm
 
 
 def check_convertible(model, config) -> None:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from normswap import __version__
+from normswap.version import __version__
 from normswap.architectures import resolve_family
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from normswap import __version__
 from normswap.architectures.schema import Family, NormEntry
 from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
 from normswap.errors import NormswapError
+from normswap.model_facts import declared_eps, input_embeddings, is_layernorm, layout_of, output_embeddings
+from normswap.version import __version__
 
 FORMAT_VERSION = 1
 
@@ -68,24 +69,13 @@ def _count(values):
     return out
 
 
-def is_layernorm(module) -> bool:
-    """LayerNorm or a family's own LayerNorm class (OlmoLayerNorm, CohereLayerNorm, ...)."""
-    return isinstance(module, nn.LayerNorm) or type(module).__name__.endswith("LayerNorm")
-
-
-def is_rmsnorm(module) -> bool:
-    return "rmsnorm" in type(module).__name__.lower()
-
-
-def layout_of(module) -> str:
-    """How a weight matrix is laid out: nn.Linear is [out, in]; GPT-2's Conv1D is [in, out]."""
-    if type(module).__name__ == "Conv1D":
-        return "conv1d"
-    if isinstance(module, nn.Linear):
-        return "linear"
-    if isinstance(module, nn.Embedding):
-        return "embedding"
-    raise NormswapError(f"cannot fold into or centre {type(module).__name__}: only Linear, Conv1D and Embedding are supported")
+def _foldable_layout(module) -> str:
+    """How a weight matrix is laid out (model_facts.layout_of), or a refusal for a module convert
+    cannot fold into or centre."""
+    layout = layout_of(module)
+    if layout is None:
+        raise NormswapError(f"cannot fold into or centre {type(module).__name__}: only Linear, Conv1D and Embedding are supported")
+    return layout
 
 
 class _Resolver:
@@ -144,11 +134,10 @@ def _param_key(name, attr="weight"):
 
 
 def _norm_eps(module) -> float:
-    for attr in ("eps", "variance_epsilon", "epsilon"):
-        value = getattr(module, attr, None)
-        if isinstance(value, (int, float)):
-            return float(value)
-    raise NormswapError(f"cannot read ε of {type(module).__name__}: no eps attribute")
+    eps = declared_eps(module)
+    if eps is None:
+        raise NormswapError(f"cannot read ε of {type(module).__name__}: no eps attribute")
+    return eps
 
 
 def _norm_hidden(module) -> int:
@@ -188,8 +177,8 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
     if mode == "exact" and (options.gamma == "reset" or options.beta == "drop"):
         raise NormswapError("--gamma reset and --beta drop discard parameters, so they are not exact: use --mode approx")
 
-    head_module = _optional_call(model, "get_output_embeddings")
-    embed_module = _optional_call(model, "get_input_embeddings")
+    head_module = output_embeddings(model)
+    embed_module = input_embeddings(model)
     if tied is None:
         tied = head_module is not None and embed_module is not None and head_module.weight is embed_module.weight
     head_name = _name_of(model, head_module) if head_module is not None else None
@@ -381,7 +370,7 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
             # its output is centred at run time instead
             plan.block["centered_outputs"].append(name)
             continue
-        layout = layout_of(module)
+        layout = _foldable_layout(module)
         ops = reader_ops.get(name, {"gamma": None, "beta": None})
         center = name in writer_set
         src_w = _param_key(name)
@@ -419,14 +408,6 @@ def _vector_size(res, key, family, what) -> int:
     if not isinstance(param, nn.Parameter) or param.dim() != 1:
         raise NormswapError(f"{family.name}: {what} '{key}' is not a parameter vector ({family.source})")
     return int(param.shape[0])
-
-
-def _optional_call(model, method):
-    """get_input/output_embeddings, or None where the class has none (CLIPModel raises)."""
-    try:
-        return getattr(model, method)() if hasattr(model, method) else None
-    except (NotImplementedError, AttributeError):
-        return None
 
 
 def _name_of(model, target) -> str | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, first_line
 from normswap.checkpoint import shards
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -37,10 +37,6 @@ ST_DTYPES = {
     "BOOL": torch.bool,
 }
 
-
-def _first_line(e) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def numel(shape) -> int:
@@ -70,7 +66,7 @@ def local_dir(resolved, *, download=True) -> Path | None:
             found = Path(snapshot_download(str(resolved), local_files_only=local_only, allow_patterns=patterns))
         except Exception as e:
             if not local_only:
-                raise NormswapError(f"cannot fetch the weight files of {resolved}: {_first_line(e)}") from None
+                raise NormswapError(f"cannot fetch the weight files of {resolved}: {first_line(e)}") from None
             continue
         if weight_files(found)[0] is None and not local_only:  # a repo with .bin weights only
             found = Path(snapshot_download(str(resolved), allow_patterns=patterns + ["*.bin"]))
@@ -147,7 +143,7 @@ class SafetensorsFiles:
                     keys = list(handle.keys())
             except Exception as e:  # safetensors' own error type: truncated or not safetensors at all
                 raise NormswapError(f"cannot read weights of {self.directory}: {path.name} is a corrupted safetensors "
-                                    f"file ({_first_line(e)})") from None
+                                    f"file ({first_line(e)})") from None
             with open(path, "rb") as f:
                 (n,) = struct.unpack("<Q", f.read(8))
                 header = json.loads(f.read(n))
@@ -244,7 +240,7 @@ def open_bin(files: list[Path], label: str) -> StateDict:
                 loaded = torch.load(path, map_location="cpu", weights_only=True)  # legacy format: no mmap
         except Exception as e:
             raise NormswapError(f"cannot read weights of {label}: {path.name} is not a plain PyTorch weights file "
-                                f"({_first_line(e)})") from None
+                                f"({first_line(e)})") from None
         if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
             raise NormswapError(f"cannot read weights of {label}: {path.name} does not hold a flat dict of tensors")
         for key, tensor in loaded.items():

@@ -27,6 +27,7 @@ from normswap.convert.inputs import persistent_buffers
 from normswap.convert.memory import release_freed_memory
 from normswap.convert.source import numel
 from normswap.errors import NormswapError
+from normswap.model_facts import context_length
 
 PROBE_TEXT = (
     "In the beginning the model read a LayerNorm, and the LayerNorm subtracted the mean before it "
@@ -43,15 +44,14 @@ SEQ_LEN = 32
 ALLOCATOR_SLACK = 64 * 2**20  # heap pages freed but not yet handed back, thread-local caches
 
 
-def probe_inputs(tokenizer, config, seq_len: int = SEQ_LEN, seed: int = 0) -> dict:
-    """The probe batch (model keyword arguments): real text when a tokenizer exists, and random ids.
+def verification_ids(tokenizer, config, seq_len: int = SEQ_LEN, seed: int = 0) -> dict:
+    """Verification's token batch (model keyword arguments): real text when a tokenizer exists, and random ids.
 
     Two rows of ``input_ids``; every probe input is built here, so a model that needs other
     inputs has one place to add them.
     """
     vocab = int(getattr(config, "vocab_size", None) or 256)
-    ctx = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or seq_len
-    seq_len = min(seq_len, int(ctx)) if int(ctx) > 0 else seq_len  # XLNet's -1: no limit
+    seq_len = min(seq_len, context_length(config) or seq_len)
     gen = torch.Generator().manual_seed(seed)
     rand = torch.randint(0, vocab, (seq_len,), generator=gen)
     text = None
@@ -260,7 +260,7 @@ def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, de
     (build_src, fetch_src), (build_conv, fetch_conv) = source, converted
     arena = Arena()  # one buffer for the weights of every module of every pass
     skel = build_src()
-    inputs = probe_inputs(tokenizer, skel.config)
+    inputs = verification_ids(tokenizer, skel.config)
     ids = inputs["input_ids"]
     inputs = complete_inputs(skel, inputs)  # vision / audio / encoder-decoder models need more than ids
     ref = outputs(lambda: skel, fetch_src, torch.float32, inputs, causal, device=device, resident_ok=resident_ok, arena=arena)

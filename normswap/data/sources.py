@@ -17,7 +17,8 @@ from pathlib import Path
 import sys
 from typing import Callable, Iterable, Iterator
 
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, first_line
+from normswap.network import offline_env
 
 SPLITS = ("train", "validation", "test")
 # "all" (every document, no split) is for evaluating a user's own text in full.
@@ -335,17 +336,9 @@ def _saved_dataset_docs(path: Path, split: str, text_field: str) -> Iterator[str
     try:
         obj = datasets.load_from_disk(str(path))
     except Exception as e:
-        raise NormswapError(f"{path}: cannot load the saved dataset ({type(e).__name__}: {_first_line(e)})") from e
+        raise NormswapError(f"{path}: cannot load the saved dataset ({type(e).__name__}: {first_line(e)})") from e
     return _from_dataset_object(obj, split, text_field, str(path))
 
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _hub_docs(spec: str, split: str, text_field: str) -> Iterator[str]:
@@ -357,12 +350,12 @@ def _hub_docs(spec: str, split: str, text_field: str) -> Iterator[str]:
     try:
         obj = datasets.load_dataset(name, config or None)
     except Exception as e:
-        if _offline():
+        if offline_env():
             raise NormswapError(
                 f"{spec!r} is neither a local file nor directory, nor a hub dataset in the datasets cache, and hub "
-                "datasets are unavailable offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); pass a local path or `embedded`"
+                f"datasets are unavailable offline ({offline_env()}); pass a local path or `embedded`"
             ) from None
-        raise NormswapError(f"cannot load hub dataset {spec!r}: {_first_line(e)}") from e
+        raise NormswapError(f"cannot load hub dataset {spec!r}: {first_line(e)}") from e
     return _from_dataset_object(obj, split, text_field, spec)
 
 

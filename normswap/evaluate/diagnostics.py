@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from normswap.evaluate.norms import norm_modules
-from normswap.evaluate.perplexity import encode, model_context, model_device
+from normswap.evaluate.perplexity import encode, model_device
+from normswap.model_facts import context_length, norm_modules
 
 
 def fixed_batch(tokenizer, text: str, batch_size: int, seq_len: int) -> torch.LongTensor:
@@ -32,7 +32,7 @@ def fixed_batch(tokenizer, text: str, batch_size: int, seq_len: int) -> torch.Lo
 def diagnostics(model, batch: torch.LongTensor) -> dict:
     device = model_device(model)
     batch = batch.to(device)
-    context = model_context(model)
+    context = context_length(model)
     if context is not None and batch.shape[1] > context:
         batch = batch[:, :context]
     stats: dict[str, dict] = {}

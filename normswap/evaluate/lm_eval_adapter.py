@@ -14,7 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, first_line
 
 TASK_DIR = Path(__file__).resolve().parent.parent / "assets" / "lm_eval_tasks"
 
@@ -151,8 +151,7 @@ def run_tasks(model, tokenizer, tasks, *, batch_size: int = 8, max_length: int |
     except Exception as e:  # lm-eval raises many types for unreachable hub datasets
         if os.environ.get("NORMSWAP_DEBUG") == "1":
             raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NormswapError(f"lm-eval failed on {','.join(names)}: {msg} (its output: {log_path})") from None
+        raise NormswapError(f"lm-eval failed on {','.join(names)}: {first_line(e)} (its output: {log_path})") from None
     finally:
         model.train(was_training)
     return {task: _clean_scores(scores) for task, scores in results["results"].items()}

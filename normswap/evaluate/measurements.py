@@ -91,12 +91,12 @@ class TasksRecord(Record):
 
 def measure_tasks(run: Run):
     from normswap.evaluate.lm_eval_adapter import crosscheck, run_tasks
-    from normswap.evaluate.perplexity import model_context
+    from normswap.model_facts import context_length
 
     cfg, out = run.config, {}
     for e in run.entries:
         run.say(f"lm-eval {','.join(cfg.tasks)}: {e.name} (its output: {run.lm_eval_log})")
-        window = model_context(e.model) or 2048  # lm-eval's own default when the config names none
+        window = context_length(e.model) or 2048  # lm-eval's own default when the config names none
         scores = run_tasks(e.model, e.tokenizer, cfg.tasks, batch_size=cfg.batch_size, max_length=window, limit=cfg.lm_eval_limit,
                            device=run.device, log_path=run.lm_eval_log)
         # normswap's own number on the very windows lm-eval scored, so the report can show that the
@@ -164,12 +164,12 @@ class MemoryRecord(Record):
 
 def measure_memory(run: Run):
     from normswap.evaluate.memory import peak_memory
-    from normswap.evaluate.perplexity import model_context
+    from normswap.model_facts import context_length
 
     cfg, out = run.config, {}
     for e in run.entries:
         run.say(f"peak memory: {e.name}")
-        seq_len = min(cfg.seq_len, model_context(e.model) or cfg.seq_len)
+        seq_len = min(cfg.seq_len, context_length(e.model) or cfg.seq_len)
         detail = peak_memory(e.model, cfg.batch_size, seq_len)
         out[e.name] = MemoryRecord(detail.pop("peak_memory_bytes"), {"batch_size": cfg.batch_size, "seq_len": seq_len, **detail})
     return out, {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from normswap.errors import NormswapError
 from normswap.evaluate.kinds import model_kind
-from normswap.evaluate.norms import hidden_size_of, norm_kind, norm_modules
+from normswap.model_facts import hidden_size_of, norm_kind, norm_modules
 
 # the keys of config.normswap (convert/plan.py) a report shows
 BLOCK_KEYS = ("mode", "family", "placement", "format_version", "normswap_version")

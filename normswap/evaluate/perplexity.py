@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from normswap.errors import NormswapError
+from normswap.model_facts import context_length
 
 LN2 = math.log(2.0)
 
@@ -94,22 +95,12 @@ def model_device(model) -> torch.device:
         return torch.device("cpu")
 
 
-def model_context(model) -> int | None:
-    """The longest sequence the model (or its config) accepts, from whichever key its family uses."""
-    config = getattr(model, "config", model)
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length", "max_seq_len", "max_sequence_length"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 @torch.inference_mode()
 def sequence_nll(model, ids: list[int], *, seq_len: int, stride: int, batch_size: int = 8) -> tuple[float, int, int]:
     """(total NLL in nats, scored tokens, windows) of ``ids[1:]`` given the windows above."""
     if batch_size < 1:
         raise NormswapError(f"--batch-size must be at least 1 (got {batch_size})")
-    context = model_context(model)
+    context = context_length(model)
     if context is not None and seq_len > context:
         raise NormswapError(f"--seq-len {seq_len} is longer than the model's context ({context} tokens)")
     plan = window_plan(len(ids), seq_len, stride)
@@ -145,7 +136,7 @@ def document_perplexity(model, tokenizer, documents, *, seq_len: int | None = No
     """Like :func:`perplexity`, scoring each document on its own (each gets the prefix token)
     and aggregating NLL, tokens, bytes and words over all of them - lm-eval's definition for
     ``loglikelihood_rolling`` tasks."""
-    context = model_context(model)
+    context = context_length(model)
     if seq_len is None:
         seq_len = min(context or 512, 512)
     if stride is None:

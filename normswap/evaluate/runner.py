@@ -22,9 +22,10 @@ from normswap.evaluate.config import EvalConfig
 from normswap.evaluate.kinds import PROBE_INPUT, READS_TEXT, common_group, measurements_for, model_kind
 from normswap.evaluate.measurements import MEASUREMENTS, Run
 from normswap.evaluate.models import model_info
-from normswap.evaluate.perplexity import model_context, truncate_text
+from normswap.evaluate.perplexity import truncate_text
 from normswap.evaluate.stats import METHOD as RATIO_METHOD
 from normswap.evaluate.stats import null_intervals, ratio_intervals
+from normswap.model_facts import context_length
 
 _LABEL = re.compile(r"^[A-Za-z0-9_.\- ]+$")
 
@@ -59,10 +60,10 @@ def default_name(spec: str) -> str:
 def versions() -> dict:
     import transformers
 
-    import normswap
+    from normswap.version import __version__
 
     v = {
-        "normswap": normswap.__version__,
+        "normswap": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -155,8 +156,7 @@ def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, pro
 def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -> list[ModelEntry]:
     """Load each (name, spec): a causal LM as its LM-head class, anything else (an encoder) as the
     class it names; a list mixing the two is refused before the rest loads."""
-    import normswap
-    from normswap.checkpoint.load import is_causal_lm, is_local, load_config, resolve
+    from normswap.checkpoint.load import is_causal_lm, is_local, load_config, load_model, load_tokenizer, resolve
 
     entries = []
     for name, spec in planned:
@@ -164,9 +164,9 @@ def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -
             progress(f"loading {name} ({spec})")
         resolved = resolve(spec)
         task = "causal-lm" if is_causal_lm(load_config(resolved)) else "auto"
-        model = normswap.load_model(spec, dtype=dtype, device=device, task=task)
+        model = load_model(spec, dtype=dtype, device=device, task=task)
         # image / audio models are compared on probe inputs: a tokenizer is neither needed nor always there
-        tok = None if model_kind(model) == PROBE_INPUT else normswap.load_tokenizer(spec)
+        tok = None if model_kind(model) == PROBE_INPUT else load_tokenizer(spec)
         entries.append(ModelEntry(name=name, spec=str(spec), model=model, tokenizer=tok,
                                   path=str(Path(resolved).resolve()) if is_local(resolved) else resolved))
         common_group({e.name: model_kind(e.model) for e in entries})
@@ -191,7 +191,7 @@ def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, dat
     wanted = {"perplexity": cfg.perplexity, "diagnostics": cfg.diagnostics, "tasks": bool(cfg.tasks), "speed": cfg.speed,
               "memory": cfg.memory, "fidelity": cfg.fidelity}
     chosen = measurements_for(group, wanted, list(kinds))
-    contexts = [c for c in (model_context(e.model) for e in entries) if c]
+    contexts = [c for c in (context_length(e.model) for e in entries) if c]
     max_ctx = min(contexts) if contexts else None
     seq_len = cfg.seq_len or min(max_ctx or 512, 512)
     if max_ctx is not None and seq_len > max_ctx:

@@ -44,8 +44,8 @@ import torch
 
 from normswap.evaluate.config import SpeedConfig
 from normswap.evaluate.kinds import training_loss
-from normswap.evaluate.norms import norm_modules
-from normswap.evaluate.perplexity import model_context, model_device
+from normswap.evaluate.perplexity import model_device
+from normswap.model_facts import context_length, norm_modules
 
 def _cache_of(out):
     cache = out.get("cache") if hasattr(out, "get") else None
@@ -69,7 +69,7 @@ class _Bench:
         self.device = model_device(model)
         vocab = int(model.config.vocab_size)
         g = torch.Generator().manual_seed(cfg.seed)
-        context = model_context(model) or (cfg.seq_len + cfg.new_tokens + cfg.prompt_len)
+        context = context_length(model) or (cfg.seq_len + cfg.new_tokens + cfg.prompt_len)
         self.seq_len = min(cfg.seq_len, context)
         self.new_tokens = max(1, min(cfg.new_tokens, context // 2))
         self.prompt_len = max(1, min(cfg.prompt_len, context - self.new_tokens))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, first_line
 
 TRAINER_STATE = "trainer_state.json"
 WEIGHTS = "model.safetensors"
@@ -42,10 +42,6 @@ class CheckpointError(NormswapError):
 def _rng_files(rank: int) -> tuple[str, str]:
     return f"rng-{rank}.safetensors", f"rng-{rank}.json"
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 # ---------------------------------------------------------------------------------- weight sanity
@@ -183,7 +179,7 @@ def read(directory: Path, *, rank: int, world: int, start: WeightScale) -> Loade
         try:
             return reader(directory / name)
         except Exception as e:  # any failure to parse is a broken file, whatever the library raises
-            fail(name, f"cannot be read ({_first_line(e)})")
+            fail(name, f"cannot be read ({first_line(e)})")
 
     state = load(TRAINER_STATE, lambda p: json.loads(p.read_text()))
     if not isinstance(state, dict) or not all(isinstance(state.get(k), int) for k in ("step", "data_position", "world_size")):
@@ -214,12 +210,12 @@ def apply(loaded: Loaded, *, model, optimizer) -> None:
     try:
         set_model_state_dict(model, loaded.weights, options=_state_options())
     except Exception as e:
-        raise CheckpointError(f"{loaded.path / WEIGHTS}: does not fit the model ({_first_line(e)})") from None
+        raise CheckpointError(f"{loaded.path / WEIGHTS}: does not fit the model ({first_line(e)})") from None
     try:
         set_optimizer_state_dict(model, optimizer, loaded.optimizer_state, options=_state_options())
     except Exception as e:
-        raise CheckpointError(f"{loaded.path / OPTIMIZER}: does not fit the optimizer ({_first_line(e)})") from None
+        raise CheckpointError(f"{loaded.path / OPTIMIZER}: does not fit the optimizer ({first_line(e)})") from None
     try:
         _restore_rng(*loaded.rng)
     except Exception as e:
-        raise CheckpointError(f"{loaded.path}: random state cannot be restored ({_first_line(e)})") from None
+        raise CheckpointError(f"{loaded.path}: random state cannot be restored ({first_line(e)})") from None

@@ -47,6 +47,7 @@ from normswap.finetune.encoder_objectives import Encoder
 from normswap.finetune.objectives import CausalLM
 from normswap.finetune.run_dir import RunDir, check_out_overlap
 from normswap.finetune.schedule import lr_factor
+from normswap.model_facts import context_length, norm_modules
 
 
 class TrainingDiverged(NormswapError):
@@ -149,11 +150,6 @@ def _model_id(spec: str) -> str:
 
 
 # ---------------------------------------------------------------------------------- model helpers
-def _norm_modules(model) -> list[tuple[str, torch.nn.Module]]:
-    """Normalisation layers: normswap's RMSNorm, nn.LayerNorm and the families' own *Norm classes."""
-    return [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("Norm") or isinstance(m, torch.nn.LayerNorm)]
-
-
 def _select_trainable(model, trainable: str) -> int:
     """Freeze what is not trained; return the number of trainable parameters.
 
@@ -169,7 +165,7 @@ def _select_trainable(model, trainable: str) -> int:
         for p in model.parameters():
             p.requires_grad_(True)
         return sum(p.numel() for p in model.parameters())
-    norms = _norm_modules(model)
+    norms = norm_modules(model)
     folded = [n for n, m in norms if type(m).__name__ == "RMSNorm" and getattr(m, "weight", None) is None]
     if folded:
         raise NormswapError(
@@ -189,7 +185,7 @@ def _select_trainable(model, trainable: str) -> int:
 
 def _param_groups(model, weight_decay: float) -> list[dict]:
     """AdamW groups: weight decay on matrices (and embeddings) only, never on norms or biases."""
-    norm_params = {id(p) for _, m in _norm_modules(model) for p in m.parameters(recurse=False)}
+    norm_params = {id(p) for _, m in norm_modules(model) for p in m.parameters(recurse=False)}
     decay, no_decay = [], []
     for _, p in model.named_parameters():  # named_parameters de-duplicates tied weights
         if not p.requires_grad:
@@ -234,7 +230,7 @@ class _StopFlag:
 def _make_accelerator(cfg: FinetuneConfig):
     from accelerate import Accelerator
 
-    from normswap.cli.options import resolve_device
+    from normswap.devices import resolve_device
 
     device = resolve_device(cfg.device)
     on_cpu = not device.startswith("cuda")
@@ -389,7 +385,6 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     ``given``: the option names the user typed (they must match a resumed run's); None means
     every option that is not None. ``hooks``: fault injection for tests."""
     from normswap.checkpoint.load import load_config, load_model, load_tokenizer, resolve
-    from normswap.evaluate.perplexity import model_context
 
     echo = echo or (lambda msg: print(msg, file=sys.stderr))
     hooks = hooks or Hooks()
@@ -409,7 +404,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     # ---- data (everything that can fail on bad input is checked before OUT is touched) ----
     resolved = resolve(cfg.model)
     config = load_config(resolved)
-    context = model_context(config)
+    context = context_length(config)
     seq_len = cfg.seq_len or min(context or 512, 512)
     if context is not None and seq_len > context:
         raise NormswapError(f"--seq-len {seq_len} is longer than the model's context ({context})")

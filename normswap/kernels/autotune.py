@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from normswap.errors import first_line
+
 _lock = threading.Lock()
 _memory: dict = {}  # key tuple -> ranking (list of impl names, best first)
 chosen: dict = {}  # the API's per-call memo (see normswap.kernels._auto_impl), cleared with the rest
@@ -148,7 +150,7 @@ def measure(device, dtype, width, rows, grad, cands, repeats: int = 7) -> dict:
                 y = call_impl(c, x, w, None, 1e-5)
             err = (y.double() - ref).abs().max().item() / scale
         except Exception as e:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
-            rejected[c] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            rejected[c] = f"failed: {type(e).__name__}: {first_line(e, 120)}"
             continue
         if not err <= tol:
             rejected[c] = f"output differs from the reference by {err:.2g} (> {tol:.2g} relative)"

@@ -51,6 +51,8 @@ from pathlib import Path
 
 import torch
 
+from normswap.errors import first_line
+
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -204,8 +206,7 @@ def _ensure():
                     _ext = _load()
         except Exception as exc:  # never raise: the caller falls back to torch
             _ext = None
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            _reason = f"CPU kernel build failed: {first}"
+            _reason = f"CPU kernel build failed: {first_line(exc)}"
             log.debug("normswap CPU kernel unavailable", exc_info=True)
         _tried = True
         return _ext

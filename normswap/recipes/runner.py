@@ -206,7 +206,7 @@ class EvalStep:
 
     def run(self, ctx: Context) -> dict:
         from normswap import declared
-        from normswap.cli.options import resolve_dtype
+        from normswap.devices import resolve_dtype
         from normswap.evaluate.config import EvalConfig
         from normswap.evaluate.runner import evaluate, load_planned
         from normswap.report import write_report
@@ -309,10 +309,11 @@ def check_overlap(loaded: LoadedRecipe, out) -> None:
 
 def require_network(recipe: dict) -> None:
     """Whatever the recipe downloads must be reachable: checked once, before DIR is touched."""
+    from normswap.evaluate.lm_eval_adapter import hub_tasks
     from normswap.network import require_hub
 
     try:
-        require_hub(models=[recipe["source"], *_teachers(recipe)], data=recipe["data"], tasks=recipe["eval"]["tasks"])
+        require_hub(models=[recipe["source"], *_teachers(recipe)], data=recipe["data"], hub_tasks=hub_tasks(recipe["eval"]["tasks"]))
     except NormswapError as e:
         raise NormswapError(f"recipe {recipe['name']} needs the network: {e}") from None
 
@@ -388,7 +389,7 @@ class Runner:
 
     def run(self) -> dict:
         from normswap.checkpoint.load import resolve
-        from normswap.cli.options import resolve_device
+        from normswap.devices import resolve_device
 
         recipe = self.recipe
         require_network(recipe)

@@ -29,7 +29,7 @@ PROGRESS_EVERY = 30.0  # seconds between progress lines when stderr is not a ter
 
 
 def _resolve_device(device: str) -> str:
-    from normswap.cli.options import resolve_device
+    from normswap.devices import resolve_device
 
     return resolve_device(device)
 
@@ -90,9 +90,9 @@ class Progress:
 
 
 def _check_sizes(cfg: StudyConfig, source, world: int) -> None:
-    from normswap.evaluate.perplexity import model_context
+    from normswap.model_facts import context_length
 
-    context = model_context(source.config)
+    context = context_length(source.config)
     if context is not None and cfg.seq_len > context:
         raise NormswapError(f"--seq-len {cfg.seq_len} is longer than the model's context ({context})")
     if cfg.batch_size % world:
