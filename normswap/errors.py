@@ -17,6 +17,10 @@ class VerificationError(NormswapError):
     exit_code = 1
 
 
+class DiscoveryError(NormswapError):
+    """Discovery could not describe an architecture (the message says why)."""
+
+
 # what to do about an operating-system error, by errno name (see os_error_message)
 _ADVICE = {
     "ENOSPC": "the disk is full: free some space or choose an OUT on another disk",

@@ -10,7 +10,9 @@ import torch
 import yaml
 
 from normswap.architectures import get_family
-from normswap.architectures.discover import DiscoveryError, check_family, discover, discover_family, resolve_family
+from normswap.architectures.discover import discover
+from normswap.convert.family_check import check_family, discover_family, resolve_family
+from normswap.errors import DiscoveryError
 from normswap.architectures.norms import layernorm_spec
 from normswap.architectures.probes import model_outputs, probe_inputs
 from normswap.architectures.schema import parse_family
@@ -242,7 +244,7 @@ def test_check_family_catches_a_wrong_description():
 
 
 def test_survey_sample():
-    from normswap.architectures.survey import run_survey, survey_markdown
+    from normswap.convert.survey import run_survey, survey_markdown
 
     rows = {r["model_type"]: r for r in run_survey(only=["vit", "llama", "bert"])}
     assert rows["vit"]["status"] == "exact"
@@ -374,7 +376,7 @@ def test_family_file_round_trip_and_refusals(tmp_path, run_cli):
 def test_families_all_lists_what_the_committed_survey_converted(run_cli):
     """Plain `families` lists the curated files and says how many more convert through discovery;
     `--all` adds those (exact and approximate) from the shipped survey, never a refused one."""
-    from normswap.architectures.survey import shipped_rows
+    from normswap.convert.survey import shipped_rows
 
     status = {r["model_type"]: r["status"] for r in shipped_rows()}
     curated = {r["model_type"] for r in shipped_rows() if r["curated"]}  # gpt-sw3's config is a GPT-2 one

@@ -1,7 +1,11 @@
 """The package's shape, read from its source with `ast` (nothing is imported or run):
 
-- no import cycles: every `import` counts, at module level or inside a function (a lazy import
-  hides a cycle from the interpreter, not from the reader who has to know which module comes first);
+- layers that only point down: the package's parts (its subpackages and top-level modules) are
+  ranked in LAYERS, and a module may import only from its own part or from a part ranked below
+  it; so there is no cycle between parts either;
+- no import cycles between modules: every `import` counts, at module level or inside a function (a
+  lazy import hides a cycle from the interpreter, not from the reader who has to know which module
+  comes first);
 - no benchmark modules ship: benchmarks live in bench/, `normswap bench ...` are thin entry points;
 - product code reads no test hooks from the environment: the only NORMSWAP_* names it mentions are
   the documented user settings listed below.
@@ -26,6 +30,33 @@ USER_SETTINGS = {
     "NORMSWAP_CPU_KERNEL": "0 never builds or uses the compiled CPU kernel",
     "NORMSWAP_DEBUG": "1 is --debug (tracebacks); --debug sets it so lm-eval's worker code sees it too",
 }
+
+# The parts of the package, lowest first: each may import only from itself and the parts before
+# it. docs/architecture.md draws the same order. A new subpackage or top-level module takes its
+# place here (the test refuses a part it cannot rank).
+LAYERS = [
+    "errors",        # NormswapError and first_line: everything may fail with one line
+    "version",
+    "network",       # the offline rule and the Hub reachability check
+    "publish",       # atomic outputs and output locks
+    "declared",      # options declared once as dataclass fields
+    "devices",       # --device / --dtype auto, resolved once
+    "kernels",       # the RMSNorm kernels
+    "modules",       # normswap.modules.RMSNorm, the nn.Module converted models hold
+    "model_facts",   # norms, ε, layouts, context length: read the same way by every stage
+    "data",          # corpora, splits, packing
+    "assets",        # shipped models and lm-eval tasks (the task code reads data/)
+    "checkpoint",    # loading and writing models and normswap checkpoints
+    "architectures", # family files, discovery by tracing a tiny instance
+    "convert",       # plan, execute, verify; checks discovered families by converting
+    "finetune",      # healing
+    "evaluate",      # measurements of every model, fine-tuned ones included
+    "report",        # results.json -> markdown, HTML, plots
+    "recipes",       # one file driving convert, finetune, eval and report
+    "cli",           # one file per command
+    "__main__",      # python -m normswap
+    "normswap",      # the package's own __init__: the public load_model / load_tokenizer
+]
 DOCS = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
@@ -162,6 +193,88 @@ def test_cycle_finder_detects_cycles_in_a_synthetic_graph():
     assert imports_of("p.b", "from p import a\n", modules) == {"p.a"}
     assert imports_of("p", "def f():\n    from p.a import x\n", modules) == {"p.a"}
     assert cycles({"p.a": {"p.b"}, "p.b": {"p.a"}}) == [["p.a", "p.b", "p.a"]]
+
+
+def part_of(module: str) -> str:
+    """The part a module belongs to: ``normswap.convert.plan`` -> ``convert``; the root package's own
+    ``__init__`` is the part named like the package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def part_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between parts (an edge when any module of one imports any module of the other)."""
+    out: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        out.setdefault(part_of(name), set()).update(part_of(t) for t in targets if part_of(t) != part_of(name))
+    return out
+
+
+def back_up_imports(graph: dict[str, set[str]], layers: list[str]) -> list[str]:
+    """Every import from a part to a part ranked above it (or to or from a part ``layers`` does not rank)."""
+    rank = {part: i for i, part in enumerate(layers)}
+    found = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            low, high = part_of(name), part_of(target)
+            if low == high:
+                continue
+            if low not in rank or high not in rank:
+                unranked = low if low not in rank else high
+                found.append(f"{name} -> {target} ({unranked} has no place in LAYERS)")
+            elif rank[low] < rank[high]:
+                found.append(f"{name} -> {target} ({low} sits below {high})")
+    return found
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "pkg"
+
+
+def test_layer_check_flags_a_planted_back_up_import_and_part_cycle(tmp_path):
+    # negative control: a real module tree on disk in which `low` imports `high` inside a function
+    # (the cycle between parts is closed only by that lazy import), and one module no layer ranks
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/errors.py": "class E(Exception):\n    pass\n",
+        "pkg/low/__init__.py": "from pkg.errors import E\n",
+        "pkg/low/a.py": "from pkg.errors import E\n\ndef f():\n    from pkg.high.b import g\n    return g()\n",
+        "pkg/high/__init__.py": "",
+        "pkg/high/b.py": "from pkg.low import a\n\ndef g():\n    return a\n",
+        "pkg/stray.py": "from pkg import errors\n",
+    }
+    layers = ["errors", "low", "high", "pkg"]
+    graph = import_graph(_write_tree(tmp_path / "bad", files))
+    assert back_up_imports(graph, layers) == [
+        "pkg.low.a -> pkg.high.b (low sits below high)",
+        "pkg.stray -> pkg.errors (stray has no place in LAYERS)",
+    ]
+    assert cycles(part_graph(graph)) == [["high", "low", "high"]]
+    assert cycles(graph) == [["pkg.high.b", "pkg.low.a", "pkg.high.b"]]
+
+    # and the same tree with the import pointing down passes
+    files["pkg/low/a.py"] = "from pkg.errors import E\n"
+    del files["pkg/stray.py"]
+    graph = import_graph(_write_tree(tmp_path / "good", files))
+    assert back_up_imports(graph, layers) == [] and cycles(part_graph(graph)) == []
+
+
+def test_layers_only_point_down():
+    graph = import_graph()
+    found = back_up_imports(graph, LAYERS)
+    assert not found, "imports that run back up the layers (imports inside functions count):\n" + "\n".join(found)
+    assert set(part_graph(graph)) <= set(LAYERS)
+    stale = [p for p in LAYERS if p not in part_graph(graph)]
+    assert not stale, f"LAYERS ranks parts the package no longer has: {stale}"
+
+
+def test_no_import_cycles_between_parts():
+    found = cycles(part_graph(import_graph()))
+    assert not found, "cycles between the package's parts:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_graph_sees_the_package_edges():

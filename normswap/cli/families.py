@@ -39,7 +39,7 @@ def family_rows() -> list[dict]:
 def discovered_rows() -> list[dict]:
     """Architectures without a family file that the committed survey converted (exact or approximate):
     what `normswap families --all` adds. They are re-discovered and re-checked at every convert."""
-    from normswap.architectures.survey import shipped_rows
+    from normswap.convert.survey import shipped_rows
 
     rows = []
     for r in shipped_rows():
@@ -133,7 +133,7 @@ def discover(model, out, as_json):
 def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
     """Try discovery on every config class of the installed transformers that builds a model with
     LayerNorm-like modules, and tabulate exact / approximate-only / refused with the reason."""
-    from normswap.architectures.survey import load_rows, model_types, run_survey, shard_of, survey_markdown, update_rows
+    from normswap.convert.survey import load_rows, model_types, run_survey, shard_of, survey_markdown, update_rows
 
     names = list(only) or (shard_of(model_types(), shard) if shard else None)
     if from_json and update:
@@ -180,7 +180,8 @@ def run_discover(spec, out) -> dict:
     """Discover (or, for a converted checkpoint, read back) a family description; save it if asked."""
     import yaml
 
-    from normswap.architectures.discover import DiscoveryError, discover_family
+    from normswap.convert.family_check import discover_family
+    from normswap.errors import DiscoveryError
     from normswap.errors import NormswapError
 
     config = _load_config(spec)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from normswap.architectures import resolve_family
+from normswap.convert.family_check import resolve_family
 from normswap.convert.inplace import check_convertible, convert_with_family
 from normswap.convert.plan import ConvertOptions, Plan
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from normswap.version import __version__
-from normswap.architectures import resolve_family
+from normswap.convert.family_check import resolve_family
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import environment, history_entry, write_manifest

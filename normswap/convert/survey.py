@@ -15,9 +15,9 @@ import time
 from contextlib import contextmanager
 
 import torch
-from torch import nn
 
 from normswap.errors import first_line
+from normswap.model_facts import is_layernorm
 
 PER_MODEL_SECONDS = 120
 
@@ -41,13 +41,15 @@ def _time_limit(seconds):
 
 
 def has_layernorm_class(model) -> bool:
-    return any(isinstance(m, nn.LayerNorm) or "LayerNorm" in type(m).__name__ for m in model.modules())
+    return any(is_layernorm(m) for m in model.modules())
 
 
 def survey_one(model_type: str) -> dict:
     from transformers import AutoConfig
 
-    from normswap.architectures.discover import DiscoveryError, discover_family, model_class, shrink_config
+    from normswap.architectures.tiny import model_class, shrink_config
+    from normswap.convert.family_check import discover_family
+    from normswap.errors import DiscoveryError
     from normswap.architectures.registry import has_family
 
     row = {"model_type": model_type, "curated": False, "run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())[:10]}
@@ -116,8 +118,8 @@ def _preload():
     import transformers.modeling_utils  # noqa: F401
     from transformers import AutoModel, AutoModelForCausalLM  # noqa: F401
 
-    import normswap.architectures.discover  # noqa: F401
     import normswap.convert.apply  # noqa: F401
+    import normswap.convert.family_check  # noqa: F401
     import normswap.architectures.randomize  # noqa: F401
 
     transformers.logging.set_verbosity_error()
