@@ -57,7 +57,7 @@ def config_option(f, shared=None):
         return click.option(f"{name}/--no-{name[2:]}", f.name, default=default, show_default="on" if default else False, help=m["help"])
     if m["kind"] == "list[str]":
         default = ",".join(default) or None
-    kind = click.Choice(m["choices"]) if m["choices"] else CLICK_TYPES[m["kind"]]
+    kind = click.Choice(m["choices"]) if m["choices"] else click.Path(dir_okay=False) if m.get("path") else CLICK_TYPES[m["kind"]]
     return click.option(name, f.name, type=kind, default=default, show_default=default is not None, help=m["help"])
 
 

@@ -4,13 +4,17 @@ __all__ = ["convert_model", "ConvertOptions", "Plan", "build_plan"]
 
 
 def __getattr__(name):
-    # Imported on first use, so that `normswap.convert.choices` (read by the CLI's --help) does
+    # Imported on first use, so that `normswap.convert.config` (read by the CLI's --help) does
     # not pull in torch.
     if name == "convert_model":
         from normswap.convert.apply import convert_model
 
         return convert_model
-    if name in ("ConvertOptions", "Plan", "build_plan"):
+    if name == "ConvertOptions":
+        from normswap.convert.config import ConvertOptions
+
+        return ConvertOptions
+    if name in ("Plan", "build_plan"):
         from normswap.convert import plan
 
         return getattr(plan, name)

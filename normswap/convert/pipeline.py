@@ -29,10 +29,9 @@ from normswap.checkpoint.write import write_config_and_code
 from normswap.convert import inputs as ckinputs
 from normswap.convert import verify as verification
 from normswap.convert.apply import check_convertible
-from normswap.convert.choices import DEFAULT_TOLERANCE
 from normswap.convert import ops
 from normswap.convert.execute import Conversion, TensorDict, execute, prepare
-from normswap.convert.plan import ConvertOptions
+from normswap.convert.config import ConvertOptions, options_from
 from normswap.convert.source import SafetensorsFiles, local_dir, numel, open_source, weight_files
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import check_output_path, publish_dir, staging_dir
@@ -46,14 +45,15 @@ def check_out(src, out, *, force: bool, family_file=None):
     return check_output_path(out, force=force, reads=[("the model", src), ("the family file", family_file)])
 
 
-def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=False, dtype=None, force=False,
-                       verify=True, tolerance=DEFAULT_TOLERANCE, max_shard_size="5GB", device="cpu", progress=None,
-                       options: ConvertOptions | None = None, family_file=None) -> dict:
+def convert_checkpoint(src, out, options: ConvertOptions | None = None, *, force=False, device="cpu", progress=None,
+                       **option_values) -> dict:
     """Convert SRC into OUT and return the summary that `--json` prints.
 
-    ``options`` replaces mode/gamma/beta/untie when given (tests build deliberately wrong plans
-    through it). ``family_file``: a family YAML to use instead of the curated or discovered one.
+    The conversion's options are ``options`` (a ConvertOptions, normswap/convert/config.py) or the
+    same fields as keyword arguments (``mode="exact", gamma="keep", verify=False``, ...), not both.
     """
+    options = options_from(options, option_values)
+    family_file = options.family_file
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     resolved = ckload.resolve(src)
@@ -76,12 +76,11 @@ def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=Fa
         elif family.discovered:
             say(f"no family file for model_type {config.model_type!r}: using the plan discovered from the model itself (checked by converting a tiny randomised instance)")
         matched = ckinputs.match(model, source, label)
-        options = options or ConvertOptions(mode=mode, gamma=gamma, beta=beta, untie=untie)
         source_config = copy.deepcopy(config)  # prepare() records the conversion on `config`
-        out_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else (None if dtype == "auto" else dtype)
+        out_dtype = None if options.dtype == "auto" else getattr(torch, options.dtype)
         conv = prepare(model, matched, family, options, out_dtype)
         causal = ckload.is_causal_lm(config)
-        if verify:
+        if options.verify:
             check_verification_memory(conv, config)
 
         total = sum(numel(w.shape) * w.dtype.itemsize for w in conv.writes.values())
@@ -90,14 +89,14 @@ def convert_checkpoint(src, out, *, mode="auto", gamma=None, beta=None, untie=Fa
         manifest = base_manifest(label, resolved, conv, source)
         with staging_dir(out) as tmp:
             write_config_and_code(conv.model, tmp)
-            with ShardedCheckpoint(tmp, conv.specs, max_shard_size) as files:
+            with ShardedCheckpoint(tmp, conv.specs, options.max_shard_size) as files:
                 execute(conv, files, device=device)
             _write_generation_config(conv.model, directory, tmp)
             copy_side_files(directory, tmp)
-            if verify:
+            if options.verify:
                 say("verifying: probe batch through source and converted checkpoint, one module at a time")
                 manifest["verification"] = run_verification(conv, source_config, resolved, tmp, causal=causal,
-                                                            tolerance=tolerance, device=device)
+                                                            tolerance=options.tolerance, device=device)
             else:
                 manifest["verification"] = {"skipped": True, "reason": "--no-verify"}
             write_manifest(tmp, manifest)

@@ -16,23 +16,12 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from normswap.architectures.schema import Family, NormEntry
-from normswap.convert.choices import BETA_CHOICES, GAMMA_CHOICES
+from normswap.convert.config import BETA_CHOICES, GAMMA_CHOICES, ConvertOptions
 from normswap.errors import NormswapError
 from normswap.model_facts import declared_eps, input_embeddings, is_layernorm, layout_of, output_embeddings
 from normswap.version import __version__
 
 FORMAT_VERSION = 1
-
-
-@dataclass
-class ConvertOptions:
-    mode: str = "auto"  # auto | exact | approx
-    gamma: str | None = None  # None: fold where possible, keep elsewhere
-    beta: str | None = None
-    untie: bool = False
-
-    def as_dict(self):
-        return {"mode": self.mode, "gamma": self.gamma, "beta": self.beta, "untie": self.untie}
 
 
 @dataclass

@@ -106,13 +106,14 @@ class ConvertStep(ModelStep):
         return (self.target(ctx) / MANIFEST_NAME).is_file()  # convert publishes the whole directory at once
 
     def run(self, ctx: Context) -> dict:
+        from normswap import declared
+        from normswap.convert.config import ConvertOptions
         from normswap.convert.pipeline import convert_checkpoint
 
         o, say = self.options, lambda m: ctx.say(f"convert {self.produces}: {m}")
         say(f"{o['mode']} mode" + "".join(f", {k} {o[k]}" for k in ("gamma", "beta") if o[k]) + (", untie" if o["untie"] else ""))
         t0 = time.perf_counter()
-        summary = convert_checkpoint(ctx.models[self.source].spec, self.target(ctx), mode=o["mode"], gamma=o["gamma"], beta=o["beta"],
-                                     untie=o["untie"], dtype=o["dtype"], force=True, verify=o["verify"], tolerance=o["tolerance"],
+        summary = convert_checkpoint(ctx.models[self.source].spec, self.target(ctx), declared.build(ConvertOptions, o), force=True,
                                      progress=say)
         ver = summary.get("verification") or {}
         line = f"{summary['norms_replaced']} norms replaced in {time.perf_counter() - t0:.1f} s"

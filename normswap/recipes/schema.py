@@ -5,8 +5,9 @@ surface after a twenty-minute fine-tune. Every error is one line naming the file
 key (``recipes/x.yaml: variants.approx.finetune.stpes: unknown key (did you mean steps?)``).
 
 The schema is data (``Field`` tables below), so that ``normswap run --schema``, validation and
-defaults come from one place; the finetune and eval tables are generated from the dataclasses that
-also generate ``normswap finetune``'s and ``normswap eval``'s options (normswap/declared.py).
+defaults come from one place; the convert, finetune and eval tables are generated from the
+dataclasses that also generate ``normswap convert``'s, ``normswap finetune``'s and ``normswap eval``'s
+options (normswap/declared.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any
 
-from normswap.convert.choices import BETA_CHOICES, DEFAULT_TOLERANCE, GAMMA_CHOICES, MODES, OUTPUT_DTYPES
+from normswap.convert.config import recipe_fields as convert_recipe_fields
 from normswap.errors import NormswapError
 from normswap.evaluate.config import option_errors as eval_option_errors
 from normswap.evaluate.config import recipe_fields as eval_recipe_fields
@@ -61,15 +62,8 @@ TOP = {
     "study": Field("section", default=None, help="optional: `normswap study` of the source (its arms trained side by side) into DIR/study"),
 }
 
-CONVERT = {
-    "mode": Field("choice", default="auto", choices=MODES),
-    "gamma": Field("choice", default=None, choices=GAMMA_CHOICES, nullable=True),
-    "beta": Field("choice", default=None, choices=BETA_CHOICES, nullable=True),
-    "untie": Field("bool", default=False),
-    "dtype": Field("choice", default="auto", choices=OUTPUT_DTYPES),
-    "verify": Field("bool", default=True),
-    "tolerance": Field("float", default=DEFAULT_TOLERANCE, minimum=0),
-}
+# generated from ConvertOptions, the one declaration of convert's options (also `normswap convert`'s)
+CONVERT = {name: Field(**spec) for name, spec in convert_recipe_fields().items()}
 
 # generated from FinetuneConfig, the one declaration of the fine-tune's options
 FINETUNE = {name: Field(**spec) for name, spec in recipe_fields().items()}
