@@ -146,9 +146,31 @@ def _norm_hidden(module) -> int:
 
 
 def build_plan(family: Family, model, config, options: ConvertOptions, tied: bool | None = None) -> Plan:
-    """Decide everything about a conversion, from module types and shapes alone."""
+    """Decide everything about a conversion, from module types and shapes alone.
+
+    Each step below adds to the plan: which norms this model has (each described or left alone),
+    which modules write the residual stream (exact mode centres them), what happens to each norm's
+    γ and β, then the derivations of the stream's bias vectors and layer scales, of the embeddings
+    and of the linears that read a norm or write the stream. ``tied`` overrides whether the output
+    head shares the input embedding's matrix (read from the model otherwise).
+    """
     res = _Resolver(family, model, config)
     placement = family.placement_for(config)
+    mode = _mode(family, model, placement, options)
+    ties = _Ties.of(model, options, tied)
+    plan = _empty_plan(family, res, mode, placement, options, ties)
+    entries = _norm_entries(family, res)
+    _check_every_layernorm_is_described(plan, family, model, res, entries)
+    embedding_names, writer_names = _stream_writers(family, res) if mode == "exact" else ([], [])
+    reader_ops = _decide_gamma_and_beta(plan, res, entries, options, placement, ties)
+    scale_of = _stream_biases_and_scales(plan, family, res, writer_names) if mode == "exact" else {}
+    _centre_embeddings(plan, res, embedding_names, ties)
+    _fold_readers_and_centre_writers(plan, res, reader_ops, writer_names, scale_of, ties)
+    return plan
+
+
+def _mode(family: Family, model, placement: str, options: ConvertOptions) -> str:
+    """``auto`` resolved by the family's placement; refusals of what cannot be exact."""
     mode = options.mode
     if mode == "auto":
         mode = "exact" if placement == "pre" else "approx"
@@ -165,15 +187,36 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
         raise NormswapError(f"--beta must be one of {BETA_CHOICES}")
     if mode == "exact" and (options.gamma == "reset" or options.beta == "drop"):
         raise NormswapError("--gamma reset and --beta drop discard parameters, so they are not exact: use --mode approx")
+    return mode
 
-    head_module = output_embeddings(model)
-    embed_module = input_embeddings(model)
-    if tied is None:
-        tied = head_module is not None and embed_module is not None and head_module.weight is embed_module.weight
-    head_name = _name_of(model, head_module) if head_module is not None else None
-    embed_name = _name_of(model, embed_module) if embed_module is not None else None
-    untie = bool(options.untie and tied)
 
+@dataclass
+class _Ties:
+    """The output head and the input embedding, and whether they share one matrix (and stay so)."""
+
+    head_module: object
+    embed_module: object
+    head_name: str | None
+    embed_name: str | None
+    tied: bool
+    untie: bool
+
+    @classmethod
+    def of(cls, model, options: ConvertOptions, tied: bool | None) -> _Ties:
+        head, embed = output_embeddings(model), input_embeddings(model)
+        if tied is None:
+            tied = head is not None and embed is not None and head.weight is embed.weight
+        return cls(head, embed, _name_of(model, head) if head is not None else None,
+                   _name_of(model, embed) if embed is not None else None, bool(tied), bool(options.untie and tied))
+
+    @property
+    def kept(self) -> bool:
+        """The head stays tied to the embedding (so neither may change alone)."""
+        return self.tied and not self.untie
+
+
+def _empty_plan(family: Family, res: _Resolver, mode: str, placement: str, options: ConvertOptions, ties: _Ties) -> Plan:
+    """The plan's header: the `normswap` config block before any norm is decided."""
     plan = Plan(
         family=family.name,
         mode=mode,
@@ -188,8 +231,8 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
             "norms": {},
             "added_biases": {},
             "centered_outputs": [],
-            "untied": untie,
-            "tied": bool(tied and not untie),
+            "untied": ties.untie,
+            "tied": ties.kept,
             "left_alone": [],
         },
     )
@@ -198,10 +241,14 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
     if family.discovered:
         # the whole description travels with the checkpoint: `normswap families discover OUT` saves it
         plan.block["discovered_family"] = family.description
-    if tied and head_name and embed_name:
-        plan.aliases[_param_key(head_name)] = _param_key(embed_name)
+    if ties.tied and ties.head_name and ties.embed_name:
+        plan.aliases[_param_key(ties.head_name)] = _param_key(ties.embed_name)
+    return plan
 
-    # -- collect the norms that apply to this model ------------------------------------------
+
+def _norm_entries(family: Family, res: _Resolver) -> list[tuple[str, NormEntry, str, list]]:
+    """(module name, family entry, role, reader names) of every norm the family lists that this
+    model (its config, its layer count) has; role is layer, final, head or embedding."""
     entries: list[tuple[str, NormEntry, str, list]] = []
     for group, role in ((family.norms, "layer"), ((family.final_norm,) if family.final_norm else (), "final"), (family.head_norms, "head")):
         for entry in group:
@@ -218,12 +265,15 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
                     expanded = res.expand(r)
                     readers.append(expanded[idx] if len(expanded) == len(names) else expanded[0])
                 entries.append((name, entry, "embedding" if entry.starts_stream else role, readers))
-
-    listed = {name for name, *_ in entries}
-    if len(listed) != len(entries):
+    if len({name for name, *_ in entries}) != len(entries):
         raise NormswapError(f"{family.name}: a norm is listed twice for this config ({family.source})")
+    return entries
 
-    # -- every LayerNorm must be listed or explicitly left alone ------------------------------
+
+def _check_every_layernorm_is_described(plan: Plan, family: Family, model, res: _Resolver, entries) -> None:
+    """Every LayerNorm must be listed or explicitly left alone (recorded with its reason), and every
+    listed norm of a curated family must be a LayerNorm: never guess."""
+    listed = {name for name, *_ in entries}
     for name, module in model.named_modules():
         if not is_layernorm(module) or name in listed:
             continue
@@ -237,20 +287,26 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
         if not family.discovered and not is_layernorm(res.module(name)):
             raise NormswapError(f"{family.name}: '{name}' is {type(res.module(name)).__name__}, not a LayerNorm (nothing to convert?)")
 
-    # -- residual-stream writers (exact mode centres them) ------------------------------------
+
+def _stream_writers(family: Family, res: _Resolver) -> tuple[list[str], list[str]]:
+    """(embeddings, writers): the modules whose outputs are added to the residual stream."""
     writer_names: list[str] = []
     embedding_names: list[str] = []
-    if mode == "exact":
-        for group, bucket in ((family.embeddings, embedding_names), (family.writers, writer_names)):
-            for entry in group:
-                if not res.applies(entry.when):
-                    continue
-                for name in res.expand(entry.module):
-                    if res.module(name, optional=entry.optional) is not None:
-                        bucket.append(name)
+    for group, bucket in ((family.embeddings, embedding_names), (family.writers, writer_names)):
+        for entry in group:
+            if not res.applies(entry.when):
+                continue
+            for name in res.expand(entry.module):
+                if res.module(name, optional=entry.optional) is not None:
+                    bucket.append(name)
+    return embedding_names, writer_names
 
-    # -- decide γ and β for each norm ---------------------------------------------------------
-    reader_ops: dict[str, dict] = {}  # reader module -> {"gamma": key|None, "beta": key|None}
+
+def _decide_gamma_and_beta(plan: Plan, res: _Resolver, entries, options: ConvertOptions, placement: str, ties: _Ties) -> dict[str, dict]:
+    """Record each norm's decisions (γ and β folded, kept, reset or dropped) and return what each
+    reading linear folds in: {reader module: {"gamma": key|None, "beta": key|None, "gamma_offset"}}."""
+    family = res.family
+    reader_ops: dict[str, dict] = {}
     for name, entry, role, readers in entries:
         module = res.module(name)
         has_w = getattr(module, "weight", None) is not None
@@ -264,7 +320,7 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
             foldable, why = False, "its output starts the residual stream"
         elif not readers or missing:
             foldable, why = False, "its output leaves the model (no reading linear)" if not readers else f"reader {missing[0]} is absent"
-        elif tied and not untie and head_name in readers:
+        elif ties.kept and ties.head_name in readers:
             foldable, why = False, "it feeds the tied output head (use --untie to fold)"
         gamma = options.gamma or ("fold" if foldable else "keep")
         beta = options.beta or ("fold" if foldable else "keep")
@@ -314,43 +370,54 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
                 ops["gamma"] = wkey if gamma == "fold" else None
                 ops["beta"] = bkey if beta == "fold" else None
                 ops["gamma_offset"] = entry.gamma_offset if gamma == "fold" else 0.0
-        if mode == "exact" and role == "embedding":
+        if plan.mode == "exact" and role == "embedding":
             plan.block["centered_outputs"].append(name)
+    return reader_ops
 
-    # -- bias vectors added to the stream as they are: centre the vector; layer scales: fold ----
-    scale_of: dict[str, str] = {}  # writer Linear -> the λ parameter folded into its rows
-    if mode == "exact":
-        for path in family.stream_biases:
-            for key in res.expand(path):
-                size = _vector_size(res, key, family, "stream bias")
-                plan.derivations[key] = {"op": "linear_bias", "src": key, "weight": None, "layout": "linear",
-                                         "beta": None, "center": True, "size": size}
-        for entry in family.stream_scales:
-            for key, writer in zip(res.expand(entry.scale), res.expand(entry.writer)):
-                size = _vector_size(res, key, family, "layer scale")
-                module = res.module(writer)
-                if not isinstance(module, nn.Linear) or module.weight.shape[0] != size or writer not in writer_names:
-                    raise NormswapError(f"{family.name}: layer scale '{key}' must scale a centred Linear writer's output, "
-                                        f"and {writer} is not one ({family.source})")
-                scale_of[writer] = key
-                plan.derivations[key] = {"op": "ones", "size": size}  # λ now lives in the writer's rows
 
-    # -- embeddings: centre the table, or centre its output at run time when tied ---------------
+def _stream_biases_and_scales(plan: Plan, family: Family, res: _Resolver, writer_names: list[str]) -> dict[str, str]:
+    """Bias vectors added to the stream as they are: centred. Layer scales: folded into their
+    writer's rows (returned as {writer Linear: the λ parameter})."""
+    scale_of: dict[str, str] = {}
+    for path in family.stream_biases:
+        for key in res.expand(path):
+            size = _vector_size(res, key, family, "stream bias")
+            plan.derivations[key] = {"op": "linear_bias", "src": key, "weight": None, "layout": "linear",
+                                     "beta": None, "center": True, "size": size}
+    for entry in family.stream_scales:
+        for key, writer in zip(res.expand(entry.scale), res.expand(entry.writer)):
+            size = _vector_size(res, key, family, "layer scale")
+            module = res.module(writer)
+            if not isinstance(module, nn.Linear) or module.weight.shape[0] != size or writer not in writer_names:
+                raise NormswapError(f"{family.name}: layer scale '{key}' must scale a centred Linear writer's output, "
+                                    f"and {writer} is not one ({family.source})")
+            scale_of[writer] = key
+            plan.derivations[key] = {"op": "ones", "size": size}  # λ now lives in the writer's rows
+    return scale_of
+
+
+def _centre_embeddings(plan: Plan, res: _Resolver, embedding_names: list[str], ties: _Ties) -> None:
+    """Centre each embedding table's rows, or its output at run time when the table is tied to the
+    head or computed."""
     for name in embedding_names:
         module = res.module(name)
         weight = getattr(module, "weight", None)
         is_table = isinstance(module, nn.Embedding) and isinstance(weight, nn.Parameter)
         # the tied table may be reachable under more names than get_input_embeddings' (SeamlessM4T's
         # encoder and decoder share it with the head): identity, not the name, says it is the head's
-        shares_head = name == embed_name or (embed_module is not None and weight is getattr(embed_module, "weight", None))
-        if is_table and not (tied and not untie and shares_head):
+        shares_head = name == ties.embed_name or (ties.embed_module is not None and weight is getattr(ties.embed_module, "weight", None))
+        if is_table and not (ties.kept and shares_head):
             plan.derivations[_param_key(name)] = {"op": "center_rows", "src": _param_key(name)}
         else:
             # tied table (the head must keep the original matrix) or a computed embedding
             # (sinusoidal positions): one reduction per token at run time keeps it exact.
             plan.block["centered_outputs"].append(name)
 
-    # -- linears: fold readers, centre writers --------------------------------------------------
+
+def _fold_readers_and_centre_writers(plan: Plan, res: _Resolver, reader_ops: dict, writer_names: list[str],
+                                     scale_of: dict[str, str], ties: _Ties) -> None:
+    """The linears: γ/β folded into the readers' weights and biases, the writers' rows centred
+    (with their layer scale folded in)."""
     writer_set = set(writer_names)
     for name in list(reader_ops) + [w for w in writer_names if w not in reader_ops]:
         module = res.module(name)
@@ -363,8 +430,8 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
         ops = reader_ops.get(name, {"gamma": None, "beta": None})
         center = name in writer_set
         src_w = _param_key(name)
-        if untie and name == head_name and embed_name:
-            src_w = _param_key(embed_name)
+        if ties.untie and name == ties.head_name and ties.embed_name:
+            src_w = _param_key(ties.embed_name)
         has_bias = getattr(module, "bias", None) is not None
         out_features = module.weight.shape[1] if layout == "conv1d" else module.weight.shape[0]
         plan.derivations[_param_key(name)] = {"op": "linear_weight", "src": src_w, "layout": layout, "gamma": ops["gamma"], "center": center}
@@ -386,8 +453,6 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
                 plan.derivations[_param_key(name, "bias")]["scale_out"] = scale_of[name]
             if not has_bias:
                 plan.block["added_biases"][name] = int(out_features)
-
-    return plan
 
 
 def _vector_size(res, key, family, what) -> int:
