@@ -16,7 +16,7 @@ from normswap.errors import NormswapError
 from normswap.recipes import validate
 from normswap.recipes.schema import CONVERT
 
-COMMAND_ONLY = {"device", "force", "as_json"}  # where and how the command runs, not how it converts
+COMMAND_ONLY = {"device", "force", "as_json", "trust_remote_code"}  # where and how the command runs, not how it converts
 
 
 def _params(command: click.Command) -> dict[str, click.Option]:
