@@ -38,7 +38,6 @@ LAYERS = [
     "errors",        # NormswapError and first_line: everything may fail with one line
     "version",
     "network",       # the offline rule and the Hub reachability check
-    "publish",       # atomic outputs and output locks
     "declared",      # options declared once as dataclass fields
     "devices",       # --device / --dtype auto, resolved once
     "kernels",       # the RMSNorm kernels
@@ -46,12 +45,15 @@ LAYERS = [
     "model_facts",   # norms, ε, layouts, context length: read the same way by every stage
     "data",          # corpora, splits, packing
     "assets",        # shipped models and lm-eval tasks (the task code reads data/)
+    "overlap",       # what a command reads against what it writes (names normswap:NAME models)
+    "publish",       # atomic outputs and output locks
     "checkpoint",    # loading and writing models and normswap checkpoints
     "architectures", # family files, discovery by tracing a tiny instance
     "convert",       # plan, execute, verify; checks discovered families by converting
     "finetune",      # healing
     "evaluate",      # measurements of every model, fine-tuned ones included
     "report",        # results.json -> markdown, HTML, plots
+    "study",         # a controlled training study of LayerNorm against RMSNorm arms
     "recipes",       # one file driving convert, finetune, eval and report
     "cli",           # one file per command
     "__main__",      # python -m normswap
