@@ -11,6 +11,7 @@ import click
 import pytest
 
 from normswap import declared
+from normswap.checkpoint.shards import SINGLE_NAME
 from normswap.convert.config import PLAN_OPTIONS, ConvertOptions
 from normswap.errors import NormswapError
 from normswap.recipes import validate
@@ -62,7 +63,7 @@ def test_convert_checkpoint_takes_options_or_keywords(tmp_path):
     assert by_keywords["gamma"] == by_options["gamma"] == {"keep": by_keywords["norms_replaced"]}
     config = json.loads((tmp_path / "kw" / "config.json").read_text())
     assert config["normswap"]["options"] == {"mode": "exact", "gamma": "keep", "beta": None, "untie": False}
-    assert (tmp_path / "kw" / "model.safetensors").read_bytes() == (tmp_path / "opt" / "model.safetensors").read_bytes()
+    assert (tmp_path / "kw" / SINGLE_NAME).read_bytes() == (tmp_path / "opt" / SINGLE_NAME).read_bytes()
 
 
 @pytest.mark.parametrize("call, error, needle", [
