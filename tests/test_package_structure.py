@@ -37,6 +37,7 @@ USER_SETTINGS = {
 LAYERS = [
     "errors",        # NormswapError and first_line: everything may fail with one line
     "version",
+    "private_dirs",  # cache and lock directories no other user can write
     "network",       # the offline rule and the Hub reachability check
     "declared",      # options declared once as dataclass fields
     "devices",       # --device / --dtype auto, resolved once
@@ -50,6 +51,7 @@ LAYERS = [
     "checkpoint",    # loading and writing models and normswap checkpoints
     "architectures", # family files, discovery by tracing a tiny instance
     "convert",       # plan, execute, verify; checks discovered families by converting
+    "export",        # a checkpoint in another format (stock transformers), verified before it is published
     "finetune",      # healing
     "evaluate",      # measurements of every model, fine-tuned ones included
     "report",        # results.json -> markdown, HTML, plots

@@ -112,7 +112,7 @@ def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
 def safetensors_shapes(directory) -> dict:
     """{tensor name: shape} from a checkpoint directory's safetensors headers (nothing else is read);
     empty when it has none (.bin weights are checked by the loader instead)."""
-    from normswap.convert.source import SafetensorsFiles, weight_files
+    from normswap.checkpoint.tensor_source import SafetensorsFiles, weight_files
 
     directory = Path(directory)
     fmt, files = weight_files(directory)

@@ -7,7 +7,7 @@ import json
 import click
 
 from normswap.cli.options import force_option, json_option
-from normswap.convert.choices import DEFAULT_TOLERANCE
+from normswap.convert.config import DEFAULT_TOLERANCE
 from normswap.export import FORMATS
 
 

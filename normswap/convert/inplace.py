@@ -12,7 +12,7 @@ import torch
 from normswap.convert.execute import TensorDict, execute, prepare
 from normswap.convert.inputs import match
 from normswap.convert.plan import ConvertOptions, Plan
-from normswap.convert.source import StateDict
+from normswap.checkpoint.tensor_source import StateDict
 from normswap.errors import NormswapError
 from normswap.model_facts import is_layernorm, is_rmsnorm
 

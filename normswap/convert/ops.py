@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-from normswap.convert.source import numel
+from normswap.checkpoint.tensor_source import numel
 
 BLOCK_ELEMENTS = 1 << 20  # elements per row block: ~4 MB in float32, small enough to stay in cache levels
 F64 = torch.float64

@@ -32,7 +32,7 @@ from normswap.convert.apply import check_convertible
 from normswap.convert import ops
 from normswap.convert.execute import Conversion, TensorDict, execute, prepare
 from normswap.convert.config import ConvertOptions, options_from
-from normswap.convert.source import SafetensorsFiles, local_dir, numel, open_source, weight_files
+from normswap.checkpoint.tensor_source import SafetensorsFiles, local_dir, numel, open_source, weight_files
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import check_output_path, publish_dir, staging_dir
 

@@ -25,7 +25,7 @@ from torch import nn
 from normswap.architectures.probes import complete_inputs
 from normswap.convert.inputs import persistent_buffers
 from normswap.convert.memory import release_freed_memory
-from normswap.convert.source import numel
+from normswap.checkpoint.tensor_source import numel
 from normswap.errors import NormswapError
 from normswap.model_facts import context_length
 

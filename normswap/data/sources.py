@@ -270,7 +270,7 @@ def _parquet_docs(path: Path, text_field: str) -> Iterator[str]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
-        raise NormswapError(f"{path}: not a readable parquet file ({type(e).__name__}: {_first_line(e)})") from None
+        raise NormswapError(f"{path}: not a readable parquet file ({type(e).__name__}: {first_line(e)})") from None
     names = pf.schema_arrow.names
     if text_field not in names:
         raise NormswapError(f"{path}: no column {text_field!r} (found: {', '.join(names)}); choose one with text_field / --text-field")
@@ -279,7 +279,7 @@ def _parquet_docs(path: Path, text_field: str) -> Iterator[str]:
         try:
             values = pf.read_row_group(i, columns=[text_field]).column(0).to_pylist()
         except (OSError, ValueError, ArithmeticError) as e:  # pyarrow's errors (ArrowInvalid, ArrowIOError...) derive from these
-            raise NormswapError(f"{path}: row group {i} of {pf.num_row_groups} is corrupt ({_first_line(e)}); "
+            raise NormswapError(f"{path}: row group {i} of {pf.num_row_groups} is corrupt ({first_line(e)}); "
                                 "re-create or re-download the file") from None
         for value in values:
             if isinstance(value, str):

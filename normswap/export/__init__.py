@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from normswap.convert.choices import DEFAULT_TOLERANCE
+from normswap.convert.config import DEFAULT_TOLERANCE
 from normswap.errors import NormswapError
 
 FORMATS = ("stock",)

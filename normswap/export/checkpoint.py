@@ -11,7 +11,7 @@ import torch
 
 from normswap.checkpoint import load as ckload
 from normswap.convert import inputs as ckinputs
-from normswap.convert.source import SafetensorsFiles, open_source, weight_files
+from normswap.checkpoint.tensor_source import SafetensorsFiles, open_source, weight_files
 from normswap.errors import NormswapError
 
 

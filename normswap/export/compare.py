@@ -12,7 +12,7 @@ from normswap.convert import verify as verification
 def probe(opened) -> tuple[dict, torch.Tensor]:
     """(model inputs, input ids) of convert's probe for ``opened``'s model."""
     skel = opened.build()
-    inputs = verification.probe_inputs(opened.tokenizer(), skel.config)
+    inputs = verification.verification_ids(opened.tokenizer(), skel.config)
     ids = inputs["input_ids"]
     return complete_inputs(skel, inputs), ids
 

@@ -38,7 +38,7 @@ from normswap.checkpoint.manifest import history_entry, read_manifest, write_man
 from normswap.checkpoint.shards import ShardedCheckpoint
 from normswap.checkpoint.write import copy_side_files
 from normswap.convert import inputs as ckinputs
-from normswap.convert.plan import is_layernorm, layout_of
+from normswap.model_facts import is_layernorm, layout_of
 from normswap.errors import NormswapError
 from normswap.export.checkpoint import open_checkpoint
 from normswap.export.compare import compare_models

@@ -173,7 +173,7 @@ def _convert(model, arm: str):
 
 def norm_modules(model) -> list[tuple[str, torch.nn.Module]]:
     """The model's normalisation layers (LayerNorm or RMSNorm of any class), by name."""
-    from normswap.convert.plan import is_layernorm, is_rmsnorm
+    from normswap.model_facts import is_layernorm, is_rmsnorm
 
     return [(n, m) for n, m in model.named_modules() if is_layernorm(m) or is_rmsnorm(m)]
 

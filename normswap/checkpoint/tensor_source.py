@@ -1,4 +1,4 @@
-"""Tensor sources: where a conversion reads its input tensors from.
+"""Tensor sources: where a conversion (or an export, or a size check) reads a checkpoint's tensors from.
 
 Three kinds, one interface (``specs``, ``read``, ``raw``, ``close``), so that conversion has one
 path whatever the checkpoint is stored as:
