@@ -67,7 +67,7 @@ def tiny_model(family: str, variant: int = 0, *, seed: int = 0, randomize: bool 
 def without_centring(model):
     """``model`` with every LayerNorm computing γ·x/rms(x) + β (same ε): what an approx conversion
     promises, and what an engine that swaps LayerNorm for RMSNorm runs."""
-    from normswap.convert.plan import is_layernorm
+    from normswap.model_facts import is_layernorm
 
     for module in model.modules():
         if is_layernorm(module):

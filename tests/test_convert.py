@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from normswap.convert.plan import is_layernorm
+from normswap.model_facts import is_layernorm
 from helpers import family_variants, tiny_model, without_centring as _without_centring
 from normswap.checkpoint.shards import INDEX_NAME
 
