@@ -265,6 +265,13 @@ def test_bad_input_gets_one_line_and_nothing_is_touched(tmp_path):
     with pytest.raises(NormswapError, match="is not a normswap study .*a model"):
         _study(gpt2, model, steps=2, seeds=1, force=True)
     assert _tree(model) == before
+    # DIR that holds the study's own data
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "text.txt").write_text("In the beginning was the word. " * 400)
+    with pytest.raises(NormswapError, match="overlaps the data"):
+        _study(gpt2, corpus, data=str(corpus / "text.txt"), steps=2, seeds=1, force=True)
+    assert (corpus / "text.txt").read_text().startswith("In the beginning")
     # the command line: one line, exit 2, no traceback
     r = _cli(gpt2, "--out", str(tmp_path / "c"), "--arms", "layernorm,nope", "--steps", "1")
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -121,7 +121,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     if problems:
         raise NormswapError("; ".join(problems))
     study = StudyDir(cfg.out)
-    recorded = study.check(reads=[cfg.model, cfg.data], resume=cfg.resume, force=cfg.force)
+    recorded = study.check(reads=[("MODEL", cfg.model), ("the data", cfg.data)], resume=cfg.resume, force=cfg.force)
     if recorded is not None:
         cfg = resolve_resume(cfg, recorded["config"], given)
     device = _resolve_device(cfg.device)

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from normswap.errors import NormswapError
+from normswap.overlap import check_disjoint
 from normswap.publish import atomic_write_json
 from normswap.study.config import RESULTS_FILE, RUN_FILE, UNITS_DIR, flag, options
 
@@ -49,14 +50,9 @@ class StudyDir:
             return None
         return run if isinstance(run, dict) and run.get("kind") == RUN_KIND else None
 
-    def check(self, *, reads: list[str], resume: bool, force: bool) -> dict | None:
+    def check(self, *, reads: list, resume: bool, force: bool) -> dict | None:
         """Refuse a DIR that would lose or mix something; return the recorded run of a ``--resume``."""
-        real = self.out.resolve()
-        for src in reads:
-            if src and Path(src).exists():
-                s = Path(src).resolve()
-                if real == s or real in s.parents or s in real.parents:
-                    raise NormswapError(f"DIR {self.out} overlaps {src}, which the study reads: inputs are never modified; choose another DIR")
+        check_disjoint(reads, [(f"DIR {self.out}", self.out)], advice="choose another DIR")
         if self.out.exists() and not self.out.is_dir():
             raise NormswapError(f"DIR {self.out} exists and is not a directory")
         run = self.read_run() if self.out.is_dir() else None
