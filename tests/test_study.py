@@ -345,3 +345,28 @@ def test_recipe_study_section_is_validated():
         validate(dict(base, study={"arms": ["layernorm", "rmsnrom"]}), "r")
     with pytest.raises(RecipeError, match="study.seeds"):
         validate(dict(base, study={"seeds": 0}), "r")
+
+
+def test_post_ln_checkpoint_exact_arm_refused_before_dir_or_left_out_by_default(tmp_path):
+    """A trained post-LN causal LM (OPT with do_layer_norm_before=False) has no exact RMSNorm form:
+    asked for, rmsnorm-exact is one line and DIR is never made; by default it is left out, with a note."""
+    import shutil
+
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from normswap.assets.models import model_path
+    from normswap.errors import NormswapError
+
+    torch.manual_seed(0)
+    model = OPTForCausalLM(OPTConfig(vocab_size=4096, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=2,
+                                     max_position_embeddings=64, word_embed_proj_dim=32, do_layer_norm_before=False))
+    src = tmp_path / "opt"
+    model.save_pretrained(src)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_path("kjv-gpt2") / f, src / f)
+    with pytest.raises(NormswapError, match="arm rmsnorm-exact"):
+        _study(src, tmp_path / "a", arms=["layernorm", "rmsnorm-exact"], steps=2, seeds=1)
+    assert not (tmp_path / "a").exists()
+    res = _study(src, tmp_path / "b", steps=2, seeds=1)
+    assert res["setup"]["arms"] == ["layernorm", "rmsnorm", "layernorm-control", "rmsnorm-approx"]
+    assert any(n.startswith("rmsnorm-exact left out") for n in res["notes"])

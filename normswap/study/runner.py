@@ -19,7 +19,7 @@ import torch
 from normswap.errors import NormswapError
 from normswap.study import claims as claims_mod
 from normswap.study import results as res
-from normswap.study.arms import check_arms, check_replaceable, default_arms, open_source
+from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms, open_source
 from normswap.study.config import BASELINE, CONTROL, TRAINED_ONLY, StudyConfig, flag, option_errors
 from normswap.study.study_dir import StudyDir, resolve_resume, unit_key
 from normswap.study.trainer import Dist, Group, Hooks
@@ -131,16 +131,16 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     # ---- MODEL, arms, data: every refusal before DIR changes ----
     source = open_source(cfg.model, from_scratch=cfg.from_scratch)
     arms = check_arms(list(cfg.arms) or default_arms(source), source)
-    check_replaceable(source, 0)
+    norms_replaced = check_replaceable(source, 0)
     notes = []
-    if not cfg.arms and "rmsnorm-exact" in arms:
-        try:  # a default arm the architecture cannot have (exact needs pre-LN): dropped, said
-            from normswap.study.arms import build_arm
-
-            build_arm(source, "rmsnorm-exact", 0, cfg.kernels)
+    for arm in [a for a in arms if a in TRAINED_ONLY]:
+        try:  # a conversion the architecture cannot have (exact needs pre-LN) fails here, not mid-study
+            build_arm(source, arm, 0, cfg.kernels)
         except NormswapError as e:
-            arms.remove("rmsnorm-exact")
-            notes.append(f"rmsnorm-exact left out: {e}")
+            if cfg.arms:
+                raise
+            arms.remove(arm)  # a default arm: left out, and said
+            notes.append(f"{arm} left out: {e}")
     _check_sizes(cfg, source, dist.world)
     mults = cfg.multipliers()
     ref_mult = 1.0 if 1.0 in mults else mults[0]
@@ -212,14 +212,14 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
             if a not in (BASELINE, CONTROL):
                 rules[a] = res.migration_rule(units, a, BASELINE, mults, ref_mult, sw["best_multiplier"])
     verdicts = claims_mod.judge(comparisons, rules, precision, cfg.precision, CONTROL)
-    n_params = sum(p.numel() for p in source.start(0).parameters())
+    n_params = sum(p.numel() for p in source.start(0).parameters())  # tied weights counted once
     results = {
         "schema_version": SCHEMA_VERSION,
         "kind": "normswap-study",
         "model": cfg.model,
         "from_scratch": source.from_scratch,
         "architecture": {"model_type": source.config.model_type, "parameters": n_params,
-                         "norms_replaced": check_replaceable(source, 0)},
+                         "norms_replaced": norms_replaced},
         "setup": {**cfg.recorded(), "arms": arms, "seeds_list": list(range(cfg.seeds)), "multipliers": mults,
                   "reference_multiplier": ref_mult, "tokens_per_step": tokens_per_step,
                   "eval_tokens_used": int(eval_set.numel()), "device": str(dist.device), "world_size": dist.world,
@@ -262,4 +262,4 @@ def _finite(obj):
     return obj
 
 
-__all__ = ["Hooks", "TRAINED_ONLY", "run_study"]
+__all__ = ["Hooks", "run_study"]
