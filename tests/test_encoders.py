@@ -239,7 +239,7 @@ def test_masked_lm_objective_trains_and_resumes_on_the_same_trajectory(encoders,
     from safetensors.torch import load_file
 
     from normswap.finetune.run_dir import read_log_rows
-    from normswap.finetune.trainer import Hooks
+    from normswap.testing import FinetuneHooks as Hooks
 
     straight = tmp_path / "straight"
     s = _finetune(encoders["mlm-approx"], straight, steps=4, save_every=2)

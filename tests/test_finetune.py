@@ -139,7 +139,7 @@ def _run(model, out, *, hooks=None, echo=None, **kw):
 
 def _nan_at(step):
     """Fault injection: the loss of ``step`` becomes NaN (the real divergence guard then acts)."""
-    from normswap.finetune.trainer import Hooks
+    from normswap.testing import FinetuneHooks as Hooks
 
     return Hooks(loss=lambda s, loss: loss * float("nan") if s == step else loss)
 
@@ -454,9 +454,10 @@ RESUME_ARGS = dict(steps=9, save_every=3, lr=2e-3, warmup_steps=2, seed=7)
 # by anything the product reads from the environment) so that a signal lands between checkpoints.
 SLOW_CLI = """
 import sys, time
+from normswap import testing
 from normswap.finetune import trainer
 run = trainer.run_finetune
-trainer.run_finetune = lambda cfg, **kw: run(cfg, hooks=trainer.Hooks(after_step=lambda step: time.sleep(0.4)), **kw)
+trainer.run_finetune = lambda cfg, **kw: run(cfg, hooks=testing.FinetuneHooks(after_step=lambda step: time.sleep(0.4)), **kw)
 from normswap.cli.main import main
 main(sys.argv[1:])
 """

@@ -382,23 +382,31 @@ def test_triton_refuses_cpu_tensors_without_interpreter():
 
 
 def test_backend_env_var(monkeypatch):
+    from normswap.testing import kernel_backend
+
     x = torch.randn(4, 32)
-    monkeypatch.setenv("NORMSWAP_KERNEL", "nonsense")
-    with pytest.raises(NormswapError, match="NORMSWAP_KERNEL"):
+    with kernel_backend("nonsense"), pytest.raises(NormswapError, match="NORMSWAP_KERNEL"):
         rms_norm(x)
     calls = []
     import normswap.kernels.reference as refmod
 
     real = refmod.rms_norm_reference
     monkeypatch.setattr(refmod, "rms_norm_reference", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setenv("NORMSWAP_KERNEL", "torch")
-    rms_norm(x)
+    with kernel_backend("torch"):
+        rms_norm(x)
     assert calls == [1], "NORMSWAP_KERNEL=torch must use the plain reference"
-    monkeypatch.setenv("NORMSWAP_KERNEL", "auto")
-    rms_norm(x)
+    with kernel_backend("auto"):
+        rms_norm(x)
     assert calls == [1], "auto must not use the slow reference in eager mode"
+    with kernel_backend("composite"):
+        assert K.backend_for("cpu") == "composite"
+    # read once per process: a change in the environment alone is not seen until it is read again
     monkeypatch.setenv("NORMSWAP_KERNEL", "composite")
-    assert K.backend_for("cpu") == "composite"
+    assert K.requested_backend() == "auto"
+    K.reread_requested_backend()
+    assert K.requested_backend() == "composite"
+    monkeypatch.delenv("NORMSWAP_KERNEL")
+    K.reread_requested_backend()
 
 
 def test_module_matches_layer_contract():

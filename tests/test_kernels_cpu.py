@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from normswap.kernels import cpu
+from normswap.testing import cpu_isa
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # 1000 ends on the 8-lane loop, 1001 on the scalar tail, 4096 spans several parallel blocks.
@@ -52,10 +53,10 @@ def _isas():
 
 @pytest.fixture(params=_isas())
 def isa(request, kern):
-    if not kern._set_isa(request.param):
+    if not cpu_isa(request.param):
         pytest.skip(f"ISA variant {request.param} not runnable on this CPU/build")
     yield request.param
-    kern._set_isa("best")
+    cpu_isa("best")
 
 
 def _poison():

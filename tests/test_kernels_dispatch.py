@@ -13,14 +13,15 @@ import torch
 import normswap.kernels as K
 from normswap.kernels import _ops, autotune, rms_norm
 from normswap.kernels.reference import rms_norm_reference
+from normswap.testing import forget_kernel_choices
 
 
 @pytest.fixture
 def fresh_autotune(tmp_path, monkeypatch):
     monkeypatch.setenv("NORMSWAP_CACHE_DIR", str(tmp_path))
-    autotune.forget()
+    forget_kernel_choices()
     yield tmp_path
-    autotune.forget()
+    forget_kernel_choices()
 
 
 def test_no_grad_calls_skip_autograd_function_and_custom_op(monkeypatch):
@@ -111,9 +112,9 @@ def test_bias_inside_the_kernel_is_bit_for_bit_a_separate_add(dtype):
     gradient, and β's gradient must be dy summed over the rows."""
     if not _ops.cpu_fast_available():
         pytest.skip("compiled CPU kernel not available here")
-    from normswap.kernels.dispatch import _cpu_ext
+    from normswap.kernels.dispatch import cpu_ext
 
-    ext = _cpu_ext()
+    ext = cpu_ext()
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 7, 72, generator=g).to(dtype)  # 72: the vector body, the 8-lane loop and a tail
     r = torch.randn(2, 7, 72, generator=g).to(dtype)
@@ -180,7 +181,7 @@ def test_auto_measures_once_then_reads_its_cache(fresh_autotune, monkeypatch):
     entries = [e for m in stored["machines"].values() for e in m]
     assert any(e["width_bucket"] == 128 and e["ranking"] == choice["ranking"] for e in entries)
     # a new process (simulated) takes the stored choice without measuring again
-    autotune.forget()
+    forget_kernel_choices()
     monkeypatch.setattr(autotune, "measure", lambda *a, **k: pytest.fail("measured again despite the cache"))
     rms_norm(x, None)
     (again,) = [c for c in autotune.choices() if c["width_bucket"] == 128 and not c["grad"] and c["rows"] == "many"]

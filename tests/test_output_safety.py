@@ -194,8 +194,8 @@ def test_two_finetunes_into_one_out(tmp_path, run_cli):
     args = ["finetune", "normswap:kjv-gpt2", str(out), "--steps", "400", "--seq-len", "32", "--batch-size", "2",
             "--eval-tokens", "256", "--save-every", "1000", "--no-progress"]
     # the first run is slowed by a hook the test passes in (the product reads no test hooks from the environment)
-    slow = ("import sys, time; from normswap.finetune import trainer; run = trainer.run_finetune; "
-            "trainer.run_finetune = lambda cfg, **kw: run(cfg, hooks=trainer.Hooks(after_step=lambda s: time.sleep(0.2)), **kw); "
+    slow = ("import sys, time; from normswap import testing; from normswap.finetune import trainer; run = trainer.run_finetune; "
+            "trainer.run_finetune = lambda cfg, **kw: run(cfg, hooks=testing.FinetuneHooks(after_step=lambda s: time.sleep(0.2)), **kw); "
             "sys.argv[0] = 'normswap'; from normswap.cli.main import main; main(sys.argv[1:])")
     first = subprocess.Popen([sys.executable, "-c", slow, *args], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -60,6 +60,7 @@ LAYERS = [
     "cli",           # one file per command
     "__main__",      # python -m normswap
     "normswap",      # the package's own __init__: the public load_model / load_tokenizer
+    "testing",       # the one interface tests reach into normswap through; nothing in the package uses it
 ]
 DOCS = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -343,6 +344,88 @@ def test_product_reads_only_documented_user_settings():
     assert "NORMSWAP_KERNEL" in used  # the scan reads the real package
 
 
-@pytest.mark.parametrize("helper", ["testing", "test_utils", "fixtures"])
+@pytest.mark.parametrize("helper", ["test_utils", "fixtures", "test_helpers"])
 def test_no_test_helpers_ship(helper):
     assert not (PACKAGE / f"{helper}.py").exists(), f"normswap/{helper}.py ships only for tests; keep it in tests/"
+
+
+def test_the_testing_interface_is_documented_and_used():
+    """normswap/testing.py is the one way into the product's hooks: documented in
+    docs/architecture.md, used by the tests, imported by nothing in the package (LAYERS ranks it last)."""
+    assert LAYERS[-1] == "testing"
+    tree = ast.parse((PACKAGE / "testing.py").read_text(encoding="utf-8"))
+    exported = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "__all__")
+    names = {e.value for e in exported.elts}
+    docs = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert "normswap/testing.py" in docs and all(n in docs for n in names), names
+    tests = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py") if p.name != Path(__file__).name)
+    unused = [n for n in names if n not in tests]
+    assert not unused, f"hooks in normswap.testing no test uses: {unused}"
+    # and the hooks it replaces are not reached for around it
+    for old in ("_set_isa", "trainer.Hooks", "autotune.forget()", 'setenv("NORMSWAP_KERNEL"'):
+        assert old not in tests.replace('monkeypatch.setenv("NORMSWAP_KERNEL", "composite")', ""), old
+
+
+# -- private names stay in their module ----------------------------------------------------------
+
+
+def private_uses(name: str, source: str, modules: set[str]) -> list[str]:
+    """Another module's private names (``_x``) that module ``name`` imports or reads as an attribute
+    of an imported module. A private module (``kernels._ops``) is private to its package."""
+    top = name.split(".")[0]
+    package = name if _is_package(name, modules) else name.rpartition(".")[0]
+    found, aliases = [], {}
+
+    def private(part):
+        return part.startswith("_") and not part.startswith("__")
+
+    def foreign(module):  # a private module outside the importer's own package
+        parts = module.split(".")
+        for i, part in enumerate(parts):
+            home = ".".join(parts[:i])
+            if private(part) and not (name == home or name.startswith(home + ".")):
+                return True
+        return False
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                target = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([node.module] if node.module else []))
+            if target.split(".")[0] != top:
+                continue
+            for a in node.names:
+                full = f"{target}.{a.name}"
+                aliases[a.asname or a.name] = full
+                if private(a.name) and full not in modules and target != name:
+                    found.append(f"{name} imports {full}")
+                elif foreign(full):
+                    found.append(f"{name} imports {full}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == top:
+                    aliases[a.asname or a.name.split(".")[0]] = a.asname and a.name or a.name.split(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr) and isinstance(node.value, ast.Name):
+            module = aliases.get(node.value.id)
+            if module in modules and module != name:
+                found.append(f"{name} reads {module}.{node.attr}")
+    return sorted(set(found))
+
+
+def test_private_name_check_flags_planted_uses():
+    # negative control: each way of reaching into another module is seen; a module's own and its
+    # package's private module are not
+    modules = {"p", "p.a", "p.b", "p.k", "p.k._impl", "p.k.api"}
+    bad = "from p.a import _helper\nfrom p import b\nx = b._cache\nfrom p.k import _impl\n"
+    assert private_uses("p.c", bad, modules | {"p.c"}) == ["p.c imports p.a._helper", "p.c imports p.k._impl", "p.c reads p.b._cache"]
+    fine = "from p.k import _impl\ndef _own():\n    return _impl._x\n"
+    assert private_uses("p.k.api", fine, modules) == ["p.k.api reads p.k._impl._x"]
+    assert private_uses("p.k.api", "from p.k import _impl\nfrom p.a import helper\n", modules) == []
+
+
+def test_no_module_uses_another_modules_private_names():
+    files = module_files()
+    found = [u for name, path in files.items() for u in private_uses(name, path.read_text(encoding="utf-8"), set(files))]
+    assert not found, "private names used outside their module (make them public or keep them home):\n" + "\n".join(found)

@@ -16,6 +16,7 @@ import pytest
 
 from normswap import private_dirs
 from normswap.kernels import autotune, cpu
+from normswap.testing import forget_kernel_choices
 
 needs_posix = pytest.mark.skipif(not hasattr(os, "getuid"), reason="owners and modes are POSIX")
 OTHER_UID = 4242  # a user that is not us
@@ -163,12 +164,12 @@ def test_autotune_table_is_read_only_from_a_private_cache(tmp_path, monkeypatch,
         os.chmod(cache, 0o770)
     if how == "other-writable file":
         os.chmod(cache / "autotune.json", 0o666)
-    autotune.forget()
+    forget_kernel_choices()
     try:
         autotune._load_disk()
         assert (autotune._memory.get(key) == ["composite", "native"]) == (how == "private")
     finally:
-        autotune.forget()
+        forget_kernel_choices()
 
 
 # ---------------------------------------------------------------------------------------- locks

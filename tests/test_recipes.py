@@ -398,7 +398,7 @@ def test_finetune_progress_comes_from_the_trainer_hook_and_its_log(tmp_path, mon
     loss the trainer logged for that step (no thread, no second log parser)."""
     from normswap.finetune import FinetuneConfig, run_finetune
     from normswap.finetune.run_dir import RunDir
-    from normswap.finetune.trainer import Hooks
+    from normswap.testing import FinetuneHooks as Hooks
     from normswap.recipes import runner
 
     monkeypatch.setattr(runner, "PROGRESS_EVERY", 0.0)

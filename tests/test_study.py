@@ -187,7 +187,7 @@ def test_torchrun_two_processes_reproduce_one_process(tmp_path):
 
 
 def test_killed_study_resumed_ends_with_the_same_results(tmp_path):
-    from normswap.study.trainer import Hooks
+    from normswap.testing import StudyHooks as Hooks
 
     cfg = _config(tmp_path)
     opts = dict(arms=["layernorm", "rmsnorm"], steps=6, seeds=2, eval_every=3)
@@ -283,7 +283,7 @@ def test_bad_input_gets_one_line_and_nothing_is_touched(tmp_path):
 
 
 def test_a_diverging_arm_is_recorded_and_stops_while_the_others_finish(tmp_path):
-    from normswap.study.trainer import Hooks
+    from normswap.testing import StudyHooks as Hooks
 
     def blow_up(arm, step, loss):
         return loss * float("inf") if arm == "rmsnorm" and step == 3 else loss

@@ -52,7 +52,7 @@ def _center_input_hook(module, args, kwargs):
     return None
 
 
-def _local_name(model, name):
+def local_name(model, name):
     """Names are recorded on the class that was converted (e.g. `bert.encoder...` in
     BertForMaskedLM); the bare model class (AutoModel) holds the same modules without the
     prefix and none of the head's. Returns None for a module this model does not have."""
@@ -87,7 +87,7 @@ def apply_normswap_structure(model, block):
     untied. Module names never change, so state-dict keys and weight tying stay as they were.
     """
     for name, rec in block.get("norms", {}).items():
-        name = _local_name(model, name)
+        name = local_name(model, name)
         if name is None:
             continue
         parent, attr = _parent_and_attr(model, name)
@@ -97,7 +97,7 @@ def apply_normswap_structure(model, block):
         new.train(old.training)
         setattr(parent, attr, new)
     for name, size in block.get("added_biases", {}).items():
-        name = _local_name(model, name)
+        name = local_name(model, name)
         if name is None:
             continue
         module = model.get_submodule(name)
@@ -118,7 +118,7 @@ def register_runtime_centering(model, block):
     for key, hook, hooks_attr in (("centered_inputs", _center_input_hook, "_forward_pre_hooks"),
                                   ("centered_outputs", _center_output_hook, "_forward_hooks")):
         for name in block.get(key, []):
-            name = _local_name(model, name)
+            name = local_name(model, name)
             if name is None:
                 continue
             module = model.get_submodule(name)

@@ -63,7 +63,7 @@ def _split_of(testament: int, name: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _chapters() -> tuple[tuple[str, str, int, str], ...]:
+def chapters() -> tuple[tuple[str, str, int, str], ...]:
     """All chapters in canonical order as (split, book, chapter, text); read once per process."""
     return tuple((s, book, c, " ".join(vs)) for s, book, c, vs in _chapter_verses())
 
@@ -111,7 +111,7 @@ def _chapter_verses() -> tuple[tuple[str, str, int, tuple[str, ...]], ...]:
 
 def documents(split: str):
     """Chapters of the given split, in canonical order."""
-    for s, _book, _chapter, text in _chapters():
+    for s, _book, _chapter, text in chapters():
         if split == "all" or s == split:
             yield text
 
@@ -126,7 +126,7 @@ def verses(split: str):
 def books(split: str) -> list[str]:
     """Names of the books in a split (for documentation and tests)."""
     seen: list[str] = []
-    for s, book, _c, _t in _chapters():
+    for s, book, _c, _t in chapters():
         if (split == "all" or s == split) and book not in seen:
             seen.append(book)
     return seen

@@ -364,7 +364,7 @@ def _open_source(spec: str, split: str, text_field: str) -> Iterator[str]:
     if spec == "embedded":
         from normswap.data import kjv
 
-        kjv._chapters()  # fail now if the corpus package is missing
+        kjv.chapters()  # fail now if the corpus package is missing
         return kjv.documents(split)
     path = Path(spec).expanduser()
     if path.is_dir():

@@ -162,9 +162,9 @@ class StockPlan:
 
 
 def _get(model, name):
-    from normswap.checkpoint.remote_code import _local_name
+    from normswap.checkpoint.remote_code import local_name
 
-    local = _local_name(model, name)
+    local = local_name(model, name)
     return model.get_submodule(local) if local is not None else None
 
 

@@ -35,34 +35,34 @@ import torch
 
 from normswap.errors import NormswapError
 from normswap.kernels import autotune as _autotune
-from normswap.kernels.dispatch import _CPU_DTYPES, _cpu_ext, call_impl
+from normswap.kernels.dispatch import CPU_DTYPES, cpu_ext, call_impl
 
 _is_compiling = torch.compiler.is_compiling
 
 BACKENDS = ("auto", "triton", "torch", "cpu", "composite", "native")
 
 
-# os.environ.get decodes and re-encodes on every call (~2 µs, a tenth of a small norm's budget);
-# the raw mapping behind os.environ is kept in sync by os.environ itself (setenv, monkeypatch).
-_ENV = getattr(os.environ, "_data", None)
-try:
-    _ENV_KEY = os.environ.encodekey("NORMSWAP_KERNEL")
-except AttributeError:  # pragma: no cover - not CPython's os.environ
-    _ENV = None
+# NORMSWAP_KERNEL is read once, on the first call: os.environ.get costs about as much as a small
+# norm's whole dispatch, and the setting is a process-wide choice. normswap.testing.kernel_backend
+# changes it for a block (it sets the variable and has it read again).
+_requested: str | None = None
 
 
 def requested_backend() -> str:
-    if _ENV is not None:
-        raw = _ENV.get(_ENV_KEY)
-        if raw is None or raw == b"auto":
-            return "auto"
-        value = os.environ.decodevalue(raw)
-    else:  # pragma: no cover
-        value = os.environ.get("NORMSWAP_KERNEL", "auto")
-    value = value.strip().lower() or "auto"
-    if value not in BACKENDS:
-        raise NormswapError(f"NORMSWAP_KERNEL={value!r} is not one of {', '.join(BACKENDS)}")
-    return value
+    """The backend NORMSWAP_KERNEL asks for (``auto`` when unset)."""
+    global _requested
+    if _requested is None:
+        value = os.environ.get("NORMSWAP_KERNEL", "auto").strip().lower() or "auto"
+        if value not in BACKENDS:
+            raise NormswapError(f"NORMSWAP_KERNEL={value!r} is not one of {', '.join(BACKENDS)}")
+        _requested = value
+    return _requested
+
+
+def reread_requested_backend() -> None:
+    """Read NORMSWAP_KERNEL again on the next call (after the environment changed in this process)."""
+    global _requested
+    _requested = None
 
 
 def _auto_impl(x, weight, residual):
@@ -101,8 +101,8 @@ def _direct_cpu(key, x, weight):
     """The C++ extension when `auto` runs normswap's CPU kernel for this kind of call with and
     without gradient (so the call can skip every Python-side step), else False. Memoised."""
     direct = False
-    if x.dtype in _CPU_DTYPES and _choose(x, weight, key[1]) == "cpu":
-        direct = _cpu_ext()
+    if x.dtype in CPU_DTYPES and _choose(x, weight, key[1]) == "cpu":
+        direct = cpu_ext()
     _autotune.direct[key] = direct
     return direct
 
@@ -171,4 +171,4 @@ def backend_for(device, dtype=torch.float32, hidden: int = 768, rows: int = 1024
     return autotune.ranking(torch.device(device), dtype, hidden, rows, grad)[0]
 
 
-__all__ = ["rms_norm", "requested_backend", "backend_for", "call_impl", "BACKENDS"]
+__all__ = ["rms_norm", "requested_backend", "reread_requested_backend", "backend_for", "call_impl", "BACKENDS"]

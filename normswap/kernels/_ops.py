@@ -45,12 +45,12 @@ def cpu_build_name() -> Optional[str]:
     """The compiled CPU kernel's build name (a hash of its sources and flags), None without it."""
     if not cpu_fast_available():
         return None
-    return _cpu_module._ext.__name__
+    return _cpu_module.extension().__name__
 
 
 def cpu_extension():
     """The loaded C++ extension module (only call when cpu_fast_available())."""
-    return _cpu_module._ext
+    return _cpu_module.extension()
 
 
 def resolve(backend: str, device: torch.device) -> str:

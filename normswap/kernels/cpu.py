@@ -303,6 +303,12 @@ def backward(
     return ext.backward(dy, x, rstd, weight, bool(compute_dweight))
 
 
-def _set_isa(name: str) -> bool:
-    """Testing/benchmark hook: force 'baseline', 'avx2' or 'best'. False if not possible here."""
+def extension():
+    """The loaded C++ extension module (None until available() has built or loaded it)."""
+    return _ext
+
+
+def force_isa(name: str) -> bool:
+    """Force the compiled kernel's instruction set: 'baseline', 'avx2' or 'best' (a testing and
+    benchmark hook, offered as normswap.testing.cpu_isa). False if not possible here."""
     return bool(available() and _ext.set_isa(name))

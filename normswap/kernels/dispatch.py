@@ -13,8 +13,8 @@ _is_compiling = torch.compiler.is_compiling
 
 def call_impl(impl, x, weight, residual, eps):
     """One implementation by name, API convention (y or (y, summed)); inputs already validated."""
-    if impl == "cpu" and x.dtype in _CPU_DTYPES and not _is_compiling():  # Dynamo cannot trace pybind
-        ext = _cpu_ext()
+    if impl == "cpu" and x.dtype in CPU_DTYPES and not _is_compiling():  # Dynamo cannot trace pybind
+        ext = cpu_ext()
         return ext.norm(x, weight, None, eps) if residual is None else ext.add_norm(x, residual, weight, None, eps)
     if impl == "native":
         if residual is not None:
@@ -27,11 +27,11 @@ def call_impl(impl, x, weight, residual, eps):
     return (y, summed) if residual is not None else y
 
 
-_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _ext = None
 
 
-def _cpu_ext():
+def cpu_ext():
     global _ext
     if _ext is None:
         from normswap.kernels import _ops

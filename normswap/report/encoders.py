@@ -89,7 +89,7 @@ def fidelity_plot(results, out: Path) -> Path | None:
     models = [m for m in results["models"] if m.get("fidelity") and m["name"] != _reference(results)]
     if not models:
         return None
-    from normswap.report.plots import _save, _style, colors, plt
+    from normswap.report.plots import save_figure, style_axes, colors, plt
 
     c = colors(results)
     keys = (("hidden_cosine", "hidden states"), ("embedding_cosine", "sentence embedding (mean)"),
@@ -113,5 +113,5 @@ def fidelity_plot(results, out: Path) -> Path | None:
     ax.set_ylabel("1 − cosine (lower is closer)")
     ax.set_title(f"distance to {_reference(results)} (labels: cosine)", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
-    _style(ax)
-    return _save(fig, Path(out) / "fidelity.png")
+    style_axes(ax)
+    return save_figure(fig, Path(out) / "fidelity.png")

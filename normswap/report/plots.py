@@ -17,13 +17,13 @@ PALETTE = ["#4c6ef5", "#f76707", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#e
 METRICS = (("forward", "forward"), ("train_step", "train step"), ("prefill", "prefill"), ("decode", "decode"))
 
 
-def _style(ax):
+def style_axes(ax):
     ax.spines[["top", "right"]].set_visible(False)
     ax.grid(axis="y", color="#e9ecef", linewidth=0.8)
     ax.set_axisbelow(True)
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -59,7 +59,7 @@ def perplexity_plot(results, out: Path) -> Path | None:
         ax.set_ylabel(f"% vs {base['name']}")
         ax.set_title("token perplexity, change from the baseline (lower is better)", fontsize=10)
         ax.tick_params(axis="x", labelrotation=15, labelsize=9)
-        _style(ax)
+        style_axes(ax)
     ax = axes[-1]
     values = [m["perplexity"] for m in models]
     lo, hi = min(values), max(values)
@@ -73,10 +73,10 @@ def perplexity_plot(results, out: Path) -> Path | None:
     ax.set_ylabel("perplexity (axis does not start at 0)")
     ax.set_title("token perplexity", fontsize=10)
     ax.tick_params(axis="x", labelrotation=15, labelsize=9)
-    _style(ax)
+    style_axes(ax)
     d = results["data"]
     fig.suptitle(f"{d['spec']} / {d['split']}: {d['characters']:,} characters", fontsize=10)
-    return _save(fig, out / "perplexity.png")
+    return save_figure(fig, out / "perplexity.png")
 
 
 def throughput_plot(results, out: Path) -> Path | None:
@@ -137,7 +137,7 @@ def throughput_plot(results, out: Path) -> Path | None:
         handles.append(Patch(facecolor="white", edgecolor="#495057", hatch="///", label="range contains 1: no measurable difference"))
     ax.legend(handles=handles, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.1),
               ncol=min(len(handles), 3))
-    _style(ax)
+    style_axes(ax)
     ax = axes[1]
     shares = [(m["name"], m.get("norm_time_share")) for m in models if m.get("norm_time_share") is not None]
     if shares:
@@ -151,8 +151,8 @@ def throughput_plot(results, out: Path) -> Path | None:
         ax.tick_params(axis="x", labelrotation=15, labelsize=9)
     else:
         ax.axis("off")
-    _style(ax)
-    return _save(fig, out / "throughput.png")
+    style_axes(ax)
+    return save_figure(fig, out / "throughput.png")
 
 
 def activation_plot(results, out: Path) -> Path | None:
@@ -178,8 +178,8 @@ def activation_plot(results, out: Path) -> Path | None:
     for ax in axes:
         ax.set_xlabel("norm layer (model order)")
         ax.legend(fontsize=8, frameon=False)
-        _style(ax)
-    return _save(fig, out / "activations.png")
+        style_axes(ax)
+    return save_figure(fig, out / "activations.png")
 
 
 def finetune_plot(results, out: Path) -> Path | None:
@@ -213,9 +213,9 @@ def finetune_plot(results, out: Path) -> Path | None:
         ax.set_xlabel("step")
         ax.set_title(title, fontsize=10)
         ax.margins(x=0.08, y=0.15)
-        _style(ax)
+        style_axes(ax)
     if len(models) > 1:
         axes[0][0].legend(fontsize=8, frameon=False)
     else:
         fig.suptitle(f"fine-tune of {models[0]['name']}", fontsize=10)
-    return _save(fig, out / "finetune_loss.png")
+    return save_figure(fig, out / "finetune_loss.png")

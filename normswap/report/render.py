@@ -364,11 +364,11 @@ footer{margin-top:40px;color:var(--muted);font-size:12px}
 """
 
 
-def _e(x) -> str:
+def escape(x) -> str:
     return html.escape(str(x))
 
 
-def _img(path: Path) -> str:
+def image_data_uri(path: Path) -> str:
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
     return f"data:image/png;base64,{data}"
 
@@ -376,28 +376,28 @@ def _img(path: Path) -> str:
 def html_report(results, figures: dict[str, Path]) -> str:
     parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
              "<meta name='viewport' content='width=device-width,initial-scale=1'>",
-             f"<title>{_e(report_title(results))}</title>", f"<style>{CSS}</style></head><body><main>"]
+             f"<title>{escape(report_title(results))}</title>", f"<style>{CSS}</style></head><body><main>"]
     names = ", ".join(m["name"] for m in results["models"])
-    parts.append(f"<h1>{_e(report_title(results))}</h1><p class='sub'>{_e(names)}</p>")
-    parts.append("<div class='meta'>" + "".join(f"<div>{_e(line)}</div>" for line in _setup_lines(results)) + "</div>")
+    parts.append(f"<h1>{escape(report_title(results))}</h1><p class='sub'>{escape(names)}</p>")
+    parts.append("<div class='meta'>" + "".join(f"<div>{escape(line)}</div>" for line in _setup_lines(results)) + "</div>")
     banner = noise_banner(results)
     if banner:
-        parts.append(f"<div class='noisy' role='alert'><strong>{_e(TOO_NOISY.capitalize())}.</strong> {_e(banner)}</div>")
+        parts.append(f"<div class='noisy' role='alert'><strong>{escape(TOO_NOISY.capitalize())}.</strong> {escape(banner)}</div>")
 
     cards = headlines(results)
     if cards:
-        parts.append(f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {_e(results['baseline'])}</small></h2><div class='cards'>")
+        parts.append(f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {escape(results['baseline'])}</small></h2><div class='cards'>")
         for c in cards:
-            items = "".join(f"<div><div class='v {state}'>{_e(val)}</div><div class='l'>{_e(label)}</div>"
-                            + (f"<div class='n'>{_e(note)}</div>" if note else "") + "</div>"
+            items = "".join(f"<div><div class='v {state}'>{escape(val)}</div><div class='l'>{escape(label)}</div>"
+                            + (f"<div class='n'>{escape(note)}</div>" if note else "") + "</div>"
                             for label, val, state, note in c["items"])
-            parts.append(f"<div class='card'><h3>{_e(c['name'])}</h3><div class='kind'>{_e(c['kind'])}</div><div class='items'>{items}</div></div>")
+            parts.append(f"<div class='card'><h3>{escape(c['name'])}</h3><div class='kind'>{escape(c['kind'])}</div><div class='items'>{items}</div></div>")
         parts.append("</div>")
 
     header, rows = table_rows(results)
     # the kind goes under the model's name: one column less to fit
     header, rows = [header[0]] + header[2:], [[(row[0][0], row[1][0], "")] + row[2:] for row in rows]
-    parts.append("<h2>Side by side</h2><div class='tablewrap'><table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>")
+    parts.append("<h2>Side by side</h2><div class='tablewrap'><table><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr></thead><tbody>")
     for row in rows:
         cells = []
         for v, r, state in row:
@@ -405,21 +405,21 @@ def html_report(results, figures: dict[str, Path]) -> str:
             for words in (NO_DIFFERENCE, TOO_NOISY):
                 if r.endswith(words):  # the words go on their own line; numbers never wrap
                     r, note = r[: -len(words)].strip(), words
-            cells.append(f"<td>{_e(v)}" + (f"<span class='r {state}'>{_e(r)}</span>" if r else "")
-                         + (f"<span class='nd'>{_e(note)}</span>" if note else "") + "</td>")
+            cells.append(f"<td>{escape(v)}" + (f"<span class='r {state}'>{escape(r)}</span>" if r else "")
+                         + (f"<span class='nd'>{escape(note)}</span>" if note else "") + "</td>")
         parts.append("<tr>" + "".join(cells) + "</tr>")
     parts.append("</tbody></table></div>")
     notes = table_notes(results)
     if notes:
-        parts.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+        parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
     parts.append(encoders.html_section(results))
 
     parts.append("<h2>Claims vs measured</h2><div class='tablewrap'><table class='claims'><thead><tr><th>claim</th><th>this run</th></tr></thead><tbody>")
     for c in claims(results):
-        items = "".join(f"<li>{_e(line)}</li>" for line in c["measured"])
+        items = "".join(f"<li>{escape(line)}</li>" for line in c["measured"])
         cls = {"reproduced": "v-yes", "not reproduced": "v-no"}.get(c["verdict"], "v-na")
-        verdict = f"<div class='verdict {cls}'>{_e(c['verdict'])}</div>"
-        parts.append(f"<tr><td>{_e(c['claim'])}{verdict}</td><td><ul>{items}</ul><div class='why'>{_e(c['meaning'])}</div></td></tr>")
+        verdict = f"<div class='verdict {cls}'>{escape(c['verdict'])}</div>"
+        parts.append(f"<tr><td>{escape(c['claim'])}{verdict}</td><td><ul>{items}</ul><div class='why'>{escape(c['meaning'])}</div></td></tr>")
     parts.append("</tbody></table></div>")
 
     titles = {"perplexity": ("Perplexity", "Token perplexity and bits per byte on the held-out text; bits per byte compares across tokenizers."),
@@ -429,33 +429,33 @@ def html_report(results, figures: dict[str, Path]) -> str:
               "activations": ("Activations entering each norm", "Per norm layer, on one fixed batch: RMS of the input, and how far each token's vector is from zero-mean.")}
     for key, path in figures.items():
         title, caption = titles.get(key, (key, ""))
-        parts.append(f"<h2>{_e(title)}</h2><figure><img alt='{_e(title)}' src='{_img(path)}'><figcaption>{_e(caption)}</figcaption></figure>")
+        parts.append(f"<h2>{escape(title)}</h2><figure><img alt='{escape(title)}' src='{image_data_uri(path)}'><figcaption>{escape(caption)}</figcaption></figure>")
 
     cols, trows = task_table(results)
     if cols:
         parts.append("<h2>lm-eval tasks</h2><div class='tablewrap'><table><thead><tr><th>model</th>"
-                     + "".join(f"<th>{_e(t)}<br><small>{_e(k)}</small></th>" for t, k in cols) + "</tr></thead><tbody>")
-        parts += ["<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in trows]
+                     + "".join(f"<th>{escape(t)}<br><small>{escape(k)}</small></th>" for t, k in cols) + "</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in trows]
         parts.append("</tbody></table></div>")
-        parts.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in task_notes(results)) + "</ul>")
+        parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in task_notes(results)) + "</ul>")
 
     parts.append("<h2>Training diagnostics</h2><p class='sub'>One fixed batch of the evaluation text, dropout off.</p>"
                  "<div class='tablewrap'><table class='text2'><thead><tr><th>model</th><th>kind</th><th>loss</th><th>grad norm</th><th>norm layers</th><th>norm classes</th></tr></thead><tbody>")
     for m in results["models"]:
         dg = m.get("diagnostics") or {}
-        parts.append(f"<tr><td>{_e(m['name'])}</td><td>{_e(m.get('kind', ''))}</td><td>{fmt_num(dg.get('loss'), 4)}</td>"
-                     f"<td>{fmt_num(dg.get('grad_norm'), 4)}</td><td>{len(dg.get('layers') or [])}</td><td>{_e(', '.join(m.get('norm_classes') or []))}</td></tr>")
+        parts.append(f"<tr><td>{escape(m['name'])}</td><td>{escape(m.get('kind', ''))}</td><td>{fmt_num(dg.get('loss'), 4)}</td>"
+                     f"<td>{fmt_num(dg.get('grad_norm'), 4)}</td><td>{len(dg.get('layers') or [])}</td><td>{escape(', '.join(m.get('norm_classes') or []))}</td></tr>")
     parts.append("</tbody></table></div>")
     for m in results["models"]:
         layers = (m.get("diagnostics") or {}).get("layers") or []
         if not layers:
             continue
-        parts.append(f"<details><summary>{_e(m['name'])}: per-layer statistics ({len(layers)} norm layers)</summary><div class='tablewrap'><table class='text2'>"
+        parts.append(f"<details><summary>{escape(m['name'])}: per-layer statistics ({len(layers)} norm layers)</summary><div class='tablewrap'><table class='text2'>"
                      "<thead><tr><th>layer</th><th>class</th><th>rms</th><th>mean</th><th>|per-token mean|</th></tr></thead><tbody>")
         for lay in layers:
-            parts.append(f"<tr><td>{_e(lay['name'])}</td><td>{_e(lay.get('class', ''))}</td><td>{fmt_num(lay.get('rms'), 4)}</td>"
+            parts.append(f"<tr><td>{escape(lay['name'])}</td><td>{escape(lay.get('class', ''))}</td><td>{fmt_num(lay.get('rms'), 4)}</td>"
                          f"<td>{fmt_num(lay.get('mean'), 5)}</td><td>{fmt_num(lay.get('token_mean_abs'), 5)}</td></tr>")
         parts.append("</tbody></table></div></details>")
-    parts.append(f"<footer>Generated by normswap {_e((results.get('versions') or {}).get('normswap', ''))} on {_e(results['created'])}. "
+    parts.append(f"<footer>Generated by normswap {escape((results.get('versions') or {}).get('normswap', ''))} on {escape(results['created'])}. "
                  "Definitions: docs/results-schema.md. Raw numbers: results.json.</footer></main></body></html>")
     return "\n".join(parts)

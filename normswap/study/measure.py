@@ -21,7 +21,7 @@ import time
 import torch
 
 
-def _sync(device) -> None:
+def synchronize(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -105,7 +105,7 @@ class NormTimer:
             self._handles.append(m.register_forward_hook(self._fwd_post(i)))
 
     def _now(self) -> float:
-        _sync(self.device)
+        synchronize(self.device)
         return time.perf_counter()
 
     def _fwd_pre(self, i):

@@ -8,8 +8,8 @@ import statistics
 from pathlib import Path
 
 from normswap.publish import atomic_write_text
-from normswap.report.plots import PALETTE, _save, _style, plt
-from normswap.report.render import CSS, _e, _img
+from normswap.report.plots import PALETTE, save_figure, style_axes, plt
+from normswap.report.render import CSS, escape, image_data_uri
 from normswap.report.tables import markdown_table, text_table
 from normswap.study import stats
 from normswap.study.precision import IMPLS, worst
@@ -67,10 +67,10 @@ def curves_plot(results, out: Path) -> Path | None:
                                 "held-out loss (mean, bars: min–max over seeds)")):
         ax.set_xlabel("step")
         ax.set_title(title, fontsize=10)
-        _style(ax)
+        style_axes(ax)
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=8, frameon=False)
-    return _save(fig, out / "curves.png")
+    return save_figure(fig, out / "curves.png")
 
 
 def bars_plot(results, out: Path) -> Path | None:
@@ -97,8 +97,8 @@ def bars_plot(results, out: Path) -> Path | None:
             if math.isfinite(m):
                 ax.annotate(f"{m:.3f}", (i, m), ha="center", va="bottom", fontsize=8, xytext=(8, 2), textcoords="offset points")
         ax.set_title(title, fontsize=10)
-        _style(ax)
-    return _save(fig, out / "throughput_memory.png")
+        style_axes(ax)
+    return save_figure(fig, out / "throughput_memory.png")
 
 
 def norm_grads_plot(results, out: Path) -> Path | None:
@@ -122,8 +122,8 @@ def norm_grads_plot(results, out: Path) -> Path | None:
     ax.set_yscale("log")
     ax.set_title("gradient norm at each norm layer's input (mean over steps and seeds)", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
-    _style(ax)
-    return _save(fig, out / "norm_input_grads.png")
+    style_axes(ax)
+    return save_figure(fig, out / "norm_input_grads.png")
 
 
 def sweep_plot(results, out: Path) -> Path | None:
@@ -139,8 +139,8 @@ def sweep_plot(results, out: Path) -> Path | None:
     ax.set_xlabel(f"learning-rate multiplier (× {results['setup']['lr']:g})")
     ax.set_title("final held-out loss by rate (mean over seeds)", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
-    _style(ax)
-    return _save(fig, out / "lr_sweep.png")
+    style_axes(ax)
+    return save_figure(fig, out / "lr_sweep.png")
 
 
 FIGURES = (("curves", curves_plot, "Training curves", "Per step, at the common rate: mean over seeds, band min–max."),
@@ -291,8 +291,8 @@ def markdown(results, figures: dict) -> str:
 
 
 def _html_table(header, rows, cls="text2") -> str:
-    return (f"<div class='tablewrap'><table class='{cls}'><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header)
-            + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return (f"<div class='tablewrap'><table class='{cls}'><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header)
+            + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
             + "</tbody></table></div>")
 
 
@@ -300,25 +300,25 @@ def html_report(results, figures: dict) -> str:
     title = "LayerNorm vs RMSNorm: study of " + results["model"]
     parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
              "<meta name='viewport' content='width=device-width,initial-scale=1'>",
-             f"<title>{_e(title)}</title>", f"<style>{CSS}</style></head><body><main>", f"<h1>{_e(title)}</h1>"]
-    parts.append("<div class='meta'>" + "".join(f"<div>{_e(line)}</div>" for line in setup_lines(results)) + "</div>")
+             f"<title>{escape(title)}</title>", f"<style>{CSS}</style></head><body><main>", f"<h1>{escape(title)}</h1>"]
+    parts.append("<div class='meta'>" + "".join(f"<div>{escape(line)}</div>" for line in setup_lines(results)) + "</div>")
     parts.append("<h2>Claims</h2><div class='tablewrap'><table class='claims'><thead><tr><th>claim</th><th>this study</th></tr></thead><tbody>")
     for c in results["claims"]:
         cls = {"reproduced": "v-yes", "not reproduced": "v-no"}.get(c["verdict"], "v-na")
-        parts.append(f"<tr><td>{_e(c['claim'])}<div class='verdict {cls}'>{_e(c['verdict'])}</div></td>"
-                     f"<td>{_e(c['arm'])}: {_e(c['decided_by'])}</td></tr>")
-    parts.append("</tbody></table></div><ul class='notes'>" + "".join(f"<li>{_e(m)}</li>" for m in MEANING) + "</ul>")
+        parts.append(f"<tr><td>{escape(c['claim'])}<div class='verdict {cls}'>{escape(c['verdict'])}</div></td>"
+                     f"<td>{escape(c['arm'])}: {escape(c['decided_by'])}</td></tr>")
+    parts.append("</tbody></table></div><ul class='notes'>" + "".join(f"<li>{escape(m)}</li>" for m in MEANING) + "</ul>")
     header, rows = comparison_rows(results)
     parts.append("<h2>Differences from layernorm</h2>" + _html_table(header, rows))
     notes = [n for n in (null_control_line(results), "statistics: " + results["setup"]["statistics"]) if n]
-    parts.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-    parts.append("<h2>Learning rate</h2><ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in sweep_lines(results)) + "</ul>")
+    parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
+    parts.append("<h2>Learning rate</h2><ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in sweep_lines(results)) + "</ul>")
     header, rows = precision_rows(results)
     parts.append("<h2>The norms in low precision</h2><p class='sub'>Error in units of the dtype's ε against a float64 reference, "
                  "worst over the widths.</p>" + _html_table(header, rows))
     for key, _, t, caption in FIGURES:
         if key in figures:
-            parts.append(f"<h2>{_e(t)}</h2><figure><img alt='{_e(t)}' src='{_img(figures[key])}'><figcaption>{_e(caption)}</figcaption></figure>")
+            parts.append(f"<h2>{escape(t)}</h2><figure><img alt='{escape(t)}' src='{image_data_uri(figures[key])}'><figcaption>{escape(caption)}</figcaption></figure>")
     header, rows = unit_rows(results)
     parts.append("<h2>Units</h2>" + _html_table(header, rows))
     parts.append("<footer>Schema and definitions: docs/study-schema.md. Raw numbers: results.json; curves: units/*.json.</footer></main></body></html>")

@@ -163,7 +163,7 @@ class Group:
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             base = torch.cuda.memory_allocated(dev)
-        measure._sync(dev)
+        measure.synchronize(dev)
         t0 = time.perf_counter()
         with counting:
             with autocast_for(cfg.precision, dev):
@@ -199,7 +199,7 @@ class Group:
             rec["memory"] = {"static_bytes": static, "transient_bytes": int(transient), "peak_bytes": static + int(transient),
                              "method": method}
         arm.optimizer.zero_grad(set_to_none=True)
-        measure._sync(dev)
+        measure.synchronize(dev)
         dt = time.perf_counter() - t0
         if timer is not None:
             timer.remove()
