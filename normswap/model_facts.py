@@ -33,7 +33,8 @@ def norm_kind(module: nn.Module) -> str | None:
     T5's ``T5LayerNorm`` computes RMSNorm under a LayerNorm name, so it is ``"rms"``.
     """
     name = type(module).__name__
-    if "RMS" in name.upper() or name == "T5LayerNorm":
+    # "rmsnorm" as one word: a model class named Normswap... must not read as RMS
+    if "rmsnorm" in name.lower() or name == "T5LayerNorm":
         return "rms"
     if isinstance(module, nn.LayerNorm) or name.endswith("LayerNorm"):
         return "layer"

@@ -401,12 +401,15 @@ def test_backend_env_var(monkeypatch):
     with kernel_backend("composite"):
         assert K.backend_for("cpu") == "composite"
     # read once per process: a change in the environment alone is not seen until it is read again
-    monkeypatch.setenv("NORMSWAP_KERNEL", "composite")
     assert K.requested_backend() == "auto"
-    K.reread_requested_backend()
-    assert K.requested_backend() == "composite"
-    monkeypatch.delenv("NORMSWAP_KERNEL")
-    K.reread_requested_backend()
+    monkeypatch.setenv("NORMSWAP_KERNEL", "composite")
+    try:
+        assert K.requested_backend() == "auto"
+        K.reread_requested_backend()
+        assert K.requested_backend() == "composite"
+    finally:
+        monkeypatch.delenv("NORMSWAP_KERNEL")
+        K.reread_requested_backend()
 
 
 def test_module_matches_layer_contract():
