@@ -28,6 +28,12 @@ TEXT_SUFFIXES = (".txt", ".md")
 # Plain text is cut into documents at paragraph breaks once this many characters have accumulated,
 # so one long book becomes many documents that the hash split can spread over train and held-out.
 TEXT_CHUNK_CHARS = 4000
+# A text file is read in blocks of this many bytes. A line longer than LONG_LINE_CHARS is not a
+# record but text without line breaks (a book on one line): it is cut just before whitespace into
+# documents of about TEXT_CHUNK_CHARS, so memory never depends on the length of a line. Files
+# whose lines are shorter give exactly the documents they gave when files were read whole.
+READ_BYTES = 1 << 20
+LONG_LINE_CHARS = 1 << 16
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?$")
 _HUB_SPLIT_NAMES = {
@@ -142,59 +148,179 @@ def _line_runs(para: str, chunk_chars: int) -> Iterator[str]:
     """Cut one long paragraph (a file with no blank lines: one record per line) into runs of whole
     lines of at least ~chunk_chars characters, so that a verse-per-line file still becomes many
     documents that the hash split can spread over train and held-out."""
-    buf: list[str] = []
-    size = 0
+    run = _LineRun(chunk_chars)
     for line in para.split("\n"):
-        buf.append(line)
-        size += len(line) + 1
-        if size >= chunk_chars:
-            yield "\n".join(buf)
-            buf, size = [], 0
-    if buf:
-        yield "\n".join(buf)
+        yield from run.add(line)
+    yield from run.close()
 
 
-def _chunk_text(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> Iterator[str]:
-    """Documents of a plain text: consecutive paragraphs grouped to at least ~chunk_chars
-    characters; a paragraph longer than twice that (no blank lines) is cut into runs of lines."""
-    buf: list[str] = []
-    size = 0
-    for para in re.split(r"\n\s*\n", text):
-        para = para.strip()
+class _LineRun:
+    """Whole lines gathered until they hold at least ``chunk_chars`` characters."""
+
+    def __init__(self, chunk_chars: int):
+        self.chunk_chars, self.lines, self.size = chunk_chars, [], 0
+
+    def add(self, line: str) -> list[str]:
+        self.lines.append(line)
+        self.size += len(line) + 1
+        return self.close() if self.size >= self.chunk_chars else []
+
+    def close(self) -> list[str]:
+        done = ["\n".join(self.lines)] if self.lines else []
+        self.lines, self.size = [], 0
+        return done
+
+
+class _Paragraphs:
+    """Documents of a plain text, fed one line at a time (see _chunk_text).
+
+    Paragraphs are separated by blank (whitespace-only) lines. Consecutive paragraphs are grouped
+    into documents of at least ~chunk_chars characters; a paragraph longer than twice that with
+    more than one line is cut into runs of whole lines instead. A paragraph is held only while it
+    may still be short: once the part before its latest line passes 2 × chunk_chars, its lines flow
+    straight into runs (one line held back, whose trailing whitespace the paragraph's end strips).
+    """
+
+    def __init__(self, chunk_chars: int):
+        self.chunk_chars = chunk_chars
+        self.group: list[str] = []  # short paragraphs waiting to fill a document
+        self.group_size = 0
+        self.lines: list[str] = []  # the current paragraph's lines (the first one left-stripped)
+        self.held = 0  # len("\n".join(self.lines))
+        self.run: _LineRun | None = None  # set once the current paragraph is known to be long
+
+    def line(self, line: str) -> list[str]:
+        if not line.strip():
+            return self.end_paragraph()
+        if self.run is not None:
+            done = self.run.add(self.lines[-1])
+            self.lines = [line]
+            return done
+        if not self.lines:
+            line = line.lstrip()
+        self.held += len(line) + (1 if self.lines else 0)
+        self.lines.append(line)
+        if len(self.lines) < 2 or self.held - len(line) - 1 <= 2 * self.chunk_chars:
+            return []
+        done = self.flush_group()
+        self.run = _LineRun(self.chunk_chars)
+        for held in self.lines[:-1]:
+            done += self.run.add(held)
+        self.lines = self.lines[-1:]
+        return done
+
+    def end_paragraph(self) -> list[str]:
+        lines, run = self.lines, self.run
+        self.lines, self.held, self.run = [], 0, None
+        if run is not None:
+            return run.add(lines[-1].rstrip()) + run.close()
+        para = "\n".join(lines).strip()
         if not para:
-            continue
-        if len(para) > 2 * chunk_chars and "\n" in para:
-            if buf:
-                yield "\n\n".join(buf)
-                buf, size = [], 0
-            yield from _line_runs(para, chunk_chars)
-            continue
-        buf.append(para)
-        size += len(para)
-        if size >= chunk_chars:
-            yield "\n\n".join(buf)
-            buf, size = [], 0
-    if buf:
-        yield "\n\n".join(buf)
+            return []
+        if len(para) > 2 * self.chunk_chars and "\n" in para:
+            return self.flush_group() + list(_line_runs(para, self.chunk_chars))
+        self.group.append(para)
+        self.group_size += len(para)
+        return self.flush_group() if self.group_size >= self.chunk_chars else []
+
+    def flush_group(self) -> list[str]:
+        done = ["\n\n".join(self.group)] if self.group else []
+        self.group, self.group_size = [], 0
+        return done
+
+    def piece(self, piece: str) -> list[str]:
+        """A piece of a line too long to be a record (see _text_lines): a document of its own."""
+        piece = piece.strip()
+        return self.end_paragraph() + self.flush_group() + ([piece] if piece else [])
+
+    def close(self) -> list[str]:
+        return self.end_paragraph() + self.flush_group()
 
 
-def _undecodable(path: Path, data: bytes, e: UnicodeDecodeError) -> NormswapError:
-    line = data.count(b"\n", 0, e.start) + 1
-    return NormswapError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start}); convert the file to UTF-8")
+def _chunk_text(lines: Iterable[tuple[bool, str]], chunk_chars: int = TEXT_CHUNK_CHARS) -> Iterator[str]:
+    """Documents of a plain text given as ``(is_piece, text)`` items (see _text_lines): consecutive
+    paragraphs grouped to at least ~chunk_chars characters; a paragraph longer than twice that (no
+    blank lines) is cut into runs of lines; a line too long to be a record comes in pieces, each
+    a document. Memory holds a few documents, whatever the length of the file or of its lines."""
+    doc = _Paragraphs(chunk_chars)
+    for is_piece, text in lines:
+        yield from (doc.piece(text) if is_piece else doc.line(text))
+    yield from doc.close()
 
 
-def _read_text_file(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _undecodable(path, data, e) from None
-    return text
+def _utf8_blocks(path: Path) -> Iterator[str]:
+    """The file decoded in blocks of READ_BYTES; a character cut by a block's end waits for the next
+    block; bytes that are not UTF-8 are refused with the file's line and byte offset."""
+    carry, offset, newlines = b"", 0, 0  # undecoded bytes, and the bytes and lines before them
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(READ_BYTES)
+            data = carry + raw
+            if not data:
+                return
+            try:
+                text, carry = data.decode("utf-8"), b""
+            except UnicodeDecodeError as e:
+                if not (raw and e.reason == "unexpected end of data"):
+                    line = newlines + data.count(b"\n", 0, e.start) + 1
+                    raise NormswapError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {offset + e.start}); "
+                                        "convert the file to UTF-8") from None
+                text, carry = data[:e.start].decode("utf-8"), data[e.start:]
+            newlines += text.count("\n")
+            offset += len(data) - len(carry)
+            yield text
+
+
+_SPACE = re.compile(r"\s")
+
+
+def _cut_long_line(line: str, chunk_chars: int, final: bool) -> tuple[list[str], str]:
+    """Pieces of at least chunk_chars characters cut from the front of a too-long line, each just
+    before whitespace (or at 2 × chunk_chars where there is none); and what is left. ``final``:
+    the line ended, so what is left (at most ~2 × chunk_chars) is a piece too."""
+    pieces, start = [], 0
+    while len(line) - start > 2 * chunk_chars:
+        space = _SPACE.search(line, start + chunk_chars, start + 2 * chunk_chars)
+        cut = space.start() if space else start + 2 * chunk_chars
+        pieces.append(line[start:cut])
+        start = cut
+    rest = line[start:]
+    if final:
+        return pieces + [rest], ""
+    return pieces, rest
+
+
+def _text_lines(path: Path, chunk_chars: int = TEXT_CHUNK_CHARS) -> Iterator[tuple[bool, str]]:
+    """``(False, line)`` for each line of a text file (without its newline), read in bounded blocks;
+    a line longer than LONG_LINE_CHARS is no record but text without line breaks, and comes as
+    ``(True, piece)`` items of about chunk_chars characters, cut just before whitespace."""
+    partial, long_line = "", False
+    for block in _utf8_blocks(path):
+        *complete, tail = block.split("\n")
+        for line in complete:
+            line, partial = partial + line, ""
+            if long_line:
+                pieces, _ = _cut_long_line(line, chunk_chars, final=True)
+                yield from ((True, p) for p in pieces)
+                long_line = False
+            elif len(line) > LONG_LINE_CHARS:
+                yield from ((True, p) for p in _cut_long_line(line, chunk_chars, final=True)[0])
+            else:
+                yield False, line
+        partial += tail
+        if long_line or len(partial) > LONG_LINE_CHARS:
+            long_line = True
+            pieces, partial = _cut_long_line(partial, chunk_chars, final=False)
+            yield from ((True, p) for p in pieces)
+    if long_line:
+        yield from ((True, p) for p in _cut_long_line(partial, chunk_chars, final=True)[0])
+    elif partial:
+        yield False, partial
 
 
 def _text_docs(paths: list[Path]) -> Iterator[str]:
     for p in paths:
-        yield from _chunk_text(_read_text_file(p))
+        yield from _chunk_text(_text_lines(p))
 
 
 def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
