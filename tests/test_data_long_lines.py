@@ -142,3 +142,30 @@ def test_undecodable_bytes_are_placed_across_block_ends(tmp_path, monkeypatch):
     path.write_bytes("ab\n中".encode()[:-1])  # a character cut by the end of the file
     with pytest.raises(NormswapError, match=r"bad.txt:2: not UTF-8 text \(unexpected end of data at byte 3\)"):
         list(load_documents(str(path), "all"))
+
+
+def test_evaluation_text_reads_only_what_the_token_cap_reaches(tmp_path):
+    """The held-out text of `normswap eval` is truncate_text's cut of the whole split, but only the
+    documents the cap reaches are kept and tokenised (the whole split was joined and tokenised)."""
+    import normswap
+    from normswap.evaluate.perplexity import held_out_text, truncate_text
+
+    tok = normswap.load_tokenizer("normswap:kjv-gpt2")
+    whole = load_text("embedded", "test")
+    for cap in (50, 1000, 20_000, 0, 10**9):
+        want_text, want_cut = truncate_text(whole, tok, cap)
+        assert held_out_text(load_documents("embedded", "test"), tok, cap) == (want_text, want_cut, len(whole))
+    seen = []
+
+    class Spy:  # the tokenizer, counting the characters it is given
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def __call__(self, texts, **kw):
+            seen.append(sum(map(len, [texts] if isinstance(texts, str) else texts)))
+            return tok(texts, **kw)
+
+    path = _one_line_file(tmp_path, 4_000_000)
+    text, cut, available = held_out_text(load_documents(str(path), "all"), Spy(), 2000)
+    assert cut and available > 3_900_000 and len(text) < 20_000
+    assert sum(seen) < 100_000  # the tokenizer saw a few documents, not the 4 MB split

@@ -172,6 +172,32 @@ def document_perplexity(model, tokenizer, documents, *, seq_len: int | None = No
     )
 
 
+def held_out_text(documents, tokenizer, max_tokens: int | None) -> tuple[str, bool, int]:
+    """The text an evaluation scores: the documents joined by blank lines and cut by truncate_text;
+    also whether it was cut, and how many characters the whole split holds.
+
+    Only the documents the cap can reach are kept and tokenised (in bounded pieces): once the kept
+    documents hold more than ``max_tokens`` tokens, one more is kept (so the cut never lands near
+    the end of the kept text, where the tokenizer could see it differently) and the rest are only
+    counted. The result is truncate_text's on the whole split, without the split in memory.
+    """
+    from normswap.data.packing import token_stream
+
+    kept: list[str] = []
+    tokens = available = 0
+    settled = False
+    for i, doc in enumerate(documents):
+        available += len(doc) + (2 if i else 0)
+        if settled:
+            continue
+        settled = bool(max_tokens) and tokens > max_tokens  # this is the one more document
+        kept.append(doc)
+        if max_tokens and not settled:
+            tokens += sum(len(ids) for ids in token_stream(tokenizer, [doc], add_eos=False))
+    text, truncated = truncate_text("\n\n".join(kept), tokenizer, max_tokens)
+    return text, truncated, available
+
+
 def truncate_text(text: str, tokenizer, max_tokens: int | None) -> tuple[str, bool]:
     """The longest prefix of ``text`` that ends on a word boundary and holds at most
     ``max_tokens`` tokens of ``tokenizer``; (text, truncated?).

@@ -22,7 +22,7 @@ from normswap.evaluate.config import EvalConfig
 from normswap.evaluate.kinds import PROBE_INPUT, READS_TEXT, common_group, measurements_for, model_kind
 from normswap.evaluate.measurements import MEASUREMENTS, Run
 from normswap.evaluate.models import model_info
-from normswap.evaluate.perplexity import truncate_text
+from normswap.evaluate.perplexity import held_out_text
 from normswap.evaluate.stats import METHOD as RATIO_METHOD
 from normswap.evaluate.stats import null_intervals, ratio_intervals
 from normswap.model_facts import context_length
@@ -198,18 +198,16 @@ def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, dat
         raise NormswapError(f"--seq-len {seq_len} is longer than the shortest model context ({max_ctx} tokens)")
     cfg = dataclasses.replace(cfg, seq_len=seq_len, stride=cfg.stride or max(seq_len // 2, 1))
     need_text = READS_TEXT[group] and any(m.reads_text for m in MEASUREMENTS if m.name in chosen)
-    text, split = "", None
-    if need_text:
-        from normswap.data import default_eval_split, load_text
-
-        split = cfg.split or default_eval_split(str(data))
-        say(f"loading {data} ({split} split)")
-        text = load_text(data, split)
-    full_chars = len(text)
+    text, split, truncated, full_chars = "", None, False, 0
     # The cap is applied once, in characters, with the baseline's (or first model's) tokenizer,
     # so every model reads exactly the same text.
     cap_entry = next((e for e in entries if e.name == baseline_name), entries[0])
-    text, truncated = truncate_text(text, cap_entry.tokenizer, cfg.max_tokens) if need_text else (text, False)
+    if need_text:
+        from normswap.data import default_eval_split, load_documents
+
+        split = cfg.split or default_eval_split(str(data))
+        say(f"loading {data} ({split} split)")
+        text, truncated, full_chars = held_out_text(load_documents(data, split), cap_entry.tokenizer, cfg.max_tokens)
     results = {
         "schema_version": 1,
         "device": device_description(device),
