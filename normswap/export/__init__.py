@@ -21,12 +21,13 @@ def run_export(src, dest, fmt: str, *, force=False, untie=False, tolerance=DEFAU
     """Export the checkpoint ``src`` to ``dest`` in ``fmt``; published only when verified. Returns
     the export record (also in DEST's normswap_manifest.json)."""
     from normswap.export.checkpoint import local_model_dir
+    from normswap.overlap import check_disjoint
     from normswap.publish import check_output_path, output_lock, publish_dir, staging_dir
 
     if fmt not in FORMATS:
         raise NormswapError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     src_dir = local_model_dir(src, "the checkpoint")
-    _check_disjoint(src, src_dir, dest)
+    check_disjoint([("the checkpoint", src_dir)], [(f"DEST {dest}", dest)], advice="choose another DEST")
     dest = check_output_path(dest, force=force, reads=[src_dir])
     with output_lock(dest), staging_dir(dest) as tmp:
         from normswap.export.stock import write_stock
@@ -35,18 +36,6 @@ def run_export(src, dest, fmt: str, *, force=False, untie=False, tolerance=DEFAU
         publish_dir(tmp, dest, force=force)
     record["out"] = str(dest)
     return record
-
-
-def _check_disjoint(src, src_dir: Path, dest) -> None:
-    """DEST may not be the checkpoint, lie inside it or contain it (named or resolved: no symlink hides it)."""
-    import os
-
-    d = Path(os.path.abspath(Path(dest).expanduser()))
-    for a in {d.parent.resolve() / d.name, d.resolve()}:
-        for b in {Path(os.path.abspath(src_dir)), src_dir.resolve()}:
-            if a == b or b in a.parents or a in b.parents:
-                raise NormswapError(f"DEST {dest} overlaps the checkpoint {src}, which export reads: inputs are never "
-                                    "modified or deleted; choose another DEST")
 
 
 def export_checkpoint(src, dest, fmt: str, **kwargs) -> Path:
