@@ -8,7 +8,9 @@ Three real `normswap finetune` runs, each in its own process, side by side in on
 
 Each runs `normswap finetune normswap:kjv-gpt2 OUT --data FILE --eval-data embedded --steps 1`
 (small batch, seq-len 128): the held-out set is the same in every run, and FILE is trained on whole
-(with `--before REV`, normswap as it was at REV runs the one-line file too: the whole-file reader). Peak RSS is the child's ru_maxrss from wait4 (the kernel's high-water mark of its resident
+(with `--before REV`, normswap as it was at REV - the whole-file reader - runs one-line files of
+--before-size-mb and twice that: it hands the tokenizer the whole line, so 400 MB would exhaust the
+shared machine). Peak RSS is the child's ru_maxrss from wait4 (the kernel's high-water mark of its resident
 set; the fine-tune runs in one process). The corpora are written to a temporary directory and
 deleted afterwards. Goal: the one-line run's peak RSS at most 1.5 GB; the null control says how
 much of any run is the fine-tune itself.
@@ -103,6 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--before", default=None, metavar="REV",
                     help="also run the one-line corpus with normswap as it was at git revision REV (e.g. the commit before the change)")
+    ap.add_argument("--before-size-mb", type=int, default=25, help="the one-line corpus for --before (and twice that)")
     ap.add_argument("--save", default=None, help="write SAVE.json and SAVE.md")
     args = ap.parse_args(argv)
     save = args.save
@@ -118,13 +121,20 @@ def main(argv=None) -> int:
             written = write_corpus(corpus, size, one_line=one_line)
             info = {"data": f"{written / 1e6:.0f} MB, longest line {longest_line(corpus):,} characters"}
             runs[name] = {**info, "corpus_bytes": written, **finetune(str(corpus), tmp / f"out-{name}", args)}
-            if one_line and args.before:
-                old = tmp / "before"
-                old.mkdir()
-                subprocess.run(f"git -C {ROOT} archive {args.before} normswap | tar -x -C {old}", shell=True, check=True)
-                runs[f"one-line, normswap at {args.before}"] = {**info, "corpus_bytes": written,
-                                                                **finetune(str(corpus), tmp / "out-before", args, code=old)}
             corpus.unlink()
+        if args.before:
+            # the whole-file reader hands the tokenizer the whole line at once (~40 bytes a character):
+            # at the full size it would take the shared machine's memory, so it gets a smaller file
+            old = tmp / "before"
+            old.mkdir()
+            subprocess.run(f"git -C {ROOT} archive {args.before} normswap | tar -x -C {old}", shell=True, check=True)
+            for size_mb in (args.before_size_mb, 2 * args.before_size_mb):
+                corpus = tmp / "before.txt"
+                written = write_corpus(corpus, size_mb * 10**6, one_line=True)
+                info = {"data": f"{written / 1e6:.0f} MB, longest line {longest_line(corpus):,} characters"}
+                runs[f"one-line, normswap at {args.before} ({written / 1e6:.0f} MB)"] = {
+                    **info, "corpus_bytes": written, **finetune(str(corpus), tmp / f"out-before-{size_mb}", args, code=old)}
+                corpus.unlink()
     load_at_end = [round(x, 2) for x in os.getloadavg()]
     one = runs["one-line"]
     result = {
@@ -137,7 +147,7 @@ def main(argv=None) -> int:
         "runs": runs,
     }
     null = runs["null"]["peak_rss_bytes"]
-    command = result["command"] + (f" --before {args.before}" if args.before else "")
+    command = result["command"] + (f" --before {args.before} --before-size-mb {args.before_size_mb}" if args.before else "")
     rows = "\n".join(
         f"| {name} | {r['data']} | {'ok' if r['returncode'] == 0 else 'failed (exit %d)' % r['returncode']} | "
         f"{r['peak_rss_bytes'] / 1e9:.2f} GB | {r['peak_rss_bytes'] / null:.2f} | {r['wall_seconds']:.0f} s |"
