@@ -35,6 +35,13 @@ _ADVICE = {
 }
 
 
+def is_environmental(e: OSError) -> bool:
+    """An OSError about the machine (disk full, read-only, permissions, names), with advice for it."""
+    import errno
+
+    return errno.errorcode.get(e.errno or 0, "") in _ADVICE
+
+
 def os_error_message(e: OSError) -> str:
     """One line for an OSError: the path it concerns, what happened and what to do."""
     import errno

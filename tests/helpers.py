@@ -86,6 +86,8 @@ def assert_no_traceback(args, code, err) -> None:
     ``checked_run``), so a refusal that leaks a traceback fails the test that provoked it."""
     if code not in (0, None) and "--debug" not in [str(a) for a in args] and os.environ.get("NORMSWAP_DEBUG") != "1":
         assert "Traceback" not in err, f"normswap {' '.join(map(str, args))} exited {code} with a traceback:\n{err[-3000:]}"
+        # main()'s last resort for an exception nobody anticipated: a traceback squeezed into one line
+        assert "rerun with --debug for the traceback" not in err, f"normswap {' '.join(map(str, args))}: unanticipated error:\n{err[-3000:]}"
 
 
 def checked_run(cmd, **kwargs):

@@ -149,3 +149,25 @@ def test_jsonl_nested_100k_deep_is_one_line(tmp_path, run_cli):
     path.write_text(good)  # the control: the same corpus without the deep record is evaluated
     code, out, err = run_cli("eval", "ppl", "normswap:kjv-gpt2", "--data", path, "--max-tokens", "256", "--quiet", "--json")
     assert code == 0, err
+
+
+def test_an_os_error_no_step_anticipated_is_still_one_line_with_its_path(tmp_path, src, run_cli, monkeypatch, capsys):
+    """main()'s net: an OSError about the machine that escapes every command is one line with the
+    path and advice, exit 2; any other exception keeps the bug report line (exit 1)."""
+    from normswap.cli.main import main
+    from normswap.convert import pipeline
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / "out" / "x"))
+
+    monkeypatch.setattr(pipeline, "convert_checkpoint", read_only)
+    code, _, err = run_cli("convert", src, tmp_path / "out")
+    _one_line(code, err, str(tmp_path / "out" / "x"), "Read-only file system", "choose an OUT on a writable disk")
+
+    def bug(*args, **kwargs):
+        raise OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC))
+
+    monkeypatch.setattr(pipeline, "convert_checkpoint", bug)
+    with pytest.raises(SystemExit) as e:
+        main(["convert", str(src), str(tmp_path / "out")])
+    assert e.value.code == 1 and "rerun with --debug" in capsys.readouterr().err

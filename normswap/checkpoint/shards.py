@@ -158,7 +158,7 @@ class ShardWriter(_ClosedOnSuccess):
         self.data_start = 8 + len(text)
         self.size = self.data_start + pos
         self.written = dict.fromkeys(self.specs, 0)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
             os.pwrite(self._fd, struct.pack("<Q", len(text)) + text, 0)
             os.ftruncate(self._fd, self.size)

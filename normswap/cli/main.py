@@ -13,7 +13,7 @@ import sys
 import click
 
 from normswap.version import __version__
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, is_environmental, os_error_message
 
 # command name -> "module:attribute"
 COMMANDS = {
@@ -126,12 +126,25 @@ def main(argv=None):
     except KeyboardInterrupt:
         click.echo("normswap: interrupted", err=True)
         sys.exit(130)
+    except OSError as e:
+        # the machine, not normswap: a full disk, a read-only or busy path, a name too long (most are
+        # caught where they happen, with more context; this is the net for the rest)
+        if _debug_requested(argv):
+            raise
+        if not is_environmental(e):
+            _unanticipated(e)
+        click.echo(f"normswap: error: {os_error_message(e)}", err=True)
+        sys.exit(2)
     except Exception as e:  # a bug, or an error from a library we did not anticipate
         if _debug_requested(argv):
             raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        click.echo(f"normswap: error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)", err=True)
-        sys.exit(1)
+        _unanticipated(e)
+
+
+def _unanticipated(e: Exception):
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    click.echo(f"normswap: error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)", err=True)
+    sys.exit(1)
 
 
 if __name__ == "__main__":
