@@ -155,11 +155,13 @@ def _command_line() -> str:
 
 
 @contextlib.contextmanager
-def output_lock(out, *, command: str | None = None, say=None, create_parent: bool = False):
+def output_lock(out, *, command: str | None = None, say=None, create_parent: bool = False, replaced_whole: bool = True):
     """Hold OUT's lock for the ``with`` block (re-entrant in one process); clean up leftovers.
 
     Holding the lock means no other live process works on OUT, so every staging directory of
     OUT that exists now belongs to a process that died: it is removed, and ``say`` reports it.
+    ``replaced_whole``: OUT is published by a rename (see check_writable_destination); False for a
+    directory the command only writes into (a recipe's run directory).
     """
     out = Path(out).expanduser().absolute()
     if out.is_symlink() and not out.exists():
@@ -172,7 +174,7 @@ def output_lock(out, *, command: str | None = None, say=None, create_parent: boo
     lock_path = _lock_path(out)
     entry = _held.get(lock_path)
     if entry is None:
-        check_writable_destination(out)
+        check_writable_destination(out, replaced_whole=replaced_whole)
         entry = _held[lock_path] = [_acquire(lock_path, command or _command_line()), 0]
         try:
             _remove_leftovers(out, say)
@@ -194,7 +196,7 @@ def output_lock(out, *, command: str | None = None, say=None, create_parent: boo
 _SIBLING_EXTRA = 1 + len(STAGING_TAG) + 7 + len("-old-") + 8
 
 
-def check_writable_destination(out: Path) -> None:
+def check_writable_destination(out: Path, *, replaced_whole: bool = True) -> None:
     """Refuse, before any work, an OUT that normswap could build but never publish: a name too
     long for the lock and staging names beside it, the current directory (or one holding it) or
     a mount point (neither can be replaced by a rename), a parent it cannot write."""
@@ -208,7 +210,7 @@ def check_writable_destination(out: Path) -> None:
         raise NormswapError(f"OUT name {out.name[:40]}... is {length} bytes long: normswap needs {_SIBLING_EXTRA} more for "
                             f"the lock and staging names it keeps beside OUT, and this file system allows {name_max}; "
                             f"choose a name of at most {name_max - _SIBLING_EXTRA} bytes")
-    if out.exists():
+    if out.exists() and replaced_whole:
         real, cwd = out.resolve(), Path.cwd().resolve()
         if real == cwd or real in cwd.parents:
             raise NormswapError(f"OUT {out} is the current directory or holds it: normswap replaces OUT as a whole, which "

@@ -111,6 +111,13 @@ def test_out_dot_with_force_is_refused_before_the_conversion(tmp_path, src, run_
     code, _, err = run_cli("convert", src, "converted", "--no-verify")
     assert code == 0, err
     assert sorted(p.name for p in work.iterdir()) == ["converted", "notes.txt"]
+    # and a directory a command only writes into (a recipe's run directory) may be the current one
+    from normswap.publish import output_lock
+
+    with output_lock(".", replaced_whole=False) as locked:
+        assert locked == work.resolve()
+    with pytest.raises(NormswapError, match="current directory"), output_lock("."):
+        pass
 
 
 def test_a_mount_point_as_out_is_refused_before_the_conversion(tmp_path, src, run_cli):

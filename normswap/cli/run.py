@@ -89,7 +89,7 @@ def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
 
     check_overlap(loaded, out)  # before the lock file is made beside DIR (the runner checks again under it)
     t0 = time.perf_counter()
-    with output_lock(out, create_parent=True):
+    with output_lock(out, create_parent=True, replaced_whole=False):  # the runner writes into DIR, never renames it
         state = run_recipe(loaded, out, resume=resume, force=force)
     if as_json:
         click.echo(json.dumps(state, indent=2, default=str))
