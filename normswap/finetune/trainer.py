@@ -1,7 +1,8 @@
 """The warmup fine-tune that heals a converted model (or trains any causal LM a little further).
 
-``run_finetune`` reads top to bottom: options, data, model and objective, OUT, resume, the loop,
-the final model. One code path for one process, DDP and FSDP: the model and optimizer go through
+``run_finetune`` reads top to bottom, one named step per line: options (and the processes that
+run them), data, model and objective, OUT, resume, the loop (``_train``), the summary, the final
+model. One code path for one process, DDP and FSDP: the model and optimizer go through
 🤗 accelerate, everything else (data sharding, schedule, logging, checkpoints) is ours so that its
 semantics do not depend on the launcher:
 
@@ -383,25 +384,59 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     """Fine-tune ``cfg.model`` into ``cfg.out``; return the summary (same on every process).
 
     ``given``: the option names the user typed (they must match a resumed run's); None means
-    every option that is not None. ``hooks``: fault injection for tests."""
-    from normswap.checkpoint.load import load_config, load_model, load_tokenizer, resolve
-
+    every option that is not None. ``hooks``: fault injection for tests (normswap.testing)."""
     echo = echo or (lambda msg: print(msg, file=sys.stderr))
-    hooks = hooks or Hooks()
-
-    # ---- options: validated; a resume takes the ones recorded in OUT ----
     run = RunDir(cfg.out)
+    cfg, overrides, accelerator = _options(cfg, run, given)
+    cfg, job = _prepare(cfg, accelerator)  # everything that can fail on bad input, before OUT is touched
+    _start_out(run, cfg, accelerator)
+    trainer = _trainer(cfg, accelerator, job, run, hooks or Hooks())
+    start_step = _resume(trainer, overrides, echo) if cfg.resume else 0
+    last_row, initial_eval, wall = _train(trainer, job, start_step)
+    summary = _summary(trainer, job, start_step, last_row, initial_eval, wall)
+    _write_final(trainer, job, summary)
+    return summary
+
+
+@dataclass
+class _Job:
+    """What a fine-tune reads, built before OUT is touched: the model, its data and its objective."""
+
+    resolved: str  # the model's resolved spec
+    config: object
+    tokenizer: object
+    train_split: str
+    eval_set: torch.Tensor
+    param_dtype: torch.dtype
+    objective_kind: type
+    model: torch.nn.Module
+    objective: object
+    start_weights: ckpt.WeightScale
+    n_trainable: int
+    n_params: int
+
+
+def _options(cfg: FinetuneConfig, run: RunDir, given) -> tuple[FinetuneConfig, dict, object]:
+    """The options in force (a resume takes the ones recorded in OUT), checked against what is
+    read, and the processes that agree to run them."""
     cfg = dataclasses.replace(cfg, model=cfg.model and _model_id(cfg.model), distill_from=cfg.distill_from and _model_id(cfg.distill_from))
     cfg, overrides = resolve_options(cfg, run, given)
     check_out_overlap(cfg)  # the CLI checked before taking OUT's lock; the recipe runner and the API come here
     accelerator = _make_accelerator(cfg)
-    rank, world, main = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
+    world = accelerator.num_processes
     if cfg.batch_size % (cfg.grad_accum * world):
         raise NormswapError(
             f"--batch-size {cfg.batch_size} (the global batch) must be divisible by processes ({world}) × --grad-accum ({cfg.grad_accum})"
         )
+    return cfg, overrides, accelerator
 
-    # ---- data (everything that can fail on bad input is checked before OUT is touched) ----
+
+def _prepare(cfg: FinetuneConfig, accelerator) -> tuple[FinetuneConfig, _Job]:
+    """Data (sequence length and held-out tokens decided), model, teacher and objective."""
+    from accelerate.utils import set_seed
+
+    from normswap.checkpoint.load import load_config, load_model, load_tokenizer, resolve
+
     resolved = resolve(cfg.model)
     config = load_config(resolved)
     context = context_length(config)
@@ -414,10 +449,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     train_split, eval_spec, eval_split = finetune_splits(cfg.data, cfg.eval_data)
     eval_set = eval_blocks(tokenizer, eval_spec, seq_len, eval_tokens, split=eval_split)
 
-    # ---- model, teacher, objective ----
-    from accelerate.utils import set_seed
-
-    set_seed(cfg.seed + rank)
+    set_seed(cfg.seed + accelerator.process_index)
     param_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
     objective_kind = objective_for(config)
     model = load_model(resolved, dtype=param_dtype, device="cpu", task=objective_kind.task, config=config)
@@ -431,60 +463,62 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     objective = objective_kind.build(cfg, model, teacher, autocast=accelerator.autocast)
     if teacher is not None:
         teacher.to(accelerator.device)
+    return cfg, _Job(resolved, config, tokenizer, train_split, eval_set, param_dtype, objective_kind, model, objective,
+                     start_weights, n_trainable, n_params)
 
-    # ---- OUT: fresh or resumed (process 0 writes) ----
+
+def _start_out(run: RunDir, cfg: FinetuneConfig, accelerator) -> None:
+    """OUT fresh (its run file written) or resumed (leftovers of a killed run removed); process 0 writes."""
     accelerator.wait_for_everyone()
-    if main:
+    if accelerator.is_main_process:
         if not cfg.resume:
-            run.start({"status": "running", "config": cfg.recorded(), "world_size": world, "resumes": []}, replace=cfg.force)
+            run.start({"status": "running", "config": cfg.recorded(), "world_size": accelerator.num_processes, "resumes": []},
+                      replace=cfg.force)
         run.remove_leftovers()
     accelerator.wait_for_everyone()
 
-    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+
+def _trainer(cfg: FinetuneConfig, accelerator, job: _Job, run: RunDir, hooks: Hooks) -> Trainer:
+    optimizer = torch.optim.AdamW(_param_groups(job.model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   eps=cfg.adam_eps)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    trainer = Trainer(cfg, accelerator, model, optimizer, objective, TrainStream(tokenizer, cfg.data, seq_len, cfg.seed, split=train_split), run,
-                      start_weights, hooks)
+    model, optimizer = accelerator.prepare(job.model, optimizer)
+    stream = TrainStream(job.tokenizer, cfg.data, cfg.seq_len, cfg.seed, split=job.train_split)
+    return Trainer(cfg, accelerator, model, optimizer, job.objective, stream, run, job.start_weights, hooks)
 
-    # ---- resume: the newest intact checkpoint, the log cut to it, the overrides recorded ----
-    start_step = 0
-    if cfg.resume:
-        start_step = trainer.restore(echo)
-        if main:
-            record = run.read_run()
-            record["config"] = cfg.recorded()
-            record["resumes"] = record.get("resumes", []) + [{"from_step": start_step, "overrides": overrides}]
-            run.write_run(record)
-            if start_step:
-                run.truncate_log(start_step)
-            else:
-                run.log_file.write_text("")
-    accelerator.wait_for_everyone()
 
-    # ---- the loop ----
-    tokens_per_step = cfg.batch_size * seq_len
+def _resume(trainer: Trainer, overrides: dict, echo) -> int:
+    """The newest intact checkpoint restored, the log cut to it, the overrides recorded; its step."""
+    run, cfg = trainer.run, trainer.cfg
+    start_step = trainer.restore(echo)
+    if trainer.main:
+        record = run.read_run()
+        record["config"] = cfg.recorded()
+        record["resumes"] = record.get("resumes", []) + [{"from_step": start_step, "overrides": overrides}]
+        run.write_run(record)
+        if start_step:
+            run.truncate_log(start_step)
+        else:
+            run.log_file.write_text("")
+    return start_step
+
+
+def _train(trainer: Trainer, job: _Job, start_step: int) -> tuple[dict | None, float | None, float]:
+    """The loop, from ``start_step`` to the last step: (the last step's log row, the held-out loss
+    before training, seconds spent)."""
+    cfg, run, model, optimizer, world = trainer.cfg, trainer.run, trainer.model, trainer.optimizer, trainer.world
+    trainer.accelerator.wait_for_everyone()  # every process starts from OUT as process 0 left it
+    tokens_per_step = cfg.batch_size * cfg.seq_len
     prior_rows = run.rows() if start_step else []
     initial_eval = next((r.get("eval_loss") for r in prior_rows if r.get("step") == 0), None)
-    show_bar = cfg.progress if cfg.progress is not None else (sys.stderr.isatty() and not os.environ.get("CI"))
-    bar = None
-    if main and show_bar:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start_step, desc="finetune", unit="step", dynamic_ncols=True, file=sys.stderr)
-    log_f = run.open_log() if main else None
-
-    def log(row: dict):
-        if log_f is not None:
-            log_f.write(json.dumps(row) + "\n")
-            log_f.flush()
-
+    bar = _progress_bar(cfg, start_step) if trainer.main else None
+    log = _Log(run if trainer.main else None)
     t_start = time.perf_counter()
     last_row = None
     try:
         if start_step == 0:
-            initial_eval = trainer.heldout(eval_set)
+            initial_eval = trainer.heldout(job.eval_set)
             log({"step": 0, "loss": None, "lr": 0.0, "grad_norm": None, "tokens_per_second": None, "world_size": world,
-                 "eval_loss": initial_eval, "eval_perplexity": _perplexity(objective, initial_eval)})
+                 "eval_loss": initial_eval, "eval_perplexity": _perplexity(job.objective, initial_eval)})
         model.train()
         with _StopFlag() as stop:
             for step in range(start_step + 1, cfg.steps + 1):
@@ -504,8 +538,8 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
                        "tokens": step * tokens_per_step, "data_fingerprint": rec.fingerprints, "epoch": trainer.stream.epoch,
                        **rec.parts}
                 if step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0):
-                    ev = trainer.heldout(eval_set)
-                    row["eval_loss"], row["eval_perplexity"] = ev, _perplexity(objective, ev)
+                    ev = trainer.heldout(job.eval_set)
+                    row["eval_loss"], row["eval_perplexity"] = ev, _perplexity(job.objective, ev)
                 log(row)
                 last_row = row
                 if bar is not None:
@@ -517,56 +551,90 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
                     saved = trainer.save_checkpoint(step)
                 if rec.stop_requested:
                     raise TrainingInterrupted(f"interrupted at step {step}/{cfg.steps}: saved {saved}; continue with --resume")
-                if hooks.after_step:
-                    hooks.after_step(step)
+                if trainer.hooks.after_step:
+                    trainer.hooks.after_step(step)
     finally:
         if bar is not None:
             bar.close()
-        if log_f is not None:
-            log_f.close()
+        log.close()
+    return last_row, initial_eval, time.perf_counter() - t_start
 
-    # ---- the final model: checked, written in convert's format, the run marked finished ----
-    wall = time.perf_counter() - t_start
+
+def _progress_bar(cfg: FinetuneConfig, start_step: int):
+    show = cfg.progress if cfg.progress is not None else (sys.stderr.isatty() and not os.environ.get("CI"))
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.steps, initial=start_step, desc="finetune", unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+class _Log:
+    """OUT/train_log.jsonl, one row per line, flushed at once (process 0; a no-op elsewhere)."""
+
+    def __init__(self, run: RunDir | None):
+        self.file = run.open_log() if run is not None else None
+
+    def __call__(self, row: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _summary(trainer: Trainer, job: _Job, start_step: int, last_row: dict | None, initial_eval, wall: float) -> dict:
+    """What the run returns (and records as finished): the same on every process."""
+    cfg, run = trainer.cfg, trainer.run
     if last_row is None:  # resumed at the last step: nothing left to train
         last_row = next((r for r in reversed(run.rows()) if r.get("step") == cfg.steps), None) or {}
         if "eval_loss" not in last_row:
-            last_row = dict(last_row, eval_loss=trainer.heldout(eval_set))
+            last_row = dict(last_row, eval_loss=trainer.heldout(job.eval_set))
     final_eval = last_row["eval_loss"]
-    distributed = accelerator.distributed_type
-    summary = {
-        "model": cfg.model, "out": str(run.out), "data": cfg.data, "steps": cfg.steps, "world_size": world,
+    distributed = trainer.accelerator.distributed_type
+    return {
+        "model": cfg.model, "out": str(run.out), "data": cfg.data, "steps": cfg.steps, "world_size": trainer.world,
         "distributed": distributed.value if hasattr(distributed, "value") else str(distributed),
-        "global_batch": cfg.batch_size, "seq_len": seq_len, "tokens": cfg.steps * tokens_per_step,
-        "eval_tokens": int(eval_set.numel()),  # what the held-out split held, up to --eval-tokens
-        "trainable": cfg.trainable, "trainable_parameters": n_trainable, "parameters": n_params,
+        "global_batch": cfg.batch_size, "seq_len": cfg.seq_len, "tokens": cfg.steps * cfg.batch_size * cfg.seq_len,
+        "eval_tokens": int(job.eval_set.numel()),  # what the held-out split held, up to --eval-tokens
+        "trainable": cfg.trainable, "trainable_parameters": job.n_trainable, "parameters": job.n_params,
         "distill_from": cfg.distill_from, "resumed_from_step": start_step if cfg.resume else None,
         "initial_eval_loss": initial_eval, "final_eval_loss": final_eval,
-        "initial_perplexity": _perplexity(objective, initial_eval),
-        "final_perplexity": _perplexity(objective, final_eval),
+        "initial_perplexity": _perplexity(job.objective, initial_eval),
+        "final_perplexity": _perplexity(job.objective, final_eval),
         "final_train_loss": last_row.get("loss"), "wall_seconds": wall,
     }
-    weights = ckpt.full_weights(model)  # a collective under FSDP
-    problem = start_weights.problem(weights) if main else None
+
+
+def _write_final(trainer: Trainer, job: _Job, summary: dict) -> None:
+    """The final model, checked, in convert's format; the run marked finished (process 0 writes)."""
+    from normswap.checkpoint.load import load_model
+
+    cfg, run, accelerator = trainer.cfg, trainer.run, trainer.accelerator
+    weights = ckpt.full_weights(trainer.model)  # a collective under FSDP
+    problem = job.start_weights.problem(weights) if trainer.main else None
     if trainer.any_process(problem is not None):
         raise trainer.diverged(f"the final weights are not sane ({problem})", cfg.steps, "the model was not written")
-    if main:
+    if trainer.main:
         from accelerate.utils import DistributedType
 
-        if distributed == DistributedType.FSDP:  # the sharded model cannot be saved: a plain copy gets the weights
-            final_model = load_model(resolved, dtype=param_dtype, device="cpu", task=objective_kind.task, config=config)
+        if accelerator.distributed_type == DistributedType.FSDP:  # the sharded model cannot be saved: a plain copy gets the weights
+            final_model = load_model(job.resolved, dtype=job.param_dtype, device="cpu", task=job.objective_kind.task, config=job.config)
             final_model.load_state_dict(weights)
         else:
-            final_model = accelerator.unwrap_model(model).to("cpu")
+            final_model = accelerator.unwrap_model(trainer.model).to("cpu")
         final_model.requires_grad_(True)  # frozen parameters (--trainable norms) are saved like the others
-        src_dtype = _source_dtype(config)
+        src_dtype = _source_dtype(job.config)
         if cfg.dtype == "auto" and src_dtype in (torch.float16, torch.bfloat16):
             final_model = final_model.to(src_dtype)  # keep the source's storage dtype
-        record = dict(cfg.recorded(), world_size=world, distributed=summary["distributed"], save_every=cfg.save_every, log=LOG_FILE,
+        record = dict(cfg.recorded(), world_size=trainer.world, distributed=summary["distributed"], save_every=cfg.save_every, log=LOG_FILE,
                       resumes=(run.read_run() or {}).get("resumes", []),
                       final_metrics={k: summary[k] for k in ("initial_eval_loss", "final_eval_loss", "initial_perplexity",
                                                              "final_perplexity", "final_train_loss", "tokens", "wall_seconds",
                                                              "trainable_parameters")})
-        run.write_final(final_model, tokenizer, {"finetune": record})
+        run.write_final(final_model, job.tokenizer, {"finetune": record})
         saved_run = run.read_run()
         saved_run.update(status="finished", summary=summary)
         run.write_run(saved_run)
@@ -574,4 +642,3 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
         if not cfg.keep_checkpoints_after_finish:
             run.drop_checkpoints()
     accelerator.wait_for_everyone()
-    return summary
