@@ -421,7 +421,7 @@ def _fold_readers_and_centre_writers(plan: Plan, res: _Resolver, reader_ops: dic
     writer_set = set(writer_names)
     for name in list(reader_ops) + [w for w in writer_names if w not in reader_ops]:
         module = res.module(name)
-        if name not in reader_ops and type(module).__name__ != "Conv1D" and not isinstance(module, (nn.Linear, nn.Embedding)):
+        if name not in reader_ops and layout_of(module) is None:
             # a writer with no weight matrix to centre (a layer scale, a whole embeddings block):
             # its output is centred at run time instead
             plan.block["centered_outputs"].append(name)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from normswap.errors import NormswapError
+from normswap.errors import NormswapError, first_line
 from normswap.modules import RMSNorm
 from normswap.study.config import ARMS, BASELINE, CONTROL, TRAINED_ONLY
 
@@ -91,7 +91,7 @@ def _config_from_file(path: Path):
     try:
         return AutoConfig.for_model(raw.pop("model_type"), **raw)
     except (ValueError, KeyError, TypeError) as e:
-        raise NormswapError(f"{path}: {str(e).splitlines()[0]}") from None
+        raise NormswapError(f"{path}: {first_line(e)}") from None
 
 
 def _tokenizer_for(spec: str, config, directory: Path | None):

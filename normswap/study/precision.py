@@ -20,6 +20,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from normswap.errors import first_line
+
 CASES = {
     "normal": lambda g, r, w: torch.randn(r, w, generator=g, dtype=torch.float64),
     "constant": lambda g, r, w: torch.full((r, w), 3.0, dtype=torch.float64),
@@ -94,7 +96,7 @@ def check_case(case: str, dtype_name: str, width: int, impl: str, device="cpu") 
     try:
         y, dx, dw = _run(fn, x.to(device), w.to(device), dy.to(device))
     except (RuntimeError, NotImplementedError) as e:
-        return dict(row, error=str(e).splitlines()[0][:200])
+        return dict(row, error=first_line(e, 200))
     ry, rdx, rdw = _run(ref_fn, x.double(), w.double(), dy.double())
     e = torch.finfo(dtype).eps
     return dict(row, forward=_err(y.cpu(), ry, e), grad_x=_err(dx.cpu(), rdx, e), grad_weight=_err(dw.cpu(), rdw, e))
