@@ -1,7 +1,8 @@
 """Options declared once, as dataclass fields.
 
-A configuration dataclass (``ConvertOptions``, ``FinetuneConfig``, ``EvalConfig``) declares each option with
-:func:`option`: its default, help text, kind, choices and bounds. From that one declaration come the
+A configuration dataclass (``ConvertOptions``, ``FinetuneConfig``, ``EvalConfig``) declares each
+option with :func:`option`: its default, help text, kind, choices and bounds. From that one
+declaration come the
 click options (``normswap.cli.options.config_options``), the recipe schema's tables
 (:func:`recipe_fields`), the bounds check shared by both (:func:`option_errors`) and the typed object
 built from either (:func:`build`).
