@@ -366,6 +366,56 @@ def test_the_testing_interface_is_documented_and_used():
         assert old not in tests.replace('monkeypatch.setenv("NORMSWAP_KERNEL", "composite")', ""), old
 
 
+# -- each shared fact written once ---------------------------------------------------------------
+
+# Facts several stages need, each with its one home: a function of the same name (or its private
+# twin) defined anywhere else is the fact written a second time.
+FACTS = {
+    "first_line": "normswap.errors",
+    "offline_env": "normswap.network",
+    "resolve_device": "normswap.devices",
+    "resolve_dtype": "normswap.devices",
+    "norm_kind": "normswap.model_facts",
+    "is_norm": "normswap.model_facts",
+    "is_layernorm": "normswap.model_facts",
+    "is_rmsnorm": "normswap.model_facts",
+    "norm_modules": "normswap.model_facts",
+    "declared_eps": "normswap.model_facts",
+    "layout_of": "normswap.model_facts",
+    "context_length": "normswap.model_facts",
+    "model_context": None,  # the old name of context_length: gone
+    "probe_inputs": "normswap.architectures.probes",
+}
+
+
+def fact_definitions(modules: dict[str, str]) -> list[str]:
+    """Definitions of a FACTS name (or of ``_name``) outside its home, e.g. ``normswap.x defines _first_line``."""
+    found = []
+    for name, source in sorted(modules.items()):
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.lstrip("_") in FACTS:
+                if FACTS[node.name.lstrip("_")] != name:
+                    found.append(f"{name} defines {node.name} (its home: {FACTS[node.name.lstrip('_')] or 'none, renamed'})")
+    return found
+
+
+def test_fact_check_flags_a_second_definition():
+    # negative control: a private twin of first_line and a second probe_inputs are found; the homes are not
+    modules = {"normswap.errors": "def first_line(e):\n    return str(e)\n",
+               "normswap.data.sources": "def _first_line(e):\n    return str(e).splitlines()[0]\n",
+               "normswap.convert.verify": "class A:\n    def probe_inputs(self):\n        pass\n",
+               "normswap.architectures.probes": "def probe_inputs(model):\n    pass\n"}
+    assert fact_definitions(modules) == [
+        "normswap.convert.verify defines probe_inputs (its home: normswap.architectures.probes)",
+        "normswap.data.sources defines _first_line (its home: normswap.errors)",
+    ]
+
+
+def test_each_shared_fact_is_defined_once():
+    found = fact_definitions({name: path.read_text(encoding="utf-8") for name, path in module_files().items()})
+    assert not found, "a shared fact written again (import it from its home):\n" + "\n".join(found)
+
+
 # -- private names stay in their module ----------------------------------------------------------
 
 

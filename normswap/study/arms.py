@@ -171,13 +171,6 @@ def _convert(model, arm: str):
         raise NormswapError(f"arm {arm}: {msg}") from None
 
 
-def norm_modules(model) -> list[tuple[str, torch.nn.Module]]:
-    """The model's normalisation layers (LayerNorm or RMSNorm of any class), by name."""
-    from normswap.model_facts import is_layernorm, is_rmsnorm
-
-    return [(n, m) for n, m in model.named_modules() if is_layernorm(m) or is_rmsnorm(m)]
-
-
 def check_replaceable(source: Source, seed: int) -> int:
     """Refuse a model with no LayerNorm that reads the residual stream; return how many there are."""
     model = source.start(seed)

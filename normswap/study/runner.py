@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from normswap.devices import resolve_device
 from normswap.errors import NormswapError
 from normswap.study import claims as claims_mod
 from normswap.study import results as res
@@ -26,12 +27,6 @@ from normswap.study.trainer import Dist, Group, Hooks
 
 SCHEMA_VERSION = 1
 PROGRESS_EVERY = 30.0  # seconds between progress lines when stderr is not a terminal
-
-
-def _resolve_device(device: str) -> str:
-    from normswap.devices import resolve_device
-
-    return resolve_device(device)
 
 
 def _init_dist(device: str) -> Dist:
@@ -124,7 +119,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     recorded = study.check(reads=[("MODEL", cfg.model), ("the data", cfg.data)], resume=cfg.resume, force=cfg.force)
     if recorded is not None:
         cfg = resolve_resume(cfg, recorded["config"], given)
-    device = _resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     dist = _init_dist(device)
     main = dist.rank == 0
 

@@ -36,7 +36,8 @@ from typing import Callable
 import torch
 
 from normswap.study import measure
-from normswap.study.arms import build_arm, norm_modules
+from normswap.model_facts import norm_modules
+from normswap.study.arms import build_arm
 
 SPIKE_WINDOW = 20  # a spike is judged against the median of this many previous losses
 SPIKE_MIN_HISTORY = 10
