@@ -1,8 +1,14 @@
 """`normswap eval speed` measures the model it names: a known slowdown shows up in full.
 
 A sanity range on the ratio of a model to its own copy (0.2-5) passes for almost any timing code,
-a wrong one included. Here one of two identical models is made slower by a known sleep per
-forward call; the measured per-call time must grow by that much, and the untouched twin must not.
+a wrong one included. Here one of three identical models costs a known extra time per forward
+call; the measured per-call time must grow by exactly that much, and the untouched twin (the null
+control) must measure exactly like the base.
+
+The clock is a virtual one that advances only when a model runs (each forward call adds a known
+cost): a wall clock on a shared machine adds noise of the size of any threshold a test could
+afford, so a threshold would either flake or be too loose to catch a wrong attribution. What is
+tested is the timing code itself: which calls it times, how many, and which model it credits.
 """
 
 from __future__ import annotations
@@ -10,27 +16,49 @@ from __future__ import annotations
 import copy
 import time
 
-import torch
+import pytest
 from helpers import tiny_model
 
+from normswap.evaluate import speed
 from normswap.evaluate.speed import SpeedConfig, measure_speed
 
-DELAY = 50e-3  # seconds added to each forward call of the slowed model (well above this shared machine's noise)
+COST = 1e-3  # virtual seconds every forward call takes
+DELAY = 50e-3  # virtual seconds added to each forward call of the slowed model
 
 
-def test_forward_speed_follows_a_known_slowdown():
+class VirtualClock:
+    """Stands in for the `time` module inside normswap.evaluate.speed: perf_counter() reads a
+    clock that only the models' forward calls advance."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_forward_speed_follows_a_known_slowdown(monkeypatch):
+    clock = VirtualClock()
+    monkeypatch.setattr(speed, "time", clock)
     base = tiny_model("gpt2")
     twin, slowed = copy.deepcopy(base), copy.deepcopy(base)
-    slowed.register_forward_pre_hook(lambda module, args: time.sleep(DELAY))
-    cfg = SpeedConfig(batch_size=2, seq_len=16, repeats=5, warmup=1, min_time=0.0, max_calls=3, kinds=("forward",))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # an OpenMP region waiting on a descheduled thread (a shared machine) costs ms
-    try:
-        out = measure_speed([("base", base), ("twin", twin), ("slowed", slowed)], cfg)
-    finally:
-        torch.set_num_threads(threads)
+    for model in (base, twin, slowed):
+        model.register_forward_pre_hook(lambda module, args: clock.advance(COST))
+    slowed.register_forward_pre_hook(lambda module, args: clock.advance(DELAY))
+    # min_time 2.5 ms: the fast models are timed over 3 calls per measurement, the slowed one over 1,
+    # so the per-call division is exercised too
+    cfg = SpeedConfig(batch_size=2, seq_len=16, repeats=5, warmup=1, min_time=2.5 * COST, max_calls=3, kinds=("forward",))
+    out = measure_speed([("base", base), ("twin", twin), ("slowed", slowed)], cfg)
+    assert {name: out[name]["speed_setup"]["calls_per_measurement"]["forward"] for name in out} == {"base": 3, "twin": 3, "slowed": 1}
     tokens = cfg.batch_size * cfg.seq_len
     per_call = {name: tokens / out[name]["tokens_per_second"]["forward"] for name in out}
-    assert per_call["slowed"] - min(per_call["base"], per_call["twin"]) >= 0.8 * DELAY, per_call
-    # negative control: the identical, untouched twin is not slowed by anything like the delay
-    assert abs(per_call["twin"] - per_call["base"]) < DELAY / 2, per_call
+    assert per_call["slowed"] == pytest.approx(COST + DELAY, rel=1e-9), per_call
+    assert per_call["base"] == pytest.approx(COST, rel=1e-9), per_call
+    # null control: the identical, untouched twin measures exactly like the base
+    assert per_call["twin"] == pytest.approx(per_call["base"], rel=1e-9), per_call
