@@ -14,7 +14,12 @@ from normswap.kernels import cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"CPU kernel not buildable here: {cpu.unavailable_reason()}")
+@pytest.fixture(autouse=True)
+def _kernel_buildable():
+    # checked when a test of this file runs, not when it is collected: available() builds the
+    # kernel (a minute or more), which `pytest -m cuda` (bench/gpu.sh) must not pay for
+    if not cpu.available():
+        pytest.skip(f"CPU kernel not buildable here: {cpu.unavailable_reason()}")
 
 
 def _child_env(cache: Path):
@@ -54,14 +59,33 @@ def test_a_killed_build_does_not_block_the_next_process(tmp_path):
     assert "building the CPU RMSNorm kernel" not in nxt.stderr  # it loaded the finished build
 
 
+def _venv_over_this_environment(venv: Path) -> Path:
+    """A second virtualenv that sees this interpreter's packages: its own prefix, this one's torch.
+
+    `--system-site-packages` alone would see the *base* interpreter's packages, which need not
+    include torch (a user's venv made with plain `python -m venv`): the new venv instead adds this
+    environment's site directories (those on its sys.path) through a .pth file (addsitedir, so
+    their own .pth files, an editable install among them, still apply)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    ours = [p for p in dict.fromkeys(sys.path)
+            if p.rstrip("/").endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
+    Path(purelib, "_normswap_test_parent_env.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
+    return python
+
+
 def test_two_virtualenvs_use_two_build_directories(tmp_path):
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=120)
+    venv_python = _venv_over_this_environment(tmp_path / "venv")
     probe = "import sys; from normswap.kernels import cpu; print(sys.prefix); print(cpu._build_name(*cpu._flags()))"
     runs = {}
-    for python in (sys.executable, str(venv / "bin" / "python")):
-        out = subprocess.run([python, "-c", probe], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                             capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    for python in (sys.executable, str(venv_python)):
+        proc = subprocess.run([python, "-c", probe], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = proc.stdout.split()
         runs[out[0]] = out[1]
     assert len(runs) == 2, runs  # two interpreters with their own prefixes...
     assert len(set(runs.values())) == 2, runs  # ...build into two directories
@@ -94,7 +118,12 @@ def test_two_checkouts_of_the_same_sources_use_two_build_directories(tmp_path, m
     build directory would rebuild over each other's library in turn, so the directory is keyed by
     where the sources are, not only by what they contain."""
     here = cpu._build_name(*cpu._flags())
-    assert cpu._build_name(*cpu._flags()) == here  # control: the same checkout, the same directory
+    # control: the same checkout in another process names the same directory (a name that merely
+    # differed every time, e.g. keyed by pid or a random suffix, would pass the check below alone)
+    other = subprocess.run([sys.executable, "-c", "from normswap.kernels import cpu; print(cpu._build_name(*cpu._flags()))"],
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert other.stdout.strip() == here
     copy = tmp_path / "csrc"
     shutil.copytree(cpu._CSRC, copy)
     monkeypatch.setattr(cpu, "_CSRC", copy)
