@@ -6,13 +6,15 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+import paused_cli
 from helpers import tiny_model
+
+from normswap import publish
 
 
 def _tree_hash(path: Path) -> str:
@@ -129,19 +131,13 @@ def test_kill_during_conversion_leaves_no_partial_output(tmp_path):
     src = tmp_path / "src"
     tiny_model("gpt2", n_layer=6, n_embd=256, vocab_size=4096).save_pretrained(src)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "normswap", "convert", str(src), str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    staged = []
-    while time.time() < deadline and proc.poll() is None:
-        staged = [p for p in tmp_path.iterdir() if ".normswap-staging-" in p.name]
-        if staged:
-            break
-        time.sleep(0.01)
-    assert staged, "the conversion never reached its staging directory"
+    # the child stops itself once its weights file is in the staging directory (tests/paused_cli.py)
+    proc = paused_cli.start(f"{paused_cli.escape_dir(tmp_path)}/.out{publish.STAGING_TAG}*/*.safetensors", "convert", src, out)
+    assert paused_cli.wait_paused(proc), proc.communicate(timeout=120)[1][-2000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert not out.exists()
+    assert [p for p in tmp_path.iterdir() if publish.STAGING_TAG in p.name]  # killed while staging...
+    assert not out.exists()  # ...and OUT never appeared
 
     # and a conversion allowed to finish publishes a complete, loadable OUT
     subprocess.run([sys.executable, "-m", "normswap", "convert", str(src), str(out)], check=True,

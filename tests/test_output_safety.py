@@ -1,23 +1,22 @@
 """Commands that write a directory, under kills, concurrency and hostile OUT paths (real CLI, real models).
 
-Kills land at several stages of a real `normswap convert` found by watching the filesystem
-(lock taken, staging created, weights written, verification done), with SIGKILL and SIGTERM,
-fresh and with --force over an existing OUT.
+Kills land at several stages of a real `normswap convert` (lock taken, staging created, weights
+written, verification done), with SIGKILL and SIGTERM, fresh and with --force over an existing OUT.
+The child stops itself at each stage (tests/paused_cli.py) and is killed there: no polling race.
 """
 
 import hashlib
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from normswap import publish
+import paused_cli
 from helpers import checked_run, tiny_model
+from normswap import publish
 from normswap.checkpoint.shards import SINGLE_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,20 +49,15 @@ def old_out(tmp_path_factory, src):
     return path
 
 
-def _convert(src, out, *extra):
-    return subprocess.Popen([sys.executable, "-m", "normswap", "convert", str(src), str(out), *extra], env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
 def _staging(out: Path) -> list[Path]:
     return sorted(out.parent.glob(f".{out.name}{publish.STAGING_TAG}*"))
 
 
-STAGES = {
-    "lock taken": lambda out: (out.parent / f".{out.name}{publish.LOCK_SUFFIX}").exists(),
-    "staging created": lambda out: bool(_staging(out)),
-    "weights written": lambda out: any((s / SINGLE_NAME).exists() for s in _staging(out)),
-    "verified": lambda out: any((s / "normswap_manifest.json").exists() for s in _staging(out)),
+STAGES = {  # stage -> glob pattern of what exists once the stage is reached ({pid}: the converting process)
+    "lock taken": lambda out: f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.LOCK_SUFFIX}",
+    "staging created": lambda out: f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.STAGING_TAG}{{pid}}-*",
+    "weights written": lambda out: f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.STAGING_TAG}{{pid}}-*/{SINGLE_NAME}",
+    "verified": lambda out: f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.STAGING_TAG}{{pid}}-*/normswap_manifest.json",
 }
 
 
@@ -89,22 +83,17 @@ KILLS = [(False, signal.SIGKILL, "lock taken"), (False, signal.SIGTERM, "staging
 def test_convert_killed_at_each_stage_leaves_one_complete_out(tmp_path, src, old_out):
     import shutil
 
-    landed = 0
     for i, (force, sig, stage) in enumerate(KILLS):
-        reached = STAGES[stage]
         out = tmp_path / f"run{i}" / "out"
         out.parent.mkdir()
         old_hash = None
         if force:
             shutil.copytree(old_out, out)
             old_hash = _tree_hash(out)
-        proc = _convert(src, out, "--mode", "exact", *(["--force"] if force else []))
-        deadline = time.time() + 240
-        while proc.poll() is None and not reached(out) and time.time() < deadline:
-            time.sleep(0.002)
-        if proc.poll() is None:
-            os.kill(proc.pid, sig)
-            landed += 1
+        proc = paused_cli.start(STAGES[stage](out), "convert", src, out, "--mode", "exact", *(["--force"] if force else []),
+                                env={"OMP_NUM_THREADS": "1"})
+        assert paused_cli.wait_paused(proc), (stage, proc.communicate(timeout=120)[1][-2000:])
+        os.kill(proc.pid, sig)
         _, err = proc.communicate(timeout=120)
         state = _kind(out, old_hash)
         assert state in (("old", "new") if force else (None, "new")), (stage, err)
@@ -120,36 +109,27 @@ def test_convert_killed_at_each_stage_leaves_one_complete_out(tmp_path, src, old
         assert _kind(out, old_hash) == state
         had_staging = any(publish.STAGING_TAG in name for name in leftovers)
         assert len(said) == (1 if had_staging else 0), (stage, said, leftovers)
-    assert landed >= 4, "most kills arrived after the conversion had finished: the stages were not hit"
 
 
 def test_killed_convert_then_two_concurrent_converts(tmp_path, src):
     """A SIGKILLed convert leaves staging; the next convert removes it and says so in one line
     while it holds OUT's lock; a third started meanwhile is refused, naming the second."""
     out = tmp_path / "out"
-    killed = _convert(src, out, "--no-verify")
-    deadline = time.time() + 240
-    while killed.poll() is None and not STAGES["weights written"](out) and time.time() < deadline:
-        time.sleep(0.002)
+    killed = paused_cli.start(STAGES["weights written"](out), "convert", src, out, "--no-verify", env={"OMP_NUM_THREADS": "1"})
+    assert paused_cli.wait_paused(killed), killed.communicate(timeout=120)[1][-2000:]
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
     assert _staging(out), "the kill did not land while staging"
 
-    first = _convert(src, out, "--no-verify")
-    deadline = time.time() + 240
-    while first.poll() is None and _staging(out) and time.time() < deadline:  # wait for the clean-up
-        time.sleep(0.002)
-    while first.poll() is None and not STAGES["staging created"](out) and time.time() < deadline:
-        time.sleep(0.002)
-    assert first.poll() is None, "the second convert finished before the third could start"
-    # Hold the second convert still (it keeps its lock) while the third starts: without this the
-    # tiny conversion can finish during the third's imports on a fast machine, and the test would race.
-    os.kill(first.pid, signal.SIGSTOP)
+    # the second convert cleans up, then stops itself once its own staging exists, holding OUT's lock
+    first = paused_cli.start(STAGES["staging created"](out), "convert", src, out, "--no-verify", env={"OMP_NUM_THREADS": "1"})
     try:
+        assert paused_cli.wait_paused(first), first.communicate(timeout=120)[1][-2000:]
+        assert [p.name for p in _staging(out)] == [p.name for p in _staging(out) if f"{publish.STAGING_TAG}{first.pid}-" in p.name]
         second = checked_run([sys.executable, "-m", "normswap", "convert", str(src), str(out), "--force"], env=ENV,
-                                capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=300)
     finally:
-        os.kill(first.pid, signal.SIGCONT)
+        paused_cli.resume(first)
     _, first_err = first.communicate(timeout=300)
     assert first.returncode == 0, first_err
     cleaned = [line for line in first_err.splitlines() if "cleaned up after stopped process" in line]
@@ -161,15 +141,18 @@ def test_killed_convert_then_two_concurrent_converts(tmp_path, src):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_dangling_symlink_out_is_refused_before_any_work(tmp_path, src, run_cli):
+def test_dangling_symlink_out_is_refused_before_any_work(tmp_path, src, run_cli, monkeypatch):
     out = tmp_path / "out"
     out.symlink_to(tmp_path / "gone")
-    t0 = time.perf_counter()
+
+    def convert_checkpoint(*a, **k):
+        raise AssertionError("the conversion started although OUT was refused")
+
+    monkeypatch.setattr("normswap.convert.pipeline.convert_checkpoint", convert_checkpoint)  # refused up front
     code, _, err = run_cli("convert", src, out)
-    assert code == 2 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err and "conversion started" not in err, err
     lines = [line for line in err.strip().splitlines() if line.startswith("normswap: error:")]
     assert len(lines) == 1 and "symlink" in lines[0] and "does not exist" in lines[0]
-    assert time.perf_counter() - t0 < 10  # refused up front, not after converting (no weights were read)
     assert out.is_symlink() and not (tmp_path / "gone").exists()
 
 
@@ -191,24 +174,23 @@ def test_eval_report_never_writes_over_an_evaluated_model(tmp_path, src, run_cli
 
 def test_two_finetunes_into_one_out(tmp_path, run_cli):
     out = tmp_path / "run"
-    args = ["finetune", "normswap:kjv-gpt2", str(out), "--steps", "400", "--seq-len", "32", "--batch-size", "2",
+    args = ["finetune", "normswap:kjv-gpt2", str(out), "--steps", "3", "--seq-len", "32", "--batch-size", "2",
             "--eval-tokens", "256", "--save-every", "1000", "--no-progress"]
-    # the first run is slowed by a hook the test passes in (the product reads no test hooks from the environment)
-    slow = ("import sys, time; from normswap import testing; from normswap.finetune import trainer; run = trainer.run_finetune; "
-            "trainer.run_finetune = lambda cfg, **kw: run(cfg, hooks=testing.FinetuneHooks(after_step=lambda s: time.sleep(0.2)), **kw); "
-            "sys.argv[0] = 'normswap'; from normswap.cli.main import main; main(sys.argv[1:])")
-    first = subprocess.Popen([sys.executable, "-c", slow, *args], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the first run stops itself once it is training (its log exists), holding OUT's lock
+    first = paused_cli.start(f"{paused_cli.escape_dir(out)}/train_log.jsonl", *args, env={"OMP_NUM_THREADS": "1"})
     try:
-        deadline = time.time() + 240
-        while first.poll() is None and not (out / "train_log.jsonl").exists() and time.time() < deadline:
-            time.sleep(0.05)
-        assert first.poll() is None, first.stderr.read()
+        assert paused_cli.wait_paused(first), first.communicate(timeout=120)[1][-2000:]
         code, _, err = run_cli(*args, "--force")
         lines = [line for line in err.strip().splitlines() if line.startswith("normswap: error:")]
         assert code == 2 and len(lines) == 1, err
         assert f"pid {first.pid}" in lines[0] and "normswap finetune" in lines[0]
         assert first.poll() is None  # the refused run neither stopped nor disturbed the first
         assert json.loads((out / "finetune_run.json").read_text())["status"] == "running"
+        paused_cli.resume(first)
+        _, first_err = first.communicate(timeout=600)
+        assert first.returncode == 0, first_err[-2000:]  # ...and it finishes as if nothing happened
+        assert json.loads((out / "finetune_run.json").read_text())["status"] == "finished"
     finally:
-        first.kill()
-        first.wait()
+        if first.poll() is None:
+            first.kill()
+            first.wait()

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -142,11 +141,10 @@ def test_lock_refuses_a_second_process_and_dies_with_its_holder(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    # the kernel released the lock with the killed holder: the next process takes it at once
-    t0 = time.monotonic()
+    # the kernel released the lock with the killed holder: the next process takes it at once (the
+    # lock never waits: while held, output_lock raised above; now it succeeds)
     with publish.output_lock(out):
         assert (tmp_path / ".out.normswap.lock").is_file()
-    assert time.monotonic() - t0 < 5
     assert not (tmp_path / ".out.normswap.lock").exists()  # released and removed by its holder
 
 
