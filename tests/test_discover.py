@@ -406,7 +406,8 @@ def test_eval_report_fidelity_on_probe_inputs(tmp_path, run_cli, key):
         code, _, err = run_cli("convert", tmp_path / "src", tmp_path / mode, "--mode", mode, *(["--no-verify"] if mode == "approx" else []))
         assert code == 0, err
     code, out, err = run_cli("eval", "report", f"orig={tmp_path / 'src'}", f"exact={tmp_path / 'exact'}", f"approx={tmp_path / 'approx'}",
-                             "--out", tmp_path / "report", "--repeats", "1")
+                             "--out", tmp_path / "report", "--repeats", "1",
+                             "--device", "cpu", "--dtype", "float32")  # pinned: "float32 rounding" below
     assert code == 0, err
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     setup = results["fidelity_setup"]

@@ -197,6 +197,7 @@ MINI = """\
 # a small recipe for the test-suite
 name: mini
 source: normswap:kjv-gpt2
+device: cpu  # pinned: the test compares float32 perplexities (auto is bf16 on CUDA)
 variants:
   exact: {convert: {mode: exact}}
   approx:
@@ -308,7 +309,8 @@ def test_masked_lm_recipe_reports_fidelity_against_the_source(tmp_path, run_cli)
     tok.save_pretrained(src)
     out = tmp_path / "run"
     code, stdout, err = run_cli("run", "bert-base-uncased", "--out", out, "--set", f"source={src}", "--set", "needs_network=false",
-                                "--set", "eval.fidelity_tokens=1024", "--set", "eval.speed=false", "--set", "eval.memory=false")
+                                "--set", "eval.fidelity_tokens=1024", "--set", "eval.speed=false", "--set", "eval.memory=false",
+                                "--set", "device=cpu")  # pinned: float32 tolerances below
     assert code == 0, err
     results = json.loads((out / "report" / "results.json").read_text())
     fid = {m["name"]: m["fidelity"] for m in results["models"]}

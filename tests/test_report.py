@@ -47,7 +47,8 @@ def report_dir(checkpoints, tmp_path_factory):
     out = tmp_path_factory.mktemp("reports") / "rep"
     args = ["eval", "report", f"orig={checkpoints['orig']}", f"conv={checkpoints['conv']}", f"ft={checkpoints['ft']}",
             "--baseline", "orig", "--out", str(out), "--seq-len", "32", "--batch-size", "2", "--max-tokens", "800",
-            "--repeats", "1", "--min-time", "0.01", "--new-tokens", "4", "--tasks", "normswap_kjv", "--limit", "1", "--quiet"]
+            "--repeats", "1", "--min-time", "0.01", "--new-tokens", "4", "--tasks", "normswap_kjv", "--limit", "1", "--quiet",
+            "--device", "cpu", "--dtype", "float32"]  # pinned: the ratios below are float32 facts (auto is bf16 on CUDA)
     try:
         main(args)
     except SystemExit as e:
@@ -140,7 +141,8 @@ def test_ppl_json_matches_the_library(checkpoints, run_cli):
     from normswap.evaluate.perplexity import perplexity, truncate_text
 
     code, out, err = run_cli("eval", "ppl", f"a={checkpoints['orig']}", "--seq-len", "32", "--stride", "16",
-                             "--max-tokens", "300", "--json", "--quiet")
+                             "--max-tokens", "300", "--json", "--quiet",
+                             "--device", "cpu", "--dtype", "float32")  # the library call below runs there
     assert code == 0, err
     got = json.loads(out)
     tok = normswap.load_tokenizer(checkpoints["orig"])
