@@ -7,6 +7,10 @@
 # Steps (each killed at its limit; a failing step is recorded and the next one still runs):
 #   tests     - tests/test_kernels.py + test_kernels_dispatch.py; CUDA is detected, so the Triton
 #               kernels run compiled (not interpreted), checked against float64
+#   cuda-tests - every test marked `cuda` (skipped on machines without CUDA, so nowhere else):
+#               convert --device cuda, a fine-tune on cuda against its own device's reference, and
+#               FSDP under `accelerate launch` with the shipped fsdp.yaml against one plain process
+#               (the dry run collects them and checks that each is skipped, not lost)
 #   kernels   - `normswap bench kernels --device cuda`: LLM shapes, bf16, fwd and fwd+bwd, fused
 #               residual rows, per-call times at tiny shapes, what `auto` chose and why, measured
 #               copy bandwidth and each kernel's share of it; every case is appended to
@@ -36,15 +40,17 @@ if [[ "${1:-}" == "--dry-run" ]]; then QUICK=1; fi
 # Time budget (seconds). Each step gets LIMIT + KILL_AFTER at most; env and summary are bounded
 # too; the total must stay under 480 s (8 min) or the script refuses to start.
 KILL_AFTER=5
-# (the study's 80 s came from the kernels' 140 -> 100, the tests' 80 -> 70 and the user path's 180 -> 150)
-L_ENV=10; L_TESTS=70; L_KERNELS=100; L_USER=150; L_STUDY=80; L_SUMMARY=30
-BUDGET=$(( L_ENV + L_TESTS + L_KERNELS + L_USER + L_STUDY + L_SUMMARY + 6 * KILL_AFTER ))
+# (the study's 80 s came from the kernels' 140 -> 100, the tests' 80 -> 70 and the user path's 180 -> 150;
+# the cuda-tests' 70 s from the kernels' 100 -> 80, the tests' 70 -> 60, the user path's 150 -> 125,
+# the study's 80 -> 75 and the summary's 30 -> 20)
+L_ENV=10; L_TESTS=60; L_CUDA=70; L_KERNELS=80; L_USER=125; L_STUDY=75; L_SUMMARY=20
+BUDGET=$(( L_ENV + L_TESTS + L_CUDA + L_KERNELS + L_USER + L_STUDY + L_SUMMARY + 7 * KILL_AFTER ))
 if (( BUDGET >= 480 )); then echo "step limits add up to ${BUDGET}s, over 8 minutes" >&2; exit 99; fi
 if [[ "$QUICK" == "1" ]]; then
     # the dry run checks the script on a CPU, often a shared one: same steps, tiny, longer limits
     S=${NORMSWAP_DRY_RUN_SCALE:-4}
-    L_TESTS=$(( L_TESTS * S )); L_KERNELS=$(( L_KERNELS * S )); L_USER=$(( L_USER * S )); L_SUMMARY=$(( L_SUMMARY * S ))
-    L_STUDY=$(( L_STUDY * S ))
+    L_TESTS=$(( L_TESTS * S )); L_CUDA=$(( L_CUDA * S )); L_KERNELS=$(( L_KERNELS * S )); L_USER=$(( L_USER * S ))
+    L_SUMMARY=$(( L_SUMMARY * S )); L_STUDY=$(( L_STUDY * S ))
 fi
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
@@ -120,6 +126,7 @@ if [[ "$QUICK" == "1" ]]; then
     DEVICE=cpu
     step tests "$L_TESTS" "$PY" -m pytest tests/test_kernels.py -q -p no:cacheprovider -rfE \
         -k "forward_and_grads and (float32-64 or bfloat16-384)"
+    step cuda-tests "$L_CUDA" "$PY" -m pytest tests -q -p no:cacheprovider -rs -m cuda
     step kernels "$L_KERNELS" "$PY" -m normswap bench kernels --device cpu --quick --jsonl "$RES/kernels.jsonl" \
         --out "$RES/kernels.json" --markdown "$RES/kernels.md"
     step user-path "$L_USER" bash -c 'user_path cpu --set variants.exact.finetune.steps=5 \
@@ -135,6 +142,7 @@ else
         --format=csv >"$RES/env.txt" 2>&1 || true
     step tests "$L_TESTS" "$PY" -m pytest tests/test_kernels.py tests/test_kernels_dispatch.py -q -x \
         -p no:cacheprovider -rfE -m "not slow"
+    step cuda-tests "$L_CUDA" "$PY" -m pytest tests -q -p no:cacheprovider -rfEs -m cuda
     step kernels "$L_KERNELS" "$PY" -m normswap bench kernels --device cuda \
         --shapes 8192x768,8192x2048,8192x4096,16384x4096,4096x8192 --jsonl "$RES/kernels.jsonl" \
         --out "$RES/kernels.json" --markdown "$RES/kernels.md"
@@ -199,10 +207,11 @@ for title, name in (("Kernels", "kernels.md"), ("User path: convert, bf16 fine-t
     p = os.path.join(res, name)
     if os.path.exists(p):
         lines += ["", f"## {title}", "", open(p).read().strip()]
-tests_log = os.path.join(res, "tests.log")
-if os.path.exists(tests_log):
-    tail = [l for l in open(tests_log).read().splitlines() if l.strip()][-15:]
-    lines += ["", "## Tests (tail)", "", "```", *tail, "```"]
+for title, name in (("Tests (tail)", "tests.log"), ("CUDA-marked tests (tail)", "cuda-tests.log")):
+    log = os.path.join(res, name)
+    if os.path.exists(log):
+        tail = [l for l in open(log).read().splitlines() if l.strip()][-15:]
+        lines += ["", f"## {title}", "", "```", *tail, "```"]
 tmp = os.path.join(res, ".summary.md.tmp")
 open(tmp, "w").write("\n".join(lines) + "\n")
 os.replace(tmp, os.path.join(res, "summary.md"))
@@ -212,7 +221,7 @@ rm -rf "$WORK"
 if [[ -n "${OUT:-}" ]]; then
     mkdir -p "$OUT"
     # at most 8 files come back from the device machine: the summary first
-    for f in summary.md status.json kernels.jsonl kernels.json tests.log user-path.log user-path/report.md user-path/results.json; do
+    for f in summary.md status.json kernels.jsonl kernels.json tests.log cuda-tests.log user-path.log user-path/report.md; do
         [[ -f "$RES/$f" ]] && cp "$RES/$f" "$OUT/$(echo "$f" | tr / -)"
     done
 fi

@@ -247,6 +247,7 @@ def test_pass_through_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch):
         assert torch.equal(_bits(out[key][1]), _bits(disk[key][1])), key
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_arithmetic_matches_cpu_to_one_ulp(tmp_path):
     src = _save(tiny_model("gpt_neox", 0), tmp_path / "src", dtype=torch.bfloat16)

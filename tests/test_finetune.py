@@ -432,6 +432,7 @@ def test_options_are_declared_once(tmp_path):
     assert validate(raw, "x.yaml")["variants"]["a"]["finetune"]["eval_tokens"] is None  # sized to the run
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_run_matches_its_own_device_reference(models, tmp_path):
     import normswap
@@ -639,7 +640,7 @@ def test_torchrun_two_processes_match_one_process(models, tmp_path):
 def test_force_replaces_a_run_with_one_complete_out_at_every_instant(tmp_path, monkeypatch):
     """--force builds the fresh run beside OUT and swaps it in: a failure (or kill) before the swap
     leaves the old OUT whole; after it, OUT is the fresh run. Negative control: deleting OUT first
-    (the old behaviour) would leave nothing behind when the swap never happens."""
+    (the old behaviour) leaves nothing behind when the swap never happens: run below."""
     from normswap.errors import NormswapError
     from normswap.finetune import run_dir as rd
 
@@ -660,7 +661,80 @@ def test_force_replaces_a_run_with_one_complete_out_at_every_instant(tmp_path, m
     assert (out / "weights.bin").read_text() == "old model"
     assert not list(tmp_path.glob(".ft*staging*")), "the staging directory is removed on failure"
 
+    # negative control, run: the old behaviour (delete OUT first, then start) under the same kill
+    # leaves nothing behind, which the check above (old OUT whole) catches
+    import shutil
+
+    control = tmp_path / "control"
+    control.mkdir()
+    (control / "weights.bin").write_text("old model")
+    real_start = rd.RunDir.start
+
+    def delete_then_start(self, run, replace):
+        if replace:
+            shutil.rmtree(self.out)
+        return real_start(self, run, replace=replace)
+
+    monkeypatch.setattr(rd.RunDir, "start", delete_then_start)
+    with pytest.raises(KeyboardInterrupt):
+        rd.RunDir(control).start(run, replace=True)
+    assert not (control / "weights.bin").exists()  # the old OUT is lost: the check above would fail
+
     monkeypatch.undo()
     rd.RunDir(out).start(run, replace=True)
     assert not (out / "weights.bin").exists()
     assert rd.RunDir(out).read_run() == run and (out / "checkpoints").is_dir() and (out / "train_log.jsonl").read_text() == ""
+
+
+# --- FSDP: the shipped accelerate config -------------------------------------------------------
+
+
+def _fsdp_config(tmp_path, device: str, processes: int) -> Path:
+    """The shipped normswap/finetune/configs/fsdp.yaml, changed only where this machine needs it:
+    on the CPU use_cpu (gloo) and no mixed precision (bf16 autocast is a GPU setting); on a GPU
+    no mixed precision either, so both runs compare in float32."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "normswap" / "finetune" / "configs" / "fsdp.yaml").read_text())
+    assert cfg["distributed_type"] == "FSDP" and cfg["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    cfg.update(use_cpu=device == "cpu", mixed_precision="no", num_processes=processes)
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (bench/gpu.sh runs it on the GPU machine)")])])
+def test_fsdp_processes_match_one_process(models, tmp_path, device):
+    """`accelerate launch --config_file fsdp.yaml` (the README's FSDP line) trains what one plain
+    process trains: two ranks, each with its half of every global batch and its shard of the
+    weights, give the one-process loss curve up to float order, and the model gathered on rank 0
+    is the one-process model. On one GPU the FSDP run has one process (NCCL puts one rank on a GPU)."""
+    processes = 2 if device == "cpu" else min(2, torch.cuda.device_count())
+    steps = 3
+    common = ["finetune", str(models["approx"]), None, "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", "8",
+              "--eval-tokens", "512", "--lr", "2e-3", "--warmup-steps", "1", "--seed", "5", "--device", device,
+              "--dtype", "float32", "--no-progress"]
+    fsdp = tmp_path / "fsdp"
+    args = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(_fsdp_config(tmp_path, device, processes)),
+            "--num_processes", str(processes), "-m", "normswap"]
+    r = subprocess.run(args + [str(fsdp) if a is None else a for a in common], env=_env(), capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one = tmp_path / "one"
+    _run(models["approx"], one, steps=steps, batch_size=8, eval_tokens=512, lr=2e-3, warmup_steps=1, seed=5, device=device,
+         dtype="float32")
+    lf, l1 = _log(fsdp), _log(one)
+    assert [r["step"] for r in lf] == [r["step"] for r in l1] == list(range(steps + 1))
+    assert all(r["world_size"] == processes for r in lf) and all(r["world_size"] == 1 for r in l1)
+    for rf, r1 in zip(lf[1:], l1[1:]):
+        if processes == 2:  # each rank trained on its own half of the same global batch
+            assert len(rf["data_fingerprint"]) == 2 and rf["data_fingerprint"][0] != rf["data_fingerprint"][1]
+        assert rf["loss"] == pytest.approx(r1["loss"], abs=1e-5)
+        assert rf["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-4)
+    assert lf[-1]["eval_loss"] == pytest.approx(l1[-1]["eval_loss"], abs=1e-5)
+    # control: training moved the model, by far more than the tolerance above (a run that did not
+    # train, or trained on other data, cannot pass by being close to an unchanged start)
+    assert abs(l1[-1]["eval_loss"] - l1[0]["eval_loss"]) > 1e-3
+    wf, w1 = _weights(fsdp), _weights(one)
+    assert wf.keys() == w1.keys() and max(float((wf[k] - w1[k]).abs().max()) for k in w1) < 1e-4
