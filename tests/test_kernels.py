@@ -521,11 +521,13 @@ def test_checker_rejects_wrong_answers():
     wrong = t / (t.pow(2).mean(-1, keepdim=True).sqrt() + 1e-5)
     with pytest.raises(AssertionError):
         assert_forward_close(wrong, reference(t, None, 1e-5, None)[0], torch.float32, "wrong eps")
-    # a gradient 0.5% off in bf16
-    g = torch.randn(64, 64, dtype=torch.float64)
+    # a gradient 2 % off in bf16: at the largest element that is 2.5 bf16 ulps, past the one-ulp
+    # tolerance even after rounding. (Half an ulp would catch 0.5 %, but correct float16 results of
+    # the composite backend measure 0.59e-3 at H=1, above half an ulp, 0.52e-3: one ulp it stays.)
+    g = torch.randn(64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     with pytest.raises(AssertionError):
         assert_grad_close((g * 1.02).to(torch.bfloat16), g, torch.bfloat16, "scaled grad")
-    assert_grad_close(g.to(torch.bfloat16), g, torch.bfloat16, "rounded grad")
+    assert_grad_close(g.to(torch.bfloat16), g, torch.bfloat16, "rounded grad")  # the same, unscaled, passes
 
 
 def test_double_backward_is_refused_not_silently_wrong():

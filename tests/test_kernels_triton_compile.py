@@ -14,6 +14,8 @@ import os
 import re
 import subprocess
 import tempfile
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,19 +23,38 @@ import torch
 triton = pytest.importorskip("triton")
 from normswap.kernels import triton_kernels as tk  # noqa: E402
 
+
+
+def _pinned_triton() -> str | None:
+    """The triton version pyproject's test extra pins (what CI installs)."""
+    extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    return next((spec.split("==", 1)[1] for spec in extra if spec.replace(" ", "").startswith("triton==")), None)
+
+
+PINNED = _pinned_triton()
+
+
+def _missing(what: str, *, module_level: bool = False):
+    """Skip under another triton (its private API may have moved), but fail under the pinned one:
+    there a missing piece is a broken test, not an unsupported setup."""
+    if triton.__version__ == PINNED:
+        pytest.fail(f"triton {PINNED} (pinned in pyproject's test extra): {what}", pytrace=False)
+    pytest.skip(f"triton {triton.__version__} (pinned: {PINNED}): {what}", allow_module_level=module_level)
+
+
 if tk.interpreter_active():
     pytest.skip("kernels are interpreter functions in this process", allow_module_level=True)
 try:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-except ImportError:  # pragma: no cover - older triton
-    pytest.skip("this triton has no ahead-of-time compile API", allow_module_level=True)
+except ImportError as e:
+    _missing(f"no ahead-of-time compile API ({e})", module_level=True)
 
 try:
     from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.jit import native_specialize_impl
-except ImportError:  # pragma: no cover - another triton layout
-    pytest.skip("this triton does not expose its launch-time specialisation", allow_module_level=True)
+except ImportError as e:
+    _missing(f"no launch-time specialisation API ({e})", module_level=True)
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 TARGET = GPUTarget("cuda", 90, 32)
@@ -84,14 +105,14 @@ def _compile(fn, dtype, constexprs, num_warps, *, h=None, rows=ROWS, divisibilit
         return triton.compile(src, target=TARGET, options={"num_warps": num_warps})
     except Exception as e:  # e.g. no CUDA backend shipped with this triton build
         if "ptxas" in str(e) and not os.path.exists(os.path.join(BIN, "ptxas")):
-            pytest.skip(f"no ptxas: {e}")
+            _missing(f"no ptxas: {e}")
         raise
 
 
 def _resources(kernel) -> dict:
     tool = os.path.join(BIN, "cuobjdump")
     if not os.path.exists(tool):
-        pytest.skip("cuobjdump not shipped with this triton")
+        _missing("cuobjdump not shipped with this triton")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
