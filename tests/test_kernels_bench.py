@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from click.testing import CliRunner
+from helpers import VirtualClock
 
 from normswap.cli.bench import bench
 from normswap.cli.bench_kernels import load_bench_script
@@ -69,25 +69,6 @@ def test_bench_kernels_rejects_bad_options(args, msg, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
-
-
-class VirtualClock:
-    """Stands in for the `time` module inside the benchmark: perf_counter() reads a clock that only
-    the implementations advance, each by a known cost per call. A wall clock on a shared machine
-    adds noise of the size of any threshold a test could afford; the timing code itself (what it
-    times, how it divides, which name it credits) is what this checks."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def perf_counter(self):
-        return self.now
-
-    def advance(self, seconds):
-        self.now += seconds
-
-    def __getattr__(self, name):
-        return getattr(time, name)
 
 
 def test_measured_times_follow_a_known_slowdown(monkeypatch):

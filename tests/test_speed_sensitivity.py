@@ -14,33 +14,15 @@ tested is the timing code itself: which calls it times, how many, and which mode
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
-from helpers import tiny_model
+from helpers import VirtualClock, tiny_model
 
 from normswap.evaluate import speed
 from normswap.evaluate.speed import SpeedConfig, measure_speed
 
 COST = 1e-3  # virtual seconds every forward call takes
 DELAY = 50e-3  # virtual seconds added to each forward call of the slowed model
-
-
-class VirtualClock:
-    """Stands in for the `time` module inside normswap.evaluate.speed: perf_counter() reads a
-    clock that only the models' forward calls advance."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def perf_counter(self):
-        return self.now
-
-    def advance(self, seconds):
-        self.now += seconds
-
-    def __getattr__(self, name):
-        return getattr(time, name)
 
 
 def test_forward_speed_follows_a_known_slowdown(monkeypatch):
