@@ -71,14 +71,19 @@ def _require_hub(models, baseline=None, data=None, tasks=None):
     require_hub(models=[spec for _, spec in planned])
 
 
-def _load(models, baseline, device, cfg, say):
+def _load(models, baseline, device, cfg, say, data="embedded"):
+    """Check everything the options, configs, tokenizers and data can show (evaluate/preflight.py),
+    then load the models: a bad input fails in seconds, before any weights load."""
     from normswap.devices import resolve_device, resolve_dtype
-    from normswap.evaluate.runner import load_entries
+    from normswap.evaluate.preflight import describe, prepare
+    from normswap.evaluate.runner import load_planned, plan_entries
 
+    planned, base = plan_entries(list(models), baseline)
+    prepared = prepare(describe(planned, say), cfg, data=data, baseline_name=base, progress=say)
     dev = resolve_device(device)
     dt = resolve_dtype(cfg.dtype, dev)
-    entries, base = load_entries(list(models), baseline=baseline, device=dev, dtype=dt, progress=say)
-    return entries, base, dict(baseline_name=base, device=dev, dtype=dt, progress=say)
+    entries = load_planned(planned, device=dev, dtype=dt, progress=say)
+    return entries, base, dict(baseline_name=base, device=dev, dtype=dt, progress=say, prepared=prepared)
 
 
 @click.group("eval")
@@ -111,7 +116,7 @@ def report(models, data, device, out, baseline, force, as_json, quiet, **opts):
               + [("the data", data)])
     say = _progress(quiet)
     with output_lock(out, create_parent=True):
-        entries, _, run = _load(models, baseline, device, cfg, say)
+        entries, _, run = _load(models, baseline, device, cfg, say, data)
         results = evaluate(entries, cfg, data=data, **run)
         written = write_report(results, out, force=force)
     if as_json:
@@ -137,7 +142,7 @@ def ppl(models, data, device, baseline, as_json, quiet, **opts):
 
     cfg = _config(opts, perplexity=True, diagnostics=False, speed=False, memory=False, fidelity=False)
     _require_hub(models, baseline, data)
-    entries, base, run = _load(models, baseline, device, cfg, _progress(quiet))
+    entries, base, run = _load(models, baseline, device, cfg, _progress(quiet), data)
     results = evaluate(entries, cfg, data=data, **run)
     if as_json:
         click.echo(json.dumps({"data": results["data"], "models": [

@@ -28,14 +28,35 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 MIN_SENTENCE_WORDS = 3
 
 
+def _row_tokens(tokenizer, seq_len: int) -> int:
+    """Text tokens in one fidelity row: seq_len less [CLS] and [SEP] when the tokenizer has them."""
+    framed = tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None
+    return seq_len - 2 if framed else seq_len
+
+
+def _too_short(have: int, inner: int, seq_len: int, where: str) -> NormswapError:
+    hint = f"lower --seq-len to {have + seq_len - inner} or less, or give more text" if have >= 16 else "give more text"
+    return NormswapError(f"fidelity: {where} holds {have} tokens, fewer than the {inner} of one row (--seq-len {seq_len}): {hint}")
+
+
+def require_fidelity_text(tokenizer, text: str, *, max_tokens: int, seq_len: int, where: str = "the evaluation text") -> None:
+    """Refuse, before any model is loaded, a text too short for one fidelity row or without a sentence."""
+    have = len(tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens])
+    inner = _row_tokens(tokenizer, seq_len)
+    if have < inner:
+        raise _too_short(have, inner, seq_len, where)
+    if not sentences(text, 1):
+        raise NormswapError(f"fidelity: {where} holds no sentence of {MIN_SENTENCE_WORDS} or more words")
+
+
 def token_blocks(tokenizer, text: str, max_tokens: int, seq_len: int) -> torch.Tensor:
     """Consecutive [CLS] … [SEP] rows of exactly seq_len tokens from the text (at most max_tokens)."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
     framed = tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None
-    inner = seq_len - 2 if framed else seq_len
+    inner = _row_tokens(tokenizer, seq_len)
     rows = [ids[i:i + inner] for i in range(0, len(ids) - inner + 1, inner)]
     if not rows:
-        raise NormswapError(f"fidelity: the evaluation text has fewer than {inner} tokens; lower --seq-len or give more text")
+        raise _too_short(len(ids), inner, seq_len, "the evaluation text")
     if framed:
         rows = [[tokenizer.cls_token_id] + r + [tokenizer.sep_token_id] for r in rows]
     return torch.tensor(rows, dtype=torch.long)

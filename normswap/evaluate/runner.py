@@ -1,14 +1,12 @@
 """Evaluate several models side by side and assemble ``results.json`` (docs/results-schema.md).
 
-Load every model (:func:`load_entries`), then :func:`evaluate`: resolve the configuration against
-the models (window length, split, which measurements their kind defines), read the text once, run
-each selected measurement of evaluate/measurements.py over all models, and add the ratios to the
-baseline.
+Check what can be checked without weights (evaluate/preflight.py: options, kinds, the text),
+load every model (:func:`load_entries`), then :func:`evaluate`: run each selected measurement of
+evaluate/measurements.py over all models, and add the ratios to the baseline.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import platform
 import re
@@ -19,13 +17,11 @@ import torch
 
 from normswap.errors import NormswapError
 from normswap.evaluate.config import EvalConfig
-from normswap.evaluate.kinds import PROBE_INPUT, READS_TEXT, common_group, measurements_for, model_kind
+from normswap.evaluate.kinds import PROBE_INPUT, common_group, model_kind
 from normswap.evaluate.measurements import MEASUREMENTS, Run
 from normswap.evaluate.models import model_info
-from normswap.evaluate.perplexity import held_out_text
 from normswap.evaluate.stats import METHOD as RATIO_METHOD
 from normswap.evaluate.stats import null_intervals, ratio_intervals
-from normswap.model_facts import context_length
 
 _LABEL = re.compile(r"^[A-Za-z0-9_.\- ]+$")
 
@@ -174,13 +170,17 @@ def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -
 
 
 def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, data="embedded", baseline_name=None, device="cpu",
-             dtype=torch.float32, seed=0, progress=None, lm_eval_log=None) -> dict:
+             dtype=torch.float32, seed=0, progress=None, lm_eval_log=None, prepared=None) -> dict:
     """Run the measurements ``config`` selects on ``entries``; the results dict (docs/results-schema.md).
 
     Causal LMs get perplexity (and diagnostics, lm-eval tasks); encoders get fidelity to the
     baseline (or the first model) instead: evaluate/kinds.py says what each kind defines.
+    ``prepared``: evaluate/preflight.py's checks, already run before the models loaded (the
+    commands do that, so a bad option or too little text fails before any weights load); without
+    it they run here.
     """
     from normswap.evaluate.lm_eval_adapter import default_log
+    from normswap.evaluate.preflight import facts_of, prepare
 
     cfg = config or EvalConfig()
     say = progress or (lambda msg: None)
@@ -188,44 +188,15 @@ def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, dat
         raise NormswapError("give at least one model to evaluate")
     kinds = {e.name: model_kind(e.model) for e in entries}
     group = common_group(kinds)
-    wanted = {"perplexity": cfg.perplexity, "diagnostics": cfg.diagnostics, "tasks": bool(cfg.tasks), "speed": cfg.speed,
-              "memory": cfg.memory, "fidelity": cfg.fidelity}
-    chosen = measurements_for(group, wanted, list(kinds))
-    contexts = [c for c in (context_length(e.model) for e in entries) if c]
-    max_ctx = min(contexts) if contexts else None
-    seq_len = cfg.seq_len or min(max_ctx or 512, 512)
-    if max_ctx is not None and seq_len > max_ctx:
-        raise NormswapError(f"--seq-len {seq_len} is longer than the shortest model context ({max_ctx} tokens)")
-    cfg = dataclasses.replace(cfg, seq_len=seq_len, stride=cfg.stride or max(seq_len // 2, 1))
-    need_text = READS_TEXT[group] and any(m.reads_text for m in MEASUREMENTS if m.name in chosen)
-    text, split, truncated, full_chars = "", None, False, 0
-    # The cap is applied once, in characters, with the baseline's (or first model's) tokenizer,
-    # so every model reads exactly the same text.
-    cap_entry = next((e for e in entries if e.name == baseline_name), entries[0])
-    if need_text:
-        from normswap.data import default_eval_split, load_documents
-
-        split = cfg.split or default_eval_split(str(data))
-        say(f"loading {data} ({split} split)")
-        text, truncated, full_chars = held_out_text(load_documents(data, split), cap_entry.tokenizer, cfg.max_tokens)
+    if prepared is None or prepared.group != group or any(prepared.kinds.get(n, k) != k for n, k in kinds.items()):
+        # not prepared, or a kind the weightless skeleton could not tell: checked on the loaded models
+        prepared = prepare(facts_of(entries), cfg, data=data, baseline_name=baseline_name, progress=say)
+    cfg, chosen, text = prepared.config, prepared.chosen, prepared.text
     results = {
         "schema_version": 1,
         "device": device_description(device),
         "dtype": str(dtype).replace("torch.", ""),
-        "data": None if not need_text else {
-            "spec": str(data),
-            "split": split,
-            "characters": len(text),
-            "characters_available": full_chars,
-            "bytes": len(text.encode("utf-8")),
-            "words": len(text.split()),
-            "max_tokens": cfg.max_tokens or None,
-            "truncated": truncated,
-            "cap_tokenizer_of": cap_entry.name if truncated else None,
-            "seq_len": cfg.seq_len,
-            "stride": cfg.stride,
-            "batch_size": cfg.batch_size,
-        },
+        "data": prepared.data,
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "versions": versions(),
         "baseline": baseline_name,

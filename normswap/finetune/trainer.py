@@ -43,7 +43,7 @@ from normswap.errors import NormswapError
 from normswap.finetune import state as ckpt
 from normswap.finetune.config import LOG_FILE, FinetuneConfig, default_eval_tokens, flag, option_errors, options
 from normswap.data import finetune_splits
-from normswap.finetune.data import TrainStream, eval_blocks, fingerprint
+from normswap.finetune.data import TrainStream, eval_blocks, fingerprint, training_data_record
 from normswap.finetune.encoder_objectives import Encoder
 from normswap.finetune.objectives import CausalLM
 from normswap.finetune.run_dir import RunDir, check_out_overlap
@@ -630,7 +630,7 @@ def _write_final(trainer: Trainer, job: _Job, summary: dict) -> None:
         if cfg.dtype == "auto" and src_dtype in (torch.float16, torch.bfloat16):
             final_model = final_model.to(src_dtype)  # keep the source's storage dtype
         record = dict(cfg.recorded(), world_size=trainer.world, distributed=summary["distributed"], save_every=cfg.save_every, log=LOG_FILE,
-                      resumes=(run.read_run() or {}).get("resumes", []),
+                      resumes=(run.read_run() or {}).get("resumes", []), training_data=training_data_record(cfg.data, job.train_split),
                       final_metrics={k: summary[k] for k in ("initial_eval_loss", "final_eval_loss", "initial_perplexity",
                                                              "final_perplexity", "final_train_loss", "tokens", "wall_seconds",
                                                              "trainable_parameters")})

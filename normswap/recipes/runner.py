@@ -212,12 +212,16 @@ class EvalStep:
         from normswap.evaluate.runner import evaluate, load_planned
         from normswap.report import write_report
 
+        from normswap.evaluate.preflight import describe, prepare
+
         r, say = ctx.recipe, lambda m: ctx.say(f"eval: {m}")
         cfg = declared.build(EvalConfig, r["eval"])
         dtype = resolve_dtype(cfg.dtype, ctx.device)
-        entries = load_planned([(n, ctx.models[n].spec) for n in self.names], device=ctx.device, dtype=dtype, progress=say)
+        planned = [(n, ctx.models[n].spec) for n in self.names]
+        prepared = prepare(describe(planned), cfg, data=r["data"], baseline_name=SOURCE_NAME, progress=say)
+        entries = load_planned(planned, device=ctx.device, dtype=dtype, progress=say)
         results = evaluate(entries, cfg, data=r["data"], baseline_name=SOURCE_NAME, device=ctx.device, dtype=dtype, seed=r["seed"],
-                           progress=say)
+                           progress=say, prepared=prepared)
         results["title"] = r["report"]["title"]
         results["recipe"] = {"name": r["name"], "description": r["description"], "file": str(ctx.loaded.path),
                              "overrides": ctx.loaded.overrides, "run_dir": str(ctx.out)}
@@ -319,6 +323,18 @@ def require_network(recipe: dict) -> None:
         raise NormswapError(f"recipe {recipe['name']} needs the network: {e}") from None
 
 
+def check_evaluation(recipe: dict) -> None:
+    """The evaluation at the end of the run, checked before its first step: every variant keeps the
+    source's config and tokenizer, so the source stands in for them (evaluate/preflight.py: the
+    options against the model's kind and context, the data, enough text for each measurement)."""
+    from normswap import declared
+    from normswap.evaluate.config import EvalConfig
+    from normswap.evaluate.preflight import describe, prepare
+
+    prepare(describe([(SOURCE_NAME, recipe["source"])]), declared.build(EvalConfig, recipe["eval"]), data=recipe["data"],
+            baseline_name=SOURCE_NAME)
+
+
 class Runner:
     def __init__(self, loaded: LoadedRecipe, out, *, resume=False, force=False, progress: Progress | None = None):
         self.loaded = loaded
@@ -396,6 +412,7 @@ class Runner:
         require_network(recipe)
         resolve(recipe["source"])  # a missing source fails before DIR is touched
         check_overlap(self.loaded, self.out)
+        check_evaluation(recipe)
         device = resolve_device(recipe["device"])
         self._prepare_out()
         t_run = time.perf_counter()

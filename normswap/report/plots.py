@@ -75,7 +75,7 @@ def perplexity_plot(results, out: Path) -> Path | None:
     ax.tick_params(axis="x", labelrotation=15, labelsize=9)
     style_axes(ax)
     d = results["data"]
-    fig.suptitle(f"{d['spec']} / {d['split']}: {d['characters']:,} characters", fontsize=10)
+    fig.suptitle(d.get("caption") or f"{d['spec']} / {d['split']}: {d['characters']:,} characters", fontsize=10)
     return save_figure(fig, out / "perplexity.png")
 
 

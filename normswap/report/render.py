@@ -115,8 +115,17 @@ def memory_note(results) -> str | None:
     return ("Peak memory: " + "; ".join(sorted(reasons))) if reasons else None
 
 
+def held_out(results) -> bool:
+    """False when the evaluated text includes what a compared model was fine-tuned on (evaluate/heldout.py):
+    its perplexity then measures memory of the training text, and is never coloured as a gain."""
+    return (results.get("data") or {}).get("held_out") is not False
+
+
 def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
     """Header and rows of the side-by-side table: each cell is (value, ratio text, state)."""
+    def judged(cell):
+        return cell if held_out(results) or not cell[2] else (cell[0], cell[1], "same")
+
     header = ["model", "kind", "perplexity", "bits/byte"] + [label for _, label in SPEED_COLUMNS] + ["peak memory", "time in norms"]
     rows = []
     for m in results["models"]:
@@ -134,7 +143,7 @@ def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
 
         row = [(m["name"] + (" (baseline)" if is_base else ""), "", ""),
                (m.get("kind", "") + (f", {fmt_params(m['parameters'])}" if m.get("parameters") else ""), "", ""),
-               exact("perplexity", 3), exact("bits_per_byte", 4)]
+               judged(exact("perplexity", 3)), judged(exact("bits_per_byte", 4))]
         for key, _ in SPEED_COLUMNS:
             if is_base or tr.get(key) is None:
                 row.append((fmt_num(tps.get(key)), "", ""))
@@ -162,7 +171,8 @@ def headlines(results) -> list[dict]:
         ivs = (intervals_of(m, results) or {}).get("tokens_per_second") or {}
         items = []
         if r.get("perplexity") is not None:
-            items.append(("perplexity", f"{(r['perplexity'] - 1) * 100:+.2f}%", exact_state(r["perplexity"], lower_better=True, tol=0.001), ""))
+            state = exact_state(r["perplexity"], lower_better=True, tol=0.001) if held_out(results) else "same"
+            items.append(("perplexity", f"{(r['perplexity'] - 1) * 100:+.2f}%", state, "" if held_out(results) else "not held-out text"))
         for key, label in (("forward", "forward"), ("train_step", "train step"), ("decode", "decode")):
             if tr.get(key) is not None:
                 iv = ivs.get(key)
@@ -251,7 +261,8 @@ def _setup_lines(results) -> list[str]:
     lines = [f"Device: {results['device']}; dtype: {results['dtype']}; created {results['created']}"]
     if d:  # speed-only runs measure no perplexity and read no text
         lines += [
-            f"Data: {d['spec']} ({d['split']} split), {d['characters']:,} characters / {d['bytes']:,} bytes / {d['words']:,} words"
+            (f"Evaluated: {d['caption']}; " if d.get("caption") else "")
+            + f"Data: {d['spec']} ({d['split']} split), {d['characters']:,} characters / {d['bytes']:,} bytes / {d['words']:,} words"
             + (f" (capped at {d['max_tokens']:,} tokens of {d.get('cap_tokenizer_of')}'s tokenizer from {d['characters_available']:,} characters)" if d.get("truncated") else ""),
             f"Perplexity windows: seq_len {d['seq_len']}, stride {d['stride']}, batch {d['batch_size']}",
         ]
