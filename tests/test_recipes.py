@@ -395,26 +395,26 @@ def test_a_recipe_runs_as_an_ordered_list_of_steps():
     assert [(s.name, getattr(s, "source", None)) for s in plan_steps(r)][1:3] == [("finetune:approx", "original"), ("eval", None)]
 
 
-def test_finetune_progress_comes_from_the_trainer_hook_and_its_log(tmp_path, monkeypatch):
-    """The run's fine-tune progress lines come through the trainer's after_step hook and read the
-    loss the trainer logged for that step (no thread, no second log parser)."""
+def test_finetune_progress_comes_from_the_trainer_hook_and_its_log(tmp_path):
+    """The fine-tune's progress lines come through the trainer's after_step hook and read the loss
+    the trainer logged for that step (normswap/progress.py; a fake clock, no sleeps)."""
     from normswap.finetune import FinetuneConfig, run_finetune
     from normswap.finetune.run_dir import RunDir
     from normswap.testing import FinetuneHooks as Hooks
-    from normswap.recipes import runner
+    from normswap.progress import Heartbeat, StepProgress
 
-    monkeypatch.setattr(runner, "PROGRESS_EVERY", 0.0)
-    out, lines = tmp_path / "ft", []
-    hook = runner._StepProgress(RunDir(out), 3, lines.append)
+    now = [0.0]
+    lines = []
+    beat = Heartbeat(lines.append, every=10.0, enabled=True, clock=lambda: now[0])
+    out = tmp_path / "ft"
+
+    def after_step(step):
+        StepProgress(RunDir(out), 3, beat.update, clock=lambda: now[0])(step)
+        now[0] += 10.0 if step > 1 else 1.0  # step 1 ends before the first interval, steps 2 and 3 at one each
+        beat.tick()
+
     run_finetune(FinetuneConfig(model="normswap:kjv-gpt2", out=str(out), steps=3, warmup_steps=1, seq_len=32, batch_size=2,
-                                eval_tokens=256, progress=False, device="cpu"), hooks=Hooks(after_step=hook), echo=lambda m: None)
+                                eval_tokens=256, progress=False, device="cpu"), hooks=Hooks(after_step=after_step), echo=lambda m: None)
     logged = {r["step"]: r["loss"] for r in RunDir(out).rows() if r.get("loss") is not None}
-    assert [ln.split("  ")[0] for ln in lines] == ["step 1/3", "step 2/3", "step 3/3"]
-    assert all(f"loss {logged[i + 1]:.3f}" in ln for i, ln in enumerate(lines))
-    # negative control: with the default interval a 3-step run of a second or two prints nothing
-    monkeypatch.setattr(runner, "PROGRESS_EVERY", 3600.0)
-    quiet = []
-    hook = runner._StepProgress(RunDir(out), 3, quiet.append)
-    for step in (1, 2, 3):
-        hook(step)
-    assert quiet == []
+    assert [ln.split("  ")[0] for ln in lines] == ["step 2/3", "step 3/3"]  # step 1 fell inside the first interval
+    assert f"loss {logged[2]:.3f}" in lines[0] and f"loss {logged[3]:.3f}" in lines[1]

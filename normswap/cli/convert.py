@@ -27,9 +27,12 @@ def convert(src, out, device, force, as_json, **values):
 
     options = declared.build(ConvertOptions, values)
     check_out(src, out, force=force, family_file=options.family_file)  # before the lock file is made beside OUT
-    say = (lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True))
-    with output_lock(out):
-        result = convert_checkpoint(src, out, options, force=force, device=resolve_device(device), progress=say)
+    from normswap.progress import Heartbeat
+
+    # each stage as it starts; where the output is not a terminal, the current one again every 10 s
+    heartbeat = Heartbeat((lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True)), enabled=False if as_json else None)
+    with output_lock(out), heartbeat:
+        result = convert_checkpoint(src, out, options, force=force, device=resolve_device(device), progress=heartbeat.say)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
         return

@@ -54,9 +54,19 @@ def _config(opts: dict, **fixed) -> EvalConfig:
 
 
 def _progress(quiet):
+    """The command's progress (normswap/progress.py): each step as it starts, and where the output is
+    not a terminal the current step again every 10 s while it runs; nothing with --quiet."""
+    import contextlib
+
+    from normswap.progress import Heartbeat
+
     if quiet:
-        return None
-    return lambda msg: click.echo(f"[normswap eval] {msg}", err=True)
+        return contextlib.nullcontext(None)
+    return Heartbeat(lambda msg: click.echo(f"[normswap eval] {msg}", err=True))
+
+
+def _say(heartbeat):
+    return None if heartbeat is None else heartbeat.say
 
 
 def _require_hub(models, baseline=None, data=None, tasks=None):
@@ -114,9 +124,8 @@ def report(models, data, device, out, baseline, force, as_json, quiet, **opts):
     # before the lock file is made beside OUT and before anything loads: OUT never overlaps a model or the data
     check_out(out, force=force, reads=[("the model", spec) for _, spec in map(split_label, list(models) + [baseline or ""])]
               + [("the data", data)])
-    say = _progress(quiet)
-    with output_lock(out, create_parent=True):
-        entries, _, run = _load(models, baseline, device, cfg, say, data)
+    with output_lock(out, create_parent=True), _progress(quiet) as progress:
+        entries, _, run = _load(models, baseline, device, cfg, _say(progress), data)
         results = evaluate(entries, cfg, data=data, **run)
         written = write_report(results, out, force=force)
     if as_json:
@@ -142,8 +151,9 @@ def ppl(models, data, device, baseline, as_json, quiet, **opts):
 
     cfg = _config(opts, perplexity=True, diagnostics=False, speed=False, memory=False, fidelity=False)
     _require_hub(models, baseline, data)
-    entries, base, run = _load(models, baseline, device, cfg, _progress(quiet), data)
-    results = evaluate(entries, cfg, data=data, **run)
+    with _progress(quiet) as progress:
+        entries, base, run = _load(models, baseline, device, cfg, _say(progress), data)
+        results = evaluate(entries, cfg, data=data, **run)
     if as_json:
         click.echo(json.dumps({"data": results["data"], "models": [
             {k: m.get(k) for k in ("name", "path", "perplexity", "bits_per_byte", "word_perplexity", "perplexity_detail", "ratios")}
@@ -174,8 +184,9 @@ def speed(models, device, baseline, as_json, quiet, **opts):
 
     cfg = _config(opts, perplexity=False, diagnostics=False, fidelity=False, speed=True)
     _require_hub(models, baseline)
-    entries, _, run = _load(models, baseline, device, cfg, _progress(quiet))
-    results = evaluate(entries, cfg, **run)
+    with _progress(quiet) as progress:
+        entries, _, run = _load(models, baseline, device, cfg, _say(progress))
+        results = evaluate(entries, cfg, **run)
     if as_json:
         click.echo(json.dumps({"device": results["device"], "dtype": results["dtype"], "speed_setup": results.get("speed_setup"),
                                "models": [{k: m.get(k) for k in ("name", "path", "tokens_per_second", "peak_memory_bytes",

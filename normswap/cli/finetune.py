@@ -67,8 +67,17 @@ def finetune(ctx, model, out, as_json, **opts):
     cfg = FinetuneConfig(model=model, out=out, **opts)
     check_out_overlap(cfg)  # before OUT's lock file is made beside OUT, and before anything loads
     # one lock per run: the main process of a distributed launch holds it (RANK is set by the launcher)
-    with output_lock(out, create_parent=True) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
-        summary = run_finetune(cfg, given=given)
+    from normswap.finetune.run_dir import RunDir
+    from normswap.finetune.trainer import Hooks
+    from normswap.progress import Heartbeat, StepProgress
+
+    # in a terminal the fine-tune shows a bar; elsewhere (a log, CI, nohup) a line every 10 s
+    heartbeat = Heartbeat(lambda m: click.echo(f"normswap finetune: {m}", err=True),
+                          enabled=None if opts.get("progress") is None else not opts["progress"])
+    main = os.environ.get("RANK", "0") == "0"
+    with output_lock(out, create_parent=True) if main else contextlib.nullcontext(), heartbeat if main else contextlib.nullcontext():
+        summary = run_finetune(cfg, given=given, hooks=Hooks(after_step=StepProgress(RunDir(out), cfg.steps, heartbeat.update)),
+                               echo=lambda m: heartbeat.say(m.removeprefix("normswap finetune: ")))
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
@@ -76,13 +85,11 @@ def finetune(ctx, model, out, as_json, **opts):
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-    ppl = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
+    from normswap.finetune.objectives import heldout_line
+
     click.echo(f"fine-tuned {summary['model']} -> {summary['out']}")
     click.echo(f"  steps {summary['steps']} x {summary['global_batch']} x {summary['seq_len']} tokens on {summary['world_size']} process(es), "
                f"{summary['trainable_parameters']:,} trainable parameters, {summary['wall_seconds']:.1f} s")
-    click.echo(f"  held-out loss {fmt(summary['initial_eval_loss'])} -> {fmt(summary['final_eval_loss'])}  "
-               f"(perplexity {ppl(summary['initial_perplexity'])} -> {ppl(summary['final_perplexity'])}, "
-               f"{summary['eval_tokens']:,} held-out tokens)")
+    click.echo(f"  {heldout_line(summary)}")
     if summary["final_train_loss"] is not None and math.isfinite(summary["final_train_loss"]):
         click.echo(f"  last train loss {summary['final_train_loss']:.4f}; log: {summary['out']}/train_log.jsonl")

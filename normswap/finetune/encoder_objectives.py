@@ -126,6 +126,7 @@ class MaskedLM:
     masked-LM loss on held-out rows (so ``eval_perplexity`` is the masked-token perplexity)."""
 
     reports_perplexity = True
+    heldout_names = ("masked-LM cross-entropy", "masked-token perplexity")
 
     def __init__(self, tokenizer, *, seed: int = 0, autocast=contextlib.nullcontext):
         self.tokenizer, self.seed, self.autocast = tokenizer, seed, autocast
@@ -148,6 +149,7 @@ class EncoderDistill:
     its held-out loss is the same distillation loss on held-out rows (not a perplexity)."""
 
     reports_perplexity = False
+    heldout_names = ("distillation loss", None)
 
     def __init__(self, teacher, tokenizer, *, layers: str = "all", alpha: float = 1.0, temperature: float = 1.0,
                  seed: int = 0, logits: bool = True, autocast=contextlib.nullcontext):

@@ -32,6 +32,7 @@ class CausalLM:
     mixed with it: loss = α·KL(teacher‖student) + (1−α)·cross-entropy."""
 
     task = "causal-lm"
+    heldout_names = ("cross-entropy", "perplexity")  # what heldout_loss is, and exp() of it
 
     def __init__(self, teacher=None, *, alpha: float = 1.0, temperature: float = 1.0, autocast=contextlib.nullcontext):
         self.teacher = teacher
@@ -115,3 +116,18 @@ def heldout_mean(model, blocks: torch.Tensor, batch_sums, *, micro_batch: int = 
     if was_training:
         model.train()
     return float(total / count)
+
+
+def heldout_line(summary: dict) -> str:
+    """The fine-tune's held-out result in the metric its objective measures: ``held-out cross-entropy
+    4.8210 -> 4.7901 (perplexity 124.10 -> 120.33), 4,096 held-out tokens``; a distillation distance
+    (an encoder's hidden-state objective) has no perplexity and gets none, never "n/a -> n/a"."""
+    metric, ppl_name = summary.get("heldout_metric") or "loss", summary.get("heldout_perplexity_name") or "perplexity"
+
+    def f(v):
+        return "n/a" if v is None else f"{v:.4g}" if metric == "distillation loss" else f"{v:.4f}"
+
+    line = f"held-out {metric} {f(summary.get('initial_eval_loss'))} -> {f(summary.get('final_eval_loss'))}"
+    if summary.get("initial_perplexity") is not None and summary.get("final_perplexity") is not None:
+        line += f" ({ppl_name} {summary['initial_perplexity']:.2f} -> {summary['final_perplexity']:.2f})"
+    return line + (f", {summary['eval_tokens']:,} held-out tokens" if summary.get("eval_tokens") else "")

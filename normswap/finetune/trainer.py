@@ -605,6 +605,9 @@ def _summary(trainer: Trainer, job: _Job, start_step: int, last_row: dict | None
         "initial_perplexity": _perplexity(job.objective, initial_eval),
         "final_perplexity": _perplexity(job.objective, final_eval),
         "final_train_loss": last_row.get("loss"), "wall_seconds": wall,
+        # what the held-out loss is for this objective (finetune/objectives.py: heldout_line words it)
+        "heldout_metric": getattr(objective, "heldout_names", ("loss", None))[0],
+        "heldout_perplexity_name": getattr(objective, "heldout_names", ("loss", None))[1] if _perplexity(objective, 0.0) else None,
     }
 
 

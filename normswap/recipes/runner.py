@@ -39,7 +39,6 @@ from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, report_names
 RUN_FILE = "run.json"
 MODELS, REPORT, SUMMARY, STUDY = "models", "report", "summary.md", "study"
 OWNED = ("recipe.yaml", "recipe.original.yaml", RUN_FILE, SUMMARY, MODELS, REPORT, STUDY)
-PROGRESS_EVERY = 10.0  # seconds between a fine-tune's progress lines (readable in logs and CI)
 
 Progress = Callable[[str], None]
 
@@ -71,7 +70,8 @@ class Context:
     loaded: LoadedRecipe
     out: Path
     device: str
-    say: Progress
+    say: Progress  # a line now
+    update: Callable[[Callable[[], str]], None]  # the status the progress repeats every 10 s (progress.py)
     models: dict[str, Model] = field(default_factory=dict)  # every model built so far, by name
     ran_any: bool = False  # some model step ran (not skipped): the evaluation must run again
 
@@ -148,40 +148,19 @@ class FinetuneStep(ModelStep):
     def run(self, ctx: Context) -> dict:
         from normswap.finetune import FinetuneConfig, run_finetune
         from normswap.finetune.run_dir import RunDir
+        from normswap.finetune.objectives import heldout_line
         from normswap.finetune.trainer import Hooks
+        from normswap.progress import StepProgress
 
         r, o, say = ctx.recipe, self._options(ctx), lambda m: ctx.say(f"finetune {self.produces}: {m}")
         say(f"{o['steps']} steps x {o['batch_size']} sequences, lr {o['lr']:g}, warmup {o['warmup_steps']}"
             + (f", distilling from {o['distill_from']}" if o["distill_from"] else ""))
         cfg = FinetuneConfig(model=ctx.models[self.source].spec, out=str(self.target(ctx)), data=r["data"], seed=r["seed"],
                              device=r["device"], force=True, progress=False, **o)
-        summary = run_finetune(cfg, hooks=Hooks(after_step=_StepProgress(RunDir(self.target(ctx)), o["steps"], say)),
-                               echo=lambda m: say(m.removeprefix("normswap finetune: ")))
-        what, a, b = (("perplexity", summary["initial_perplexity"], summary["final_perplexity"]) if summary["final_perplexity"] is not None
-                      else ("loss", summary["initial_eval_loss"], summary["final_eval_loss"]))  # a distillation distance: no perplexity
-        spec = ".3f" if what == "perplexity" else ".4g"
-        say(f"held-out {what} {a:{spec}} -> {b:{spec}} in {summary['wall_seconds']:.1f} s")
+        steps = StepProgress(RunDir(self.target(ctx)), o["steps"], lambda line: ctx.update(lambda: f"finetune {self.produces}: {line()}"))
+        summary = run_finetune(cfg, hooks=Hooks(after_step=steps), echo=lambda m: say(m.removeprefix("normswap finetune: ")))
+        say(f"{heldout_line(summary)}, in {summary['wall_seconds']:.1f} s")
         return {"perplexity_before": summary["initial_perplexity"], "perplexity_after": summary["final_perplexity"]}
-
-
-class _StepProgress:
-    """The fine-tune's ``after_step`` hook: every PROGRESS_EVERY seconds, one line with the step and
-    the loss the trainer logged for it (read through its RunDir)."""
-
-    def __init__(self, run_dir, total: int, say: Progress):
-        self.run_dir, self.total, self.say = run_dir, total, say
-        self.t0 = self.last = time.perf_counter()
-
-    def __call__(self, step: int) -> None:
-        now = time.perf_counter()
-        if now - self.last < PROGRESS_EVERY:
-            return
-        self.last = now
-        row = next((r for r in reversed(self.run_dir.rows()) if r.get("step") == step), {})
-        loss = row.get("loss")
-        elapsed = now - self.t0
-        self.say(f"step {step}/{self.total}" + (f"  loss {loss:.3f}" if isinstance(loss, (int, float)) else "")
-                 + f"  ({elapsed:.0f} s, ~{elapsed / step * (self.total - step):.0f} s left)")
 
 
 @dataclass
@@ -342,7 +321,9 @@ class Runner:
         self.out = Path(out).expanduser()
         self.resume = resume
         self.force = force
-        self.say = progress or _print_progress
+        # every line as it comes, and during a long step the current status every 10 s (progress.py)
+        self.heartbeat = Heartbeat(progress or _print_progress, enabled=True)
+        self.say = self.heartbeat.say
         self.state: dict = {}
 
     def _prepare_out(self) -> None:
@@ -417,11 +398,12 @@ class Runner:
         self._prepare_out()
         t_run = time.perf_counter()
         self.say(f"recipe {recipe['name']}: {len(recipe['variants'])} variant(s) of {recipe['source']} -> {self.out}")
-        ctx = Context(recipe=recipe, loaded=self.loaded, out=self.out, device=device, say=self.say,
+        ctx = Context(recipe=recipe, loaded=self.loaded, out=self.out, device=device, say=self.say, update=self.heartbeat.update,
                       models={SOURCE_NAME: Model(SOURCE_NAME, recipe["source"], _fingerprint({"source": recipe["source"]}))})
         steps = plan_steps(recipe)
-        for step in steps:
-            self._run_step(step, ctx)
+        with self.heartbeat:
+            for step in steps:
+                self._run_step(step, ctx)
         from normswap.report.tables import markdown_table, summary_rows, summary_table
         from normswap.report.write import HTML
 

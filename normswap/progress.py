@@ -1,0 +1,118 @@
+"""Progress lines for long commands, at a steady interval where nobody watches a terminal.
+
+In a terminal a command shows what it does as it goes (and the fine-tune a progress bar). In a log,
+CI or under ``nohup`` a bar is noise and a silent stretch of minutes looks like a hang, so every long
+command (convert, finetune, eval report/speed/ppl, run, demo) passes its messages through one
+:class:`Heartbeat`: each message is printed as it comes, and while none comes the latest one is
+repeated every ``EVERY`` seconds with the time elapsed — "still: perplexity: healed (40 s)". The
+fine-tune's steps update it silently (:func:`step_status`), so a log gets one line per interval with
+the step, the loss and the time left, not one per step.
+
+The clock and the interval are parameters, so tests drive :meth:`Heartbeat.tick` with a fake clock
+instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Callable
+
+EVERY = 10.0  # seconds between progress lines when nothing else was said (readable in logs and CI)
+
+
+def step_status(step: int, total: int, elapsed: float, loss: float | None = None) -> str:
+    """``step 40/100  loss 3.201  (12 s, ~18 s left)``: one training step's progress line."""
+    left = f", ~{elapsed / step * (total - step):.0f} s left" if step else ""
+    return f"step {step}/{total}" + (f"  loss {loss:.3f}" if isinstance(loss, (int, float)) else "") + f"  ({elapsed:.0f} s{left})"
+
+
+class StepProgress:
+    """A fine-tune's ``after_step`` hook: each step becomes the status of a :class:`Heartbeat`
+    (``update``), with the loss the trainer logged for it, read from ``run_dir``'s log only when the
+    line is due."""
+
+    def __init__(self, run_dir, total: int, update: Callable, *, clock: Callable[[], float] = time.monotonic):
+        self.run_dir, self.total, self.update, self.clock = run_dir, total, update, clock
+        self.t0 = clock()
+
+    def __call__(self, step: int) -> None:
+        elapsed = self.clock() - self.t0
+
+        def line() -> str:
+            row = next((r for r in reversed(self.run_dir.rows()) if r.get("step") == step), {})
+            return step_status(step, self.total, elapsed, row.get("loss"))
+
+        self.update(line)
+
+
+class Heartbeat:
+    """Says each message at once; repeats the latest status every ``every`` seconds of silence.
+
+    ``emit``: where lines go (a command's own prefix included); ``enabled``: repeat at all (default:
+    only when stderr is not a terminal). Use as a context manager: a daemon thread calls
+    :meth:`tick` about once a second while the command runs.
+    """
+
+    def __init__(self, emit: Callable[[str], None], *, every: float | None = None, enabled: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.emit, self.every, self.clock = emit, EVERY if every is None else every, clock
+        self.enabled = (not _is_terminal(sys.stderr)) if enabled is None else enabled
+        self.t0 = self.last = clock()
+        self.status: str | Callable[[], str] | None = None
+        self._fresh = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def say(self, msg: str) -> None:
+        """Print ``msg`` now; it is also the status repeated while nothing else is said."""
+        with self._lock:
+            self.status, self.last, self._fresh = msg, self.clock(), False
+        self.emit(msg)
+
+    def update(self, status: str | Callable[[], str]) -> None:
+        """A new status, printed as it is once the interval since the last line is over (not at
+        every call: for per-step updates). A callable is called only when its line is due (e.g. one
+        that reads a log)."""
+        with self._lock:
+            self.status, self._fresh = status, True
+        self.tick()  # due already: a step-driven status needs no thread to be printed on time
+
+    def tick(self) -> str | None:
+        """The line due now (also emitted), or None: ``every`` seconds since the last line. A status
+        from :meth:`update` is printed as it is; a message already said is repeated as ``still: …``
+        with the time since the command started."""
+        with self._lock:
+            now = self.clock()
+            if not self.enabled or self.status is None or now - self.last < self.every:
+                return None
+            self.last = now
+            status = self.status() if callable(self.status) else self.status
+            line = status if self._fresh else f"still: {status} ({now - self.t0:.0f} s)"
+            self._fresh = False
+        self.emit(line)
+        return line
+
+    def __enter__(self) -> "Heartbeat":
+        if self.enabled:
+            self._thread = threading.Thread(target=self._run, name="normswap-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(0.05, min(1.0, self.every))):
+            self.tick()
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or replaced streams
+        return False
