@@ -32,6 +32,7 @@ from typing import Callable, ClassVar
 
 from normswap.errors import NormswapError
 from normswap.overlap import check_disjoint
+from normswap.progress import Heartbeat
 from normswap.publish import atomic_write_text
 from normswap.recipes.loader import LoadedRecipe, dump_recipe
 from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, report_names
