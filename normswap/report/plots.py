@@ -6,12 +6,15 @@ nothing to plot for it (e.g. no fine-tuned model, speed not measured).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from normswap.report.tables import signed_percent  # noqa: E402
 
 PALETTE = ["#4c6ef5", "#f76707", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#e67700", "#495057"]
 METRICS = (("forward", "forward"), ("train_step", "train step"), ("prefill", "prefill"), ("decode", "decode"))
@@ -51,7 +54,7 @@ def perplexity_plot(results, out: Path) -> Path | None:
         deltas = [(m["perplexity"] / base["perplexity"] - 1) * 100 for m in models]
         bars = ax.bar(names, deltas, color=[c[n] for n in names])
         for bar, d in zip(bars, deltas):
-            ax.annotate(f"{d:+.2f}%", (bar.get_x() + bar.get_width() / 2, d), ha="center", va="bottom" if d >= 0 else "top",
+            ax.annotate(signed_percent(d), (bar.get_x() + bar.get_width() / 2, d), ha="center", va="bottom" if d >= 0 else "top",
                         fontsize=9, xytext=(0, 2 if d >= 0 else -2), textcoords="offset points")
         ax.axhline(0, color="#868e96", linewidth=1)
         span = max(max(abs(d) for d in deltas), 0.05)
@@ -79,12 +82,61 @@ def perplexity_plot(results, out: Path) -> Path | None:
     return save_figure(fig, out / "perplexity.png")
 
 
-def throughput_plot(results, out: Path) -> Path | None:
-    """Throughput ratios with their per-repeat range as error bars; a hatched bar is a ratio whose
-    range contains 1 (no measurable difference). Legends sit below the axes, never on the bars."""
-    from matplotlib.patches import Patch
+# A whisker reaching past this multiple of the tallest bar is clipped at the axis top and marked
+# with its value: one repeat at ×21 would otherwise set the axis to 0–22 and flatten every bar.
+CLIP_AT = 1.6
 
+
+@dataclass
+class Bar:
+    """One bar of the throughput ratio chart, as drawn: the tests read these, not pixels."""
+
+    model: str
+    metric: str
+    x: float
+    value: float  # the ratio of medians (the bar's height)
+    low: float | None  # the per-repeat range (the whisker)
+    high: float | None
+    clear: bool  # a measured difference (solid); else hatched
+    label: str  # the value written on the bar
+    label_y: float  # where the label sits: on the bar, never at the whisker's top
+    clipped: bool = False  # the whisker runs past the axis top (marked there with its value)
+
+
+def throughput_bars(results) -> tuple[list[Bar], float]:
+    """The ratio chart's bars and its axis top. The axis is sized to the bars and every whisker up to
+    ``CLIP_AT`` × the tallest bar; whiskers above it are clipped (``clipped``) and marked."""
     from normswap.evaluate.stats import intervals_of, measurable
+
+    models = [m for m in results["models"] if m.get("tokens_per_second") and m.get("ratios") and m["name"] != results.get("baseline")]
+    bars = []
+    width = 0.8 / max(len(models), 1)
+    for i, m in enumerate(models):
+        ivs = (intervals_of(m, results) or {}).get("tokens_per_second") or {}
+        for j, (key, _) in enumerate(METRICS):
+            r = (m["ratios"].get("tokens_per_second") or {}).get(key)
+            if r is None or (m.get("tokens_per_second") or {}).get(key) is None:
+                continue
+            iv = ivs.get(key)
+            bars.append(Bar(m["name"], key, j + (i - (len(models) - 1) / 2) * width, r, iv and iv["low"], iv and iv["high"],
+                            measurable(iv), f"{r:.2f}", r))
+    if not bars:
+        return bars, 1.0
+    tallest = max(b.value for b in bars)
+    limit = CLIP_AT * tallest
+    reach = max([tallest] + [b.high for b in bars if b.high is not None and b.high <= limit])
+    top = reach * 1.12
+    for b in bars:
+        b.clipped = b.high is not None and b.high > top
+    return bars, top
+
+
+def throughput_plot(results, out: Path) -> Path | None:
+    """Throughput ratios with their per-repeat range as error bars; a hatched bar is a ratio that is no
+    measured difference (its range contains 1 or the null control's, or the machine was too noisy).
+    Values are written on the bars; a whisker past the axis is clipped and marked with its value.
+    Legends sit below the axes, never on the bars."""
+    from matplotlib.patches import Patch
 
     models = [m for m in results["models"] if m.get("tokens_per_second")]
     if not models:
@@ -96,45 +148,39 @@ def throughput_plot(results, out: Path) -> Path | None:
     ax = axes[0]
     width = 0.8 / len(shown)
     hatched = False
-    top = 0.0
-    for i, m in enumerate(shown):
-        tps = m["tokens_per_second"]
-        ivs = (intervals_of(m, results) or {}).get("tokens_per_second") or {} if has_ratio else {}
-        for j, (key, _) in enumerate(METRICS):
-            if tps.get(key) is None:
-                continue
-            x = j + (i - (len(shown) - 1) / 2) * width
-            if has_ratio:
-                r = (m.get("ratios") or {}).get("tokens_per_second", {}).get(key)
-                if r is None:
-                    continue
-                iv = ivs.get(key)
-                clear = measurable(iv)
-                hatched |= not clear
-                ax.bar([x], [r], width=width * 0.92, color=c[m["name"]], alpha=1.0 if clear else 0.45,
-                       hatch=None if clear else "///", edgecolor="white" if clear else c[m["name"]], linewidth=0)
-                y = r
-                if iv:
-                    ax.errorbar([x], [r], yerr=[[max(r - iv["low"], 0)], [max(iv["high"] - r, 0)]], fmt="none",
-                                ecolor="#343a40", elinewidth=1, capsize=2)
-                    y = max(r, iv["high"])
-                ax.annotate(f"{r:.2f}", (x, y), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
-                top = max(top, y)
-            else:
-                ax.bar([x], [tps[key]], width=width * 0.92, color=c[m["name"]])
-    ax.set_xticks(range(len(METRICS)), [label for _, label in METRICS])
     if has_ratio:
+        bars, top = throughput_bars(results)
+        for b in bars:
+            color = c[b.model]
+            hatched |= not b.clear
+            ax.bar([b.x], [b.value], width=width * 0.92, color=color, alpha=1.0 if b.clear else 0.45,
+                   hatch=None if b.clear else "///", edgecolor="white" if b.clear else color, linewidth=0)
+            if b.low is not None:
+                high = min(b.high, top)
+                ax.errorbar([b.x], [b.value], yerr=[[max(b.value - b.low, 0)], [max(high - b.value, 0)]], fmt="none",
+                            ecolor="#343a40", elinewidth=1, capsize=0 if b.clipped else 2)
+            if b.clipped:  # the whisker leaves the axis: an arrow at the edge and the value it reached
+                ax.annotate(f"↑{b.high:.2f}", (b.x, top), ha="left", va="top", fontsize=7, color="#c92a2a",
+                            xytext=(3, -1), textcoords="offset points")
+            ax.annotate(b.label, (b.x, b.label_y), ha="center", va="top", fontsize=7, xytext=(0, -3), textcoords="offset points",
+                        color="white" if b.clear else "#212529", fontweight="bold")
         ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
-        ax.set_ylim(0, top * 1.12)
+        ax.set_ylim(0, top)
         ax.set_ylabel(f"tokens/s relative to {results.get('baseline')}")
         ax.set_title("throughput ratio, bars: ratio of medians, whiskers: per-repeat range", fontsize=10)
     else:
+        for i, m in enumerate(shown):
+            tps = m["tokens_per_second"]
+            for j, (key, _) in enumerate(METRICS):
+                if tps.get(key) is not None:
+                    ax.bar([j + (i - (len(shown) - 1) / 2) * width], [tps[key]], width=width * 0.92, color=c[m["name"]])
         ax.set_yscale("log")
         ax.set_ylabel("tokens/s")
         ax.set_title("throughput (higher is better)", fontsize=10)
+    ax.set_xticks(range(len(METRICS)), [label for _, label in METRICS])
     handles = [Patch(color=c[m["name"]], label=m["name"]) for m in shown]
     if hatched:
-        handles.append(Patch(facecolor="white", edgecolor="#495057", hatch="///", label="range contains 1: no measurable difference"))
+        handles.append(Patch(facecolor="white", edgecolor="#495057", hatch="///", label="hatched: no measured difference"))
     ax.legend(handles=handles, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.1),
               ncol=min(len(handles), 3))
     style_axes(ax)

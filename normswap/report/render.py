@@ -11,7 +11,7 @@ from normswap.evaluate.stats import (
 )
 from normswap.report import encoders
 from normswap.report.claims import claims
-from normswap.report.tables import markdown_table
+from normswap.report.tables import markdown_table, signed_percent
 
 
 def fmt_num(x, digits=2):
@@ -152,7 +152,22 @@ def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
         row.append(exact("peak_memory_bytes", 0, value=fmt_bytes(m.get("peak_memory_bytes")), tol=0.005))
         row.append(("–" if m.get("norm_time_share") is None else f"{m['norm_time_share'] * 100:.1f}%", "", ""))
         rows.append(row)
-    return header, rows
+    # a column no model has a number in does not apply to these models (an encoder's perplexity and
+    # decode, speed in a perplexity-only run): left out rather than shown empty
+    keep = [i for i in range(len(header)) if i < 2 or any(row[i][0] not in ("–", "") for row in rows)]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
+def fidelity_items(f: dict, reference: str) -> list[tuple[str, str, str, str]]:
+    """An encoder's headline: its only quality number, fidelity to the reference (1 = identical)."""
+    note = f"cosine to {reference}"
+    if f.get("embedding_cosine") is not None:  # text encoders: sentence embeddings, mean and worst sentence
+        return [("sentence cosine, mean", f"{f['embedding_cosine']:.4f}", "", note),
+                ("sentence cosine, worst", f"{f['embedding_cosine_min']:.4f}", "", note)]
+    items = [("output cosine, mean", f"{f['hidden_cosine']:.4f}", "", note)] if f.get("hidden_cosine") is not None else []
+    if f.get("output_cosine") is not None:  # probe inputs: the worst of every output
+        items.append(("output cosine, worst", f"{f['output_cosine']:.4f}", "", note))
+    return items
 
 
 def headlines(results) -> list[dict]:
@@ -162,17 +177,19 @@ def headlines(results) -> list[dict]:
     "same" and the note "no measurable difference", never a colour.
     """
     base = results.get("baseline")
+    reference = (results.get("fidelity_setup") or {}).get("reference") or base
     cards = []
     for m in results["models"]:
-        if m["name"] == base or not m.get("ratios"):
+        fidelity = m.get("fidelity") if m["name"] != reference else None
+        if m["name"] == base or not (m.get("ratios") or fidelity):
             continue
-        r = m["ratios"]
+        r = m.get("ratios") or {}
         tr = r.get("tokens_per_second") or {}
         ivs = (intervals_of(m, results) or {}).get("tokens_per_second") or {}
-        items = []
+        items = fidelity_items(fidelity, reference) if fidelity else []
         if r.get("perplexity") is not None:
             state = exact_state(r["perplexity"], lower_better=True, tol=0.001) if held_out(results) else "same"
-            items.append(("perplexity", f"{(r['perplexity'] - 1) * 100:+.2f}%", state, "" if held_out(results) else "not held-out text"))
+            items.append(("perplexity", signed_percent((r['perplexity'] - 1) * 100), state, "" if held_out(results) else "not held-out text"))
         for key, label in (("forward", "forward"), ("train_step", "train step"), ("decode", "decode")):
             if tr.get(key) is not None:
                 iv = ivs.get(key)
@@ -397,7 +414,8 @@ def html_report(results, figures: dict[str, Path]) -> str:
 
     cards = headlines(results)
     if cards:
-        parts.append(f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {escape(results['baseline'])}</small></h2><div class='cards'>")
+        against = results.get("baseline") or (results.get("fidelity_setup") or {}).get("reference") or ""
+        parts.append(f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {escape(against)}</small></h2><div class='cards'>")
         for c in cards:
             items = "".join(f"<div><div class='v {state}'>{escape(val)}</div><div class='l'>{escape(label)}</div>"
                             + (f"<div class='n'>{escape(note)}</div>" if note else "") + "</div>"

@@ -60,10 +60,15 @@ def summary_rows(results: dict) -> list[dict]:
     return rows
 
 
+def signed_percent(percent: float, digits: int = 2) -> str:
+    """``+1.80%`` / ``-0.27%``; a value that rounds to zero is ``0.00%``, never ``-0.00%``."""
+    if round(percent, digits) == 0:
+        return f"{0:.{digits}f}%"
+    return f"{percent:+.{digits}f}%"
+
+
 def _pct(x):
-    if x is None:
-        return "–"
-    return "0.00%" if abs(x) < 5e-5 else f"{x * 100:+.2f}%"
+    return "–" if x is None else signed_percent(x * 100)
 
 
 def _num(x, spec):
