@@ -14,12 +14,30 @@ instead of sleeping.
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 import threading
 import time
 from typing import Callable
 
 EVERY = 10.0  # seconds between progress lines when nothing else was said (readable in logs and CI)
+
+
+def stderr_lines(prefix: str) -> Callable[[str], None]:
+    """Print ``prefix + line`` to this process's stderr as it is now, even while a library later
+    sends file descriptor 2 to a log of its own (lm-eval's output goes to lm_eval.log, our progress
+    must not go with it): a duplicate of the descriptor is written to."""
+    try:
+        stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # a stream without a descriptor (tests, IDEs)
+        stream = sys.stderr
+
+    def emit(line: str) -> None:
+        stream.write(f"{prefix}{line}\n")
+        stream.flush()
+
+    return emit
 
 
 def step_status(step: int, total: int, elapsed: float, loss: float | None = None) -> str:

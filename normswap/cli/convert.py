@@ -23,14 +23,13 @@ def convert(src, out, device, force, as_json, **values):
     """Convert the LayerNorm checkpoint SRC (directory, hub id or normswap:NAME) into OUT with RMSNorm."""
     from normswap.convert.pipeline import check_out, convert_checkpoint
     from normswap.devices import resolve_device
+    from normswap.progress import Heartbeat, stderr_lines
     from normswap.publish import output_lock
 
     options = declared.build(ConvertOptions, values)
     check_out(src, out, force=force, family_file=options.family_file)  # before the lock file is made beside OUT
-    from normswap.progress import Heartbeat
-
     # each stage as it starts; where the output is not a terminal, the current one again every 10 s
-    heartbeat = Heartbeat((lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True)), enabled=False if as_json else None)
+    heartbeat = Heartbeat((lambda m: None) if as_json else stderr_lines("normswap: "), enabled=False if as_json else None)
     with output_lock(out), heartbeat:
         result = convert_checkpoint(src, out, options, force=force, device=resolve_device(device), progress=heartbeat.say)
     if as_json:

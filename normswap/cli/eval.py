@@ -58,11 +58,11 @@ def _progress(quiet):
     not a terminal the current step again every 10 s while it runs; nothing with --quiet."""
     import contextlib
 
-    from normswap.progress import Heartbeat
+    from normswap.progress import Heartbeat, stderr_lines
 
     if quiet:
         return contextlib.nullcontext(None)
-    return Heartbeat(lambda msg: click.echo(f"[normswap eval] {msg}", err=True))
+    return Heartbeat(stderr_lines("[normswap eval] "))
 
 
 def _say(heartbeat):

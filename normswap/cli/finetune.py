@@ -69,10 +69,10 @@ def finetune(ctx, model, out, as_json, **opts):
     # one lock per run: the main process of a distributed launch holds it (RANK is set by the launcher)
     from normswap.finetune.run_dir import RunDir
     from normswap.finetune.trainer import Hooks
-    from normswap.progress import Heartbeat, StepProgress
+    from normswap.progress import Heartbeat, StepProgress, stderr_lines
 
     # in a terminal the fine-tune shows a bar; elsewhere (a log, CI, nohup) a line every 10 s
-    heartbeat = Heartbeat(lambda m: click.echo(f"normswap finetune: {m}", err=True),
+    heartbeat = Heartbeat(stderr_lines("normswap finetune: "),
                           enabled=None if opts.get("progress") is None else not opts["progress"])
     main = os.environ.get("RANK", "0") == "0"
     with output_lock(out, create_parent=True) if main else contextlib.nullcontext(), heartbeat if main else contextlib.nullcontext():

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Callable, ClassVar
 
 from normswap.errors import NormswapError
 from normswap.overlap import check_disjoint
-from normswap.progress import Heartbeat
+from normswap.progress import Heartbeat, stderr_lines
 from normswap.publish import atomic_write_text
 from normswap.recipes.loader import LoadedRecipe, dump_recipe
 from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, report_names
@@ -52,8 +51,6 @@ def _fingerprint(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _print_progress(msg: str) -> None:
-    print(f"normswap run: {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -323,7 +320,7 @@ class Runner:
         self.resume = resume
         self.force = force
         # every line as it comes, and during a long step the current status every 10 s (progress.py)
-        self.heartbeat = Heartbeat(progress or _print_progress, enabled=True)
+        self.heartbeat = Heartbeat(progress or stderr_lines("normswap run: "), enabled=True)
         self.say = self.heartbeat.say
         self.state: dict = {}
 
