@@ -42,6 +42,12 @@ def test_demo_quick_end_to_end(tmp_path):
     assert models["approx-healed"]["kind"] == "fine-tuned" and models["exact"]["kind"] == "converted (exact)"
     for n in models:
         assert models[n]["tokens_per_second"]["forward"] > 0
+        # the demo measures what the tool exists to measure: peak memory and the shipped lm-eval task
+        assert models[n]["peak_memory_bytes"] > 0, models[n]["memory_detail"]
+        assert models[n]["tasks"]["normswap_kjv"]["bits_per_byte"] > 0
+    assert results["null_control"]["of"] == "original" and results["speed_noise"]["load_before"]
+    # the fine-tune trained on the corpus' train split; the report says the test split it read was not seen
+    assert results["data"]["held_out"] is True and "not seen in fine-tuning" in results["data"]["caption"]
 
     # progress lines while it ran, then the table and the report's location
     assert "finetune approx-healed" in p.stderr and "eval: perplexity" in p.stderr

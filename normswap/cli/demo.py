@@ -3,7 +3,8 @@
 Runs the shipped `quickstart` recipe on the shipped reference model: the original, its exact
 RMSNorm conversion (same perplexity), an approximate conversion with β dropped (perplexity jumps)
 and that conversion healed by a short warmup fine-tune (perplexity recovers), with throughput
-before and after; then prints the table and where the report is.
+(beside a null control), peak memory and the shipped lm-eval task; then prints the table and
+where the report is.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ QUICK = (
     "eval.min_time=0.05",
     "eval.new_tokens=8",
     "eval.diagnostics=false",
+    "eval.lm_eval_limit=2",
 )
 
 
