@@ -39,6 +39,7 @@ LAYERS = [
     "version",
     "private_dirs",  # cache and lock directories no other user can write
     "network",       # the offline rule and the Hub reachability check
+    "progress",      # progress lines at a steady interval for every long command
     "declared",      # options declared once as dataclass fields
     "devices",       # --device / --dtype auto, resolved once
     "kernels",       # the RMSNorm kernels
