@@ -24,17 +24,17 @@ def dirs(tmp_path_factory):
 
 @pytest.fixture
 def loads(monkeypatch):
-    """Every weight load the command makes (normswap.load_model, as evaluate/runner.py calls it)."""
-    import normswap
+    """Every weight load the command makes (checkpoint.load.load_model, which every loader calls)."""
+    from normswap.checkpoint import load
 
     calls = []
-    real = normswap.load_model
+    real = load.load_model
 
     def recording(spec, *a, **kw):
         calls.append(str(spec))
         return real(spec, *a, **kw)
 
-    monkeypatch.setattr(normswap, "load_model", recording)
+    monkeypatch.setattr(load, "load_model", recording)
     return calls
 
 
