@@ -3,8 +3,6 @@ line at a steady interval. A fake clock and injected intervals, never sleeps."""
 
 from __future__ import annotations
 
-import pytest
-
 
 class Clock:
     def __init__(self):

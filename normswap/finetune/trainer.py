@@ -606,8 +606,8 @@ def _summary(trainer: Trainer, job: _Job, start_step: int, last_row: dict | None
         "final_perplexity": _perplexity(job.objective, final_eval),
         "final_train_loss": last_row.get("loss"), "wall_seconds": wall,
         # what the held-out loss is for this objective (finetune/objectives.py: heldout_line words it)
-        "heldout_metric": getattr(objective, "heldout_names", ("loss", None))[0],
-        "heldout_perplexity_name": getattr(objective, "heldout_names", ("loss", None))[1] if _perplexity(objective, 0.0) else None,
+        "heldout_metric": getattr(job.objective, "heldout_names", ("loss", None))[0],
+        "heldout_perplexity_name": getattr(job.objective, "heldout_names", ("loss", None))[1] if _perplexity(job.objective, 0.0) else None,
     }
 
 
