@@ -20,7 +20,8 @@ semantics do not depend on the launcher:
   exits non-zero (``TrainingDiverged``). SIGINT/SIGTERM finish the current step, save a checkpoint
   and stop (``TrainingInterrupted``, exit 130).
 
-Faults are injected by tests through ``Hooks`` (a parameter), never through the environment.
+Faults are injected by tests through ``Hooks`` (a parameter, never the environment; tests reach it
+as ``normswap.testing.FinetuneHooks``); the recipe runner's progress lines use its ``after_step``.
 """
 
 from __future__ import annotations
