@@ -27,7 +27,7 @@ import torch
 from normswap.architectures import family_for_config
 from normswap.convert import execute
 from normswap.convert.inputs import match
-from normswap.convert.plan import ConvertOptions
+from normswap.convert.config import ConvertOptions
 from normswap.checkpoint.tensor_source import StateDict
 from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
 

@@ -9,7 +9,8 @@ import yaml
 
 from normswap.architectures import all_families, family_for_config, get_family
 from normswap.architectures.schema import parse_family
-from normswap.convert.plan import ConvertOptions, build_plan
+from normswap.convert.config import ConvertOptions
+from normswap.convert.plan import build_plan
 from normswap.model_facts import is_layernorm
 from normswap.errors import NormswapError
 from helpers import family_variants, tiny_config

@@ -187,7 +187,7 @@ def test_16_bit_outputs_match_the_float64_path_to_one_ulp(tmp_path):
     (arithmetic in bfloat16 itself) is far worse.
     """
     from normswap.convert.inputs import match
-    from normswap.convert.plan import ConvertOptions
+    from normswap.convert.config import ConvertOptions
     from normswap.checkpoint.tensor_source import StateDict
     from normswap.architectures import family_for_config
 
@@ -265,7 +265,7 @@ def test_rounding_floor_weights_are_the_written_ones_before_rounding(tmp_path):
     arithmetic (what the floor used before) would not."""
     from normswap.convert.inputs import match
     from normswap.convert.pipeline import unrounded_tensor
-    from normswap.convert.plan import ConvertOptions
+    from normswap.convert.config import ConvertOptions
     from normswap.checkpoint.tensor_source import StateDict
     from normswap.architectures import family_for_config
 
@@ -315,7 +315,7 @@ def test_row_blocks_on_a_pool_give_the_same_bits(tmp_path):
 
     from normswap.convert.inputs import match
     from normswap.convert.pipeline import unrounded_tensor
-    from normswap.convert.plan import ConvertOptions
+    from normswap.convert.config import ConvertOptions
     from normswap.checkpoint.tensor_source import StateDict
     from normswap.architectures import family_for_config
 

@@ -17,7 +17,8 @@ from normswap.architectures.norms import layernorm_spec
 from normswap.architectures.probes import model_outputs, probe_inputs
 from normswap.architectures.schema import parse_family
 from normswap.convert.apply import convert_model
-from normswap.convert.plan import ConvertOptions, build_plan
+from normswap.convert.config import ConvertOptions
+from normswap.convert.plan import build_plan
 from normswap.errors import NormswapError
 from helpers import family_variants, tiny_model
 from normswap.architectures.randomize import randomize_

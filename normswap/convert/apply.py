@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from normswap.convert.family_check import resolve_family
 from normswap.convert.inplace import check_convertible, convert_with_family
-from normswap.convert.plan import ConvertOptions, Plan
+from normswap.convert.config import ConvertOptions
+from normswap.convert.plan import Plan
 
 __all__ = ["check_convertible", "convert_model"]
 

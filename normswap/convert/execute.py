@@ -23,7 +23,8 @@ import torch
 
 from normswap.checkpoint.remote_code import apply_normswap_structure
 from normswap.convert import ops
-from normswap.convert.plan import ConvertOptions, Plan, build_plan
+from normswap.convert.config import ConvertOptions
+from normswap.convert.plan import Plan, build_plan
 from normswap.convert.inputs import Inputs, tie_groups
 from normswap.convert.memory import release_freed_memory
 from normswap.errors import NormswapError

@@ -18,7 +18,7 @@ from normswap.architectures.probes import model_outputs, probe_inputs
 from normswap.architectures.schema import Family, parse_family
 from normswap.architectures.tiny import tiny_instance
 from normswap.convert.inplace import check_convertible, convert_with_family
-from normswap.convert.plan import ConvertOptions
+from normswap.convert.config import ConvertOptions
 from normswap.errors import DiscoveryError, NormswapError, first_line
 
 EXACT_RTOL = 1e-5  # relative to the output scale; float32-internal norms (Cohere, OLMo) stay ~1e-7

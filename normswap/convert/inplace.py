@@ -11,7 +11,8 @@ import torch
 
 from normswap.convert.execute import TensorDict, execute, prepare
 from normswap.convert.inputs import match
-from normswap.convert.plan import ConvertOptions, Plan
+from normswap.convert.config import ConvertOptions
+from normswap.convert.plan import Plan
 from normswap.checkpoint.tensor_source import StateDict
 from normswap.errors import NormswapError
 from normswap.model_facts import is_layernorm, is_rmsnorm
