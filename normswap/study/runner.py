@@ -120,6 +120,8 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     if recorded is not None:
         cfg = resolve_resume(cfg, recorded["config"], given)
     device = resolve_device(cfg.device)
+    if cfg.threads and not device.startswith("cuda"):
+        torch.set_num_threads(cfg.threads)
     dist = _init_dist(device)
     main = dist.rank == 0
 
