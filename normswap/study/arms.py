@@ -9,7 +9,8 @@ initialised per seed. ``build_arm`` turns the starting LayerNorm model into one 
   LayerNorm that reads the residual stream (the family's norms, see normswap/architectures)
   becomes an RMSNorm with γ = 1, every other weight stays identical;
 * ``rmsnorm-exact``: normswap's exact conversion (the same function at step 0; pre-LN only);
-* ``rmsnorm-approx``: normswap's approximate conversion with its default choices.
+* ``rmsnorm-approx``: normswap's approximate conversion with convert's defaults (γ and β folded
+  into the layers that read the norm where possible).
 
 Kernels: ``torch`` runs every RMSNorm through PyTorch's own fused ``F.rms_norm`` (the LayerNorms
 always run PyTorch's fused ``F.layer_norm``, the fastest LayerNorm available here); ``normswap``

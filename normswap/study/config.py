@@ -32,7 +32,8 @@ ARMS = {
     "rmsnorm": "every LayerNorm that reads the residual stream replaced by RMSNorm with γ = 1 (β dropped), every other weight identical",
     "layernorm-control": "a second, identical layernorm arm: the null control (its differences from layernorm are the noise floor)",
     "rmsnorm-exact": "normswap's exact conversion of a trained checkpoint (the same function at step 0)",
-    "rmsnorm-approx": "normswap's approximate conversion of a trained checkpoint (γ kept, β dropped)",
+    "rmsnorm-approx": "normswap's approximate conversion of a trained checkpoint, with convert's defaults (γ and β folded into "
+                      "the layers that read the norm where possible)",
 }
 TRAINED_ONLY = ("rmsnorm-exact", "rmsnorm-approx")
 BASELINE = "layernorm"
