@@ -363,8 +363,10 @@ def test_the_testing_interface_is_documented_and_used():
     unused = [n for n in names if n not in tests]
     assert not unused, f"hooks in normswap.testing no test uses: {unused}"
     # and the hooks it replaces are not reached for around it
-    for old in ("_set_isa", "trainer.Hooks", "autotune.forget()", 'setenv("NORMSWAP_KERNEL"'):
-        assert old not in tests.replace('monkeypatch.setenv("NORMSWAP_KERNEL", "composite")', ""), old
+    instead = {"_set_isa": "cpu_isa", "trainer.Hooks": "FinetuneHooks", "autotune.forget()": "forget_kernel_choices()",
+               'setenv("NORMSWAP_KERNEL"': "kernel_backend (NORMSWAP_KERNEL is read once per process)"}
+    for old, new in instead.items():
+        assert old not in tests.replace('monkeypatch.setenv("NORMSWAP_KERNEL", "composite")', ""), f"{old}: use normswap.testing.{new}"
 
 
 # -- each shared fact written once ---------------------------------------------------------------
