@@ -331,6 +331,11 @@ def test_source_errors(tmp_path, monkeypatch):
     (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
     with pytest.raises(NormswapError, match=r"latin1.jsonl:2: not UTF-8"):
         list(load_documents(str(tmp_path / "latin1.jsonl"), "all"))
+    # the same in a .json holding one array (read whole): a NameError here once (the
+    # message's helper had gone), so this checks the message, not only the exception type
+    (tmp_path / "latin1-array.json").write_bytes(b'[{"text": "ok"},\n {"text": "caf\xe9"}]\n')
+    with pytest.raises(NormswapError, match=r"latin1-array.json:2: not UTF-8 text"):
+        list(load_documents(str(tmp_path / "latin1-array.json"), "all"))
     (tmp_path / "latin1.txt").write_bytes(b"line one\nline two\nna\xefve line three\n")
     with pytest.raises(NormswapError, match=r"latin1.txt:3: not UTF-8"):
         list(load_documents(str(tmp_path / "latin1.txt"), "all"))

@@ -329,7 +329,8 @@ def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
     try:
         rows = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise _undecodable(path, data, e) from None
+        line = data.count(b"\n", 0, e.start) + 1
+        raise NormswapError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start}); convert the file to UTF-8") from None
     except json.JSONDecodeError as e:
         raise NormswapError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     except RecursionError:
