@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -451,14 +450,22 @@ def test_cuda_run_matches_its_own_device_reference(models, tmp_path):
 
 RESUME_ARGS = dict(steps=9, save_every=3, lr=2e-3, warmup_steps=2, seed=7)
 
-# The kill tests run the real CLI in a child process, slowed down by a hook passed from here (not
-# by anything the product reads from the environment) so that a signal lands between checkpoints.
-SLOW_CLI = """
-import sys, time
+# The kill tests run the real CLI in a child process that stops itself after the step-3 checkpoint
+# (a hook passed from here, not anything the product reads from the environment): it prints
+# PAUSED and waits for a line on stdin, so a signal lands exactly between checkpoints 3 and 6,
+# however fast or loaded the machine (no sleep, no polling window).
+PAUSING_CLI = """
+import sys
 from normswap import testing
 from normswap.finetune import trainer
+
+def pause(step):
+    if step == 3:
+        print("PAUSED", flush=True)
+        sys.stdin.readline()
+
 run = trainer.run_finetune
-trainer.run_finetune = lambda cfg, **kw: run(cfg, hooks=testing.FinetuneHooks(after_step=lambda step: time.sleep(0.4)), **kw)
+trainer.run_finetune = lambda cfg, **kw: run(cfg, hooks=testing.FinetuneHooks(after_step=pause), **kw)
 from normswap.cli.main import main
 main(sys.argv[1:])
 """
@@ -466,7 +473,7 @@ main(sys.argv[1:])
 
 def _cli_args(model, out, **kw):
     kw = {**RESUME_ARGS, **kw}
-    args = [sys.executable, "-c", SLOW_CLI, "finetune", str(model), str(out), "--seq-len", str(SEQ), "--batch-size", "4",
+    args = [sys.executable, "-c", PAUSING_CLI, "finetune", str(model), str(out), "--seq-len", str(SEQ), "--batch-size", "4",
             "--eval-tokens", "1024", "--device", "cpu"]
     for k, v in kw.items():
         args += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
@@ -481,13 +488,12 @@ def uninterrupted(models, tmp_path_factory):
 
 
 def _start_and_wait_for_checkpoint(models, out, step=3):
-    proc = subprocess.Popen(_cli_args(models["approx"], out), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    marker = out / "checkpoints" / f"step-{step}" / "trainer_state.json"
-    deadline = time.time() + 400  # a loaded 2-core machine takes minutes to start a child that imports torch
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
+    """The CLI fine-tune in a child, returned once it has saved checkpoint ``step`` and paused."""
+    proc = subprocess.Popen(_cli_args(models["approx"], out), env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    if not any(line.strip() == "PAUSED" for line in proc.stdout):
+        raise AssertionError(f"the run never paused: {proc.communicate(timeout=60)[1][-3000:]}")
+    assert (out / "checkpoints" / f"step-{step}" / "trainer_state.json").exists()
     return proc
 
 
@@ -510,7 +516,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(models, uninterrupted, tm
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "config.json").exists()  # it really died before finishing
     s = _run(models["approx"], out, resume=True, **RESUME_ARGS)
-    assert s["resumed_from_step"] in (3, 6)
+    assert s["resumed_from_step"] == 3
     _assert_same_trajectory(out, uninterrupted)
     # negative control: a different seed is a different trajectory, and the comparison sees it
     other = tmp_path / "other-seed"
@@ -523,11 +529,13 @@ def test_sigint_saves_exits_cleanly_and_resumes(models, uninterrupted, tmp_path)
     out = tmp_path / "interrupted"
     proc = _start_and_wait_for_checkpoint(models, out)
     proc.send_signal(signal.SIGINT)
+    proc.stdin.write("\n")  # let it go on: the signal is seen during step 4, which it saves
+    proc.stdin.flush()
     _, err = proc.communicate(timeout=400)
     assert proc.returncode == 130, err
     assert "interrupted at step" in err and "--resume" in err and "Traceback" not in err
     saved = sorted(int(p.name[5:]) for p in (out / "checkpoints").iterdir() if p.name.startswith("step-"))
-    assert saved and saved[-1] >= 4  # it saved the step it was on, not just the last periodic one
+    assert saved and saved[-1] == 4  # it saved the step it was on (4), not just the last periodic one (3)
     assert not (out / "config.json").exists()
     s = _run(models["approx"], out, resume=True, **RESUME_ARGS)
     assert s["resumed_from_step"] == saved[-1]
