@@ -724,8 +724,13 @@ def test_fsdp_processes_match_one_process(models, tmp_path, device):
               "--eval-tokens", "512", "--lr", "2e-3", "--warmup-steps", "1", "--seed", "5", "--device", device,
               "--dtype", "float32", "--no-progress"]
     fsdp = tmp_path / "fsdp"
+    import socket
+
+    with socket.socket() as sock:  # a free port: the default (29500) would collide with another run on this machine
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     args = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(_fsdp_config(tmp_path, device, processes)),
-            "--num_processes", str(processes), "-m", "normswap"]
+            "--num_processes", str(processes), "--main_process_port", str(port), "-m", "normswap"]
     r = subprocess.run(args + [str(fsdp) if a is None else a for a in common], env=_env(), capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
