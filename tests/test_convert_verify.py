@@ -113,9 +113,10 @@ def test_verification_that_would_not_fit_is_refused_up_front(neox_src, tmp_path,
 
 # -- memory: measured in a child process ---------------------------------------------------------
 
-# Anonymous memory (RssAnon), sampled every 2 ms: what the conversion itself holds. Total RSS
-# also counts file-backed pages of the source and of the output being filled; those are page
-# cache the kernel reclaims at will.
+# Anonymous memory (RssAnon): what the conversion itself holds. Total RSS also counts file-backed
+# pages of the source and of the output being filled; those are page cache the kernel reclaims at
+# will. It is read at every return from a normswap function (a profile hook: deterministic, so
+# the resident control's peak cannot be missed) and by a 2 ms sampler besides.
 _CHILD = textwrap.dedent("""
     import json, sys, threading, time
     import torch, transformers
@@ -142,11 +143,21 @@ _CHILD = textwrap.dedent("""
             peak[0] = max(peak[0], anon())
             time.sleep(0.002)
 
-    t = threading.Thread(target=sample, daemon=True)
+    def at_return(frame, event, arg):
+        # every return from a normswap function: its locals (the tensors it holds) are still alive,
+        # so a peak held by any normswap frame is read here, whatever the scheduler does
+        if event == "return" and frame.f_globals.get("__name__", "").startswith("normswap"):
+            peak[0] = max(peak[0], anon())
+
+    t = threading.Thread(target=sample, daemon=True)  # also catches peaks inside long C calls
     t.start()
+    sys.setprofile(at_return)
+    threading.setprofile(at_return)
     if how == "resident":  # the negative control: the same verification with every weight loaded at once
         verify.Blockwise.__call__ = verify.Blockwise.resident
     pipeline.convert_checkpoint(src, out, verify=True, max_shard_size=shard)
+    sys.setprofile(None)
+    threading.setprofile(None)
     done.set()
     t.join()
     peak[0] = max(peak[0], anon())
