@@ -7,6 +7,7 @@ export fails.
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,3 +193,108 @@ def test_bad_input_one_line_and_nothing_lost(converted, tmp_path, run_cli):
         assert len(stderr.strip().splitlines()) == 1, (name, stderr)
     assert _tree_digest(out) == before
     assert not (tmp_path / "a").exists() and not (out / "sub").exists()
+
+
+# -------------------------------------------------------------------------------------- onnx
+@pytest.fixture(scope="module")
+def onnx_exports(converted, tmp_path_factory):
+    """The KJV GPT-2 (real weights and tokenizer) and its conversion, each exported to ONNX once."""
+    from normswap.export import run_export
+
+    root = tmp_path_factory.mktemp("onnx")
+    src, out = converted("kjv-gpt2")
+    return {name: (path, run_export(path, root / name, "onnx")) for name, path in (("original", src), ("converted", out))}
+
+
+def _set_rms_epsilon(path, eps):
+    import onnx
+
+    proto = onnx.load(str(path))
+    for node in proto.graph.node:
+        if node.op_type == "RMSNormalization":
+            for attr in node.attribute:
+                if attr.name == "epsilon":
+                    attr.f = eps
+    onnx.save(proto, str(path))
+
+
+def test_onnx_export_runs_the_original_function_with_rmsnormalization(onnx_exports):
+    from normswap.export.onnx import is_onnx_dir, run_session, session
+
+    (src, original), (_, converted) = onnx_exports["original"], onnx_exports["converted"]
+    assert converted["verification"]["passed"] and converted["verification"]["max_abs_diff"] <= 1e-4
+    # one opset-23 RMSNormalization per RMSNorm, nothing left of the custom kernel; the original keeps LayerNormalization
+    norms = 2 * json.loads((src / "config.json").read_text())["n_layer"] + 1
+    assert converted["norm_nodes"] == {"RMSNormalization": norms} and converted["opset"] == 23
+    assert original["norm_nodes"] == {"LayerNormalization": norms}
+    assert is_onnx_dir(converted["out"]) and (Path(converted["out"]) / "tokenizer.json").is_file()
+
+    # what a user compares: onnxruntime on the converted graph against PyTorch on the original model
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    ids = _ids(model.config.vocab_size)
+    got = run_session(session(Path(converted["out"]) / "model.onnx"), ids).double().log_softmax(-1)
+    assert float((got - _logprobs(model, ids)).abs().max()) <= 1e-4
+    # dynamic shapes: another batch and length than the trace's
+    longer = _ids(model.config.vocab_size, seed=2)[:1, :17]
+    assert run_session(session(Path(converted["out"]) / "model.onnx"), longer).shape == (1, 17, model.config.vocab_size)
+
+
+def test_onnx_validation_catches_a_wrong_epsilon(onnx_exports, tmp_path, monkeypatch):
+    """Control for the validation: the same graph with ε = 1 in its RMSNormalization nodes fails it,
+    through the command (nothing published) and through validate() on a copy of the good graph."""
+    import shutil
+
+    import normswap
+    from normswap.errors import VerificationError
+    from normswap.export import onnx as onnx_export, run_export
+
+    _, converted = onnx_exports["converted"]
+    bad = tmp_path / "bad.onnx"
+    shutil.copy(Path(converted["out"]) / "model.onnx", bad)
+    _set_rms_epsilon(bad, 1.0)
+    model = normswap.load_model(converted["source"])
+    assert onnx_export.validate(model, Path(converted["out"]) / "model.onnx", None, tolerance=1e-4)["passed"]
+    assert not onnx_export.validate(model, bad, None, tolerance=1e-4)["passed"]
+
+    def wrong_eps(model, path, **kwargs):  # the good graph (traced above) with ε = 1: no second trace
+        shutil.copy(bad, path)
+        return dict(converted["norm_nodes"])
+
+    monkeypatch.setattr(onnx_export, "export_graph", wrong_eps)
+    with pytest.raises(VerificationError, match="ONNX validation failed"):
+        run_export(converted["source"], tmp_path / "dest", "onnx")
+    assert not (tmp_path / "dest").exists()
+
+
+def test_onnx_without_its_packages_says_how_to_install(converted, tmp_path, run_cli, monkeypatch):
+    import importlib.util
+
+    _, out = converted("kjv-gpt2")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    code, _, stderr = run_cli("export", out, tmp_path / "onnx", "--format", "onnx")
+    assert code == 2 and "pip install 'normswap[onnx]'" in stderr and "onnxruntime" in stderr
+    assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "onnx").exists()
+    # control: with the package found, the same command goes past the check
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    from normswap.export.onnx import require_packages
+
+    require_packages()
+
+
+def test_eval_speed_times_onnx_exports_beside_pytorch(onnx_exports, run_cli):
+    (src, original), (_, converted) = onnx_exports["original"], onnx_exports["converted"]
+    code, stdout, stderr = run_cli("eval", "speed", f"orig={original['out']}", f"conv={converted['out']}", f"pt={src}",
+                                   "--baseline", "orig", "--repeats", "2", "--min-time", "0.01", "--warmup", "1",
+                                   "--seq-len", "16", "--new-tokens", "2", "--json", "--quiet")
+    assert code == 0, stderr
+    rows = {m["name"]: m for m in json.loads(stdout)["models"]}
+    for name in ("orig", "conv"):  # ONNX: forward only, and the rest reported as not measured, not as zero
+        assert rows[name]["tokens_per_second"]["forward"] > 0
+        assert "train_step" not in rows[name]["tokens_per_second"] and rows[name]["peak_memory_bytes"] is None
+    assert rows["conv"]["ratios"]["tokens_per_second"]["forward"] > 0
+    # control: the PyTorch model in the same run is timed on everything
+    assert rows["pt"]["tokens_per_second"]["train_step"] > 0 and rows["pt"]["peak_memory_bytes"] > 0
+
+    code, _, stderr = run_cli("eval", "ppl", original["out"], "--quiet")
+    assert code == 2 and "measured by `normswap eval speed` only" in stderr and len(stderr.strip().splitlines()) == 1

@@ -22,16 +22,19 @@ from normswap.export import FORMATS
                    "into the weights (the export's stream is then zero-mean: RMSNorm-ready; costs vocab x hidden parameters).")
 @click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True,
               help="Publish only if the export and OUT differ by at most this max |Δ log-prob| (first output for other models).")
+@click.option("--onnx-norm-op", "norm_op", type=click.Choice(("rmsnormalization", "simplified")), default="rmsnormalization",
+              show_default=True, help="onnx: write each RMSNorm as ONNX's RMSNormalization (opset 23) or as onnxruntime's "
+                                      "SimplifiedLayerNormalization (bench/onnx_speed.py measures both).")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="stock: shard the safetensors above this size.")
 @force_option
 @json_option
-def export(src, dest, fmt, untie, tolerance, max_shard_size, force, as_json):
+def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_json):
     """Export the checkpoint OUT (what `normswap convert` wrote) to DEST in another format, verified first."""
     from normswap.export import run_export
 
     say = (lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True))
     record = run_export(src, dest, fmt, force=force, untie=untie, tolerance=tolerance, max_shard_size=max_shard_size,
-                        progress=say)
+                        norm_op=norm_op, progress=say)
     if as_json:
         click.echo(json.dumps(record, indent=2, default=str))
         return

@@ -168,6 +168,11 @@ def measure_memory(run: Run):
 
     cfg, out = run.config, {}
     for e in run.entries:
+        if getattr(e.model, "is_onnx", False):
+            from normswap.evaluate.onnx_model import NOT_MEASURED
+
+            out[e.name] = MemoryRecord(None, {"method": "not measured", "reason": f"ONNX model: {NOT_MEASURED['memory']}"})
+            continue
         run.say(f"peak memory: {e.name}")
         seq_len = min(cfg.seq_len, context_length(e.model) or cfg.seq_len)
         detail = peak_memory(e.model, cfg.batch_size, seq_len)

@@ -20,6 +20,8 @@ BLOCK_KEYS = ("mode", "family", "placement", "format_version", "normswap_version
 def model_info(model, path: str | None) -> dict:
     from normswap.checkpoint.manifest import read_manifest
 
+    if getattr(model, "is_onnx", False):
+        return onnx_info(model)
     config = model.config
     block = getattr(config, "normswap", None)
     block = dict(block) if isinstance(block, dict) else None
@@ -55,6 +57,26 @@ def model_info(model, path: str | None) -> dict:
     if manifest and manifest.get("finetune"):
         info["finetune_manifest"] = manifest.get("finetune")
     return info
+
+
+def onnx_info(model) -> dict:
+    """The descriptive keys of an ONNX export's row, from its export record."""
+    from normswap.evaluate.onnx_model import NOT_MEASURED
+
+    record = model.export
+    return {
+        "kind": f"onnx ({'converted' if record.get('converted') else 'original'})",
+        "model_kind": model_kind(model),
+        "architecture": record.get("architecture"),
+        "parameters": None,
+        "norm_classes": sorted(record.get("norm_nodes") or {}),
+        "norm_layers": sum((record.get("norm_nodes") or {}).values()),
+        "flops_per_token": None,
+        "normswap": None,
+        "finetune": None,
+        "onnx": {"opset": record.get("opset"), "norm_op": record.get("norm_op"), "runtime": "onnxruntime (CPU)",
+                 "not_measured": NOT_MEASURED},
+    }
 
 
 def finetune_curve(model_dir, max_points: int = 400) -> dict | None:

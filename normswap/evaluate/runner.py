@@ -153,12 +153,21 @@ def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -
     """Load each (name, spec): a causal LM as its LM-head class, anything else (an encoder) as the
     class it names; a list mixing the two is refused before the rest loads."""
     from normswap.checkpoint.load import is_causal_lm, is_local, load_config, load_model, load_tokenizer, resolve
+    from normswap.evaluate.onnx_model import OnnxModel
+    from normswap.export.onnx import is_onnx_dir
 
     entries = []
     for name, spec in planned:
         if progress:
             progress(f"loading {name} ({spec})")
         resolved = resolve(spec)
+        if is_onnx_dir(resolved):  # `normswap export --format onnx`: timed in onnxruntime (forward only)
+            if str(device) != "cpu" or dtype != torch.float32:
+                raise NormswapError(f"{name} is an ONNX export: it runs in onnxruntime on the CPU in float32 "
+                                    "(give --device cpu and no other --dtype)")
+            model = OnnxModel(resolved)
+            entries.append(ModelEntry(name=name, spec=str(spec), model=model, tokenizer=None, path=str(Path(resolved).resolve())))
+            continue
         task = "causal-lm" if is_causal_lm(load_config(resolved)) else "auto"
         model = load_model(spec, dtype=dtype, device=device, task=task)
         # image / audio models are compared on probe inputs: a tokenizer is neither needed nor always there
@@ -192,6 +201,10 @@ def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, dat
         # not prepared, or a kind the weightless skeleton could not tell: checked on the loaded models
         prepared = prepare(facts_of(entries), cfg, data=data, baseline_name=baseline_name, progress=say)
     cfg, chosen, text = prepared.config, prepared.chosen, prepared.text
+    onnx = [e.name for e in entries if getattr(e.model, "is_onnx", False)]
+    if onnx and set(chosen) - {"speed", "memory"}:
+        raise NormswapError(f"{', '.join(onnx)}: an ONNX export is measured by `normswap eval speed` only "
+                            f"(forward tokens/s), not by {', '.join(sorted(set(chosen) - {'speed', 'memory'}))}")
     results = {
         "schema_version": 1,
         "device": device_description(device),

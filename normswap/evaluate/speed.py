@@ -64,8 +64,11 @@ class _Bench:
         self.name = name
         self.model = model
         self.cfg = cfg
+        # what this model can be timed on: an ONNX graph (evaluate/onnx_model.py) only runs forward
+        self.kinds = tuple(k for k in cfg.kinds if k in getattr(model, "speed_kinds", cfg.kinds))
+        onnx = getattr(model, "is_onnx", False)
         # the compiled wrapper shares the model's parameters and train/eval state
-        self.run = torch.compile(model) if cfg.compile else model
+        self.run = torch.compile(model) if cfg.compile and not onnx else model
         self.device = model_device(model)
         vocab = int(model.config.vocab_size)
         g = torch.Generator().manual_seed(cfg.seed)
@@ -177,30 +180,30 @@ class _Bench:
     def warm_up(self):
         cfg = self.cfg
         for kind, fn in (("forward", self._forward), ("train_step", self._train_step)):
-            if kind not in cfg.kinds:
+            if kind not in self.kinds:
                 continue
             for _ in range(max(cfg.warmup, 1)):
                 elapsed = self._timed(fn, 1)
             self.calls[kind] = max(1, min(cfg.max_calls, math.ceil(cfg.min_time / max(elapsed, 1e-9))))
-        if "generate" in cfg.kinds:
+        if "generate" in self.kinds:
             for _ in range(max(cfg.warmup, 1)):
                 self._generate()
-        if "norm_share" in cfg.kinds:
+        if "norm_share" in self.kinds:
             self._norm_share()
 
     def measure_once(self):
         cfg = self.cfg
         tokens = self.batch.numel()
-        if "forward" in cfg.kinds:
+        if "forward" in self.kinds:
             n = self.calls["forward"]
             self.samples["forward"].append(tokens * n / self._timed(self._forward, n))
-        if "train_step" in cfg.kinds:
+        if "train_step" in self.kinds:
             n = self.calls["train_step"]
             self.samples["train_step"].append(tokens * n / self._timed(self._train_step, n))
-        if "generate" in cfg.kinds:
+        if "generate" in self.kinds:
             prefill, decode = self._generate()
             self.samples["prefill"].append((prefill, decode))
-        if "norm_share" in cfg.kinds:
+        if "norm_share" in self.kinds:
             share, norm_ms, _ = self._norm_share()
             self.samples["norm_share"].append(share)
             self.samples["norm_ms"].append(norm_ms)

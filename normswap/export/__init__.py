@@ -3,7 +3,9 @@
     export_checkpoint(src, dest, fmt, ...) -> Path     # the Python API (the CLI and the matrix use it)
     run_export(src, dest, fmt, ...) -> dict             # the same, returning the export record
 
-Formats: ``stock`` (stock.py: the source's own architecture, LayerNorm with γ = 1, β = 0).
+Formats: ``stock`` (stock.py: the source's own architecture, LayerNorm with γ = 1, β = 0) and
+``onnx`` (onnx.py: an ONNX graph whose norms are RMSNormalization, validated by onnxruntime; a
+stock LayerNorm checkpoint exports too, as the baseline).
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from pathlib import Path
 from normswap.convert.config import DEFAULT_TOLERANCE
 from normswap.errors import NormswapError
 
-FORMATS = ("stock",)
+FORMATS = ("stock", "onnx")
 
 
 def run_export(src, dest, fmt: str, *, force=False, untie=False, tolerance=DEFAULT_TOLERANCE, max_shard_size="5GB",
-               progress=None) -> dict:
+               norm_op="rmsnormalization", progress=None) -> dict:
     """Export the checkpoint ``src`` to ``dest`` in ``fmt``; published only when verified. Returns
     the export record (also in DEST's normswap_manifest.json)."""
     from normswap.export.checkpoint import local_model_dir
@@ -26,13 +28,22 @@ def run_export(src, dest, fmt: str, *, force=False, untie=False, tolerance=DEFAU
 
     if fmt not in FORMATS:
         raise NormswapError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "onnx":
+        from normswap.export.onnx import require_packages
+
+        require_packages()  # before anything is read or locked
     src_dir = local_model_dir(src, "the checkpoint")
     check_disjoint([("the checkpoint", src_dir)], [(f"DEST {dest}", dest)], advice="choose another DEST")
     dest = check_output_path(dest, force=force, reads=[src_dir])
     with output_lock(dest), staging_dir(dest) as tmp:
-        from normswap.export.stock import write_stock
+        if fmt == "stock":
+            from normswap.export.stock import write_stock
 
-        record = write_stock(src_dir, tmp, untie=untie, max_shard_size=max_shard_size, tolerance=tolerance, say=progress)
+            record = write_stock(src_dir, tmp, untie=untie, max_shard_size=max_shard_size, tolerance=tolerance, say=progress)
+        else:
+            from normswap.export.onnx import write_onnx
+
+            record = write_onnx(src_dir, tmp, tolerance=tolerance, norm_op=norm_op, say=progress)
         publish_dir(tmp, dest, force=force)
     record["out"] = str(dest)
     return record

@@ -1,0 +1,73 @@
+"""An ONNX export (``normswap export --format onnx``) as `normswap eval` sees a model.
+
+``OnnxModel(path)`` holds an onnxruntime CPU session of DEST/model.onnx and the config.json beside
+it, and answers ``model(input_ids=...)`` with an object whose ``.logits`` is a torch tensor, so the
+speed measurement times it beside PyTorch models, interleaved like them, with its null control.
+What it can measure: ``forward`` tokens/s (the graph is one forward, without a key/value cache).
+What it cannot, and reports as not measured: the training step (an inference graph has no
+backward), generation with a cache (none is exported), time inside the norm layers (no module
+hooks in a graph), and peak memory (onnxruntime's allocations are not torch's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+SPEED_KINDS = ("forward",)
+NOT_MEASURED = {
+    "train_step": "an ONNX inference graph has no backward",
+    "generate": "the graph is exported without a key/value cache",
+    "norm_share": "a graph has no module hooks to time the norms",
+    "memory": "onnxruntime's allocations are not tracked by torch",
+}
+
+
+class OnnxModel:
+    is_onnx = True
+    main_input_name = "input_ids"
+    speed_kinds = SPEED_KINDS
+    training = False
+
+    def __init__(self, path, threads: int | None = None):
+        from normswap.checkpoint.load import load_config
+        from normswap.checkpoint.manifest import read_manifest
+        from normswap.export.onnx import MODEL_FILE, session
+
+        self.path = Path(path)
+        self.config = load_config(str(self.path))
+        self.export = (read_manifest(self.path) or {}).get("export") or {}
+        self.session = session(self.path / MODEL_FILE, threads=threads or torch.get_num_threads())
+        self.output = (self.export.get("outputs") or ["logits"])[0]
+
+    def forward(self, input_ids=None, use_cache=False, **unused):
+        from normswap.export.onnx import run_session
+
+        out = run_session(self.session, input_ids)
+        return SimpleNamespace(**{"logits": None, self.output: out})
+
+    __call__ = forward
+
+    # what code written for nn.Module asks of a model
+    def parameters(self):
+        return iter(())
+
+    def modules(self):
+        return iter(())
+
+    def named_modules(self):
+        return iter(())
+
+    def eval(self):
+        return self
+
+    def train(self, mode=True):
+        if mode:
+            raise TypeError("an ONNX model cannot be trained")
+        return self
+
+    def to(self, *args, **kwargs):
+        return self
+

@@ -1,0 +1,215 @@
+"""`normswap export OUT DEST --format onnx`: an ONNX graph of a token model, validated by onnxruntime.
+
+torch's ONNX exporter (dynamo, opset 23) traces the model; normswap's RMSNorm module traces as
+torch's own ``rms_norm`` while exporting (modules.py), which the exporter writes as one
+``RMSNormalization`` node per norm instead of the custom kernel's internals. A stock LayerNorm
+model exports the same way (its norms as ``LayerNormalization``): that is the baseline the
+converted model is timed against. ``norm_op="simplified"`` rewrites each RMSNormalization as
+onnxruntime's contrib ``SimplifiedLayerNormalization`` (the same arithmetic; bench/onnx_speed.py
+measures which one onnxruntime runs faster).
+
+The graph takes ``input_ids`` [batch, sequence] (both dynamic) and returns the model's first
+output: ``logits`` for language models, else that output (e.g. ``last_hidden_state``); no
+key/value cache. Before DEST is published, onnxruntime on CPU runs convert's probe batch and its
+outputs are compared with PyTorch's in float32 (max |Δ log-prob| <= tolerance, 1e-4 by default).
+
+DEST holds ``model.onnx`` (weights in ``model.onnx.data`` beside it above 1.5 GB), the source's
+``config.json`` and tokenizer files, and ``normswap_manifest.json`` whose ``export`` record says
+what the graph is (``normswap eval speed`` recognises such a directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from normswap.checkpoint.manifest import MANIFEST_NAME, history_entry, read_manifest, write_manifest
+from normswap.checkpoint.write import copy_side_files
+from normswap.errors import NormswapError, VerificationError
+
+OPSET = 23
+MODEL_FILE = "model.onnx"
+NORM_OPS = {"rmsnormalization": "RMSNormalization", "simplified": "SimplifiedLayerNormalization"}
+EXTERNAL_DATA_ABOVE = int(1.5e9)  # protobuf's 2 GB limit, with room for the graph
+
+
+def require_packages() -> None:
+    """onnx, onnxruntime and onnxscript (torch's exporter needs it), or one line saying how to install them."""
+    import importlib.util
+
+    missing = [name for name in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise NormswapError(f"--format onnx needs the package(s) {', '.join(missing)}: pip install 'normswap[onnx]'")
+
+
+def is_onnx_dir(path) -> bool:
+    """A directory ``normswap export --format onnx`` wrote."""
+    path = Path(path)
+    if not (path / MODEL_FILE).is_file():
+        return False
+    record = (read_manifest(path) or {}).get("export") or {}
+    return record.get("format") == "onnx"
+
+
+class _FirstOutput(torch.nn.Module):
+    """The model as a function of ``input_ids`` alone, returning its first output."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        ids = torch.zeros((1, 2), dtype=torch.long)
+        with torch.no_grad():
+            out = model(input_ids=ids, use_cache=False)
+        self.name = "logits" if getattr(out, "logits", None) is not None else next(iter(out.keys()), "output")
+
+    def forward(self, input_ids):
+        out = self.model(input_ids=input_ids, use_cache=False)
+        return out.logits if self.name == "logits" else out[0]
+
+
+def export_graph(model, path: Path, *, opset: int = OPSET, norm_op: str = "rmsnormalization") -> dict:
+    """Trace ``model`` (float32, eval) into ``path``; returns {op type: count} of the graph."""
+    require_packages()
+    import onnx
+
+    wrapper = _FirstOutput(model).eval()
+    ids = torch.randint(0, int(model.config.vocab_size), (2, 8), generator=torch.Generator().manual_seed(0))
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the exporter prints its progress to stdout (--json reads it)
+            program = torch.onnx.export(wrapper, (ids,), dynamo=True, opset_version=opset, input_names=["input_ids"],
+                                        output_names=[wrapper.name], dynamic_shapes=({0: batch, 1: seq},), verbose=False)
+    except Exception as e:  # the exporter's own errors are long; the first line says what it could not trace
+        raise NormswapError(f"torch.onnx.export could not trace {type(model).__name__}: {str(e).strip().splitlines()[0]}") from None
+    proto = program.model_proto
+    if norm_op == "simplified":
+        use_contrib_norm(proto)
+    elif norm_op not in NORM_OPS:
+        raise NormswapError(f"unknown ONNX norm op {norm_op!r}; choose one of {', '.join(NORM_OPS)}")
+    big = sum(t.ByteSize() for t in proto.graph.initializer) > EXTERNAL_DATA_ABOVE
+    onnx.save_model(proto, str(path), save_as_external_data=big, location=path.name + ".data" if big else None)
+    return dict(Counter(n.op_type for n in proto.graph.node))
+
+
+def use_contrib_norm(proto) -> int:
+    """Rewrite every RMSNormalization node (opset 23) as onnxruntime's contrib SimplifiedLayerNormalization
+    (same inputs X, scale; same axis and epsilon); returns how many were rewritten."""
+    from onnx import helper
+
+    count = 0
+    for node in proto.graph.node:
+        if node.op_type != "RMSNormalization":
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        del node.attribute[:]
+        node.op_type, node.domain = "SimplifiedLayerNormalization", ""
+        node.attribute.extend([helper.make_attribute("axis", int(attrs.get("axis", -1))),
+                               helper.make_attribute("epsilon", float(attrs.get("epsilon", 1e-5))),
+                               helper.make_attribute("stash_type", 1)])
+        del node.output[1:]
+        count += 1
+    if count and not any(o.domain == "" for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid("", OPSET))
+    return count
+
+
+def session(path, threads: int | None = None):
+    """An onnxruntime CPU session of ``path`` (all graph optimisations; ``threads`` intra-op threads)."""
+    require_packages()
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = int(threads)
+        opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def run_session(sess, input_ids: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(sess.run(None, {"input_ids": input_ids.cpu().numpy().astype("int64")})[0])
+
+
+def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
+    """onnxruntime (CPU) against PyTorch on convert's probe batch, float32: max |Δ log-prob| (first output
+    for models without an LM head)."""
+    from normswap.convert.verify import probe_inputs
+
+    ids = probe_inputs(tokenizer, model.config)["input_ids"]
+    wrapper = _FirstOutput(model)
+    with torch.no_grad():
+        ref = wrapper(ids).double()
+    got = run_session(session(path), ids).double()
+    logits = wrapper.name == "logits"
+    if logits:
+        ref, got = ref.log_softmax(-1), got.log_softmax(-1)
+    diff = float((ref - got).abs().max()) if ref.shape == got.shape else float("inf")
+    return {"metric": "max_abs_logprob_diff" if logits else "max_abs_output_diff", "dtype": "float32",
+            "runtime": "onnxruntime (CPU)", "probe_tokens": int(ids.numel()), "max_abs_diff": diff,
+            "threshold": tolerance, "passed": bool(diff <= tolerance)}
+
+
+def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalization", say=None) -> dict:
+    """Export the checkpoint ``src`` (converted or not) into the empty directory ``tmp`` and validate it."""
+    import normswap
+    from normswap.architectures.probes import takes_text_only
+    from normswap.evaluate.norms import norm_modules
+
+    require_packages()
+    say = say or (lambda m: None)
+    t0 = time.perf_counter()
+    model = normswap.load_model(str(src), dtype=torch.float32)
+    if not takes_text_only(model):
+        raise NormswapError(f"cannot export {src} as ONNX: it takes more than token ids (images, audio or decoder "
+                            "inputs); --format onnx exports token models")
+    say(f"tracing {type(model).__name__} with torch.onnx.export (opset {OPSET})")
+    ops = export_graph(model, tmp / MODEL_FILE, norm_op=norm_op)
+    norms = norm_modules(model)
+    rms = sum(1 for _, m in norms if "RMSNorm" in type(m).__name__)
+    norm_nodes = {op: ops.get(op, 0) for op in ("RMSNormalization", "SimplifiedLayerNormalization", "LayerNormalization")}
+    expected = NORM_OPS[norm_op]
+    if rms and norm_nodes[expected] != rms:  # the kernel traced into its internals (or a norm was missed)
+        raise NormswapError(f"internal error: the graph has {norm_nodes[expected]} {expected} nodes for {rms} RMSNorm modules")
+    say("validating: onnxruntime (CPU) against PyTorch on the probe batch")
+    try:
+        tokenizer = normswap.load_tokenizer(str(src))
+    except NormswapError:
+        tokenizer = None
+    check = validate(model, tmp / MODEL_FILE, tokenizer, tolerance=tolerance)
+    if not check["passed"]:
+        raise VerificationError(f"ONNX validation failed: onnxruntime and PyTorch differ by {check['max_abs_diff']:.3g} > "
+                                f"{tolerance:.3g} ({check['metric']}); nothing was written")
+    shutil.copy2(src / "config.json", tmp / "config.json")
+    copy_side_files(src, tmp)
+    block = getattr(model.config, "normswap", None)
+    record = {
+        "format": "onnx",
+        "source": str(src),
+        "architecture": (getattr(model.config, "architectures", None) or [type(model).__name__])[0],
+        "converted": bool(block),
+        "opset": OPSET,
+        "norm_op": expected if rms else "LayerNormalization",
+        "norm_nodes": {k: v for k, v in norm_nodes.items() if v},
+        "inputs": ["input_ids"],
+        "outputs": [_FirstOutput(model).name],
+        "nodes": sum(ops.values()),
+        "verification": check,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    manifest = copy.deepcopy(read_manifest(src) or {})
+    manifest.setdefault("history", []).append(history_entry("export", format="onnx", source=str(src)))
+    manifest["export"] = record
+    write_manifest(tmp, manifest)
+    return record
+
+
+__all__ = ["write_onnx", "export_graph", "use_contrib_norm", "session", "run_session", "is_onnx_dir", "require_packages",
+           "MANIFEST_NAME"]
