@@ -49,7 +49,10 @@ class RMSNorm(nn.Module):
         RMSNormalization node (opset 23), instead of the custom kernel's internals."""
         if residual is not None:
             x = x + residual
-        y = torch.nn.functional.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
+        # γ folded away: a constant scale of ones (RMSNormalization's scale input is required; the
+        # exporter would otherwise compute one from x's shape in every run of the graph)
+        weight = self.weight if self.weight is not None else torch.ones(self.hidden_size, dtype=x.dtype, device=x.device)
+        y = torch.nn.functional.rms_norm(x, (self.hidden_size,), weight, self.eps)
         if self.bias is not None:
             y = y + self.bias
         return (y, x) if residual is not None else y

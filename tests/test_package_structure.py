@@ -52,7 +52,7 @@ LAYERS = [
     "checkpoint",    # loading and writing models and normswap checkpoints
     "architectures", # family files, discovery by tracing a tiny instance
     "convert",       # plan, execute, verify; checks discovered families by converting
-    "export",        # a checkpoint in another format (stock transformers), verified before it is published
+    "export",        # a checkpoint in another format (stock transformers, ONNX), verified before it is published
     "finetune",      # healing
     "evaluate",      # measurements of every model, fine-tuned ones included
     "report",        # results.json -> markdown, HTML, plots

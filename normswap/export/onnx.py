@@ -141,9 +141,9 @@ def run_session(sess, input_ids: torch.Tensor) -> torch.Tensor:
 def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
     """onnxruntime (CPU) against PyTorch on convert's probe batch, float32: max |Δ log-prob| (first output
     for models without an LM head)."""
-    from normswap.convert.verify import probe_inputs
+    from normswap.convert.verify import verification_ids
 
-    ids = probe_inputs(tokenizer, model.config)["input_ids"]
+    ids = verification_ids(tokenizer, model.config)["input_ids"]
     wrapper = _FirstOutput(model)
     with torch.no_grad():
         ref = wrapper(ids).double()
@@ -159,14 +159,14 @@ def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
 
 def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalization", say=None) -> dict:
     """Export the checkpoint ``src`` (converted or not) into the empty directory ``tmp`` and validate it."""
-    import normswap
     from normswap.architectures.probes import takes_text_only
-    from normswap.evaluate.norms import norm_modules
+    from normswap.checkpoint.load import load_model, load_tokenizer
+    from normswap.model_facts import norm_modules
 
     require_packages()
     say = say or (lambda m: None)
     t0 = time.perf_counter()
-    model = normswap.load_model(str(src), dtype=torch.float32)
+    model = load_model(str(src), dtype=torch.float32)
     if not takes_text_only(model):
         raise NormswapError(f"cannot export {src} as ONNX: it takes more than token ids (images, audio or decoder "
                             "inputs); --format onnx exports token models")
@@ -180,7 +180,7 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalizatio
         raise NormswapError(f"internal error: the graph has {norm_nodes[expected]} {expected} nodes for {rms} RMSNorm modules")
     say("validating: onnxruntime (CPU) against PyTorch on the probe batch")
     try:
-        tokenizer = normswap.load_tokenizer(str(src))
+        tokenizer = load_tokenizer(str(src))
     except NormswapError:
         tokenizer = None
     check = validate(model, tmp / MODEL_FILE, tokenizer, tolerance=tolerance)
