@@ -41,6 +41,34 @@ def _center_output_hook(module, args, output):
     return output - output.mean(dim=-1, keepdim=True)
 
 
+class _CenteredEmbedding(nn.Embedding):
+    """A token embedding whose output is centred along the hidden size: what the output-centring
+    hook does, for a table that must stay uncentred in its weights (tied to the output head).
+
+    Decoding looks up one row per token, so the hook's cost (the module's hooked call path, a
+    mean and a subtraction: about as much as the lookup itself) was a visible share of a small
+    model's step. Without a gradient the per-row means are kept (one number per row, recomputed
+    when the table changes in place or moves) and subtracted in place from the looked-up rows;
+    with a gradient, under torch.compile, or with max_norm, the plain formula runs. The module
+    keeps nn.Embedding's parameters and state-dict keys (only its class changes), so tying,
+    saving and loading are as before."""
+
+    _row_means = None
+    _row_means_of = None
+
+    def forward(self, input):
+        out = super().forward(input)
+        w = self.weight
+        if self.max_norm is not None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and w.requires_grad):
+            return out - out.mean(dim=-1, keepdim=True)
+        # _version counts in-place changes (optimizer steps, load_state_dict's copy_)
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if self._row_means_of != key:
+            self._row_means = w.detach().mean(dim=-1, keepdim=True)
+            self._row_means_of = key
+        return out.sub_(torch.nn.functional.embedding(input, self._row_means))
+
+
 def _center_input_hook(module, args, kwargs):
     # The same for a stream start no single module writes (discovered families): centre the
     # hidden states where the first layer reads them.
@@ -114,7 +142,8 @@ def apply_normswap_structure(model, block):
 
 
 def register_runtime_centering(model, block):
-    """(Re-)register the output- and input-centring hooks; idempotent."""
+    """(Re-)register the output- and input-centring hooks (a plain nn.Embedding becomes a
+    _CenteredEmbedding instead); idempotent."""
     for key, hook, hooks_attr in (("centered_inputs", _center_input_hook, "_forward_pre_hooks"),
                                   ("centered_outputs", _center_output_hook, "_forward_hooks")):
         for name in block.get(key, []):
@@ -122,6 +151,10 @@ def register_runtime_centering(model, block):
             if name is None:
                 continue
             module = model.get_submodule(name)
+            if key == "centered_outputs" and type(module) in (nn.Embedding, _CenteredEmbedding):
+                # a plain lookup table centres its own output (no hook on the per-token path)
+                module.__class__ = _CenteredEmbedding
+                continue
             hooks = getattr(module, hooks_attr)
             for hook_id, old in list(hooks.items()):
                 if getattr(old, "__name__", "") == hook.__name__:
