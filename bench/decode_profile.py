@@ -3,10 +3,12 @@
 op-level table of greedy decode at batch 1 through the KV cache (bench/decode_timing.py's loop),
 original and converted profiled in the same run, each after a warm-up, one thread.
 
-    python bench/decode_profile.py ORIGINAL CONVERTED [--steps 64] [--rows 25] [--md OUT.md]
+    python bench/decode_profile.py ORIGINAL CONVERTED [--steps 64] [--rounds 5] [--rows 25] [--md OUT.md]
 
-Each table row is one op (aten op, module hook or C++ extension call): calls per token and
-self CPU µs per token. The profiler's own per-op overhead inflates every op alike, so the tables
+Each table row is one op (aten op; normswap's C++ norm is a pybind call the profiler does not
+see, only the aten ops it runs inside): calls per token and self CPU µs per token, the median
+over ``--rounds`` profiles taken alternately of the two models (a busy machine's stalls land on
+single ops of single rounds). The profiler's own per-op overhead inflates every op alike, so the tables
 say *which* ops a conversion adds or removes and their share, not absolute speed (normswap bench
 decode measures that, without a profiler).
 """
@@ -14,6 +16,7 @@ decode measures that, without a profiler).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -51,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("original")
     ap.add_argument("converted")
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
@@ -59,14 +63,21 @@ def main(argv=None) -> int:
     models = {"original": normswap.load_model(args.original).eval(), "converted": normswap.load_model(args.converted).eval()}
     vocab = int(models["original"].config.vocab_size)
     prompt = torch.randint(0, vocab, (1, 8), generator=torch.Generator().manual_seed(0))
+    rounds = {name: [] for name in models}
+    for _ in range(args.rounds):
+        for name, model in models.items():
+            rounds[name].append(op_table(model, prompt, args.steps)[0])
     tables, totals = {}, {}
-    for name, model in models.items():
-        tables[name], totals[name] = op_table(model, prompt, args.steps)
+    for name, seen in rounds.items():
+        ops = {k for t in seen for k in t}
+        tables[name] = {k: (statistics.median(t.get(k, (0, 0))[0] for t in seen), statistics.median(t.get(k, (0, 0))[1] for t in seen))
+                        for k in ops}
+        totals[name] = sum(us for _, us in tables[name].values())
     keys = sorted(set(tables["original"]) | set(tables["converted"]),
                   key=lambda k: -max(tables["original"].get(k, (0, 0))[1], tables["converted"].get(k, (0, 0))[1]))
     lines = [f"## {args.original} vs {args.converted}", "",
-             f"Greedy decode, batch 1, {args.steps} tokens after an 8-token prompt, 1 thread; per token, self CPU time "
-             f"under the profiler: original {totals['original']:.0f} µs, converted {totals['converted']:.0f} µs "
+             f"Greedy decode, batch 1, {args.steps} tokens after an 8-token prompt, 1 thread, median of {args.rounds} "
+             f"rounds; per token, self CPU time under the profiler (sum of the per-op medians): original {totals['original']:.0f} µs, converted {totals['converted']:.0f} µs "
              f"({totals['converted'] / totals['original']:.3f}×).", "",
              "| op | original calls | original µs | converted calls | converted µs | Δ µs |", "|---|---:|---:|---:|---:|---:|"]
     changed = [k for k in keys if abs(tables["original"].get(k, (0, 0))[0] - tables["converted"].get(k, (0, 0))[0]) > 1e-9]
