@@ -108,6 +108,21 @@ def test_stock_untie_centres_the_table_so_rmsnorm_is_the_same_function(converted
     ids = _ids(stock.config.vocab_size)
     assert float((_logprobs(stock, ids) - _logprobs(original, ids)).abs().max()) <= 1e-4
     assert float((_logprobs(_rms_swapped(stock), ids) - _logprobs(original, ids)).abs().max()) <= 1e-4
+    # the publishing check again through the API (what the compatibility matrix calls); the original
+    # passes it too (the same function); control: a copy of the export with one γ doubled fails it
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from normswap.export import verify_export
+
+    assert verify_export(out, dest, "stock")["passed"] and verify_export(src, dest, "stock")["passed"]
+    wrong = tmp_path / "wrong"
+    shutil.copytree(dest, wrong)
+    tensors = load_file(wrong / "model.safetensors")
+    tensors["transformer.h.0.ln_1.weight"] = tensors["transformer.h.0.ln_1.weight"] * 2
+    save_file(tensors, wrong / "model.safetensors", metadata={"format": "pt"})
+    assert not verify_export(out, wrong, "stock")["passed"]
 
 
 @pytest.mark.parametrize("family", ["opt", "phi", "bloom"])
@@ -255,6 +270,9 @@ def test_onnx_validation_catches_a_wrong_epsilon(onnx_exports, tmp_path, monkeyp
     model = normswap.load_model(converted["source"])
     assert onnx_export.validate(model, Path(converted["out"]) / "model.onnx", None, tolerance=1e-4)["passed"]
     assert not onnx_export.validate(model, bad, None, tolerance=1e-4)["passed"]
+    from normswap.export import verify_export
+
+    assert verify_export(converted["source"], converted["out"], "onnx")["passed"]
 
     def wrong_eps(model, path, **kwargs):  # the good graph (traced above) with ε = 1: no second trace
         shutil.copy(bad, path)

@@ -2,6 +2,7 @@
 
     export_checkpoint(src, dest, fmt, ...) -> Path     # the Python API (the CLI and the matrix use it)
     run_export(src, dest, fmt, ...) -> dict             # the same, returning the export record
+    verify_export(src, dest, fmt) -> dict               # the publishing check again, on an existing DEST
 
 Formats: ``stock`` (stock.py: the source's own architecture, LayerNorm with γ = 1, β = 0) and
 ``onnx`` (onnx.py: an ONNX graph whose norms are RMSNormalization, validated by onnxruntime; a
@@ -54,4 +55,29 @@ def export_checkpoint(src, dest, fmt: str, **kwargs) -> Path:
     return Path(run_export(src, dest, fmt, **kwargs)["out"])
 
 
-__all__ = ["FORMATS", "run_export", "export_checkpoint"]
+def verify_export(src, dest, fmt: str, *, tolerance=DEFAULT_TOLERANCE) -> dict:
+    """The check ``run_export`` made before publishing, run again on an existing ``dest``: the stock
+    export against ``src`` in float64, or the ONNX graph in onnxruntime against ``src`` in PyTorch.
+    Returns {metric, dtype, max_abs_diff, threshold, passed, ...}."""
+    from normswap.export.checkpoint import local_model_dir, open_checkpoint
+
+    src_dir, dest_dir = local_model_dir(src, "the checkpoint"), Path(dest)
+    if fmt == "stock":
+        from normswap.export.compare import compare_models
+
+        with open_checkpoint(src_dir, f"the checkpoint {src}") as a, open_checkpoint(dest_dir, "the stock export", files_only=True) as b:
+            return compare_models(a, b, tolerance=tolerance)
+    if fmt == "onnx":
+        from normswap.checkpoint.load import load_model, load_tokenizer
+        from normswap.export.onnx import MODEL_FILE, require_packages, validate
+
+        require_packages()
+        try:
+            tokenizer = load_tokenizer(str(src_dir))
+        except NormswapError:
+            tokenizer = None
+        return validate(load_model(str(src_dir)), dest_dir / MODEL_FILE, tokenizer, tolerance=tolerance)
+    raise NormswapError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+__all__ = ["FORMATS", "run_export", "export_checkpoint", "verify_export"]
