@@ -88,7 +88,8 @@ def noise_banner(results) -> str | None:
         return None
     noise = results.get("speed_noise") or {}
     spread = noise.get("null_spread") or {}
-    null_name = (results.get("null_control") or {}).get("name", "the baseline loaded twice")
+    null = results.get("null_control") or {}
+    null_name = f"{null['of']} loaded a second time" if null.get("of") else "the baseline loaded a second time"
     parts = [f"{KIND_WORDS.get(k, k)} {fmt_interval(spread.get(k)) or '(not measured)'}" for k in noisy]
     every = set(noisy) >= set(spread)
     which = "no speed ratio" if every else "no " + ", ".join(KIND_WORDS.get(k, k) for k in noisy) + " ratio"
