@@ -22,9 +22,9 @@ for s in normswap:kjv-gpt2 normswap:kjv-neox "$tmp/gpt2-2x96"; do
   n=$(basename "${s#normswap:}")
   python3 -m normswap.cli.main convert "$s" "$tmp/$n-exact" >/dev/null
   if [ -n "$before" ]; then
-    PYTHONPATH=$before python3 "$tmp/bench/decode_profile.py" "$s" "$tmp/$n-exact" --steps 32 --md "$out/decode-profile-before.md" >/dev/null 2>&1
+    PYTHONPATH=$before python3 "$tmp/bench/decode_profile.py" "$s" "$tmp/$n-exact" --steps 32 --rounds 3 --md "$out/decode-profile-before.md" >/dev/null 2>&1
   fi
-  python3 bench/decode_profile.py "$s" "$tmp/$n-exact" --steps 32 --md "$out/decode-profile.md" >/dev/null 2>&1
+  python3 bench/decode_profile.py "$s" "$tmp/$n-exact" --steps 32 --rounds 3 --md "$out/decode-profile.md" >/dev/null 2>&1
 done
 echo "# $(date -u +%FT%TZ) load before: $(cat /proc/loadavg)" >> "$out/decode.txt"
 sed -i "s#$tmp/##g" "$out"/decode-profile*.md
