@@ -38,14 +38,14 @@ def _pair(spec: str, scratch: Path, say) -> tuple[str, str]:
 def measure_decode(source: str, converted: str, *, repeats: int, new_tokens: int, progress=None) -> dict:
     """One pair's decode benchmark: tokens/s medians, the converted ÷ original ratio and the null
     control's, each an interval of per-repeat paired ratios (evaluate/stats.py)."""
-    import normswap
+    from normswap.checkpoint.load import load_model
     from normswap.evaluate.config import SpeedConfig
     from normswap.evaluate.speed import measure_speed_run
     from normswap.evaluate.stats import interval
 
-    original = normswap.load_model(source).eval()
-    again = normswap.load_model(source).eval()
-    conv = normswap.load_model(converted).eval()
+    original = load_model(source).eval()
+    again = load_model(source).eval()
+    conv = load_model(converted).eval()
     cfg = SpeedConfig(repeats=repeats, warmup=2, new_tokens=new_tokens, prompt_len=8, kinds=("generate",))
     run = measure_speed_run([("original", original), ("converted", conv)], cfg, progress, null_control=("null control", again))
     samples = {name: row["speed_setup"]["samples"]["decode"] for name, row in run["models"].items()}
