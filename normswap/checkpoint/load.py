@@ -258,7 +258,10 @@ def model_class_for(config, task="auto"):
     auto_map = getattr(config, "auto_map", None) or {}
     if _normswap_block(config):  # normswap's own classes, never the checkpoint's modeling file
         own = normswap_classes_for({"model_type": config.model_type, "normswap": config.normswap, "auto_map": auto_map})[1]
-        wanted = {"causal-lm": ["AutoModelForCausalLM"], "base": ["AutoModel"]}.get(task, sorted(own, key=lambda k: (k == "AutoModel", k)))
+        # "auto": the class that was converted (architectures names it), before any other the auto_map lists
+        converted = set(getattr(config, "architectures", None) or [])
+        wanted = {"causal-lm": ["AutoModelForCausalLM"], "base": ["AutoModel"]}.get(
+            task, sorted(own, key=lambda k: (own[k].__name__ not in converted, k == "AutoModel", k)))
         for key in wanted:
             if key in own:
                 return own[key]

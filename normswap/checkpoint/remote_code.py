@@ -83,15 +83,21 @@ def _center_input_hook(module, args, kwargs):
 def local_name(model, name):
     """Names are recorded on the class that was converted (e.g. `bert.encoder...` in
     BertForMaskedLM); the bare model class (AutoModel) holds the same modules without the
-    prefix and none of the head's. Returns None for a module this model does not have."""
+    prefix and none of the head's, and a head class holds a converted bare model's modules
+    under the prefix. Returns None for a module this model does not have."""
     prefix = getattr(model, "base_model_prefix", "")
+    candidates = [name]
     if prefix and not hasattr(model, prefix) and name.startswith(prefix + "."):
-        name = name[len(prefix) + 1:]
-    try:
-        model.get_submodule(name)
-    except AttributeError:
-        return None
-    return name
+        candidates = [name[len(prefix) + 1:]]
+    elif prefix and isinstance(getattr(model, prefix, None), nn.Module) and not name.startswith(prefix + "."):
+        candidates.append(f"{prefix}.{name}")
+    for candidate in candidates:
+        try:
+            model.get_submodule(candidate)
+        except AttributeError:
+            continue
+        return candidate
+    return None
 
 
 def _parent_and_attr(model, name):
@@ -104,6 +110,36 @@ def _factory_kwargs(model, module):
     for p in list(module.parameters(recurse=False)) + list(model.parameters()):
         return {"device": p.device, "dtype": p.dtype}
     return {}
+
+
+def _restore_folded_hook(module, args, output):
+    # γ/β of a norm that the conversion folded into a head this class does not have (ln_f into
+    # lm_head, seen from the bare model or another head): applied here, so that what this class
+    # reads is the original's hidden state.
+    y = output[0] if isinstance(output, tuple) else output
+    weight, bias = getattr(module, "folded_weight", None), getattr(module, "folded_bias", None)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return (y,) + tuple(output[1:]) if isinstance(output, tuple) else y
+
+
+def _carry_folded_affine(model, norm, rec, factory):
+    """``folded_weight`` / ``folded_bias`` on a norm whose γ/β went into a head only (``restore``).
+
+    The class holding that head (every reader present) carries them as persistent buffers, unused,
+    so a save keeps them; any other class (AutoModel, a new task head) owns them as parameters,
+    trainable like the original's γ/β, and applies them to the norm's output."""
+    folding = all(_local_name(model, r) is not None for r in rec.get("readers", []))
+    for attr in rec["restore"]:
+        value = torch.zeros(int(rec["hidden_size"]), **factory)
+        if folding:
+            norm.register_buffer(f"folded_{attr}", value, persistent=True)
+        else:
+            norm.register_parameter(f"folded_{attr}", nn.Parameter(value))
+    if not folding:
+        norm.register_forward_hook(_restore_folded_hook)
 
 
 def apply_normswap_structure(model, block):
@@ -124,6 +160,8 @@ def apply_normswap_structure(model, block):
         new = RMSNorm(rec["hidden_size"], eps=rec["eps"], elementwise_affine=rec["weight"], bias=rec["bias"], **factory)
         new.train(old.training)
         setattr(parent, attr, new)
+        if rec.get("restore"):
+            _carry_folded_affine(model, new, rec, factory)
     for name, size in block.get("added_biases", {}).items():
         name = local_name(model, name)
         if name is None:

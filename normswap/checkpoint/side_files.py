@@ -1,5 +1,6 @@
 """The files besides config and weights that travel with a model (tokenizer, vocabulary,
-generation config, chat template), and the rule for carrying them into OUT.
+generation config, chat template, image/audio processor, sentence-transformers modules), and the
+rule for carrying them into OUT.
 
 Rule: a side file is carried only when it is a regular file inside the model directory. A
 symlink that stays inside is followed (one vocabulary shared by two names is common); a
@@ -29,7 +30,42 @@ SIDE_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
     "vocab.txt", "tokenizer.model", "spiece.model", "added_tokens.json", "generation_config.json",
     "chat_template.jinja", "chat_template.json",
+    # image / audio processors, so that pipeline() and AutoProcessor find them beside the weights
+    "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+    # sentence-transformers: what SentenceTransformer(OUT) loads; its module folders: st_module_dirs
+    "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
 )
+
+
+def st_module_dirs(directory: Path) -> list[str]:
+    """The folders sentence-transformers' ``modules.json`` names (``1_Pooling``, ``2_Normalize``, ...):
+    relative paths only (the root module, path "", is the model itself)."""
+    import json
+
+    try:
+        modules = json.loads((Path(directory) / "modules.json").read_text())
+    except (OSError, ValueError):
+        return []
+    out = []
+    for module in modules if isinstance(modules, list) else []:
+        path = str(module.get("path", "")) if isinstance(module, dict) else ""
+        if path and not Path(path).is_absolute() and ".." not in Path(path).parts:
+            out.append(path)
+    return out
+
+
+def _candidates(directory: Path) -> list[str]:
+    """SIDE_FILES, then every file (or link) inside the sentence-transformers module folders."""
+    names = list(SIDE_FILES)
+    for folder in st_module_dirs(directory):
+        base = directory / folder
+        if base.is_symlink() or not base.is_dir():
+            names.append(folder)  # checked below like a file: a link out is refused, a missing one skipped
+            continue
+        for p in sorted(base.rglob("*")):
+            if p.is_symlink() or not p.is_dir():
+                names.append(str(p.relative_to(directory)))
+    return names
 
 
 def model_root(directory: Path) -> Path:
@@ -47,7 +83,7 @@ def side_files(directory) -> list[tuple[str, Path]]:
     directory = Path(directory)
     root = model_root(directory).resolve()
     found = []
-    for name in SIDE_FILES:
+    for name in _candidates(directory):
         p = directory / name
         if not (p.is_symlink() or p.exists()):
             continue
@@ -71,10 +107,14 @@ def copy_side_files(src_dir, directory: Path) -> None:
     open, so a link swapped in after the check is not followed either."""
     if not src_dir or not Path(src_dir).is_dir():
         return
+    for folder in st_module_dirs(src_dir):  # a module with no files (Normalize) still needs its folder
+        if (Path(src_dir) / folder).is_dir() and not (Path(src_dir) / folder).is_symlink():
+            (Path(directory) / folder).mkdir(parents=True, exist_ok=True)
     for name, real in side_files(src_dir):
         dest = Path(directory) / name
         if dest.exists():
             continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
             fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:

@@ -159,6 +159,82 @@ def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
         click.echo(text, nl=False)
 
 
+@families.command()
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout).")
+@click.option("--save-json", type=click.Path(dir_okay=False), default=None,
+              help="Also write every cell (status, reason, relative difference, seconds) as JSON here; saved after each row.")
+@click.option("--only", multiple=True, help="Only these rows (a family name or a discovered model_type; repeatable).")
+@click.option("--column", "only_columns", multiple=True, help="Only these columns (entry points; repeatable).")
+@click.option("--row-seconds", type=float, default=300, show_default=True,
+              help="Time cap per row; checks not started before it are reported as not run.")
+@click.option("--from-json", "from_json", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Tabulate rows saved by --save-json instead of running (repeatable: shards run side by side).")
+@click.option("--list-rows", is_flag=True, help="Print the row names (one a line) and exit.")
+@json_option
+def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows, as_json):
+    """Compatibility matrix: every curated family and every architecture discovery converts exactly
+    (tiny randomised models), against every entry point users load a model with (Auto classes,
+    pipeline(), Trainer, PEFT LoRA, sentence-transformers, generate with a KV cache, torch.compile,
+    a save/load round trip), original side by side with its conversion."""
+    import time
+
+    from normswap.compat import matrix as mx
+    from normswap.compat.rows import all_rows
+    from normswap.errors import NormswapError
+    from normswap.publish import atomic_write_text
+
+    import shlex
+
+    command = "normswap families matrix" + "".join(f" --only {shlex.quote(o)}" for o in only) + "".join(
+        f" --column {shlex.quote(c)}" for c in only_columns) + f" --row-seconds {row_seconds:g}"
+    if list_rows:
+        click.echo("\n".join(r.name for r in all_rows()))
+        return
+    if from_json:
+        records, metas = [], []
+        for path in from_json:
+            try:
+                saved = json.loads(Path(path).read_text())
+                records += saved["rows"]
+                metas.append(saved["meta"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise NormswapError(f"{path} is not a file written by `normswap families matrix --save-json` ({e})") from None
+        meta = mx.merge_meta(metas)
+        if save_json:
+            atomic_write_text(save_json, mx.as_json(records, meta))
+    else:
+        rows = all_rows()
+        if only:
+            unknown = sorted(set(only) - {r.name for r in rows})
+            if unknown:
+                raise NormswapError(f"no matrix row named {unknown[0]!r}: rows are the curated families and the "
+                                    "architectures discovery converts exactly (`normswap families --all`)")
+            rows = [r for r in rows if r.name in only]
+        known = mx.columns()
+        if set(only_columns) - set(known):
+            raise NormswapError(f"no matrix column named {sorted(set(only_columns) - set(known))[0]!r}: columns are {', '.join(known)}")
+        mx.preload()
+        t0 = time.perf_counter()
+
+        def save(records):
+            if save_json:
+                partial = mx.meta(command, time.perf_counter() - t0, row_seconds)
+                atomic_write_text(save_json, mx.as_json(records, partial))
+
+        records = mx.run_matrix(rows, row_seconds=row_seconds, progress=lambda m: click.echo(m, err=True), on_record=save, only_columns=only_columns or None)
+        meta = mx.meta(command, time.perf_counter() - t0, row_seconds)
+        save(records)
+    if as_json:
+        click.echo(mx.as_json(records, meta), nl=False)
+        return
+    text = mx.markdown(records, meta)
+    if out:
+        atomic_write_text(out, text)
+        click.echo(f"wrote {out}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
 def _load_config(spec):
     """A config from a model directory, hub id, normswap:NAME, or a config.json file."""
     from normswap.checkpoint import load as ckload

@@ -362,6 +362,16 @@ def _decide_gamma_and_beta(plan: Plan, res: _Resolver, entries, options: Convert
                 plan.derivations[wkey] = {"op": "add_constant", "src": wkey, "add": entry.gamma_offset}
         if beta in ("fold", "drop"):
             plan.drop.append(bkey)
+        if res.base and name.startswith(res.base) and readers and not any(r.startswith(res.base) for r in readers):
+            # folded into a head only (ln_f into lm_head): the bare model and every other head read
+            # this norm's output as the original had it, so its γ/β travel along as folded_weight /
+            # folded_bias, which those classes apply and the folding class only carries (remote_code.py)
+            for attr, kind, key in (("weight", gamma, wkey), ("bias", beta, bkey)):
+                if kind == "fold":
+                    offset = entry.gamma_offset if attr == "weight" else 0.0
+                    plan.derivations[_param_key(name, f"folded_{attr}")] = (
+                        {"op": "add_constant", "src": key, "add": offset} if offset else {"op": "copy", "src": key})
+                    rec.setdefault("restore", []).append(attr)
         if gamma == "fold" or beta == "fold":
             for r, _ in reader_mods:
                 ops = reader_ops.setdefault(r, {"gamma": None, "beta": None})
