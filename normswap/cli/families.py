@@ -168,7 +168,8 @@ def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
 @click.option("--row-seconds", type=float, default=300, show_default=True,
               help="Time cap per row; checks not started before it are reported as not run.")
 @click.option("--from-json", "from_json", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="Tabulate rows saved by --save-json instead of running (repeatable: shards run side by side).")
+              help="Tabulate rows saved by --save-json instead of running (repeatable: shards run side by side; "
+                   "a row in a later file replaces the same row in an earlier one).")
 @click.option("--list-rows", is_flag=True, help="Print the row names (one a line) and exit.")
 @json_option
 def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows, as_json):
@@ -195,7 +196,9 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
         for path in from_json:
             try:
                 saved = json.loads(Path(path).read_text())
-                records += saved["rows"]
+                # a row in a later file replaces the same row in an earlier one (a re-run of a few rows)
+                names = {r["name"] for r in saved["rows"]}
+                records = [r for r in records if r["name"] not in names] + saved["rows"]
                 metas.append(saved["meta"])
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise NormswapError(f"{path} is not a file written by `normswap families matrix --save-json` ({e})") from None

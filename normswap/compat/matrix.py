@@ -37,7 +37,7 @@ def run_row(row, *, deadline: float | None = None, report=None, only_columns=Non
         try:
             with _quiet():
                 rowmod.build_original(row, original)
-                summary = rowmod.convert(original, converted)
+                summary = rowmod.convert(original, converted, verify=row.exact)
             record["convert"] = {"mode": summary["mode"], "verification": summary.get("verification", {}).get("max_abs_diff")}
         except Exception as e:
             why = f"convert failed: {_first_line(e)}"

@@ -180,8 +180,10 @@ def _processor(config, model):
     return None
 
 
-def convert(original_dir: Path, out_dir: Path) -> dict:
-    """`normswap convert` (auto mode: exact where the architecture allows), verification included."""
+def convert(original_dir: Path, out_dir: Path, *, verify: bool = True) -> dict:
+    """`normswap convert` (auto mode: exact where the architecture allows), verification included
+    unless ``verify`` is off (the matrix's approximate rows: measuring how far an approximate
+    conversion is from its original is `normswap eval`'s job, and costs minutes)."""
     from normswap.convert.pipeline import convert_checkpoint
 
-    return convert_checkpoint(str(original_dir), str(out_dir))
+    return convert_checkpoint(str(original_dir), str(out_dir), verify=verify)
