@@ -125,6 +125,12 @@ def _restore_folded_hook(module, args, output):
     return (y,) + tuple(output[1:]) if isinstance(output, tuple) else y
 
 
+def carried_keys(block):
+    """State-dict keys of the γ/β copies the folding class only carries (``restore``): not part of
+    its function, so an export of that class leaves them out."""
+    return {f"{name}.folded_{attr}" for name, rec in block.get("norms", {}).items() for attr in rec.get("restore", [])}
+
+
 def _carry_folded_affine(model, norm, rec, factory):
     """``folded_weight`` / ``folded_bias`` on a norm whose γ/β went into a head only (``restore``).
 

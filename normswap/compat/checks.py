@@ -461,6 +461,26 @@ def check_sentence_transformers(original, converted, row) -> Cell:
     return side_by_side(run, original, converted, row, exact=row.exact)
 
 
+def check_export_stock(original, converted, row) -> Cell:
+    """`normswap export --format stock` (normswap.export), then the export loaded with stock
+    transformers and no remote code: the original's outputs."""
+    def run(directory, remote, partner):
+        auto = main_class(original, row)
+        if not remote:
+            model = load(auto, directory, False)
+            return {"outputs": {"stock class": _forward(model, _inputs(model))}, "models": {"m": model}}
+        try:
+            from normswap.export import export_checkpoint
+        except ImportError:
+            raise RuntimeError("normswap.export is not installed") from None
+        with tempfile.TemporaryDirectory() as tmp:
+            dest = export_checkpoint(directory, Path(tmp) / "stock", "stock")
+            model = load(auto, dest, False, partner["models"]["m"])
+            return {"outputs": {"stock class": _forward(model, _inputs(model))}}
+
+    return side_by_side(run, original, converted, row, exact=row.exact)
+
+
 CHECKS = {
     "auto classes": check_auto_classes,
     "pipeline": check_pipeline,
@@ -470,4 +490,5 @@ CHECKS = {
     "generate + KV cache": check_generate,
     "torch.compile": check_compile,
     "save/load round trip": check_round_trip,
+    "export stock": check_export_stock,
 }

@@ -191,7 +191,7 @@ def preload() -> None:
     import importlib
 
     for name in ("transformers", "peft", "sentence_transformers", "torch._dynamo", "torch._inductor.compile_fx",
-                 "PIL.Image", "normswap.convert.pipeline", "normswap.architectures.discover"):
+                 "PIL.Image", "normswap.convert.pipeline", "normswap.architectures.tiny"):
         try:
             importlib.import_module(name)
         except ImportError:

@@ -40,7 +40,7 @@ class Row:
 def all_rows() -> list[Row]:
     """Every curated family, then every architecture the survey converts exactly through discovery."""
     from normswap.architectures import all_families
-    from normswap.architectures.survey import shipped_rows
+    from normswap.convert.survey import shipped_rows
 
     rows = []
     for fam in all_families():
@@ -89,7 +89,7 @@ def row_config(row: Row):
     from transformers import AutoConfig
 
     from normswap.architectures import get_family
-    from normswap.architectures.discover import shrink_config
+    from normswap.architectures.tiny import shrink_config
 
     if row.curated:
         return _curated_config(get_family(row.name))
@@ -101,7 +101,7 @@ def build_original(row: Row, directory: Path, *, seed: int = 0):
     sentence-transformers files into ``directory``; return the model."""
     import transformers
 
-    from normswap.architectures.discover import tiny_instance
+    from normswap.architectures.tiny import tiny_instance
     from normswap.architectures.probes import forward_parameters
 
     config = row_config(row)

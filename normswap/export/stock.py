@@ -36,6 +36,7 @@ from torch import nn
 
 from normswap.checkpoint.manifest import history_entry, read_manifest, write_manifest
 from normswap.checkpoint.shards import ShardedCheckpoint
+from normswap.checkpoint.remote_code import carried_keys
 from normswap.checkpoint.write import copy_side_files
 from normswap.convert import inputs as ckinputs
 from normswap.model_facts import is_layernorm, layout_of
@@ -121,7 +122,10 @@ class StockPlan:
                 if not kept and getattr(module, pname, None) is not None:
                     self.fill[f"{name}.{pname}"] = value
         # every converted tensor needs a place in the stock class, and every stock tensor a value
+        carried = carried_keys(block)  # γ/β kept for the bare model and other heads: the stock LM has γ=1, β=0
         for key in _unique_keys(opened.inputs.model):
+            if key in carried:
+                continue
             if not any(k in self.keys for k in src_groups.get(key, [key])):
                 raise NormswapError(
                     f"cannot export {label} as stock: the stock {block['source_class']} has no place for {key} "
