@@ -53,6 +53,7 @@ LAYERS = [
     "architectures", # family files, discovery by tracing a tiny instance
     "convert",       # plan, execute, verify; checks discovered families by converting
     "export",        # a checkpoint in another format (stock transformers, ONNX), verified before it is published
+    "compat",        # the compatibility matrix: every entry point on an original and its conversion
     "finetune",      # healing
     "evaluate",      # measurements of every model, fine-tuned ones included
     "report",        # results.json -> markdown, HTML, plots

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from normswap.errors import first_line
+
 TOLERANCE = 1e-5
 TEXT = "In the beginning God created the heaven and the earth."
 TEXTS = [TEXT, "And the earth was without form, and void."]
@@ -68,13 +70,13 @@ def _tensor_pairs(a, b):
         yield torch.tensor([a]), torch.tensor([b])
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
+def describe(e: BaseException) -> str:
+    """An exception in a cell: its type and the first line of its message."""
+    return f"{type(e).__name__}: {first_line(e, 160)}"
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
     """transformers' load reports and progress bars go to a buffer, not the matrix's output."""
     import transformers
 
@@ -91,17 +93,17 @@ def side_by_side(run, original, converted, row, *, exact=True) -> Cell:
     """``run(directory, remote, partner)`` on both; ``partner`` is what the original's run returned
     (None for the original itself). Returns the cell."""
     try:
-        with _quiet():
+        with quiet():
             ref = run(original, False, None)
     except NotApplicable as e:
         return Cell("n/a", str(e))
     except Exception as e:
-        return Cell("n/a", f"the original fails: {_first_line(e)}")
+        return Cell("n/a", f"the original fails: {describe(e)}")
     try:
-        with _quiet():
+        with quiet():
             got = run(converted, True, ref)
     except Exception as e:
-        return Cell("fail", _first_line(e))
+        return Cell("fail", describe(e))
     parts = {}
     for key in ref["outputs"]:
         if key not in got["outputs"]:
@@ -197,7 +199,7 @@ def check_auto_classes(original, converted, row) -> Cell:
             except Exception as e:
                 if partner is None:
                     continue  # the original cannot: not part of the comparison
-                errors[auto] = _first_line(e)
+                errors[auto] = describe(e)
         if partner is None and not outputs:
             raise NotApplicable("no Auto class builds the original")
         return {"outputs": outputs, "errors": errors, "models": models}
@@ -247,7 +249,7 @@ def check_pipeline(original, converted, row) -> Cell:
             except Exception as e:
                 if partner is None:
                     continue
-                errors[task] = _first_line(e)
+                errors[task] = describe(e)
         if partner is None and not outputs:
             raise NotApplicable("no pipeline task runs on the original")
         return {"outputs": outputs, "errors": errors, "models": models}

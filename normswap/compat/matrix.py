@@ -26,7 +26,7 @@ def columns(only=None) -> list[str]:
 def run_row(row, *, deadline: float | None = None, report=None, only_columns=None) -> dict:
     """Build, convert and check one row in this process; returns its record."""
     from normswap.compat import rows as rowmod
-    from normswap.compat.checks import CHECKS, Cell, _first_line, _quiet
+    from normswap.compat.checks import CHECKS, Cell, describe, quiet
 
     record = {**row.as_dict(), "cells": {}, "convert": None}
     t0 = time.perf_counter()
@@ -35,12 +35,12 @@ def run_row(row, *, deadline: float | None = None, report=None, only_columns=Non
         slug = re.sub(r"\W", "_", row.name)
         original, converted = Path(tmp) / f"original_{slug}", Path(tmp) / f"converted_{slug}"
         try:
-            with _quiet():
+            with quiet():
                 rowmod.build_original(row, original)
                 summary = rowmod.convert(original, converted, verify=row.exact)
             record["convert"] = {"mode": summary["mode"], "verification": summary.get("verification", {}).get("max_abs_diff")}
         except Exception as e:
-            why = f"convert failed: {_first_line(e)}"
+            why = f"convert failed: {describe(e)}"
             record["convert"] = {"error": why}
             record["cells"] = {name: Cell("fail", why).as_dict() for name in columns(only_columns)}
             return record
@@ -53,7 +53,7 @@ def run_row(row, *, deadline: float | None = None, report=None, only_columns=Non
             try:
                 cell = check(original, converted, row)
             except Exception as e:  # a bug in a check is a failure of the cell, reported, not a crash
-                cell = Cell("fail", f"check error: {_first_line(e)}")
+                cell = Cell("fail", f"check error: {describe(e)}")
             record["cells"][name] = {**cell.as_dict(), "seconds": round(time.perf_counter() - c0, 2)}
             if report:
                 report(f"  {row.name}: {name}: {SYMBOL[cell.status]} {cell.detail[:100]}")
