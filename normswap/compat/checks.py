@@ -385,9 +385,12 @@ def _without_dropout(model) -> None:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for key, value in list(vars(module).items()):  # functional dropout / layer drop read from attributes
+            if isinstance(value, float) and "drop" in key:
+                setattr(module, key, 0.0)
     for cfg in (model.config, *(v for v in vars(model.config).values() if hasattr(v, "to_dict"))):
         for key, value in list(vars(cfg).items()):
-            if isinstance(value, float) and ("dropout" in key or "pdrop" in key):
+            if isinstance(value, float) and "drop" in key:
                 setattr(cfg, key, 0.0)
 
 
