@@ -103,6 +103,8 @@ def test_reported_failures_load_and_match(name, auto, bare, tmp_path_factory):
     """The issue's three: each class loads from the converted checkpoint and matches; AutoModel is the bare model."""
     original, converted = _pair(tmp_path_factory, name)
     assert type(_load("AutoModel", converted, remote=True)).__mro__[1] is getattr(transformers, bare)
+    if name != "gpt2":  # the image / audio processor travels with the weights (pipeline() needs it)
+        assert (converted / "preprocessor_config.json").read_text() == (original / "preprocessor_config.json").read_text()
     cell = checks.check_auto_classes(original, converted, ROWS[name])
     assert cell.status == "ok", cell.detail
     assert cell.parts[auto] <= 1e-5 and cell.parts["AutoModel"] <= 1e-5

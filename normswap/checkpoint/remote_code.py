@@ -137,7 +137,7 @@ def _carry_folded_affine(model, norm, rec, factory):
     The class holding that head (every reader present) carries them as persistent buffers, unused,
     so a save keeps them; any other class (AutoModel, a new task head) owns them as parameters,
     trainable like the original's γ/β, and applies them to the norm's output."""
-    folding = all(_local_name(model, r) is not None for r in rec.get("readers", []))
+    folding = all(local_name(model, r) is not None for r in rec.get("readers", []))
     for attr in rec["restore"]:
         value = torch.zeros(int(rec["hidden_size"]), **factory)
         if folding:
