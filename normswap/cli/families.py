@@ -212,7 +212,8 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
             if unknown:
                 raise NormswapError(f"no matrix row named {unknown[0]!r}: rows are the curated families and the "
                                     "architectures discovery converts exactly (`normswap families --all`)")
-            rows = [r for r in rows if r.name in only]
+            by_name = {r.name: r for r in rows}
+            rows = [by_name[name] for name in dict.fromkeys(only)]  # in the order asked for
         known = mx.columns()
         if set(only_columns) - set(known):
             raise NormswapError(f"no matrix column named {sorted(set(only_columns) - set(known))[0]!r}: columns are {', '.join(known)}")
