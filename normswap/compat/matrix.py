@@ -31,8 +31,9 @@ def run_row(row, *, deadline: float | None = None, report=None, only_columns=Non
     record = {**row.as_dict(), "cells": {}, "convert": None}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="normswap-matrix-") as tmp:
-        # transformers copies remote code into a module cache folder named after the directory: one name per row
-        slug = re.sub(r"\W", "_", row.name)
+        # transformers copies remote code into a module cache folder named after the directory, and may
+        # reuse one a run before left there: a name of its own per row and per run
+        slug = re.sub(r"\W", "_", f"{row.name}_{Path(tmp).name.rsplit('-', 1)[-1]}")
         original, converted = Path(tmp) / f"original_{slug}", Path(tmp) / f"converted_{slug}"
         try:
             with quiet():
