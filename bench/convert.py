@@ -36,8 +36,14 @@ from pathlib import Path
 from normswap.errors import NormswapError
 
 # torch and normswap's conversion modules are imported where used: `--help` stays instant
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-          "fp32": "float32", "float32": "float32"}
+DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
 _HIDDEN_LADDER = (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192)
 GOALS = {  # step: (wall time ≤ x copy, peak RSS ≤ x largest shard)
     "convert_no_verify": (2.0, 2.0),
@@ -48,27 +54,57 @@ GOALS = {  # step: (wall time ≤ x copy, peak RSS ≤ x largest shard)
 # 64, MLP 4x): the config class, the architecture, which config fields carry the sizes, and fixed
 # settings. ``None`` for a size field: the family has no such field.
 FAMILIES = {
-    "gpt_neox": {"config": "GPTNeoXConfig", "arch": "GPTNeoXForCausalLM", "vocab": 50304,
-                 "fields": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
-                            "ffn": "intermediate_size"},
-                 "fixed": {"max_position_embeddings": 2048, "tie_word_embeddings": False}},
-    "gpt2": {"config": "GPT2Config", "arch": "GPT2LMHeadModel", "vocab": 50257,
-             "fields": {"hidden": "n_embd", "layers": "n_layer", "heads": "n_head", "ffn": None},
-             "fixed": {"n_positions": 1024}},
-    "opt": {"config": "OPTConfig", "arch": "OPTForCausalLM", "vocab": 50272,
-            "fields": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
-                       "ffn": "ffn_dim", "embed_proj": "word_embed_proj_dim"},
-            "fixed": {"max_position_embeddings": 2048, "do_layer_norm_before": True}},
-    "bloom": {"config": "BloomConfig", "arch": "BloomForCausalLM", "vocab": 250880,
-              "fields": {"hidden": "hidden_size", "layers": "n_layer", "heads": "n_head", "ffn": None},
-              "fixed": {}},
-    "falcon": {"config": "FalconConfig", "arch": "FalconForCausalLM", "vocab": 65024,
-               "fields": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads", "ffn": None},
-               "fixed": {"parallel_attn": True, "multi_query": True, "bias": False}},
+    "gpt_neox": {
+        "config": "GPTNeoXConfig",
+        "arch": "GPTNeoXForCausalLM",
+        "vocab": 50304,
+        "fields": {
+            "hidden": "hidden_size",
+            "layers": "num_hidden_layers",
+            "heads": "num_attention_heads",
+            "ffn": "intermediate_size",
+        },
+        "fixed": {"max_position_embeddings": 2048, "tie_word_embeddings": False},
+    },
+    "gpt2": {
+        "config": "GPT2Config",
+        "arch": "GPT2LMHeadModel",
+        "vocab": 50257,
+        "fields": {"hidden": "n_embd", "layers": "n_layer", "heads": "n_head", "ffn": None},
+        "fixed": {"n_positions": 1024},
+    },
+    "opt": {
+        "config": "OPTConfig",
+        "arch": "OPTForCausalLM",
+        "vocab": 50272,
+        "fields": {
+            "hidden": "hidden_size",
+            "layers": "num_hidden_layers",
+            "heads": "num_attention_heads",
+            "ffn": "ffn_dim",
+            "embed_proj": "word_embed_proj_dim",
+        },
+        "fixed": {"max_position_embeddings": 2048, "do_layer_norm_before": True},
+    },
+    "bloom": {
+        "config": "BloomConfig",
+        "arch": "BloomForCausalLM",
+        "vocab": 250880,
+        "fields": {"hidden": "hidden_size", "layers": "n_layer", "heads": "n_head", "ffn": None},
+        "fixed": {},
+    },
+    "falcon": {
+        "config": "FalconConfig",
+        "arch": "FalconForCausalLM",
+        "vocab": 65024,
+        "fields": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads", "ffn": None},
+        "fixed": {"parallel_attn": True, "multi_query": True, "bias": False},
+    },
 }
 
 
 # -- a config of the requested size ------------------------------------------------------------
+
 
 def family_config(family: str, hidden: int, layers: int, vocab: int | None = None):
     """The FAMILIES entry at width ``hidden`` and depth ``layers``."""
@@ -115,6 +151,7 @@ def config_for_params(family: str, params: float, vocab: int | None = None):
 
 # -- the synthetic checkpoint ------------------------------------------------------------------
 
+
 def _disk_names(model, keys) -> dict:
     """Key names as stock transformers saves them (e.g. GPT-NeoX's lm_head is embed_out on disk)."""
     try:
@@ -132,8 +169,9 @@ def _disk_names(model, keys) -> dict:
     return out
 
 
-def synthetic_checkpoint(directory, *, family="gpt_neox", params=1.4e9, shards=4, dtype="bf16", seed=0,
-                         config=None, progress=None) -> dict:
+def synthetic_checkpoint(
+    directory, *, family="gpt_neox", params=1.4e9, shards=4, dtype="bf16", seed=0, config=None, progress=None
+) -> dict:
     """Write a random-weight checkpoint of about ``params`` parameters in ``shards`` files."""
     import torch
 
@@ -165,8 +203,11 @@ def synthetic_checkpoint(directory, *, family="gpt_neox", params=1.4e9, shards=4
         buckets[min(len(buckets) - 1, int((offset + sizes[k] / 2) // per))].append(k)
         offset += sizes[k]
     buckets = [b for b in buckets if b]
-    files = ["model.safetensors"] if len(buckets) == 1 else [
-        f"model-{i:05d}-of-{len(buckets):05d}.safetensors" for i in range(1, len(buckets) + 1)]
+    files = (
+        ["model.safetensors"]
+        if len(buckets) == 1
+        else [f"model-{i:05d}-of-{len(buckets):05d}.safetensors" for i in range(1, len(buckets) + 1)]
+    )
     gen = torch.Generator().manual_seed(seed)
     piece = 8 * 2**20  # elements generated at a time
     for bucket, name in zip(buckets, files):
@@ -188,13 +229,18 @@ def synthetic_checkpoint(directory, *, family="gpt_neox", params=1.4e9, shards=4
     if len(buckets) > 1:
         weight_map = {k: name for bucket, name in zip(buckets, files) for k in bucket}
         (directory / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
     config.save_pretrained(directory)
     return {
-        "family": family, "parameters": n_params, "dtype": str(torch_dtype).replace("torch.", ""),
+        "family": family,
+        "parameters": n_params,
+        "dtype": str(torch_dtype).replace("torch.", ""),
         "hidden_size": getattr(config, "hidden_size", None) or getattr(config, "n_embd", None),
         "layers": getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None),
-        "vocab_size": config.vocab_size, "files": len(files), "bytes": total,
+        "vocab_size": config.vocab_size,
+        "files": len(files),
+        "bytes": total,
         "largest_shard_bytes": max(sum(sizes[k] for k in b) for b in buckets),
     }
 
@@ -219,13 +265,20 @@ def run_measured(cmd, *, env=None, cwd=None) -> dict:
     """Wall time and peak RSS of one child process (its own ru_maxrss, via wait4 in a bare launcher)."""
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         report = Path(tmp) / "report.json"
-        proc = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, str(report), *map(str, cmd)], stdout=out, stderr=err,
-                              env=env, cwd=cwd)
+        proc = subprocess.run(
+            [sys.executable, "-S", "-c", _LAUNCHER, str(report), *map(str, cmd)],
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=cwd,
+        )
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
         if not report.is_file():
-            raise NormswapError(f"bench: could not run {cmd[0]} (launcher exit {proc.returncode}): {stderr.strip()[-300:]}")
+            raise NormswapError(
+                f"bench: could not run {cmd[0]} (launcher exit {proc.returncode}): {stderr.strip()[-300:]}"
+            )
         rep = json.loads(report.read_text())
     return {
         "seconds": round(rep["seconds"], 3),
@@ -248,8 +301,19 @@ def _warm(directory: Path) -> None:
 STEPS = ("copy", "convert_no_verify", "convert_verified")
 
 
-def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mode="auto", rounds=2, workdir=None,
-                  keep=False, progress=None, command=None) -> dict:
+def bench_convert(
+    *,
+    params=1.4e9,
+    shards=5,
+    dtype="bf16",
+    family="gpt_neox",
+    mode="auto",
+    rounds=2,
+    workdir=None,
+    keep=False,
+    progress=None,
+    command=None,
+) -> dict:
     """Build the synthetic checkpoint, then time cp / convert --no-verify / convert, interleaved in rounds."""
     say = progress or (lambda m: None)
     load_at_start = [round(x, 2) for x in os.getloadavg()]
@@ -263,12 +327,22 @@ def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mo
         info = synthetic_checkpoint(src, family=family, params=params, shards=shards, dtype=dtype, progress=say)
         info["build_seconds"] = round(time.perf_counter() - t0, 1)
         shard = info["largest_shard_bytes"]
-        say(f"checkpoint: {info['parameters'] / 1e9:.2f}B parameters, {info['bytes'] / 1e9:.2f} GB in {info['files']} file(s)")
+        say(
+            f"checkpoint: {info['parameters'] / 1e9:.2f}B parameters, {info['bytes'] / 1e9:.2f} GB in {info['files']} file(s)"
+        )
 
         say("baseline: python + torch + transformers + normswap imports and the meta skeleton")
-        baseline = run_measured([sys.executable, "-c", "import sys, normswap.cli.convert, normswap.convert.pipeline\n"
-                                 "from normswap.checkpoint.load import load_config\nfrom normswap.convert.inputs import skeleton\n"
-                                 "skeleton(load_config(sys.argv[1]))", str(src)], env=env)
+        baseline = run_measured(
+            [
+                sys.executable,
+                "-c",
+                "import sys, normswap.cli.convert, normswap.convert.pipeline\n"
+                "from normswap.checkpoint.load import load_config\nfrom normswap.convert.inputs import skeleton\n"
+                "skeleton(load_config(sys.argv[1]))",
+                str(src),
+            ],
+            env=env,
+        )
         convert_args = ["--mode", mode, "--json", "--max-shard-size", str(shard)]
         commands = {
             "copy": lambda out: ["cp", "-r", str(src), str(out)],
@@ -285,7 +359,9 @@ def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mo
                 row = run_measured(commands[step](out), env=env)
                 loads.append(round(os.getloadavg()[0], 2))
                 if row["returncode"] != 0:
-                    raise NormswapError(f"bench convert: {step} failed (exit {row['returncode']}): {' | '.join(row['stderr_tail'])}")
+                    raise NormswapError(
+                        f"bench convert: {step} failed (exit {row['returncode']}): {' | '.join(row['stderr_tail'])}"
+                    )
                 if row["stdout"].strip().startswith("{"):
                     summary = json.loads(row["stdout"])
                     row["convert_seconds"] = summary.get("seconds")  # in-process: no start-up, no imports
@@ -301,9 +377,12 @@ def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mo
         copy_s = median("copy", "seconds")
         summary = {}
         for step in STEPS:
-            row = {"seconds_median": median(step, "seconds"), "seconds_all": [x["seconds"] for x in runs[step]],
-                   "convert_seconds_median": median(step, "convert_seconds"),
-                   "peak_rss_bytes_max": max(x["peak_rss_bytes"] for x in runs[step])}
+            row = {
+                "seconds_median": median(step, "seconds"),
+                "seconds_all": [x["seconds"] for x in runs[step]],
+                "convert_seconds_median": median(step, "convert_seconds"),
+                "peak_rss_bytes_max": max(x["peak_rss_bytes"] for x in runs[step]),
+            }
             row["x_copy"] = round(row["seconds_median"] / copy_s, 2)
             row["peak_rss_x_largest_shard"] = round(row["peak_rss_bytes_max"] / shard, 2)
             if step in GOALS:
@@ -326,7 +405,7 @@ def bench_convert(*, params=1.4e9, shards=5, dtype="bf16", family="gpt_neox", mo
             "runs": runs,
             "verification": verified,
             "page_cache": "warm for every step: the source files are read once (cat > /dev/null) right before each step; "
-                          "outputs go to the page cache and are flushed by the kernel in the background",
+            "outputs go to the page cache and are flushed by the kernel in the background",
             "notes": [
                 "each step is a separate process; peak RSS is that process's ru_maxrss (wait4), imports included",
                 "baseline = a process that only imports normswap's convert modules (torch, transformers) and builds the "
@@ -360,8 +439,13 @@ def machine() -> dict:
     except OSError:
         pass
     return {
-        "cpu": cpu, "cores": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
     }
 
 
@@ -387,26 +471,38 @@ def markdown(result: dict) -> str:
         "| step | wall s (median) | all rounds | × copy | in-process s | in-process × copy | peak RSS | × largest shard | goal |",
         "|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
-    labels = {"copy": "copy (`cp -r`)", "convert_no_verify": "`normswap convert --no-verify`",
-              "convert_verified": "`normswap convert` (verified)"}
+    labels = {
+        "copy": "copy (`cp -r`)",
+        "convert_no_verify": "`normswap convert --no-verify`",
+        "convert_verified": "`normswap convert` (verified)",
+    }
     for key, row in steps.items():
         goal = ""
         if "goal_time_x_copy" in row:
-            goal = (f"time ≤ {row['goal_time_x_copy']}×: **{'met' if row['time_goal_met'] else 'not met'}**; "
-                    f"RSS ≤ {row['goal_rss_x_shard']}×: **{'met' if row['rss_goal_met'] else 'not met'}**")
+            goal = (
+                f"time ≤ {row['goal_time_x_copy']}×: **{'met' if row['time_goal_met'] else 'not met'}**; "
+                f"RSS ≤ {row['goal_rss_x_shard']}×: **{'met' if row['rss_goal_met'] else 'not met'}**"
+            )
         inproc = row.get("convert_seconds_median")
         inproc_x = f"{inproc / steps['copy']['seconds_median']:.2f}" if inproc is not None else ""
         inproc = f"{inproc:.1f}" if inproc is not None else ""
-        lines.append(f"| {labels[key]} | {row['seconds_median']:.1f} | {', '.join(f'{x:.1f}' for x in row['seconds_all'])} | "
-                     f"{row['x_copy']:.2f} | {inproc} | {inproc_x} | {_gb(row['peak_rss_bytes_max'])} | {row['peak_rss_x_largest_shard']:.2f} | {goal} |")
+        lines.append(
+            f"| {labels[key]} | {row['seconds_median']:.1f} | {', '.join(f'{x:.1f}' for x in row['seconds_all'])} | "
+            f"{row['x_copy']:.2f} | {inproc} | {inproc_x} | {_gb(row['peak_rss_bytes_max'])} | {row['peak_rss_x_largest_shard']:.2f} | {goal} |"
+        )
     base = result["baseline"]
-    lines.append(f"| baseline (imports + meta skeleton) | {base['seconds']:.1f} | | {base['seconds'] / steps['copy']['seconds_median']:.2f} | | | "
-                 f"{_gb(base['peak_rss_bytes'])} | {base['peak_rss_bytes'] / info['largest_shard_bytes']:.2f} | |")
+    lines.append(
+        f"| baseline (imports + meta skeleton) | {base['seconds']:.1f} | | {base['seconds'] / steps['copy']['seconds_median']:.2f} | | | "
+        f"{_gb(base['peak_rss_bytes'])} | {base['peak_rss_bytes'] / info['largest_shard_bytes']:.2f} | |"
+    )
     ver = result.get("verification") or {}
     if ver.get("max_abs_diff") is not None:
-        lines += ["", f"Verification of the last verified run: {ver.get('probe_tokens')} probe tokens, max |Δ log-prob| "
-                      f"{ver['max_abs_diff']:.3g}, rounding floor {ver.get('rounding_floor')}, noise floor {ver.get('noise_floor')} "
-                      f"({ver.get('noise_floor_note', 'measured')}), threshold {ver.get('threshold'):.3g}, passed {ver.get('passed')}."]
+        lines += [
+            "",
+            f"Verification of the last verified run: {ver.get('probe_tokens')} probe tokens, max |Δ log-prob| "
+            f"{ver['max_abs_diff']:.3g}, rounding floor {ver.get('rounding_floor')}, noise floor {ver.get('noise_floor')} "
+            f"({ver.get('noise_floor_note', 'measured')}), threshold {ver.get('threshold'):.3g}, passed {ver.get('passed')}.",
+        ]
     lines += [""] + [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -426,10 +522,18 @@ def main(argv=None) -> int:
     ap.add_argument("--save", default=None, help="write SAVE.json and SAVE.md (e.g. bench/results/convert-1.4b)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    result = bench_convert(params=args.params, shards=args.shards, dtype=args.dtype, family=args.family, mode=args.mode,
-                           rounds=args.rounds, workdir=args.workdir, keep=args.keep,
-                           progress=lambda msg: print(f"bench convert: {msg}", file=sys.stderr, flush=True),
-                           command=" ".join(["normswap bench convert", *(argv if argv is not None else sys.argv[1:])]))
+    result = bench_convert(
+        params=args.params,
+        shards=args.shards,
+        dtype=args.dtype,
+        family=args.family,
+        mode=args.mode,
+        rounds=args.rounds,
+        workdir=args.workdir,
+        keep=args.keep,
+        progress=lambda msg: print(f"bench convert: {msg}", file=sys.stderr, flush=True),
+        command=" ".join(["normswap bench convert", *(argv if argv is not None else sys.argv[1:])]),
+    )
     md = markdown(result)
     if args.save:
         Path(args.save + ".json").write_text(json.dumps(result, indent=2) + "\n")

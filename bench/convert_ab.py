@@ -17,11 +17,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
 from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location("normswap_bench_convert_for_ab", Path(__file__).resolve().parent / "convert.py")
+    spec = importlib.util.spec_from_file_location(
+        "normswap_bench_convert_for_ab", Path(__file__).resolve().parent / "convert.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -51,9 +54,11 @@ def main(argv=None) -> int:
         shard = str(info["largest_shard_bytes"])
         runs: dict = {}
         for r in range(args.rounds):
-            steps = [("copy", None, [])] + [(f"{name} {kind}", tree, flags) for kind, flags in
-                                            (("--no-verify", ["--no-verify"]), ("verified", []))
-                                            for name, tree in trees.items()]
+            steps = [("copy", None, [])] + [
+                (f"{name} {kind}", tree, flags)
+                for kind, flags in (("--no-verify", ["--no-verify"]), ("verified", []))
+                for name, tree in trees.items()
+            ]
             for step, tree, flags in steps:
                 out = root / "out"
                 bench._warm(src)
@@ -61,33 +66,65 @@ def main(argv=None) -> int:
                 if tree is None:
                     cmd, env = ["cp", "-r", str(src), str(out)], dict(os.environ)
                 else:
-                    cmd = [sys.executable, "-m", "normswap", "convert", str(src), str(out), "--json", "--max-shard-size", shard, *flags]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "normswap",
+                        "convert",
+                        str(src),
+                        str(out),
+                        "--json",
+                        "--max-shard-size",
+                        shard,
+                        *flags,
+                    ]
                     env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1", NORMSWAP_KERNEL="torch")
-                row = bench.run_measured(cmd, env=env, cwd=root)  # not a source tree: `-m` puts the cwd first on sys.path
+                row = bench.run_measured(
+                    cmd, env=env, cwd=root
+                )  # not a source tree: `-m` puts the cwd first on sys.path
                 if row["returncode"] != 0:
                     raise SystemExit(f"{step} failed: {' | '.join(row['stderr_tail'])}")
-                runs.setdefault(step, []).append({"seconds": row["seconds"], "peak_rss_bytes": row["peak_rss_bytes"],
-                                                  "load_1m_after": round(os.getloadavg()[0], 2)})
+                runs.setdefault(step, []).append(
+                    {
+                        "seconds": row["seconds"],
+                        "peak_rss_bytes": row["peak_rss_bytes"],
+                        "load_1m_after": round(os.getloadavg()[0], 2),
+                    }
+                )
                 shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    result = {"benchmark": "convert-ab", "command": " ".join(["python bench/convert_ab.py", *(argv or sys.argv[1:])]),
-              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "machine": bench.machine(),
-              "trees": {k: {"path": str(v), "commit": _rev(v)} for k, v in trees.items()}, "checkpoint": info, "runs": runs}
+    result = {
+        "benchmark": "convert-ab",
+        "command": " ".join(["python bench/convert_ab.py", *(argv or sys.argv[1:])]),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": bench.machine(),
+        "trees": {k: {"path": str(v), "commit": _rev(v)} for k, v in trees.items()},
+        "checkpoint": info,
+        "runs": runs,
+    }
     copy = sorted(x["seconds"] for x in runs["copy"])[len(runs["copy"]) // 2]
-    lines = [f"# convert before/after — {info['parameters'] / 1e9:.2f}B {info['family']}, {info['dtype']}, "
-             f"{info['bytes'] / 1e9:.2f} GB in {info['files']} files", "", f"Command: `{result['command']}`", "",
-             f"{result['date']} · {result['machine']['cpu']} · {result['machine']['cores']} cores · before = "
-             f"{trees['before']} at {result['trees']['before']['commit']}, after = {trees['after']} at "
-             f"{result['trees']['after']['commit']}. Steps interleaved in every round, warm page cache for each.", "",
-             "| step | wall s (median) | all rounds | × copy (median) | peak RSS | 1-min load after each |",
-             "|---|---:|---|---:|---:|---|"]
+    lines = [
+        f"# convert before/after — {info['parameters'] / 1e9:.2f}B {info['family']}, {info['dtype']}, "
+        f"{info['bytes'] / 1e9:.2f} GB in {info['files']} files",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"{result['date']} · {result['machine']['cpu']} · {result['machine']['cores']} cores · before = "
+        f"{trees['before']} at {result['trees']['before']['commit']}, after = {trees['after']} at "
+        f"{result['trees']['after']['commit']}. Steps interleaved in every round, warm page cache for each.",
+        "",
+        "| step | wall s (median) | all rounds | × copy (median) | peak RSS | 1-min load after each |",
+        "|---|---:|---|---:|---:|---|",
+    ]
     for step, rows in runs.items():
         secs = sorted(x["seconds"] for x in rows)
         med = secs[len(secs) // 2]
         each = ", ".join(f"{x['seconds']:.1f}" for x in rows)
-        lines.append(f"| {step} | {med:.1f} | {each} | {med / copy:.2f} | "
-                     f"{max(x['peak_rss_bytes'] for x in rows) / 1e9:.2f} GB | {', '.join(str(x['load_1m_after']) for x in rows)} |")
+        lines.append(
+            f"| {step} | {med:.1f} | {each} | {med / copy:.2f} | "
+            f"{max(x['peak_rss_bytes'] for x in rows) / 1e9:.2f} GB | {', '.join(str(x['load_1m_after']) for x in rows)} |"
+        )
     md = "\n".join(lines) + "\n"
     return save_and_print(args.save, result, md)
 

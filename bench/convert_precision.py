@@ -23,13 +23,13 @@ import sys
 from pathlib import Path
 
 import torch
+from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
 
 from normswap.architectures import family_for_config
-from normswap.convert import execute
-from normswap.convert.inputs import match
-from normswap.convert.config import ConvertOptions
 from normswap.checkpoint.tensor_source import StateDict
-from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
+from normswap.convert import execute
+from normswap.convert.config import ConvertOptions
+from normswap.convert.inputs import match
 
 
 def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -46,7 +46,11 @@ def converted(model_factory, out_dtype, compute):
     conv = execute.prepare(model, inputs, family_for_config(model.config), ConvertOptions(mode="exact"), out_dtype)
     sink = execute.TensorDict(conv.specs)
     execute.execute(conv, sink, compute=compute)
-    ops = {k: conv.plan.derivations[w.value_key]["op"] for k, w in conv.writes.items() if w.value_key in conv.plan.derivations}
+    ops = {
+        k: conv.plan.derivations[w.value_key]["op"]
+        for k, w in conv.writes.items()
+        if w.value_key in conv.plan.derivations
+    }
     return {k: sink.tensors[k] for k in ops}, ops
 
 
@@ -62,15 +66,22 @@ def measure(name, model_factory, out_dtype) -> dict:
         row["max_ulps"] = max(row["max_ulps"], int(d.max()) if d.numel() else 0)
     total = sum(r["elements"] for r in by_op.values())
     differ = sum(r["differ"] for r in by_op.values())
-    return {"model": name, "output_dtype": str(out_dtype).replace("torch.", ""), "computed_elements": total,
-            "differ": differ, "differ_fraction": differ / total if total else 0.0,
-            "max_ulps": max(r["max_ulps"] for r in by_op.values()), "by_op": by_op}
+    return {
+        "model": name,
+        "output_dtype": str(out_dtype).replace("torch.", ""),
+        "computed_elements": total,
+        "differ": differ,
+        "differ_fraction": differ / total if total else 0.0,
+        "max_ulps": max(r["max_ulps"] for r in by_op.values()),
+        "by_op": by_op,
+    }
 
 
 def cases():
     from transformers import AutoModelForCausalLM
 
     from normswap.assets.models import model_path
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test suite's tiny models
     from helpers import tiny_model
 
@@ -83,8 +94,15 @@ def cases():
         yield f"{name} (float32 weights written as bfloat16)", shipped(name, torch.float32), torch.bfloat16
 
     def random_neox():
-        return tiny_model("gpt_neox", 0, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
-                          num_attention_heads=16, vocab_size=8192).to(torch.bfloat16)
+        return tiny_model(
+            "gpt_neox",
+            0,
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=2,
+            num_attention_heads=16,
+            vocab_size=8192,
+        ).to(torch.bfloat16)
 
     yield "random GPT-NeoX, hidden 1024 (bfloat16 checkpoint)", random_neox, torch.bfloat16
 
@@ -102,8 +120,10 @@ def markdown(result) -> str:
         "|---|---|---:|---:|---:|---:|",
     ]
     for r in result["results"]:
-        lines.append(f"| {r['model']} | {r['output_dtype']} | {r['computed_elements']:,} | {r['differ']:,} | "
-                     f"{r['differ_fraction']:.2e} | {r['max_ulps']} |")
+        lines.append(
+            f"| {r['model']} | {r['output_dtype']} | {r['computed_elements']:,} | {r['differ']:,} | "
+            f"{r['differ_fraction']:.2e} | {r['max_ulps']} |"
+        )
     lines += ["", "By op (all models together):", "", "| op | elements | differ | max ulps |", "|---|---:|---:|---:|"]
     merged: dict = {}
     for r in result["results"]:
@@ -125,9 +145,12 @@ def main(argv=None) -> int:
     for name, factory, dtype in cases():
         print(f"convert_precision: {name}", file=sys.stderr, flush=True)
         results.append(measure(name, factory, dtype))
-    result = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-              "command": "python bench/convert_precision.py" + (f" --save {args.save}" if args.save else ""),
-              "results": results}
+    result = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "command": "python bench/convert_precision.py" + (f" --save {args.save}" if args.save else ""),
+        "results": results,
+    }
     md = markdown(result)
     return save_and_print(args.save, result, md)
 

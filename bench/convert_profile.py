@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
 
 _HERE = Path(__file__).resolve().parent
@@ -155,22 +156,37 @@ def profile(*, params=1.4e9, shards=5, workdir=None, command=None, progress=prin
         floors["cp_r_s"] = round(_timed(["cp", "-r", str(src), str(root / "copy")], env)[0], 3)
         shutil.rmtree(root / "copy")
         floors["python_import_torch_s"] = round(_timed([sys.executable, "-c", "import torch"], env)[0], 3)
-        floors["python_import_torch_transformers_modeling_s"] = round(_timed(
-            [sys.executable, "-c", "import sys; from normswap.checkpoint.load import load_config, model_class_for; "
-             "model_class_for(load_config(sys.argv[1]))", str(src)], env)[0], 3)
+        floors["python_import_torch_transformers_modeling_s"] = round(
+            _timed(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from normswap.checkpoint.load import load_config, model_class_for; "
+                    "model_class_for(load_config(sys.argv[1]))",
+                    str(src),
+                ],
+                env,
+            )[0],
+            3,
+        )
         runs = {}
         for name, verify in (("no_verify", "0"), ("verified", "1")):
             bench._warm(src)
             progress(f"profiling convert ({name})")
-            wall, stdout = _timed([sys.executable, "-c", _CHILD, str(src), str(root / f"out_{name}"), shard, verify], env)
+            wall, stdout = _timed(
+                [sys.executable, "-c", _CHILD, str(src), str(root / f"out_{name}"), shard, verify], env
+            )
             runs[name] = json.loads(stdout.strip().splitlines()[-1])
             runs[name]["process_wall_s"] = round(wall, 3)
             shutil.rmtree(root / f"out_{name}", ignore_errors=True)
         return {
-            "benchmark": "convert-profile", "command": command,
+            "benchmark": "convert-profile",
+            "command": command,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": {**bench.machine(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
-            "checkpoint": info, "floors": floors, "runs": runs,
+            "checkpoint": info,
+            "floors": floors,
+            "runs": runs,
             "page_cache": "warm: the source files are read once (cat > /dev/null) before each run",
         }
     finally:
@@ -179,22 +195,33 @@ def profile(*, params=1.4e9, shards=5, workdir=None, command=None, progress=prin
 
 def markdown(r: dict) -> str:
     info, m, fl = r["checkpoint"], r["machine"], r["floors"]
-    lines = [f"# Where the time of `normswap convert` goes — {info['family']}, {info['parameters'] / 1e9:.2f}B parameters, "
-             f"{info['dtype']}, {info['bytes'] / 1e9:.2f} GB in {info['files']} files", "",
-             f"Command: `{r.get('command')}`", "",
-             f"{r['date']} · {m['cpu']} · {m['cores']} cores · torch {m['torch']} · load average (1, 5, 15 min) "
-             f"{m['load_average_at_end']} at the end (shared machine). "
-             f"Page cache: {r['page_cache']}. One run of each; wall s are seconds of elapsed time, cpu s the process's "
-             "CPU seconds (above wall where two cores worked).", "",
-             "| floor | s |", "|---|---:|",
-             f"| `cp -r` of the checkpoint (read + write every byte) | {fl['cp_r_s']:.2f} |",
-             f"| a process that imports torch | {fl['python_import_torch_s']:.2f} |",
-             f"| a process that imports torch + transformers + the modeling code (what the plan needs) | "
-             f"{fl['python_import_torch_transformers_modeling_s']:.2f} |", ""]
+    lines = [
+        f"# Where the time of `normswap convert` goes — {info['family']}, {info['parameters'] / 1e9:.2f}B parameters, "
+        f"{info['dtype']}, {info['bytes'] / 1e9:.2f} GB in {info['files']} files",
+        "",
+        f"Command: `{r.get('command')}`",
+        "",
+        f"{r['date']} · {m['cpu']} · {m['cores']} cores · torch {m['torch']} · load average (1, 5, 15 min) "
+        f"{m['load_average_at_end']} at the end (shared machine). "
+        f"Page cache: {r['page_cache']}. One run of each; wall s are seconds of elapsed time, cpu s the process's "
+        "CPU seconds (above wall where two cores worked).",
+        "",
+        "| floor | s |",
+        "|---|---:|",
+        f"| `cp -r` of the checkpoint (read + write every byte) | {fl['cp_r_s']:.2f} |",
+        f"| a process that imports torch | {fl['python_import_torch_s']:.2f} |",
+        f"| a process that imports torch + transformers + the modeling code (what the plan needs) | "
+        f"{fl['python_import_torch_transformers_modeling_s']:.2f} |",
+        "",
+    ]
     for name, run in r["runs"].items():
-        lines += [f"## convert {'--no-verify' if name == 'no_verify' else '(verified)'}: {run['process_wall_s']:.2f} s "
-                  f"wall for the process ({run['total_cpu_s']:.1f} s CPU)", "",
-                  "| stage | wall s | cpu s | notes |", "|---|---:|---:|---|"]
+        lines += [
+            f"## convert {'--no-verify' if name == 'no_verify' else '(verified)'}: {run['process_wall_s']:.2f} s "
+            f"wall for the process ({run['total_cpu_s']:.1f} s CPU)",
+            "",
+            "| stage | wall s | cpu s | notes |",
+            "|---|---:|---:|---|",
+        ]
         seen = set()
         for row in run["stages"]:
             if row["stage"] in seen and row["wall_s"] < 0.05:
@@ -202,27 +229,38 @@ def markdown(r: dict) -> str:
             seen.add(row["stage"])
             notes = ""
             if "read_thread_cpu_s" in row:
-                notes = (f"CPU s: user {row['user_cpu_s']:.2f}, kernel {row['kernel_cpu_s']:.2f}. Inside reads and kernel "
-                         f"copies: {row['read_thread_s']:.2f} thread-s elapsed, {row['read_thread_cpu_s']:.2f} CPU; inside "
-                         f"writes: {row['write_thread_s']:.2f} elapsed, {row['write_thread_cpu_s']:.2f} CPU (elapsed beyond "
-                         "CPU: waiting for a core or the file); the rest of the CPU is arithmetic")
+                notes = (
+                    f"CPU s: user {row['user_cpu_s']:.2f}, kernel {row['kernel_cpu_s']:.2f}. Inside reads and kernel "
+                    f"copies: {row['read_thread_s']:.2f} thread-s elapsed, {row['read_thread_cpu_s']:.2f} CPU; inside "
+                    f"writes: {row['write_thread_s']:.2f} elapsed, {row['write_thread_cpu_s']:.2f} CPU (elapsed beyond "
+                    "CPU: waiting for a core or the file); the rest of the CPU is arithmetic"
+                )
             elif "read_thread_s" in row:  # a result saved before CPU time was recorded
-                notes = (f"thread-seconds summed over the pool: reads and kernel copies {row['read_thread_s']:.2f}, "
-                         f"writes {row['write_thread_s']:.2f}; the rest of the CPU is arithmetic")
+                notes = (
+                    f"thread-seconds summed over the pool: reads and kernel copies {row['read_thread_s']:.2f}, "
+                    f"writes {row['write_thread_s']:.2f}; the rest of the CPU is arithmetic"
+                )
             lines.append(f"| {row['stage']} | {row['wall_s']:.2f} | {row['cpu_s']:.2f} | {notes} |")
         if run["passes"]:
-            lines += ["", "| verification pass | wall s | cpu s | loading weights s | matrix products s | rest of the forward s |",
-                      "|---|---:|---:|---:|---:|---:|"]
+            lines += [
+                "",
+                "| verification pass | wall s | cpu s | loading weights s | matrix products s | rest of the forward s |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
             for p in run["passes"]:
-                lines.append(f"| {p['pass']} | {p['wall_s']:.2f} | {p['cpu_s']:.2f} | {p['load_weights_s']:.2f} | "
-                             f"{p['matmul_s']:.2f} | {p['other_forward_s']:.2f} |")
+                lines.append(
+                    f"| {p['pass']} | {p['wall_s']:.2f} | {p['cpu_s']:.2f} | {p['load_weights_s']:.2f} | "
+                    f"{p['matmul_s']:.2f} | {p['other_forward_s']:.2f} |"
+                )
         lines.append("")
-    lines += ["- stages nest: `model class` runs inside the plan's first skeleton build, `match` and `plan` inside "
-              "`convert_checkpoint`, the verification's own skeletons and matches inside `verification (total)`; "
-              "rows are not meant to add up",
-              "- loading weights (verification): reading the files and casting to float32 for the source and converted "
-              "passes; recomputing the converted tensors before rounding for the unrounded pass",
-              "- matrix products: seconds inside torch.nn.functional.linear (64 probe tokens x every weight matrix)"]
+    lines += [
+        "- stages nest: `model class` runs inside the plan's first skeleton build, `match` and `plan` inside "
+        "`convert_checkpoint`, the verification's own skeletons and matches inside `verification (total)`; "
+        "rows are not meant to add up",
+        "- loading weights (verification): reading the files and casting to float32 for the source and converted "
+        "passes; recomputing the converted tensors before rounding for the unrounded pass",
+        "- matrix products: seconds inside torch.nn.functional.linear (64 probe tokens x every weight matrix)",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -236,8 +274,13 @@ def main(argv=None) -> int:
     ap.add_argument("--save", default=None, help="write SAVE.json and SAVE.md")
     args = ap.parse_args(argv)
     command = " ".join(["python bench/convert_profile.py", *(argv if argv is not None else sys.argv[1:])])
-    result = profile(params=args.params, shards=args.shards, workdir=args.workdir, command=command,
-                     progress=lambda msg: print(f"convert profile: {msg}", file=sys.stderr, flush=True))
+    result = profile(
+        params=args.params,
+        shards=args.shards,
+        workdir=args.workdir,
+        command=command,
+        progress=lambda msg: print(f"convert profile: {msg}", file=sys.stderr, flush=True),
+    )
     md = markdown(result)
     return save_and_print(args.save, result, md)
 

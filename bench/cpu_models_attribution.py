@@ -31,8 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import normswap  # noqa: E402
 from decode_timing import decode_seconds  # noqa: E402
+
+import normswap  # noqa: E402
 
 
 def strip_hooks(model):
@@ -93,25 +94,38 @@ def main(argv=None) -> int:
     names = list(variants)
     ms = {k: {"forward": [], "decode": []} for k in names}
     for r in range(args.repeats):
-        for k in names[r % len(names):] + names[:r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             m = variants[k]
             t = time.perf_counter()
             for _ in range(5):
                 forward(m)
             ms[k]["forward"].append((time.perf_counter() - t) / 5 * 1e3)
             ms[k]["decode"].append(statistics.mean(decode(m) for _ in range(2)) * 1e3)
-    result = {"original": args.original, "converted": args.converted, "repeats": args.repeats, "threads": 1,
-              "forward": "batch 2 x 64 tokens, inference_mode", "decode": "per token, 31 steps after an 8-token prompt",
-              "variants": {}}
+    result = {
+        "original": args.original,
+        "converted": args.converted,
+        "repeats": args.repeats,
+        "threads": 1,
+        "forward": "batch 2 x 64 tokens, inference_mode",
+        "decode": "per token, 31 steps after an 8-token prompt",
+        "variants": {},
+    }
     print(f"# {args.original} vs {args.converted}: {args.repeats} interleaved repeats, 1 thread")
     for kind in ("forward", "decode"):
         for k in names:
             ratios = sorted(o / v for o, v in zip(ms["original"][kind], ms[k][kind]))
-            row = {"median_ms": statistics.median(ms[k][kind]), "ratio_median": statistics.median(ratios),
-                   "ratio_min": ratios[0], "ratio_max": ratios[-1], "samples_ms": ms[k][kind]}
+            row = {
+                "median_ms": statistics.median(ms[k][kind]),
+                "ratio_median": statistics.median(ratios),
+                "ratio_min": ratios[0],
+                "ratio_max": ratios[-1],
+                "samples_ms": ms[k][kind],
+            }
             result["variants"].setdefault(k, {})[kind] = row
-            print(f"{kind:8s} {k:34s} {row['median_ms']:8.3f} ms   original/variant {row['ratio_median']:.3f} "
-                  f"[{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]")
+            print(
+                f"{kind:8s} {k:34s} {row['median_ms']:8.3f} ms   original/variant {row['ratio_median']:.3f} "
+                f"[{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

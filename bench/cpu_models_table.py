@@ -32,15 +32,20 @@ def cell(o: dict, c: dict, iv: dict | None, kind: str) -> tuple[str, bool | None
 
 def main(run_dir: str) -> int:
     d = Path(run_dir)
-    lines = [f"# CPU: converted (exact) vs original, {d.name}", "",
-             "Throughput ratio converted ÷ original (≥ 1: converted faster): median of the per-repeat paired ratios "
-             f"[min, max] over interleaved repeats; ✗ marks a median below the goal {GOAL}; ~ marks an interval that "
-             "contains 1 (no measurable difference). Commands and load averages: commands.txt.", "",
-             "Null control (runs that have it): the original loaded a second time and measured like the others "
-             "(`original_copy`); its ratio to the original is what two identical models differ by in the same run.", "",
-             "| size | mode | " + " | ".join(KINDS) + " | null control (fwd, train, decode) "
-             "| original tokens/s (fwd, train, decode) | repeats, decode tokens |",
-             "|---|---|" + "---|" * (len(KINDS) + 3)]
+    lines = [
+        f"# CPU: converted (exact) vs original, {d.name}",
+        "",
+        "Throughput ratio converted ÷ original (≥ 1: converted faster): median of the per-repeat paired ratios "
+        f"[min, max] over interleaved repeats; ✗ marks a median below the goal {GOAL}; ~ marks an interval that "
+        "contains 1 (no measurable difference). Commands and load averages: commands.txt.",
+        "",
+        "Null control (runs that have it): the original loaded a second time and measured like the others "
+        "(`original_copy`); its ratio to the original is what two identical models differ by in the same run.",
+        "",
+        "| size | mode | " + " | ".join(KINDS) + " | null control (fwd, train, decode) "
+        "| original tokens/s (fwd, train, decode) | repeats, decode tokens |",
+        "|---|---|" + "---|" * (len(KINDS) + 3),
+    ]
     met = []
     for f in sorted(d.glob("*.json")):
         size, mode = f.stem.rsplit("-", 1)
@@ -58,12 +63,21 @@ def main(run_dir: str) -> int:
                 met.append(ok)
         copy = models.get("original_copy")
         null_ivs = ((copy or {}).get("ratio_intervals") or {}).get("tokens_per_second") or {}
-        null = ", ".join(f"{null_ivs[k]['median']:.3f}" if null_ivs.get(k) else "—" for k in KINDS) if copy else "not run"
-        lines.append(f"| {size} | {mode} | " + " | ".join(cells) + f" | {null} | "
-                     + ", ".join(f"{o[k]:.0f}" if o.get(k) else "—" for k in KINDS)
-                     + f" | {setup.get('repeats', '?')}, {max(0, setup.get('new_tokens', 1) - 1)} |")
-    lines += ["", f"Goal (median ≥ {GOAL} in every cell): {'met' if met and all(met) else 'not met'} "
-              f"({sum(met)} of {len(met)} cells)."]
+        null = (
+            ", ".join(f"{null_ivs[k]['median']:.3f}" if null_ivs.get(k) else "—" for k in KINDS) if copy else "not run"
+        )
+        lines.append(
+            f"| {size} | {mode} | "
+            + " | ".join(cells)
+            + f" | {null} | "
+            + ", ".join(f"{o[k]:.0f}" if o.get(k) else "—" for k in KINDS)
+            + f" | {setup.get('repeats', '?')}, {max(0, setup.get('new_tokens', 1) - 1)} |"
+        )
+    lines += [
+        "",
+        f"Goal (median ≥ {GOAL} in every cell): {'met' if met and all(met) else 'not met'} "
+        f"({sum(met)} of {len(met)} cells).",
+    ]
     print("\n".join(lines))
     return 0
 

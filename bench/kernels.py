@@ -32,9 +32,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -234,8 +234,12 @@ def time_case(case: Case, device, repeats: int, warmup: int = 2, seed: int = 0) 
     out = {}
     for name in runs:
         v = samples[name] or eager[name]  # a failed capture falls back to the eager sweep
-        out[name] = (statistics.median(v), min(v), statistics.median(eager[name]) if eager[name] else None,
-                     "cuda-graph" if samples[name] else ("eager" if cuda else "perf_counter"))
+        out[name] = (
+            statistics.median(v),
+            min(v),
+            statistics.median(eager[name]) if eager[name] else None,
+            "cuda-graph" if samples[name] else ("eager" if cuda else "perf_counter"),
+        )
     return out
 
 
@@ -311,7 +315,7 @@ def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int) ->
             run()
     samples = {name: [] for name in runs}
     for rep in range(repeats):
-        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
+        for name in list(runs) if rep % 2 == 0 else list(reversed(runs)):
             run = runs[name]
             if cuda:
                 torch.cuda.synchronize(device)
@@ -322,9 +326,14 @@ def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int) ->
                 torch.cuda.synchronize(device)
             samples[name].append((time.perf_counter() - t0) / calls * 1e6)
     out = {name: {"median_us": statistics.median(v), "min_us": min(v)} for name, v in samples.items()}
-    for name, base in (("RMSNorm_module", "LayerNorm_module"), ("RMSNorm_affine", "LayerNorm_module"),
-                       ("normswap", "layer_norm"), ("torch_rms_norm", "layer_norm"),
-                       ("LayerNorm_module", "LayerNorm_module"), ("layer_norm", "layer_norm")):
+    for name, base in (
+        ("RMSNorm_module", "LayerNorm_module"),
+        ("RMSNorm_affine", "LayerNorm_module"),
+        ("normswap", "layer_norm"),
+        ("torch_rms_norm", "layer_norm"),
+        ("LayerNorm_module", "LayerNorm_module"),
+        ("layer_norm", "layer_norm"),
+    ):
         out[name]["vs_layer_norm"] = out[name]["median_us"] / out[base]["median_us"]
     return out
 
@@ -347,8 +356,18 @@ class _JsonLines:
             os.fsync(f.fileno())
 
 
-def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("fwd", "fwd+bwd"),
-                  residual=True, quick=False, progress=None, tiny=True, jsonl=None) -> dict:
+def run_benchmark(
+    device="cpu",
+    dtypes=None,
+    shapes=None,
+    repeats=None,
+    modes=("fwd", "fwd+bwd"),
+    residual=True,
+    quick=False,
+    progress=None,
+    tiny=True,
+    jsonl=None,
+) -> dict:
     """Every table of the benchmark; `jsonl` (a path) also gets each case as one line the moment it
     is measured, `progress(kind, row)` is told too."""
     log = _JsonLines(jsonl)
@@ -371,8 +390,12 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
         "torch": torch.__version__,
         "normswap_backend": backend_for(device),
         "repeats": repeats,
-        "timing": ("CUDA-graph replay of sweeps over L2-exceeding input rotation, timed by CUDA events "
-                   "(eager sweeps in eager_ms)") if cuda else "perf_counter, implementations interleaved",
+        "timing": (
+            "CUDA-graph replay of sweeps over L2-exceeding input rotation, timed by CUDA events "
+            "(eager sweeps in eager_ms)"
+        )
+        if cuda
+        else "perf_counter, implementations interleaved",
         "copy_gbps": measure_copy_gbps(device) if cuda else None,
         # CPU timings on a shared machine mean little without the load they were taken under
         "loadavg_before": _loadavg(),
@@ -408,8 +431,15 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
                             "vs_layer_norm": t / base,
                             "copy_share": gbps / result["copy_gbps"] if result["copy_gbps"] else None,
                         }
-                    row = {"rows": rows, "hidden": hidden, "dtype": dt, "variant": variant, "mode": mode,
-                           "nominal_bytes": nbytes, "impls": impls}
+                    row = {
+                        "rows": rows,
+                        "hidden": hidden,
+                        "dtype": dt,
+                        "variant": variant,
+                        "mode": mode,
+                        "nominal_bytes": nbytes,
+                        "impls": impls,
+                    }
                     result["rows"].append(row)
                     log.write({"kind": "row", **row})
                     if progress:
@@ -419,18 +449,29 @@ def run_benchmark(device="cpu", dtypes=None, shapes=None, repeats=None, modes=("
         for mode in modes:
             for rows in TINY_ROWS:
                 for hidden in TINY_HIDDEN if not quick else TINY_HIDDEN[:1]:
-                    t = {"rows": rows, "hidden": hidden, "dtype": dtypes[0], "mode": mode,
-                         "impls": time_tiny(device, rows, hidden, tiny_dtype, mode, max(5, repeats))}
+                    t = {
+                        "rows": rows,
+                        "hidden": hidden,
+                        "dtype": dtypes[0],
+                        "mode": mode,
+                        "impls": time_tiny(device, rows, hidden, tiny_dtype, mode, max(5, repeats)),
+                    }
                     result["tiny"].append(t)
                     log.write({"kind": "tiny", **t})
                     if progress:
                         progress("tiny", t)
     if result["tiny"]:
-        slower = [f"{t['rows']}x{t['hidden']} {t['mode']}" for t in result["tiny"]
-                  if max(t["impls"]["RMSNorm_module"]["median_us"], t["impls"]["RMSNorm_affine"]["median_us"])
-                  > t["impls"]["LayerNorm_module"]["median_us"]]
-        result["tiny_goal"] = {"goal": "converted RMSNorm module's per-call time (weightless and with γ, β) <= nn.LayerNorm's at tiny shapes",
-                               "value": slower, "passed": not slower}
+        slower = [
+            f"{t['rows']}x{t['hidden']} {t['mode']}"
+            for t in result["tiny"]
+            if max(t["impls"]["RMSNorm_module"]["median_us"], t["impls"]["RMSNorm_affine"]["median_us"])
+            > t["impls"]["LayerNorm_module"]["median_us"]
+        ]
+        result["tiny_goal"] = {
+            "goal": "converted RMSNorm module's per-call time (weightless and with γ, β) <= nn.LayerNorm's at tiny shapes",
+            "value": slower,
+            "passed": not slower,
+        }
     result["auto_choices"] = autotune.choices()
     log.write({"kind": "auto_choices", "choices": result["auto_choices"]})
     result["loadavg_after"] = _loadavg()
@@ -455,8 +496,16 @@ def _derived_backward(result) -> list[dict]:
         t = (fb - f) / 1e3
         nbytes = 3 * rows * hidden * torch.tensor([], dtype=getattr(torch, dt)).element_size()
         gbps = nbytes / t / 1e9
-        out.append({"rows": rows, "hidden": hidden, "dtype": dt, "bwd_ms": t * 1e3, "gbps": gbps,
-                    "copy_share": gbps / result["copy_gbps"] if result.get("copy_gbps") else None})
+        out.append(
+            {
+                "rows": rows,
+                "hidden": hidden,
+                "dtype": dt,
+                "bwd_ms": t * 1e3,
+                "gbps": gbps,
+                "copy_share": gbps / result["copy_gbps"] if result.get("copy_gbps") else None,
+            }
+        )
     return out
 
 
@@ -466,11 +515,18 @@ def evaluate_goals(result) -> list[dict]:
     for r in result["rows"]:
         if (r["rows"], r["hidden"], r["dtype"], r["variant"], r["mode"]) == (8192, 4096, "bfloat16", "plain", "fwd"):
             share = r["impls"]["normswap_weight"]["copy_share"]
-            goals.append({"goal": "forward >= 85% of copy bandwidth at 8192x4096 bf16", "value": share, "passed": share >= 0.85})
+            goals.append(
+                {"goal": "forward >= 85% of copy bandwidth at 8192x4096 bf16", "value": share, "passed": share >= 0.85}
+            )
     for b in result.get("backward", []):
         if (b["rows"], b["hidden"], b["dtype"]) == (8192, 4096, "bfloat16"):
-            goals.append({"goal": "backward >= 75% of copy bandwidth at 8192x4096 bf16", "value": b["copy_share"],
-                          "passed": b["copy_share"] is not None and b["copy_share"] >= 0.75})
+            goals.append(
+                {
+                    "goal": "backward >= 75% of copy bandwidth at 8192x4096 bf16",
+                    "value": b["copy_share"],
+                    "passed": b["copy_share"] is not None and b["copy_share"] >= 0.75,
+                }
+            )
     slower = []
     fused_slower = []
     for r in result["rows"]:
@@ -485,7 +541,9 @@ def evaluate_goals(result) -> list[dict]:
             if im["normswap_fused"]["median_ms"] >= im["add_normswap"]["median_ms"]:
                 fused_slower.append(tag)
     goals.append({"goal": "never slower than torch LayerNorm or native RMSNorm", "value": slower, "passed": not slower})
-    goals.append({"goal": "fused residual add faster than add + norm", "value": fused_slower, "passed": not fused_slower})
+    goals.append(
+        {"goal": "fused residual add faster than add + norm", "value": fused_slower, "passed": not fused_slower}
+    )
     return goals
 
 
@@ -521,14 +579,18 @@ def format_markdown(result) -> str:
     if result.get("copy_gbps"):
         lines.append(f"measured device copy bandwidth: {result['copy_gbps']:.0f} GB/s")
     if result.get("loadavg_before") and not result.get("copy_gbps"):
-        lines.append(f"load average (1/5/15 min) before: {result['loadavg_before']}, after: {result.get('loadavg_after')} "
-                     f"on {os.cpu_count()} CPUs")
+        lines.append(
+            f"load average (1/5/15 min) before: {result['loadavg_before']}, after: {result.get('loadavg_after')} "
+            f"on {os.cpu_count()} CPUs"
+        )
     for variant, impls in (("plain", IMPLS), ("residual", RESIDUAL_IMPLS)):
         rows = [r for r in result["rows"] if r["variant"] == variant]
         if not rows:
             continue
         lines.append("")
-        lines.append(f"**{variant}** — median ms (GB/s{', share of copy' if result.get('copy_gbps') else ''}; time ÷ LayerNorm's)")
+        lines.append(
+            f"**{variant}** — median ms (GB/s{', share of copy' if result.get('copy_gbps') else ''}; time ÷ LayerNorm's)"
+        )
         lines.append("")
         lines.append("| rows × H | dtype | mode | " + " | ".join(impls) + " |")
         lines.append("|---|---|---|" + "---|" * len(impls))
@@ -545,15 +607,24 @@ def format_markdown(result) -> str:
         lines.append("† CUDA-graph capture failed for this implementation: eager time (includes host launch overhead).")
     if result.get("backward"):
         lines.append("")
-        lines.append("normswap (weighted) backward alone, (fwd+bwd) − fwd: " + "; ".join(
-            (f"{b['rows']}×{b['hidden']} {b['dtype']}: {b['bwd_ms']:.3g} ms, {b['gbps']:.3g} GB/s"
-             + (f" ({b['copy_share'] * 100:.0f}% of copy)" if b.get("copy_share") else ""))
-            if b["bwd_ms"] is not None else f"{b['rows']}×{b['hidden']} {b['dtype']}: below timing noise"
-            for b in result["backward"]))
+        lines.append(
+            "normswap (weighted) backward alone, (fwd+bwd) − fwd: "
+            + "; ".join(
+                (
+                    f"{b['rows']}×{b['hidden']} {b['dtype']}: {b['bwd_ms']:.3g} ms, {b['gbps']:.3g} GB/s"
+                    + (f" ({b['copy_share'] * 100:.0f}% of copy)" if b.get("copy_share") else "")
+                )
+                if b["bwd_ms"] is not None
+                else f"{b['rows']}×{b['hidden']} {b['dtype']}: below timing noise"
+                for b in result["backward"]
+            )
+        )
     if result.get("tiny"):
         lines.append("")
-        lines.append("**tiny shapes** — per-call µs, median (× the LayerNorm counterpart: module vs nn.LayerNorm, "
-                     "functions vs F.layer_norm)")
+        lines.append(
+            "**tiny shapes** — per-call µs, median (× the LayerNorm counterpart: module vs nn.LayerNorm, "
+            "functions vs F.layer_norm)"
+        )
         lines.append("")
         lines.append("| rows × H | dtype | mode | " + " | ".join(TINY_IMPLS) + " |")
         lines.append("|---|---|---|" + "---|" * len(TINY_IMPLS))
@@ -562,13 +633,17 @@ def format_markdown(result) -> str:
             lines.append(f"| {t['rows']}×{t['hidden']} | {t['dtype']} | {t['mode']} | " + " | ".join(cells) + " |")
     if result.get("auto_choices"):
         lines.append("")
-        lines.append("**what `auto` chose** (normswap.kernels.autotune; per device, dtype, width bucket, rows, gradient)")
+        lines.append(
+            "**what `auto` chose** (normswap.kernels.autotune; per device, dtype, width bucket, rows, gradient)"
+        )
         lines.append("")
         lines.append("| device | dtype | width ≤ | rows | grad | order | why |")
         lines.append("|---|---|---|---|---|---|---|")
         for c in result["auto_choices"]:
-            lines.append(f"| {c['device']} | {c['dtype']} | {c['width_bucket']} | {c['rows']} | {'yes' if c['grad'] else 'no'} | "
-                         f"{' > '.join(c['ranking'])} | {c.get('why', '')} |")
+            lines.append(
+                f"| {c['device']} | {c['dtype']} | {c['width_bucket']} | {c['rows']} | {'yes' if c['grad'] else 'no'} | "
+                f"{' > '.join(c['ranking'])} | {c.get('why', '')} |"
+            )
     goals = list(result.get("goals") or []) + ([result["tiny_goal"]] if result.get("tiny_goal") else [])
     if goals:
         lines.append("")

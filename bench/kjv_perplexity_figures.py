@@ -34,14 +34,18 @@ def main() -> None:
         text = load_text("embedded", split)
         for stride in (128, 64):
             p = perplexity(model, tok, text, seq_len=128, stride=stride)
-            print(f"whole {split} split ({p.tokens:,} tokens), seq_len 128, stride {stride}: perplexity {p.perplexity:.2f}")
+            print(
+                f"whole {split} split ({p.tokens:,} tokens), seq_len 128, stride {stride}: perplexity {p.perplexity:.2f}"
+            )
     approx = normswap.load_model(MODEL)
     convert_model(approx, mode="approx", beta="drop")
     for n in (4096, 16384):
         blocks = eval_blocks(tok, "embedded", 128, n, split="validation")
         for name, m in (("original", model), ("approx, beta dropped", approx)):
-            print(f"first {n:,} validation tokens (finetune --eval-tokens {n}), {name}: perplexity "
-                  f"{math.exp(heldout_loss(m, blocks)):.2f}")
+            print(
+                f"first {n:,} validation tokens (finetune --eval-tokens {n}), {name}: perplexity "
+                f"{math.exp(heldout_loss(m, blocks)):.2f}"
+            )
 
 
 if __name__ == "__main__":

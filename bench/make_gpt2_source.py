@@ -33,7 +33,11 @@ def main(argv=None) -> int:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tok_dir = MODELS_DIR / "kjv-gpt2"
-    shape = dict(n_layer=2, n_embd=64, n_head=4, n_positions=128) if args.tiny else dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
+    shape = (
+        dict(n_layer=2, n_embd=64, n_head=4, n_positions=128)
+        if args.tiny
+        else dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
+    )
     if args.layers:
         shape = dict(n_layer=args.layers, n_embd=args.width, n_head=args.heads, n_positions=1024)
     config = GPT2Config(vocab_size=4096, bos_token_id=0, eos_token_id=0, pad_token_id=0, **shape)

@@ -71,9 +71,30 @@ def longest_line(path: Path) -> int:
 
 def finetune(data: str, out: Path, args, code: Path = ROOT) -> dict:
     """One `normswap finetune` (normswap from ``code``) in a child process; its peak RSS from wait4's rusage."""
-    cmd = [sys.executable, "-m", "normswap", "finetune", args.model, str(out), "--data", data, "--eval-data", "embedded", "--steps", "1",
-           "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--eval-tokens", str(args.eval_tokens),
-           "--warmup-steps", "0", "--no-progress", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "normswap",
+        "finetune",
+        args.model,
+        str(out),
+        "--data",
+        data,
+        "--eval-data",
+        "embedded",
+        "--steps",
+        "1",
+        "--seq-len",
+        str(args.seq_len),
+        "--batch-size",
+        str(args.batch_size),
+        "--eval-tokens",
+        str(args.eval_tokens),
+        "--warmup-steps",
+        "0",
+        "--no-progress",
+        "--json",
+    ]
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": str(args.threads)}
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         t0 = time.perf_counter()
@@ -88,8 +109,18 @@ def finetune(data: str, out: Path, args, code: Path = ROOT) -> dict:
     run = {"returncode": proc.returncode, "peak_rss_bytes": usage.ru_maxrss * 1024, "wall_seconds": round(wall, 1)}
     if proc.returncode == 0:
         summary = json.loads(out_text)
-        run["summary"] = {k: summary.get(k) for k in ("steps", "seq_len", "global_batch", "initial_eval_loss", "final_eval_loss",
-                                                       "eval_tokens", "wall_seconds")}
+        run["summary"] = {
+            k: summary.get(k)
+            for k in (
+                "steps",
+                "seq_len",
+                "global_batch",
+                "initial_eval_loss",
+                "final_eval_loss",
+                "eval_tokens",
+                "wall_seconds",
+            )
+        }
     else:
         run["stderr"] = err_text[-2000:]
     return run
@@ -103,8 +134,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--eval-tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--before", default=None, metavar="REV",
-                    help="also run the one-line corpus with normswap as it was at git revision REV (e.g. the commit before the change)")
+    ap.add_argument(
+        "--before",
+        default=None,
+        metavar="REV",
+        help="also run the one-line corpus with normswap as it was at git revision REV (e.g. the commit before the change)",
+    )
     ap.add_argument("--before-size-mb", type=int, default=25, help="the one-line corpus for --before (and twice that)")
     ap.add_argument("--save", default=None, help="write SAVE.json and SAVE.md")
     args = ap.parse_args(argv)
@@ -133,35 +168,51 @@ def main(argv=None) -> int:
                 written = write_corpus(corpus, size_mb * 10**6, one_line=True)
                 info = {"data": f"{written / 1e6:.0f} MB, longest line {longest_line(corpus):,} characters"}
                 runs[f"one-line, normswap at {args.before} ({written / 1e6:.0f} MB)"] = {
-                    **info, "corpus_bytes": written, **finetune(str(corpus), tmp / f"out-before-{size_mb}", args, code=old)}
+                    **info,
+                    "corpus_bytes": written,
+                    **finetune(str(corpus), tmp / f"out-before-{size_mb}", args, code=old),
+                }
                 corpus.unlink()
     load_at_end = [round(x, 2) for x in os.getloadavg()]
     one = runs["one-line"]
     result = {
         "command": f"python bench/oneline_corpus.py --size-mb {args.size_mb}",
         "options": vars(args),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average_at_start": load_at_start,
-                    "load_average_at_end": load_at_end},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": load_at_end,
+        },
         "goal_peak_rss_bytes": GOAL_BYTES,
         "goal_met": one["returncode"] == 0 and one["peak_rss_bytes"] <= GOAL_BYTES,
         "runs": runs,
     }
     null = runs["null"]["peak_rss_bytes"]
-    command = result["command"] + (f" --before {args.before} --before-size-mb {args.before_size_mb}" if args.before else "")
+    command = result["command"] + (
+        f" --before {args.before} --before-size-mb {args.before_size_mb}" if args.before else ""
+    )
     rows = "\n".join(
         f"| {name} | {r['data']} | {'ok' if r['returncode'] == 0 else 'failed (exit %d)' % r['returncode']} | "
         f"{r['peak_rss_bytes'] / 1e9:.2f} GB | {r['peak_rss_bytes'] / null:.2f} | {r['wall_seconds']:.0f} s |"
-        for name, r in runs.items())
-    md = (f"# One-step fine-tune on a {args.size_mb} MB corpus written on one line\n\n"
-          f"`{command}` (under `flock /work/bench.lock`): `normswap finetune {args.model} OUT --data FILE --eval-data embedded --steps 1 "
-          f"--seq-len {args.seq_len} --batch-size {args.batch_size} --eval-tokens {args.eval_tokens}`, each run in its own process, "
-          f"{args.threads} thread(s); peak RSS is the child's `ru_maxrss`. Load average at start {load_at_start}, at end {load_at_end}.\n\n"
-          "| run | data | result | peak RSS | vs null | wall |\n|---|---|---|---|---|---|\n" + rows + "\n\n"
-          + "".join(f"{name}: `{r['stderr'].strip().splitlines()[-1]}`\n\n" for name, r in runs.items() if r["returncode"] != 0)
-          + f"Goal: the one-line run at most {GOAL_BYTES / 1e9:.1f} GB peak RSS: **{'met' if result['goal_met'] else 'not met'}**. "
-          "The text file is read in 1 MiB blocks and a line longer than 64 Ki characters is cut just before whitespace into "
-          "documents of about 4,000 characters, so the first step reads only what its shuffle buffer (2,048 documents) "
-          "and the held-out set need, never the whole file.\n")
+        for name, r in runs.items()
+    )
+    md = (
+        f"# One-step fine-tune on a {args.size_mb} MB corpus written on one line\n\n"
+        f"`{command}` (under `flock /work/bench.lock`): `normswap finetune {args.model} OUT --data FILE --eval-data embedded --steps 1 "
+        f"--seq-len {args.seq_len} --batch-size {args.batch_size} --eval-tokens {args.eval_tokens}`, each run in its own process, "
+        f"{args.threads} thread(s); peak RSS is the child's `ru_maxrss`. Load average at start {load_at_start}, at end {load_at_end}.\n\n"
+        "| run | data | result | peak RSS | vs null | wall |\n|---|---|---|---|---|---|\n"
+        + rows
+        + "\n\n"
+        + "".join(
+            f"{name}: `{r['stderr'].strip().splitlines()[-1]}`\n\n" for name, r in runs.items() if r["returncode"] != 0
+        )
+        + f"Goal: the one-line run at most {GOAL_BYTES / 1e9:.1f} GB peak RSS: **{'met' if result['goal_met'] else 'not met'}**. "
+        "The text file is read in 1 MiB blocks and a line longer than 64 Ki characters is cut just before whitespace into "
+        "documents of about 4,000 characters, so the first step reads only what its shuffle buffer (2,048 documents) "
+        "and the held-out set need, never the whole file.\n"
+    )
     return save_and_print(save, result, md)
 
 

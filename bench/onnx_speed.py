@@ -56,8 +56,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds per measurement (sets the calls)")
     ap.add_argument("--save", default=None)
-    ap.add_argument("--prepare-only", action="store_true",
-                    help="build, convert and export into --work, then stop (untimed: run it outside the bench lock)")
+    ap.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="build, convert and export into --work, then stop (untimed: run it outside the bench lock)",
+    )
     args = ap.parse_args(argv)
     import torch
 
@@ -69,12 +72,17 @@ def main(argv=None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="onnx-bench-"))
     src, conv = work / "source", work / "converted"
     if not src.exists():
-        subprocess.run([sys.executable, str(ROOT / "bench" / "make_gpt2_source.py"), str(src)] + (["--tiny"] if args.tiny else []),
-                       check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "make_gpt2_source.py"), str(src)] + (["--tiny"] if args.tiny else []),
+            check=True,
+        )
     if not conv.exists():
         convert_checkpoint(str(src), conv)
-    graphs = {"original": (src, "rmsnormalization"), "converted_rmsnormalization": (conv, "rmsnormalization"),
-              "converted_simplified": (conv, "simplified")}
+    graphs = {
+        "original": (src, "rmsnormalization"),
+        "converted_rmsnormalization": (conv, "rmsnormalization"),
+        "converted_simplified": (conv, "simplified"),
+    }
     exported = {}
     for name, (path, op) in graphs.items():
         dest = work / f"onnx-{name}"
@@ -90,7 +98,9 @@ def main(argv=None) -> int:
 
     # outputs: each converted graph against the original graph, on the same ids, in log-probs
     ref = run_session(sessions["original"], ids).double().log_softmax(-1)
-    match = {name: float((run_session(s, ids).double().log_softmax(-1) - ref).abs().max()) for name, s in sessions.items()}
+    match = {
+        name: float((run_session(s, ids).double().log_softmax(-1) - ref).abs().max()) for name, s in sessions.items()
+    }
 
     load_before = _uptime()
     calls = {}
@@ -108,34 +118,59 @@ def main(argv=None) -> int:
     rows = {}
     for n in names:
         ratios = [a / b for a, b in zip(samples[n], base)]
-        rows[n] = {"tokens_per_second": statistics.median(samples[n]), "ratio_to_original": statistics.median(ratios),
-                   "ratio_min": min(ratios), "ratio_max": max(ratios), "calls_per_measurement": calls[n],
-                   "max_abs_logprob_diff_vs_original": match[n], "samples": samples[n]}
+        rows[n] = {
+            "tokens_per_second": statistics.median(samples[n]),
+            "ratio_to_original": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "calls_per_measurement": calls[n],
+            "max_abs_logprob_diff_vs_original": match[n],
+            "samples": samples[n],
+        }
     import onnxruntime
 
     result = {
         "what": "onnxruntime CPU forward throughput of ONNX exports (normswap export --format onnx), GPT-2-small shape",
-        "command": "flock /work/bench.lock python bench/onnx_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "shape": "tiny (2 layers, width 64)" if args.tiny else "GPT-2 small (12 layers, width 768, 12 heads, vocab 4096)",
-        "threads": args.threads, "batch": args.batch, "seq_len": args.seq_len, "repeats": args.repeats,
-        "onnxruntime": onnxruntime.__version__, "torch": torch.__version__, "cpu_count": os.cpu_count(),
-        "uptime_before": load_before, "uptime_after": load_after,
-        "norm_nodes": {n: (__import__("json").loads((exported[n] / "normswap_manifest.json").read_text())["export"]["norm_nodes"])
-                       for n in exported},
+        "command": "flock /work/bench.lock python bench/onnx_speed.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "shape": "tiny (2 layers, width 64)"
+        if args.tiny
+        else "GPT-2 small (12 layers, width 768, 12 heads, vocab 4096)",
+        "threads": args.threads,
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "repeats": args.repeats,
+        "onnxruntime": onnxruntime.__version__,
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "uptime_before": load_before,
+        "uptime_after": load_after,
+        "norm_nodes": {
+            n: (__import__("json").loads((exported[n] / "normswap_manifest.json").read_text())["export"]["norm_nodes"])
+            for n in exported
+        },
         "models": rows,
     }
-    md = [f"# ONNX export speed (onnxruntime {onnxruntime.__version__}, CPU, {args.threads} threads)", "",
-          f"{result['shape']}; forward of batch {args.batch} x {args.seq_len} tokens; {args.repeats} interleaved repeats; "
-          "ratio = median of per-repeat ratios to the original's graph [min-max]; `original_copy` is the null control "
-          "(the same graph in a second session).", "",
-          f"Load: before `{load_before}`; after `{load_after}`", "",
-          "| graph | norm nodes | tokens/s | ratio to original | max abs Δ log-prob vs original |", "|---|---|---:|---:|---:|"]
+    md = [
+        f"# ONNX export speed (onnxruntime {onnxruntime.__version__}, CPU, {args.threads} threads)",
+        "",
+        f"{result['shape']}; forward of batch {args.batch} x {args.seq_len} tokens; {args.repeats} interleaved repeats; "
+        "ratio = median of per-repeat ratios to the original's graph [min-max]; `original_copy` is the null control "
+        "(the same graph in a second session).",
+        "",
+        f"Load: before `{load_before}`; after `{load_after}`",
+        "",
+        "| graph | norm nodes | tokens/s | ratio to original | max abs Δ log-prob vs original |",
+        "|---|---|---:|---:|---:|",
+    ]
     for n in names:
         row = rows[n]
         nodes = result["norm_nodes"].get(n if n != "original_copy" else "original")
-        md.append(f"| {n} | {', '.join(f'{k} x{v}' for k, v in nodes.items())} | {row['tokens_per_second']:,.0f} | "
-                  f"{row['ratio_to_original']:.3f} [{row['ratio_min']:.3f}-{row['ratio_max']:.3f}] | "
-                  f"{row['max_abs_logprob_diff_vs_original']:.2g} |")
+        md.append(
+            f"| {n} | {', '.join(f'{k} x{v}' for k, v in nodes.items())} | {row['tokens_per_second']:,.0f} | "
+            f"{row['ratio_to_original']:.3f} [{row['ratio_min']:.3f}-{row['ratio_max']:.3f}] | "
+            f"{row['max_abs_logprob_diff_vs_original']:.2g} |"
+        )
     md.append("")
     return save_and_print(args.save, result, "\n".join(md) + "\n")
 

@@ -44,7 +44,7 @@ def placed(t: torch.Tensor, offset: int) -> torch.Tensor:
     n = t.numel() * t.element_size()
     buf = torch.empty(n + 128, dtype=torch.uint8)
     start = (-buf.data_ptr()) % 64 + offset
-    return buf[start:start + n].view(t.dtype).view(t.shape).copy_(t)
+    return buf[start : start + n].view(t.dtype).view(t.shape).copy_(t)
 
 
 def with_weights_at(model, offset: int):
@@ -70,8 +70,11 @@ def main(argv=None) -> int:
     model = load_model(args.model).eval()
     as_loaded = sorted({p.data_ptr() % 64 for p in model.parameters()})
     # a second aligned copy is the null control: how far two identical placements differ
-    variants = {"aligned (0)": with_weights_at(model, 0), f"off a line ({OFF_LINE})": with_weights_at(model, OFF_LINE),
-                "aligned (0), second copy": with_weights_at(model, 0)}
+    variants = {
+        "aligned (0)": with_weights_at(model, 0),
+        f"off a line ({OFF_LINE})": with_weights_at(model, OFF_LINE),
+        "aligned (0), second copy": with_weights_at(model, 0),
+    }
     del model
     gen = torch.Generator().manual_seed(0)
     vocab = next(iter(variants.values())).config.vocab_size
@@ -83,11 +86,19 @@ def main(argv=None) -> int:
     for r in range(args.repeats):
         for name in names if r % 2 == 0 else names[::-1]:
             seconds[name].append(decode_seconds(variants[name], ids, args.new_tokens - 1))
+
     def paired(other):  # time of ``other`` over the first aligned copy's, per repeat
         ratios = [o / a for a, o in zip(seconds[names[0]], seconds[other])]
         q1, _, q3 = statistics.quantiles(ratios, n=4)
-        return {"median": statistics.median(ratios), "q1": q1, "q3": q3, "min": min(ratios), "max": max(ratios),
-                "per_repeat": ratios}
+        return {
+            "median": statistics.median(ratios),
+            "q1": q1,
+            "q3": q3,
+            "min": min(ratios),
+            "max": max(ratios),
+            "per_repeat": ratios,
+        }
+
     steps = args.new_tokens - 1
     result = {
         "command": "python bench/weights_alignment.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -96,23 +107,32 @@ def main(argv=None) -> int:
         "load_average": os.getloadavg(),
         "model": args.model,
         "weights_as_loaded_mod_64": as_loaded,
-        "setup": {"batch_size": args.batch_size, "prompt_len": args.prompt_len, "decode_steps": steps, "repeats": args.repeats},
+        "setup": {
+            "batch_size": args.batch_size,
+            "prompt_len": args.prompt_len,
+            "decode_steps": steps,
+            "repeats": args.repeats,
+        },
         "ms_per_step": {name: statistics.median(s) * 1000 / steps for name, s in seconds.items()},
         "time_over_first_aligned": {name: paired(name) for name in names[1:]},
     }
-    md = (f"# Weight alignment and decode time — {args.model}\n\n"
-          f"Command: `{result['command']}`\n\n"
-          f"{result['when']} · {result['machine']} · load average {[round(x, 2) for x in result['load_average']]}\n\n"
-          f"The model's weights as loaded (memory-mapped) sit at address mod 64 = {as_loaded}. Three copies of the "
-          f"same weights, two on 64-byte boundaries and one {OFF_LINE} bytes past them; per-token greedy decode "
-          f"(batch {args.batch_size}, prompt {args.prompt_len}, {steps} steps, KV cache), {args.repeats} repeats in "
-          "alternating order.\n\n"
-          "| weights | ms per decode step (median) |\n|---|---:|\n"
-          + "".join(f"| {name} | {ms:.2f} |\n" for name, ms in result["ms_per_step"].items())
-          + "\nTime ÷ the first aligned copy's time, paired per repeat (> 1: slower; the second aligned copy is the "
-          "null control, what two identical placements differ by):\n\n| weights | median | quartiles | min, max |\n|---|---:|---|---|\n"
-          + "".join(f"| {name} | **{r['median']:.3f}** | [{r['q1']:.3f}, {r['q3']:.3f}] | {r['min']:.3f}, {r['max']:.3f} |\n"
-                    for name, r in result["time_over_first_aligned"].items()))
+    md = (
+        f"# Weight alignment and decode time — {args.model}\n\n"
+        f"Command: `{result['command']}`\n\n"
+        f"{result['when']} · {result['machine']} · load average {[round(x, 2) for x in result['load_average']]}\n\n"
+        f"The model's weights as loaded (memory-mapped) sit at address mod 64 = {as_loaded}. Three copies of the "
+        f"same weights, two on 64-byte boundaries and one {OFF_LINE} bytes past them; per-token greedy decode "
+        f"(batch {args.batch_size}, prompt {args.prompt_len}, {steps} steps, KV cache), {args.repeats} repeats in "
+        "alternating order.\n\n"
+        "| weights | ms per decode step (median) |\n|---|---:|\n"
+        + "".join(f"| {name} | {ms:.2f} |\n" for name, ms in result["ms_per_step"].items())
+        + "\nTime ÷ the first aligned copy's time, paired per repeat (> 1: slower; the second aligned copy is the "
+        "null control, what two identical placements differ by):\n\n| weights | median | quartiles | min, max |\n|---|---:|---|---|\n"
+        + "".join(
+            f"| {name} | **{r['median']:.3f}** | [{r['q1']:.3f}, {r['q3']:.3f}] | {r['min']:.3f}, {r['max']:.3f} |\n"
+            for name, r in result["time_over_first_aligned"].items()
+        )
+    )
     return save_and_print(args.save, result, md)
 
 

@@ -23,8 +23,23 @@ from dataclasses import field
 _UNSET = object()
 
 
-def option(default, help, *, kind=None, choices=(), minimum=None, maximum=None, above=None, below=None, recipe=True, cli=True,
-           flag=None, recipe_default=_UNSET, factory=None, **extra):
+def option(
+    default,
+    help,
+    *,
+    kind=None,
+    choices=(),
+    minimum=None,
+    maximum=None,
+    above=None,
+    below=None,
+    recipe=True,
+    cli=True,
+    flag=None,
+    recipe_default=_UNSET,
+    factory=None,
+    **extra,
+):
     """A config field with its declaration as metadata.
 
     ``kind``: int, float, str, bool or list[str] (from the default when not given); ``recipe`` /
@@ -33,9 +48,27 @@ def option(default, help, *, kind=None, choices=(), minimum=None, maximum=None, 
     (say why at the field); ``extra``: metadata of one configuration (e.g. the fine-tune's ``resume``).
     """
     if kind is None:
-        kind = "bool" if isinstance(default, bool) else "list[str]" if isinstance(default, (list, tuple)) else type(default).__name__
-    meta = dict(help=help, kind=kind, choices=tuple(choices), minimum=minimum, maximum=maximum, above=above, below=below,
-                recipe=recipe, cli=cli, flag=flag, recipe_default=recipe_default, **extra)
+        kind = (
+            "bool"
+            if isinstance(default, bool)
+            else "list[str]"
+            if isinstance(default, (list, tuple))
+            else type(default).__name__
+        )
+    meta = dict(
+        help=help,
+        kind=kind,
+        choices=tuple(choices),
+        minimum=minimum,
+        maximum=maximum,
+        above=above,
+        below=below,
+        recipe=recipe,
+        cli=cli,
+        flag=flag,
+        recipe_default=recipe_default,
+        **extra,
+    )
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     if isinstance(default, list):
@@ -44,7 +77,11 @@ def option(default, help, *, kind=None, choices=(), minimum=None, maximum=None, 
 
 
 def _is_group(f: dataclasses.Field) -> bool:
-    return "help" not in f.metadata and f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
+    return (
+        "help" not in f.metadata
+        and f.default_factory is not dataclasses.MISSING
+        and dataclasses.is_dataclass(f.default_factory)
+    )
 
 
 def _is_option(f: dataclasses.Field) -> bool:
@@ -138,7 +175,12 @@ def recipe_fields(cls) -> dict[str, dict]:
         if not m["recipe"]:
             continue
         default = recipe_default(f)
-        table[f.name] = dict(kind="choice" if m["choices"] else m["kind"], default=default, choices=m["choices"],
-                             nullable=default is None, minimum=m["minimum"] if m["minimum"] is not None else m["above"],
-                             help=m["help"])
+        table[f.name] = dict(
+            kind="choice" if m["choices"] else m["kind"],
+            default=default,
+            choices=m["choices"],
+            nullable=default is None,
+            minimum=m["minimum"] if m["minimum"] is not None else m["above"],
+            help=m["help"],
+        )
     return table

@@ -17,8 +17,15 @@ from __future__ import annotations
 from torch import nn
 
 # config keys that hold the longest sequence a model accepts, in the order families use them
-CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_seq_len",
-                "max_sequence_length", "max_target_positions")
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "n_ctx",
+    "seq_length",
+    "max_seq_len",
+    "max_sequence_length",
+    "max_target_positions",
+)
 # module attributes that hold a norm's ε
 EPS_ATTRS = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps")
 

@@ -24,7 +24,9 @@ class RMSNorm(nn.Module):
         factory = {"device": device, "dtype": dtype}
         # registered even when absent (None), as nn.LayerNorm does, so forward finds both in
         # _parameters
-        self.register_parameter("weight", nn.Parameter(torch.ones(self.hidden_size, **factory)) if elementwise_affine else None)
+        self.register_parameter(
+            "weight", nn.Parameter(torch.ones(self.hidden_size, **factory)) if elementwise_affine else None
+        )
         self.register_parameter("bias", nn.Parameter(torch.zeros(self.hidden_size, **factory)) if bias else None)
 
     def forward(self, x, residual=None):
@@ -51,7 +53,9 @@ class RMSNorm(nn.Module):
             x = x + residual
         # γ folded away: a constant scale of ones (RMSNormalization's scale input is required; the
         # exporter would otherwise compute one from x's shape in every run of the graph)
-        weight = self.weight if self.weight is not None else torch.ones(self.hidden_size, dtype=x.dtype, device=x.device)
+        weight = (
+            self.weight if self.weight is not None else torch.ones(self.hidden_size, dtype=x.dtype, device=x.device)
+        )
         y = torch.nn.functional.rms_norm(x, (self.hidden_size,), weight, self.eps)
         if self.bias is not None:
             y = y + self.bias

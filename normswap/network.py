@@ -84,7 +84,13 @@ def data_needs_hub(spec) -> bool:
     spec = str(spec)
     if spec in ("", "embedded") or Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")):
         return False
-    return bool(HUB_DATASET_ID.match(spec)) and Path(spec).suffix.lower() not in (".txt", ".md", ".jsonl", ".json", ".parquet")
+    return bool(HUB_DATASET_ID.match(spec)) and Path(spec).suffix.lower() not in (
+        ".txt",
+        ".md",
+        ".jsonl",
+        ".json",
+        ".parquet",
+    )
 
 
 def require_hub(*, models=(), data=None, hub_tasks=(), timeout: float = PROBE_TIMEOUT) -> None:
@@ -101,5 +107,7 @@ def require_hub(*, models=(), data=None, hub_tasks=(), timeout: float = PROBE_TI
         return
     problem = hub_problem(timeout)
     if problem:
-        raise NormswapError(f"{', '.join(needs)} must be downloaded from the Hub, but {problem}; "
-                            "use local paths, --data embedded or the shipped tasks (normswap_kjv)")
+        raise NormswapError(
+            f"{', '.join(needs)} must be downloaded from the Hub, but {problem}; "
+            "use local paths, --data embedded or the shipped tasks (normswap_kjv)"
+        )

@@ -20,10 +20,11 @@ skipped; the command refuses them later with its own message.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from normswap.errors import NormswapError
+
 
 def local_path(spec) -> Path | None:
     """The local file or directory ``spec`` names, or None when it names none."""
@@ -58,7 +59,9 @@ def overlaps(a, b) -> bool:
     return any(_nested(x, y) for x in _forms(Path(a)) for y in _forms(Path(b)))
 
 
-def check_disjoint(reads: Iterable, writes: Iterable[tuple[str, object]], *, advice: str = "choose another OUT") -> None:
+def check_disjoint(
+    reads: Iterable, writes: Iterable[tuple[str, object]], *, advice: str = "choose another OUT"
+) -> None:
     """Refuse, in one line, a write that would touch a read.
 
     ``reads``: ``(label, spec)`` pairs such as ``("the data", "D/corpus.txt")``, or bare specs;
@@ -73,8 +76,10 @@ def check_disjoint(reads: Iterable, writes: Iterable[tuple[str, object]], *, adv
         for rlabel, spec, path in read_paths:
             if overlaps(w, path):
                 what = f"{rlabel} {spec}" if rlabel else str(spec)
-                raise NormswapError(f"{wlabel} overlaps {what}, which this command reads: "
-                                    f"inputs are never modified or deleted; {advice}")
+                raise NormswapError(
+                    f"{wlabel} overlaps {what}, which this command reads: "
+                    f"inputs are never modified or deleted; {advice}"
+                )
 
 
 __all__ = ["check_disjoint", "local_path", "overlaps"]

@@ -139,7 +139,9 @@ def ensure_private_dir(path, *, base=None) -> Path:
             os.mkdir(level, 0o700)
         why = why_not_private(level)
         if why:
-            raise NotPrivate(f"refusing to use {level}: {why}; remove it or set NORMSWAP_CACHE_DIR to a private directory")
+            raise NotPrivate(
+                f"refusing to use {level}: {why}; remove it or set NORMSWAP_CACHE_DIR to a private directory"
+            )
     return path
 
 
@@ -200,8 +202,10 @@ def open_private(path, flags: int, mode: int = 0o600) -> int:
         return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), mode)
     except OSError as e:
         if e.errno == errno.ELOOP or (e.errno == errno.EMLINK and Path(path).is_symlink()):
-            raise NotPrivate(f"{path} is a symbolic link (to {os.readlink(path)}); normswap does not follow it: "
-                             "remove it and run again") from None
+            raise NotPrivate(
+                f"{path} is a symbolic link (to {os.readlink(path)}); normswap does not follow it: "
+                "remove it and run again"
+            ) from None
         raise
 
 

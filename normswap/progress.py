@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 EVERY = 10.0  # seconds between progress lines when nothing else was said (readable in logs and CI)
 
@@ -30,7 +30,12 @@ def stderr_lines(prefix: str) -> Callable[[str], None]:
     must not go with it): a duplicate of the descriptor is written to."""
     try:
         stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # a stream without a descriptor (tests, IDEs)
+    except (
+        AttributeError,
+        OSError,
+        ValueError,
+        io.UnsupportedOperation,
+    ):  # a stream without a descriptor (tests, IDEs)
         stream = sys.stderr
 
     def emit(line: str) -> None:
@@ -43,7 +48,11 @@ def stderr_lines(prefix: str) -> Callable[[str], None]:
 def step_status(step: int, total: int, elapsed: float, loss: float | None = None) -> str:
     """``step 40/100  loss 3.201  (12 s, ~18 s left)``: one training step's progress line."""
     left = f", ~{elapsed / step * (total - step):.0f} s left" if step else ""
-    return f"step {step}/{total}" + (f"  loss {loss:.3f}" if isinstance(loss, (int, float)) else "") + f"  ({elapsed:.0f} s{left})"
+    return (
+        f"step {step}/{total}"
+        + (f"  loss {loss:.3f}" if isinstance(loss, (int, float)) else "")
+        + f"  ({elapsed:.0f} s{left})"
+    )
 
 
 class StepProgress:
@@ -73,8 +82,14 @@ class Heartbeat:
     :meth:`tick` about once a second while the command runs.
     """
 
-    def __init__(self, emit: Callable[[str], None], *, every: float | None = None, enabled: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        emit: Callable[[str], None],
+        *,
+        every: float | None = None,
+        enabled: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.emit, self.every, self.clock = emit, EVERY if every is None else every, clock
         self.enabled = (not _is_terminal(sys.stderr)) if enabled is None else enabled
         self.t0 = self.last = clock()
@@ -113,7 +128,7 @@ class Heartbeat:
         self.emit(line)
         return line
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         if self.enabled:
             self._thread = threading.Thread(target=self._run, name="normswap-progress", daemon=True)
             self._thread.start()

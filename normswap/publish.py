@@ -73,7 +73,9 @@ def check_output_path(out, *, force: bool, reads=(), allow_empty: bool = False, 
     """
     out = Path(out).expanduser()
     if out.is_symlink() and not out.exists():
-        raise NormswapError(f"OUT {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another OUT")
+        raise NormswapError(
+            f"OUT {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another OUT"
+        )
     check_disjoint(reads, [(f"OUT {out}", out)])
     if out.exists() and not out.is_dir():
         raise NormswapError(f"OUT {out} exists and is not a directory")
@@ -111,13 +113,17 @@ def _acquire(lock_path: Path, command: str) -> int:
         why = _not_our_lock(fd, lock_path)
         if why:
             os.close(fd)
-            raise NormswapError(f"refusing the lock file {lock_path}: {why}; remove it (it is only a lock) and run again")
+            raise NormswapError(
+                f"refusing the lock file {lock_path}: {why}; remove it (it is only a lock) and run again"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise NormswapError(f"{lock_path.parent / lock_path.name[1:-len(LOCK_SUFFIX)]} is in use by {_holder(lock_path)}; "
-                                "wait for it to finish or stop it") from None
+            raise NormswapError(
+                f"{lock_path.parent / lock_path.name[1 : -len(LOCK_SUFFIX)]} is in use by {_holder(lock_path)}; "
+                "wait for it to finish or stop it"
+            ) from None
         # the previous holder may have unlinked the file between our open and our flock:
         # then we hold a lock nobody else can see; start again on the current file
         try:
@@ -151,7 +157,11 @@ def _release(lock_path: Path, fd: int) -> None:
 
 def _command_line() -> str:
     args = " ".join(sys.argv[1:])
-    return f"normswap {args}"[:300] if Path(sys.argv[0]).name in ("normswap", "__main__.py") else f"{sys.argv[0]} {args}"[:300]
+    return (
+        f"normswap {args}"[:300]
+        if Path(sys.argv[0]).name in ("normswap", "__main__.py")
+        else f"{sys.argv[0]} {args}"[:300]
+    )
 
 
 @contextlib.contextmanager
@@ -165,7 +175,9 @@ def output_lock(out, *, command: str | None = None, say=None, create_parent: boo
     """
     out = Path(out).expanduser().absolute()
     if out.is_symlink() and not out.exists():
-        raise NormswapError(f"OUT {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another OUT")
+        raise NormswapError(
+            f"OUT {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another OUT"
+        )
     if not out.parent.exists():
         if not create_parent:
             raise NormswapError(f"parent directory of OUT does not exist: {out.parent}")
@@ -207,20 +219,29 @@ def check_writable_destination(out: Path, *, replaced_whole: bool = True) -> Non
         name_max = 255
     length = len(os.fsencode(out.name))
     if length + _SIBLING_EXTRA > name_max:
-        raise NormswapError(f"OUT name {out.name[:40]}... is {length} bytes long: normswap needs {_SIBLING_EXTRA} more for "
-                            f"the lock and staging names it keeps beside OUT, and this file system allows {name_max}; "
-                            f"choose a name of at most {name_max - _SIBLING_EXTRA} bytes")
+        raise NormswapError(
+            f"OUT name {out.name[:40]}... is {length} bytes long: normswap needs {_SIBLING_EXTRA} more for "
+            f"the lock and staging names it keeps beside OUT, and this file system allows {name_max}; "
+            f"choose a name of at most {name_max - _SIBLING_EXTRA} bytes"
+        )
     if out.exists() and replaced_whole:
         real, cwd = out.resolve(), Path.cwd().resolve()
         if real == cwd or real in cwd.parents:
-            raise NormswapError(f"OUT {out} is the current directory or holds it: normswap replaces OUT as a whole, which "
-                                "cannot be done to the directory you are working in; give a new directory as OUT")
+            raise NormswapError(
+                f"OUT {out} is the current directory or holds it: normswap replaces OUT as a whole, which "
+                "cannot be done to the directory you are working in; give a new directory as OUT"
+            )
         if os.path.ismount(real):
-            raise NormswapError(f"OUT {out} is a mount point, which cannot be replaced by a rename; give a directory inside it as OUT")
+            raise NormswapError(
+                f"OUT {out} is a mount point, which cannot be replaced by a rename; give a directory inside it as OUT"
+            )
     if out.parent.exists() and not os.access(out.parent, os.W_OK):
         ro = _read_only_fs(out.parent)
-        raise NormswapError(f"cannot write in {out.parent}: " + ("the file system is read-only" if ro else "permission denied")
-                            + "; choose an OUT in a directory you can write")
+        raise NormswapError(
+            f"cannot write in {out.parent}: "
+            + ("the file system is read-only" if ro else "permission denied")
+            + "; choose an OUT in a directory you can write"
+        )
 
 
 def _read_only_fs(path: Path) -> bool:
@@ -259,7 +280,12 @@ def _remove_leftovers(out: Path, say) -> None:
         (out / COMPLETE_MARKER).unlink()  # restored above, or killed just after the fallback's second rename
     if restored or removed:
         what = ([f"restored {out.name} from its verified staging directory"] if restored else []) + (
-            [f"removed {len(removed)} leftover staging director{'y' if len(removed) == 1 else 'ies'} ({', '.join(removed)})"] if removed else [])
+            [
+                f"removed {len(removed)} leftover staging director{'y' if len(removed) == 1 else 'ies'} ({', '.join(removed)})"
+            ]
+            if removed
+            else []
+        )
         _say(say, f"cleaned up after stopped process {', '.join(sorted(pids))}: {'; '.join(what)}")
 
 
@@ -286,8 +312,10 @@ def staging_dir(out):
             raise
         except Exception as e:
             if _is_write_failure(e):  # safetensors' writer wraps the OS error in its own type
-                raise NormswapError(f"cannot write OUT {out}: {_one_line(e)} (the disk is full or not writable: free "
-                                    "some space or choose an OUT on another disk); nothing was written") from None
+                raise NormswapError(
+                    f"cannot write OUT {out}: {_one_line(e)} (the disk is full or not writable: free "
+                    "some space or choose an OUT on another disk); nothing was written"
+                ) from None
             raise
         finally:
             if tmp.exists():
@@ -300,7 +328,9 @@ _WRITE_ERRNOS = {"ENOSPC", "EDQUOT", "EFBIG", "EROFS"}
 def _is_write_failure(e: Exception) -> bool:
     text = str(e)
     return type(e).__name__ == "SafetensorError" and any(
-        s in text for s in ("No space left", "os error 28", "Read-only file system", "os error 30", "Disk quota", "os error 122"))
+        s in text
+        for s in ("No space left", "os error 28", "Read-only file system", "os error 30", "Disk quota", "os error 122")
+    )
 
 
 def _one_line(e: Exception) -> str:
@@ -347,8 +377,9 @@ def publish_dir(staging, out, *, force: bool) -> Path:
     try:
         return _publish(staging, out, force)
     except OSError as e:
-        raise NormswapError(f"cannot move the finished output into place at {out}: {os_error_message(e)}; "
-                            "nothing was changed") from None
+        raise NormswapError(
+            f"cannot move the finished output into place at {out}: {os_error_message(e)}; nothing was changed"
+        ) from None
 
 
 def _publish(staging: Path, out: Path, force: bool) -> Path:

@@ -50,7 +50,9 @@ PRESETS = {
     "small": dict(n_layer=6, n_embd=256, n_head=8, ctx=256, vocab=8192, batch=64, lr=1.5e-3, steps=3000),
     "medium": dict(n_layer=12, n_embd=512, n_head=8, ctx=512, vocab=16384, batch=64, lr=6e-4, steps=6000),
     # a seconds-long smoke run for the test suite
-    "test": dict(n_layer=1, n_embd=32, n_head=2, ctx=64, vocab=512, batch=8, lr=3e-3, steps=3, max_docs=30, eval_windows=20),
+    "test": dict(
+        n_layer=1, n_embd=32, n_head=2, ctx=64, vocab=512, batch=8, lr=3e-3, steps=3, max_docs=30, eval_windows=20
+    ),
 }
 
 
@@ -67,18 +69,34 @@ def build_model(family: str, p: dict, vocab_size: int, eos_id: int):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         config = GPT2Config(
-            n_positions=p["ctx"], n_embd=p["n_embd"], n_layer=p["n_layer"], n_head=p["n_head"],
-            layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            tie_word_embeddings=True, **common,
+            n_positions=p["ctx"],
+            n_embd=p["n_embd"],
+            n_layer=p["n_layer"],
+            n_head=p["n_head"],
+            layer_norm_epsilon=1e-5,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            tie_word_embeddings=True,
+            **common,
         )
         return GPT2LMHeadModel(config)
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     config = GPTNeoXConfig(
-        hidden_size=p["n_embd"], num_hidden_layers=p["n_layer"], num_attention_heads=p["n_head"],
-        intermediate_size=4 * p["n_embd"], max_position_embeddings=p["ctx"], layer_norm_eps=1e-5,
-        use_parallel_residual=True, attention_bias=True, hidden_dropout=0.0, attention_dropout=0.0,
-        rotary_pct=0.25, tie_word_embeddings=False, **common,
+        hidden_size=p["n_embd"],
+        num_hidden_layers=p["n_layer"],
+        num_attention_heads=p["n_head"],
+        intermediate_size=4 * p["n_embd"],
+        max_position_embeddings=p["ctx"],
+        layer_norm_eps=1e-5,
+        use_parallel_residual=True,
+        attention_bias=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        rotary_pct=0.25,
+        tie_word_embeddings=False,
+        **common,
     )
     return GPTNeoXForCausalLM(config)
 
@@ -133,8 +151,8 @@ def heldout_perplexity(model, tokenizer, split: str, ctx: int, device: str, batc
     windows = list(ids.split(ctx))[:max_windows]
     nll, count = 0.0, 0
     for i in range(0, len(windows), batch):
-        group = windows[i:i + batch]
-        for w in ([torch.stack(group)] if all(len(g) == ctx for g in group) else [g[None] for g in group]):
+        group = windows[i : i + batch]
+        for w in [torch.stack(group)] if all(len(g) == ctx for g in group) else [g[None] for g in group]:
             w = w.to(device)
             logits = model(w).logits.float()
             loss = torch.nn.functional.cross_entropy(
@@ -143,33 +161,40 @@ def heldout_perplexity(model, tokenizer, split: str, ctx: int, device: str, batc
             nll += loss.item()
             count += w[:, 1:].numel()
     model.train()
-    return {"perplexity": math.exp(nll / count), "tokens": int(ids.numel()), "windows": len(windows), "predicted_tokens": count}
+    return {
+        "perplexity": math.exp(nll / count),
+        "tokens": int(ids.numel()),
+        "windows": len(windows),
+        "predicted_tokens": count,
+    }
 
 
 def model_card(meta: dict) -> str:
     t, e = meta["training"], meta["evaluation"]
-    return "\n".join([
-        f"# {meta['name']}",
-        "",
-        meta["description"] + ".",
-        "",
-        "normswap's LayerNorm reference model: a real trained checkpoint to convert to RMSNorm, heal and",
-        "evaluate offline. Load it with `normswap.load_model(\"normswap:" + meta["name"] + "\")` or with",
-        "`AutoModelForCausalLM.from_pretrained(<this directory>)`.",
-        "",
-        f"- parameters: {meta['parameters']:,}",
-        f"- trained: {t['steps']} steps x {t['batch_size']} x {t['sequence_length']} tokens ({t['tokens_seen']:,} tokens; "
-        f"the training split has {t['training_split_tokens']:,}), {t['seconds'] / 60:.1f} min on {t['device']}",
-        f"- final training loss: {t['final_train_loss']} (mean of the last 50 steps)",
-        f"- held-out perplexity: validation {e['validation']['perplexity']:.2f}, test {e['test']['perplexity']:.2f}",
-        f"- method: {e['method']}",
-        f"- validation books: {', '.join(e['validation_books'])}",
-        f"- test books: {', '.join(e['test_books'])}",
-        f"- corpus: {meta['corpus']}",
-        f"- reproduce: `{t['command']}` (seed {t['seed']}, torch {t['torch']})",
-        f"- date: {meta['date']}",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# {meta['name']}",
+            "",
+            meta["description"] + ".",
+            "",
+            "normswap's LayerNorm reference model: a real trained checkpoint to convert to RMSNorm, heal and",
+            'evaluate offline. Load it with `normswap.load_model("normswap:' + meta["name"] + '")` or with',
+            "`AutoModelForCausalLM.from_pretrained(<this directory>)`.",
+            "",
+            f"- parameters: {meta['parameters']:,}",
+            f"- trained: {t['steps']} steps x {t['batch_size']} x {t['sequence_length']} tokens ({t['tokens_seen']:,} tokens; "
+            f"the training split has {t['training_split_tokens']:,}), {t['seconds'] / 60:.1f} min on {t['device']}",
+            f"- final training loss: {t['final_train_loss']} (mean of the last 50 steps)",
+            f"- held-out perplexity: validation {e['validation']['perplexity']:.2f}, test {e['test']['perplexity']:.2f}",
+            f"- method: {e['method']}",
+            f"- validation books: {', '.join(e['validation_books'])}",
+            f"- test books: {', '.join(e['test_books'])}",
+            f"- corpus: {meta['corpus']}",
+            f"- reproduce: `{t['command']}` (seed {t['seed']}, torch {t['torch']})",
+            f"- date: {meta['date']}",
+            "",
+        ]
+    )
 
 
 def write_atomically(final: Path, fill) -> None:
@@ -240,7 +265,9 @@ def main(argv=None) -> int:
     no_decay = [t for n, t in model.named_parameters() if t.dim() < 2]  # LayerNorm gains/biases, biases
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr, betas=(0.9, 0.95), eps=1e-8,
+        lr=lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
     warmup = max(1, steps // 20)
 
@@ -261,7 +288,7 @@ def main(argv=None) -> int:
     for step in range(steps):
         if cursor + batch > len(order):  # next epoch, reshuffled
             order, cursor = torch.randperm(len(blocks), generator=gen), 0
-        x = blocks[order[cursor:cursor + batch]].to(device)
+        x = blocks[order[cursor : cursor + batch]].to(device)
         cursor += batch
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
@@ -275,9 +302,13 @@ def main(argv=None) -> int:
         if (step + 1) % 25 == 0 or step == 0:
             recent = sum(losses[-25:]) / len(losses[-25:])
             rate = (step + 1) / (time.time() - t0)
-            log(f"step {step + 1}/{steps} loss {recent:.3f} lr {lr_at(step):.2e} ({rate:.2f} steps/s, eta {(steps - step - 1) / rate / 60:.1f} min)")
+            log(
+                f"step {step + 1}/{steps} loss {recent:.3f} lr {lr_at(step):.2e} ({rate:.2f} steps/s, eta {(steps - step - 1) / rate / 60:.1f} min)"
+            )
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < steps:
-            val = heldout_perplexity(model, tokenizer, "validation", p["ctx"], device, max_windows=p.get("eval_windows"))
+            val = heldout_perplexity(
+                model, tokenizer, "validation", p["ctx"], device, max_windows=p.get("eval_windows")
+            )
             history.append({"step": step + 1, "validation_perplexity": round(val["perplexity"], 2)})
             log(f"step {step + 1}: validation perplexity {val['perplexity']:.1f}")
     train_seconds = time.time() - t0
@@ -286,7 +317,9 @@ def main(argv=None) -> int:
     val = heldout_perplexity(model, tokenizer, "validation", p["ctx"], "cpu", max_windows=p.get("eval_windows"))
     test = heldout_perplexity(model, tokenizer, "test", p["ctx"], "cpu", max_windows=p.get("eval_windows"))
     final_loss = sum(losses[-50:]) / len(losses[-50:])
-    log(f"final: train loss {final_loss:.3f} (mean of last 50 steps), validation ppl {val['perplexity']:.2f}, test ppl {test['perplexity']:.2f}")
+    log(
+        f"final: train loss {final_loss:.3f} (mean of last 50 steps), validation ppl {val['perplexity']:.2f}, test ppl {test['perplexity']:.2f}"
+    )
 
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     meta = {
@@ -339,7 +372,9 @@ def main(argv=None) -> int:
         (tmp / "README.md").write_text(model_card(meta))
 
     write_atomically(args.out, fill)
-    log(f"wrote {args.out} ({sum(f.stat().st_size for f in args.out.iterdir()) / 1e6:.1f} MB) in {time.time() - started:.0f}s total")
+    log(
+        f"wrote {args.out} ({sum(f.stat().st_size for f in args.out.iterdir()) / 1e6:.1f} MB) in {time.time() - started:.0f}s total"
+    )
     return 0
 
 

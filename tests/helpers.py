@@ -42,7 +42,9 @@ def tiny_config(family: str, variant: int = 0, **overrides):
     return AutoConfig.for_model(fam.model_types[0], **kwargs)
 
 
-def tiny_model(family: str, variant: int = 0, *, seed: int = 0, randomize: bool = True, task: str = "auto", **overrides):
+def tiny_model(
+    family: str, variant: int = 0, *, seed: int = 0, randomize: bool = True, task: str = "auto", **overrides
+):
     """Build a tiny model of ``family`` (causal LM where the family has one, else its MLM/base)."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
@@ -71,6 +73,7 @@ def without_centring(model):
 
     for module in model.modules():
         if is_layernorm(module):
+
             def forward(x, m=module):
                 y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
                 return y * m.weight + (m.bias if m.bias is not None else 0)
@@ -85,9 +88,13 @@ def assert_no_traceback(args, code, err) -> None:
     Every CLI run in the suite passes through here (run_cli, and subprocess runs via
     ``checked_run``), so a refusal that leaks a traceback fails the test that provoked it."""
     if code not in (0, None) and "--debug" not in [str(a) for a in args] and os.environ.get("NORMSWAP_DEBUG") != "1":
-        assert "Traceback" not in err, f"normswap {' '.join(map(str, args))} exited {code} with a traceback:\n{err[-3000:]}"
+        assert "Traceback" not in err, (
+            f"normswap {' '.join(map(str, args))} exited {code} with a traceback:\n{err[-3000:]}"
+        )
         # main()'s last resort for an exception nobody anticipated: a traceback squeezed into one line
-        assert "rerun with --debug for the traceback" not in err, f"normswap {' '.join(map(str, args))}: unanticipated error:\n{err[-3000:]}"
+        assert "rerun with --debug for the traceback" not in err, (
+            f"normswap {' '.join(map(str, args))}: unanticipated error:\n{err[-3000:]}"
+        )
 
 
 def checked_run(cmd, **kwargs):

@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "PAUSED"
 
-_WRAPPER = r"""
+_WRAPPER = (
+    r"""
 import glob, os, sys
 pattern = sys.argv.pop(1).replace("{pid}", str(os.getpid()))
 state = {"armed": True}
@@ -37,7 +38,9 @@ sys.addaudithook(hook)
 sys.argv[0] = "normswap"
 from normswap.cli.main import main
 main(sys.argv[1:])
-""" % MARKER
+"""
+    % MARKER
+)
 
 
 def escape_dir(path) -> str:
@@ -48,8 +51,14 @@ def escape_dir(path) -> str:
 def start(pattern: str, *args, env=None) -> subprocess.Popen:
     """`normswap ARGS...` in a child that pauses once `pattern` ({pid}: the child's pid) matches."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.Popen([sys.executable, "-c", _WRAPPER, pattern, *map(str, args)], env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", _WRAPPER, pattern, *map(str, args)],
+        env=env,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def wait_paused(proc: subprocess.Popen) -> bool:

@@ -6,32 +6,55 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import family_variants, tiny_config
 
 from normswap.architectures import all_families, family_for_config, get_family
 from normswap.architectures.schema import parse_family
 from normswap.convert.config import ConvertOptions
 from normswap.convert.plan import build_plan
-from normswap.model_facts import is_layernorm
 from normswap.errors import NormswapError
-from helpers import family_variants, tiny_config
+from normswap.model_facts import is_layernorm
 
-REQUIRED = {"gpt2", "gpt_neo", "gpt_neox", "opt", "bloom", "phi", "gptj", "codegen", "falcon", "gpt_bigcode",
-            "stablelm", "xglm", "bert", "roberta"}
-GOOD = {"name": "x", "model_types": ["x"], "placement": "pre", "layers": "h", "norms": [{"norm": "h.${i}.ln", "readers": ["h.${i}.fc"]}]}
+REQUIRED = {
+    "gpt2",
+    "gpt_neo",
+    "gpt_neox",
+    "opt",
+    "bloom",
+    "phi",
+    "gptj",
+    "codegen",
+    "falcon",
+    "gpt_bigcode",
+    "stablelm",
+    "xglm",
+    "bert",
+    "roberta",
+}
+GOOD = {
+    "name": "x",
+    "model_types": ["x"],
+    "placement": "pre",
+    "layers": "h",
+    "norms": [{"norm": "h.${i}.ln", "readers": ["h.${i}.fc"]}],
+}
 
 
 def test_required_families_present():
     assert REQUIRED <= {f.name for f in all_families()}
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda d: d.update(colour="red"), "unknown key(s) ['colour']"),
-    (lambda d: d.pop("layers"), "missing required key 'layers'"),
-    (lambda d: d.update(placement="sideways"), "placement"),
-    (lambda d: d["norms"][0].update(readerz=[]), "norms[0]"),
-    (lambda d: d["norms"][0].update(norm="h.${j}.ln"), "unknown template variable"),
-    (lambda d: d.update(leave_alone=[{"pattern": "(", "reason": "x"}]), "bad regular expression"),
-])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda d: d.update(colour="red"), "unknown key(s) ['colour']"),
+        (lambda d: d.pop("layers"), "missing required key 'layers'"),
+        (lambda d: d.update(placement="sideways"), "placement"),
+        (lambda d: d["norms"][0].update(readerz=[]), "norms[0]"),
+        (lambda d: d["norms"][0].update(norm="h.${j}.ln"), "unknown template variable"),
+        (lambda d: d.update(leave_alone=[{"pattern": "(", "reason": "x"}]), "bad regular expression"),
+    ],
+)
 def test_schema_errors_name_file_and_key(mutate, needle):
     raw = yaml.safe_load(yaml.safe_dump(GOOD))
     parse_family(raw, "data/x.yaml")  # the unmutated record is valid

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import checked_run
 
 from normswap.assets.models import list_models, model_path
 from normswap.data import load_text
 from normswap.errors import NormswapError
-
-from helpers import checked_run
 
 NAME = "kjv-gpt2"
 SHIPPED = ["kjv-gpt2", "kjv-neox"]  # one sequential-residual and one parallel-residual family
@@ -47,10 +46,14 @@ def _perplexity(model, ids: torch.Tensor, ctx: int, max_windows: int | None = No
     windows = list(ids.split(ctx))[:max_windows]
     nll, count = 0.0, 0
     full = [w for w in windows if len(w) == ctx]
-    groups = [torch.stack(full[i:i + 64]) for i in range(0, len(full), 64)] + [w[None] for w in windows if len(w) < ctx]
+    groups = [torch.stack(full[i : i + 64]) for i in range(0, len(full), 64)] + [
+        w[None] for w in windows if len(w) < ctx
+    ]
     for w in groups:
         logits = model(w).logits.float()
-        nll += torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), w[:, 1:].flatten(), reduction="sum").item()
+        nll += torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1), w[:, 1:].flatten(), reduction="sum"
+        ).item()
         count += w[:, 1:].numel()
     return math.exp(nll / count)
 
@@ -76,7 +79,7 @@ def test_shipped_model_is_a_layernorm_lm_that_loads_offline_and_generates(shippe
     assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
     prompt = tokenizer("And God said unto Moses,", return_tensors="pt")
     out = model.generate(**prompt, max_new_tokens=20, do_sample=False)
-    new = tokenizer.decode(out[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
+    new = tokenizer.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
     assert out.shape[1] > prompt["input_ids"].shape[1]
     words = new.split()
     assert len(words) >= 5 and sum(w.strip(".,;:").isalpha() for w in words) >= 0.7 * len(words), new
@@ -140,12 +143,16 @@ def test_load_model_resolves_the_shipped_spec():
 
 def test_cli_models_json_and_table():
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    out = checked_run([sys.executable, "-m", "normswap", "models", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    out = checked_run(
+        [sys.executable, "-m", "normswap", "models", "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert {"name", "path", "family", "parameters", "perplexity", "description"} <= set(rows[0])
     assert {r["name"] for r in rows} == set(SHIPPED)
-    table = checked_run([sys.executable, "-m", "normswap", "models"], capture_output=True, text=True, env=env, timeout=120)
+    table = checked_run(
+        [sys.executable, "-m", "normswap", "models"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert table.returncode == 0 and "VAL PPL" in table.stdout
     assert all(f"normswap:{n}" in table.stdout for n in SHIPPED)
 
@@ -155,8 +162,19 @@ def test_training_script_smoke(tmp_path):
     """The script that produced the shipped model runs end to end and writes a loadable model."""
     out = tmp_path / "m"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "train_reference.py"), "--size", "test", "--out", str(out), "--threads", "1"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(REPO / "scripts" / "train_reference.py"),
+            "--size",
+            "test",
+            "--out",
+            str(out),
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -6,10 +6,10 @@ and after the table changes in place."""
 import copy
 
 import torch
+from helpers import tiny_model
 from torch import nn
 
-from helpers import tiny_model
-from normswap.checkpoint.remote_code import _CenteredEmbedding, _center_output_hook
+from normswap.checkpoint.remote_code import _center_output_hook, _CenteredEmbedding
 
 
 def _convert(tmp_path, run_cli):

@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "lm_eval", "datasets")
 
@@ -40,7 +38,9 @@ heavy = [m for m in %r if m in sys.modules]
 import normswap.convert.plan  # negative control: the check sees torch once something imports it
 print(json.dumps({"codes": codes, "heavy": heavy, "control": "torch" in sys.modules}))
 """ % (HEAVY,)
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_subprocess_env(), timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_subprocess_env(), timeout=300
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert set(got["codes"]) == {0}
@@ -56,7 +56,9 @@ def test_mistyped_command_gets_a_suggestion(run_cli):
 
 
 def test_mistyped_baseline_names_the_models(run_cli):
-    code, _, err = run_cli("eval", "ppl", "orig=normswap:kjv-gpt2", "conv=normswap:kjv-neox", "--baseline", "orignal", "--quiet")
+    code, _, err = run_cli(
+        "eval", "ppl", "orig=normswap:kjv-gpt2", "conv=normswap:kjv-neox", "--baseline", "orignal", "--quiet"
+    )
     assert code != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "--baseline orignal names none of the MODELs (orig, conv)" in err and "did you mean --baseline orig?" in err
     # negative control: a correct name, and a real model that is not in the list, are accepted
@@ -94,7 +96,9 @@ def test_hub_task_offline_fails_before_perplexity(run_cli, tmp_path, monkeypatch
 
     monkeypatch.setattr(socket, "create_connection", refused)
     _forbid(monkeypatch, "normswap.evaluate.runner.load_entries", "loading the models")
-    code, _, err = run_cli("eval", "report", "normswap:kjv-gpt2", "--out", tmp_path / "rep", "--tasks", "normswap_kjv,hellaswag")
+    code, _, err = run_cli(
+        "eval", "report", "normswap:kjv-gpt2", "--out", tmp_path / "rep", "--tasks", "normswap_kjv,hellaswag"
+    )
     assert code != 0 and len(err.strip().splitlines()) == 1
     assert "lm-eval task hellaswag must be downloaded" in err and "unreachable" in err and "normswap_kjv," not in err
     assert not (tmp_path / "rep").exists()
@@ -108,7 +112,11 @@ def test_local_sources_never_ask_for_the_hub(monkeypatch, tmp_path):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "corpus.txt").write_text("In the beginning\n")
-    require_hub(models=["normswap:kjv-gpt2", str(tmp_path)], data="embedded", hub_tasks=hub_tasks("normswap_kjv,normswap_kjv_validation"))
+    require_hub(
+        models=["normswap:kjv-gpt2", str(tmp_path)],
+        data="embedded",
+        hub_tasks=hub_tasks("normswap_kjv,normswap_kjv_validation"),
+    )
     require_hub(models=[], data=str(tmp_path / "corpus.txt"))
     assert data_needs_hub("wikitext:wikitext-2-raw-v1") and data_needs_hub("org/set")
     assert not data_needs_hub("embedded") and not data_needs_hub("./missing.txt")
@@ -125,7 +133,9 @@ def test_local_sources_never_ask_for_the_hub(monkeypatch, tmp_path):
             return False
 
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: Reachable())
-    require_hub(models=["some-org/not-cached-model"], data="wikitext:wikitext-2-raw-v1", hub_tasks=hub_tasks("hellaswag"))
+    require_hub(
+        models=["some-org/not-cached-model"], data="wikitext:wikitext-2-raw-v1", hub_tasks=hub_tasks("hellaswag")
+    )
 
 
 def test_run_list_wraps_descriptions_at_word_boundaries(run_cli):
@@ -143,7 +153,7 @@ def test_run_list_wraps_descriptions_at_word_boundaries(run_cli):
             continue
         start = next(i for i, line in enumerate(lines) if line.startswith(name + " "))
         block = []
-        for line in lines[start + 1:]:
+        for line in lines[start + 1 :]:
             if not line.startswith(" "):
                 break
             block.append(line.strip())

@@ -12,9 +12,9 @@ import pytest
 import torch
 import transformers
 
+from normswap.checkpoint.write import registered_classes
 from normswap.compat import checks
 from normswap.compat.rows import Row, all_rows, build_original, convert
-from normswap.checkpoint.write import registered_classes
 from normswap.errors import NormswapError
 
 ROWS = {r.name: r for r in all_rows()}
@@ -34,7 +34,11 @@ def neox(tmp_path_factory):
 
 
 def _load(auto, directory, remote=False):
-    return getattr(transformers, auto).from_pretrained(str(directory), trust_remote_code=remote, dtype=torch.float32).eval()
+    return (
+        getattr(transformers, auto)
+        .from_pretrained(str(directory), trust_remote_code=remote, dtype=torch.float32)
+        .eval()
+    )
 
 
 def _rel(a, b):
@@ -46,9 +50,14 @@ def test_auto_map_lists_every_auto_class_transformers_registers_for_the_model_ty
     cfg = json.loads((converted / "config.json").read_text())
     config = transformers.AutoConfig.from_pretrained(str(original))
     # the oracle: every Auto class whose own mapping accepts the original's config
-    expected = {name for name in dir(transformers) if name.startswith("AutoModel")
-                and isinstance(getattr(transformers, name), type) and hasattr(getattr(transformers, name), "_model_mapping")
-                and type(config) in getattr(transformers, name)._model_mapping}
+    expected = {
+        name
+        for name in dir(transformers)
+        if name.startswith("AutoModel")
+        and isinstance(getattr(transformers, name), type)
+        and hasattr(getattr(transformers, name), "_model_mapping")
+        and type(config) in getattr(transformers, name)._model_mapping
+    }
     assert {"AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"} <= expected
     assert set(cfg["auto_map"]) - {"AutoConfig"} == expected
     for auto in expected:
@@ -94,17 +103,22 @@ def test_every_auto_class_matches_the_original_with_the_same_newly_initialised_h
     assert set(cell.parts) == set(registered_classes("gpt_neox")) and max(cell.parts.values()) <= 1e-5
 
 
-@pytest.mark.parametrize("name, auto, bare", [
-    ("whisper", "AutoModelForSpeechSeq2Seq", "WhisperModel"),
-    ("vit", "AutoModelForImageClassification", "ViTModel"),
-    ("gpt2", "AutoModelForSequenceClassification", "GPT2Model"),
-])
+@pytest.mark.parametrize(
+    "name, auto, bare",
+    [
+        ("whisper", "AutoModelForSpeechSeq2Seq", "WhisperModel"),
+        ("vit", "AutoModelForImageClassification", "ViTModel"),
+        ("gpt2", "AutoModelForSequenceClassification", "GPT2Model"),
+    ],
+)
 def test_reported_failures_load_and_match(name, auto, bare, tmp_path_factory):
     """The issue's three: each class loads from the converted checkpoint and matches; AutoModel is the bare model."""
     original, converted = _pair(tmp_path_factory, name)
     assert type(_load("AutoModel", converted, remote=True)).__mro__[1] is getattr(transformers, bare)
     if name != "gpt2":  # the image / audio processor travels with the weights (pipeline() needs it)
-        assert (converted / "preprocessor_config.json").read_text() == (original / "preprocessor_config.json").read_text()
+        assert (converted / "preprocessor_config.json").read_text() == (
+            original / "preprocessor_config.json"
+        ).read_text()
     cell = checks.check_auto_classes(original, converted, ROWS[name])
     assert cell.status == "ok", cell.detail
     assert cell.parts[auto] <= 1e-5 and cell.parts["AutoModel"] <= 1e-5
@@ -161,17 +175,26 @@ def test_sentence_transformers_files_are_carried_and_give_the_original_embedding
     (original / "1_Pooling" / "link.txt").unlink()
     convert(original, tmp_path / "converted")
     converted = tmp_path / "converted"
-    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "1_Pooling/config.json"):
+    for name in (
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+        "1_Pooling/config.json",
+    ):
         assert (converted / name).is_file(), name
     assert (converted / "2_Normalize").is_dir()
     ref = SentenceTransformer(str(original), device="cpu").encode(checks.TEXTS, convert_to_tensor=True)
-    got = SentenceTransformer(str(converted), device="cpu", trust_remote_code=True).encode(checks.TEXTS, convert_to_tensor=True)
+    got = SentenceTransformer(str(converted), device="cpu", trust_remote_code=True).encode(
+        checks.TEXTS, convert_to_tensor=True
+    )
     assert _rel(ref, got) <= 1e-5
     # control: without the carried files SentenceTransformer falls back to mean pooling
     for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
         (converted / name).unlink()
     shutil.rmtree(converted / "1_Pooling")
-    bare = SentenceTransformer(str(converted), device="cpu", trust_remote_code=True).encode(checks.TEXTS, convert_to_tensor=True)
+    bare = SentenceTransformer(str(converted), device="cpu", trust_remote_code=True).encode(
+        checks.TEXTS, convert_to_tensor=True
+    )
     assert bare.shape == ref.shape and _rel(ref, bare) > 1e-2
 
 
@@ -185,9 +208,29 @@ def test_matrix_command_writes_markdown_and_json(tmp_path, run_cli):
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    proc = subprocess.run([sys.executable, "-m", "normswap", "families", "matrix", "--only", "gpt_neox", "--column",
-                           "auto classes", "--column", "save/load round trip", "--out", str(tmp_path / "m.md"),
-                           "--save-json", str(tmp_path / "m.json")], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "normswap",
+            "families",
+            "matrix",
+            "--only",
+            "gpt_neox",
+            "--column",
+            "auto classes",
+            "--column",
+            "save/load round trip",
+            "--out",
+            str(tmp_path / "m.md"),
+            "--save-json",
+            str(tmp_path / "m.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     saved = json.loads((tmp_path / "m.json").read_text())
     assert saved["summary"]["cells_original_works"] == 2 and saved["summary"]["cells_converted_matches"] == 2

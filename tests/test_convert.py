@@ -5,11 +5,12 @@ import json
 
 import pytest
 import torch
+from helpers import family_variants, tiny_model
+from helpers import without_centring as _without_centring
 from transformers import AutoModelForCausalLM
 
-from normswap.model_facts import is_layernorm
-from helpers import family_variants, tiny_model, without_centring as _without_centring
 from normswap.checkpoint.shards import INDEX_NAME
+from normswap.model_facts import is_layernorm
 
 PRE = family_variants("pre")
 POST = family_variants("post")
@@ -86,7 +87,9 @@ def test_exact_conversion_matches_source(family, variant, sources, tmp_path, run
     code, _, stderr = run_cli("convert", src, neg, "--mode", "approx", "--gamma", "fold", "--beta", "fold")
     assert code == 0, stderr
     wrong = AutoModelForCausalLM.from_pretrained(neg, trust_remote_code=True, dtype=torch.float32).eval()
-    assert float((_logprobs(wrong, ids) - _logprobs(model, ids)).abs().max()) > 100 * _threshold(_noise_floor(model, ids))
+    assert float((_logprobs(wrong, ids) - _logprobs(model, ids)).abs().max()) > 100 * _threshold(
+        _noise_floor(model, ids)
+    )
 
 
 @pytest.mark.parametrize("family", TIED)
@@ -98,12 +101,20 @@ def test_untie_folds_final_norm_into_head(family, sources, tmp_path, run_cli):
     assert s["untied"] and s["verification"]["passed"]
     hidden = model.get_input_embeddings().weight.shape[1]
     # + a vocab x hidden head (and its bias), - the folded γ/β of the norms
-    assert s["parameters_after"] - s["parameters_before"] >= model.config.vocab_size * hidden - 2 * hidden * s["norms_replaced"]
-    assert s["gamma"] == {"fold": s["norms_replaced"] - (1 if family == "bloom" else 0), **({"keep": 1} if family == "bloom" else {})}
+    assert (
+        s["parameters_after"] - s["parameters_before"]
+        >= model.config.vocab_size * hidden - 2 * hidden * s["norms_replaced"]
+    )
+    assert s["gamma"] == {
+        "fold": s["norms_replaced"] - (1 if family == "bloom" else 0),
+        **({"keep": 1} if family == "bloom" else {}),
+    }
     converted = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
     assert converted.get_output_embeddings().weight is not converted.get_input_embeddings().weight
     ids = _probe(model)
-    assert float((_logprobs(converted, ids) - _logprobs(model, ids)).abs().max()) <= _threshold(_noise_floor(model, ids))
+    assert float((_logprobs(converted, ids) - _logprobs(model, ids)).abs().max()) <= _threshold(
+        _noise_floor(model, ids)
+    )
 
 
 def test_tied_head_stays_tied_and_exact(sources, tmp_path, run_cli):
@@ -112,7 +123,9 @@ def test_tied_head_stays_tied_and_exact(sources, tmp_path, run_cli):
     s = json.loads(stdout)
     assert code == 0 and not s["untied"] and s["centered_at_runtime"] == ["transformer.wte"]
     assert s["parameters_after"] <= s["parameters_before"]
-    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True, dtype=torch.float32).eval()
+    converted = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out", trust_remote_code=True, dtype=torch.float32
+    ).eval()
     assert converted.lm_head.weight is converted.transformer.wte.weight
     # the shared matrix is the original one: centring it in place would have changed the logits
     assert torch.equal(converted.lm_head.weight, model.lm_head.weight)
@@ -172,7 +185,9 @@ def test_post_ln_refuses_exact_and_converts_approx(family, variant, tmp_path, ru
 
 def test_approx_beta_drop_changes_function_and_records_choices(sources, tmp_path, run_cli):
     src, model = sources("gpt2", 0)
-    code, stdout, _ = run_cli("convert", src, tmp_path / "out", "--mode", "approx", "--beta", "drop", "--gamma", "reset", "--json")
+    code, stdout, _ = run_cli(
+        "convert", src, tmp_path / "out", "--mode", "approx", "--beta", "drop", "--gamma", "reset", "--json"
+    )
     assert code == 0
     s = json.loads(stdout)
     assert s["beta"] == {"drop": 5} and s["gamma"] == {"reset": 5} and s["verification"]["passed"] is None

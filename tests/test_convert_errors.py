@@ -8,10 +8,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import paused_cli
 import pytest
 import torch
-
-import paused_cli
 from helpers import tiny_model
 
 from normswap import publish
@@ -59,15 +58,33 @@ def test_unsupported_architecture_lists_families(tmp_path, run_cli):
     from transformers import BartConfig, BartForCausalLM, CLIPVisionConfig, CLIPVisionModel
 
     # no family file and a discovered plan that cannot be exact (the raw stream is an output)
-    CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                     image_size=32, patch_size=8)).save_pretrained(tmp_path / "clip")
+    CLIPVisionModel(
+        CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        )
+    ).save_pretrained(tmp_path / "clip")
     code, _, err = run_cli("convert", tmp_path / "clip", tmp_path / "out")
     _one_line_error(code, err, "unsupported architecture")
     assert "GPT-2" in err and "Falcon" in err
     # control: a post-LN model without a family file (BART's decoder, whose bare model is a wrapper
     # transformers does not export) converts approximately and loads
-    BartForCausalLM(BartConfig(vocab_size=128, d_model=32, decoder_layers=1, encoder_layers=1, decoder_attention_heads=2,
-                               encoder_attention_heads=2, decoder_ffn_dim=64, encoder_ffn_dim=64)).save_pretrained(tmp_path / "bart")
+    BartForCausalLM(
+        BartConfig(
+            vocab_size=128,
+            d_model=32,
+            decoder_layers=1,
+            encoder_layers=1,
+            decoder_attention_heads=2,
+            encoder_attention_heads=2,
+            decoder_ffn_dim=64,
+            encoder_ffn_dim=64,
+        )
+    ).save_pretrained(tmp_path / "bart")
     code, _, err = run_cli("convert", tmp_path / "bart", tmp_path / "bart-out")
     assert code == 0, err
 
@@ -75,8 +92,16 @@ def test_unsupported_architecture_lists_families(tmp_path, run_cli):
 def test_rmsnorm_model_has_nothing_to_convert(tmp_path, run_cli):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(tmp_path / "llama")
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(tmp_path / "llama")
     code, _, err = run_cli("convert", tmp_path / "llama", tmp_path / "out")
     _one_line_error(code, err, "nothing to convert")
 
@@ -121,8 +146,12 @@ def test_out_exists_and_force_and_out_equal_src(gpt2_src, tmp_path, run_cli):
 
 
 def test_debug_shows_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "normswap", "--debug", "convert", str(tmp_path / "nope"), str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "normswap", "--debug", "convert", str(tmp_path / "nope"), str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
@@ -132,7 +161,9 @@ def test_kill_during_conversion_leaves_no_partial_output(tmp_path):
     tiny_model("gpt2", n_layer=6, n_embd=256, vocab_size=4096).save_pretrained(src)
     out = tmp_path / "out"
     # the child stops itself once its weights file is in the staging directory (tests/paused_cli.py)
-    proc = paused_cli.start(f"{paused_cli.escape_dir(tmp_path)}/.out{publish.STAGING_TAG}*/*.safetensors", "convert", src, out)
+    proc = paused_cli.start(
+        f"{paused_cli.escape_dir(tmp_path)}/.out{publish.STAGING_TAG}*/*.safetensors", "convert", src, out
+    )
     assert paused_cli.wait_paused(proc), proc.communicate(timeout=120)[1][-2000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -140,8 +171,9 @@ def test_kill_during_conversion_leaves_no_partial_output(tmp_path):
     assert not out.exists()  # ...and OUT never appeared
 
     # and a conversion allowed to finish publishes a complete, loadable OUT
-    subprocess.run([sys.executable, "-m", "normswap", "convert", str(src), str(out)], check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "normswap", "convert", str(src), str(out)], check=True, capture_output=True, timeout=600
+    )
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True) is not None
@@ -155,11 +187,11 @@ def test_output_loads_without_normswap_installed(gpt2_src, tmp_path, run_cli):
     script = textwrap.dedent(f"""
         import torch, transformers
         from transformers import AutoModelForCausalLM
-        m = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'out')!r}, trust_remote_code=True).eval()
+        m = AutoModelForCausalLM.from_pretrained({str(tmp_path / "out")!r}, trust_remote_code=True).eval()
         norm = m.transformer.h[0].ln_1
         assert type(norm).__module__.startswith("transformers_modules"), type(norm).__module__
         ids = torch.arange(20).unsqueeze(0)
-        torch.save(m(input_ids=ids).logits, {str(tmp_path / 'logits.pt')!r})
+        torch.save(m(input_ids=ids).logits, {str(tmp_path / "logits.pt")!r})
     """)
     env = dict(os.environ, PYTHONPATH=str(blocker))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
@@ -183,9 +215,9 @@ def test_loading_without_trust_remote_code_fails_loudly(gpt2_src, tmp_path, run_
 
 def test_checkpoint_missing_a_weight_is_refused(gpt2_src, tmp_path, run_cli):
     """transformers would fill a missing tensor with random numbers and only warn."""
-    from safetensors.torch import load_file, save_file
-
     import shutil
+
+    from safetensors.torch import load_file, save_file
 
     src = tmp_path / "src"
     shutil.copytree(gpt2_src, src)

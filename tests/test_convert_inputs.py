@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_model
 from safetensors import safe_open
 from safetensors.torch import save_file
-
-from helpers import tiny_model
 
 
 @pytest.fixture
@@ -89,13 +88,13 @@ def test_float32_bytes_relabelled_as_int32_are_refused(sharded_neox, tmp_path, r
     path = _shard_with(sharded_neox, key)
     raw = bytearray(path.read_bytes())
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     assert header[key]["dtype"] == "F32"
     header[key]["dtype"] = "I32"
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (n - len(text))
     assert len(text) == n
-    path.write_bytes(bytes(raw[:8]) + text + bytes(raw[8 + n:]))
+    path.write_bytes(bytes(raw[:8]) + text + bytes(raw[8 + n :]))
     with safe_open(str(path), "pt") as h:  # a valid file as far as safetensors can tell
         assert h.get_tensor(key).dtype == torch.int32
     code, _, err = run_cli("convert", sharded_neox, tmp_path / "out", "--no-verify")

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_model
 from safetensors import safe_open
 
+from normswap.checkpoint.shards import INDEX_NAME
 from normswap.convert import execute, ops
 from normswap.convert.apply import convert_model
 from normswap.convert.pipeline import convert_checkpoint
-from helpers import tiny_model
-from normswap.checkpoint.shards import INDEX_NAME
 
 
 def _save(model, path, *, shard="24KB", dtype=None):
@@ -42,9 +42,9 @@ def _tensors(directory):
 def _data_section(path):
     raw = Path(path).read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     header.pop("__metadata__", None)
-    return header, raw[8 + n:]
+    return header, raw[8 + n :]
 
 
 def _bits(t):
@@ -99,11 +99,21 @@ def test_every_source_gives_the_same_bits(family, variant, opts, tmp_path):
     files = _save(model, tmp_path / "st")
     assert len(list(files.glob("*.safetensors"))) > 2  # really sharded
     st = convert_checkpoint(files, tmp_path / "from_st", verify=False, max_shard_size="40KB", **opts)
-    binary = convert_checkpoint(_save_bin(model, tmp_path / "bin"), tmp_path / "from_bin", verify=False,
-                                max_shard_size="40KB", **opts)
+    binary = convert_checkpoint(
+        _save_bin(model, tmp_path / "bin"), tmp_path / "from_bin", verify=False, max_shard_size="40KB", **opts
+    )
     assert st["source_format"] == "safetensors" and binary["source_format"] == "bin"
     assert_same_checkpoint(tmp_path / "from_st", tmp_path / "from_bin")
-    for field in ("mode", "norms_replaced", "gamma", "beta", "added_biases", "untied", "parameters_before", "parameters_after"):
+    for field in (
+        "mode",
+        "norms_replaced",
+        "gamma",
+        "beta",
+        "added_biases",
+        "untied",
+        "parameters_before",
+        "parameters_after",
+    ):
         assert st[field] == binary[field], field
 
     # the Python API on a live model: the same tensors
@@ -170,6 +180,7 @@ def _source_tensor(src, key):
 
 # -- precision policy ------------------------------------------------------------------------
 
+
 def _ulps(a, b):
     """Distance in units in the last place of a's dtype (16-bit: bit patterns are monotone per sign)."""
     ia = a.view(torch.int16).to(torch.int32)
@@ -186,10 +197,10 @@ def test_16_bit_outputs_match_the_float64_path_to_one_ulp(tmp_path):
     Almost every element is identical and none is more than one ulp away; the negative control
     (arithmetic in bfloat16 itself) is far worse.
     """
-    from normswap.convert.inputs import match
-    from normswap.convert.config import ConvertOptions
-    from normswap.checkpoint.tensor_source import StateDict
     from normswap.architectures import family_for_config
+    from normswap.checkpoint.tensor_source import StateDict
+    from normswap.convert.config import ConvertOptions
+    from normswap.convert.inputs import match
 
     model = tiny_model("gpt_neox", 0, hidden_size=256, intermediate_size=1024).to(torch.bfloat16)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
@@ -240,7 +251,9 @@ def test_pass_through_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch):
     monkeypatch.setattr(shards.ShardWriter, "copy", spy)
     convert_checkpoint(src, tmp_path / "out", verify=False, mode="approx", gamma="keep", beta="keep")
     out = _tensors(tmp_path / "out")
-    assert "gpt_neox.layers.0.mlp.dense_4h_to_h.weight" in copied and "gpt_neox.layers.0.input_layernorm.weight" in copied
+    assert (
+        "gpt_neox.layers.0.mlp.dense_4h_to_h.weight" in copied and "gpt_neox.layers.0.input_layernorm.weight" in copied
+    )
     disk = _tensors(src)
     disk["lm_head.weight"] = disk.pop("embed_out.weight")  # GPT-NeoX's head is saved under its old name
     for key in copied:
@@ -263,11 +276,11 @@ def test_rounding_floor_weights_are_the_written_ones_before_rounding(tmp_path):
     """bf16 output: the weights verification uses for the rounding floor are the conversion's own float32
     results before the final cast, so rounding them gives the written tensors bit for bit; float64
     arithmetic (what the floor used before) would not."""
+    from normswap.architectures import family_for_config
+    from normswap.checkpoint.tensor_source import StateDict
+    from normswap.convert.config import ConvertOptions
     from normswap.convert.inputs import match
     from normswap.convert.pipeline import unrounded_tensor
-    from normswap.convert.config import ConvertOptions
-    from normswap.checkpoint.tensor_source import StateDict
-    from normswap.architectures import family_for_config
 
     m = tiny_model("gpt_neox", 0, hidden_size=256, intermediate_size=1024).to(torch.bfloat16)
     inputs = match(m, StateDict(m.state_dict()), "m")
@@ -282,14 +295,23 @@ def test_rounding_floor_weights_are_the_written_ones_before_rounding(tmp_path):
         assert exact.dtype == torch.float32
         assert torch.equal(_bits(exact.to(torch.bfloat16)), _bits(sink.tensors[key])), key
         sink64 = execute.TensorDict({key: (torch.float64, conv.writes[key].shape)})
-        ops.run(conv.plan.derivations[conv.writes[key].value_key], conv.writes[key].shape, inputs.read,
-                lambda k: inputs.specs[k][1], lambda t, row: sink64.write(key, t, row), torch.float64)
+        ops.run(
+            conv.plan.derivations[conv.writes[key].value_key],
+            conv.writes[key].shape,
+            inputs.read,
+            lambda k: inputs.specs[k][1],
+            lambda t, row: sink64.write(key, t, row),
+            torch.float64,
+        )
         float64_differs += int((sink64.tensors[key] != exact.double()).sum())
     assert float64_differs > 0  # control: the float64 path's unrounded values are not the same numbers
 
 
-@pytest.mark.parametrize("family,opts", [("gpt2", {"untie": True}), ("gpt_neox", {"dtype": "bfloat16"}), ("bloom", {})],
-                         ids=["gpt2-conv1d-untied", "gpt_neox-bf16", "bloom-fp32"])
+@pytest.mark.parametrize(
+    "family,opts",
+    [("gpt2", {"untie": True}), ("gpt_neox", {"dtype": "bfloat16"}), ("bloom", {})],
+    ids=["gpt2-conv1d-untied", "gpt_neox-bf16", "bloom-fp32"],
+)
 def test_bias_summed_in_the_weight_pass_gives_the_same_bits(family, opts, tmp_path, monkeypatch):
     """W·β summed from the row blocks the weight's own pass reads (one read of W) = a separate pass over W."""
     src = _save(tiny_model(family, 0), tmp_path / "src")
@@ -313,11 +335,11 @@ def test_row_blocks_on_a_pool_give_the_same_bits(tmp_path):
     bits as one block after another, sums over blocks included (fused W·β, column means)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from normswap.architectures import family_for_config
+    from normswap.checkpoint.tensor_source import StateDict
+    from normswap.convert.config import ConvertOptions
     from normswap.convert.inputs import match
     from normswap.convert.pipeline import unrounded_tensor
-    from normswap.convert.config import ConvertOptions
-    from normswap.checkpoint.tensor_source import StateDict
-    from normswap.architectures import family_for_config
 
     m = tiny_model("gpt_neox", 0, hidden_size=256, intermediate_size=1024).to(torch.bfloat16)
     inputs = match(m, StateDict(m.state_dict()), "m")
@@ -329,7 +351,12 @@ def test_row_blocks_on_a_pool_give_the_same_bits(tmp_path):
             alone = unrounded_tensor(conv, key)
             assert torch.equal(_bits(unrounded_tensor(conv, key, pool=pool)), _bits(alone)), key
             out = torch.empty_like(alone)
-            assert torch.equal(_bits(unrounded_tensor(conv, key, pool=pool, out=out)), _bits(alone)) and out.data_ptr() != alone.data_ptr()
+            assert (
+                torch.equal(_bits(unrounded_tensor(conv, key, pool=pool, out=out)), _bits(alone))
+                and out.data_ptr() != alone.data_ptr()
+            )
         for key in list(inputs.specs)[:20]:
             if inputs.disk_key(key) is not None and inputs.specs[key][0].is_floating_point:
-                assert torch.equal(inputs.read_as(key, torch.float32, pool=pool), inputs.read_as(key, torch.float32)), key
+                assert torch.equal(inputs.read_as(key, torch.float32, pool=pool), inputs.read_as(key, torch.float32)), (
+                    key
+                )

@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 import torch
+from helpers import tiny_model
 from transformers import AutoModelForCausalLM
 
 from normswap.convert import execute, pipeline
-from helpers import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,14 @@ def test_module_by_module_figures_equal_whole_models(neox_src, tmp_path, run_cli
     code, out, err = run_cli("convert", neox_src, tmp_path / "tight", "--json", "--tolerance", str(whole / 2))
     assert code == 0, err
     tight = json.loads(out)["verification"]
-    floor = float((_logprobs(src.double(), ids) - _logprobs(AutoModelForCausalLM.from_pretrained(neox_src, dtype=torch.float32).eval(), ids)).abs().max())
+    floor = float(
+        (
+            _logprobs(src.double(), ids)
+            - _logprobs(AutoModelForCausalLM.from_pretrained(neox_src, dtype=torch.float32).eval(), ids)
+        )
+        .abs()
+        .max()
+    )
     assert tight["noise_floor"] == pytest.approx(floor, rel=1e-9, abs=1e-12)
     assert tight["threshold"] == pytest.approx(max(whole / 2, 4 * floor)) and tight["passed"] is True
 
@@ -167,8 +174,13 @@ _CHILD = textwrap.dedent("""
 
 def _in_child(src, out, shard, how):
     env = dict(os.environ, NORMSWAP_KERNEL="torch", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(out), str(shard), how],
-                          capture_output=True, text=True, env=env, timeout=800)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(src), str(out), str(shard), how],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=800,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -181,8 +193,16 @@ def test_verified_conversion_stays_near_a_shard_not_the_model(tmp_path):
     from helpers import tiny_config
     from transformers import GPTNeoXForCausalLM
 
-    config = tiny_config("gpt_neox", 0, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
-                         num_attention_heads=16, vocab_size=8192, tie_word_embeddings=False)
+    config = tiny_config(
+        "gpt_neox",
+        0,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=6,
+        num_attention_heads=16,
+        vocab_size=8192,
+        tie_word_embeddings=False,
+    )
     GPTNeoXForCausalLM(config).save_pretrained(tmp_path / "src", max_shard_size="100MB")
     files = sorted((tmp_path / "src").glob("*.safetensors"))
     model_bytes = sum(f.stat().st_size for f in files)

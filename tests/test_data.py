@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from normswap.data import hash_split, load_documents, load_text, pack_tokens
-from normswap.data import kjv
+from normswap.data import hash_split, kjv, load_documents, load_text, pack_tokens
 from normswap.errors import NormswapError
 
 
@@ -27,7 +26,9 @@ def tokenizer():
     sample = list(load_documents("embedded", "validation"))[:10]
     tok.train_from_iterator(
         sample,
-        trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
     )
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
@@ -38,7 +39,9 @@ def _db_verses():
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     names = {(t, b): n for t, b, n in con.execute("SELECT TestamentID, BookID, ShortName FROM Books")}
     out: dict[str, list[str]] = {}
-    for t, b, p in con.execute("SELECT TestamentID, BookID, Passage1 FROM Bible ORDER BY TestamentID, BookID, ChapterID, VerseID"):
+    for t, b, p in con.execute(
+        "SELECT TestamentID, BookID, Passage1 FROM Bible ORDER BY TestamentID, BookID, ChapterID, VerseID"
+    ):
         out.setdefault(names[(t, b)], []).append(p)
     con.close()
     return out
@@ -91,7 +94,10 @@ def test_references_are_stripped_everywhere():
         "In the beginning God created the heavens and the earth."
     )
     merged = "3:1 Now the serpent was more subtil.  3:2 And the woman said unto the serpent, We may eat: 3:3 But of the fruit"
-    assert kjv.strip_references(merged) == "Now the serpent was more subtil. And the woman said unto the serpent, We may eat: But of the fruit"
+    assert (
+        kjv.strip_references(merged)
+        == "Now the serpent was more subtil. And the woman said unto the serpent, We may eat: But of the fruit"
+    )
     # The KJV spells its numbers out, so any digit left would be reference markup.
     for doc in load_documents("embedded", "all"):
         assert not re.search(r"\d", doc), doc[:200]
@@ -115,8 +121,10 @@ def test_embedded_is_deterministic_and_documents_are_chapters():
     a = list(load_documents("embedded", "validation"))
     # deterministic means: another process (another hash seed, so no set or dict order leaks in) reads the same
     digest = hashlib.sha256("\x00".join(a).encode()).hexdigest()
-    code = ("import hashlib; from normswap.data import load_documents; "
-            "print(hashlib.sha256('\\x00'.join(load_documents('embedded', 'validation')).encode()).hexdigest())")
+    code = (
+        "import hashlib; from normswap.data import load_documents; "
+        "print(hashlib.sha256('\\x00'.join(load_documents('embedded', 'validation')).encode()).hexdigest())"
+    )
     assert {_in_fresh_process(code, seed).strip() for seed in (1, 2)} == {digest}
     # Ruth has four chapters, Mark sixteen: one document per chapter.
     ruth = [d for d in a if "Naomi" in d]
@@ -220,18 +228,22 @@ def test_saved_datasets(tmp_path):
     _check_partition(str(plain), docs)
 
     # A DatasetDict with its own splits is used as is ...
-    dd = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"text": ["t1", "t2"]}),
-        "validation": datasets.Dataset.from_dict({"text": ["v1"]}),
-        "test": datasets.Dataset.from_dict({"text": ["s1"]}),
-    })
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["t1", "t2"]}),
+            "validation": datasets.Dataset.from_dict({"text": ["v1"]}),
+            "test": datasets.Dataset.from_dict({"text": ["s1"]}),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     assert list(load_documents(str(tmp_path / "dd"), "train")) == ["t1", "t2"]
     assert list(load_documents(str(tmp_path / "dd"), "validation")) == ["v1"]
     assert list(load_documents(str(tmp_path / "dd"), "test")) == ["s1"]
 
     # ... and one with only train/test derives validation from train, which then excludes it.
-    dd2 = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs}), "test": datasets.Dataset.from_dict({"text": ["s1"]})})
+    dd2 = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"text": docs}), "test": datasets.Dataset.from_dict({"text": ["s1"]})}
+    )
     dd2.save_to_disk(str(tmp_path / "dd2"))
     train = list(load_documents(str(tmp_path / "dd2"), "train"))
     val = list(load_documents(str(tmp_path / "dd2"), "validation"))
@@ -250,11 +262,13 @@ def test_hub_id_goes_through_load_dataset_with_config(monkeypatch):
         calls.append((name, config))
         if name == "broken":
             raise ConnectionError("Couldn't reach the Hub\nmore detail")
-        return datasets.DatasetDict({
-            "train": datasets.Dataset.from_dict({"text": ["a", "", "b"]}),
-            "validation": datasets.Dataset.from_dict({"text": ["v"]}),
-            "test": datasets.Dataset.from_dict({"text": ["t"]}),
-        })
+        return datasets.DatasetDict(
+            {
+                "train": datasets.Dataset.from_dict({"text": ["a", "", "b"]}),
+                "validation": datasets.Dataset.from_dict({"text": ["v"]}),
+                "test": datasets.Dataset.from_dict({"text": ["t"]}),
+            }
+        )
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     assert list(load_documents("wikitext:wikitext-2-raw-v1", "train")) == ["a", "b"]  # blank rows dropped
@@ -280,7 +294,9 @@ def _hub_dataset_in_cache(cache, repo_id, splits, commit="0123abcd"):
     for split, texts in splits.items():
         files[split] = str(cache.parent / f"{split}.parquet")
         pq.write_table(pa.table({"text": texts}), files[split])
-    builder = Parquet(data_files=files, cache_dir=str(cache), dataset_name=f"{namespace}___{name}", hash=commit, config_id="default")
+    builder = Parquet(
+        data_files=files, cache_dir=str(cache), dataset_name=f"{namespace}___{name}", hash=commit, config_id="default"
+    )
     builder.download_and_prepare()
     for f in Path(builder.cache_dir).glob(f"{namespace}___{name}-*.arrow"):  # the hub path names them after the repo
         f.rename(f.with_name(f.name.replace(f"{namespace}___{name}-", f"{name}-")))
@@ -294,7 +310,9 @@ def test_hub_id_loads_through_the_real_datasets_cache_offline(tmp_path, monkeypa
     assert datasets.config.HF_HUB_OFFLINE  # tests never reach the hub (conftest)
     cache = tmp_path / "hf" / "datasets"
     verses = [f"verse {i}: and the earth was without form" for i in range(60)]
-    _hub_dataset_in_cache(cache, "someone/verses", {"train": verses[:30] + [""] + verses[30:], "test": ["held out verse"]})
+    _hub_dataset_in_cache(
+        cache, "someone/verses", {"train": verses[:30] + [""] + verses[30:], "test": ["held out verse"]}
+    )
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     assert load_text("someone/verses", "test") == "held out verse"
     # no validation split: derived from a hashed slice of train, which then trains on the rest only
@@ -367,7 +385,7 @@ def test_verse_per_line_file_becomes_runs_of_lines_split_three_ways(tmp_path):
     assert not set(splits["train"]) & (set(splits["validation"]) | set(splits["test"]))
     # A file with blank lines keeps its paragraphs (control: not cut into line runs).
     paras = tmp_path / "paras.txt"
-    paras.write_text("\n\n".join("\n".join(verses[i:i + 5]) for i in range(0, 200, 5)))
+    paras.write_text("\n\n".join("\n".join(verses[i : i + 5]) for i in range(0, 200, 5)))
     docs = list(load_documents(str(paras), "all"))
     assert all(d.count("\n\n") >= 1 for d in docs[:-1])
 
@@ -408,7 +426,9 @@ def test_readme_finetune_and_eval_examples_work_on_a_verse_per_line_file(tmp_pat
     assert code == 0, err
     data = json.loads(stdout)["data"]
     assert data["split"] == "validation" and 0 < data["words"] < 0.2 * len(path.read_text().split())
-    code, stdout, err = run_cli("eval", "ppl", "kjv-healed", "--data", path, "--max-tokens", "1024", "--json", "--quiet")
+    code, stdout, err = run_cli(
+        "eval", "ppl", "kjv-healed", "--data", path, "--max-tokens", "1024", "--json", "--quiet"
+    )
     assert code == 0, err
     data = json.loads(stdout)["data"]
     assert data["split"] == "all" and data["truncated"]  # without --split: the whole file (capped here)
@@ -518,9 +538,13 @@ def test_pack_tokens_streams_without_tokenising_everything(tokenizer):
 def test_pack_tokens_errors(tokenizer):
     # A bare string is one document, not a stream of one-character documents.
     blocks = list(pack_tokens(tokenizer, "In the beginning God created the heaven and the earth.", 4))
-    assert torch.cat(blocks).tolist() == (
-        tokenizer("In the beginning God created the heaven and the earth.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    )[: 4 * len(blocks)]
+    assert (
+        torch.cat(blocks).tolist()
+        == (
+            tokenizer("In the beginning God created the heaven and the earth.", add_special_tokens=False)["input_ids"]
+            + [tokenizer.eos_token_id]
+        )[: 4 * len(blocks)]
+    )
     with pytest.raises(NormswapError, match="sequence length must be positive"):
         list(pack_tokens(tokenizer, ["abc"], 0))
 

@@ -16,6 +16,7 @@ from normswap.errors import NormswapError
 
 def _whole_file_documents(text: str, chunk_chars: int = 4000) -> list[str]:
     """The documents of a text file as normswap made them when it read files whole (the reference)."""
+
     def line_runs(para):
         buf, size = [], 0
         for line in para.split("\n"):
@@ -58,8 +59,10 @@ def _ordinary_texts():
     words = book.split(" ")
     breaks = ["\n", "\n", "\n \n", "\r\n", "\r\n\r\n", "\t\n", "\n\n\n", " é中 ", "\u2028", "\x0c\n", " "]
     for _ in range(12):
-        yield "".join(rng.choice(breaks) if rng.random() < 0.4 else " ".join(rng.choices(words, k=rng.randint(1, 300)))
-                      for _ in range(rng.randint(1, 300)))
+        yield "".join(
+            rng.choice(breaks) if rng.random() < 0.4 else " ".join(rng.choices(words, k=rng.randint(1, 300)))
+            for _ in range(rng.randint(1, 300))
+        )
 
 
 @pytest.mark.parametrize("read_bytes", [5, 4096, 1 << 20])  # characters and lines cut by block ends, or not
@@ -72,7 +75,9 @@ def test_ordinary_files_give_the_documents_of_the_whole_file_reader(tmp_path, mo
         assert list(load_documents(str(path), "all")) == _whole_file_documents(text)
         if read_bytes == 4096:
             for chunk in (1, 50):  # the grouping rules at other sizes
-                assert list(sources._chunk_text(sources._text_lines(path, chunk), chunk)) == _whole_file_documents(text, chunk)
+                assert list(sources._chunk_text(sources._text_lines(path, chunk), chunk)) == _whole_file_documents(
+                    text, chunk
+                )
 
 
 def test_ordinary_file_gives_the_same_token_stream(tmp_path):

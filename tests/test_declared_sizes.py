@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import transformers
-
 from helpers import tiny_model
+
 from normswap.checkpoint.load import load_model
 
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import checked_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,9 +22,23 @@ REPO = Path(__file__).resolve().parents[1]
 def test_demo_quick_end_to_end(tmp_path):
     out = tmp_path / "demo"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
-    p = checked_run([sys.executable, "-m", "normswap", "demo", "--quick", "--out", str(out),
-                     "--set", "device=cpu"],  # pinned: float32 perplexities compared below (auto is bf16 on CUDA)
-                    capture_output=True, text=True, env=env, timeout=900)
+    p = checked_run(
+        [
+            sys.executable,
+            "-m",
+            "normswap",
+            "demo",
+            "--quick",
+            "--out",
+            str(out),
+            "--set",
+            "device=cpu",
+        ],  # pinned: float32 perplexities compared below (auto is bf16 on CUDA)
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
 
     report = out / "report"
@@ -60,7 +73,11 @@ def test_demo_quick_end_to_end(tmp_path):
     for n in ("exact", "approx", "approx-healed"):
         line = next(ln for ln in table.splitlines() if ln.startswith(n + " "))
         assert line.endswith("no measurable difference"), line
-    assert all(m["ratio_intervals"]["tokens_per_second"]["forward"]["repeats"] == 2 for n, m in models.items() if n != "original")
+    assert all(
+        m["ratio_intervals"]["tokens_per_second"]["forward"]["repeats"] == 2
+        for n, m in models.items()
+        if n != "original"
+    )
     # provenance: the recipe as shipped and as run (with --quick's overrides)
     assert (out / "recipe.original.yaml").read_text().startswith("# The five-minute CPU demo")
     assert "steps: 20" in (out / "recipe.yaml").read_text()

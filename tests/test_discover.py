@@ -8,20 +8,19 @@ import json
 import pytest
 import torch
 import yaml
+from helpers import family_variants, tiny_model
 
 from normswap.architectures import get_family
 from normswap.architectures.discover import discover
-from normswap.convert.family_check import check_family, discover_family, resolve_family
-from normswap.errors import DiscoveryError
 from normswap.architectures.norms import layernorm_spec
 from normswap.architectures.probes import model_outputs, probe_inputs
+from normswap.architectures.randomize import randomize_
 from normswap.architectures.schema import parse_family
 from normswap.convert.apply import convert_model
 from normswap.convert.config import ConvertOptions
+from normswap.convert.family_check import check_family, discover_family, resolve_family
 from normswap.convert.plan import build_plan
-from normswap.errors import NormswapError
-from helpers import family_variants, tiny_model
-from normswap.architectures.randomize import randomize_
+from normswap.errors import DiscoveryError, NormswapError
 
 
 def _decisions(plan):
@@ -29,9 +28,13 @@ def _decisions(plan):
     b = plan.block
     return {
         "placement": plan.placement,
-        "norms": {n: (r["gamma"], r["beta"], tuple(sorted(r["readers"])) if "fold" in (r["gamma"], r["beta"]) else ())
-                  for n, r in b["norms"].items()},
-        "derivations": {k: (v["op"], v.get("center"), v.get("gamma"), v.get("beta")) for k, v in plan.derivations.items()},
+        "norms": {
+            n: (r["gamma"], r["beta"], tuple(sorted(r["readers"])) if "fold" in (r["gamma"], r["beta"]) else ())
+            for n, r in b["norms"].items()
+        },
+        "derivations": {
+            k: (v["op"], v.get("center"), v.get("gamma"), v.get("beta")) for k, v in plan.derivations.items()
+        },
         "centered_outputs": sorted(b["centered_outputs"]),
         "left_alone": sorted(x["module"] for x in b["left_alone"]),
         "added_biases": sorted(b["added_biases"]),
@@ -53,15 +56,96 @@ def test_discovery_reproduces_curated_family(family, variant):
 # -- new architectures: tiny configs, exact conversion, negative control ---------------------------
 
 NEW = {
-    "vit": ("ViTConfig", "ViTModel", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8)),
-    "clip_text": ("CLIPTextConfig", "CLIPTextModel", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128, max_position_embeddings=32)),
-    "whisper": ("WhisperConfig", "WhisperForConditionalGeneration", dict(
-        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-        decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=16, max_target_positions=32, vocab_size=128,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)),
-    "cohere": ("CohereConfig", "CohereForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
-    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
-    "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=128, head_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "vit": (
+        "ViTConfig",
+        "ViTModel",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            image_size=32,
+            patch_size=8,
+        ),
+    ),
+    "clip_text": (
+        "CLIPTextConfig",
+        "CLIPTextModel",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            vocab_size=128,
+            max_position_embeddings=32,
+        ),
+    ),
+    "whisper": (
+        "WhisperConfig",
+        "WhisperForConditionalGeneration",
+        dict(
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            num_mel_bins=16,
+            max_source_positions=16,
+            max_target_positions=32,
+            vocab_size=128,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+        ),
+    ),
+    "cohere": (
+        "CohereConfig",
+        "CohereForCausalLM",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=128,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "olmo": (
+        "OlmoConfig",
+        "OlmoForCausalLM",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            vocab_size=128,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "nemotron": (
+        "NemotronConfig",
+        "NemotronForCausalLM",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=128,
+            head_dim=16,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
 }
 
 
@@ -72,7 +156,7 @@ def _config(key):
     return getattr(transformers, cfg_cls)(**kwargs), getattr(transformers, model_cls)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _discovered(key):
     config, cls = _config(key)
     family, check = discover_family(config, cls)
@@ -124,14 +208,22 @@ def test_clip_vision_tower_pooled_output_exact_but_raw_stream_output_refused():
     conversion centres that stream, so discovery refuses; the same plan keeps its pooled output exact."""
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
-    config = CLIPVisionConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8)
+    config = CLIPVisionConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8
+    )
     with pytest.raises(DiscoveryError, match="raw residual stream of encoder.layers is returned as a model output"):
         discover_family(config, CLIPVisionModel)
     with pytest.raises(NormswapError, match="raw residual stream"):
         resolve_family(config, CLIPVisionModel)
-    family = parse_family(discover(randomize_(CLIPVisionModel(config).double().eval(), seed=0), refuse_raw_outputs=False), "raw")
+    family = parse_family(
+        discover(randomize_(CLIPVisionModel(config).double().eval(), seed=0), refuse_raw_outputs=False), "raw"
+    )
     check = check_family(family, config, CLIPVisionModel)
-    assert check["exact"] is False and "raw residual stream" in check["reason"] and check["changed_outputs"] == ["last_hidden_state"]
+    assert (
+        check["exact"] is False
+        and "raw residual stream" in check["reason"]
+        and check["changed_outputs"] == ["last_hidden_state"]
+    )
     source = randomize_(CLIPVisionModel(config).double().eval(), seed=2)
     inputs = probe_inputs(source, seed=2)
     ref = model_outputs(source, inputs)
@@ -172,7 +264,13 @@ def test_layernorm_variants_detected_by_behaviour():
 
 
 def test_schema_checks_new_keys():
-    good = {"name": "x", "model_types": ["x"], "placement": "pre", "layers": "h", "norms": [{"norm": "h.${i}.ln", "gamma_offset": 1}]}
+    good = {
+        "name": "x",
+        "model_types": ["x"],
+        "placement": "pre",
+        "layers": "h",
+        "norms": [{"norm": "h.${i}.ln", "gamma_offset": 1}],
+    }
     assert parse_family(copy.deepcopy(good), "x.yaml").norms[0].gamma_offset == 1.0
     bad = copy.deepcopy(good)
     bad["norms"][0]["eps"] = "small"
@@ -184,7 +282,10 @@ def test_schema_checks_new_keys():
     scaled = dict(good, stream_biases=["h.${i}.bias"], stream_scales=[{"scale": "h.${i}.ls", "writer": "h.${i}.out"}])
     family = parse_family(scaled, "x.yaml")
     assert family.stream_biases == ("h.${i}.bias",) and family.stream_scales[0].writer == "h.${i}.out"
-    for wrong, where in (({"scale": "h.${i}.ls"}, r"stream_scales\[0\]"), ({"scale": "h.${j}.ls", "writer": "o"}, r"stream_scales\[0\].scale")):
+    for wrong, where in (
+        ({"scale": "h.${i}.ls"}, r"stream_scales\[0\]"),
+        ({"scale": "h.${j}.ls", "writer": "o"}, r"stream_scales\[0\].scale"),
+    ):
         with pytest.raises(NormswapError, match=where):
             parse_family(dict(good, stream_scales=[wrong]), "x.yaml")
 
@@ -228,8 +329,9 @@ def test_families_discover_config_file_and_refusal(tmp_path, run_cli):
     assert code == 0, err
     assert yaml.safe_load(out)["placement"] == "pre" and "olmo: exact" in err
 
-    CLIPVisionConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
-                     patch_size=8).save_pretrained(tmp_path / "clipv")
+    CLIPVisionConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8
+    ).save_pretrained(tmp_path / "clipv")
     code, out, err = run_cli("families", "discover", tmp_path / "clipv", "--out", tmp_path / "clipv.yaml")
     assert code != 0 and "raw residual stream" in err and "Traceback" not in err
     assert not (tmp_path / "clipv.yaml").exists()
@@ -254,11 +356,19 @@ def test_survey_sample():
     text = survey_markdown(list(rows.values()))
     assert "**Tried: 2** (traced, with LayerNorms) — exact: 1, approximate-only (post-LN): 1, refused: 0" in text
     # the figure without raw-stream refusals is a separate line, never the headline
-    rows["clip_vision_model"] = {"model_type": "clip_vision_model", "curated": False, "status": "refused", "placement": "pre",
-                                 "reason": "CLIPVisionModel: pre-LN, but the raw residual stream of encoder.layers is returned as a model output"}
+    rows["clip_vision_model"] = {
+        "model_type": "clip_vision_model",
+        "curated": False,
+        "status": "refused",
+        "placement": "pre",
+        "reason": "CLIPVisionModel: pre-LN, but the raw residual stream of encoder.layers is returned as a model output",
+    }
     text = survey_markdown(list(rows.values()))
     assert "converted exactly on tiny configs: 1 (50 %)" in text
-    assert "Exact among architectures whose stream ends in a norm (a separate figure; the one above is the headline): 1 of 1 (100 %)" in text
+    assert (
+        "Exact among architectures whose stream ends in a norm (a separate figure; the one above is the headline): 1 of 1 (100 %)"
+        in text
+    )
 
 
 def test_readme_quotes_the_committed_survey():
@@ -268,8 +378,13 @@ def test_readme_quotes_the_committed_survey():
     root = Path(__file__).parents[1]
     survey = (root / "docs" / "architectures-survey.md").read_text()
     readme = (root / "README.md").read_text()
-    summary = [line for line in survey.splitlines()
-               if line.startswith(("Enumerated:", "Pre-LN or undetermined", "Exact among architectures whose stream ends in a norm"))]
+    summary = [
+        line
+        for line in survey.splitlines()
+        if line.startswith(
+            ("Enumerated:", "Pre-LN or undetermined", "Exact among architectures whose stream ends in a norm")
+        )
+    ]
     assert len(summary) == 3 and all(line in readme for line in summary)
 
 
@@ -282,7 +397,9 @@ def _tiny(cfg_name, model_name, **kwargs):
     return getattr(transformers, cfg_name)(**kwargs), getattr(transformers, model_name)
 
 
-VISION = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8)
+VISION = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8
+)
 
 
 def _exact_and_control(config, cls):
@@ -297,8 +414,15 @@ def _exact_and_control(config, cls):
 def test_random_masking_drawn_the_same_for_source_and_conversion():
     """ViT-MAE masks random patches at every forward: the check seeds both forwards alike, so the
     comparison is exact; without the seed the two draws differ and nothing would compare."""
-    config, cls = _tiny("ViTMAEConfig", "ViTMAEModel", decoder_hidden_size=32, decoder_num_hidden_layers=1,
-                        decoder_num_attention_heads=4, decoder_intermediate_size=64, **VISION)
+    config, cls = _tiny(
+        "ViTMAEConfig",
+        "ViTMAEModel",
+        decoder_hidden_size=32,
+        decoder_num_hidden_layers=1,
+        decoder_num_attention_heads=4,
+        decoder_intermediate_size=64,
+        **VISION,
+    )
     _exact_and_control(config, cls)
     model = randomize_(cls(config).double().eval(), seed=1)
     inputs = probe_inputs(model, seed=1)
@@ -323,7 +447,9 @@ def test_siglip_conv_patch_embedding_centred_through_its_block():
     config, cls = _tiny("SiglipVisionConfig", "SiglipVisionModel", **VISION)
     family = _exact_and_control(config, cls)
     assert "embeddings" in [e.module for e in family.embeddings]
-    wrong = parse_family({**family.description, "embeddings": ["embeddings.patch_embedding", "embeddings.position_embedding"]}, "conv")
+    wrong = parse_family(
+        {**family.description, "embeddings": ["embeddings.patch_embedding", "embeddings.position_embedding"]}, "conv"
+    )
     assert check_family(wrong, config, cls)["exact"] is False
 
 
@@ -331,12 +457,26 @@ def test_hierarchical_and_bare_norm_stacks():
     """PVT's stages are separate layer stacks; the raw stream of one is read by the next stage's
     patch embedding (a conv, no norm), which an exact conversion would shift: refused with the
     reason. XLM keeps its norms in bare lists after each residual add: post-LN, approximate only."""
-    config, cls = _tiny("PvtConfig", "PvtModel", image_size=32, hidden_sizes=[16, 32], num_encoder_blocks=2, depths=[1, 1],
-                        sequence_reduction_ratios=[2, 1], num_attention_heads=[1, 2], patch_sizes=[4, 2], strides=[4, 2],
-                        mlp_ratios=[2, 2])
-    with pytest.raises(DiscoveryError, match=r"raw residual stream of encoder\.block\.0 is read by encoder\.patch_embeddings\.1"):
+    config, cls = _tiny(
+        "PvtConfig",
+        "PvtModel",
+        image_size=32,
+        hidden_sizes=[16, 32],
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sequence_reduction_ratios=[2, 1],
+        num_attention_heads=[1, 2],
+        patch_sizes=[4, 2],
+        strides=[4, 2],
+        mlp_ratios=[2, 2],
+    )
+    with pytest.raises(
+        DiscoveryError, match=r"raw residual stream of encoder\.block\.0 is read by encoder\.patch_embeddings\.1"
+    ):
         discover_family(config, cls)
-    config, cls = _tiny("XLMConfig", "XLMModel", emb_dim=64, n_layers=2, n_heads=4, vocab_size=128, max_position_embeddings=32)
+    config, cls = _tiny(
+        "XLMConfig", "XLMModel", emb_dim=64, n_layers=2, n_heads=4, vocab_size=128, max_position_embeddings=32
+    )
     family, check = discover_family(config, cls)
     assert check["exact"] is None and family.placement == "post"
     assert {n.norm for n in family.norms} >= {"layer_norm1.0", "layer_norm2.1"}
@@ -367,9 +507,14 @@ def test_family_file_round_trip_and_refusals(tmp_path, run_cli):
     for name, content in bad.items():
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(content))
     (tmp_path / "broken.yaml").write_text("norms: [unclosed\n")
-    for name, message in (("dropped", "is not exact on a tiny randomised vit instance"), ("other", "describes model_types deit, not 'vit'"),
-                          ("broken", "not valid YAML")):
-        code, _, err = run_cli("convert", tmp_path / "vit", tmp_path / f"out-{name}", "--family-file", tmp_path / f"{name}.yaml")
+    for name, message in (
+        ("dropped", "is not exact on a tiny randomised vit instance"),
+        ("other", "describes model_types deit, not 'vit'"),
+        ("broken", "not valid YAML"),
+    ):
+        code, _, err = run_cli(
+            "convert", tmp_path / "vit", tmp_path / f"out-{name}", "--family-file", tmp_path / f"{name}.yaml"
+        )
         assert code != 0 and message in err and "Traceback" not in err, (name, err)
         assert not (tmp_path / f"out-{name}").exists()
 
@@ -404,11 +549,25 @@ def test_eval_report_fidelity_on_probe_inputs(tmp_path, run_cli, key):
     src = randomize_(cls(config).eval(), seed=6)
     src.save_pretrained(tmp_path / "src")
     for mode in ("exact", "approx"):
-        code, _, err = run_cli("convert", tmp_path / "src", tmp_path / mode, "--mode", mode, *(["--no-verify"] if mode == "approx" else []))
+        code, _, err = run_cli(
+            "convert", tmp_path / "src", tmp_path / mode, "--mode", mode, *(["--no-verify"] if mode == "approx" else [])
+        )
         assert code == 0, err
-    code, out, err = run_cli("eval", "report", f"orig={tmp_path / 'src'}", f"exact={tmp_path / 'exact'}", f"approx={tmp_path / 'approx'}",
-                             "--out", tmp_path / "report", "--repeats", "1",
-                             "--device", "cpu", "--dtype", "float32")  # pinned: "float32 rounding" below
+    code, out, err = run_cli(
+        "eval",
+        "report",
+        f"orig={tmp_path / 'src'}",
+        f"exact={tmp_path / 'exact'}",
+        f"approx={tmp_path / 'approx'}",
+        "--out",
+        tmp_path / "report",
+        "--repeats",
+        "1",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    )  # pinned: "float32 rounding" below
     assert code == 0, err
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     setup = results["fidelity_setup"]
@@ -429,10 +588,28 @@ def test_post_ln_models_with_unowned_writes_are_approx_only_and_convert(tmp_path
     stream without a module: that only blocks an exact plan. Both put the norm after the residual
     addition (post-LN), so discovery says so, the approximate plan converts and runs, and convert
     takes it in approx mode (XLNet's max_position_embeddings is -1, which is no probe length)."""
-    fnet = _tiny("FNetConfig", "FNetModel", hidden_size=64, num_hidden_layers=2, intermediate_size=128, vocab_size=128,
-                 max_position_embeddings=32, pad_token_id=0)
-    xlnet = _tiny("XLNetConfig", "XLNetLMHeadModel", vocab_size=128, d_model=64, n_layer=2, n_head=4, d_inner=128,
-                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    fnet = _tiny(
+        "FNetConfig",
+        "FNetModel",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        vocab_size=128,
+        max_position_embeddings=32,
+        pad_token_id=0,
+    )
+    xlnet = _tiny(
+        "XLNetConfig",
+        "XLNetLMHeadModel",
+        vocab_size=128,
+        d_model=64,
+        n_layer=2,
+        n_head=4,
+        d_inner=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     for config, cls in (fnet, xlnet):
         family, check = discover_family(config, cls)
         assert family.placement == "post" and check["exact"] is None and check["mode"] == "approx", check
@@ -457,8 +634,16 @@ def test_bias_vector_added_to_the_stream_is_centred():
     """GPT-NeoX-Japanese's last attention returns its dense_bias beside its output, and the layer adds
     ``bias.expand_as(residual)`` to the stream: the vector is centred (the residual only lends its
     shape, it is not read). Without that record the plan is not exact."""
-    config, cls = _tiny("GPTNeoXJapaneseConfig", "GPTNeoXJapaneseForCausalLM", vocab_size=128, hidden_size=64,
-                        num_hidden_layers=2, num_attention_heads=4, intermediate_multiple_size=2, max_position_embeddings=64)
+    config, cls = _tiny(
+        "GPTNeoXJapaneseConfig",
+        "GPTNeoXJapaneseForCausalLM",
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_multiple_size=2,
+        max_position_embeddings=64,
+    )
     family, check = discover_family(config, cls)
     assert family.placement == "pre" and check["exact"], check
     assert family.stream_biases == ("layers.1.attention.dense_bias",)  # only the last layer has one
@@ -477,7 +662,8 @@ def test_layer_scale_folded_into_its_writer():
     assert check["exact"], check
     assert {(s.scale, s.writer) for s in family.stream_scales} == {
         ("encoder.layer.${i}.lambda_1", "encoder.layer.${i}.attention.projection_layer"),
-        ("encoder.layer.${i}.lambda_2", "encoder.layer.${i}.mlp.fc2")}
+        ("encoder.layer.${i}.lambda_2", "encoder.layer.${i}.mlp.fc2"),
+    }
     model = randomize_(cls(copy.deepcopy(config)).double().eval(), seed=2)
     convert_model(model, family=family, mode="exact")
     assert torch.equal(model.encoder.layer[0].lambda_1, torch.ones_like(model.encoder.layer[0].lambda_1))
@@ -485,7 +671,10 @@ def test_layer_scale_folded_into_its_writer():
     control = check_family(without, config, cls)
     assert control["exact"] is False and control["max_abs_diff"] > 1e-3, control
     # a layer scale named on a Linear that is not a stream writer is refused when planning
-    misplaced = {**family.description, "stream_scales": [{"scale": "encoder.layer.${i}.lambda_2", "writer": "encoder.layer.${i}.mlp.fc1"}]}
+    misplaced = {
+        **family.description,
+        "stream_scales": [{"scale": "encoder.layer.${i}.lambda_2", "writer": "encoder.layer.${i}.mlp.fc1"}],
+    }
     result = check_family(parse_family(misplaced, "misplaced"), config, cls)
     assert result["exact"] is False and "must scale a centred Linear writer" in result["reason"]
     config, cls = _tiny("InternVLVisionConfig", "InternVLVisionModel", use_mean_pooling=True, **VISION)
@@ -499,10 +688,24 @@ def test_tied_table_shared_under_several_names_stays_the_heads():
     made as if nothing were tied centres the rows and changes the logits."""
     from transformers import SeamlessM4TConfig, SeamlessM4TForTextToText
 
-    config = SeamlessM4TConfig(vocab_size=128, hidden_size=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                               decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, speech_encoder_layers=1,
-                               max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-                               decoder_start_token_id=3, t2u_vocab_size=64, unit_embed_dim=16)
+    config = SeamlessM4TConfig(
+        vocab_size=128,
+        hidden_size=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        speech_encoder_layers=1,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+        decoder_start_token_id=3,
+        t2u_vocab_size=64,
+        unit_embed_dim=16,
+    )
     family, check = discover_family(config, SeamlessM4TForTextToText)
     assert check["exact"], check
     model = randomize_(SeamlessM4TForTextToText(config).double().eval(), seed=1)
@@ -517,11 +720,30 @@ def test_groupvit_token_mixing_and_grouping_exact():
     """GroupViT mixes its group tokens with an MLP over the token axis (a Linear reading a transposed
     norm output: no γ fold, no row centring there) and feeds a norm output both to the stream and to a
     cross-attention query (centred downstream, where the next stage's layers read it)."""
-    config, cls = _tiny("GroupViTConfig", "GroupViTModel", text_config=dict(hidden_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=128, vocab_size=128, max_position_embeddings=32),
-                        vision_config=dict(hidden_size=64, depths=[2, 1, 1], num_group_tokens=[8, 4, 0],
-                                           num_output_groups=[8, 4, 4], num_attention_heads=4, intermediate_size=128,
-                                           image_size=32, patch_size=8), projection_dim=32, projection_intermediate_dim=64)
+    config, cls = _tiny(
+        "GroupViTConfig",
+        "GroupViTModel",
+        text_config=dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            vocab_size=128,
+            max_position_embeddings=32,
+        ),
+        vision_config=dict(
+            hidden_size=64,
+            depths=[2, 1, 1],
+            num_group_tokens=[8, 4, 0],
+            num_output_groups=[8, 4, 4],
+            num_attention_heads=4,
+            intermediate_size=128,
+            image_size=32,
+            patch_size=8,
+        ),
+        projection_dim=32,
+        projection_intermediate_dim=64,
+    )
     family = _exact_and_control(config, cls)
     desc = family.description
     readers = {r for n in desc["norms"] for r in n["readers"]}
@@ -547,7 +769,15 @@ def test_average_pooling_over_frames_keeps_the_stream_centred():
     last layer and its final norm: channels never mix, so the pooled stream is still centred and the
     conversion is exact. Without following the pooling it was refused as a raw stream read by a
     non-norm module; the skip-centring control shows the check still catches a wrong plan."""
-    config, cls = _tiny("Qwen2AudioEncoderConfig", "Qwen2AudioEncoder", d_model=64, encoder_layers=2,
-                        encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32)
+    config, cls = _tiny(
+        "Qwen2AudioEncoderConfig",
+        "Qwen2AudioEncoder",
+        d_model=64,
+        encoder_layers=2,
+        encoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        num_mel_bins=16,
+        max_source_positions=32,
+    )
     family = _exact_and_control(config, cls)
     assert family.final_norm is not None and family.final_norm.norm == "layer_norm"

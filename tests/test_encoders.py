@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from normswap.errors import NormswapError
 from normswap.checkpoint.shards import SINGLE_NAME
+from normswap.errors import NormswapError
 
 
 def _wordpiece():
@@ -26,20 +26,31 @@ def _wordpiece():
     tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tk.normalizer = normalizers.BertNormalizer(lowercase=True)
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tk.train_from_iterator(itertools.islice(load_documents("embedded", "train"), 30),
-                           trainers.WordPieceTrainer(vocab_size=256, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    tk.train_from_iterator(
+        itertools.islice(load_documents("embedded", "train"), 30),
+        trainers.WordPieceTrainer(vocab_size=256, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
+    )
     tk.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", tk.token_to_id("[CLS]")), ("[SEP]", tk.token_to_id("[SEP]"))])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]")
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", tk.token_to_id("[CLS]")), ("[SEP]", tk.token_to_id("[SEP]"))],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
 
 
 @pytest.fixture(scope="module")
 def encoders(tmp_path_factory):
     """{name: dir}: a masked-LM BERT and a bare BertModel, each with its approximate conversion."""
-    from normswap.convert.pipeline import convert_checkpoint
     from helpers import tiny_model
+
+    from normswap.convert.pipeline import convert_checkpoint
 
     root = tmp_path_factory.mktemp("encoders")
     tok = _wordpiece()
@@ -55,13 +66,37 @@ def encoders(tmp_path_factory):
 
 # numbers compared with float32 tolerances are measured where those hold (auto is bf16 on CUDA)
 PINNED = ("--device", "cpu", "--dtype", "float32")
-QUICK_SPEED = ("--repeats", "1", "--warmup", "0", "--min-time", "0", "--seq-len", "32", "--batch-size", "2", "--max-tokens", "2048")
+QUICK_SPEED = (
+    "--repeats",
+    "1",
+    "--warmup",
+    "0",
+    "--min-time",
+    "0",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "2",
+    "--max-tokens",
+    "2048",
+)
 
 
 def test_eval_report_measures_encoders_by_fidelity(encoders, tmp_path, run_cli):
     out = tmp_path / "rep"
-    code, stdout, err = run_cli("eval", "report", f"orig={encoders['mlm']}", f"approx={encoders['mlm-approx']}", "--baseline", "orig",
-                                "--out", out, "--quiet", *QUICK_SPEED, *PINNED)
+    code, stdout, err = run_cli(
+        "eval",
+        "report",
+        f"orig={encoders['mlm']}",
+        f"approx={encoders['mlm-approx']}",
+        "--baseline",
+        "orig",
+        "--out",
+        out,
+        "--quiet",
+        *QUICK_SPEED,
+        *PINNED,
+    )
     assert code == 0, err
     res = json.loads((out / "results.json").read_text())
     rows = {m["name"]: m for m in res["models"]}
@@ -73,7 +108,9 @@ def test_eval_report_measures_encoders_by_fidelity(encoders, tmp_path, run_cli):
     assert approx["hidden_cosine"] < 0.9999 and approx["embedding_cosine_min"] <= approx["embedding_cosine"] < 1.0
     assert 0 <= approx["top1_agreement"] <= 1 and approx["masked_perplexity"] > 1
     assert all(m["perplexity"] is None and m["model_kind"] == "masked-lm" for m in rows.values())
-    assert rows["approx"]["tokens_per_second"]["train_step"] > 0 and "generate" not in rows["approx"]["tokens_per_second"]
+    assert (
+        rows["approx"]["tokens_per_second"]["train_step"] > 0 and "generate" not in rows["approx"]["tokens_per_second"]
+    )
     md = (out / "report.md").read_text()
     assert "## Fidelity to orig" in md and (out / "fidelity.png").is_file()
     assert "embedding cosine (mean)" in stdout and "approx" in stdout
@@ -81,14 +118,31 @@ def test_eval_report_measures_encoders_by_fidelity(encoders, tmp_path, run_cli):
 
 def test_bare_encoder_has_no_masked_metrics_and_mixed_kinds_are_refused(encoders, tmp_path, run_cli):
     out = tmp_path / "rep"
-    code, _, err = run_cli("eval", "report", str(encoders["enc"]), str(encoders["enc-approx"]), "--baseline", str(encoders["enc"]),
-                           "--out", out, "--quiet", "--no-speed", "--no-memory", "--seq-len", "32", "--max-tokens", "2048")
+    code, _, err = run_cli(
+        "eval",
+        "report",
+        str(encoders["enc"]),
+        str(encoders["enc-approx"]),
+        "--baseline",
+        str(encoders["enc"]),
+        "--out",
+        out,
+        "--quiet",
+        "--no-speed",
+        "--no-memory",
+        "--seq-len",
+        "32",
+        "--max-tokens",
+        "2048",
+    )
     assert code == 0, err
     rows = json.loads((out / "results.json").read_text())["models"]
     assert [r["model_kind"] for r in rows] == ["encoder", "encoder"]
     assert rows[1]["fidelity"]["top1_agreement"] is None and rows[1]["fidelity"]["embedding_cosine"] < 1.0
     # an encoder and a causal LM have nothing in common to compare: one line, exit 2, nothing written
-    code, _, err = run_cli("eval", "report", "normswap:kjv-gpt2", str(encoders["mlm"]), "--out", tmp_path / "mixed", "--quiet")
+    code, _, err = run_cli(
+        "eval", "report", "normswap:kjv-gpt2", str(encoders["mlm"]), "--out", tmp_path / "mixed", "--quiet"
+    )
     assert code == 2 and "cannot compare causal LMs (kjv-gpt2) with encoders (mlm)" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "mixed" / "results.json").exists()
     code, _, err = run_cli("eval", "ppl", str(encoders["mlm"]), "--quiet")
@@ -98,17 +152,27 @@ def test_bare_encoder_has_no_masked_metrics_and_mixed_kinds_are_refused(encoders
 def test_fidelity_reads_a_whole_user_file(encoders, tmp_path):
     """`eval` on a user's text file reads all of it (no hash split), verse-per-line included."""
     import normswap
-    from normswap.data import default_eval_split
-    from normswap.data import kjv
+    from normswap.data import default_eval_split, kjv
     from normswap.evaluate.config import EvalConfig
     from normswap.evaluate.runner import ModelEntry, evaluate
 
     path = tmp_path / "heldout.txt"
     path.write_text("\n".join(list(kjv.verses("test"))[:60]) + "\n")
-    entries = [ModelEntry(name=n, spec=str(encoders[n]), model=normswap.load_model(str(encoders[n]), task="auto"),
-                          tokenizer=normswap.load_tokenizer(str(encoders[n]))) for n in ("mlm", "mlm-approx")]
-    res = evaluate(entries, EvalConfig(split=default_eval_split(str(path)), seq_len=32, speed=False, memory=False), data=str(path),
-                   baseline_name="mlm")
+    entries = [
+        ModelEntry(
+            name=n,
+            spec=str(encoders[n]),
+            model=normswap.load_model(str(encoders[n]), task="auto"),
+            tokenizer=normswap.load_tokenizer(str(encoders[n])),
+        )
+        for n in ("mlm", "mlm-approx")
+    ]
+    res = evaluate(
+        entries,
+        EvalConfig(split=default_eval_split(str(path)), seq_len=32, speed=False, memory=False),
+        data=str(path),
+        baseline_name="mlm",
+    )
     assert res["data"]["split"] == "all" and res["data"]["words"] == len(path.read_text().split())  # every word read
     assert res["fidelity_setup"]["sentences"] >= 55
 
@@ -117,9 +181,8 @@ def test_fidelity_reads_a_whole_user_file(encoders, tmp_path):
 
 
 def test_masking_is_bert_style_seeded_per_row_and_skips_special_tokens(encoders):
-    from normswap.finetune.encoder_objectives import frame, mask_tokens
-
     import normswap
+    from normswap.finetune.encoder_objectives import frame, mask_tokens
 
     tok = normswap.load_tokenizer(str(encoders["mlm"]))
     g = torch.Generator().manual_seed(0)
@@ -141,7 +204,17 @@ def test_masking_is_bert_style_seeded_per_row_and_skips_special_tokens(encoders)
 
 # ---------------------------------------------------------------- healing
 
-CAUSAL_LOG_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_second", "world_size", "tokens", "data_fingerprint", "epoch"}
+CAUSAL_LOG_KEYS = {
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_second",
+    "world_size",
+    "tokens",
+    "data_fingerprint",
+    "epoch",
+}
 QUICK_FT = dict(batch_size=4, seq_len=32, eval_tokens=512, warmup_steps=2, lr=1e-3, device="cpu", progress=False)
 
 
@@ -168,9 +241,30 @@ def test_distillation_heals_an_approximate_encoder_into_converts_format(encoders
     from normswap.finetune.run_dir import read_log_rows
 
     out = tmp_path / "healed"
-    code, stdout, err = run_cli("finetune", encoders["mlm-approx"], out, "--distill-from", encoders["mlm"], "--steps", "12",
-                                "--batch-size", "4", "--seq-len", "32", "--eval-tokens", "512", "--warmup-steps", "2",
-                                "--lr", "1e-3", "--no-progress", "--device", "cpu", "--dtype", "float32")
+    code, stdout, err = run_cli(
+        "finetune",
+        encoders["mlm-approx"],
+        out,
+        "--distill-from",
+        encoders["mlm"],
+        "--steps",
+        "12",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--eval-tokens",
+        "512",
+        "--warmup-steps",
+        "2",
+        "--lr",
+        "1e-3",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    )
     assert code == 0, err
     rows = read_log_rows(out / "train_log.jsonl")
     assert [r["step"] for r in rows] == list(range(13))
@@ -178,7 +272,10 @@ def test_distillation_heals_an_approximate_encoder_into_converts_format(encoders
     assert {"hidden_loss", "logit_kl"} <= set(rows[1])  # ... plus the objective's terms
     assert rows[-1]["eval_loss"] < 0.7 * rows[0]["eval_loss"] and rows[0]["eval_perplexity"] is None
     healed = normswap.load_model(str(out), task="auto")
-    assert any(c.__name__ == "BertForMaskedLM" for c in type(healed).__mro__) and healed.config.normswap["mode"] == "approx"
+    assert (
+        any(c.__name__ == "BertForMaskedLM" for c in type(healed).__mro__)
+        and healed.config.normswap["mode"] == "approx"
+    )
     from normswap.checkpoint.manifest import read_manifest
 
     assert read_manifest(str(out))["finetune"]["distill_from"] == str(encoders["mlm"])
@@ -195,7 +292,13 @@ def test_distillation_trains_without_dropout_on_hidden_states_and_pooled_directi
     what they claim: the pooled-span term only the direction of mean-pooled spans."""
     import normswap
     from normswap.finetune import FinetuneConfig
-    from normswap.finetune.encoder_objectives import Encoder, frame, hidden_state_loss, pooled_cosine_loss, token_cosine_loss
+    from normswap.finetune.encoder_objectives import (
+        Encoder,
+        frame,
+        hidden_state_loss,
+        pooled_cosine_loss,
+        token_cosine_loss,
+    )
 
     cfg = FinetuneConfig(model=str(encoders["mlm-approx"]), out=str(tmp_path / "o"), distill_from=str(encoders["mlm"]))
     student = normswap.load_model(str(encoders["mlm-approx"]), task="auto")
@@ -207,9 +310,15 @@ def test_distillation_trains_without_dropout_on_hidden_states_and_pooled_directi
     objective = Encoder.build(cfg, student, teacher)
     student.train()
     a, b = objective.loss(student, ids), objective.loss(student, ids)
-    assert torch.equal(a.total, b.total) and {"hidden_loss", "token_cosine_loss", "pooled_cosine_loss", "logit_kl"} <= set(a.parts)
-    assert a.total.item() == pytest.approx(sum(a.parts[k].item() for k in ("hidden_loss", "token_cosine_loss", "pooled_cosine_loss",
-                                                                            "logit_kl")), rel=1e-5)
+    assert torch.equal(a.total, b.total) and {
+        "hidden_loss",
+        "token_cosine_loss",
+        "pooled_cosine_loss",
+        "logit_kl",
+    } <= set(a.parts)
+    assert a.total.item() == pytest.approx(
+        sum(a.parts[k].item() for k in ("hidden_loss", "token_cosine_loss", "pooled_cosine_loss", "logit_kl")), rel=1e-5
+    )
 
     with torch.no_grad():
         h = teacher(input_ids=frame(ids, objective.tokenizer), output_hidden_states=True).hidden_states
@@ -229,7 +338,13 @@ def test_bare_encoder_heals_only_with_a_teacher(encoders, tmp_path):
     with pytest.raises(NormswapError, match="without a masked-LM head.*--distill-from") as e:
         _finetune(encoders["enc-approx"], tmp_path / "no-teacher", steps=2)
     assert "\n" not in str(e.value) and not (tmp_path / "no-teacher").exists()
-    s = _finetune(encoders["enc-approx"], tmp_path / "final-only", steps=3, distill_from=str(encoders["enc"]), distill_layers="final")
+    s = _finetune(
+        encoders["enc-approx"],
+        tmp_path / "final-only",
+        steps=3,
+        distill_from=str(encoders["enc"]),
+        distill_layers="final",
+    )
     rows = read_log_rows(tmp_path / "final-only" / "train_log.jsonl")
     assert "hidden_loss" in rows[1] and "logit_kl" not in rows[1]  # no head: hidden states only
     assert s["final_eval_loss"] < s["initial_eval_loss"]
@@ -272,7 +387,9 @@ def test_eval_data_names_the_held_out_set(encoders, tmp_path):
     train, held = tmp_path / "train.txt", tmp_path / "held.txt"
     train.write_text("\n".join(list(kjv.verses("train"))[:400]) + "\n")
     held.write_text("\n".join(list(kjv.verses("test"))[:40]) + "\n")
-    s = _finetune(encoders["mlm-approx"], tmp_path / "out", steps=2, data=str(train), eval_data=str(held), eval_tokens=256)
+    s = _finetune(
+        encoders["mlm-approx"], tmp_path / "out", steps=2, data=str(train), eval_data=str(held), eval_tokens=256
+    )
     assert s["eval_tokens"] == 256 and s["final_eval_loss"] > 0
     import json as _json
 
@@ -284,11 +401,38 @@ def test_encoder_recipe_converts_heals_and_reports_offline(encoders, tmp_path, r
     """The shipped all-minilm-l6-v2 recipe's pipeline, on the tiny BertModel instead of the hub model."""
     out = tmp_path / "run"
     ft = "variants.approx.finetune."
-    code, stdout, err = run_cli("run", "all-minilm-l6-v2", "--out", out, "--set", f"source={encoders['enc']}", "--set", "needs_network=false",
-                                "--set", f"{ft}steps=8", "--set", f"{ft}batch_size=4", "--set", f"{ft}seq_len=32", "--set", f"{ft}lr=0.001",
-                                "--set", f"{ft}warmup_steps=2", "--set", f"{ft}eval_tokens=256", "--set", "eval.seq_len=32",
-                                "--set", "eval.fidelity_tokens=1024", "--set", "eval.speed=false", "--set", "eval.memory=false",
-                                "--set", "device=cpu")  # pinned: float32 tolerances below
+    code, stdout, err = run_cli(
+        "run",
+        "all-minilm-l6-v2",
+        "--out",
+        out,
+        "--set",
+        f"source={encoders['enc']}",
+        "--set",
+        "needs_network=false",
+        "--set",
+        f"{ft}steps=8",
+        "--set",
+        f"{ft}batch_size=4",
+        "--set",
+        f"{ft}seq_len=32",
+        "--set",
+        f"{ft}lr=0.001",
+        "--set",
+        f"{ft}warmup_steps=2",
+        "--set",
+        f"{ft}eval_tokens=256",
+        "--set",
+        "eval.seq_len=32",
+        "--set",
+        "eval.fidelity_tokens=1024",
+        "--set",
+        "eval.speed=false",
+        "--set",
+        "eval.memory=false",
+        "--set",
+        "device=cpu",
+    )  # pinned: float32 tolerances below
     assert code == 0, err
     results = json.loads((out / "report" / "results.json").read_text())
     fid = {m["name"]: m["fidelity"] for m in results["models"]}
@@ -318,8 +462,12 @@ def test_convert_drops_a_stored_buffer_that_is_no_longer_persistent(encoders, tm
         save_file(sd, src / "model.safetensors", metadata={"format": "pt"})
         return src
 
-    convert_checkpoint(str(with_extra("old", "embeddings.position_ids")), str(tmp_path / "old-approx"), mode="approx", force=True)
+    convert_checkpoint(
+        str(with_extra("old", "embeddings.position_ids")), str(tmp_path / "old-approx"), mode="approx", force=True
+    )
     assert (tmp_path / "old-approx" / "config.json").is_file()
     with pytest.raises(NormswapError, match="no place in the BertModel.*embeddings.stray"):
-        convert_checkpoint(str(with_extra("stray", "embeddings.stray")), str(tmp_path / "stray-approx"), mode="approx", force=True)
+        convert_checkpoint(
+            str(with_extra("stray", "embeddings.stray")), str(tmp_path / "stray-approx"), mode="approx", force=True
+        )
     assert not (tmp_path / "stray-approx").exists()

@@ -31,7 +31,9 @@ def test_every_option_is_a_cli_option_and_a_recipe_key_with_one_default():
 
     cli = _params(report)
     fields = declared.options(EvalConfig)
-    assert {"repeats", "min_time", "compile", "tasks", "memory"} <= {f.name for f in fields}  # the nested SpeedConfig too
+    assert {"repeats", "min_time", "compile", "tasks", "memory"} <= {
+        f.name for f in fields
+    }  # the nested SpeedConfig too
     for f in fields:
         opt = cli[f.name]
         assert declared.cli_flag(f) in opt.opts + opt.secondary_opts or f"--no-{f.name}" in opt.secondary_opts
@@ -89,13 +91,16 @@ def test_recipe_values_build_the_same_config_the_cli_would():
     assert declared.build(EvalConfig, {"tasks": "a, b,"}).tasks == ["a", "b"]
 
 
-@pytest.mark.parametrize("key, value, needle", [
-    ("repeats", "five", "eval.repeats: expected an integer, got 'five'"),
-    ("repeats", 0, "eval.repeats: must be >= 1, got 0"),
-    ("compile", "yes", "eval.compile: expected true or false"),
-    ("split", "dev", "eval.split: expected one of test, validation, train, all"),
-    ("stride", 600, "eval.stride: must be <= seq_len (512), got 600"),
-])
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("repeats", "five", "eval.repeats: expected an integer, got 'five'"),
+        ("repeats", 0, "eval.repeats: must be >= 1, got 0"),
+        ("compile", "yes", "eval.compile: expected true or false"),
+        ("split", "dev", "eval.split: expected one of test, validation, train, all"),
+        ("stride", 600, "eval.stride: must be <= seq_len (512), got 600"),
+    ],
+)
 def test_a_wrong_recipe_value_is_refused_in_one_line_naming_the_key(key, value, needle):
     ev = {"seq_len": 512, key: value} if key == "stride" else {key: value}
     with pytest.raises(NormswapError) as e:
@@ -106,11 +111,14 @@ def test_a_wrong_recipe_value_is_refused_in_one_line_naming_the_key(key, value, 
     assert validate(_minimal(eval={"seq_len": 512, key: good}), "r.yaml")["eval"][key] == good
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--repeats", "0"], "--repeats must be >= 1, got 0"),
-    (["--seq-len", "64", "--stride", "65"], "--stride must be <= seq_len (64), got 65"),
-    (["--limit", "0"], "--limit must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["--seq-len", "64", "--stride", "65"], "--stride must be <= seq_len (64), got 65"),
+        (["--limit", "0"], "--limit must be >= 1, got 0"),
+    ],
+)
 def test_a_wrong_cli_value_is_refused_in_one_line_before_any_model_loads(run_cli, tmp_path, monkeypatch, args, needle):
     def boom(*a, **k):
         raise AssertionError("models loaded although the options were wrong")
@@ -132,4 +140,6 @@ def test_measurements_are_chosen_by_kind():
         measurements_for("encoder", dict(asked, perplexity=True), ["bert"])
     with pytest.raises(NormswapError, match="lm-eval tasks score causal LMs"):
         measurements_for("encoder", dict(asked, tasks=True), ["bert"])
-    assert "fidelity" in measurements_for("causal-lm", dict(asked, fidelity=True), ["gpt2"])  # asked for: runs on LMs too
+    assert "fidelity" in measurements_for(
+        "causal-lm", dict(asked, fidelity=True), ["gpt2"]
+    )  # asked for: runs on LMs too

@@ -12,7 +12,7 @@ import itertools
 import torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kjv_tokenizer(vocab_size: int = 512):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -39,8 +39,13 @@ def tiny_gpt2(seed: int = 0, n_positions: int = 128, vocab_size: int = 512, n_la
 
     torch.manual_seed(seed)
     config = GPT2Config(
-        n_layer=n_layer, n_embd=n_embd, n_head=4, vocab_size=vocab_size, n_positions=n_positions,
-        bos_token_id=0, eos_token_id=0,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=4,
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     model = GPT2LMHeadModel(config)
     # Randomise the norms' affine parameters so LayerNorm's centring and beta matter.

@@ -25,7 +25,9 @@ def text():
     return load_text("embedded", "test")[:3000]
 
 
-@pytest.mark.parametrize("length,seq_len,stride", [(2, 4, 4), (10, 4, 4), (11, 4, 4), (37, 8, 3), (100, 16, 16), (101, 16, 1), (5, 64, 32)])
+@pytest.mark.parametrize(
+    "length,seq_len,stride", [(2, 4, 4), (10, 4, 4), (11, 4, 4), (37, 8, 3), (100, 16, 16), (101, 16, 1), (5, 64, 32)]
+)
 def test_window_plan_scores_every_token_once_with_context(length, seq_len, stride):
     plan = window_plan(length, seq_len, stride)
     scored = []
@@ -130,7 +132,7 @@ def test_lm_eval_rolling_loglikelihood_matches(tok):
     ours = document_perplexity(model, tok, docs, seq_len=128, stride=128)
     assert scores["bits_per_byte"] == pytest.approx(ours.bits_per_byte, rel=1e-5)
     assert scores["word_perplexity"] == pytest.approx(ours.word_perplexity, rel=1e-4)
-    assert scores["byte_perplexity"] == pytest.approx(2 ** ours.bits_per_byte, rel=1e-5)
+    assert scores["byte_perplexity"] == pytest.approx(2**ours.bits_per_byte, rel=1e-5)
     # Negative control: different windows (more context per token) give a different number.
     other = document_perplexity(model, tok, docs, seq_len=128, stride=64)
     assert abs(other.bits_per_byte / scores["bits_per_byte"] - 1) > 1e-4

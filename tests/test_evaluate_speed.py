@@ -13,8 +13,8 @@ from test_evaluate_fixtures import kjv_tokenizer, tiny_gpt2
 from normswap.data import load_text
 from normswap.evaluate.diagnostics import diagnostics, fixed_batch
 from normswap.evaluate.memory import peak_memory, resident_bytes
-from normswap.model_facts import norm_modules
 from normswap.evaluate.speed import SpeedConfig, measure_speed
+from normswap.model_facts import norm_modules
 
 
 def test_speed_numbers_are_sane_and_leave_the_weights_alone():
@@ -43,7 +43,12 @@ def test_norm_modules_found_by_class_name_outermost_only():
 
     model = tiny_gpt2()
     assert [n for n, _ in norm_modules(model)] == [
-        "transformer.h.0.ln_1", "transformer.h.0.ln_2", "transformer.h.1.ln_1", "transformer.h.1.ln_2", "transformer.ln_f"]
+        "transformer.h.0.ln_1",
+        "transformer.h.0.ln_2",
+        "transformer.h.1.ln_1",
+        "transformer.h.1.ln_2",
+        "transformer.ln_f",
+    ]
     convert_model(model, mode="exact")
     assert {type(m).__name__ for _, m in norm_modules(model)} == {"RMSNorm"}
     assert len(norm_modules(model)) == 5
@@ -59,7 +64,11 @@ def test_peak_memory_counts_the_step_and_grows_with_the_batch():
     # At least weights + AdamW's two moments are alive at the peak.
     assert small["peak_memory_bytes"] >= 3 * weights
     # Resident after the step: weights plus AdamW's exp_avg and exp_avg_sq (and step counters).
-    assert 3 * weights <= small["resident_bytes"] <= 3 * weights + resident_bytes(model) + 8 * len(list(model.parameters()))
+    assert (
+        3 * weights
+        <= small["resident_bytes"]
+        <= 3 * weights + resident_bytes(model) + 8 * len(list(model.parameters()))
+    )
     assert large["peak_memory_bytes"] > small["peak_memory_bytes"]
     assert large["breakdown"]["activation"] > small["breakdown"]["activation"]
 
@@ -101,8 +110,15 @@ def test_compiled_speed_compares_compiled_models():
     torch._dynamo.utils.counters.clear()
     a = tiny_gpt2(seed=0)
     b = copy.deepcopy(a)
-    cfg = SpeedConfig(batch_size=2, seq_len=16, repeats=1, min_time=0.0, max_calls=1,
-                      kinds=("forward", "train_step", "norm_share"), compile=True)
+    cfg = SpeedConfig(
+        batch_size=2,
+        seq_len=16,
+        repeats=1,
+        min_time=0.0,
+        max_calls=1,
+        kinds=("forward", "train_step", "norm_share"),
+        compile=True,
+    )
     out = measure_speed([("a", a), ("b", b)], cfg)
     # one graph serves both (same class; parameters are graph inputs), none if nothing was compiled
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, "the models were not compiled"
@@ -122,7 +138,9 @@ def test_compiled_models_each_get_their_own_recompile_budget(monkeypatch):
     from normswap.evaluate import speed
 
     seen = []
-    monkeypatch.setattr(speed, "_measure", lambda benches, cfg, progress: seen.append(torch._dynamo.config.recompile_limit) or {})
+    monkeypatch.setattr(
+        speed, "_measure", lambda benches, cfg, progress: seen.append(torch._dynamo.config.recompile_limit) or {}
+    )
     default = torch._dynamo.config.recompile_limit
     a = tiny_gpt2(seed=0)
     models = [("a", a), ("b", copy.deepcopy(a)), ("c", copy.deepcopy(a))]

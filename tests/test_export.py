@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_model
+from helpers import without_centring as _rms_swapped
 from transformers import AutoModelForCausalLM
 
-from helpers import tiny_model, without_centring as _rms_swapped
 from normswap.assets.models import model_path
 
 
@@ -218,7 +219,9 @@ def onnx_exports(converted, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("onnx")
     src, out = converted("kjv-gpt2")
-    return {name: (path, run_export(path, root / name, "onnx")) for name, path in (("original", src), ("converted", out))}
+    return {
+        name: (path, run_export(path, root / name, "onnx")) for name, path in (("original", src), ("converted", out))
+    }
 
 
 def _set_rms_epsilon(path, eps):
@@ -261,7 +264,8 @@ def test_onnx_validation_catches_a_wrong_epsilon(onnx_exports, tmp_path, monkeyp
 
     import normswap
     from normswap.errors import VerificationError
-    from normswap.export import onnx as onnx_export, run_export
+    from normswap.export import onnx as onnx_export
+    from normswap.export import run_export
 
     _, converted = onnx_exports["converted"]
     bad = tmp_path / "bad.onnx"
@@ -302,9 +306,27 @@ def test_onnx_without_its_packages_says_how_to_install(converted, tmp_path, run_
 
 def test_eval_speed_times_onnx_exports_beside_pytorch(onnx_exports, run_cli):
     (src, original), (_, converted) = onnx_exports["original"], onnx_exports["converted"]
-    code, stdout, stderr = run_cli("eval", "speed", f"orig={original['out']}", f"conv={converted['out']}", f"pt={src}",
-                                   "--baseline", "orig", "--repeats", "2", "--min-time", "0.01", "--warmup", "1",
-                                   "--seq-len", "16", "--new-tokens", "2", "--json", "--quiet")
+    code, stdout, stderr = run_cli(
+        "eval",
+        "speed",
+        f"orig={original['out']}",
+        f"conv={converted['out']}",
+        f"pt={src}",
+        "--baseline",
+        "orig",
+        "--repeats",
+        "2",
+        "--min-time",
+        "0.01",
+        "--warmup",
+        "1",
+        "--seq-len",
+        "16",
+        "--new-tokens",
+        "2",
+        "--json",
+        "--quiet",
+    )
     assert code == 0, stderr
     rows = {m["name"]: m for m in json.loads(stdout)["models"]}
     for name in ("orig", "conv"):  # ONNX: forward only, and the rest reported as not measured, not as zero

@@ -46,29 +46,94 @@ def _fails_before_loading(run_cli, loads, *args, match):
 
 
 def test_missing_data_file_is_refused_before_any_model_loads(dirs, run_cli, loads):
-    _fails_before_loading(run_cli, loads, "eval", "report", dirs["gpt2"], "--data", str(dirs["root"] / "nope.txt"),
-                          "--out", dirs["root"] / "r1", "--quiet", match="no such file or directory")
-    _fails_before_loading(run_cli, loads, "eval", "ppl", dirs["gpt2"], "--data", str(dirs["root"] / "nope.txt"), "--quiet",
-                          match="no such file or directory")
+    _fails_before_loading(
+        run_cli,
+        loads,
+        "eval",
+        "report",
+        dirs["gpt2"],
+        "--data",
+        str(dirs["root"] / "nope.txt"),
+        "--out",
+        dirs["root"] / "r1",
+        "--quiet",
+        match="no such file or directory",
+    )
+    _fails_before_loading(
+        run_cli,
+        loads,
+        "eval",
+        "ppl",
+        dirs["gpt2"],
+        "--data",
+        str(dirs["root"] / "nope.txt"),
+        "--quiet",
+        match="no such file or directory",
+    )
 
 
 def test_text_too_short_for_the_encoder_fidelity_is_refused_before_speed(dirs, run_cli, loads):
     # the case: an encoder report whose split held fewer tokens than one 510-token row ran
     # speed and memory for minutes first
-    _fails_before_loading(run_cli, loads, "eval", "report", dirs["enc"], "--data", dirs["short"], "--out", dirs["root"] / "r2",
-                          "--quiet", match="fidelity: ")
-    code, _, err = run_cli("eval", "report", dirs["enc"], "--data", dirs["short"], "--out", dirs["root"] / "r2", "--quiet")
+    _fails_before_loading(
+        run_cli,
+        loads,
+        "eval",
+        "report",
+        dirs["enc"],
+        "--data",
+        dirs["short"],
+        "--out",
+        dirs["root"] / "r2",
+        "--quiet",
+        match="fidelity: ",
+    )
+    code, _, err = run_cli(
+        "eval", "report", dirs["enc"], "--data", dirs["short"], "--out", dirs["root"] / "r2", "--quiet"
+    )
     assert "fewer than the 510 of one row (--seq-len 512): lower --seq-len to" in err
 
 
 def test_measurement_the_model_kind_does_not_define_is_refused_before_loading(dirs, run_cli, loads):
-    _fails_before_loading(run_cli, loads, "eval", "report", dirs["enc"], "--tasks", "normswap_kjv", "--out", dirs["root"] / "r3",
-                          "--quiet", match="lm-eval tasks score causal LMs")
-    _fails_before_loading(run_cli, loads, "eval", "ppl", dirs["enc"], "--quiet", match="perplexity is not defined for encoders")
-    _fails_before_loading(run_cli, loads, "eval", "report", dirs["gpt2"], dirs["enc"], "--out", dirs["root"] / "r4", "--quiet",
-                          match="cannot compare causal LMs")
-    _fails_before_loading(run_cli, loads, "eval", "ppl", dirs["gpt2"], "--seq-len", "4096", "--quiet",
-                          match="longer than the shortest model context")
+    _fails_before_loading(
+        run_cli,
+        loads,
+        "eval",
+        "report",
+        dirs["enc"],
+        "--tasks",
+        "normswap_kjv",
+        "--out",
+        dirs["root"] / "r3",
+        "--quiet",
+        match="lm-eval tasks score causal LMs",
+    )
+    _fails_before_loading(
+        run_cli, loads, "eval", "ppl", dirs["enc"], "--quiet", match="perplexity is not defined for encoders"
+    )
+    _fails_before_loading(
+        run_cli,
+        loads,
+        "eval",
+        "report",
+        dirs["gpt2"],
+        dirs["enc"],
+        "--out",
+        dirs["root"] / "r4",
+        "--quiet",
+        match="cannot compare causal LMs",
+    )
+    _fails_before_loading(
+        run_cli,
+        loads,
+        "eval",
+        "ppl",
+        dirs["gpt2"],
+        "--seq-len",
+        "4096",
+        "--quiet",
+        match="longer than the shortest model context",
+    )
 
 
 def test_control_good_inputs_do_load_and_run(dirs, run_cli, loads):

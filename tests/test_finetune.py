@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import checked_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +45,8 @@ def _env(**extra):
 def models(tmp_path_factory):
     """A small trained LayerNorm GPT-2 (source) and its approximate (β dropped, γ kept) and exact
     conversions, as checkpoint directories."""
-    from tokenizers import Tokenizer, decoders, models as tmodels, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers import models as tmodels
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
     import normswap
@@ -58,13 +58,27 @@ def models(tmp_path_factory):
     tk = Tokenizer(tmodels.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=384, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=384, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tk.train_from_iterator(itertools.islice(load_documents("embedded", "train"), 300), trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=len(tok), n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=len(tok),
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     model = GPT2LMHeadModel(cfg)
     # A few seconds of training leave β near its zero init, unlike any real checkpoint (GPT-2's β
     # are O(0.1-1)); starting β away from zero gives the tiny model the reliance on β that makes
@@ -177,7 +191,7 @@ def test_approx_conversion_hurts_and_short_finetune_heals_it(models, tmp_path):
         assert {"loss", "lr", "grad_norm", "tokens_per_second", "world_size"} <= set(r) and r["world_size"] == 1
         assert math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["tokens_per_second"] > 0
     # the warmup follows η_t = η_max·min(t/T_w, 1) step by step, then the cosine decay
-    for r in rows[1:warm + 1]:
+    for r in rows[1 : warm + 1]:
         assert r["lr"] == pytest.approx(lr * r["step"] / warm, rel=1e-12)
     after = [r["lr"] for r in rows[warm:]]
     assert all(a >= b for a, b in zip(after, after[1:])) and after[-1] < 0.2 * lr
@@ -250,7 +264,9 @@ def test_distillation_toward_the_source(models, tmp_path):
     assert float(distill_loss(x, torch.randn(2, 5, 11))) > 0.1
 
     out = tmp_path / "kd"
-    s = _run(models["approx"], out, steps=12, lr=2e-3, warmup_steps=2, distill_from=str(models["source"]), distill_alpha=1.0)
+    s = _run(
+        models["approx"], out, steps=12, lr=2e-3, warmup_steps=2, distill_from=str(models["source"]), distill_alpha=1.0
+    )
     rows = _log(out)[1:]
     assert all(r["loss"] == pytest.approx(r["distill_loss"]) for r in rows)  # α = 1: pure KL
     assert rows[0]["distill_loss"] > 0.02
@@ -293,7 +309,9 @@ def test_nan_guard_stops_keeps_last_checkpoint_and_a_lower_lr_resumes(models, tm
     with pytest.raises(TrainingDiverged) as e:
         _run(models["approx"], out, steps=6, save_every=2, lr=1e-3, warmup_steps=1, hooks=_nan_at(3))
     msg = str(e.value)
-    assert "loss is nan at step 3" in msg and "step-2" in msg and f"normswap finetune {out} --resume --lr 0.0001" in msg, msg
+    assert (
+        "loss is nan at step 3" in msg and "step-2" in msg and f"normswap finetune {out} --resume --lr 0.0001" in msg
+    ), msg
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2"]
     assert not (out / "config.json").exists()  # no final model from a diverged run
     assert [r["step"] for r in _log(out)] == [0, 1, 2]
@@ -311,8 +329,12 @@ def test_nan_guard_stops_keeps_last_checkpoint_and_a_lower_lr_resumes(models, tm
 
     code, err = cli(out, "--resume", "--lr", "2e-3", "--seed", "9", "--seq-len", "16", "--eval-tokens", "512")
     assert code == 2 and len(err) == 1, err
-    for part in ("--lr is 0.002 but the run used 0.001 (it may only be lowered)", "--seed is 9 but the run used 0",
-                 "--seq-len is 16 but the run used 32", "--eval-tokens is 512 but the run used 1024"):
+    for part in (
+        "--lr is 0.002 but the run used 0.001 (it may only be lowered)",
+        "--seed is 9 but the run used 0",
+        "--seq-len is 16 but the run used 32",
+        "--eval-tokens is 512 but the run used 1024",
+    ):
         assert part in err[0], err
     assert [r["step"] for r in _log(out)] == [0, 1, 2]  # a refused resume changes nothing
 
@@ -326,8 +348,9 @@ def test_nan_guard_stops_keeps_last_checkpoint_and_a_lower_lr_resumes(models, tm
 
     for r in rows[1:]:  # the schedule's shape is kept; from step 3 on it scales the lower peak
         peak = 1e-3 if r["step"] <= 2 else 1e-4
-        assert r["lr"] == pytest.approx(peak * lr_factor(r["step"], total_steps=6, warmup_steps=1, schedule="cosine", min_ratio=0.1),
-                                        rel=1e-12)
+        assert r["lr"] == pytest.approx(
+            peak * lr_factor(r["step"], total_steps=6, warmup_steps=1, schedule="cosine", min_ratio=0.1), rel=1e-12
+        )
     run = json.loads((out / RUN_FILE).read_text())
     assert run["status"] == "finished" and run["config"]["lr"] == 1e-4
     assert run["resumes"] == [{"from_step": 2, "overrides": {"lr": [1e-3, 1e-4]}}]
@@ -345,13 +368,38 @@ def test_exploded_weights_are_never_kept_and_the_error_is_one_line(models, tmp_p
 
     out = tmp_path / "boom"
     with pytest.raises(SystemExit) as e:
-        main(["finetune", str(models["approx"]), str(out), "--steps", "4", "--save-every", "1", "--seq-len", str(SEQ),
-              "--batch-size", "4", "--eval-tokens", "256", "--lr", "1e9", "--warmup-steps", "0", "--device", "cpu"])
+        main(
+            [
+                "finetune",
+                str(models["approx"]),
+                str(out),
+                "--steps",
+                "4",
+                "--save-every",
+                "1",
+                "--seq-len",
+                str(SEQ),
+                "--batch-size",
+                "4",
+                "--eval-tokens",
+                "256",
+                "--lr",
+                "1e9",
+                "--warmup-steps",
+                "0",
+                "--device",
+                "cpu",
+            ]
+        )
     assert e.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "weights are not sane" in err[0] and "exploded" in err[0] and "Traceback" not in err[0], err
+    assert len(err) == 1 and "weights are not sane" in err[0] and "exploded" in err[0] and "Traceback" not in err[0], (
+        err
+    )
     assert "last good checkpoint: none" in err[0] and "--force" in err[0]
-    assert not any(p.name.startswith("step-") for p in (out / "checkpoints").iterdir())  # the exploded state was not kept
+    assert not any(
+        p.name.startswith("step-") for p in (out / "checkpoints").iterdir()
+    )  # the exploded state was not kept
     assert not (out / "config.json").exists()
 
 
@@ -387,7 +435,9 @@ def test_short_runs_evaluate_on_held_out_text_sized_to_the_run(models, tmp_path)
     import normswap
     from normswap.finetune import heldout_loss
 
-    assert s["initial_eval_loss"] == pytest.approx(heldout_loss(normswap.load_model(models["approx"], task="causal-lm"), want), abs=1e-6)
+    assert s["initial_eval_loss"] == pytest.approx(
+        heldout_loss(normswap.load_model(models["approx"], task="causal-lm"), want), abs=1e-6
+    )
     # negative control: the default-sized set is not the explicit 1,024-token one the other tests use
     assert s["initial_eval_loss"] != pytest.approx(_loss_of(models["approx"]), abs=1e-6)
 
@@ -438,9 +488,20 @@ def test_cuda_run_matches_its_own_device_reference(models, tmp_path):
     from normswap.finetune import heldout_loss
 
     out = tmp_path / "cuda"
-    s = _run(models["approx"], out, steps=4, save_every=2, lr=1e-3, warmup_steps=1, device="cuda", dtype="float32",
-             keep_checkpoints_after_finish=True)
-    reference = heldout_loss(normswap.load_model(models["approx"], task="causal-lm", device="cuda"), _eval_set(models["approx"]))
+    s = _run(
+        models["approx"],
+        out,
+        steps=4,
+        save_every=2,
+        lr=1e-3,
+        warmup_steps=1,
+        device="cuda",
+        dtype="float32",
+        keep_checkpoints_after_finish=True,
+    )
+    reference = heldout_loss(
+        normswap.load_model(models["approx"], task="causal-lm", device="cuda"), _eval_set(models["approx"])
+    )
     assert s["initial_eval_loss"] == pytest.approx(reference, abs=1e-5)  # same device, same numbers
     assert s["final_eval_loss"] < s["initial_eval_loss"]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-4"]
@@ -473,8 +534,22 @@ main(sys.argv[1:])
 
 def _cli_args(model, out, **kw):
     kw = {**RESUME_ARGS, **kw}
-    args = [sys.executable, "-c", PAUSING_CLI, "finetune", str(model), str(out), "--seq-len", str(SEQ), "--batch-size", "4",
-            "--eval-tokens", "1024", "--device", "cpu"]
+    args = [
+        sys.executable,
+        "-c",
+        PAUSING_CLI,
+        "finetune",
+        str(model),
+        str(out),
+        "--seq-len",
+        str(SEQ),
+        "--batch-size",
+        "4",
+        "--eval-tokens",
+        "1024",
+        "--device",
+        "cpu",
+    ]
     for k, v in kw.items():
         args += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     return args
@@ -489,8 +564,14 @@ def uninterrupted(models, tmp_path_factory):
 
 def _start_and_wait_for_checkpoint(models, out, step=3):
     """The CLI fine-tune in a child, returned once it has saved checkpoint ``step`` and paused."""
-    proc = subprocess.Popen(_cli_args(models["approx"], out), env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _cli_args(models["approx"], out),
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if not any(line.strip() == "PAUSED" for line in proc.stdout):
         raise AssertionError(f"the run never paused: {proc.communicate(timeout=60)[1][-3000:]}")
     assert (out / "checkpoints" / f"step-{step}" / "trainer_state.json").exists()
@@ -592,7 +673,9 @@ def test_resume_never_unpickles_and_falls_back_past_broken_checkpoints(models, u
     log_before = (out / "train_log.jsonl").read_text()
     with pytest.raises(NormswapError, match="no intact checkpoint") as e:
         _run(models["approx"], out, resume=True, **RESUME_ARGS)
-    assert all(f"step-{k}" in str(e.value) for k in (3, 4, 5, 6)) and str(ck / "step-3" / "trainer_state.json") in str(e.value)
+    assert all(f"step-{k}" in str(e.value) for k in (3, 4, 5, 6)) and str(ck / "step-3" / "trainer_state.json") in str(
+        e.value
+    )
     assert (out / "train_log.jsonl").read_text() == log_before
     shutil.rmtree(ck / "step-3")
     shutil.move(tmp_path / "step-3", ck / "step-3")
@@ -615,16 +698,48 @@ def test_resume_never_unpickles_and_falls_back_past_broken_checkpoints(models, u
 
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one_process(models, tmp_path):
-    common = ["finetune", str(models["approx"]), None, "--steps", "4", "--seq-len", str(SEQ), "--batch-size", "8",
-              "--grad-accum", "2", "--eval-tokens", "1024", "--lr", "2e-3", "--warmup-steps", "1", "--seed", "5",
-              "--device", "cpu", "--save-every", "2", "--keep-checkpoints-after-finish"]
+    common = [
+        "finetune",
+        str(models["approx"]),
+        None,
+        "--steps",
+        "4",
+        "--seq-len",
+        str(SEQ),
+        "--batch-size",
+        "8",
+        "--grad-accum",
+        "2",
+        "--eval-tokens",
+        "1024",
+        "--lr",
+        "2e-3",
+        "--warmup-steps",
+        "1",
+        "--seed",
+        "5",
+        "--device",
+        "cpu",
+        "--save-every",
+        "2",
+        "--keep-checkpoints-after-finish",
+    ]
     two = tmp_path / "two"
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "normswap"]
-    r = checked_run(args + [str(two) if a is None else a for a in common], env=_env(), capture_output=True, text=True, timeout=900)
+    r = checked_run(
+        args + [str(two) if a is None else a for a in common], env=_env(), capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     # each process saved its own random state beside the shared weights and optimizer state
     assert {p.name for p in (two / "checkpoints" / "step-4").iterdir()} == {
-        "model.safetensors", "optimizer.pt", "trainer_state.json", "rng-0.safetensors", "rng-0.json", "rng-1.safetensors", "rng-1.json"}
+        "model.safetensors",
+        "optimizer.pt",
+        "trainer_state.json",
+        "rng-0.safetensors",
+        "rng-0.json",
+        "rng-1.safetensors",
+        "rng-1.json",
+    }
     one = tmp_path / "one"
     _run(models["approx"], one, steps=4, batch_size=8, grad_accum=2, lr=2e-3, warmup_steps=1, seed=5)
     l2, l1 = _log(two), _log(one)
@@ -691,7 +806,11 @@ def test_force_replaces_a_run_with_one_complete_out_at_every_instant(tmp_path, m
     monkeypatch.undo()
     rd.RunDir(out).start(run, replace=True)
     assert not (out / "weights.bin").exists()
-    assert rd.RunDir(out).read_run() == run and (out / "checkpoints").is_dir() and (out / "train_log.jsonl").read_text() == ""
+    assert (
+        rd.RunDir(out).read_run() == run
+        and (out / "checkpoints").is_dir()
+        and (out / "train_log.jsonl").read_text() == ""
+    )
 
 
 # --- FSDP: the shipped accelerate config -------------------------------------------------------
@@ -711,8 +830,21 @@ def _fsdp_config(tmp_path, device: str, processes: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA (bench/gpu.sh runs it on the GPU machine)")])])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.cuda,
+                pytest.mark.skipif(
+                    not torch.cuda.is_available(), reason="needs CUDA (bench/gpu.sh runs it on the GPU machine)"
+                ),
+            ],
+        ),
+    ],
+)
 def test_fsdp_processes_match_one_process(models, tmp_path, device):
     """`accelerate launch --config_file fsdp.yaml` (the README's FSDP line) trains what one plain
     process trains: two ranks, each with its half of every global batch and its shard of the
@@ -720,23 +852,66 @@ def test_fsdp_processes_match_one_process(models, tmp_path, device):
     is the one-process model. On one GPU the FSDP run has one process (NCCL puts one rank on a GPU)."""
     processes = 2 if device == "cpu" else min(2, torch.cuda.device_count())
     steps = 3
-    common = ["finetune", str(models["approx"]), None, "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", "8",
-              "--eval-tokens", "512", "--lr", "2e-3", "--warmup-steps", "1", "--seed", "5", "--device", device,
-              "--dtype", "float32", "--no-progress"]
+    common = [
+        "finetune",
+        str(models["approx"]),
+        None,
+        "--steps",
+        str(steps),
+        "--seq-len",
+        str(SEQ),
+        "--batch-size",
+        "8",
+        "--eval-tokens",
+        "512",
+        "--lr",
+        "2e-3",
+        "--warmup-steps",
+        "1",
+        "--seed",
+        "5",
+        "--device",
+        device,
+        "--dtype",
+        "float32",
+        "--no-progress",
+    ]
     fsdp = tmp_path / "fsdp"
     import socket
 
     with socket.socket() as sock:  # a free port: the default (29500) would collide with another run on this machine
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    args = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(_fsdp_config(tmp_path, device, processes)),
-            "--num_processes", str(processes), "--main_process_port", str(port), "-m", "normswap"]
-    r = subprocess.run(args + [str(fsdp) if a is None else a for a in common], env=_env(), capture_output=True, text=True,
-                       timeout=900)
+    args = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(_fsdp_config(tmp_path, device, processes)),
+        "--num_processes",
+        str(processes),
+        "--main_process_port",
+        str(port),
+        "-m",
+        "normswap",
+    ]
+    r = subprocess.run(
+        args + [str(fsdp) if a is None else a for a in common], env=_env(), capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     one = tmp_path / "one"
-    _run(models["approx"], one, steps=steps, batch_size=8, eval_tokens=512, lr=2e-3, warmup_steps=1, seed=5, device=device,
-         dtype="float32")
+    _run(
+        models["approx"],
+        one,
+        steps=steps,
+        batch_size=8,
+        eval_tokens=512,
+        lr=2e-3,
+        warmup_steps=1,
+        seed=5,
+        device=device,
+        dtype="float32",
+    )
     lf, l1 = _log(fsdp), _log(one)
     assert [r["step"] for r in lf] == [r["step"] for r in l1] == list(range(steps + 1))
     assert all(r["world_size"] == processes for r in lf) and all(r["world_size"] == 1 for r in l1)

@@ -18,12 +18,28 @@ def finetuned(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("heldout")
     my_text = root / "my_text.jsonl"
-    verses = [line for doc in itertools.islice(load_documents("embedded", "train"), 40) for line in doc.splitlines() if line.strip()]
+    verses = [
+        line
+        for doc in itertools.islice(load_documents("embedded", "train"), 40)
+        for line in doc.splitlines()
+        if line.strip()
+    ]
     my_text.write_text("".join(json.dumps({"text": v}) + "\n" for v in verses[:300]))
     orig = save_tiny(root / "orig", seed=5)
     ft = root / "ft"
-    run_finetune(FinetuneConfig(model=orig, out=str(ft), data=str(my_text), steps=2, seq_len=16, batch_size=2, eval_tokens=64,
-                                progress=False, device="cpu"))
+    run_finetune(
+        FinetuneConfig(
+            model=orig,
+            out=str(ft),
+            data=str(my_text),
+            steps=2,
+            seq_len=16,
+            batch_size=2,
+            eval_tokens=64,
+            progress=False,
+            device="cpu",
+        )
+    )
     return {"file": str(my_text), "orig": orig, "ft": str(ft), "docs": verses[:300]}
 
 
@@ -57,7 +73,9 @@ def test_eval_on_the_finetune_file_leaves_its_training_documents_out(finetuned):
     assert d["split"] == "test" and d["held_out"] is True
     assert d["documents"] == len(test) and d["documents_available"] == len(finetuned["docs"])
     assert not any(doc in prepared.text for doc in trained)  # not one training document is scored
-    assert d["caption"].startswith(f"my_text.jsonl, {len(test)} of {len(finetuned['docs'])} documents not seen in fine-tuning")
+    assert d["caption"].startswith(
+        f"my_text.jsonl, {len(test)} of {len(finetuned['docs'])} documents not seen in fine-tuning"
+    )
     assert d["seen_in_finetune"] == [{"model": "ft", "split": "train", "documents": len(trained)}]
 
 
@@ -71,13 +89,31 @@ def test_negative_control_the_whole_file_includes_training_text_and_says_so(fine
     assert prepared.data["held_out"] is False and "NOT held-out" in prepared.data["caption"]
     # a model normswap did not fine-tune on it: the user's file is read whole, as before
     plain = _prepare([("orig", finetuned["orig"])], finetuned["file"])
-    assert plain.data["split"] == "all" and plain.data["held_out"] is None and plain.data["documents"] == len(finetuned["docs"])
+    assert (
+        plain.data["split"] == "all"
+        and plain.data["held_out"] is None
+        and plain.data["documents"] == len(finetuned["docs"])
+    )
 
 
 def test_report_caption_says_what_was_evaluated(finetuned, tmp_path, run_cli):
     out = tmp_path / "rep"
-    code, _, err = run_cli("eval", "report", f"orig={finetuned['orig']}", f"ft={finetuned['ft']}", "--baseline", "orig",
-                           "--data", finetuned["file"], "--out", out, "--no-speed", "--no-memory", "--seq-len", "16")
+    code, _, err = run_cli(
+        "eval",
+        "report",
+        f"orig={finetuned['orig']}",
+        f"ft={finetuned['ft']}",
+        "--baseline",
+        "orig",
+        "--data",
+        finetuned["file"],
+        "--out",
+        out,
+        "--no-speed",
+        "--no-memory",
+        "--seq-len",
+        "16",
+    )
     assert code == 0, err
     results = json.loads((out / "results.json").read_text())
     caption = results["data"]["caption"]
@@ -90,8 +126,15 @@ def test_perplexity_on_training_text_is_never_coloured():
     from normswap.report.render import headlines, table_rows
 
     def results(held):
-        rows = [{"name": "orig", "kind": "original", "perplexity": 100.0, "ratios": None},
-                {"name": "ft", "kind": "fine-tuned", "perplexity": 30.0, "ratios": {"perplexity": 0.3, "tokens_per_second": {}}}]
+        rows = [
+            {"name": "orig", "kind": "original", "perplexity": 100.0, "ratios": None},
+            {
+                "name": "ft",
+                "kind": "fine-tuned",
+                "perplexity": 30.0,
+                "ratios": {"perplexity": 0.3, "tokens_per_second": {}},
+            },
+        ]
         rows[0]["ratios"] = {"perplexity": 1.0, "tokens_per_second": {}}
         return {"baseline": "orig", "models": rows, "data": {"held_out": held}}
 

@@ -14,6 +14,7 @@ from normswap.kernels import cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 @pytest.fixture(autouse=True)
 def _kernel_buildable():
     # checked when a test of this file runs, not when it is collected: available() builds the
@@ -36,7 +37,11 @@ def test_a_killed_build_does_not_block_the_next_process(tmp_path):
     shutil.copytree(built, build_dir)  # a finished build: the next process only has to load it
 
     # a process dies in the middle of a build: it holds normswap's lock and torch's baton file
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import time
         from pathlib import Path
         from normswap.kernels import cpu
@@ -45,15 +50,25 @@ def test_a_killed_build_does_not_block_the_next_process(tmp_path):
             (build_dir / "lock").touch()  # what torch's FileBaton creates while it builds
             print("building", flush=True)
             time.sleep(600)
-    """)], env=_child_env(cache), stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        env=_child_env(cache),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "building"
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()
     assert (build_dir / "lock").exists()
     assert not FileBaton(str(build_dir / "lock")).try_acquire()  # torch alone would wait on it forever
 
-    nxt = subprocess.run([sys.executable, "-c", "from normswap.kernels import cpu; print(cpu.available(), cpu.unavailable_reason())"],
-                         env=_child_env(cache), capture_output=True, text=True, timeout=300)
+    nxt = subprocess.run(
+        [sys.executable, "-c", "from normswap.kernels import cpu; print(cpu.available(), cpu.unavailable_reason())"],
+        env=_child_env(cache),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert nxt.stdout.split() == ["True", "None"], nxt.stderr[-2000:]
     assert not (build_dir / "lock").exists()
     assert "building the CPU RMSNorm kernel" not in nxt.stderr  # it loaded the finished build
@@ -68,12 +83,21 @@ def _venv_over_this_environment(venv: Path) -> Path:
     their own .pth files, an editable install among them, still apply)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
-    ours = [p for p in dict.fromkeys(sys.path)
-            if p.rstrip("/").endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    ours = [
+        p
+        for p in dict.fromkeys(sys.path)
+        if p.rstrip("/").endswith(("site-packages", "dist-packages")) and os.path.isdir(p)
+    ]
     Path(purelib, "_normswap_test_parent_env.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours)
+    )
     return python
 
 
@@ -82,8 +106,13 @@ def test_two_virtualenvs_use_two_build_directories(tmp_path):
     probe = "import sys; from normswap.kernels import cpu; print(sys.prefix); print(cpu._build_name(*cpu._flags()))"
     runs = {}
     for python in (sys.executable, str(venv_python)):
-        proc = subprocess.run([python, "-c", probe], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [python, "-c", probe],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         out = proc.stdout.split()
         runs[out[0]] = out[1]
@@ -120,8 +149,13 @@ def test_two_checkouts_of_the_same_sources_use_two_build_directories(tmp_path, m
     here = cpu._build_name(*cpu._flags())
     # control: the same checkout in another process names the same directory (a name that merely
     # differed every time, e.g. keyed by pid or a random suffix, would pass the check below alone)
-    other = subprocess.run([sys.executable, "-c", "from normswap.kernels import cpu; print(cpu._build_name(*cpu._flags()))"],
-                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    other = subprocess.run(
+        [sys.executable, "-c", "from normswap.kernels import cpu; print(cpu._build_name(*cpu._flags()))"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert other.returncode == 0, other.stderr[-2000:]
     assert other.stdout.strip() == here
     copy = tmp_path / "csrc"

@@ -122,7 +122,7 @@ def _data(n, h, dtype, seed=0, kind="randn"):
         # mean x²), huge (x² overflows fp16 if squared in the input dtype), mixed magnitudes
         base = torch.randn(n, h, generator=g)
         rows = [torch.full((h,), 3.0), torch.zeros(h), base[2] * 1e-6, base[3].sign() * 1e4, base[4] * 1e3]
-        x = torch.cat([torch.stack(rows), base[len(rows):]]) if n > len(rows) else torch.stack(rows[:n])
+        x = torch.cat([torch.stack(rows), base[len(rows) :]]) if n > len(rows) else torch.stack(rows[:n])
     return x.to(dtype).to(DEVICE)
 
 
@@ -134,7 +134,7 @@ def _run_case(backend, x, weight, eps, residual, grad_seed=1):
     rs = residual.detach().requires_grad_() if residual is not None else None
     assert xs.stride() == x.stride()
     out = rms_norm(xs, ws, eps, residual=rs, backend=API_NAME[backend])
-    y, s = (out if residual is not None else (out, None))
+    y, s = out if residual is not None else (out, None)
     g = torch.Generator().manual_seed(grad_seed)
     dy = torch.randn(y.shape, generator=g).to(y.dtype).to(DEVICE)
     loss = (y.double() * dy.double()).sum()
@@ -312,7 +312,15 @@ def test_outputs_fully_written(backend, h):
         # C++ may allocate through paths a dispatch mode cannot see
         if backend == "triton":
             assert p.poisoned >= 5, "the poisoning hook did not see the backend's allocations"
-        for name, t in {"y": y, "rstd": rstd, "summed": summed, "y(no residual)": y2, "rstd2": rstd2, "dx": dx, "dw": dw}.items():
+        for name, t in {
+            "y": y,
+            "rstd": rstd,
+            "summed": summed,
+            "y(no residual)": y2,
+            "rstd2": rstd2,
+            "dx": dx,
+            "dw": dw,
+        }.items():
             if t is not None:
                 assert not torch.isnan(t).any(), f"{backend}: {name} has unwritten (NaN-poisoned) elements"
         assert none is None
@@ -356,9 +364,22 @@ def test_triton_backend_in_interpreter():
         import triton  # noqa: F401
     except ImportError:
         pytest.skip("triton not installed")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-x", "-k", "triton", "-p", "no:cacheprovider",
-           "--timeout=600"]
+    env = dict(
+        os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(Path(__file__)),
+        "-q",
+        "-x",
+        "-k",
+        "triton",
+        "-p",
+        "no:cacheprovider",
+        "--timeout=600",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, f"triton interpreter cases failed:\n{tail}"

@@ -18,8 +18,22 @@ Case, format_markdown, run_benchmark = _bench.Case, _bench.format_markdown, _ben
 def test_bench_kernels_json_and_files(tmp_path):
     out = tmp_path / "res" / "k.json"
     md = tmp_path / "res" / "k.md"
-    r = CliRunner().invoke(bench, ["kernels", "--quick", "--shapes", "64x32,3x7", "--repeats", "2", "--json",
-                                   "--out", str(out), "--markdown", str(md)])
+    r = CliRunner().invoke(
+        bench,
+        [
+            "kernels",
+            "--quick",
+            "--shapes",
+            "64x32,3x7",
+            "--repeats",
+            "2",
+            "--json",
+            "--out",
+            str(out),
+            "--markdown",
+            str(md),
+        ],
+    )
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data == json.loads(out.read_text())
@@ -27,8 +41,10 @@ def test_bench_kernels_json_and_files(tmp_path):
     assert len(data["rows"]) == 8
     for row in data["rows"]:
         names = set(row["impls"])
-        assert names in ({"layer_norm", "torch_rms_norm", "normswap", "normswap_weight"},
-                         {"add_layer_norm", "add_torch_rms_norm", "add_normswap", "normswap_fused"})
+        assert names in (
+            {"layer_norm", "torch_rms_norm", "normswap", "normswap_weight"},
+            {"add_layer_norm", "add_torch_rms_norm", "add_normswap", "normswap_fused"},
+        )
         for m in row["impls"].values():
             assert m["median_ms"] > 0 and m["min_ms"] <= m["median_ms"] and m["gbps"] > 0
         ln = row["impls"]["layer_norm" if row["variant"] == "plain" else "add_layer_norm"]
@@ -55,12 +71,15 @@ def test_run_benchmark_forward_only_markdown():
     assert "| 32×48 | bfloat16 | fwd |" in format_markdown(res)
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--shapes", "64by32"], "ROWSxHIDDEN"),
-    (["--shapes", "0x32"], "positive"),
-    (["--dtypes", "float8"], "float8"),
-    (["--repeats", "0"], "at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--shapes", "64by32"], "ROWSxHIDDEN"),
+        (["--shapes", "0x32"], "positive"),
+        (["--dtypes", "float8"], "float8"),
+        (["--repeats", "0"], "at least 1"),
+    ],
+)
 def test_bench_kernels_rejects_bad_options(args, msg, capsys):
     from normswap.cli.main import main
 
@@ -89,7 +108,9 @@ def test_measured_times_follow_a_known_slowdown(monkeypatch):
         return {name: costed(fn, cost + (delay if name == "torch_rms_norm" else 0.0)) for name, fn in fns.items()}
 
     monkeypatch.setattr(_bench, "_impl_fns", with_slow_torch_rms_norm)
-    res = run_benchmark("cpu", dtypes=["float32"], shapes=[(16, 64)], repeats=7, modes=("fwd",), residual=False, tiny=False)
+    res = run_benchmark(
+        "cpu", dtypes=["float32"], shapes=[(16, 64)], repeats=7, modes=("fwd",), residual=False, tiny=False
+    )
     (row,) = res["rows"]
     impls = row["impls"]
     assert impls["torch_rms_norm"]["min_ms"] == pytest.approx((cost + delay) * 1e3, rel=1e-6)

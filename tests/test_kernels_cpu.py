@@ -148,8 +148,11 @@ def test_broken_compiler_falls_back_quietly(monkeypatch, tmp_path, capfd):
     assert cpu.unavailable_reason()
     out, err = capfd.readouterr()
     # the one line announcing a first build is allowed; no compiler output reaches the terminal
-    assert out == "" and len(err.splitlines()) <= 1 and all(line.startswith("normswap: building the CPU RMSNorm kernel")
-                                                             for line in err.splitlines()), err
+    assert (
+        out == ""
+        and len(err.splitlines()) <= 1
+        and all(line.startswith("normswap: building the CPU RMSNorm kernel") for line in err.splitlines())
+    ), err
     with pytest.raises(RuntimeError, match="not available"):
         cpu.forward(torch.ones(2, 4), None, None, EPS)
 
@@ -204,7 +207,9 @@ def test_forward_backward_match_float64(kern, isa, dtype, h):
             _poison()
             dx, dw = kern.backward(dy, xn, rstd, w)
             assert dx.dtype == dtype
-            _assert_close(dx, dx_ref, rtol, what + " dx", scale_atol=max(rtol * 0.1, 1e-5), scale=_dx_scale(xn, w, dy, EPS))
+            _assert_close(
+                dx, dx_ref, rtol, what + " dx", scale_atol=max(rtol * 0.1, 1e-5), scale=_dx_scale(xn, w, dy, EPS)
+            )
             if w is None:
                 assert dw is None
             else:
@@ -253,7 +258,11 @@ def test_special_rows(kern, isa, dtype, h):
             _assert_close(rstd[i : i + 1], rstd_ref[i : i + 1], 1e-5, f"row {i} rstd")
             _assert_close(y[i], y_ref[i], rtol, f"row {i} y", scale_atol=rtol * 1e-2)
             _assert_close(
-                dx[i], dx_ref[i], rtol, f"row {i} dx", scale_atol=max(rtol * 0.1, 1e-5),
+                dx[i],
+                dx_ref[i],
+                rtol,
+                f"row {i} dx",
+                scale_atol=max(rtol * 0.1, 1e-5),
                 scale=_dx_scale(x[i : i + 1], weight, dy[i : i + 1], EPS),
             )
         # zero row: dx = rstd * dy * w exactly in math

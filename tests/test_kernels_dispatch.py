@@ -139,7 +139,9 @@ def test_bias_inside_the_kernel_is_bit_for_bit_a_separate_add(dtype):
         assert db.dtype == b.dtype
         torch.testing.assert_close(db, dy.reshape(-1, 72).sum(0).to(b.dtype))
         xr = x.clone().requires_grad_()
-        torch.testing.assert_close(dx, torch.autograd.grad(ext.norm(xr, weight, None, 1e-5), xr, dy)[0])  # β adds nothing to dx
+        torch.testing.assert_close(
+            dx, torch.autograd.grad(ext.norm(xr, weight, None, 1e-5), xr, dy)[0]
+        )  # β adds nothing to dx
 
 
 def test_module_reads_a_parametrized_weight(monkeypatch):
@@ -163,8 +165,9 @@ def test_module_reads_a_parametrized_weight(monkeypatch):
         torch.testing.assert_close(plain, rms_norm_reference(x, m.weight) + m.bias, rtol=1e-5, atol=1e-5)
         parametrize.register_parametrization(m, "weight", Double())
         doubled = m(x)
-    torch.testing.assert_close(doubled, rms_norm_reference(x, 2 * m.parametrizations.weight.original) + m.bias,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        doubled, rms_norm_reference(x, 2 * m.parametrizations.weight.original) + m.bias, rtol=1e-5, atol=1e-5
+    )
     assert not torch.allclose(doubled, plain, atol=1e-3)  # control: the parametrization changed y
 
 
@@ -217,7 +220,9 @@ def test_native_is_never_used_with_a_weight_of_another_dtype(fresh_autotune, mon
     assert used == ["composite", "native"]
 
 
-@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="Inductor on CPU needs a C++ compiler")
+@pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None, reason="Inductor on CPU needs a C++ compiler"
+)
 def test_inductor_fuses_residual_add_and_norm_into_one_kernel():
     """Under torch.compile `auto` hands Inductor the plain formula: the add, the statistics and
     the scaling become one generated loop (no opaque normswap op, no separate add kernel)."""

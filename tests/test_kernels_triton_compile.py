@@ -14,20 +14,21 @@ import os
 import re
 import subprocess
 import tempfile
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 triton = pytest.importorskip("triton")
 from normswap.kernels import triton_kernels as tk  # noqa: E402
 
 
-
 def _pinned_triton() -> str | None:
     """The triton version pyproject's test extra pins (what CI installs)."""
-    extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["test"]
     return next((spec.split("==", 1)[1] for spec in extra if spec.replace(" ", "").startswith("triton==")), None)
 
 
@@ -72,7 +73,11 @@ def launch_args(fn, h, dtype, rows=ROWS, *, has_w=True):
     if "rows_per_prog" in fn.arg_names:
         looped, block_m, _, _ = tk._settings(h, torch.device("cuda"), tk.MAX_FUSED_N, backward=True)
         block_m = 1 if looped else block_m
-        programs = max(1, min(tk.BWD_PROGRAMS_PER_SM * H100_SMS, triton.cdiv(rows, block_m))) if has_w else triton.cdiv(rows, block_m)
+        programs = (
+            max(1, min(tk.BWD_PROGRAMS_PER_SM * H100_SMS, triton.cdiv(rows, block_m)))
+            if has_w
+            else triton.cdiv(rows, block_m)
+        )
         ints["rows_per_prog"] = triton.cdiv(triton.cdiv(rows, programs), block_m) * block_m
     return {**pointers, **ints}
 
@@ -98,7 +103,9 @@ def _specialise(fn, values, constexprs, divisibility=True):
 
 
 def _compile(fn, dtype, constexprs, num_warps, *, h=None, rows=ROWS, divisibility=True):
-    values = launch_args(fn, h if h is not None else constexprs["BLOCK_N"], dtype, rows, has_w=constexprs.get("HAS_W", True))
+    values = launch_args(
+        fn, h if h is not None else constexprs["BLOCK_N"], dtype, rows, has_w=constexprs.get("HAS_W", True)
+    )
     sig, consts, attrs = _specialise(fn, values, constexprs, divisibility)
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     try:
@@ -169,5 +176,7 @@ def test_specialisation_is_what_the_launcher_uses():
 
 def test_spill_check_can_fail():
     """Negative control: the old backward setting (8 warps for a 8192-wide bf16 row) is caught."""
-    res = _resources(_compile(tk._bwd_fused, torch.bfloat16, {"HAS_W": True, "BLOCK_M": 1, "BLOCK_N": 8192, "RNE_FIX": False}, 8))
+    res = _resources(
+        _compile(tk._bwd_fused, torch.bfloat16, {"HAS_W": True, "BLOCK_M": 1, "BLOCK_N": 8192, "RNE_FIX": False}, 8)
+    )
     assert res["REG"] > 128

@@ -53,6 +53,8 @@ def test_duplicate_eval_names_are_refused(tmp_path, run_cli):
     twin = tmp_path / "twin" / "model"
     shutil.copytree(other, twin)
     assert "two models are named 'model'" in _error_line(*run_cli("eval", "ppl", other, twin, "--quiet")[::2])
-    code, out, err = run_cli("eval", "ppl", f"a={other}", f"b={twin}", "--max-tokens", "128", "--seq-len", "64", "--quiet")
+    code, out, err = run_cli(
+        "eval", "ppl", f"a={other}", f"b={twin}", "--max-tokens", "128", "--seq-len", "64", "--quiet"
+    )
     assert code == 0, err
     assert out.count("\na ") + out.count("\nb ") == 2

@@ -7,7 +7,15 @@ import torch
 from torch import nn
 from transformers import AutoConfig
 
-from normswap.model_facts import context_length, declared_eps, is_layernorm, is_rmsnorm, layout_of, norm_kind, norm_modules
+from normswap.model_facts import (
+    context_length,
+    declared_eps,
+    is_layernorm,
+    is_rmsnorm,
+    layout_of,
+    norm_kind,
+    norm_modules,
+)
 from normswap.modules import RMSNorm
 
 
@@ -41,14 +49,20 @@ def test_eps_and_layout():
     assert declared_eps(nn.Linear(4, 4)) is None
     from transformers.pytorch_utils import Conv1D
 
-    assert (layout_of(nn.Linear(2, 3)), layout_of(Conv1D(3, 2)), layout_of(nn.Embedding(5, 2)), layout_of(nn.ReLU())) == (
-        "linear", "conv1d", "embedding", None)
+    assert (
+        layout_of(nn.Linear(2, 3)),
+        layout_of(Conv1D(3, 2)),
+        layout_of(nn.Embedding(5, 2)),
+        layout_of(nn.ReLU()),
+    ) == ("linear", "conv1d", "embedding", None)
 
 
 def test_context_length_whatever_key_the_family_uses():
     assert context_length(AutoConfig.for_model("gpt2", n_positions=77)) == 77
     assert context_length(AutoConfig.for_model("gpt_neox", max_position_embeddings=99)) == 99
-    assert context_length(AutoConfig.for_model("clip", text_config={"max_position_embeddings": 33})) == 33  # the text tower's
+    assert (
+        context_length(AutoConfig.for_model("clip", text_config={"max_position_embeddings": 33})) == 33
+    )  # the text tower's
     assert context_length(AutoConfig.for_model("xlnet")) is None  # -1: no limit
     model = nn.Module()
     model.config = AutoConfig.for_model("gpt2", n_positions=12)

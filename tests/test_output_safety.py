@@ -12,10 +12,10 @@ import signal
 import sys
 from pathlib import Path
 
-import pytest
-
 import paused_cli
+import pytest
 from helpers import checked_run, tiny_model
+
 from normswap import publish
 from normswap.checkpoint.shards import SINGLE_NAME
 
@@ -56,8 +56,12 @@ def _staging(out: Path) -> list[Path]:
 STAGES = {  # stage -> glob pattern of what exists once the stage is reached ({pid}: the converting process)
     "lock taken": lambda out: f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.LOCK_SUFFIX}",
     "staging created": lambda out: f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.STAGING_TAG}{{pid}}-*",
-    "weights written": lambda out: f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.STAGING_TAG}{{pid}}-*/{SINGLE_NAME}",
-    "verified": lambda out: f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.STAGING_TAG}{{pid}}-*/normswap_manifest.json",
+    "weights written": lambda out: (
+        f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.STAGING_TAG}{{pid}}-*/{SINGLE_NAME}"
+    ),
+    "verified": lambda out: (
+        f"{paused_cli.escape_dir(out.parent)}/.{out.name}{publish.STAGING_TAG}{{pid}}-*/normswap_manifest.json"
+    ),
 }
 
 
@@ -76,8 +80,13 @@ def _kind(out: Path, old_hash=None):
 
 
 # (fresh or --force over an earlier conversion, signal, stage): five stages, both signals, both modes
-KILLS = [(False, signal.SIGKILL, "lock taken"), (False, signal.SIGTERM, "staging created"),
-         (False, signal.SIGKILL, "weights written"), (True, signal.SIGTERM, "weights written"), (True, signal.SIGKILL, "verified")]
+KILLS = [
+    (False, signal.SIGKILL, "lock taken"),
+    (False, signal.SIGTERM, "staging created"),
+    (False, signal.SIGKILL, "weights written"),
+    (True, signal.SIGTERM, "weights written"),
+    (True, signal.SIGKILL, "verified"),
+]
 
 
 def test_convert_killed_at_each_stage_leaves_one_complete_out(tmp_path, src, old_out):
@@ -90,8 +99,16 @@ def test_convert_killed_at_each_stage_leaves_one_complete_out(tmp_path, src, old
         if force:
             shutil.copytree(old_out, out)
             old_hash = _tree_hash(out)
-        proc = paused_cli.start(STAGES[stage](out), "convert", src, out, "--mode", "exact", *(["--force"] if force else []),
-                                env={"OMP_NUM_THREADS": "1"})
+        proc = paused_cli.start(
+            STAGES[stage](out),
+            "convert",
+            src,
+            out,
+            "--mode",
+            "exact",
+            *(["--force"] if force else []),
+            env={"OMP_NUM_THREADS": "1"},
+        )
         assert paused_cli.wait_paused(proc), (stage, proc.communicate(timeout=120)[1][-2000:])
         os.kill(proc.pid, sig)
         _, err = proc.communicate(timeout=120)
@@ -115,19 +132,30 @@ def test_killed_convert_then_two_concurrent_converts(tmp_path, src):
     """A SIGKILLed convert leaves staging; the next convert removes it and says so in one line
     while it holds OUT's lock; a third started meanwhile is refused, naming the second."""
     out = tmp_path / "out"
-    killed = paused_cli.start(STAGES["weights written"](out), "convert", src, out, "--no-verify", env={"OMP_NUM_THREADS": "1"})
+    killed = paused_cli.start(
+        STAGES["weights written"](out), "convert", src, out, "--no-verify", env={"OMP_NUM_THREADS": "1"}
+    )
     assert paused_cli.wait_paused(killed), killed.communicate(timeout=120)[1][-2000:]
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
     assert _staging(out), "the kill did not land while staging"
 
     # the second convert cleans up, then stops itself once its own staging exists, holding OUT's lock
-    first = paused_cli.start(STAGES["staging created"](out), "convert", src, out, "--no-verify", env={"OMP_NUM_THREADS": "1"})
+    first = paused_cli.start(
+        STAGES["staging created"](out), "convert", src, out, "--no-verify", env={"OMP_NUM_THREADS": "1"}
+    )
     try:
         assert paused_cli.wait_paused(first), first.communicate(timeout=120)[1][-2000:]
-        assert [p.name for p in _staging(out)] == [p.name for p in _staging(out) if f"{publish.STAGING_TAG}{first.pid}-" in p.name]
-        second = checked_run([sys.executable, "-m", "normswap", "convert", str(src), str(out), "--force"], env=ENV,
-                             capture_output=True, text=True, timeout=300)
+        assert [p.name for p in _staging(out)] == [
+            p.name for p in _staging(out) if f"{publish.STAGING_TAG}{first.pid}-" in p.name
+        ]
+        second = checked_run(
+            [sys.executable, "-m", "normswap", "convert", str(src), str(out), "--force"],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         paused_cli.resume(first)
     _, first_err = first.communicate(timeout=300)
@@ -136,7 +164,12 @@ def test_killed_convert_then_two_concurrent_converts(tmp_path, src):
     assert len(cleaned) == 1 and str(killed.pid) in cleaned[0], first_err
     assert second.returncode == 2
     lines = second.stderr.strip().splitlines()
-    assert len(lines) == 1 and "in use by" in lines[0] and f"pid {first.pid}" in lines[0] and "normswap convert" in lines[0]
+    assert (
+        len(lines) == 1
+        and "in use by" in lines[0]
+        and f"pid {first.pid}" in lines[0]
+        and "normswap convert" in lines[0]
+    )
     assert json.loads((out / "normswap_manifest.json").read_text())["conversion"]["mode"] == "exact"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -163,7 +196,9 @@ def test_eval_report_never_writes_over_an_evaluated_model(tmp_path, src, run_cli
     model = tmp_path / "models" / "m"
     shutil.copytree(src, model)
     before = _tree_hash(tmp_path / "models")
-    out = {"model itself": model, "inside the model": model / "report", "contains the model": tmp_path / "models"}[where]
+    out = {"model itself": model, "inside the model": model / "report", "contains the model": tmp_path / "models"}[
+        where
+    ]
     code, _, err = run_cli("eval", "report", f"a={model}", f"b={model}", "--out", out, "--force", "--quiet")
     assert code == 2 and "Traceback" not in err, err
     lines = [line for line in err.strip().splitlines() if line.startswith("normswap: error:")]
@@ -174,8 +209,22 @@ def test_eval_report_never_writes_over_an_evaluated_model(tmp_path, src, run_cli
 
 def test_two_finetunes_into_one_out(tmp_path, run_cli):
     out = tmp_path / "run"
-    args = ["finetune", "normswap:kjv-gpt2", str(out), "--steps", "3", "--seq-len", "32", "--batch-size", "2",
-            "--eval-tokens", "256", "--save-every", "1000", "--no-progress"]
+    args = [
+        "finetune",
+        "normswap:kjv-gpt2",
+        str(out),
+        "--steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--eval-tokens",
+        "256",
+        "--save-every",
+        "1000",
+        "--no-progress",
+    ]
     # the first run stops itself once it is training (its log exists), holding OUT's lock
     first = paused_cli.start(f"{paused_cli.escape_dir(out)}/train_log.jsonl", *args, env={"OMP_NUM_THREADS": "1"})
     try:

@@ -19,7 +19,19 @@ import pytest
 from normswap.assets.models import model_path
 from normswap.overlap import check_disjoint, overlaps
 
-FT_FAST = ["--steps", "1", "--seq-len", "32", "--batch-size", "2", "--eval-tokens", "64", "--warmup-steps", "0", "--no-progress"]
+FT_FAST = [
+    "--steps",
+    "1",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "2",
+    "--eval-tokens",
+    "64",
+    "--warmup-steps",
+    "0",
+    "--no-progress",
+]
 EVAL_FAST = ["--seq-len", "32", "--max-tokens", "256", "--no-speed", "--no-memory", "--no-diagnostics", "--quiet"]
 
 
@@ -63,7 +75,9 @@ def test_rule_is_symmetric_and_sees_through_symlinks(tmp_path):
     d = tmp_path / "D"
     (d / "sub").mkdir(parents=True)
     (d / "corpus.txt").write_text("x")
-    assert overlaps(d, d) and overlaps(d, d / "corpus.txt") and overlaps(d / "sub" / "new", d)  # equal, contains, inside
+    assert (
+        overlaps(d, d) and overlaps(d, d / "corpus.txt") and overlaps(d / "sub" / "new", d)
+    )  # equal, contains, inside
     assert not overlaps(d / "sub", d / "corpus.txt") and not overlaps(tmp_path / "E", d)  # siblings: negative control
     link = tmp_path / "link.txt"
     link.symlink_to(d / "corpus.txt")  # the data, reached through a symlink outside D
@@ -77,7 +91,9 @@ def test_rule_is_symmetric_and_sees_through_symlinks(tmp_path):
     assert overlaps(d, inside)
     with pytest.raises(Exception, match=r"OUT D overlaps the data .*which this command reads"):
         check_disjoint([("the data", link), ("the data", "embedded"), ("the model", "no/such/hub-id")], [("OUT D", d)])
-    check_disjoint([("the data", "embedded"), ("the model", tmp_path / "missing")], [("OUT D", d)])  # nothing local: fine
+    check_disjoint(
+        [("the data", "embedded"), ("the model", tmp_path / "missing")], [("OUT D", d)]
+    )  # nothing local: fine
 
 
 # ------------------------------------------------------------------------------ case 6

@@ -35,34 +35,34 @@ USER_SETTINGS = {
 # it. docs/architecture.md draws the same order. A new subpackage or top-level module takes its
 # place here (the test refuses a part it cannot rank).
 LAYERS = [
-    "errors",        # NormswapError and first_line: everything may fail with one line
+    "errors",  # NormswapError and first_line: everything may fail with one line
     "version",
     "private_dirs",  # cache and lock directories no other user can write
-    "network",       # the offline rule and the Hub reachability check
-    "progress",      # progress lines at a steady interval for every long command
-    "declared",      # options declared once as dataclass fields
-    "devices",       # --device / --dtype auto, resolved once
-    "kernels",       # the RMSNorm kernels
-    "modules",       # normswap.modules.RMSNorm, the nn.Module converted models hold
-    "model_facts",   # norms, ε, layouts, context length: read the same way by every stage
-    "data",          # corpora, splits, packing
-    "assets",        # shipped models and lm-eval tasks (the task code reads data/)
-    "overlap",       # what a command reads against what it writes (names normswap:NAME models)
-    "publish",       # atomic outputs and output locks
-    "checkpoint",    # loading and writing models and normswap checkpoints
-    "architectures", # family files, discovery by tracing a tiny instance
-    "convert",       # plan, execute, verify; checks discovered families by converting
-    "export",        # a checkpoint in another format (stock transformers, ONNX), verified before it is published
-    "compat",        # the compatibility matrix: every entry point on an original and its conversion
-    "finetune",      # healing
-    "evaluate",      # measurements of every model, fine-tuned ones included
-    "report",        # results.json -> markdown, HTML, plots
-    "study",         # a controlled training study of LayerNorm against RMSNorm arms
-    "recipes",       # one file driving convert, finetune, eval and report
-    "cli",           # one file per command
-    "__main__",      # python -m normswap
-    "normswap",      # the package's own __init__: the public load_model / load_tokenizer
-    "testing",       # the one interface tests reach into normswap through; nothing in the package uses it
+    "network",  # the offline rule and the Hub reachability check
+    "progress",  # progress lines at a steady interval for every long command
+    "declared",  # options declared once as dataclass fields
+    "devices",  # --device / --dtype auto, resolved once
+    "kernels",  # the RMSNorm kernels
+    "modules",  # normswap.modules.RMSNorm, the nn.Module converted models hold
+    "model_facts",  # norms, ε, layouts, context length: read the same way by every stage
+    "data",  # corpora, splits, packing
+    "assets",  # shipped models and lm-eval tasks (the task code reads data/)
+    "overlap",  # what a command reads against what it writes (names normswap:NAME models)
+    "publish",  # atomic outputs and output locks
+    "checkpoint",  # loading and writing models and normswap checkpoints
+    "architectures",  # family files, discovery by tracing a tiny instance
+    "convert",  # plan, execute, verify; checks discovered families by converting
+    "export",  # a checkpoint in another format (stock transformers, ONNX), verified before it is published
+    "compat",  # the compatibility matrix: every entry point on an original and its conversion
+    "finetune",  # healing
+    "evaluate",  # measurements of every model, fine-tuned ones included
+    "report",  # results.json -> markdown, HTML, plots
+    "study",  # a controlled training study of LayerNorm against RMSNorm arms
+    "recipes",  # one file driving convert, finetune, eval and report
+    "cli",  # one file per command
+    "__main__",  # python -m normswap
+    "normswap",  # the package's own __init__: the public load_model / load_tokenizer
+    "testing",  # the one interface tests reach into normswap through; nothing in the package uses it
 ]
 DOCS = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -306,11 +306,18 @@ def test_package_ships_no_benchmark_modules():
     assert not inside, f"benchmark modules in the package (they belong in bench/): {inside}"
     for name in benches:
         tree = ast.parse(module_files()[name].read_text(encoding="utf-8"))
-        timers = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & {"perf_counter", "perf_counter_ns", "synchronize", "Event"}
+        timers = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & {
+            "perf_counter",
+            "perf_counter_ns",
+            "synchronize",
+            "Event",
+        }
         imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names} | {
-            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+        }
         assert not timers and "time" not in imported and "timeit" not in imported, (
-            f"{name} times something itself; `normswap bench` entry points only run the script in bench/")
+            f"{name} times something itself; `normswap bench` entry points only run the script in bench/"
+        )
 
 
 # -- no test hooks in the environment ------------------------------------------------------------
@@ -321,14 +328,19 @@ _NAME = re.compile(r"NORMSWAP_[A-Z0-9_]+")
 def env_names(source: str) -> set[str]:
     """NORMSWAP_* names that appear as a whole string constant (how os.environ, getenv and
     `name in os.environ` spell them)."""
-    return {n.value for n in ast.walk(ast.parse(source))
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and _NAME.fullmatch(n.value)}
+    return {
+        n.value
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and _NAME.fullmatch(n.value)
+    }
 
 
 def test_env_scan_finds_a_hook():
     # negative control: a hook read any of the usual ways is found
-    hook = ('import os\nA = os.environ.get("NORMSWAP_FINETUNE_INJECT_NAN_AT")\n'
-            'B = os.getenv("NORMSWAP_X")\nC = "NORMSWAP_Y" in os.environ\nD = os.environ["NORMSWAP_Z"]\n')
+    hook = (
+        'import os\nA = os.environ.get("NORMSWAP_FINETUNE_INJECT_NAN_AT")\n'
+        'B = os.getenv("NORMSWAP_X")\nC = "NORMSWAP_Y" in os.environ\nD = os.environ["NORMSWAP_Z"]\n'
+    )
     assert env_names(hook) == {"NORMSWAP_FINETUNE_INJECT_NAN_AT", "NORMSWAP_X", "NORMSWAP_Y", "NORMSWAP_Z"}
     assert env_names('"""Set NORMSWAP_KERNEL=torch to force the reference."""\n') == set()
 
@@ -360,14 +372,22 @@ def test_the_testing_interface_is_documented_and_used():
     names = {e.value for e in exported.elts}
     docs = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     assert "normswap/testing.py" in docs and all(n in docs for n in names), names
-    tests = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py") if p.name != Path(__file__).name)
+    tests = "\n".join(
+        p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py") if p.name != Path(__file__).name
+    )
     unused = [n for n in names if n not in tests]
     assert not unused, f"hooks in normswap.testing no test uses: {unused}"
     # and the hooks it replaces are not reached for around it
-    instead = {"_set_isa": "cpu_isa", "trainer.Hooks": "FinetuneHooks", "autotune.forget()": "forget_kernel_choices()",
-               'setenv("NORMSWAP_KERNEL"': "kernel_backend (NORMSWAP_KERNEL is read once per process)"}
+    instead = {
+        "_set_isa": "cpu_isa",
+        "trainer.Hooks": "FinetuneHooks",
+        "autotune.forget()": "forget_kernel_choices()",
+        'setenv("NORMSWAP_KERNEL"': "kernel_backend (NORMSWAP_KERNEL is read once per process)",
+    }
     for old, new in instead.items():
-        assert old not in tests.replace('monkeypatch.setenv("NORMSWAP_KERNEL", "composite")', ""), f"{old}: use normswap.testing.{new}"
+        assert old not in tests.replace('monkeypatch.setenv("NORMSWAP_KERNEL", "composite")', ""), (
+            f"{old}: use normswap.testing.{new}"
+        )
 
 
 # -- each shared fact written once ---------------------------------------------------------------
@@ -399,16 +419,20 @@ def fact_definitions(modules: dict[str, str]) -> list[str]:
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.lstrip("_") in FACTS:
                 if FACTS[node.name.lstrip("_")] != name:
-                    found.append(f"{name} defines {node.name} (its home: {FACTS[node.name.lstrip('_')] or 'none, renamed'})")
+                    found.append(
+                        f"{name} defines {node.name} (its home: {FACTS[node.name.lstrip('_')] or 'none, renamed'})"
+                    )
     return found
 
 
 def test_fact_check_flags_a_second_definition():
     # negative control: a private twin of first_line and a second probe_inputs are found; the homes are not
-    modules = {"normswap.errors": "def first_line(e):\n    return str(e)\n",
-               "normswap.data.sources": "def _first_line(e):\n    return str(e).splitlines()[0]\n",
-               "normswap.convert.verify": "class A:\n    def probe_inputs(self):\n        pass\n",
-               "normswap.architectures.probes": "def probe_inputs(model):\n    pass\n"}
+    modules = {
+        "normswap.errors": "def first_line(e):\n    return str(e)\n",
+        "normswap.data.sources": "def _first_line(e):\n    return str(e).splitlines()[0]\n",
+        "normswap.convert.verify": "class A:\n    def probe_inputs(self):\n        pass\n",
+        "normswap.architectures.probes": "def probe_inputs(model):\n    pass\n",
+    }
     assert fact_definitions(modules) == [
         "normswap.convert.verify defines probe_inputs (its home: normswap.architectures.probes)",
         "normswap.data.sources defines _first_line (its home: normswap.errors)",
@@ -446,7 +470,10 @@ def private_uses(name: str, source: str, modules: set[str]) -> list[str]:
         if isinstance(node, ast.ImportFrom):
             target = node.module or ""
             if node.level:
-                target = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([node.module] if node.module else []))
+                target = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1]
+                    + ([node.module] if node.module else [])
+                )
             if target.split(".")[0] != top:
                 continue
             for a in node.names:
@@ -473,7 +500,11 @@ def test_private_name_check_flags_planted_uses():
     # package's private module are not
     modules = {"p", "p.a", "p.b", "p.k", "p.k._impl", "p.k.api"}
     bad = "from p.a import _helper\nfrom p import b\nx = b._cache\nfrom p.k import _impl\n"
-    assert private_uses("p.c", bad, modules | {"p.c"}) == ["p.c imports p.a._helper", "p.c imports p.k._impl", "p.c reads p.b._cache"]
+    assert private_uses("p.c", bad, modules | {"p.c"}) == [
+        "p.c imports p.a._helper",
+        "p.c imports p.k._impl",
+        "p.c reads p.b._cache",
+    ]
     fine = "from p.k import _impl\ndef _own():\n    return _impl._x\n"
     assert private_uses("p.k.api", fine, modules) == ["p.k.api reads p.k._impl._x"]
     assert private_uses("p.k.api", "from p.k import _impl\nfrom p.a import helper\n", modules) == []
@@ -481,5 +512,9 @@ def test_private_name_check_flags_planted_uses():
 
 def test_no_module_uses_another_modules_private_names():
     files = module_files()
-    found = [u for name, path in files.items() for u in private_uses(name, path.read_text(encoding="utf-8"), set(files))]
-    assert not found, "private names used outside their module (make them public or keep them home):\n" + "\n".join(found)
+    found = [
+        u for name, path in files.items() for u in private_uses(name, path.read_text(encoding="utf-8"), set(files))
+    ]
+    assert not found, "private names used outside their module (make them public or keep them home):\n" + "\n".join(
+        found
+    )

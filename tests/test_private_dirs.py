@@ -142,8 +142,16 @@ def test_a_cache_in_a_directory_others_can_swap_is_refused(tmp_path):
 
 def _table(ranking):
     key = ("cpu", "float32", 64, "few", False)
-    entry = {"device": key[0], "dtype": key[1], "width_bucket": key[2], "rows": key[3], "grad": key[4],
-             "ranking": ranking, "measured": True, "why": "planted"}
+    entry = {
+        "device": key[0],
+        "dtype": key[1],
+        "width_bucket": key[2],
+        "rows": key[3],
+        "grad": key[4],
+        "ranking": ranking,
+        "measured": True,
+        "why": "planted",
+    }
     return key, json.dumps({"version": autotune.FILE_VERSION, "machines": {"this machine": [entry]}})
 
 

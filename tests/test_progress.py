@@ -81,12 +81,43 @@ def test_finetune_prints_progress_lines_when_not_a_terminal(tmp_path, run_cli, m
     from normswap import progress
 
     monkeypatch.setattr(progress, "EVERY", 0.0)  # every step is due: the wiring, not the clock, is under test
-    code, _, err = run_cli("finetune", "normswap:kjv-gpt2", tmp_path / "ft", "--steps", "3", "--warmup-steps", "1", "--seq-len", "32",
-                           "--batch-size", "2", "--eval-tokens", "256", "--device", "cpu")
+    code, _, err = run_cli(
+        "finetune",
+        "normswap:kjv-gpt2",
+        tmp_path / "ft",
+        "--steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--eval-tokens",
+        "256",
+        "--device",
+        "cpu",
+    )
     assert code == 0, err
     steps = [ln for ln in err.splitlines() if ln.startswith("normswap finetune: step ")]
     assert [ln.split("  ")[0] for ln in steps] == [f"normswap finetune: step {i}/3" for i in (1, 2, 3)], err
     # control: with the bar forced on (as in a terminal) there are no progress lines
-    code, _, err = run_cli("finetune", "normswap:kjv-gpt2", tmp_path / "ft2", "--steps", "2", "--warmup-steps", "1", "--seq-len", "32",
-                           "--batch-size", "2", "--eval-tokens", "256", "--device", "cpu", "--progress")
+    code, _, err = run_cli(
+        "finetune",
+        "normswap:kjv-gpt2",
+        tmp_path / "ft2",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--eval-tokens",
+        "256",
+        "--device",
+        "cpu",
+        "--progress",
+    )
     assert code == 0 and not [ln for ln in err.splitlines() if ln.startswith("normswap finetune: step ")]

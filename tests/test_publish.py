@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from normswap.errors import NormswapError
 from normswap import publish
+from normswap.errors import NormswapError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -84,8 +84,11 @@ def _next_run(out: Path) -> list[str]:
     return said
 
 
-@pytest.mark.parametrize("force,fallback", [(False, False), (True, False), (True, True)],
-                         ids=["fresh", "force-exchange", "force-two-renames"])
+@pytest.mark.parametrize(
+    "force,fallback",
+    [(False, False), (True, False), (True, True)],
+    ids=["fresh", "force-exchange", "force-two-renames"],
+)
 def test_kill_at_every_step_of_publishing_leaves_one_complete_out(tmp_path, force, fallback):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -97,8 +100,13 @@ def test_kill_at_every_step_of_publishing_leaves_one_complete_out(tmp_path, forc
         out = work / "out"
         if force:
             _write_old(out)
-        proc = subprocess.run([sys.executable, str(script), str(out), "1" if force else "0", str(k), "1" if fallback else "0"],
-                              env=ENV, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, str(script), str(out), "1" if force else "0", str(k), "1" if fallback else "0"],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         finished = proc.stdout.strip() == "done"
         assert finished or proc.returncode == -signal.SIGKILL, proc.stderr
         state = _complete(out, marker_ok=fallback)
@@ -127,10 +135,18 @@ def test_kill_at_every_step_of_publishing_leaves_one_complete_out(tmp_path, forc
 def test_lock_refuses_a_second_process_and_dies_with_its_holder(tmp_path):
     out = tmp_path / "out"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from normswap import publish\n"
-         "with publish.output_lock(sys.argv[1], command='normswap convert SRC OUT'):\n"
-         "    print('locked', flush=True); time.sleep(600)", str(out)],
-        env=ENV, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from normswap import publish\n"
+            "with publish.output_lock(sys.argv[1], command='normswap convert SRC OUT'):\n"
+            "    print('locked', flush=True); time.sleep(600)",
+            str(out),
+        ],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(NormswapError) as e:

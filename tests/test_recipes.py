@@ -11,19 +11,27 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import checked_run
 
+from normswap.checkpoint.shards import SINGLE_NAME
 from normswap.errors import NormswapError
 from normswap.recipes import load_recipe, shipped_recipes, validate
 from normswap.recipes.loader import apply_overrides
 from normswap.recipes.schema import report_names
-from normswap.checkpoint.shards import SINGLE_NAME
-
-from helpers import checked_run
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = shipped_recipes()
 
-HUB_FAMILIES = {"gpt2", "pythia-160m", "opt-125m", "bloom-560m", "phi-2", "gpt-neo-125m", "falcon-rw-1b", "bert-base-uncased"}
+HUB_FAMILIES = {
+    "gpt2",
+    "pythia-160m",
+    "opt-125m",
+    "bloom-560m",
+    "phi-2",
+    "gpt-neo-125m",
+    "falcon-rw-1b",
+    "bert-base-uncased",
+}
 
 
 def _minimal(**extra):
@@ -88,14 +96,17 @@ def test_unknown_key_is_named_with_its_dotted_path_and_a_suggestion():
     assert "sourse" in _error({"name": "t", "sourse": "x", "source": "y", "variants": {"a": {"convert": {}}}})
 
 
-@pytest.mark.parametrize("section,key,value,needle", [
-    ("finetune", "steps", "ten", "expected an integer"),
-    ("finetune", "steps", 0, "must be >= 1"),
-    ("finetune", "lr", "fast", "expected a number"),
-    ("finetune", "schedule", "warm", "expected one of constant, cosine, linear"),
-    ("convert", "mode", "fuzzy", "expected one of auto, exact, approx"),
-    ("convert", "verify", "yes please", "expected true or false"),
-])
+@pytest.mark.parametrize(
+    "section,key,value,needle",
+    [
+        ("finetune", "steps", "ten", "expected an integer"),
+        ("finetune", "steps", 0, "must be >= 1"),
+        ("finetune", "lr", "fast", "expected a number"),
+        ("finetune", "schedule", "warm", "expected one of constant, cosine, linear"),
+        ("convert", "mode", "fuzzy", "expected one of auto, exact, approx"),
+        ("convert", "verify", "yes please", "expected true or false"),
+    ],
+)
 def test_bad_values_name_the_key(section, key, value, needle):
     variant = {"convert": {"mode": "approx"}, "finetune": {"steps": 5}}
     variant[section][key] = value
@@ -109,7 +120,9 @@ def test_structure_errors():
     assert "needs convert" in _error(_minimal(variants={"a": {}}))
     assert "names 'original'" in _error(_minimal(variants={"original": {"convert": {}}}))
     assert "eval.perplexity" in _error(_minimal(task="masked-lm", eval={"perplexity": True}))
-    validate(_minimal(task="masked-lm", variants={"a": {"convert": {}, "finetune": {}}}), "recipes/x.yaml")  # encoders heal too
+    validate(
+        _minimal(task="masked-lm", variants={"a": {"convert": {}, "finetune": {}}}), "recipes/x.yaml"
+    )  # encoders heal too
     assert "a recipe is a YAML mapping" in _error(["not", "a", "mapping"])
 
 
@@ -134,9 +147,18 @@ def test_missing_recipe_lists_the_shipped_ones():
 
 # ------------------------------------------------------------------ --set
 def test_overrides_are_dotted_and_typed():
-    r = load_recipe("quickstart", ["finetune.steps=7", "models.approx.convert.beta=keep", "eval.speed=false",
-                                   "eval.tasks=[normswap_kjv]", "variants.approx.finetune.lr=2e-3", "eval.max_tokens=0",
-                                   "source=/some/dir"]).recipe
+    r = load_recipe(
+        "quickstart",
+        [
+            "finetune.steps=7",
+            "models.approx.convert.beta=keep",
+            "eval.speed=false",
+            "eval.tasks=[normswap_kjv]",
+            "variants.approx.finetune.lr=2e-3",
+            "eval.max_tokens=0",
+            "source=/some/dir",
+        ],
+    ).recipe
     ft = r["variants"]["approx"]["finetune"]
     assert ft["steps"] == 7 and isinstance(ft["steps"], int)
     assert ft["lr"] == pytest.approx(2e-3)
@@ -175,8 +197,13 @@ def test_overrides_do_not_touch_the_parsed_original():
 def test_network_recipe_offline_fails_fast_in_one_line(tmp_path, monkeypatch):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty-cache"), PYTHONPATH=str(REPO))
     out = tmp_path / "run"
-    p = checked_run([sys.executable, "-m", "normswap", "run", "pythia-160m", "--out", str(out)],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = checked_run(
+        [sys.executable, "-m", "normswap", "run", "pythia-160m", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 2, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "needs the network" in lines[0] and "EleutherAI/pythia-160m" in lines[0], p.stderr
@@ -291,26 +318,49 @@ def test_masked_lm_recipe_reports_fidelity_against_the_source(tmp_path, run_cli)
     """The BERT recipe's path on a tiny real BertForMaskedLM with its own WordPiece vocabulary."""
     import itertools
 
+    from helpers import tiny_model
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     from normswap.data import load_documents
-    from helpers import tiny_model
 
     tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tk.normalizer = normalizers.BertNormalizer(lowercase=True)
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tk.train_from_iterator(itertools.islice(load_documents("embedded", "train"), 30),
-                           trainers.WordPieceTrainer(vocab_size=256, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                  sep_token="[SEP]", mask_token="[MASK]")
+    tk.train_from_iterator(
+        itertools.islice(load_documents("embedded", "train"), 30),
+        trainers.WordPieceTrainer(vocab_size=256, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
     src = tmp_path / "tinybert"
     tiny_model("bert", task="masked-lm").save_pretrained(src)
     tok.save_pretrained(src)
     out = tmp_path / "run"
-    code, stdout, err = run_cli("run", "bert-base-uncased", "--out", out, "--set", f"source={src}", "--set", "needs_network=false",
-                                "--set", "eval.fidelity_tokens=1024", "--set", "eval.speed=false", "--set", "eval.memory=false",
-                                "--set", "device=cpu")  # pinned: float32 tolerances below
+    code, stdout, err = run_cli(
+        "run",
+        "bert-base-uncased",
+        "--out",
+        out,
+        "--set",
+        f"source={src}",
+        "--set",
+        "needs_network=false",
+        "--set",
+        "eval.fidelity_tokens=1024",
+        "--set",
+        "eval.speed=false",
+        "--set",
+        "eval.memory=false",
+        "--set",
+        "device=cpu",
+    )  # pinned: float32 tolerances below
     assert code == 0, err
     results = json.loads((out / "report" / "results.json").read_text())
     fid = {m["name"]: m["fidelity"] for m in results["models"]}
@@ -333,10 +383,17 @@ def _alias_bomb(levels=10, fanout=9) -> str:
 
 def _run_check(path, tmp_path):
     """`normswap run FILE --check` in a child limited to 1 GiB of address space and 60 s."""
-    limit = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
-             "from normswap.cli.main import main; main(sys.argv[1:])")
-    return checked_run([sys.executable, "-c", limit, "run", str(path), "--check"], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    limit = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+        "from normswap.cli.main import main; main(sys.argv[1:])"
+    )
+    return checked_run(
+        [sys.executable, "-c", limit, "run", str(path), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 @pytest.mark.parametrize("where", ["description", "finetune.steps"])
@@ -359,14 +416,19 @@ def test_alias_bomb_fails_fast_in_one_line_in_bounded_memory(tmp_path, where):
 def test_modest_aliases_still_work_and_bad_values_are_shown_cut(tmp_path):
     # anchors that share a fine-tune section between variants are ordinary YAML: accepted
     p = tmp_path / "shared.yaml"
-    p.write_text("name: t\nsource: normswap:kjv-gpt2\nvariants:\n  a: {convert: {mode: approx}, finetune: &ft {steps: 7}}\n"
-                 "  b: {convert: {mode: approx, beta: keep}, finetune: *ft}\n")
+    p.write_text(
+        "name: t\nsource: normswap:kjv-gpt2\nvariants:\n  a: {convert: {mode: approx}, finetune: &ft {steps: 7}}\n"
+        "  b: {convert: {mode: approx, beta: keep}, finetune: *ft}\n"
+    )
     r = load_recipe(str(p))
     assert r.recipe["variants"]["a"]["finetune"]["steps"] == r.recipe["variants"]["b"]["finetune"]["steps"] == 7
     # a wrong value thousands of entries long is named, and quoted only in part
     big = tmp_path / "big.yaml"
-    big.write_text("name: t\nsource: normswap:kjv-gpt2\nvariants:\n  a:\n    convert: {mode: approx}\n    finetune:\n      steps: ["
-                   + ", ".join(str(i) for i in range(5000)) + "]\n")
+    big.write_text(
+        "name: t\nsource: normswap:kjv-gpt2\nvariants:\n  a:\n    convert: {mode: approx}\n    finetune:\n      steps: ["
+        + ", ".join(str(i) for i in range(5000))
+        + "]\n"
+    )
     with pytest.raises(NormswapError) as e:
         load_recipe(str(big))
     msg = str(e.value)
@@ -392,7 +454,10 @@ def test_a_recipe_runs_as_an_ordered_list_of_steps():
     assert steps[-1].names == ["original", "exact", "approx", "approx-healed"]
     # negative control: a variant that only fine-tunes reads the source and keeps its own name
     r = load_recipe("quickstart", ["variants.approx.convert="]).recipe
-    assert [(s.name, getattr(s, "source", None)) for s in plan_steps(r)][1:3] == [("finetune:approx", "original"), ("eval", None)]
+    assert [(s.name, getattr(s, "source", None)) for s in plan_steps(r)][1:3] == [
+        ("finetune:approx", "original"),
+        ("eval", None),
+    ]
 
 
 def test_finetune_progress_comes_from_the_trainer_hook_and_its_log(tmp_path):
@@ -400,8 +465,8 @@ def test_finetune_progress_comes_from_the_trainer_hook_and_its_log(tmp_path):
     the trainer logged for that step (normswap/progress.py; a fake clock, no sleeps)."""
     from normswap.finetune import FinetuneConfig, run_finetune
     from normswap.finetune.run_dir import RunDir
-    from normswap.testing import FinetuneHooks as Hooks
     from normswap.progress import Heartbeat, StepProgress
+    from normswap.testing import FinetuneHooks as Hooks
 
     now = [0.0]
     lines = []
@@ -413,8 +478,21 @@ def test_finetune_progress_comes_from_the_trainer_hook_and_its_log(tmp_path):
         now[0] += 10.0 if step > 1 else 1.0  # step 1 ends before the first interval, steps 2 and 3 at one each
         beat.tick()
 
-    run_finetune(FinetuneConfig(model="normswap:kjv-gpt2", out=str(out), steps=3, warmup_steps=1, seq_len=32, batch_size=2,
-                                eval_tokens=256, progress=False, device="cpu"), hooks=Hooks(after_step=after_step), echo=lambda m: None)
+    run_finetune(
+        FinetuneConfig(
+            model="normswap:kjv-gpt2",
+            out=str(out),
+            steps=3,
+            warmup_steps=1,
+            seq_len=32,
+            batch_size=2,
+            eval_tokens=256,
+            progress=False,
+            device="cpu",
+        ),
+        hooks=Hooks(after_step=after_step),
+        echo=lambda m: None,
+    )
     logged = {r["step"]: r["loss"] for r in RunDir(out).rows() if r.get("loss") is not None}
     assert [ln.split("  ")[0] for ln in lines] == ["step 2/3", "step 3/3"]  # step 1 fell inside the first interval
     assert f"loss {logged[2]:.3f}" in lines[0] and f"loss {logged[3]:.3f}" in lines[1]

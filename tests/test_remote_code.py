@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import checked_run
 
 from normswap.assets.models import model_path
-
-from helpers import checked_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +64,9 @@ def test_auto_map_of_a_known_model_type_is_ignored(tmp_path, run_cli):
     assert "perplexity" in out
     assert not marker.exists()
     # the converted output names normswap's own code, not the source's module
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["auto_map"]["AutoConfig"].startswith("modeling_normswap.")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["auto_map"]["AutoConfig"].startswith(
+        "modeling_normswap."
+    )
 
 
 def test_auto_map_of_an_unknown_model_type_is_refused_in_one_line_and_the_flag_runs_it(tmp_path, run_cli):
@@ -78,8 +79,13 @@ def test_auto_map_of_an_unknown_model_type_is_refused_in_one_line_and_the_flag_r
         assert not marker.exists()
         assert not (tmp_path / "out").exists()
     # positive control: asked for, the same file runs (in a child, so that its import stays there)
-    proc = checked_run([sys.executable, "-m", "normswap", "convert", str(src), str(tmp_path / "out"), "--trust-remote-code"],
-                          env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    proc = checked_run(
+        [sys.executable, "-m", "normswap", "convert", str(src), str(tmp_path / "out"), "--trust-remote-code"],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert marker.read_text() == "ran"
     warnings = [line for line in proc.stderr.splitlines() if "warning: --trust-remote-code" in line]
     assert len(warnings) == 1, proc.stderr
@@ -87,7 +93,9 @@ def test_auto_map_of_an_unknown_model_type_is_refused_in_one_line_and_the_flag_r
 
 def test_the_flag_does_not_outlive_its_command(tmp_path, run_cli):
     src, marker = _evil_source(tmp_path, model_type="evil_type")
-    run_cli("eval", "ppl", "normswap:kjv-gpt2", "--max-tokens", "128", "--seq-len", "64", "--quiet", "--trust-remote-code")
+    run_cli(
+        "eval", "ppl", "normswap:kjv-gpt2", "--max-tokens", "128", "--seq-len", "64", "--quiet", "--trust-remote-code"
+    )
     code, _, err = run_cli("eval", "ppl", src, "--quiet")
     assert code == 2 and "--trust-remote-code" in err and not marker.exists()
 
@@ -107,8 +115,10 @@ def test_replaced_modeling_file_of_a_converted_checkpoint_never_runs_in_normswap
     ckpt = tmp_path / "ckpt"
     shutil.copytree(converted, ckpt)
     marker = tmp_path / "marker"
-    (ckpt / "modeling_normswap.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
-                                               + (converted / "modeling_normswap.py").read_text())
+    (ckpt / "modeling_normswap.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        + (converted / "modeling_normswap.py").read_text()
+    )
     model = normswap.load_model(ckpt)
     assert type(model).__module__ == "normswap.checkpoint.remote_code"
     # the classes built from the package compute what the source computes (an exact conversion)
@@ -118,7 +128,9 @@ def test_replaced_modeling_file_of_a_converted_checkpoint_never_runs_in_normswap
         diff = (model(input_ids=ids).logits.log_softmax(-1) - source(input_ids=ids).logits.log_softmax(-1)).abs().max()
     assert diff < 1e-4
     # through the CLI too, even with --trust-remote-code: normswap's own checkpoints always use normswap's code
-    code, _, err = run_cli("eval", "ppl", ckpt, "--max-tokens", "256", "--seq-len", "64", "--quiet", "--trust-remote-code")
+    code, _, err = run_cli(
+        "eval", "ppl", ckpt, "--max-tokens", "256", "--seq-len", "64", "--quiet", "--trust-remote-code"
+    )
     assert code == 0, err
     assert not marker.exists()
     # positive control: plain transformers asked to trust the directory does import that file
@@ -156,8 +168,13 @@ def test_recipe_key_trust_remote_code_is_the_only_way_a_recipe_runs_a_sources_co
     for name, key in (("plain", ""), ("trusted", "trust_remote_code: true")):
         path = tmp_path / f"{name}.yaml"
         path.write_text(recipe.format(key=key))
-        runs[name] = checked_run([sys.executable, "-m", "normswap", "run", str(path), "--out", str(tmp_path / f"run-{name}")],
-                                    env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+        runs[name] = checked_run(
+            [sys.executable, "-m", "normswap", "run", str(path), "--out", str(tmp_path / f"run-{name}")],
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if name == "plain":
             assert runs[name].returncode != 0 and "Traceback" not in runs[name].stderr, runs[name].stderr
             assert len(_errors(runs[name].stderr)) == 1 and "--trust-remote-code" in runs[name].stderr
@@ -204,13 +221,20 @@ PLAIN_TRANSFORMERS = textwrap.dedent("""
 def _plain_transformers(ckpt: Path, tmp_path: Path) -> dict:
     script = tmp_path / "plain.py"
     script.write_text(PLAIN_TRANSFORMERS)
-    done = subprocess.run([sys.executable, str(script), str(ckpt), str(model_path("kjv-gpt2"))], env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), str(ckpt), str(model_path("kjv-gpt2"))],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_plain_transformers_reads_tokenizer_and_config_without_code_or_prompts_and_refuses_the_stock_model(converted, tmp_path):
+def test_plain_transformers_reads_tokenizer_and_config_without_code_or_prompts_and_refuses_the_stock_model(
+    converted, tmp_path
+):
     """The converted checkpoint keeps GPT-2's built-in model_type, so AutoTokenizer and AutoConfig
     need no remote code and ask nothing; its weights are the "normswap" variant, so the stock GPT-2
     class (which would build LayerNorm) finds none and fails loudly, while trust_remote_code=True
@@ -237,8 +261,12 @@ def test_plain_transformers_reads_tokenizer_and_config_without_code_or_prompts_a
     (old / "config.json").write_text(json.dumps(cfg))
     (old / "model.normswap.safetensors").rename(old / "model.safetensors")
     script = tmp_path / "old.py"
-    script.write_text(PLAIN_TRANSFORMERS.split("result = {}")[0] + "AutoTokenizer.from_pretrained(path)\nprint(len(prompts))\n")
-    done = subprocess.run([sys.executable, str(script), str(old), "-"], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    script.write_text(
+        PLAIN_TRANSFORMERS.split("result = {}")[0] + "AutoTokenizer.from_pretrained(path)\nprint(len(prompts))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(old), "-"], env=_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0 and int(done.stdout.strip().splitlines()[-1]) >= 1, done.stderr[-2000:]
     with torch.no_grad():
         again = normswap.load_model(old)(input_ids=torch.tensor([r["ids"]])).logits[0, -1, :8]
@@ -252,9 +280,11 @@ def test_a_converted_model_saved_by_plain_transformers_keeps_the_guard(converted
 
     script = textwrap.dedent(f"""
         from transformers import AutoModelForCausalLM
-        AutoModelForCausalLM.from_pretrained({str(converted)!r}, trust_remote_code=True).save_pretrained({str(tmp_path / 'resaved')!r})
+        AutoModelForCausalLM.from_pretrained({str(converted)!r}, trust_remote_code=True).save_pretrained({str(tmp_path / "resaved")!r})
     """)
-    done = subprocess.run([sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     resaved = tmp_path / "resaved"
     assert (resaved / "model.normswap.safetensors").is_file() and not (resaved / "model.safetensors").exists()

@@ -13,8 +13,19 @@ import pytest
 from test_evaluate_fixtures import kjv_tokenizer, save_tiny
 
 CONTRACT_TOP = ("device", "dtype", "data", "created", "versions", "models")
-CONTRACT_MODEL = ("name", "path", "perplexity", "bits_per_byte", "word_perplexity", "tokens_per_second",
-                  "peak_memory_bytes", "norm_time_share", "diagnostics", "ratios", "tasks")
+CONTRACT_MODEL = (
+    "name",
+    "path",
+    "perplexity",
+    "bits_per_byte",
+    "word_perplexity",
+    "tokens_per_second",
+    "peak_memory_bytes",
+    "norm_time_share",
+    "diagnostics",
+    "ratios",
+    "tasks",
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +43,14 @@ def checkpoints(tmp_path_factory):
     shutil.copytree(conv, ft)
     with open(ft / "train_log.jsonl", "w") as f:
         for step in range(1, 41):
-            row = {"step": step, "loss": 6.0 - step * 0.05, "lr": 1e-4, "grad_norm": 1.0, "tokens_per_second": 1000.0, "world_size": 1}
+            row = {
+                "step": step,
+                "loss": 6.0 - step * 0.05,
+                "lr": 1e-4,
+                "grad_norm": 1.0,
+                "tokens_per_second": 1000.0,
+                "world_size": 1,
+            }
             if step % 10 == 0:
                 row["eval_loss"] = 6.1 - step * 0.04
             f.write(json.dumps(row) + "\n")
@@ -45,10 +63,38 @@ def report_dir(checkpoints, tmp_path_factory):
     from normswap.cli.main import main
 
     out = tmp_path_factory.mktemp("reports") / "rep"
-    args = ["eval", "report", f"orig={checkpoints['orig']}", f"conv={checkpoints['conv']}", f"ft={checkpoints['ft']}",
-            "--baseline", "orig", "--out", str(out), "--seq-len", "32", "--batch-size", "2", "--max-tokens", "800",
-            "--repeats", "1", "--min-time", "0.01", "--new-tokens", "4", "--tasks", "normswap_kjv", "--limit", "1", "--quiet",
-            "--device", "cpu", "--dtype", "float32"]  # pinned: the ratios below are float32 facts (auto is bf16 on CUDA)
+    args = [
+        "eval",
+        "report",
+        f"orig={checkpoints['orig']}",
+        f"conv={checkpoints['conv']}",
+        f"ft={checkpoints['ft']}",
+        "--baseline",
+        "orig",
+        "--out",
+        str(out),
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--max-tokens",
+        "800",
+        "--repeats",
+        "1",
+        "--min-time",
+        "0.01",
+        "--new-tokens",
+        "4",
+        "--tasks",
+        "normswap_kjv",
+        "--limit",
+        "1",
+        "--quiet",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    ]  # pinned: the ratios below are float32 facts (auto is bf16 on CUDA)
     try:
         main(args)
     except SystemExit as e:
@@ -58,9 +104,19 @@ def report_dir(checkpoints, tmp_path_factory):
 
 @pytest.mark.slow
 def test_report_files_and_contract_keys(report_dir, checkpoints):
-    for name in ("results.json", "report.md", "report.html", "perplexity.png", "throughput.png", "activations.png", "finetune_loss.png"):
+    for name in (
+        "results.json",
+        "report.md",
+        "report.html",
+        "perplexity.png",
+        "throughput.png",
+        "activations.png",
+        "finetune_loss.png",
+    ):
         assert (report_dir / name).is_file() and (report_dir / name).stat().st_size > 0, name
-    assert not [p for p in report_dir.parent.iterdir() if ".normswap-" in p.name]  # staging dir renamed away, lock released
+    assert not [
+        p for p in report_dir.parent.iterdir() if ".normswap-" in p.name
+    ]  # staging dir renamed away, lock released
     r = json.loads((report_dir / "results.json").read_text())
     for key in CONTRACT_TOP:
         assert key in r, key
@@ -83,7 +139,9 @@ def test_report_files_and_contract_keys(report_dir, checkpoints):
     assert base_ratios["perplexity"] == 1.0 and base_ratios["peak_memory_bytes"] == 1.0
     assert all(v == 1.0 for v in base_ratios["tokens_per_second"].values())
     assert by["conv"]["ratios"]["perplexity"] == pytest.approx(1.0, abs=1e-4)
-    assert by["conv"]["tasks"]["normswap_kjv"]["bits_per_byte"] == pytest.approx(by["orig"]["tasks"]["normswap_kjv"]["bits_per_byte"], rel=1e-4)
+    assert by["conv"]["tasks"]["normswap_kjv"]["bits_per_byte"] == pytest.approx(
+        by["orig"]["tasks"]["normswap_kjv"]["bits_per_byte"], rel=1e-4
+    )
     # one number per quantity: normswap on lm-eval's own windows gives lm-eval's number
     for m in r["models"]:
         check = m["task_crosscheck"]["normswap_kjv"]
@@ -140,9 +198,23 @@ def test_ppl_json_matches_the_library(checkpoints, run_cli):
     from normswap.data import load_text
     from normswap.evaluate.perplexity import perplexity, truncate_text
 
-    code, out, err = run_cli("eval", "ppl", f"a={checkpoints['orig']}", "--seq-len", "32", "--stride", "16",
-                             "--max-tokens", "300", "--json", "--quiet",
-                             "--device", "cpu", "--dtype", "float32")  # the library call below runs there
+    code, out, err = run_cli(
+        "eval",
+        "ppl",
+        f"a={checkpoints['orig']}",
+        "--seq-len",
+        "32",
+        "--stride",
+        "16",
+        "--max-tokens",
+        "300",
+        "--json",
+        "--quiet",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    )  # the library call below runs there
     assert code == 0, err
     got = json.loads(out)
     tok = normswap.load_tokenizer(checkpoints["orig"])
@@ -177,16 +249,33 @@ def test_model_labels():
 
 
 def test_speed_json_with_a_baseline_not_in_the_list(checkpoints, run_cli):
-    code, out, err = run_cli("eval", "speed", f"conv={checkpoints['conv']}", "--baseline", f"orig={checkpoints['orig']}",
-                             "--seq-len", "16", "--batch-size", "2", "--repeats", "1", "--min-time", "0.01",
-                             "--new-tokens", "3", "--json", "--quiet")
+    code, out, err = run_cli(
+        "eval",
+        "speed",
+        f"conv={checkpoints['conv']}",
+        "--baseline",
+        f"orig={checkpoints['orig']}",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "2",
+        "--repeats",
+        "1",
+        "--min-time",
+        "0.01",
+        "--new-tokens",
+        "3",
+        "--json",
+        "--quiet",
+    )
     assert code == 0, err
     got = json.loads(out)
     assert [m["name"] for m in got["models"]] == ["orig", "conv"]  # the baseline is added, first
     orig, conv = got["models"]
     assert orig["ratios"]["tokens_per_second"]["forward"] == 1.0
     assert conv["ratios"]["tokens_per_second"]["forward"] == pytest.approx(
-        conv["tokens_per_second"]["forward"] / orig["tokens_per_second"]["forward"])
+        conv["tokens_per_second"]["forward"] / orig["tokens_per_second"]["forward"]
+    )
     assert conv["norm_time"]["classes"] == ["RMSNorm"] and orig["norm_time"]["classes"] == ["LayerNorm"]
 
 
@@ -219,11 +308,20 @@ def _synthetic_results(forward_samples, base_share=0.03):
     from normswap.evaluate.stats import ratio_intervals
 
     def row(name, fwd, share, kind):
-        return {"name": name, "kind": kind, "perplexity": 100.0, "bits_per_byte": 1.5, "word_perplexity": 500.0,
-                "tokens_per_second": {"forward": sorted(fwd)[len(fwd) // 2]}, "norm_time_share": share,
-                "norm_time": {"norm_ms_per_forward": share * 10}, "peak_memory_bytes": None,
-                "memory_detail": {"method": "not measured", "reason": "not requested (--no-memory)"},
-                "speed_setup": {"samples": {"forward": fwd}}, "flops_per_token": {"norms": 8, "model_estimate": 100}}
+        return {
+            "name": name,
+            "kind": kind,
+            "perplexity": 100.0,
+            "bits_per_byte": 1.5,
+            "word_perplexity": 500.0,
+            "tokens_per_second": {"forward": sorted(fwd)[len(fwd) // 2]},
+            "norm_time_share": share,
+            "norm_time": {"norm_ms_per_forward": share * 10},
+            "peak_memory_bytes": None,
+            "memory_detail": {"method": "not measured", "reason": "not requested (--no-memory)"},
+            "speed_setup": {"samples": {"forward": fwd}},
+            "flops_per_token": {"norms": 8, "model_estimate": 100},
+        }
 
     base = row("base", [100.0] * 5, base_share, "original")
     models = [base] + [row(n, s, base_share, "converted (exact)") for n, s in forward_samples.items()]
@@ -237,7 +335,9 @@ def test_noise_is_never_coloured_and_beyond_amdahl_is_explained():
     from normswap.report.claims import claims
     from normswap.report.render import headlines, table_rows
 
-    results = _synthetic_results({"noisy": [93.0, 120.0, 106.0, 80.0, 130.0], "clear": [108.0, 107.0, 109.0, 109.0, 108.0]})
+    results = _synthetic_results(
+        {"noisy": [93.0, 120.0, 106.0, 80.0, 130.0], "clear": [108.0, 107.0, 109.0, 109.0, 108.0]}
+    )
     cards = {c["name"]: {label: (state, note) for label, _, state, note in c["items"]} for c in headlines(results)}
     assert cards["noisy"]["forward"] == ("same", "[0.80–1.30] no measurable difference")
     assert cards["clear"]["forward"] == ("good", "[1.07–1.09]")  # negative control: a real difference is coloured

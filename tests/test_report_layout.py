@@ -9,14 +9,33 @@ from test_speed_verdicts import QUIET_NULL, synthetic
 
 def _encoder_results():
     def row(name, fid, kind):
-        return {"name": name, "kind": kind, "model_kind": "masked-lm", "perplexity": None, "bits_per_byte": None,
-                "tokens_per_second": {"forward": 1000.0, "train_step": 300.0}, "norm_time_share": 0.05,
-                "peak_memory_bytes": 10_000_000, "ratios": {"tokens_per_second": {"forward": 1.0, "train_step": 1.0}},
-                "fidelity": fid, "speed_setup": {"samples": {}}}
+        return {
+            "name": name,
+            "kind": kind,
+            "model_kind": "masked-lm",
+            "perplexity": None,
+            "bits_per_byte": None,
+            "tokens_per_second": {"forward": 1000.0, "train_step": 300.0},
+            "norm_time_share": 0.05,
+            "peak_memory_bytes": 10_000_000,
+            "ratios": {"tokens_per_second": {"forward": 1.0, "train_step": 1.0}},
+            "fidelity": fid,
+            "speed_setup": {"samples": {}},
+        }
 
-    return {"baseline": "orig", "fidelity_setup": {"reference": "orig"}, "data": None, "models": [
-        row("orig", {"hidden_cosine": 1.0, "embedding_cosine": 1.0, "embedding_cosine_min": 1.0}, "original"),
-        row("approx", {"hidden_cosine": 0.97, "embedding_cosine": 0.9912, "embedding_cosine_min": 0.9531}, "converted (approx)")]}
+    return {
+        "baseline": "orig",
+        "fidelity_setup": {"reference": "orig"},
+        "data": None,
+        "models": [
+            row("orig", {"hidden_cosine": 1.0, "embedding_cosine": 1.0, "embedding_cosine_min": 1.0}, "original"),
+            row(
+                "approx",
+                {"hidden_cosine": 0.97, "embedding_cosine": 0.9912, "embedding_cosine_min": 0.9531},
+                "converted (approx)",
+            ),
+        ],
+    }
 
 
 def test_encoder_report_headlines_fidelity_and_drops_columns_that_do_not_apply():
@@ -40,12 +59,26 @@ def test_encoder_report_headlines_fidelity_and_drops_columns_that_do_not_apply()
 def test_encoder_finetune_summary_names_its_metric():
     from normswap.finetune.objectives import heldout_line
 
-    distill = {"initial_eval_loss": 0.0312, "final_eval_loss": 0.0045, "initial_perplexity": None, "final_perplexity": None,
-               "eval_tokens": 4096, "heldout_metric": "distillation loss", "heldout_perplexity_name": None}
+    distill = {
+        "initial_eval_loss": 0.0312,
+        "final_eval_loss": 0.0045,
+        "initial_perplexity": None,
+        "final_perplexity": None,
+        "eval_tokens": 4096,
+        "heldout_metric": "distillation loss",
+        "heldout_perplexity_name": None,
+    }
     line = heldout_line(distill)
     assert line == "held-out distillation loss 0.0312 -> 0.0045, 4,096 held-out tokens" and "n/a" not in line
-    mlm = dict(distill, initial_perplexity=20.5, final_perplexity=12.25, heldout_metric="masked-LM cross-entropy",
-               heldout_perplexity_name="masked-token perplexity", initial_eval_loss=3.02, final_eval_loss=2.5055)
+    mlm = dict(
+        distill,
+        initial_perplexity=20.5,
+        final_perplexity=12.25,
+        heldout_metric="masked-LM cross-entropy",
+        heldout_perplexity_name="masked-token perplexity",
+        initial_eval_loss=3.02,
+        final_eval_loss=2.5055,
+    )
     assert "(masked-token perplexity 20.50 -> 12.25)" in heldout_line(mlm)
 
 
@@ -60,7 +93,9 @@ def test_throughput_labels_sit_on_the_bars_and_an_outlying_whisker_is_clipped(tm
     from normswap.report.plots import throughput_bars, throughput_plot
 
     # "wild" has one repeat at x21: its whisker must not set the axis
-    results = synthetic({"calm": [101.0, 99.0, 100.0, 102.0, 98.0], "wild": [100.0, 2100.0, 99.0, 98.0, 101.0]}, null=QUIET_NULL)
+    results = synthetic(
+        {"calm": [101.0, 99.0, 100.0, 102.0, 98.0], "wild": [100.0, 2100.0, 99.0, 98.0, 101.0]}, null=QUIET_NULL
+    )
     bars, top = throughput_bars(results)
     by = {b.model: b for b in bars}
     assert by["wild"].high == pytest.approx(21.0) and by["wild"].clipped

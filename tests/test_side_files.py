@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from helpers import tiny_model
+
 from normswap.checkpoint.side_files import copy_side_files, side_files
 from normswap.errors import NormswapError
 
@@ -46,7 +46,9 @@ def test_a_link_out_of_the_model_directory_is_refused_by_name(tmp_path, model_di
 
     assert code == 2
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "vocab.txt is a symbolic link" in lines[0] and "outside the model directory" in lines[0], err
+    assert (
+        len(lines) == 1 and "vocab.txt is a symbolic link" in lines[0] and "outside the model directory" in lines[0]
+    ), err
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # no lock or staging left
     assert secret.read_text() == SECRET

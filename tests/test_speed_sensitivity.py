@@ -35,9 +35,15 @@ def test_forward_speed_follows_a_known_slowdown(monkeypatch):
     slowed.register_forward_pre_hook(lambda module, args: clock.advance(DELAY))
     # min_time 2.5 ms: the fast models are timed over 3 calls per measurement, the slowed one over 1,
     # so the per-call division is exercised too
-    cfg = SpeedConfig(batch_size=2, seq_len=16, repeats=5, warmup=1, min_time=2.5 * COST, max_calls=3, kinds=("forward",))
+    cfg = SpeedConfig(
+        batch_size=2, seq_len=16, repeats=5, warmup=1, min_time=2.5 * COST, max_calls=3, kinds=("forward",)
+    )
     out = measure_speed([("base", base), ("twin", twin), ("slowed", slowed)], cfg)
-    assert {name: out[name]["speed_setup"]["calls_per_measurement"]["forward"] for name in out} == {"base": 3, "twin": 3, "slowed": 1}
+    assert {name: out[name]["speed_setup"]["calls_per_measurement"]["forward"] for name in out} == {
+        "base": 3,
+        "twin": 3,
+        "slowed": 1,
+    }
     tokens = cfg.batch_size * cfg.seq_len
     per_call = {name: tokens / out[name]["tokens_per_second"]["forward"] for name in out}
     assert per_call["slowed"] == pytest.approx(COST + DELAY, rel=1e-9), per_call

@@ -17,10 +17,20 @@ CLEAR = [120.0, 119.0, 121.0, 122.0, 118.0]  # ×1.18–1.22 in every repeat
 
 def _row(name, fwd, decode=None, kind="converted (exact)"):
     samples = {"forward": fwd} | ({"decode": decode} if decode else {})
-    return {"name": name, "kind": kind, "perplexity": 100.0, "bits_per_byte": 1.5, "word_perplexity": 500.0,
-            "tokens_per_second": {k: sorted(v)[len(v) // 2] for k, v in samples.items()}, "norm_time_share": 0.03,
-            "norm_time": {"norm_ms_per_forward": 0.3}, "peak_memory_bytes": None, "memory_detail": {"method": "not measured"},
-            "speed_setup": {"samples": samples}, "flops_per_token": {"norms": 8, "model_estimate": 100}}
+    return {
+        "name": name,
+        "kind": kind,
+        "perplexity": 100.0,
+        "bits_per_byte": 1.5,
+        "word_perplexity": 500.0,
+        "tokens_per_second": {k: sorted(v)[len(v) // 2] for k, v in samples.items()},
+        "norm_time_share": 0.03,
+        "norm_time": {"norm_ms_per_forward": 0.3},
+        "peak_memory_bytes": None,
+        "memory_detail": {"method": "not measured"},
+        "speed_setup": {"samples": samples},
+        "flops_per_token": {"norms": 8, "model_estimate": 100},
+    }
 
 
 def synthetic(models: dict, null=None, null_decode=None, *, load=(0.2, 0.3)):
@@ -31,8 +41,15 @@ def synthetic(models: dict, null=None, null_decode=None, *, load=(0.2, 0.3)):
 
     base = _row("base", BASE, BASE if null_decode else None, kind="original")
     rows = [base] + [_row(n, *(s if isinstance(s, tuple) else (s,))) for n, s in models.items()]
-    results = {"baseline": "base", "models": rows, "data": None, "device": "cpu (test)", "dtype": "float32", "created": "2026-12-01",
-               "speed_setup": {"repeats": 5, "batch_size": 2, "seq_len": 16, "warmup": 1, "prompt_len": 8, "new_tokens": 4}}
+    results = {
+        "baseline": "base",
+        "models": rows,
+        "data": None,
+        "device": "cpu (test)",
+        "dtype": "float32",
+        "created": "2026-12-01",
+        "speed_setup": {"repeats": 5, "batch_size": 2, "seq_len": 16, "warmup": 1, "prompt_len": 8, "new_tokens": 4},
+    }
     null_row = None
     if null is not None:
         null_row = _row("base (null control)", null, null_decode, kind="original")
@@ -42,7 +59,13 @@ def synthetic(models: dict, null=None, null_decode=None, *, load=(0.2, 0.3)):
     for m in rows:
         m["ratios"] = ratios(m, base)
         m["ratio_intervals"] = ratio_intervals(m, base, null_ivs)
-    machine = {"load_before": [load[0]] * 3, "load_after": [load[1]] * 3, "cpu_count": 2, "usable_cpus": 2, "torch_threads": 2}
+    machine = {
+        "load_before": [load[0]] * 3,
+        "load_after": [load[1]] * 3,
+        "cpu_count": 2,
+        "usable_cpus": 2,
+        "torch_threads": 2,
+    }
     results["speed_noise"] = speed_noise(null_ivs, machine)
     return results
 
@@ -115,8 +138,9 @@ def test_noise_is_judged_per_kind():
     from normswap.report.render import noise_banner
 
     # forward quiet, decode noisy: forward is coloured, decode is not, and the banner names decode only
-    results = synthetic({"m": (CLEAR, [70.0, 71.0, 69.0, 70.0, 70.5])}, null=QUIET_NULL,
-                        null_decode=[100.0, 70.0, 130.0, 90.0, 110.0])
+    results = synthetic(
+        {"m": (CLEAR, [70.0, 71.0, 69.0, 70.0, 70.5])}, null=QUIET_NULL, null_decode=[100.0, 70.0, 130.0, 90.0, 110.0]
+    )
     cards, _ = _states(results)
     assert cards["m"]["forward"] == "good" and cards["m"]["decode"] == "same"
     banner = noise_banner(results)
@@ -138,8 +162,15 @@ def test_evaluate_times_a_null_control_and_records_the_machine():
 
     base = tiny_model("gpt2")
     entries = [ModelEntry("orig", model=base), ModelEntry("copy", model=tiny_model("gpt2"))]
-    cfg = EvalConfig(perplexity=False, diagnostics=False, memory=False, fidelity=False, seq_len=16, batch_size=2,
-                     speed_setup=SpeedConfig(repeats=5, warmup=0, min_time=0.0, new_tokens=3))
+    cfg = EvalConfig(
+        perplexity=False,
+        diagnostics=False,
+        memory=False,
+        fidelity=False,
+        seq_len=16,
+        batch_size=2,
+        speed_setup=SpeedConfig(repeats=5, warmup=0, min_time=0.0, new_tokens=3),
+    )
     results = evaluate(entries, cfg, baseline_name="orig")
     null = results["null_control"]
     assert null["name"] == "orig (null control)" and null["of"] == "orig"
@@ -160,7 +191,10 @@ def test_evaluate_times_a_null_control_and_records_the_machine():
 
     from normswap.report.render import null_control_note
 
-    off = evaluate(entries, dataclasses.replace(cfg, speed_setup=dataclasses.replace(cfg.speed_setup, null_control=False, repeats=1)),
-                   baseline_name="orig")
+    off = evaluate(
+        entries,
+        dataclasses.replace(cfg, speed_setup=dataclasses.replace(cfg.speed_setup, null_control=False, repeats=1)),
+        baseline_name="orig",
+    )
     assert "null_control" not in off and off["speed_noise"]["null_control"] is False
     assert null_control_note(off).startswith("No null control")

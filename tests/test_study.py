@@ -16,8 +16,17 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = dict(model_type="gpt2", n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=4096,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+TINY = dict(
+    model_type="gpt2",
+    n_layer=2,
+    n_embd=32,
+    n_head=2,
+    n_positions=64,
+    vocab_size=4096,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+)
 COMMON = dict(seq_len=32, batch_size=4, eval_tokens=512, eval_every=5, warmup=2, progress=False, device="cpu")
 
 
@@ -50,7 +59,11 @@ def _env():
 
 
 def _tree(path: Path) -> dict:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _untimed(results: dict) -> dict:
@@ -76,7 +89,9 @@ def sweep_study(tmp_path_factory):
     3 seeds; dropout on, so "identical" also covers the dropout masks."""
     root = tmp_path_factory.mktemp("sweep")
     cfg = _config(root, resid_pdrop=0.1, embd_pdrop=0.1)
-    results = _study(cfg, root / "study", arms=["layernorm", "layernorm-control"], lr=3e-3, lr_sweep=["1", "0.02"], steps=12, seeds=3)
+    results = _study(
+        cfg, root / "study", arms=["layernorm", "layernorm-control"], lr=3e-3, lr_sweep=["1", "0.02"], steps=12, seeds=3
+    )
     return results, root / "study"
 
 
@@ -142,13 +157,22 @@ def test_rmsnorm_arm_is_gamma_one_and_every_other_weight_identical(tmp_path):
             assert torch.equal(v, a[k]), k
     assert set(a) - set(b) == {n + ".bias" for n in norms}  # β dropped
     # negative control: another seed is another initialisation
-    assert not torch.equal(build_arm(src, "layernorm", 4, "torch").state_dict()["transformer.h.0.attn.c_attn.weight"],
-                           a["transformer.h.0.attn.c_attn.weight"])
+    assert not torch.equal(
+        build_arm(src, "layernorm", 4, "torch").state_dict()["transformer.h.0.attn.c_attn.weight"],
+        a["transformer.h.0.attn.c_attn.weight"],
+    )
 
 
 def test_migration_rule_and_claims_are_evaluated_with_a_sweep(tmp_path):
-    results = _study(_config(tmp_path), tmp_path / "s", arms=["layernorm", "rmsnorm"], lr=3e-3, lr_sweep=["0.5", "1"],
-                     steps=6, seeds=2)
+    results = _study(
+        _config(tmp_path),
+        tmp_path / "s",
+        arms=["layernorm", "rmsnorm"],
+        lr=3e-3,
+        lr_sweep=["0.5", "1"],
+        steps=6,
+        seeds=2,
+    )
     rule = results["migration_rule"]["rmsnorm"]
     assert rule["grad_scale_ratio"] > 0 and rule["rule_multiplier"] in (0.5, 1.0)
     assert len(rule["grad_scale_ratio_per_seed"]) == 2
@@ -163,11 +187,39 @@ def test_migration_rule_and_claims_are_evaluated_with_a_sweep(tmp_path):
 @pytest.mark.slow
 def test_torchrun_two_processes_reproduce_one_process(tmp_path):
     cfg = _config(tmp_path)
-    args = ["study", cfg, "--arms", "layernorm,rmsnorm", "--steps", "4", "--seeds", "1", "--seq-len", "32", "--batch-size", "4",
-            "--eval-tokens", "512", "--eval-every", "2", "--warmup", "2", "--device", "cpu", "--no-progress"]
+    args = [
+        "study",
+        cfg,
+        "--arms",
+        "layernorm,rmsnorm",
+        "--steps",
+        "4",
+        "--seeds",
+        "1",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--eval-tokens",
+        "512",
+        "--eval-every",
+        "2",
+        "--warmup",
+        "2",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     two = tmp_path / "two"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "normswap"]
-                       + args + ["--out", str(two)], env=_env(), capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "normswap"]
+        + args
+        + ["--out", str(two)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     res2 = json.loads((two / "results.json").read_text())
     res1 = _study(cfg, tmp_path / "one", arms=["layernorm", "rmsnorm"], steps=4, seeds=1, eval_every=2)
@@ -222,8 +274,11 @@ def test_resume_refuses_other_options(tmp_path):
     cfg = _config(tmp_path)
     _study(cfg, tmp_path / "s", arms=["layernorm"], steps=2, seeds=1)
     with pytest.raises(NormswapError, match="--steps is 3 but the study used 2"):
-        run_study(StudyConfig(model=cfg, out=str(tmp_path / "s"), resume=True, **{**COMMON, "steps": 3}), given={"steps"},
-                  echo=lambda m: None)
+        run_study(
+            StudyConfig(model=cfg, out=str(tmp_path / "s"), resume=True, **{**COMMON, "steps": 3}),
+            given={"steps"},
+            echo=lambda m: None,
+        )
     with pytest.raises(NormswapError, match="holds a study: pass --resume"):
         _study(cfg, tmp_path / "s", arms=["layernorm"], steps=2, seeds=1)
 
@@ -232,15 +287,27 @@ def test_resume_refuses_other_options(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "normswap", "study", *args], env=_env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "normswap", "study", *args], env=_env(), capture_output=True, text=True, timeout=600
+    )
 
 
 def test_bad_input_gets_one_line_and_nothing_is_touched(tmp_path):
     from normswap.errors import NormswapError
 
     gpt2 = _config(tmp_path)
-    llama = _config(tmp_path, "llama.json", model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, vocab_size=4096)
+    llama = _config(
+        tmp_path,
+        "llama.json",
+        model_type="llama",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        vocab_size=4096,
+    )
     # no LayerNorm to replace
     with pytest.raises(NormswapError, match="no LayerNorm to replace"):
         _study(llama, tmp_path / "a", steps=2, seeds=1)
@@ -288,8 +355,14 @@ def test_a_diverging_arm_is_recorded_and_stops_while_the_others_finish(tmp_path)
     def blow_up(arm, step, loss):
         return loss * float("inf") if arm == "rmsnorm" and step == 3 else loss
 
-    res = _study(_config(tmp_path), tmp_path / "s", hooks=Hooks(loss=blow_up), arms=["layernorm", "rmsnorm", "layernorm-control"],
-                 steps=6, seeds=2)
+    res = _study(
+        _config(tmp_path),
+        tmp_path / "s",
+        hooks=Hooks(loss=blow_up),
+        arms=["layernorm", "rmsnorm", "layernorm-control"],
+        steps=6,
+        seeds=2,
+    )
     units = {(u["arm"], u["seed"]): u for u in res["units"]}
     for seed in range(2):
         bad = units[("rmsnorm", seed)]
@@ -316,10 +389,18 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
     from normswap.recipes.runner import EvalStep, StudyStep, plan_steps
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "name": "s", "source": "normswap:kjv-gpt2", "device": "cpu", "variants": {"exact": {"convert": {"mode": "exact"}}},
-        "eval": {"seq_len": 32, "stride": 32, "max_tokens": 256, "speed": False, "diagnostics": False},
-        "study": {"steps": 2, "seeds": 1, "seq_len": 32, "batch_size": 2, "eval_tokens": 256, "warmup": 1}}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "source": "normswap:kjv-gpt2",
+                "device": "cpu",
+                "variants": {"exact": {"convert": {"mode": "exact"}}},
+                "eval": {"seq_len": 32, "stride": 32, "max_tokens": 256, "speed": False, "diagnostics": False},
+                "study": {"steps": 2, "seeds": 1, "seq_len": 32, "batch_size": 2, "eval_tokens": 256, "warmup": 1},
+            }
+        )
+    )
     steps = plan_steps(load_recipe(str(recipe)).recipe)
     assert [type(s) for s in steps[-2:]] == [StudyStep, EvalStep]
     try:
@@ -331,7 +412,9 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
     assert res["setup"]["arms"] == ["layernorm", "rmsnorm", "layernorm-control", "rmsnorm-exact", "rmsnorm-approx"]
     start = {u["arm"]: u["eval"][0]["loss"] for u in res["units"]}
     assert start["rmsnorm-exact"] == pytest.approx(start["layernorm"], abs=1e-4)
-    assert abs(start["rmsnorm"] - start["layernorm"]) > 1e-3  # negative control: γ = 1 and β dropped change the function
+    assert (
+        abs(start["rmsnorm"] - start["layernorm"]) > 1e-3
+    )  # negative control: γ = 1 and β dropped change the function
     assert json.loads((tmp_path / "run" / "run.json").read_text())["steps"]["study"]["status"] == "done"
 
 
@@ -358,8 +441,18 @@ def test_post_ln_checkpoint_exact_arm_refused_before_dir_or_left_out_by_default(
     from normswap.errors import NormswapError
 
     torch.manual_seed(0)
-    model = OPTForCausalLM(OPTConfig(vocab_size=4096, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=2,
-                                     max_position_embeddings=64, word_embed_proj_dim=32, do_layer_norm_before=False))
+    model = OPTForCausalLM(
+        OPTConfig(
+            vocab_size=4096,
+            hidden_size=32,
+            num_hidden_layers=2,
+            ffn_dim=64,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+            do_layer_norm_before=False,
+        )
+    )
     src = tmp_path / "opt"
     model.save_pretrained(src)
     for f in ("tokenizer.json", "tokenizer_config.json"):

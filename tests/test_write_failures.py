@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import tiny_model
+
 from normswap.data import load_documents
 from normswap.errors import NormswapError
 
@@ -34,7 +34,9 @@ def _tmpfs(where: Path, *options):
     where.mkdir()
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(where)], capture_output=True, check=False)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(where)], capture_output=True, check=False
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
     try:
@@ -82,7 +84,15 @@ def test_a_full_disk_injected_at_the_writer(tmp_path, src, run_cli, monkeypatch)
 
     monkeypatch.setattr(shards.os, "pwrite", failing)
     code, _, err = run_cli("convert", src, tmp_path / "out", "--no-verify")
-    _one_line(code, err, "cannot write OUT", str(tmp_path / "out"), "No space left on device", "free some space", progress_before=True)
+    _one_line(
+        code,
+        err,
+        "cannot write OUT",
+        str(tmp_path / "out"),
+        "No space left on device",
+        "free some space",
+        progress_before=True,
+    )
     assert _left(tmp_path) == []
     monkeypatch.undo()  # the control: with room to write, the same command publishes OUT
     code, _, err = run_cli("convert", src, tmp_path / "out", "--no-verify")
@@ -154,7 +164,9 @@ def test_jsonl_nested_100k_deep_is_one_line(tmp_path, run_cli):
     code, _, err = run_cli("eval", "ppl", "normswap:kjv-gpt2", "--data", path, "--max-tokens", "256", "--quiet")
     _one_line(code, err, "corpus.jsonl:41", "nested too deeply")
     path.write_text(good)  # the control: the same corpus without the deep record is evaluated
-    code, out, err = run_cli("eval", "ppl", "normswap:kjv-gpt2", "--data", path, "--max-tokens", "256", "--quiet", "--json")
+    code, out, err = run_cli(
+        "eval", "ppl", "normswap:kjv-gpt2", "--data", path, "--max-tokens", "256", "--quiet", "--json"
+    )
     assert code == 0, err
 
 

@@ -63,7 +63,13 @@ class DataFlow:
         """
         if consumer.op in TRANSPARENT:
             t, src = consumer.tensor, node.tensor
-            return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.dim() > 0 and src.dim() > 0 and t.shape[-1] == src.shape[-1]
+            return (
+                isinstance(t, torch.Tensor)
+                and isinstance(src, torch.Tensor)
+                and t.dim() > 0
+                and src.dim() > 0
+                and t.shape[-1] == src.shape[-1]
+            )
         t, src = consumer.tensor, node.tensor
         if not rearranged and consumer.op in REARRANGE | PAD | REDUCE | POOL:
             return False
@@ -71,17 +77,37 @@ class DataFlow:
             return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.numel() == src.numel()
         if consumer.op in PAD:
             value = next((v for v in consumer.scalars if isinstance(v, float)), 0.0)
-            return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and value == 0.0 and len(consumer.inputs) == 1
+            return (
+                isinstance(t, torch.Tensor)
+                and isinstance(src, torch.Tensor)
+                and value == 0.0
+                and len(consumer.inputs) == 1
+            )
         if consumer.op in REDUCE:  # over token axes only, never over the features
             dims = [d for d in consumer.scalars if isinstance(d, int)]
             last = {-1, src.dim() - 1} if isinstance(src, torch.Tensor) else set()
-            return isinstance(t, torch.Tensor) and t.dim() > 0 and bool(dims) and not (set(dims) & last) \
-                and t.shape[-1] == src.shape[-1] and len(consumer.inputs) == 1
+            return (
+                isinstance(t, torch.Tensor)
+                and t.dim() > 0
+                and bool(dims)
+                and not (set(dims) & last)
+                and t.shape[-1] == src.shape[-1]
+                and len(consumer.inputs) == 1
+            )
         if consumer.op in POOL:  # the channel axis is 1; the exactness check confirms it is the features'
-            return isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t.dim() == src.dim() >= 3 \
-                and t.shape[:2] == src.shape[:2] and len(consumer.inputs) == 1
+            return (
+                isinstance(t, torch.Tensor)
+                and isinstance(src, torch.Tensor)
+                and t.dim() == src.dim() >= 3
+                and t.shape[:2] == src.shape[:2]
+                and len(consumer.inputs) == 1
+            )
         if consumer.op in SCALE:
-            return len(consumer.inputs) == 1 or (len(consumer.inputs) == 2 and consumer.inputs[1].tensor is not None and consumer.inputs[1].tensor.dim() == 0)
+            return len(consumer.inputs) == 1 or (
+                len(consumer.inputs) == 2
+                and consumer.inputs[1].tensor is not None
+                and consumer.inputs[1].tensor.dim() == 0
+            )
         return False
 
     def decompose(self, node, stream_ids, depth=0):
@@ -92,9 +118,15 @@ class DataFlow:
             kind = self.classify(node)
             if kind[0] in ("linear", "table", "norm"):  # a whole module's output (FalconLinear adds its own bias)
                 return [kind]
-        if node.op in ADD and len(node.inputs) == 2 and all(i.tensor is not None and i.tensor.dim() > 0 for i in node.inputs) \
-                and node.inputs[0].tensor.shape[-1] == node.inputs[1].tensor.shape[-1] == node.tensor.shape[-1]:
-            parts = self.decompose(node.inputs[0], stream_ids, depth + 1) + self.decompose(node.inputs[1], stream_ids, depth + 1)
+        if (
+            node.op in ADD
+            and len(node.inputs) == 2
+            and all(i.tensor is not None and i.tensor.dim() > 0 for i in node.inputs)
+            and node.inputs[0].tensor.shape[-1] == node.inputs[1].tensor.shape[-1] == node.tensor.shape[-1]
+        ):
+            parts = self.decompose(node.inputs[0], stream_ids, depth + 1) + self.decompose(
+                node.inputs[1], stream_ids, depth + 1
+            )
         elif node.inputs and self.passes_on(node.inputs[0], node, rearranged=False):
             parts = self.decompose(node.inputs[0], stream_ids, depth + 1)
         elif node.inputs and self.passes_on(node.inputs[0], node) and keeps_feature_axis(node.inputs[0], node):
@@ -122,7 +154,14 @@ class DataFlow:
         if node.op not in SCALE or node.op.startswith(("div", "__truediv", "__itruediv")) or len(node.inputs) != 2:
             return None
         width = node.tensor.shape[-1] if isinstance(node.tensor, torch.Tensor) and node.tensor.dim() > 0 else None
-        scale = next((i for i in node.inputs if i.op == "param" and i.param and i.tensor.dim() == 1 and i.tensor.shape[0] == width), None)
+        scale = next(
+            (
+                i
+                for i in node.inputs
+                if i.op == "param" and i.param and i.tensor.dim() == 1 and i.tensor.shape[0] == width
+            ),
+            None,
+        )
         if scale is None:
             return None
         other = node.inputs[1] if node.inputs[0] is scale else node.inputs[0]
@@ -212,8 +251,19 @@ class DataFlow:
             for c in node.consumers:
                 if self.in_scope(c, norm):
                     continue
-                lin = next((m for m in (c.scope,) if _is_weight_matrix(self.modules.get(m)) and self.trace.module_inputs.get(m) is not None), None)
-                if lin and self.trace.module_inputs[lin] in (node, out) or (lin and id(self.trace.module_inputs[lin]) in seen):
+                lin = next(
+                    (
+                        m
+                        for m in (c.scope,)
+                        if _is_weight_matrix(self.modules.get(m)) and self.trace.module_inputs.get(m) is not None
+                    ),
+                    None,
+                )
+                if (
+                    lin
+                    and self.trace.module_inputs[lin] in (node, out)
+                    or (lin and id(self.trace.module_inputs[lin]) in seen)
+                ):
                     if lin not in readers:
                         readers.append(lin)
                 elif self.passes_on(node, c) and keeps_feature_axis(node, c):
@@ -275,17 +325,25 @@ def layer_stacks(model, g):
     modules that do not feed each other (PVT's per-stage patch embeddings) are not stacks. Models
     that keep their norms in lists of bare norms (XLM's ``layer_norm1``) fall back to those lists.
     """
+
     def holds_norms(name, module, bare):
-        return all(any(n.startswith(f"{name}.{i}.") or (bare and n == f"{name}.{i}") for n in g.norms)
-                   for i in range(len(module)))
+        return all(
+            any(n.startswith(f"{name}.{i}.") or (bare and n == f"{name}.{i}") for n in g.norms)
+            for i in range(len(module))
+        )
 
     def chained(name, module):
         return all(g.fed_by(g.trace.module_inputs.get(f"{name}.{i}"), f"{name}.{i - 1}") for i in range(1, len(module)))
 
     for bare in (False, True):
-        lists = [name for name, module in model.named_modules()
-                 if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0 and holds_norms(name, module, bare)
-                 and (bare or chained(name, module))]
+        lists = [
+            name
+            for name, module in model.named_modules()
+            if isinstance(module, (nn.ModuleList, nn.Sequential))
+            and len(module) > 0
+            and holds_norms(name, module, bare)
+            and (bare or chained(name, module))
+        ]
         stacks = [name for name in lists if not any(other.startswith(name + ".") for other in lists)]
         if stacks:
             return stacks

@@ -10,15 +10,27 @@ from torch import nn
 from normswap.model_facts import declared_eps, output_embeddings
 
 
-def describe(model, stacks, g, converted, writers, centered_inputs, left, placement, post_evidence, name,
-              stream_biases=(), stream_scales=()) -> dict:
+def describe(
+    model,
+    stacks,
+    g,
+    converted,
+    writers,
+    centered_inputs,
+    left,
+    placement,
+    post_evidence,
+    name,
+    stream_biases=(),
+    stream_scales=(),
+) -> dict:
     """Write the findings in the family-file schema, templating per-layer paths over ``${i}``."""
     config = model.config
     prefix = getattr(model, "base_model_prefix", "") or ""
     base = prefix + "." if prefix and isinstance(getattr(model, prefix, None), nn.Module) else ""
 
     def rel(path):
-        return path[len(base):] if base and path.startswith(base) else ("^" + path if base else path)
+        return path[len(base) :] if base and path.startswith(base) else ("^" + path if base else path)
 
     main = stacks[0]
     main_len = len(model.get_submodule(main))
@@ -93,7 +105,11 @@ def describe(model, stacks, g, converted, writers, centered_inputs, left, placem
     if not norms_out and final is not None:
         norms_out, final = [final], None
 
-    embeddings = [rel(m) for m, kind in writers.items() if kind in ("table",) or (kind == "module" and not any(m.startswith(s + ".") for s in stacks))]
+    embeddings = [
+        rel(m)
+        for m, kind in writers.items()
+        if kind in ("table",) or (kind == "module" and not any(m.startswith(s + ".") for s in stacks))
+    ]
     writer_paths = [rel(m) for m, kind in writers.items() if rel(m) not in embeddings]
     writer_out = []
     for path, _ in collapse([(w, ((), False)) for w in writer_paths]):
@@ -116,8 +132,10 @@ def describe(model, stacks, g, converted, writers, centered_inputs, left, placem
         "leave_alone": leave,
         "centered_inputs": [rel(c) for c in centered_inputs],
         "stream_biases": [path for path, _ in collapse([(rel(p), ((), False)) for p in stream_biases])],
-        "stream_scales": [{"scale": path, "writer": payload[0][0]}
-                          for path, payload in collapse([(rel(p), ((rel(w),), False)) for p, w in stream_scales])],
+        "stream_scales": [
+            {"scale": path, "writer": payload[0][0]}
+            for path, payload in collapse([(rel(p), ((rel(w),), False)) for p, w in stream_scales])
+        ],
         "notes": ("post-LN: " + "; ".join(dict.fromkeys(post_evidence))[:300]) if post_evidence else "",
         "discovered": True,
     }

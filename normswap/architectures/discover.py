@@ -50,7 +50,9 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
     except Exception as e:
         raise DiscoveryError(f"cannot trace {type(model).__name__} on a probe input: {first_line(e, 200)}") from None
     if not g.norms:
-        raise DiscoveryError(f"{type(model).__name__}: no module computes LayerNorm (shift-invariant, γ·n+β); nothing to convert")
+        raise DiscoveryError(
+            f"{type(model).__name__}: no module computes LayerNorm (shift-invariant, γ·n+β); nothing to convert"
+        )
     stacks = layer_stacks(model, g)
     if not stacks:
         raise DiscoveryError(f"{type(model).__name__}: no stack of layers with LayerNorms found")
@@ -77,14 +79,20 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
         # a value centred at run time where it is produced (a norm starting the stream, a module's
         # output) is centred for every reader: one that is not the stream (GroupViT's cross-attention
         # query is its group tokens' norm output) would read a shifted value, so centre downstream
-        parts = [("bad", f"{mod} (also read outside the stream)", node) if kind in ("norm", "module") and g.read_elsewhere(node) else (kind, mod, node)
-                 for kind, mod, node in parts]
+        parts = [
+            ("bad", f"{mod} (also read outside the stream)", node)
+            if kind in ("norm", "module") and g.read_elsewhere(node)
+            else (kind, mod, node)
+            for kind, mod, node in parts
+        ]
         bad = [p for p in parts if p[0] == "bad"]
         if bad:
             if consumer is None:
                 # fatal for an exact plan only: a post-LN model (FNet's Fourier mixing, XLNet) needs no
                 # writer centred, so the verdict waits until placement is known
-                unowned.append(f"{type(model).__name__}: a write into the residual stream ({bad[0][1]} in {what}) is not produced by any module")
+                unowned.append(
+                    f"{type(model).__name__}: a write into the residual stream ({bad[0][1]} in {what}) is not produced by any module"
+                )
                 return
             if consumer not in centered_inputs:
                 centered_inputs.append(consumer)
@@ -117,7 +125,11 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
             if id(s) not in values:
                 post_evidence.append(f"{stack}.{i} input is not the running sum of the previous layer's writes")
         hidden_sizes.add(int(seeds[0].tensor.shape[-1]))
-        in_layers = [c for c in foreign if any(c.scope == f"{stack}.{i}" or c.scope.startswith(f"{stack}.{i}.") for i in range(len(layers)))]
+        in_layers = [
+            c
+            for c in foreign
+            if any(c.scope == f"{stack}.{i}" or c.scope.startswith(f"{stack}.{i}.") for i in range(len(layers)))
+        ]
         for c in in_layers:
             post_evidence.append(f"the residual stream is read by {c.scope or c.op} ({c.op}), not only by norms")
         raw_readers.extend((stack, f"{c.scope or 'the model'} ({c.op})") for c in foreign if c not in in_layers)
@@ -131,7 +143,11 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
             if node.op in ADD:
                 for operand in node.inputs:
                     if id(operand) not in values:
-                        take_writes(g.decompose(operand, set(values)), None if node is not seeds[0] else f"{stack}.0", f"{stack}")
+                        take_writes(
+                            g.decompose(operand, set(values)),
+                            None if node is not seeds[0] else f"{stack}.0",
+                            f"{stack}",
+                        )
         start = g.decompose(seeds[0], set())
         take_writes(start, f"{stack}.0", f"the input of {stack}.0")
 
@@ -147,7 +163,8 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
         # stream itself (VitDet's, SAM3-ViT's last_hidden_state) cannot stay unchanged
         raise DiscoveryError(
             f"{type(model).__name__}: pre-LN, but the raw residual stream of {raw_outputs[0]} is returned as a model output "
-            "without a norm; an exact conversion centres the stream, which shifts that output by its per-token mean, so it is refused")
+            "without a norm; an exact conversion centres the stream, which shifts that output by its per-token mean, so it is refused"
+        )
     if raw_readers and not post_evidence:
         # pre-LN, but the stream itself (not a norm of it) is read after the last layer: centring the
         # writes would shift what that reader sees by the stream's per-token mean, which the converted
@@ -155,13 +172,20 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
         stack, reader = raw_readers[0]
         raise DiscoveryError(
             f"{type(model).__name__}: pre-LN, but the raw residual stream of {stack} is read by {reader} "
-            "without a norm; an exact conversion would shift what it reads by the stream's per-token mean, so it is refused")
+            "without a norm; an exact conversion would shift what it reads by the stream's per-token mean, so it is refused"
+        )
     placement = "post" if post_evidence else "pre"
     if placement == "post":
         # approximate mode: every norm over the stream width becomes an RMSNorm (γ, β kept)
-        converted = {n: {"readers": [], "starts_stream": False} for n, s in g.norms.items() if s.hidden_size in hidden_sizes}
+        converted = {
+            n: {"readers": [], "starts_stream": False} for n, s in g.norms.items() if s.hidden_size in hidden_sizes
+        }
         if not converted:  # channel-first streams (ConvNeXt, CvT stages): the last axis is not the width
-            converted = {n: {"readers": [], "starts_stream": False} for n in g.norms if any(n.startswith(s + ".") for s in stacks)}
+            converted = {
+                n: {"readers": [], "starts_stream": False}
+                for n in g.norms
+                if any(n.startswith(s + ".") for s in stacks)
+            }
         writers, centered_inputs, stream_biases, stream_scales = {}, [], [], []
     else:
         for n, rec in converted.items():
@@ -169,10 +193,25 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
                 continue
             readers, other = g.readers(n)
             rec["readers"] = readers if readers and not other else []
-    left = {n: "does not read the residual stream (per-head q/k norm or head transform): its input is not centred"
-            for n in g.norms if n not in converted}
+    left = {
+        n: "does not read the residual stream (per-head q/k norm or head transform): its input is not centred"
+        for n in g.norms
+        if n not in converted
+    }
     for n, m in g.modules.items():
         if is_layernorm(m) and n not in g.norms:
             left[n] = f"{type(m).__name__} does not compute LayerNorm (not shift-invariant, or a different formula)"
-    return describe(model, stacks, g, converted, writers, centered_inputs, left, placement, post_evidence, name,
-                     stream_biases, stream_scales)
+    return describe(
+        model,
+        stacks,
+        g,
+        converted,
+        writers,
+        centered_inputs,
+        left,
+        placement,
+        post_evidence,
+        name,
+        stream_biases,
+        stream_scales,
+    )

@@ -34,16 +34,22 @@ def forward_parameters(model) -> set[str]:
 
 
 def required_parameters(model) -> set[str]:
-    return {n for n, p in inspect.signature(model.forward).parameters.items()
-            if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return {
+        n
+        for n, p in inspect.signature(model.forward).parameters.items()
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
 
 
 def takes_text_only(model) -> bool:
     """True for models whose forward needs nothing but ``input_ids``."""
     params = forward_parameters(model)
     needs = {"pixel_values", "input_features"} & params
-    return getattr(model, "main_input_name", "input_ids") == "input_ids" and not needs and not (
-        "decoder_input_ids" in params and getattr(model.config, "is_encoder_decoder", False))
+    return (
+        getattr(model, "main_input_name", "input_ids") == "input_ids"
+        and not needs
+        and not ("decoder_input_ids" in params and getattr(model.config, "is_encoder_decoder", False))
+    )
 
 
 def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dtype=None, ids=None, device=None) -> dict:
@@ -82,11 +88,13 @@ def probe_inputs(model, *, batch: int = 2, seq_len: int = 16, seed: int = 0, dty
             out["input_values"] = torch.randn(batch, _first(audio, ("max_length",), 128), mels, generator=gen)
         else:  # raw waveform models (wav2vec2 family): [batch, samples]
             out["input_values"] = torch.randn(batch, 4000, generator=gen)
-    if "input_ids" in params and (main == "input_ids" or "input_ids" in required or "pixel_values" in out and main != "pixel_values"):
+    if "input_ids" in params and (
+        main == "input_ids" or "input_ids" in required or "pixel_values" in out and main != "pixel_values"
+    ):
         out["input_ids"] = ids if ids is not None else random_ids(length)
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
         dec_len = min(length, _first(config, ("max_target_positions", "max_position_embeddings"), length))
-        out["decoder_input_ids"] = (ids[:, :dec_len] if ids is not None else random_ids(dec_len))
+        out["decoder_input_ids"] = ids[:, :dec_len] if ids is not None else random_ids(dec_len)
     batch_of = next(iter(out.values())).shape[0] if out else batch
     for key, value in list(out.items()):
         out[key] = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)

@@ -99,10 +99,25 @@ class Family:
 
 
 _TOP_KEYS = {
-    "name": str, "display": str, "model_types": list, "placement": (str, dict), "layers": str,
-    "embeddings": list, "writers": list, "norms": list, "final_norm": (dict, type(None)),
-    "head": (str, type(None)), "head_norms": list, "leave_alone": list, "notes": str,
-    "examples": list, "test_configs": list, "centered_inputs": list, "stream_biases": list, "stream_scales": list, "discovered": bool,
+    "name": str,
+    "display": str,
+    "model_types": list,
+    "placement": (str, dict),
+    "layers": str,
+    "embeddings": list,
+    "writers": list,
+    "norms": list,
+    "final_norm": (dict, type(None)),
+    "head": (str, type(None)),
+    "head_norms": list,
+    "leave_alone": list,
+    "notes": str,
+    "examples": list,
+    "test_configs": list,
+    "centered_inputs": list,
+    "stream_biases": list,
+    "stream_scales": list,
+    "discovered": bool,
 }
 _REQUIRED = ("name", "model_types", "placement", "layers", "norms")
 _NORM_KEYS = {"norm", "readers", "when", "optional", "starts_stream", "gamma_offset", "eps"}
@@ -190,7 +205,10 @@ def parse_family(raw: Any, source: str) -> Family:
     else:
         if set(placement) != {"attribute", "values"} or not isinstance(placement["values"], dict):
             _fail(source, "placement", "a config-dependent placement is {attribute: NAME, values: {VALUE: pre|post}}")
-        placement = {"attribute": placement["attribute"], "values": {str(k).lower(): v for k, v in placement["values"].items()}}
+        placement = {
+            "attribute": placement["attribute"],
+            "values": {str(k).lower(): v for k, v in placement["values"].items()},
+        }
         for v in placement["values"].values():
             if v not in PLACEMENTS:
                 _fail(source, "placement.values", f"must be one of {PLACEMENTS}, got {v!r}")
@@ -235,7 +253,9 @@ def parse_family(raw: Any, source: str) -> Family:
         source=source,
         centered_inputs=tuple(_paths(source, "centered_inputs", raw.get("centered_inputs", []))),
         stream_biases=tuple(_paths(source, "stream_biases", raw.get("stream_biases", []))),
-        stream_scales=tuple(_stream_scale(source, f"stream_scales[{j}]", e) for j, e in enumerate(raw.get("stream_scales", []))),
+        stream_scales=tuple(
+            _stream_scale(source, f"stream_scales[{j}]", e) for j, e in enumerate(raw.get("stream_scales", []))
+        ),
         discovered=bool(raw.get("discovered", False)),
         description=dict(raw) if raw.get("discovered") else None,
     )

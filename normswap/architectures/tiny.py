@@ -13,13 +13,40 @@ from normswap.errors import DiscoveryError, first_line
 
 _SIZES = {
     # config attribute -> tiny value (applied to the config and every sub-config that has it)
-    "num_hidden_layers": 2, "n_layer": 2, "n_layers": 2, "num_layers": 2, "encoder_layers": 2, "decoder_layers": 2,
-    "hidden_size": 64, "n_embd": 64, "d_model": 64, "embed_dim": 64, "dim": 64,
-    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
-    "intermediate_size": 128, "ffn_dim": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "n_inner": 128,
-    "hidden_dim": 128, "projection_dim": 32, "projection_size": 64, "head_dim": 16, "kv_channels": 16, "rotary_dim": 8,
-    "image_size": 32, "patch_size": 8, "max_source_positions": 32, "max_target_positions": 64,
-    "max_position_embeddings": 128, "n_positions": 128, "vocab_size": 256,
+    "num_hidden_layers": 2,
+    "n_layer": 2,
+    "n_layers": 2,
+    "num_layers": 2,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "hidden_size": 64,
+    "n_embd": 64,
+    "d_model": 64,
+    "embed_dim": 64,
+    "dim": 64,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "n_heads": 4,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "intermediate_size": 128,
+    "ffn_dim": 128,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "n_inner": 128,
+    "hidden_dim": 128,
+    "projection_dim": 32,
+    "projection_size": 64,
+    "head_dim": 16,
+    "kv_channels": 16,
+    "rotary_dim": 8,
+    "image_size": 32,
+    "patch_size": 8,
+    "max_source_positions": 32,
+    "max_target_positions": 64,
+    "max_position_embeddings": 128,
+    "n_positions": 128,
+    "vocab_size": 256,
 }
 
 
@@ -45,10 +72,21 @@ def shrink_config(config):
         kv = getattr(cfg, "num_key_value_heads", None)
         if isinstance(kv, int) and kv > 1:
             cfg.num_key_value_heads = 2
-        elif "num_key_value_heads" in vars(cfg) and kv is None and isinstance(getattr(cfg, "num_attention_heads", None), int):
+        elif (
+            "num_key_value_heads" in vars(cfg)
+            and kv is None
+            and isinstance(getattr(cfg, "num_attention_heads", None), int)
+        ):
             cfg.num_key_value_heads = cfg.num_attention_heads  # None means "as many as query heads"
         vocab = getattr(cfg, "vocab_size", None)
-        for attr in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id", "cls_token_id"):
+        for attr in (
+            "pad_token_id",
+            "bos_token_id",
+            "eos_token_id",
+            "decoder_start_token_id",
+            "sep_token_id",
+            "cls_token_id",
+        ):
             v = getattr(cfg, attr, None)
             if isinstance(vocab, int) and isinstance(v, int) and v >= vocab:
                 setattr(cfg, attr, vocab - 1)
@@ -82,7 +120,9 @@ def tiny_instance(config, cls=None, *, seed=0, shrink=True, dtype=torch.float64)
     try:
         model = cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
     except Exception as e:
-        raise DiscoveryError(f"cannot build a tiny {getattr(cfg, 'model_type', '?')} model: {first_line(e, 200)}") from None
+        raise DiscoveryError(
+            f"cannot build a tiny {getattr(cfg, 'model_type', '?')} model: {first_line(e, 200)}"
+        ) from None
     model = model.to(dtype).eval()
     randomize_(model, seed)
     return model

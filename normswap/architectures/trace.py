@@ -16,9 +16,27 @@ from torch.utils._pytree import tree_leaves
 
 # ops that pass a value on unchanged per token (as far as "is it centred along the last axis" goes)
 TRANSPARENT = {
-    "dropout", "feature_alpha_dropout", "alpha_dropout", "view", "reshape", "contiguous", "to", "float", "double",
-    "half", "bfloat16", "type", "type_as", "clone", "detach", "__get__", "__getitem__", "data",
-    "expand", "expand_as", "broadcast_to",  # a bias vector broadcast over the tokens keeps its last axis
+    "dropout",
+    "feature_alpha_dropout",
+    "alpha_dropout",
+    "view",
+    "reshape",
+    "contiguous",
+    "to",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "type",
+    "type_as",
+    "clone",
+    "detach",
+    "__get__",
+    "__getitem__",
+    "data",
+    "expand",
+    "expand_as",
+    "broadcast_to",  # a bias vector broadcast over the tokens keeps its last axis
 }
 # ops whose later tensor arguments give only a shape or dtype (``bias.expand_as(residual)``): those are
 # not a use of the value, or GPT-NeoX-Japanese's stream would look read by something other than norms
@@ -40,9 +58,31 @@ SCALE = {"mul", "__mul__", "__rmul__", "__imul__", "mul_", "div", "__truediv__",
 
 # ops that read only shape, dtype or device: not a use of the value
 METADATA = {
-    "__get__", "__set__", "size", "dim", "numel", "__len__", "is_floating_point", "is_contiguous", "data_ptr",
-    "element_size", "stride", "new_ones", "new_zeros", "new_empty", "new_full", "new_tensor", "zeros_like",
-    "ones_like", "empty_like", "full_like", "get_device", "is_complex", "__format__", "__repr__", "__bool__",
+    "__get__",
+    "__set__",
+    "size",
+    "dim",
+    "numel",
+    "__len__",
+    "is_floating_point",
+    "is_contiguous",
+    "data_ptr",
+    "element_size",
+    "stride",
+    "new_ones",
+    "new_zeros",
+    "new_empty",
+    "new_full",
+    "new_tensor",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "get_device",
+    "is_complex",
+    "__format__",
+    "__repr__",
+    "__bool__",
 }
 
 
@@ -103,7 +143,11 @@ class Trace(TorchFunctionMode):
         if name in SHAPE_DONORS:
             ins = ins[:1]
         scalars = [a for a in flat if isinstance(a, (int, float)) and not isinstance(a, bool)]
-        mutated = name.endswith("_") and not name.startswith("__") or name in ("__iadd__", "__imul__", "__itruediv__", "__setitem__")
+        mutated = (
+            name.endswith("_")
+            and not name.startswith("__")
+            or name in ("__iadd__", "__imul__", "__itruediv__", "__setitem__")
+        )
         results = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         if name == "__setitem__" and args and isinstance(args[0], torch.Tensor):
             results = [args[0]]
@@ -124,8 +168,11 @@ class Trace(TorchFunctionMode):
     def install_hooks(self):
         handles = []
         for mname, module in self.model.named_modules():
+
             def pre(mod, args, kwargs, mname=mname):
-                first = next((a for a in tree_leaves((args, kwargs.get("hidden_states"))) if isinstance(a, torch.Tensor)), None)
+                first = next(
+                    (a for a in tree_leaves((args, kwargs.get("hidden_states"))) if isinstance(a, torch.Tensor)), None
+                )
                 if first is not None:
                     self.module_inputs.setdefault(mname, self.node(first))
                     self.module_call_inputs.setdefault(mname, []).append(self.node(first))

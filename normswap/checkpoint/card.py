@@ -51,12 +51,18 @@ def render_model_card(manifest: dict, config: dict) -> str:
             "",
         ]
         if block.get("mode") == "exact":
-            lines += ["Exact mode: every write into the residual stream was made zero-mean, so each RMSNorm computes "
-                      "what the LayerNorm it replaced computed (same ε); γ and β were folded into the reading linears "
-                      "wherever the norm's output only feeds linears.", ""]
+            lines += [
+                "Exact mode: every write into the residual stream was made zero-mean, so each RMSNorm computes "
+                "what the LayerNorm it replaced computed (same ε); γ and β were folded into the reading linears "
+                "wherever the norm's output only feeds linears.",
+                "",
+            ]
         else:
-            lines += ["Approximate mode: the residual stream was *not* centred, so the model's function changed; "
-                      "heal it with `normswap finetune`.", ""]
+            lines += [
+                "Approximate mode: the residual stream was *not* centred, so the model's function changed; "
+                "heal it with `normswap finetune`.",
+                "",
+            ]
     if ver:
         lines += [
             "## Verification",
@@ -74,7 +80,18 @@ def render_model_card(manifest: dict, config: dict) -> str:
     if ft:
         fm = ft.get("final_metrics") or {}
         lines += ["## Fine-tune", "", "| setting | value |", "|---|---|"]
-        for k in ("data", "steps", "lr", "warmup_steps", "schedule", "seq_len", "batch_size", "trainable", "distill_from", "seed"):
+        for k in (
+            "data",
+            "steps",
+            "lr",
+            "warmup_steps",
+            "schedule",
+            "seq_len",
+            "batch_size",
+            "trainable",
+            "distill_from",
+            "seed",
+        ):
             if k in ft:
                 lines.append(f"| {k} | {ft[k]} |")
         for k, v in fm.items():

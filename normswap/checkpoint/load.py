@@ -31,14 +31,19 @@ def set_trust_remote_code(enabled: bool) -> None:
     global _trust_remote_code
     _trust_remote_code = bool(enabled)
     if enabled:
-        print("normswap: warning: --trust-remote-code: Python files shipped with the source models will run; "
-              "use it only for sources you trust", file=sys.stderr)
+        print(
+            "normswap: warning: --trust-remote-code: Python files shipped with the source models will run; "
+            "use it only for sources you trust",
+            file=sys.stderr,
+        )
 
 
 def remote_code_trusted(config=None) -> bool:
     """Whether transformers may import a model's own code: never for normswap's own checkpoints
     (their classes come from this package), else only after ``set_trust_remote_code(True)``."""
     return False if config is not None and _normswap_block(config) else _trust_remote_code
+
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -48,7 +53,7 @@ def resolve(spec) -> str:
     if spec.startswith(SHIPPED_PREFIX):
         from normswap.assets.models import model_path
 
-        return str(model_path(spec[len(SHIPPED_PREFIX):]))
+        return str(model_path(spec[len(SHIPPED_PREFIX) :]))
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -61,9 +66,13 @@ def resolve(spec) -> str:
         return str(path)
     looks_local = spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", "", 1)
     if looks_local or not _HUB_ID.match(spec):
-        raise NormswapError(f"model not found: {spec} (give a local model directory, a hub id, or normswap:NAME; see `normswap models`)")
+        raise NormswapError(
+            f"model not found: {spec} (give a local model directory, a hub id, or normswap:NAME; see `normswap models`)"
+        )
     if not _hub_reachable_or_cached(spec):
-        raise NormswapError(f"model not found: {spec} is not a local directory, not in the hub cache, and the hub is unreachable")
+        raise NormswapError(
+            f"model not found: {spec} is not a local directory, not in the hub cache, and the hub is unreachable"
+        )
     return spec
 
 
@@ -112,15 +121,19 @@ def load_config(spec):
             raise NormswapError(_needs_code_message(spec, raw)) from None
         raise NormswapError(f"{spec} is not a model transformers understands: {_one_line(e)}") from None
     except Exception as e:
-        if type(e).__name__.endswith("ValidationError"):  # huggingface_hub's strict config fields: the reason is on line 2
+        if type(e).__name__.endswith(
+            "ValidationError"
+        ):  # huggingface_hub's strict config fields: the reason is on line 2
             raise NormswapError(f"{spec}/config.json has an invalid value: {_one_line(e)}") from None
         raise
 
 
 def _needs_code_message(spec, raw) -> str:
     files = sorted({str(ref).split("--")[-1].split(".")[0] + ".py" for ref in (raw.get("auto_map") or {}).values()})
-    return (f"{spec} can only be loaded by running its own Python code ({', '.join(files) or 'auto_map'}); normswap runs "
-            "no code from model files unless you pass --trust-remote-code (only for a source you trust)")
+    return (
+        f"{spec} can only be loaded by running its own Python code ({', '.join(files) or 'auto_map'}); normswap runs "
+        "no code from model files unless you pass --trust-remote-code (only for a source you trust)"
+    )
 
 
 def _normswap_block(config) -> dict | None:
@@ -145,11 +158,15 @@ def normswap_classes_for(raw: dict):
     ``trust_remote_code`` must keep failing loudly in a process that has used normswap."""
     auto_map = raw.get("auto_map") or {}
     block = _normswap_block(raw)
-    return _normswap_classes(raw["model_type"], block.get("source_model_type"), tuple(sorted(
-        (k, str(v).split(".")[-1]) for k, v in auto_map.items())), block.get("weights_variant"))
+    return _normswap_classes(
+        raw["model_type"],
+        block.get("source_model_type"),
+        tuple(sorted((k, str(v).split(".")[-1]) for k, v in auto_map.items())),
+        block.get("weights_variant"),
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _normswap_classes(model_type: str, source_model_type: str, auto_names: tuple, weights_variant: str | None):
     import transformers
     from transformers import CONFIG_MAPPING, PreTrainedModel
@@ -158,18 +175,23 @@ def _normswap_classes(model_type: str, source_model_type: str, auto_names: tuple
 
     names = dict(auto_names)
     if source_model_type not in CONFIG_MAPPING or not str(names.get("AutoConfig", "")).isidentifier():
-        raise NormswapError(f"a normswap checkpoint of model type {model_type!r} whose source type {source_model_type!r} "
-                            "this transformers does not know (or with a damaged auto_map); it cannot be loaded")
+        raise NormswapError(
+            f"a normswap checkpoint of model type {model_type!r} whose source type {source_model_type!r} "
+            "this transformers does not know (or with a damaged auto_map); it cannot be loaded"
+        )
     sources = {}
     for auto_key, name in names.items():
         source = getattr(transformers, name.removeprefix("Normswap"), None)
         if auto_key == "AutoConfig" or not hasattr(transformers, auto_key):
             continue
         if not (name.startswith("Normswap") and isinstance(source, type) and issubclass(source, PreTrainedModel)):
-            raise NormswapError(f"a normswap checkpoint names {name!r} for {auto_key}, which is not a transformers model class")
+            raise NormswapError(
+                f"a normswap checkpoint names {name!r} for {auto_key}, which is not a transformers model class"
+            )
         sources[name] = source
-    config_cls, classes = normswap_classes(model_type, names["AutoConfig"], CONFIG_MAPPING[source_model_type], sources,
-                                           weights_variant=weights_variant)
+    config_cls, classes = normswap_classes(
+        model_type, names["AutoConfig"], CONFIG_MAPPING[source_model_type], sources, weights_variant=weights_variant
+    )
     return config_cls, {auto_key: classes[name] for auto_key, name in names.items() if name in classes}
 
 
@@ -211,7 +233,9 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
     torch_dtype = _torch_dtype(dtype) if dtype is not None else torch.float32
     if is_local(resolved):  # the model is built from the config before its weights are read
         check_against_weights(config.to_dict(), safetensors_shapes(resolved), str(spec))
-    kwargs = dict(config=config, dtype=torch_dtype, trust_remote_code=remote_code_trusted(config), output_loading_info=True)
+    kwargs = dict(
+        config=config, dtype=torch_dtype, trust_remote_code=remote_code_trusted(config), output_loading_info=True
+    )
     try:
         model, info = auto.from_pretrained(resolved, **kwargs)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
@@ -220,11 +244,15 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
         raise NormswapError(f"cannot load weights of {spec}: {first_line(e)}") from None
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt files
         if type(e).__name__ in ("SafetensorError", "HeaderTooLarge", "HeaderTooSmall"):
-            raise NormswapError(f"cannot load weights of {spec}: corrupted safetensors file ({first_line(e)})") from None
+            raise NormswapError(
+                f"cannot load weights of {spec}: corrupted safetensors file ({first_line(e)})"
+            ) from None
         raise
     missing = list(info.get("missing_keys") or [])
     if strict and missing:
-        raise NormswapError(f"{spec} lacks {len(missing)} weight(s) the model needs, e.g. {missing[0]} (incomplete or mismatched checkpoint)")
+        raise NormswapError(
+            f"{spec} lacks {len(missing)} weight(s) the model needs, e.g. {missing[0]} (incomplete or mismatched checkpoint)"
+        )
     model.to(device)
     model.eval()
     if is_local(resolved):
@@ -246,8 +274,10 @@ def _shape_mismatch(auto, resolved, kwargs) -> str:
         return "tensor shapes on disk differ from the ones config.json implies"
     key, disk, want = min(bad, key=lambda b: (-len(b[1]), b[0]))
     more = f" ({len(bad) - 1} more tensors differ)" if len(bad) > 1 else ""
-    return (f"tensor {key} has shape {list(disk)} on disk but config.json implies {list(want)}{more}: "
-            "the config does not belong to these weights")
+    return (
+        f"tensor {key} has shape {list(disk)} on disk but config.json implies {list(want)}{more}: "
+        "the config does not belong to these weights"
+    )
 
 
 def model_class_for(config, task="auto"):
@@ -257,11 +287,14 @@ def model_class_for(config, task="auto"):
 
     auto_map = getattr(config, "auto_map", None) or {}
     if _normswap_block(config):  # normswap's own classes, never the checkpoint's modeling file
-        own = normswap_classes_for({"model_type": config.model_type, "normswap": config.normswap, "auto_map": auto_map})[1]
+        own = normswap_classes_for(
+            {"model_type": config.model_type, "normswap": config.normswap, "auto_map": auto_map}
+        )[1]
         # "auto": the class that was converted (architectures names it), before any other the auto_map lists
         converted = set(getattr(config, "architectures", None) or [])
         wanted = {"causal-lm": ["AutoModelForCausalLM"], "base": ["AutoModel"]}.get(
-            task, sorted(own, key=lambda k: (own[k].__name__ not in converted, k == "AutoModel", k)))
+            task, sorted(own, key=lambda k: (own[k].__name__ not in converted, k == "AutoModel", k))
+        )
         for key in wanted:
             if key in own:
                 return own[key]
@@ -289,8 +322,11 @@ def load_tokenizer(spec):
     except NormswapError:
         config = None
     try:
-        tok = AutoTokenizer.from_pretrained(resolved, trust_remote_code=remote_code_trusted(config),
-                                            **({"config": config} if config is not None else {}))
+        tok = AutoTokenizer.from_pretrained(
+            resolved,
+            trust_remote_code=remote_code_trusted(config),
+            **({"config": config} if config is not None else {}),
+        )
     except (OSError, ValueError, KeyError, ImportError, TypeError) as e:
         raise NormswapError(f"cannot load a tokenizer from {spec}: {first_line(e)}") from None
     if tok.pad_token is None and tok.eos_token is not None:

@@ -88,7 +88,7 @@ def local_name(model, name):
     prefix = getattr(model, "base_model_prefix", "")
     candidates = [name]
     if prefix and not hasattr(model, prefix) and name.startswith(prefix + "."):
-        candidates = [name[len(prefix) + 1:]]
+        candidates = [name[len(prefix) + 1 :]]
     elif prefix and isinstance(getattr(model, prefix, None), nn.Module) and not name.startswith(prefix + "."):
         candidates.append(f"{prefix}.{name}")
     for candidate in candidates:
@@ -188,8 +188,10 @@ def apply_normswap_structure(model, block):
 def register_runtime_centering(model, block):
     """(Re-)register the output- and input-centring hooks (a plain nn.Embedding becomes a
     _CenteredEmbedding instead); idempotent."""
-    for key, hook, hooks_attr in (("centered_inputs", _center_input_hook, "_forward_pre_hooks"),
-                                  ("centered_outputs", _center_output_hook, "_forward_hooks")):
+    for key, hook, hooks_attr in (
+        ("centered_inputs", _center_input_hook, "_forward_pre_hooks"),
+        ("centered_outputs", _center_output_hook, "_forward_hooks"),
+    ):
         for name in block.get(key, []):
             name = local_name(model, name)
             if name is None:
@@ -246,9 +248,17 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
                 kwargs["variant"] = weights_variant
             return source.save_pretrained(self, *args, **kwargs)
 
-        return type(name, (source,), {"config_class": config_cls, "__init__": __init__, "__module__": __name__,
-                                      "resize_token_embeddings": resize_token_embeddings,
-                                      "from_pretrained": classmethod(from_pretrained),
-                                      "save_pretrained": save_pretrained})
+        return type(
+            name,
+            (source,),
+            {
+                "config_class": config_cls,
+                "__init__": __init__,
+                "__module__": __name__,
+                "resize_token_embeddings": resize_token_embeddings,
+                "from_pretrained": classmethod(from_pretrained),
+                "save_pretrained": save_pretrained,
+            },
+        )
 
     return config_cls, {name: make(name, source) for name, source in sources.items()}

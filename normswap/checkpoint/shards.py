@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from normswap.version import __version__
 from normswap.errors import NormswapError
+from normswap.version import __version__
 
 # A converted checkpoint stores its weights under a transformers "variant" name
 # (model.normswap.safetensors). Its config keeps the source's built-in model_type, so stock
@@ -33,8 +33,15 @@ INDEX_NAME = f"model.safetensors.index.{WEIGHTS_VARIANT}.json"
 SINGLE_NAME = f"model.{WEIGHTS_VARIANT}.safetensors"  # what shard_names/index_name give for the variant
 
 _ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
     torch.bool: "BOOL",
 }
 
@@ -87,8 +94,9 @@ def index_name(variant: str | None = WEIGHTS_VARIANT) -> str:
     return f"model.safetensors.index.{variant}.json" if variant else "model.safetensors.index.json"
 
 
-def write_index(directory: Path, shards: list[list[str]], names: list[str], specs: dict,
-                variant: str | None = WEIGHTS_VARIANT) -> Path | None:
+def write_index(
+    directory: Path, shards: list[list[str]], names: list[str], specs: dict, variant: str | None = WEIGHTS_VARIANT
+) -> Path | None:
     """The index json for a multi-file checkpoint (none for a single file), as write_weights writes it."""
     if len(shards) == 1:
         return None
@@ -214,7 +222,9 @@ class ShardWriter(_ClosedOnSuccess):
         try:
             short = [k for k, n in self.written.items() if n != self.offsets[k][1]]
             if short:
-                raise NormswapError(f"internal error: {len(short)} tensors incompletely written to {self.path.name} (first: {short[0]})")
+                raise NormswapError(
+                    f"internal error: {len(short)} tensors incompletely written to {self.path.name} (first: {short[0]})"
+                )
         finally:
             os.close(self._fd)
             self._fd = None
@@ -238,8 +248,14 @@ class ShardedCheckpoint(_ClosedOnSuccess):
     variant (normswap's by default; None for the stock names ``normswap export`` writes).
     """
 
-    def __init__(self, directory, specs: dict, max_shard_size="5GB", metadata: dict | None = None,
-                 variant: str | None = WEIGHTS_VARIANT):
+    def __init__(
+        self,
+        directory,
+        specs: dict,
+        max_shard_size="5GB",
+        metadata: dict | None = None,
+        variant: str | None = WEIGHTS_VARIANT,
+    ):
         self.directory = Path(directory)
         self.specs = specs
         self.variant = variant
@@ -271,5 +287,3 @@ class ShardedCheckpoint(_ClosedOnSuccess):
     def abort(self):
         for writer in self.writers:
             writer.abort()
-
-

@@ -27,13 +27,26 @@ from pathlib import Path
 from normswap.errors import NormswapError
 
 SIDE_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-    "vocab.txt", "tokenizer.model", "spiece.model", "added_tokens.json", "generation_config.json",
-    "chat_template.jinja", "chat_template.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "added_tokens.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
     # image / audio processors, so that pipeline() and AutoProcessor find them beside the weights
-    "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
     # sentence-transformers: what SentenceTransformer(OUT) loads; its module folders: st_module_dirs
-    "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
 )
 
 
@@ -92,7 +105,8 @@ def side_files(directory) -> list[tuple[str, Path]]:
             raise NormswapError(
                 f"{p} is a symbolic link to {real}, outside the model directory {directory}: side files are copied into "
                 "OUT, and normswap carries no file from elsewhere with them; copy the file into the model directory "
-                "instead of linking it (or remove the link)")
+                "instead of linking it (or remove the link)"
+            )
         if not real.exists():
             continue  # a dangling link inside the directory: nothing to carry
         if not stat.S_ISREG(os.stat(real).st_mode):
@@ -118,10 +132,14 @@ def copy_side_files(src_dir, directory: Path) -> None:
         try:
             fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
-            raise NormswapError(f"cannot read {Path(src_dir) / name}: {e.strerror}; it changed while it was being copied") from None
+            raise NormswapError(
+                f"cannot read {Path(src_dir) / name}: {e.strerror}; it changed while it was being copied"
+            ) from None
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise NormswapError(f"{Path(src_dir) / name} is not a regular file; a model's {name} must be a plain file")
+                raise NormswapError(
+                    f"{Path(src_dir) / name} is not a regular file; a model's {name} must be a plain file"
+                )
             with open(dest, "xb") as g:
                 shutil.copyfileobj(f, g)
         shutil.copystat(real, dest)

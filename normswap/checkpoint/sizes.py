@@ -27,12 +27,40 @@ from pathlib import Path
 
 from normswap.errors import NormswapError
 
-LAYER_KEYS = ("n_layer", "n_layers", "num_layers", "num_hidden_layers", "encoder_layers", "decoder_layers",
-              "num_encoder_layers", "num_decoder_layers")
-WIDTH_KEYS = ("n_embd", "hidden_size", "d_model", "n_inner", "intermediate_size", "ffn_dim", "encoder_ffn_dim",
-              "decoder_ffn_dim", "d_ff", "vocab_size", "head_dim", "d_kv")
-HEAD_KEYS = ("n_head", "n_heads", "num_heads", "num_attention_heads", "num_key_value_heads", "encoder_attention_heads",
-             "decoder_attention_heads", "multi_query_group_num")
+LAYER_KEYS = (
+    "n_layer",
+    "n_layers",
+    "num_layers",
+    "num_hidden_layers",
+    "encoder_layers",
+    "decoder_layers",
+    "num_encoder_layers",
+    "num_decoder_layers",
+)
+WIDTH_KEYS = (
+    "n_embd",
+    "hidden_size",
+    "d_model",
+    "n_inner",
+    "intermediate_size",
+    "ffn_dim",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "d_ff",
+    "vocab_size",
+    "head_dim",
+    "d_kv",
+)
+HEAD_KEYS = (
+    "n_head",
+    "n_heads",
+    "num_heads",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "multi_query_group_num",
+)
 OTHER_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")  # must be positive; not backed by a tensor (rotary)
 
 
@@ -77,8 +105,10 @@ def check_declared(raw: dict, label: str) -> None:
     for name, rec in _norm_records(raw).items():
         size = rec.get("hidden_size") if isinstance(rec, dict) else None
         if not _whole_positive(size):
-            raise NormswapError(f"{label}/config.json: the normswap block declares norm {name} with hidden_size "
-                                f"{size!r}; it must be a whole number above zero (the file is damaged)")
+            raise NormswapError(
+                f"{label}/config.json: the normswap block declares norm {name} with hidden_size "
+                f"{size!r}; it must be a whole number above zero (the file is damaged)"
+            )
 
 
 def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
@@ -95,18 +125,28 @@ def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
     for where, key, value in _sizes(raw):
         value = _largest(value)
         if key in LAYER_KEYS and value > max(layers, 1):
-            raise NormswapError(f"{label}/config.json: {where} is {value:,} but the weights hold at most {layers} layers: "
-                                "the config does not belong to these weights; nothing was written")
+            raise NormswapError(
+                f"{label}/config.json: {where} is {value:,} but the weights hold at most {layers} layers: "
+                "the config does not belong to these weights; nothing was written"
+            )
         if key in WIDTH_KEYS + HEAD_KEYS and value > largest:
-            raise NormswapError(f"{label}/config.json: {where} is {value:,} but no tensor in the weights has a dimension "
-                                f"that large (largest: {largest:,}): the config does not belong to these weights; nothing was written")
+            raise NormswapError(
+                f"{label}/config.json: {where} is {value:,} but no tensor in the weights has a dimension "
+                f"that large (largest: {largest:,}): the config does not belong to these weights; nothing was written"
+            )
     for name, rec in _norm_records(raw).items():
         size = int(rec["hidden_size"])
         stored = shapes.get(f"{name}.weight") or shapes.get(f"{name}.bias")
         if (stored is not None and tuple(stored) != (size,)) or size > largest:
-            have = f"its stored weight has shape {list(stored)}" if stored is not None else f"the largest tensor dimension is {largest:,}"
-            raise NormswapError(f"{label}/config.json: the normswap block declares norm {name} with hidden_size {size:,} but "
-                                f"{have}: the config does not belong to these weights; nothing was written")
+            have = (
+                f"its stored weight has shape {list(stored)}"
+                if stored is not None
+                else f"the largest tensor dimension is {largest:,}"
+            )
+            raise NormswapError(
+                f"{label}/config.json: the normswap block declares norm {name} with hidden_size {size:,} but "
+                f"{have}: the config does not belong to these weights; nothing was written"
+            )
 
 
 def safetensors_shapes(directory) -> dict:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from normswap.errors import NormswapError, first_line
 from normswap.checkpoint import shards
+from normswap.errors import NormswapError, first_line
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -32,11 +32,17 @@ SINGLE_NAME = "model.safetensors"
 SAFETENSORS_NAMES = ((INDEX_NAME, SINGLE_NAME), (shards.INDEX_NAME, shards.SINGLE_NAME))
 BIN_INDEX_NAME = "pytorch_model.bin.index.json"
 ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-
 
 
 def numel(shape) -> int:
@@ -52,12 +58,14 @@ def element_size(dtype: torch.dtype) -> int:
 
 # -- where a checkpoint's files are ---------------------------------------------------------------
 
+
 def local_dir(resolved, *, download=True) -> Path | None:
     """A directory holding the checkpoint's files: the path itself, or a hub id's snapshot."""
     path = Path(str(resolved))
     if path.is_dir():
         return path
     from huggingface_hub import snapshot_download
+
     patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
     for local_only in (True, False):
         if not local_only and not download:
@@ -116,6 +124,7 @@ def open_source(directory: Path, label: str):
 
 # -- the sources ------------------------------------------------------------------------------
 
+
 class SafetensorsFiles:
     """The safetensors files of a checkpoint, read lazily in row ranges."""
 
@@ -142,8 +151,10 @@ class SafetensorsFiles:
                 with safe_open(str(path), framework="pt") as handle:
                     keys = list(handle.keys())
             except Exception as e:  # safetensors' own error type: truncated or not safetensors at all
-                raise NormswapError(f"cannot read weights of {self.directory}: {path.name} is a corrupted safetensors "
-                                    f"file ({first_line(e)})") from None
+                raise NormswapError(
+                    f"cannot read weights of {self.directory}: {path.name} is a corrupted safetensors "
+                    f"file ({first_line(e)})"
+                ) from None
             with open(path, "rb") as f:
                 (n,) = struct.unpack("<Q", f.read(8))
                 header = json.loads(f.read(n))
@@ -154,7 +165,9 @@ class SafetensorsFiles:
                 entry = header[key]
                 dtype = ST_DTYPES.get(entry["dtype"])
                 if dtype is None:
-                    raise NormswapError(f"{path.name}: tensor {key} has dtype {entry['dtype']}, which normswap does not read")
+                    raise NormswapError(
+                        f"{path.name}: tensor {key} has dtype {entry['dtype']}, which normswap does not read"
+                    )
                 self.where[key] = path
                 self.specs[key] = (dtype, tuple(int(s) for s in entry["shape"]))
                 self.offsets[key] = 8 + n + int(entry["data_offsets"][0])
@@ -239,9 +252,12 @@ def open_bin(files: list[Path], label: str) -> StateDict:
                     raise
                 loaded = torch.load(path, map_location="cpu", weights_only=True)  # legacy format: no mmap
         except Exception as e:
-            raise NormswapError(f"cannot read weights of {label}: {path.name} is not a plain PyTorch weights file "
-                                f"({first_line(e)})") from None
-        if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
+            raise NormswapError(
+                f"cannot read weights of {label}: {path.name} is not a plain PyTorch weights file ({first_line(e)})"
+            ) from None
+        if not isinstance(loaded, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+        ):
             raise NormswapError(f"cannot read weights of {label}: {path.name} does not hold a flat dict of tensors")
         for key, tensor in loaded.items():
             if key in tensors:

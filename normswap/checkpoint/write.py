@@ -19,23 +19,28 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from normswap.version import __version__
 from normswap.checkpoint.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from normswap.checkpoint.shards import WEIGHTS_VARIANT, ShardedCheckpoint
 from normswap.checkpoint.side_files import copy_side_files
 from normswap.model_facts import is_rmsnorm
 from normswap.publish import check_output_path, publish_dir, staging_dir
+from normswap.version import __version__
 
 MODELING_FILE = "modeling_normswap.py"
 
 
 # -- weights ---------------------------------------------------------------------------------
 
+
 def unique_state_dict(model) -> dict:
     """State dict without storage-sharing duplicates (tied weights keep their first name)."""
     out, seen = {}, set()
     for key, tensor in model.state_dict().items():
-        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)) if tensor.device.type != "meta" else key
+        ident = (
+            (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+            if tensor.device.type != "meta"
+            else key
+        )
         if ident in seen:
             continue
         seen.add(ident)
@@ -53,6 +58,7 @@ def write_weights(tensors: dict, directory: Path, *, max_shard_size="5GB") -> li
 
 
 # -- config and remote code -------------------------------------------------------------------
+
 
 def auto_class_for(class_name: str) -> str:
     """The Auto class for a converted class that no transformers mapping lists (a fallback)."""
@@ -164,8 +170,10 @@ def config_dict_for(model) -> dict:
     d["normswap"] = block
     d["model_type"] = names["model_type"]
     d["architectures"] = [names["model_class"]]
-    d["auto_map"] = {"AutoConfig": f"modeling_normswap.{names['config_class']}",
-                     **{auto: f"modeling_normswap.{name}" for auto, name in sorted(names["classes"].items())}}
+    d["auto_map"] = {
+        "AutoConfig": f"modeling_normswap.{names['config_class']}",
+        **{auto: f"modeling_normswap.{name}" for auto, name in sorted(names["classes"].items())},
+    }
     d.pop("transformers_version", None)
     import transformers
 
@@ -190,8 +198,9 @@ def write_config_and_code(model, directory: Path) -> dict:
     return cfg
 
 
-def write_checkpoint_dir(model, directory: Path, *, tokenizer=None, source_dir=None, manifest=None,
-                         max_shard_size="5GB", dtype=None) -> dict:
+def write_checkpoint_dir(
+    model, directory: Path, *, tokenizer=None, source_dir=None, manifest=None, max_shard_size="5GB", dtype=None
+) -> dict:
     """Write ``model`` (converted or stock) into an existing empty ``directory``."""
     directory = Path(directory)
     if dtype is not None:
@@ -231,8 +240,9 @@ def _sync_norm_records(model, block):
             rec["bias"] = getattr(module, "bias", None) is not None
 
 
-def save_checkpoint(model, out, *, tokenizer=None, manifest_updates=None, force=False, max_shard_size="5GB",
-                    dtype=None, source_dir=None) -> Path:
+def save_checkpoint(
+    model, out, *, tokenizer=None, manifest_updates=None, force=False, max_shard_size="5GB", dtype=None, source_dir=None
+) -> Path:
     """Write ``model`` to OUT atomically in convert's format (stock layout for stock models).
 
     The manifest is the model's own (read when it was loaded) with ``manifest_updates`` merged
@@ -245,8 +255,15 @@ def save_checkpoint(model, out, *, tokenizer=None, manifest_updates=None, force=
     for key, value in (manifest_updates or {}).items():
         manifest[key] = value
     with staging_dir(out) as tmp:
-        write_checkpoint_dir(model, tmp, tokenizer=tokenizer, source_dir=source_dir, manifest=manifest,
-                             max_shard_size=max_shard_size, dtype=dtype)
+        write_checkpoint_dir(
+            model,
+            tmp,
+            tokenizer=tokenizer,
+            source_dir=source_dir,
+            manifest=manifest,
+            max_shard_size=max_shard_size,
+            dtype=dtype,
+        )
         publish_dir(tmp, out, force=force)
     return out
 

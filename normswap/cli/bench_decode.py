@@ -10,7 +10,6 @@ evaluate/stats.py, beside the null control's own interval.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -47,13 +46,20 @@ def measure_decode(source: str, converted: str, *, repeats: int, new_tokens: int
     again = load_model(source).eval()
     conv = load_model(converted).eval()
     cfg = SpeedConfig(repeats=repeats, warmup=2, new_tokens=new_tokens, prompt_len=8, kinds=("generate",))
-    run = measure_speed_run([("original", original), ("converted", conv)], cfg, progress, null_control=("null control", again))
+    run = measure_speed_run(
+        [("original", original), ("converted", conv)], cfg, progress, null_control=("null control", again)
+    )
     samples = {name: row["speed_setup"]["samples"]["decode"] for name, row in run["models"].items()}
     samples["null control"] = run["null_control"]["speed_setup"]["samples"]["decode"]
     null = interval(samples["null control"], samples["original"])
     return {
-        "source": source, "converted": converted, "batch": 1, "prompt_tokens": 8, "decode_tokens": new_tokens - 1,
-        "repeats": repeats, "machine": run["machine"],
+        "source": source,
+        "converted": converted,
+        "batch": 1,
+        "prompt_tokens": 8,
+        "decode_tokens": new_tokens - 1,
+        "repeats": repeats,
+        "machine": run["machine"],
         "decode_tokens_per_second": {k: statistics.median(v) for k, v in samples.items()},
         "converted_over_original": interval(samples["converted"], samples["original"], null),
         "null_control_over_original": null,
@@ -64,15 +70,19 @@ def measure_decode(source: str, converted: str, *, repeats: int, new_tokens: int
 def _line(r: dict) -> str:
     c, n = r["converted_over_original"], r["null_control_over_original"]
     tps = r["decode_tokens_per_second"]
-    return (f"{r['source']}: decode {tps['original']:.1f} -> {tps['converted']:.1f} tokens/s, converted/original "
-            f"x{c['median']:.3f} [{c['low']:.3f}-{c['high']:.3f}] ({c['verdict']}); null control x{n['median']:.3f} "
-            f"[{n['low']:.3f}-{n['high']:.3f}]; load {r['machine']['load_before']} -> {r['machine']['load_after']}")
+    return (
+        f"{r['source']}: decode {tps['original']:.1f} -> {tps['converted']:.1f} tokens/s, converted/original "
+        f"x{c['median']:.3f} [{c['low']:.3f}-{c['high']:.3f}] ({c['verdict']}); null control x{n['median']:.3f} "
+        f"[{n['low']:.3f}-{n['high']:.3f}]; load {r['machine']['load_before']} -> {r['machine']['load_after']}"
+    )
 
 
 @click.command("decode")
 @click.argument("models", nargs=-1)
 @click.option("--repeats", type=click.IntRange(5), default=30, show_default=True, help="Interleaved repeats per model.")
-@click.option("--new-tokens", type=click.IntRange(2), default=64, show_default=True, help="Tokens generated per repeat.")
+@click.option(
+    "--new-tokens", type=click.IntRange(2), default=64, show_default=True, help="Tokens generated per repeat."
+)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (batch 1 decode).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
 def decode(models, repeats, new_tokens, threads, json_out):
@@ -82,12 +92,17 @@ def decode(models, repeats, new_tokens, threads, json_out):
 
     torch.set_num_threads(threads)
     results = []
-    with tempfile.TemporaryDirectory(prefix="normswap-bench-decode-") as tmp, Heartbeat(stderr_lines("[normswap bench decode] ")) as beat:
+    with (
+        tempfile.TemporaryDirectory(prefix="normswap-bench-decode-") as tmp,
+        Heartbeat(stderr_lines("[normswap bench decode] ")) as beat,
+    ):
         for spec in models or SHIPPED:
             source, converted = _pair(spec, Path(tmp), beat.say)
             if not Path(converted).is_dir() and not converted.startswith("normswap:"):
                 raise NormswapError(f"bench decode: converted model {converted!r} is not a directory")
-            results.append(measure_decode(source, converted, repeats=repeats, new_tokens=new_tokens, progress=beat.update))
+            results.append(
+                measure_decode(source, converted, repeats=repeats, new_tokens=new_tokens, progress=beat.update)
+            )
             click.echo(_line(results[-1]))
     if json_out:
         from normswap.publish import atomic_write_json

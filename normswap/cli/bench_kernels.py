@@ -62,8 +62,14 @@ def load_bench_script(name: str):
 
 @click.command("kernels")
 @device_option()
-@click.option("--dtypes", default=None, help="Comma list of float32,float16,bfloat16 (default: fp32,bf16 on CPU; bf16 on CUDA).")
-@click.option("--shapes", default=None, help="Comma list of ROWSxHIDDEN (default: CPU 16384x256..2048x4096; CUDA 4096-16384 x 768-8192).")
+@click.option(
+    "--dtypes", default=None, help="Comma list of float32,float16,bfloat16 (default: fp32,bf16 on CPU; bf16 on CUDA)."
+)
+@click.option(
+    "--shapes",
+    default=None,
+    help="Comma list of ROWSxHIDDEN (default: CPU 16384x256..2048x4096; CUDA 4096-16384 x 768-8192).",
+)
 @click.option("--repeats", type=int, default=None, help="Timed repeats per implementation (median reported).")
 @click.option("--modes", type=click.Choice(["fwd", "fwd+bwd", "both"]), default="both", show_default=True)
 @click.option("--no-residual", is_flag=True, help="Skip the fused residual-add rows.")
@@ -71,10 +77,17 @@ def load_bench_script(name: str):
 @click.option("--quick", is_flag=True, help="Two small shapes, fp32, 3 repeats (a smoke run, seconds).")
 @click.option("--out", "out_path", default=None, help="Also write the JSON result to this file.")
 @click.option("--markdown", "md_path", default=None, help="Also write the markdown table to this file.")
-@click.option("--jsonl", "jsonl_path", default=None, help="Append each case to this file as one JSON line the moment it is measured.")
+@click.option(
+    "--jsonl",
+    "jsonl_path",
+    default=None,
+    help="Append each case to this file as one JSON line the moment it is measured.",
+)
 @click.option("--no-tiny", is_flag=True, help="Skip the per-call rows at tiny shapes (1 and 4 rows).")
 @json_option
-def kernels(device, dtypes, shapes, repeats, modes, no_residual, threads, quick, out_path, md_path, jsonl_path, no_tiny, as_json):
+def kernels(
+    device, dtypes, shapes, repeats, modes, no_residual, threads, quick, out_path, md_path, jsonl_path, no_tiny, as_json
+):
     """Median time, GB/s and ratio to LayerNorm for each norm implementation, forward and
     forward+backward (on CUDA also the share of the measured device copy bandwidth)."""
     bench_kernels = load_bench_script("kernels")
@@ -91,17 +104,34 @@ def kernels(device, dtypes, shapes, repeats, modes, no_residual, threads, quick,
 
     def progress(kind, row):
         if kind == "tiny" and not as_json:
-            click.echo(f"{row['rows']}x{row['hidden']} {row['dtype']} {row['mode']} per call: " + ", ".join(
-                f"{k} {v['median_us']:.1f} µs" for k, v in row["impls"].items()), err=True)
+            click.echo(
+                f"{row['rows']}x{row['hidden']} {row['dtype']} {row['mode']} per call: "
+                + ", ".join(f"{k} {v['median_us']:.1f} µs" for k, v in row["impls"].items()),
+                err=True,
+            )
         elif not as_json:
             ln = "layer_norm" if row["variant"] == "plain" else "add_layer_norm"
-            parts = ", ".join(f"{k} {v['median_ms']:.3f} ms ({v['vs_layer_norm']:.2f}×)" for k, v in row["impls"].items() if k != ln)
-            click.echo(f"{row['rows']}x{row['hidden']} {row['dtype']} {row['variant']} {row['mode']}: "
-                       f"{ln} {row['impls'][ln]['median_ms']:.3f} ms; {parts}", err=True)
+            parts = ", ".join(
+                f"{k} {v['median_ms']:.3f} ms ({v['vs_layer_norm']:.2f}×)" for k, v in row["impls"].items() if k != ln
+            )
+            click.echo(
+                f"{row['rows']}x{row['hidden']} {row['dtype']} {row['variant']} {row['mode']}: "
+                f"{ln} {row['impls'][ln]['median_ms']:.3f} ms; {parts}",
+                err=True,
+            )
 
-    result = bench_kernels.run_benchmark(dev, dtypes=_parse_dtypes(dtypes), shapes=_parse_shapes(shapes), repeats=repeats,
-                                         modes=mode_list, residual=not no_residual, quick=quick, progress=progress,
-                                         tiny=not no_tiny, jsonl=jsonl_path)
+    result = bench_kernels.run_benchmark(
+        dev,
+        dtypes=_parse_dtypes(dtypes),
+        shapes=_parse_shapes(shapes),
+        repeats=repeats,
+        modes=mode_list,
+        residual=not no_residual,
+        quick=quick,
+        progress=progress,
+        tiny=not no_tiny,
+        jsonl=jsonl_path,
+    )
     md = bench_kernels.format_markdown(result)
     for path, text in ((out_path, json.dumps(result, indent=2) + "\n"), (md_path, md)):
         if path:

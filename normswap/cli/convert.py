@@ -29,15 +29,23 @@ def convert(src, out, device, force, as_json, **values):
     options = declared.build(ConvertOptions, values)
     check_out(src, out, force=force, family_file=options.family_file)  # before the lock file is made beside OUT
     # each stage as it starts; where the output is not a terminal, the current one again every 10 s
-    heartbeat = Heartbeat((lambda m: None) if as_json else stderr_lines("normswap: "), enabled=False if as_json else None)
+    heartbeat = Heartbeat(
+        (lambda m: None) if as_json else stderr_lines("normswap: "), enabled=False if as_json else None
+    )
     with output_lock(out), heartbeat:
-        result = convert_checkpoint(src, out, options, force=force, device=resolve_device(device), progress=heartbeat.say)
+        result = convert_checkpoint(
+            src, out, options, force=force, device=resolve_device(device), progress=heartbeat.say
+        )
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
         return
     ver = result["verification"]
-    click.echo(f"converted {result['source']} -> {result['out']}  [{result['family']}, {result['mode']} mode, from {result['source_format']}]")
-    click.echo(f"  norms replaced: {result['norms_replaced']}   γ: {_counts(result['gamma'])}   β: {_counts(result['beta'])}")
+    click.echo(
+        f"converted {result['source']} -> {result['out']}  [{result['family']}, {result['mode']} mode, from {result['source_format']}]"
+    )
+    click.echo(
+        f"  norms replaced: {result['norms_replaced']}   γ: {_counts(result['gamma'])}   β: {_counts(result['beta'])}"
+    )
     if result["added_biases"]:
         click.echo(f"  biases created in reading linears: {result['added_biases']}")
     if result["centered_at_runtime"]:
@@ -57,7 +65,9 @@ def convert(src, out, device, force, as_json, **values):
         floor = f" (source fp32-vs-fp64 floor {ver['noise_floor']:.2g})" if ver.get("noise_floor") is not None else ""
         click.echo(f"  verification: {metric} = {ver['max_abs_diff']:.3g}{floor}")
         if "probe_perplexity_source" in ver:
-            click.echo(f"  probe perplexity: source {ver['probe_perplexity_source']:.4f}  converted {ver['probe_perplexity_converted']:.4f}")
+            click.echo(
+                f"  probe perplexity: source {ver['probe_perplexity_source']:.4f}  converted {ver['probe_perplexity_converted']:.4f}"
+            )
         if ver.get("passed"):
             click.echo(f"  exact: PASSED (threshold {ver['threshold']:.2g})")
 

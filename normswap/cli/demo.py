@@ -32,7 +32,13 @@ QUICK = (
 
 
 @click.command("demo")
-@click.option("--out", type=click.Path(file_okay=False), default="normswap-demo", show_default=True, help="Run directory (models/, report/).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default="normswap-demo",
+    show_default=True,
+    help="Run directory (models/, report/).",
+)
 @set_option
 @click.option("--quick", is_flag=True, help="Shorter fine-tune and evaluation (CI smoke run, ~1 minute).")
 @click.option("--resume", is_flag=True, help="Keep the finished steps of a previous demo in --out.")
@@ -44,6 +50,9 @@ def demo(out, overrides, quick, resume, force):
 
     t0 = time.perf_counter()
     loaded = load_recipe("quickstart", (QUICK if quick else ()) + tuple(overrides))
-    click.echo(f"normswap demo: recipe quickstart{' (--quick)' if quick else ''} on {loaded.recipe['source']} -> {out}", err=True)
+    click.echo(
+        f"normswap demo: recipe quickstart{' (--quick)' if quick else ''} on {loaded.recipe['source']} -> {out}",
+        err=True,
+    )
     state = run_recipe(loaded, out, resume=resume, force=force)
     print_outcome(state, out, seconds=time.perf_counter() - t0)

@@ -19,14 +19,32 @@ import sys
 
 import click
 
-from normswap.cli.options import config_options, data_option, device_option, force_option, json_option, trust_remote_code_option
+from normswap.cli.options import (
+    config_options,
+    data_option,
+    device_option,
+    force_option,
+    json_option,
+    trust_remote_code_option,
+)
 from normswap.declared import options
 from normswap.evaluate.config import EvalConfig
 
 # Which of EvalConfig's options each command offers (`report` offers them all); the declaration
 # itself (help, default, bounds) is EvalConfig's.
 PPL_OPTIONS = ("split", "seq_len", "batch_size", "dtype", "stride", "max_tokens")
-SPEED_OPTIONS = ("seq_len", "batch_size", "dtype", "repeats", "warmup", "min_time", "new_tokens", "compile", "null_control", "memory")
+SPEED_OPTIONS = (
+    "seq_len",
+    "batch_size",
+    "dtype",
+    "repeats",
+    "warmup",
+    "min_time",
+    "new_tokens",
+    "compile",
+    "null_control",
+    "memory",
+)
 
 
 def _offered(names=None):
@@ -34,8 +52,9 @@ def _offered(names=None):
 
 
 quiet_option = click.option("--quiet", is_flag=True, help="No progress lines.")
-baseline_option = click.option("--baseline", default=None,
-                               help="Model the ratios are against: one of the MODELs (name or spec) or another spec.")
+baseline_option = click.option(
+    "--baseline", default=None, help="Model the ratios are against: one of the MODELs (name or spec) or another spec."
+)
 
 
 def _config(opts: dict, **fixed) -> EvalConfig:
@@ -74,7 +93,9 @@ def _require_hub(models, baseline=None, data=None, tasks=None):
     from normswap.evaluate.lm_eval_adapter import hub_tasks
     from normswap.network import require_hub
 
-    require_hub(data=data, hub_tasks=hub_tasks(tasks) if tasks else ())  # first, before importing torch: the data and tasks need nothing loaded
+    require_hub(
+        data=data, hub_tasks=hub_tasks(tasks) if tasks else ()
+    )  # first, before importing torch: the data and tasks need nothing loaded
     from normswap.evaluate.runner import plan_entries
 
     planned, _ = plan_entries(list(models), baseline)  # a mistyped --baseline is refused here, with a hint
@@ -106,7 +127,13 @@ def eval_group():
 @data_option
 @device_option()
 @_offered()
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Directory for results.json, report.md, report.html and the PNGs.")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Directory for results.json, report.md, report.html and the PNGs.",
+)
 @baseline_option
 @trust_remote_code_option
 @force_option
@@ -122,8 +149,12 @@ def report(models, data, device, out, baseline, force, as_json, quiet, **opts):
     from normswap.report.write import check_out
 
     # before the lock file is made beside OUT and before anything loads: OUT never overlaps a model or the data
-    check_out(out, force=force, reads=[("the model", spec) for _, spec in map(split_label, list(models) + [baseline or ""])]
-              + [("the data", data)])
+    check_out(
+        out,
+        force=force,
+        reads=[("the model", spec) for _, spec in map(split_label, list(models) + [baseline or ""])]
+        + [("the data", data)],
+    )
     with output_lock(out, create_parent=True), _progress(quiet) as progress:
         entries, _, run = _load(models, baseline, device, cfg, _say(progress), data)
         results = evaluate(entries, cfg, data=data, **run)
@@ -155,18 +186,47 @@ def ppl(models, data, device, baseline, as_json, quiet, **opts):
         entries, base, run = _load(models, baseline, device, cfg, _say(progress), data)
         results = evaluate(entries, cfg, data=data, **run)
     if as_json:
-        click.echo(json.dumps({"data": results["data"], "models": [
-            {k: m.get(k) for k in ("name", "path", "perplexity", "bits_per_byte", "word_perplexity", "perplexity_detail", "ratios")}
-            for m in results["models"]]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "data": results["data"],
+                    "models": [
+                        {
+                            k: m.get(k)
+                            for k in (
+                                "name",
+                                "path",
+                                "perplexity",
+                                "bits_per_byte",
+                                "word_perplexity",
+                                "perplexity_detail",
+                                "ratios",
+                            )
+                        }
+                        for m in results["models"]
+                    ],
+                },
+                indent=2,
+            )
+        )
         return
     d = results["data"]
-    click.echo(f"{d['spec']} / {d['split']}: {d['characters']:,} chars, seq_len {d['seq_len']}, stride {d['stride']}"
-               + (f" (capped at {d['max_tokens']:,} tokens)" if d["truncated"] else ""))
+    click.echo(
+        f"{d['spec']} / {d['split']}: {d['characters']:,} chars, seq_len {d['seq_len']}, stride {d['stride']}"
+        + (f" (capped at {d['max_tokens']:,} tokens)" if d["truncated"] else "")
+    )
     rows = []
     for m in results["models"]:
         ratio = (m.get("ratios") or {}).get("perplexity")
-        rows.append((m["name"], f"{m['perplexity']:.4f}" + (f" (x{ratio:.4f})" if ratio and m["name"] != base else ""),
-                     f"{m['bits_per_byte']:.4f}", f"{m['word_perplexity']:.3f}", f"{m['perplexity_detail']['tokens']:,}"))
+        rows.append(
+            (
+                m["name"],
+                f"{m['perplexity']:.4f}" + (f" (x{ratio:.4f})" if ratio and m["name"] != base else ""),
+                f"{m['bits_per_byte']:.4f}",
+                f"{m['word_perplexity']:.3f}",
+                f"{m['perplexity_detail']['tokens']:,}",
+            )
+        )
     click.echo(text_table(("model", "perplexity", "bits/byte", "word ppl", "tokens"), rows))
 
 
@@ -188,11 +248,35 @@ def speed(models, device, baseline, as_json, quiet, **opts):
         entries, _, run = _load(models, baseline, device, cfg, _say(progress))
         results = evaluate(entries, cfg, **run)
     if as_json:
-        click.echo(json.dumps({"device": results["device"], "dtype": results["dtype"], "speed_setup": results.get("speed_setup"),
-                               "models": [{k: m.get(k) for k in ("name", "path", "tokens_per_second", "peak_memory_bytes",
-                                                                  "norm_time_share", "norm_time", "ratios", "ratio_intervals")}
-                                          for m in results["models"]], "ratio_method": results.get("ratio_method"),
-                               "null_control": results.get("null_control"), "speed_noise": results.get("speed_noise")}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "device": results["device"],
+                    "dtype": results["dtype"],
+                    "speed_setup": results.get("speed_setup"),
+                    "models": [
+                        {
+                            k: m.get(k)
+                            for k in (
+                                "name",
+                                "path",
+                                "tokens_per_second",
+                                "peak_memory_bytes",
+                                "norm_time_share",
+                                "norm_time",
+                                "ratios",
+                                "ratio_intervals",
+                            )
+                        }
+                        for m in results["models"]
+                    ],
+                    "ratio_method": results.get("ratio_method"),
+                    "null_control": results.get("null_control"),
+                    "speed_noise": results.get("speed_noise"),
+                },
+                indent=2,
+            )
+        )
         return
     click.echo(f"{results['device']}, {results['dtype']}")
     _print_speed(results)
@@ -208,7 +292,9 @@ def tasks_path_cmd():
 
 @eval_group.command("render")
 @click.argument("results_json", type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", default=None, type=click.Path(file_okay=False), help="Directory (default: next to results.json).")
+@click.option(
+    "--out", default=None, type=click.Path(file_okay=False), help="Directory (default: next to results.json)."
+)
 @force_option
 def render(results_json, out, force):
     """Rebuild report.md, report.html and the PNGs from an existing results.json."""
@@ -241,8 +327,10 @@ def _ratio_legend(results):
     from normswap.report.render import noise_banner, null_control_note
 
     if results.get("baseline") and any(m.get("tokens_per_second") for m in results["models"]):
-        click.echo(f"x: ratio to {results['baseline']}; [min-max] of the per-repeat paired ratios; n.d. = {NO_DIFFERENCE} "
-                   f"(range contains 1 or the null control's, or fewer than {MIN_REPEATS} repeats); noisy = {TOO_NOISY}")
+        click.echo(
+            f"x: ratio to {results['baseline']}; [min-max] of the per-repeat paired ratios; n.d. = {NO_DIFFERENCE} "
+            f"(range contains 1 or the null control's, or fewer than {MIN_REPEATS} repeats); noisy = {TOO_NOISY}"
+        )
         click.echo(null_control_note(results))
         banner = noise_banner(results)
         if banner:
@@ -251,19 +339,37 @@ def _ratio_legend(results):
 
 def _print_speed(results):
     from normswap.report.render import fmt_bytes
-
     from normswap.report.tables import text_table
 
     rows = []
     for m in results["models"]:
         mr = (m.get("ratios") or {}).get("peak_memory_bytes")
         share = m.get("norm_time_share")
-        rows.append((m["name"], _fmt_tps(m, "forward", results), _fmt_tps(m, "train_step", results),
-                     _fmt_tps(m, "generate", results), _fmt_tps(m, "decode", results),
-                     fmt_bytes(m.get("peak_memory_bytes")) + (f" (x{mr:.2f})" if mr is not None else ""),
-                     "-" if share is None else f"{share * 100:.1f}%"))
-    click.echo(text_table(("model", "forward tok/s", "train-step tok/s", "generate tok/s", "decode tok/s", "peak memory", "norm share"),
-                          rows))
+        rows.append(
+            (
+                m["name"],
+                _fmt_tps(m, "forward", results),
+                _fmt_tps(m, "train_step", results),
+                _fmt_tps(m, "generate", results),
+                _fmt_tps(m, "decode", results),
+                fmt_bytes(m.get("peak_memory_bytes")) + (f" (x{mr:.2f})" if mr is not None else ""),
+                "-" if share is None else f"{share * 100:.1f}%",
+            )
+        )
+    click.echo(
+        text_table(
+            (
+                "model",
+                "forward tok/s",
+                "train-step tok/s",
+                "generate tok/s",
+                "decode tok/s",
+                "peak memory",
+                "norm share",
+            ),
+            rows,
+        )
+    )
     _ratio_legend(results)
 
 
@@ -277,9 +383,16 @@ def _print_table(results):
         return
     rows = []
     for m in results["models"]:
-        rows.append((m["name"], m.get("kind", ""), f"{m['perplexity']:.4f}" if m.get("perplexity") is not None else "-",
-                     f"{m['bits_per_byte']:.4f}" if m.get("bits_per_byte") is not None else "-",
-                     _fmt_tps(m, "forward", results), _fmt_tps(m, "train_step", results)))
+        rows.append(
+            (
+                m["name"],
+                m.get("kind", ""),
+                f"{m['perplexity']:.4f}" if m.get("perplexity") is not None else "-",
+                f"{m['bits_per_byte']:.4f}" if m.get("bits_per_byte") is not None else "-",
+                _fmt_tps(m, "forward", results),
+                _fmt_tps(m, "train_step", results),
+            )
+        )
     click.echo(text_table(("model", "kind", "perplexity", "bits/byte", "forward tok/s", "train-step tok/s"), rows))
     _ratio_legend(results)
     sys.stdout.flush()

@@ -14,18 +14,39 @@ from normswap.export import FORMATS
 @click.command()
 @click.argument("src", metavar="OUT")
 @click.argument("dest", type=click.Path())
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
-              help="stock: the converted checkpoint in its source's stock architecture (LayerNorm with γ=1, β=0; no remote "
-                   "code). onnx: an ONNX graph whose norms are RMSNormalization (needs `pip install normswap[onnx]`).")
-@click.option("--untie", is_flag=True,
-              help="stock: give a tied head its own copy of the embedding table so the table's run-time centring moves "
-                   "into the weights (the export's stream is then zero-mean: RMSNorm-ready; costs vocab x hidden parameters).")
-@click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True,
-              help="Publish only if the export and OUT differ by at most this max |Δ log-prob| (first output for other models).")
-@click.option("--onnx-norm-op", "norm_op", type=click.Choice(("rmsnormalization", "simplified")), default="rmsnormalization",
-              show_default=True, help="onnx: write each RMSNorm as ONNX's RMSNormalization (opset 23) or as onnxruntime's "
-                                      "SimplifiedLayerNormalization (bench/onnx_speed.py measures both).")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="stock: shard the safetensors above this size.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    required=True,
+    help="stock: the converted checkpoint in its source's stock architecture (LayerNorm with γ=1, β=0; no remote "
+    "code). onnx: an ONNX graph whose norms are RMSNormalization (needs `pip install normswap[onnx]`).",
+)
+@click.option(
+    "--untie",
+    is_flag=True,
+    help="stock: give a tied head its own copy of the embedding table so the table's run-time centring moves "
+    "into the weights (the export's stream is then zero-mean: RMSNorm-ready; costs vocab x hidden parameters).",
+)
+@click.option(
+    "--tolerance",
+    type=float,
+    default=DEFAULT_TOLERANCE,
+    show_default=True,
+    help="Publish only if the export and OUT differ by at most this max |Δ log-prob| (first output for other models).",
+)
+@click.option(
+    "--onnx-norm-op",
+    "norm_op",
+    type=click.Choice(("rmsnormalization", "simplified")),
+    default="rmsnormalization",
+    show_default=True,
+    help="onnx: write each RMSNorm as ONNX's RMSNormalization (opset 23) or as onnxruntime's "
+    "SimplifiedLayerNormalization (bench/onnx_speed.py measures both).",
+)
+@click.option(
+    "--max-shard-size", default="5GB", show_default=True, help="stock: shard the safetensors above this size."
+)
 @force_option
 @json_option
 def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_json):
@@ -33,23 +54,39 @@ def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_
     from normswap.export import run_export
 
     say = (lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True))
-    record = run_export(src, dest, fmt, force=force, untie=untie, tolerance=tolerance, max_shard_size=max_shard_size,
-                        norm_op=norm_op, progress=say)
+    record = run_export(
+        src,
+        dest,
+        fmt,
+        force=force,
+        untie=untie,
+        tolerance=tolerance,
+        max_shard_size=max_shard_size,
+        norm_op=norm_op,
+        progress=say,
+    )
     if as_json:
         click.echo(json.dumps(record, indent=2, default=str))
         return
     ver = record["verification"]
     click.echo(f"exported {src} -> {record['out']}  [{fmt}: {record.get('architecture', '')}]")
     if fmt == "stock":
-        click.echo(f"  {record['norms_as_layernorm']} RMSNorms as LayerNorm ({record['gamma_beta_set']} γ/β set to 1/0)"
-                   + ("; head untied" if record["untied"] else ""))
+        click.echo(
+            f"  {record['norms_as_layernorm']} RMSNorms as LayerNorm ({record['gamma_beta_set']} γ/β set to 1/0)"
+            + ("; head untied" if record["untied"] else "")
+        )
         if record["centred_in_weights"]:
             click.echo(f"  run-time centring moved into the weights: {', '.join(record['centred_in_weights'])}")
         for item in record["not_centred"]:
             click.echo(f"  not centred in the weights: {item['module']} ({item['reason']})")
-        click.echo("  RMSNorm-ready (its stream is zero-mean): " + ("yes" if record["rmsnorm_ready"] else "no; as LayerNorm it is exact"))
+        click.echo(
+            "  RMSNorm-ready (its stream is zero-mean): "
+            + ("yes" if record["rmsnorm_ready"] else "no; as LayerNorm it is exact")
+        )
     for key in ("opset", "norm_op", "norm_nodes"):
         if key in record:
             click.echo(f"  {key.replace('_', ' ')}: {record[key]}")
-    click.echo(f"  verification ({ver['dtype']}): {ver['metric'].replace('_', ' ')} = {ver['max_abs_diff']:.3g} "
-               f"(threshold {ver['threshold']:.2g}): PASSED")
+    click.echo(
+        f"  verification ({ver['dtype']}): {ver['metric'].replace('_', ' ')} = {ver['max_abs_diff']:.3g} "
+        f"(threshold {ver['threshold']:.2g}): PASSED"
+    )

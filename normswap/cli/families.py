@@ -21,18 +21,20 @@ def family_rows() -> list[dict]:
             vals = fam.placement["values"]
             post = [v for v, p in vals.items() if p == "post"]
             placement = f"pre (post if {fam.placement['attribute']}={'/'.join(post)})"
-        rows.append({
-            "name": fam.name,
-            "display": fam.display,
-            "model_types": list(fam.model_types),
-            "placement": placement,
-            "exact": "pre" in placement,
-            "norms_per_layer": len({n.norm for n in fam.norms}),
-            "left_alone": [la.reason for la in fam.leave_alone],
-            "examples": list(fam.examples),
-            "notes": fam.notes,
-            "data_file": fam.source,
-        })
+        rows.append(
+            {
+                "name": fam.name,
+                "display": fam.display,
+                "model_types": list(fam.model_types),
+                "placement": placement,
+                "exact": "pre" in placement,
+                "norms_per_layer": len({n.norm for n in fam.norms}),
+                "left_alone": [la.reason for la in fam.leave_alone],
+                "examples": list(fam.examples),
+                "notes": fam.notes,
+                "data_file": fam.source,
+            }
+        )
     return rows
 
 
@@ -46,36 +48,51 @@ def discovered_rows() -> list[dict]:
         if r.get("curated") or r["status"] not in ("exact", "approx-only"):
             continue
         exact = r["status"] == "exact"
-        rows.append({
-            "name": r["model_type"],
-            "display": f"{r.get('class', r['model_type'])} (discovered)",
-            "model_types": [r["model_type"]],
-            "placement": "pre" if exact else "post",
-            "exact": exact,
-            "norms_per_layer": None,
-            "left_alone": [],
-            "examples": [],
-            "notes": r.get("reason", ""),
-            "data_file": None,
-            "discovered": True,
-        })
+        rows.append(
+            {
+                "name": r["model_type"],
+                "display": f"{r.get('class', r['model_type'])} (discovered)",
+                "model_types": [r["model_type"]],
+                "placement": "pre" if exact else "post",
+                "exact": exact,
+                "norms_per_layer": None,
+                "left_alone": [],
+                "examples": [],
+                "notes": r.get("reason", ""),
+                "data_file": None,
+                "discovered": True,
+            }
+        )
     return rows
 
 
 def markdown_table(rows) -> str:
-    lines = ["| family | model_type | LayerNorm placement | exact mode | left alone | example hub ids |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| family | model_type | LayerNorm placement | exact mode | left alone | example hub ids |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        exact = "yes" if r["exact"] and "post" not in r["placement"] else ("pre-LN layouts" if r["exact"] else "no: approx + heal")
+        exact = (
+            "yes"
+            if r["exact"] and "post" not in r["placement"]
+            else ("pre-LN layouts" if r["exact"] else "no: approx + heal")
+        )
         left = "per-head q/k norms" if r["left_alone"] else ""
-        lines.append(f"| {r['display']} | `{', '.join(r['model_types'])}` | {r['placement']} | {exact} | {left} | {', '.join(f'`{e}`' for e in r['examples'])} |")
+        lines.append(
+            f"| {r['display']} | `{', '.join(r['model_types'])}` | {r['placement']} | {exact} | {left} | {', '.join(f'`{e}`' for e in r['examples'])} |"
+        )
     return "\n".join(lines)
 
 
 @click.group(invoke_without_command=True)
 @json_option
 @click.option("--markdown", is_flag=True, help="The README's supported-family table.")
-@click.option("--all", "show_all", is_flag=True,
-              help="Also list the architectures without a family file that convert through discovery (from the committed survey).")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also list the architectures without a family file that convert through discovery (from the committed survey).",
+)
 @click.pass_context
 def families(ctx, as_json, markdown, show_all):
     """List the LayerNorm families normswap knows (one data file each); discover new ones."""
@@ -94,8 +111,11 @@ def families(ctx, as_json, markdown, show_all):
         if not show_all:
             found = discovered_rows()
             exact = sum(r["exact"] for r in found)
-            click.echo(f"normswap: {len(found)} more architectures convert through discovery ({exact} exactly), "
-                       "checked on tiny configs: `normswap families --all` lists them", err=True)
+            click.echo(
+                f"normswap: {len(found)} more architectures convert through discovery ({exact} exactly), "
+                "checked on tiny configs: `normswap families --all` lists them",
+                err=True,
+            )
 
 
 @families.command()
@@ -113,22 +133,46 @@ def discover(model, out, as_json):
         click.echo(result["yaml"], nl=False)
     check = result["check"]
     verdict = {True: "exact", False: "NOT exact (refused)", None: "post-LN: approximate mode only"}[check.get("exact")]
-    diff = f", max |Δ| {check['max_abs_diff']:.2g} (threshold {check['threshold']:.2g})" if check.get("max_abs_diff") is not None else ""
-    click.echo(f"{result['model_type']}: {verdict} on a tiny randomised instance{diff}" + (f": {check['reason']}" if check.get("reason") else ""), err=True)
+    diff = (
+        f", max |Δ| {check['max_abs_diff']:.2g} (threshold {check['threshold']:.2g})"
+        if check.get("max_abs_diff") is not None
+        else ""
+    )
+    click.echo(
+        f"{result['model_type']}: {verdict} on a tiny randomised instance{diff}"
+        + (f": {check['reason']}" if check.get("reason") else ""),
+        err=True,
+    )
     if out:
         click.echo(f"wrote {out}", err=True)
 
 
 @families.command()
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout).")
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout)."
+)
 @click.option("--only", multiple=True, help="Survey only these model_types (repeatable).")
 @click.option("--jobs", type=int, default=1, show_default=True, help="Worker processes.")
 @click.option("--save-json", type=click.Path(dir_okay=False), default=None, help="Also write the rows as JSON here.")
-@click.option("--shard", default=None, metavar="K/N", help="Survey only the K-th of N equal slices of the model_types (runs that fit a time slot).")
-@click.option("--from-json", "from_json", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="Tabulate rows saved by --save-json (repeatable, e.g. one file per shard) instead of running.")
-@click.option("--update", multiple=True, type=click.Choice(["exact", "approx-only", "refused", "untraceable", "not-built", "no-layernorm"]),
-              help="With --from-json: re-run the rows of this status (repeatable) and keep the others; the table says which rows are from which run.")
+@click.option(
+    "--shard",
+    default=None,
+    metavar="K/N",
+    help="Survey only the K-th of N equal slices of the model_types (runs that fit a time slot).",
+)
+@click.option(
+    "--from-json",
+    "from_json",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Tabulate rows saved by --save-json (repeatable, e.g. one file per shard) instead of running.",
+)
+@click.option(
+    "--update",
+    multiple=True,
+    type=click.Choice(["exact", "approx-only", "refused", "untraceable", "not-built", "no-layernorm"]),
+    help="With --from-json: re-run the rows of this status (repeatable) and keep the others; the table says which rows are from which run.",
+)
 @json_option
 def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
     """Try discovery on every config class of the installed transformers that builds a model with
@@ -160,16 +204,32 @@ def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
 
 
 @families.command()
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout).")
-@click.option("--save-json", type=click.Path(dir_okay=False), default=None,
-              help="Also write every cell (status, reason, relative difference, seconds) as JSON here; saved after each row.")
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout)."
+)
+@click.option(
+    "--save-json",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write every cell (status, reason, relative difference, seconds) as JSON here; saved after each row.",
+)
 @click.option("--only", multiple=True, help="Only these rows (a family name or a discovered model_type; repeatable).")
 @click.option("--column", "only_columns", multiple=True, help="Only these columns (entry points; repeatable).")
-@click.option("--row-seconds", type=float, default=300, show_default=True,
-              help="Time cap per row; checks not started before it are reported as not run.")
-@click.option("--from-json", "from_json", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="Tabulate rows saved by --save-json instead of running (repeatable: shards run side by side; "
-                   "a row in a later file replaces the same row in an earlier one).")
+@click.option(
+    "--row-seconds",
+    type=float,
+    default=300,
+    show_default=True,
+    help="Time cap per row; checks not started before it are reported as not run.",
+)
+@click.option(
+    "--from-json",
+    "from_json",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Tabulate rows saved by --save-json instead of running (repeatable: shards run side by side; "
+    "a row in a later file replaces the same row in an earlier one).",
+)
 @click.option("--list-rows", is_flag=True, help="Print the row names (one a line) and exit.")
 @json_option
 def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows, as_json):
@@ -177,6 +237,7 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
     (tiny randomised models), against every entry point users load a model with (Auto classes,
     pipeline(), Trainer, PEFT LoRA, sentence-transformers, generate with a KV cache, torch.compile,
     a save/load round trip), original side by side with its conversion."""
+    import shlex
     import time
 
     from normswap.compat import matrix as mx
@@ -184,10 +245,12 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
     from normswap.errors import NormswapError
     from normswap.publish import atomic_write_text
 
-    import shlex
-
-    command = "normswap families matrix" + "".join(f" --only {shlex.quote(o)}" for o in only) + "".join(
-        f" --column {shlex.quote(c)}" for c in only_columns) + f" --row-seconds {row_seconds:g}"
+    command = (
+        "normswap families matrix"
+        + "".join(f" --only {shlex.quote(o)}" for o in only)
+        + "".join(f" --column {shlex.quote(c)}" for c in only_columns)
+        + f" --row-seconds {row_seconds:g}"
+    )
     if list_rows:
         click.echo("\n".join(r.name for r in all_rows()))
         return
@@ -201,7 +264,9 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
                 records = [r for r in records if r["name"] not in names] + saved["rows"]
                 metas.append(saved["meta"])
             except (OSError, ValueError, KeyError, TypeError) as e:
-                raise NormswapError(f"{path} is not a file written by `normswap families matrix --save-json` ({e})") from None
+                raise NormswapError(
+                    f"{path} is not a file written by `normswap families matrix --save-json` ({e})"
+                ) from None
         meta = mx.merge_meta(metas)
         if save_json:
             atomic_write_text(save_json, mx.as_json(records, meta))
@@ -210,13 +275,17 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
         if only:
             unknown = sorted(set(only) - {r.name for r in rows})
             if unknown:
-                raise NormswapError(f"no matrix row named {unknown[0]!r}: rows are the curated families and the "
-                                    "architectures discovery converts exactly (`normswap families --all`)")
+                raise NormswapError(
+                    f"no matrix row named {unknown[0]!r}: rows are the curated families and the "
+                    "architectures discovery converts exactly (`normswap families --all`)"
+                )
             by_name = {r.name: r for r in rows}
             rows = [by_name[name] for name in dict.fromkeys(only)]  # in the order asked for
         known = mx.columns()
         if set(only_columns) - set(known):
-            raise NormswapError(f"no matrix column named {sorted(set(only_columns) - set(known))[0]!r}: columns are {', '.join(known)}")
+            raise NormswapError(
+                f"no matrix column named {sorted(set(only_columns) - set(known))[0]!r}: columns are {', '.join(known)}"
+            )
         mx.preload()
         t0 = time.perf_counter()
 
@@ -225,7 +294,13 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
                 partial = mx.meta(command, time.perf_counter() - t0, row_seconds)
                 atomic_write_text(save_json, mx.as_json(records, partial))
 
-        records = mx.run_matrix(rows, row_seconds=row_seconds, progress=lambda m: click.echo(m, err=True), on_record=save, only_columns=only_columns or None)
+        records = mx.run_matrix(
+            rows,
+            row_seconds=row_seconds,
+            progress=lambda m: click.echo(m, err=True),
+            on_record=save,
+            only_columns=only_columns or None,
+        )
         meta = mx.meta(command, time.perf_counter() - t0, row_seconds)
         save(records)
     if as_json:
@@ -261,16 +336,21 @@ def run_discover(spec, out) -> dict:
     import yaml
 
     from normswap.convert.family_check import discover_family
-    from normswap.errors import DiscoveryError
-    from normswap.errors import NormswapError
+    from normswap.errors import DiscoveryError, NormswapError
 
     config = _load_config(spec)
     block = getattr(config, "normswap", None)
     if isinstance(block, dict) and block.get("format_version"):
         description = block.get("discovered_family")
         if not description:
-            raise NormswapError(f"{spec} was converted with the curated family {block.get('family')!r}: see `normswap families`")
-        check = {"exact": block.get("mode") == "exact" or None, "reason": "recorded in the converted checkpoint", "max_abs_diff": None}
+            raise NormswapError(
+                f"{spec} was converted with the curated family {block.get('family')!r}: see `normswap families`"
+            )
+        check = {
+            "exact": block.get("mode") == "exact" or None,
+            "reason": "recorded in the converted checkpoint",
+            "max_abs_diff": None,
+        }
         model_type = block.get("source_model_type", "?")
     else:
         try:
@@ -280,7 +360,9 @@ def run_discover(spec, out) -> dict:
         description = check.pop("description")
         model_type = config.model_type
         if check["exact"] is False:
-            raise NormswapError(f"{model_type}: the discovered plan is not exact on a tiny randomised instance ({check['reason']}); nothing written")
+            raise NormswapError(
+                f"{model_type}: the discovered plan is not exact on a tiny randomised instance ({check['reason']}); nothing written"
+            )
     text = "# Discovered by `normswap families discover` and checked by converting a tiny randomised instance.\n"
     text += yaml.safe_dump(description, sort_keys=False, width=120)
     if out:

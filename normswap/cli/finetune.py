@@ -19,13 +19,18 @@ import click
 from click.core import ParameterSource
 
 from normswap.cli.options import (
-    config_options, data_option, device_option, force_option, json_option, seed_option, trust_remote_code_option,
+    config_options,
+    data_option,
+    device_option,
+    force_option,
+    json_option,
+    seed_option,
+    trust_remote_code_option,
 )
 from normswap.finetune.config import options
 
 # fields whose option is shared with other commands (declared once, in cli/options.py)
-SHARED = {"data": data_option, "seed": seed_option, "device": device_option(),
-          "force": force_option}
+SHARED = {"data": data_option, "seed": seed_option, "device": device_option(), "force": force_option}
 
 
 @click.command("finetune")
@@ -55,7 +60,11 @@ def finetune(ctx, model, out, as_json, **opts):
     from normswap.finetune.config import FinetuneConfig
     from normswap.finetune.trainer import run_finetune
 
-    given = {name for name in opts if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    given = {
+        name
+        for name in opts
+        if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
     if model is not None:
         given.add("model")
     import contextlib
@@ -72,12 +81,20 @@ def finetune(ctx, model, out, as_json, **opts):
     from normswap.progress import Heartbeat, StepProgress, stderr_lines
 
     # in a terminal the fine-tune shows a bar; elsewhere (a log, CI, nohup) a line every 10 s
-    heartbeat = Heartbeat(stderr_lines("normswap finetune: "),
-                          enabled=None if opts.get("progress") is None else not opts["progress"])
+    heartbeat = Heartbeat(
+        stderr_lines("normswap finetune: "), enabled=None if opts.get("progress") is None else not opts["progress"]
+    )
     main = os.environ.get("RANK", "0") == "0"
-    with output_lock(out, create_parent=True) if main else contextlib.nullcontext(), heartbeat if main else contextlib.nullcontext():
-        summary = run_finetune(cfg, given=given, hooks=Hooks(after_step=StepProgress(RunDir(out), cfg.steps, heartbeat.update)),
-                               echo=lambda m: heartbeat.say(m.removeprefix("normswap finetune: ")))
+    with (
+        output_lock(out, create_parent=True) if main else contextlib.nullcontext(),
+        heartbeat if main else contextlib.nullcontext(),
+    ):
+        summary = run_finetune(
+            cfg,
+            given=given,
+            hooks=Hooks(after_step=StepProgress(RunDir(out), cfg.steps, heartbeat.update)),
+            echo=lambda m: heartbeat.say(m.removeprefix("normswap finetune: ")),
+        )
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
@@ -88,8 +105,10 @@ def finetune(ctx, model, out, as_json, **opts):
     from normswap.finetune.objectives import heldout_line
 
     click.echo(f"fine-tuned {summary['model']} -> {summary['out']}")
-    click.echo(f"  steps {summary['steps']} x {summary['global_batch']} x {summary['seq_len']} tokens on {summary['world_size']} process(es), "
-               f"{summary['trainable_parameters']:,} trainable parameters, {summary['wall_seconds']:.1f} s")
+    click.echo(
+        f"  steps {summary['steps']} x {summary['global_batch']} x {summary['seq_len']} tokens on {summary['world_size']} process(es), "
+        f"{summary['trainable_parameters']:,} trainable parameters, {summary['wall_seconds']:.1f} s"
+    )
     click.echo(f"  {heldout_line(summary)}")
     if summary["final_train_loss"] is not None and math.isfinite(summary["final_train_loss"]):
         click.echo(f"  last train loss {summary['final_train_loss']:.4f}; log: {summary['out']}/train_log.jsonl")

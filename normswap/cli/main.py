@@ -12,8 +12,8 @@ import sys
 
 import click
 
-from normswap.version import __version__
 from normswap.errors import NormswapError, is_environmental, os_error_message
+from normswap.version import __version__
 
 # command name -> "module:attribute"
 COMMANDS = {

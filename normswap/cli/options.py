@@ -33,9 +33,13 @@ def _set_trust_remote_code(ctx, param, value):
 
 
 trust_remote_code_option = click.option(
-    "--trust-remote-code", is_flag=True, expose_value=False, is_eager=True, callback=_set_trust_remote_code,
+    "--trust-remote-code",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_set_trust_remote_code,
     help="Let source models run the Python files they ship (auto_map). Off by default: only for sources you trust. "
-         "normswap's own converted checkpoints never need it.",
+    "normswap's own converted checkpoints never need it.",
 )
 
 
@@ -54,15 +58,24 @@ def config_option(f, shared=None):
         if default is False:
             return click.option(name, f.name, is_flag=True, default=False, help=m["help"])
         # on by default (``--no-speed`` turns it off) or three states (decided at run time when absent)
-        return click.option(f"{name}/--no-{name[2:]}", f.name, default=default, show_default="on" if default else False, help=m["help"])
+        return click.option(
+            f"{name}/--no-{name[2:]}", f.name, default=default, show_default="on" if default else False, help=m["help"]
+        )
     if m["kind"] == "list[str]":
         default = ",".join(default) or None
-    kind = click.Choice(m["choices"]) if m["choices"] else click.Path(dir_okay=False) if m.get("path") else CLICK_TYPES[m["kind"]]
+    kind = (
+        click.Choice(m["choices"])
+        if m["choices"]
+        else click.Path(dir_okay=False)
+        if m.get("path")
+        else CLICK_TYPES[m["kind"]]
+    )
     return click.option(name, f.name, type=kind, default=default, show_default=default is not None, help=m["help"])
 
 
 def config_options(fields, shared=None):
     """Decorator: the click options of ``fields`` (declared config fields), in their order."""
+
     def decorate(command):
         for f in reversed(list(fields)):
             command = config_option(f, shared)(command)

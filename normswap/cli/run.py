@@ -11,10 +11,14 @@ import click
 from normswap.cli.options import force_option, json_option, trust_remote_code_option
 
 set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
     help="Override a recipe value (dotted key, YAML-typed value), e.g. --set eval.max_tokens=4096 "
-         "--set variants.approx.convert.beta=drop; finetune.X / convert.X apply to every variant that has that section; "
-         "KEY= (empty) removes the key so its default applies. Repeatable.")
+    "--set variants.approx.convert.beta=drop; finetune.X / convert.X apply to every variant that has that section; "
+    "KEY= (empty) removes the key so its default applies. Repeatable.",
+)
 
 
 def print_outcome(state: dict, out, *, seconds: float) -> None:
@@ -38,7 +42,11 @@ def print_outcome(state: dict, out, *, seconds: float) -> None:
 @click.argument("recipe", required=False)
 @click.option("--out", type=click.Path(file_okay=False), help="Run directory: models/, report/, recipe.yaml, run.json.")
 @set_option
-@click.option("--resume", is_flag=True, help="Continue the run in --out: steps whose output is complete and whose options did not change are skipped.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the run in --out: steps whose output is complete and whose options did not change are skipped.",
+)
 @click.option("--check", is_flag=True, help="Validate the recipe (after --set) and print it resolved; run nothing.")
 @click.option("--list", "list_", is_flag=True, help="List the shipped recipes.")
 @click.option("--schema", is_flag=True, help="Print every recipe key with its type and default.")
@@ -69,8 +77,16 @@ def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
             click.echo(f"{name:<{width}}{data.get('source', '?')}{net}")
             desc = " ".join(str(data.get("description", "")).split())
             if desc:  # wrapped at word boundaries (never inside a word), indented under the name
-                click.echo(textwrap.fill(desc, width=100, initial_indent=" " * width, subsequent_indent=" " * width,
-                                         break_on_hyphens=False, break_long_words=False))
+                click.echo(
+                    textwrap.fill(
+                        desc,
+                        width=100,
+                        initial_indent=" " * width,
+                        subsequent_indent=" " * width,
+                        break_on_hyphens=False,
+                        break_long_words=False,
+                    )
+                )
         return
     if recipe is None:
         raise NormswapError("give a recipe (a YAML file or a shipped name; `normswap run --list` shows them)")

@@ -17,7 +17,14 @@ import os
 import click
 from click.core import ParameterSource
 
-from normswap.cli.options import config_options, data_option, device_option, force_option, json_option, trust_remote_code_option
+from normswap.cli.options import (
+    config_options,
+    data_option,
+    device_option,
+    force_option,
+    json_option,
+    trust_remote_code_option,
+)
 from normswap.study.config import DEFAULT_MODEL, options
 
 SHARED = {"data": data_option, "device": device_option(), "force": force_option}
@@ -45,7 +52,9 @@ def study(ctx, model, out, as_json, **opts):
     from normswap.study.config import StudyConfig
     from normswap.study.runner import run_study
 
-    given = {n for n in opts if ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    given = {
+        n for n in opts if ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
     if model is not None:
         given.add("model")
     spec = model or DEFAULT_MODEL
@@ -60,7 +69,11 @@ def study(ctx, model, out, as_json, **opts):
     if not results:
         return  # not process 0
     if as_json:
-        click.echo(json.dumps({k: results[k] for k in ("model", "setup", "comparisons", "null_control", "claims", "timing")}, indent=2))
+        click.echo(
+            json.dumps(
+                {k: results[k] for k in ("model", "setup", "comparisons", "null_control", "claims", "timing")}, indent=2
+            )
+        )
         return
     from normswap.study.report import summary_lines
 

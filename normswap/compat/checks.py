@@ -128,6 +128,7 @@ def side_by_side(run, original, converted, row, *, exact=True) -> Cell:
 
 # -- loading one class on both sides ---------------------------------------------------------
 
+
 def load(auto_name: str, directory, remote: bool, partner_model=None):
     """``auto_name``.from_pretrained; on the converted side the weights the checkpoint lacks (a new
     head) are copied from the original's fresh ones, after checking that exactly the same keys
@@ -135,7 +136,9 @@ def load(auto_name: str, directory, remote: bool, partner_model=None):
     import transformers
 
     auto = getattr(transformers, auto_name)
-    model, info = auto.from_pretrained(str(directory), trust_remote_code=remote, output_loading_info=True, dtype=torch.float32)
+    model, info = auto.from_pretrained(
+        str(directory), trust_remote_code=remote, output_loading_info=True, dtype=torch.float32
+    )
     model.eval()
     missing = set(info.get("missing_keys") or [])
     state = model.state_dict()
@@ -184,9 +187,11 @@ def main_class(directory, row) -> str:
 
 # -- the checks ---------------------------------------------------------------------------------
 
+
 def check_auto_classes(original, converted, row) -> Cell:
     """Every Auto class transformers registers for the model type: loads from the converted
     checkpoint (trust_remote_code) and gives the original's outputs, bare model included."""
+
     def run(directory, remote, partner):
         outputs, errors, models = {}, {}, {}
         for auto in classes_of(original):
@@ -212,9 +217,13 @@ def check_pipeline(original, converted, row) -> Cell:
     image classification, speech recognition."""
     from transformers import pipeline
 
-    tasks = {"text-generation": "AutoModelForCausalLM", "fill-mask": "AutoModelForMaskedLM",
-             "feature-extraction": "AutoModel", "image-classification": "AutoModelForImageClassification",
-             "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq"}
+    tasks = {
+        "text-generation": "AutoModelForCausalLM",
+        "fill-mask": "AutoModelForMaskedLM",
+        "feature-extraction": "AutoModel",
+        "image-classification": "AutoModelForImageClassification",
+        "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
+    }
 
     def run(directory, remote, partner):
         import numpy as np
@@ -226,14 +235,22 @@ def check_pipeline(original, converted, row) -> Cell:
                 continue
             try:
                 model = load(auto, directory, remote, partner["models"][task] if partner else None)
-                pipe = pipeline(task, model=model, tokenizer=_maybe_tokenizer(directory),
-                                **_maybe_processor(directory, task), device="cpu")
+                pipe = pipeline(
+                    task,
+                    model=model,
+                    tokenizer=_maybe_tokenizer(directory),
+                    **_maybe_processor(directory, task),
+                    device="cpu",
+                )
                 if task == "text-generation":
                     out = pipe(TEXT, max_new_tokens=6, do_sample=False, return_tensors=True)
                     result = torch.tensor(out[0]["generated_token_ids"], dtype=torch.float64)
                 elif task == "fill-mask":
                     out = pipe(f"In the beginning God {pipe.tokenizer.mask_token} the heaven.", top_k=3)
-                    result = {"scores": torch.tensor([o["score"] for o in out]), "tokens": torch.tensor([float(o["token"]) for o in out])}
+                    result = {
+                        "scores": torch.tensor([o["score"] for o in out]),
+                        "tokens": torch.tensor([float(o["token"]) for o in out]),
+                    }
                 elif task == "feature-extraction":
                     result = torch.tensor(np.array(pipe(TEXT)))
                 elif task == "image-classification":
@@ -241,8 +258,10 @@ def check_pipeline(original, converted, row) -> Cell:
                     result = torch.tensor([o["score"] for o in pipe(image, top_k=2)])
                 else:
                     audio = np.random.default_rng(0).standard_normal(pipe.feature_extractor.n_samples).astype("float32")
-                    out = pipe({"raw": audio, "sampling_rate": pipe.feature_extractor.sampling_rate},
-                               generate_kwargs={"max_new_tokens": 4})
+                    out = pipe(
+                        {"raw": audio, "sampling_rate": pipe.feature_extractor.sampling_rate},
+                        generate_kwargs={"max_new_tokens": 4},
+                    )
                     result = torch.tensor([float(ord(c)) for c in out["text"]] or [0.0], dtype=torch.float64)
                 outputs[task] = result
                 models[task] = model
@@ -300,24 +319,31 @@ def _generation_class(directory, row):
 def check_generate(original, converted, row) -> Cell:
     """generate() greedily with the KV cache: the same tokens and step scores as the original,
     and the same tokens as the converted model without the cache."""
+
     def run(directory, remote, partner):
         auto = _generation_class(original, row)
         model = load(auto, directory, remote, partner["models"]["m"] if partner else None)
         inputs = _inputs(model)
         inputs.pop("decoder_input_ids", None)
-        kwargs = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True)
+        kwargs = dict(
+            max_new_tokens=6, min_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True
+        )
         with torch.no_grad():
             cached = model.generate(**inputs, use_cache=True, **kwargs)
             plain = model.generate(**inputs, use_cache=False, **kwargs)
         tokens = cached.sequences.double()
-        return {"outputs": {"tokens": tokens, "scores": list(cached.scores)}, "models": {"m": model},
-                "equal": {"tokens without the cache": torch.equal(cached.sequences, plain.sequences)}}
+        return {
+            "outputs": {"tokens": tokens, "scores": list(cached.scores)},
+            "models": {"m": model},
+            "equal": {"tokens without the cache": torch.equal(cached.sequences, plain.sequences)},
+        }
 
     return side_by_side(run, original, converted, row, exact=row.exact)
 
 
 def check_compile(original, converted, row) -> Cell:
     """torch.compile of the converted class: its outputs against the original's (eager)."""
+
     def run(directory, remote, partner):
         auto = main_class(original, row)
         model = load(auto, directory, remote, partner["models"]["m"] if partner else None)
@@ -331,6 +357,7 @@ def check_compile(original, converted, row) -> Cell:
 
 def check_round_trip(original, converted, row) -> Cell:
     """save_pretrained -> from_pretrained (trust_remote_code): the reloaded model gives the same outputs."""
+
     def run(directory, remote, partner):
         auto = main_class(original, row)
         model = load(auto, directory, remote)
@@ -359,8 +386,15 @@ def _training_batch(model, auto):
 
 def _trainable_class(directory):
     classes = classes_of(directory)
-    for auto in ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq",
-                 "AutoModelForImageClassification", "AutoModelForSequenceClassification", "AutoModelForAudioClassification"):
+    for auto in (
+        "AutoModelForCausalLM",
+        "AutoModelForMaskedLM",
+        "AutoModelForSeq2SeqLM",
+        "AutoModelForSpeechSeq2Seq",
+        "AutoModelForImageClassification",
+        "AutoModelForSequenceClassification",
+        "AutoModelForAudioClassification",
+    ):
         if auto in classes:
             return auto
     raise NotApplicable("no class with a training loss for this model type")
@@ -408,9 +442,20 @@ def check_trainer(original, converted, row) -> Cell:
         model.train()
         batch = _training_batch(model, auto)
         with tempfile.TemporaryDirectory() as tmp:
-            args = TrainingArguments(output_dir=tmp, max_steps=3, per_device_train_batch_size=2, learning_rate=1e-3,
-                                     logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
-                                     dataloader_num_workers=0, disable_tqdm=True, remove_unused_columns=False)
+            args = TrainingArguments(
+                output_dir=tmp,
+                max_steps=3,
+                per_device_train_batch_size=2,
+                learning_rate=1e-3,
+                logging_steps=1,
+                save_strategy="no",
+                report_to=[],
+                use_cpu=True,
+                seed=0,
+                dataloader_num_workers=0,
+                disable_tqdm=True,
+                remove_unused_columns=False,
+            )
             trainer = Trainer(model=model, args=args, train_dataset=_Batches(batch))
             trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -424,6 +469,7 @@ def check_trainer(original, converted, row) -> Cell:
 def check_peft(original, converted, row) -> Cell:
     """PEFT LoRA on every linear layer: attach (outputs unchanged), 2 training steps, merge (the
     merged model equals the adapter model); the attached model's outputs against the original's."""
+
     def run(directory, remote, partner):
         from peft import LoraConfig, get_peft_model
 
@@ -444,15 +490,21 @@ def check_peft(original, converted, row) -> Cell:
         lora.eval()
         adapted = _forward(lora, inputs)
         merged = _forward(lora.merge_and_unload(), inputs)
-        return {"outputs": {"attached": attached}, "models": {"m": model},
-                "equal": {"merged equals adapter model": rel_diff(adapted, merged) <= TOLERANCE,
-                          "training moved the adapter": rel_diff(attached, adapted) > 0}}
+        return {
+            "outputs": {"attached": attached},
+            "models": {"m": model},
+            "equal": {
+                "merged equals adapter model": rel_diff(adapted, merged) <= TOLERANCE,
+                "training moved the adapter": rel_diff(attached, adapted) > 0,
+            },
+        }
 
     return side_by_side(run, original, converted, row, exact=row.exact)
 
 
 def check_sentence_transformers(original, converted, row) -> Cell:
     """SentenceTransformer(dir) with the model's modules.json and pooling: the same embeddings."""
+
     def run(directory, remote, partner):
         if not (Path(original) / "modules.json").exists():
             raise NotApplicable("not a text model (no sentence-transformers files)")
@@ -469,6 +521,7 @@ def check_sentence_transformers(original, converted, row) -> Cell:
 def check_export_stock(original, converted, row) -> Cell:
     """`normswap export --format stock` (normswap.export), then the export loaded with stock
     transformers and no remote code: the original's outputs."""
+
     def run(directory, remote, partner):
         auto = main_class(original, row)
         if not remote:

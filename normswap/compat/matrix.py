@@ -39,7 +39,10 @@ def run_row(row, *, deadline: float | None = None, report=None, only_columns=Non
             with quiet():
                 rowmod.build_original(row, original)
                 summary = rowmod.convert(original, converted, verify=row.exact)
-            record["convert"] = {"mode": summary["mode"], "verification": summary.get("verification", {}).get("max_abs_diff")}
+            record["convert"] = {
+                "mode": summary["mode"],
+                "verification": summary.get("verification", {}).get("max_abs_diff"),
+            }
         except Exception as e:
             why = f"convert failed: {describe(e)}"
             record["convert"] = {"error": why}
@@ -94,22 +97,39 @@ def run_matrix(rows, *, row_seconds: float = 300, progress=None, on_record=None,
             proc.kill()
             proc.join()
         if record is None or "error" in record:
-            why = record["error"] if record else f"row did not finish in {row_seconds:.0f} s (or its process died, exit {proc.exitcode})"
-            record = {**row.as_dict(), "convert": {"error": why},
-                      "cells": {c: {"status": "fail", "detail": why} for c in columns(only_columns)}}
+            why = (
+                record["error"]
+                if record
+                else f"row did not finish in {row_seconds:.0f} s (or its process died, exit {proc.exitcode})"
+            )
+            record = {
+                **row.as_dict(),
+                "convert": {"error": why},
+                "cells": {c: {"status": "fail", "detail": why} for c in columns(only_columns)},
+            }
         records.append(record)
         if on_record:
             on_record(records)
         cells = record["cells"]
-        say(f"[{i}/{len(rows)}] {row.name}: " + " ".join(SYMBOL[c["status"]] for c in cells.values())
-            + f"  ({time.time() - t0:.0f} s)")
+        say(
+            f"[{i}/{len(rows)}] {row.name}: "
+            + " ".join(SYMBOL[c["status"]] for c in cells.values())
+            + f"  ({time.time() - t0:.0f} s)"
+        )
     return records
 
 
 def summary(records) -> dict:
     """Counts over exact rows (where matching is the goal) and the exceptions."""
-    out = {"rows": len(records), "exact_rows": 0, "cells_original_works": 0, "cells_converted_matches": 0,
-           "cells_not_applicable": 0, "exceptions": [], "approximate_rows": []}
+    out = {
+        "rows": len(records),
+        "exact_rows": 0,
+        "cells_original_works": 0,
+        "cells_converted_matches": 0,
+        "cells_not_applicable": 0,
+        "exceptions": [],
+        "approximate_rows": [],
+    }
     for r in records:
         if not r["exact"]:
             out["approximate_rows"].append(r["name"])
@@ -149,8 +169,12 @@ def markdown(records, meta: dict) -> str:
         f"**{s['cells_converted_matches']} of {s['cells_original_works']} cells where the original works also work on "
         f"the converted model with matching outputs**, over {s['exact_rows']} exactly converted rows "
         f"({s['cells_not_applicable']} cells n/a). "
-        + (f"Approximate (post-LN) rows, where outputs are not expected to match: {', '.join(s['approximate_rows'])}; "
-           "their cells are marked ≈ when the entry point works." if s["approximate_rows"] else ""),
+        + (
+            f"Approximate (post-LN) rows, where outputs are not expected to match: {', '.join(s['approximate_rows'])}; "
+            "their cells are marked ≈ when the entry point works."
+            if s["approximate_rows"]
+            else ""
+        ),
         "",
         "| architecture | class | " + " | ".join(cols) + " |",
         "|---|---|" + "---|" * len(cols),
@@ -171,7 +195,9 @@ def markdown(records, meta: dict) -> str:
     if s["exceptions"]:
         lines += [f"- {e['row']} / {e['column']}: {e['why']}" for e in s["exceptions"]]
     else:
-        lines.append("None: every cell where the original works also works on the converted model with matching outputs.")
+        lines.append(
+            "None: every cell where the original works also works on the converted model with matching outputs."
+        )
     lines += ["", "## Columns", ""]
     from normswap.compat.checks import CHECKS
 
@@ -191,8 +217,16 @@ def preload() -> None:
     op runs here: forked children must not inherit a started thread pool)."""
     import importlib
 
-    for name in ("transformers", "peft", "sentence_transformers", "torch._dynamo", "torch._inductor.compile_fx",
-                 "PIL.Image", "normswap.convert.pipeline", "normswap.architectures.tiny"):
+    for name in (
+        "transformers",
+        "peft",
+        "sentence_transformers",
+        "torch._dynamo",
+        "torch._inductor.compile_fx",
+        "PIL.Image",
+        "normswap.convert.pipeline",
+        "normswap.architectures.tiny",
+    ):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -214,10 +248,17 @@ def meta(command: str, seconds: float, row_seconds: float) -> dict:
         except md.PackageNotFoundError:
             return None
 
-    return {"command": command, "normswap_version": __version__, "transformers_version": transformers.__version__,
-            "torch_version": torch.__version__, "sentence_transformers_version": version("sentence-transformers"),
-            "peft_version": version("peft"), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "seconds": seconds, "row_seconds": row_seconds}
+    return {
+        "command": command,
+        "normswap_version": __version__,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "sentence_transformers_version": version("sentence-transformers"),
+        "peft_version": version("peft"),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "seconds": seconds,
+        "row_seconds": row_seconds,
+    }
 
 
 def merge_meta(metas: list[dict]) -> dict:

@@ -33,8 +33,13 @@ class Row:
     exact: bool  # the conversion is exact (pre-LN); approximate rows are compared, not required to match
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "model_type": self.model_type, "class": self.class_name,
-                "curated": self.curated, "exact": self.exact}
+        return {
+            "name": self.name,
+            "model_type": self.model_type,
+            "class": self.class_name,
+            "curated": self.curated,
+            "exact": self.exact,
+        }
 
 
 def all_rows() -> list[Row]:
@@ -47,8 +52,9 @@ def all_rows() -> list[Row]:
         if not fam.test_configs:
             continue
         config = _curated_config(fam)
-        rows.append(Row(fam.name, fam.model_types[0], _curated_class(config).__name__, True,
-                        fam.placement_for(config) == "pre"))
+        rows.append(
+            Row(fam.name, fam.model_types[0], _curated_class(config).__name__, True, fam.placement_for(config) == "pre")
+        )
     for r in shipped_rows():
         if r.get("curated") or r.get("status") != "exact":
             continue
@@ -101,8 +107,8 @@ def build_original(row: Row, directory: Path, *, seed: int = 0):
     sentence-transformers files into ``directory``; return the model."""
     import transformers
 
-    from normswap.architectures.tiny import tiny_instance
     from normswap.architectures.probes import forward_parameters
+    from normswap.architectures.tiny import tiny_instance
 
     config = row_config(row)
     model = tiny_instance(config, getattr(transformers, row.class_name), seed=seed, shrink=False, dtype=torch.float32)
@@ -110,7 +116,12 @@ def build_original(row: Row, directory: Path, *, seed: int = 0):
     model.save_pretrained(directory)
     params = forward_parameters(model)
     vocab = getattr(getattr(config, "text_config", None) or config, "vocab_size", None)
-    if "input_ids" in params and isinstance(vocab, int) and vocab >= 64 and getattr(model, "main_input_name", "input_ids") == "input_ids":
+    if (
+        "input_ids" in params
+        and isinstance(vocab, int)
+        and vocab >= 64
+        and getattr(model, "main_input_name", "input_ids") == "input_ids"
+    ):
         corpus_tokenizer(vocab).save_pretrained(directory)
         write_sentence_transformers_files(directory, model.get_input_embeddings().weight.shape[1])
     processor = _processor(config, model)
@@ -131,10 +142,20 @@ def corpus_tokenizer(vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     docs = [d for _, d in zip(range(200), load_documents("embedded", "train"))]
-    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", bos_token="[CLS]", eos_token="[SEP]",
-                                   model_max_length=64)
+    tok.train_from_iterator(
+        docs, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        bos_token="[CLS]",
+        eos_token="[SEP]",
+        model_max_length=64,
+    )
 
 
 def write_sentence_transformers_files(directory: Path, width: int) -> None:
@@ -144,7 +165,9 @@ def write_sentence_transformers_files(directory: Path, width: int) -> None:
     (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32, "do_lower_case": False}))
     (directory / "config_sentence_transformers.json").write_text(json.dumps({"similarity_fn_name": "cosine"}))
     (directory / "1_Pooling").mkdir(exist_ok=True)
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": int(width), "pooling_mode_mean_tokens": True}))
+    (directory / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": int(width), "pooling_mode_mean_tokens": True})
+    )
 
 
 def _processor(config, model):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from normswap.convert.config import ConvertOptions
 from normswap.convert.family_check import resolve_family
 from normswap.convert.inplace import check_convertible, convert_with_family
-from normswap.convert.config import ConvertOptions
 from normswap.convert.plan import Plan
 
 __all__ = ["check_convertible", "convert_model"]
 
 
-def convert_model(model, *, mode="auto", gamma=None, beta=None, untie=False, family=None, dtype=None, device="cpu") -> Plan:
+def convert_model(
+    model, *, mode="auto", gamma=None, beta=None, untie=False, family=None, dtype=None, device="cpu"
+) -> Plan:
     """Convert ``model`` (a transformers model with LayerNorms) in place; return the plan.
 
     Afterwards the model holds normswap RMSNorm modules, ``model.config.normswap`` describes the

@@ -27,24 +27,50 @@ PLAN_OPTIONS = ("mode", "gamma", "beta", "untie")
 
 @dataclass
 class ConvertOptions:
-    mode: str = option("auto", "exact: centre residual writers so RMSNorm == LayerNorm (pre-LN only). approx: swap without "
-                       "centring, then heal with `normswap finetune`. auto: exact for pre-LN, approx for post-LN.", choices=MODES)
-    gamma: str | None = option(None, "What to do with each LayerNorm's weight: fold into the reading linears (default where "
-                               "possible), keep on the RMSNorm (default elsewhere), or reset to 1 (lossy).", kind="str",
-                               choices=GAMMA_CHOICES)
-    beta: str | None = option(None, "What to do with each LayerNorm's bias: fold into the reading linears (default where "
-                              "possible), keep as an RMSNorm bias (default elsewhere), or drop (lossy).", kind="str",
-                              choices=BETA_CHOICES)
-    untie: bool = option(False, "Untie a tied output head so the final norm folds into it (costs vocab x hidden parameters).")
+    mode: str = option(
+        "auto",
+        "exact: centre residual writers so RMSNorm == LayerNorm (pre-LN only). approx: swap without "
+        "centring, then heal with `normswap finetune`. auto: exact for pre-LN, approx for post-LN.",
+        choices=MODES,
+    )
+    gamma: str | None = option(
+        None,
+        "What to do with each LayerNorm's weight: fold into the reading linears (default where "
+        "possible), keep on the RMSNorm (default elsewhere), or reset to 1 (lossy).",
+        kind="str",
+        choices=GAMMA_CHOICES,
+    )
+    beta: str | None = option(
+        None,
+        "What to do with each LayerNorm's bias: fold into the reading linears (default where "
+        "possible), keep as an RMSNorm bias (default elsewhere), or drop (lossy).",
+        kind="str",
+        choices=BETA_CHOICES,
+    )
+    untie: bool = option(
+        False, "Untie a tied output head so the final norm folds into it (costs vocab x hidden parameters)."
+    )
     dtype: str = option("auto", "Output dtype (auto: the source's).", choices=OUTPUT_DTYPES)
     max_shard_size: str = option("5GB", "Shard the safetensors above this size.", recipe=False)
-    verify: bool = option(True, "Run a probe batch through SRC and the staged OUT (one module at a time, bounded memory) "
-                          "before publishing OUT.")
-    tolerance: float = option(DEFAULT_TOLERANCE, "Exact mode fails above this max |Δ log-prob| (or 4x the measured float32 / "
-                              "rounding floor, if larger).", minimum=0.0)
-    family_file: str | None = option(None, "Use this family file (YAML, e.g. saved by `normswap families discover --out`) "
-                                     "instead of the curated or discovered plan; it must pass the same exactness check on a "
-                                     "tiny instance.", kind="str", recipe=False, path=True)
+    verify: bool = option(
+        True,
+        "Run a probe batch through SRC and the staged OUT (one module at a time, bounded memory) "
+        "before publishing OUT.",
+    )
+    tolerance: float = option(
+        DEFAULT_TOLERANCE,
+        "Exact mode fails above this max |Δ log-prob| (or 4x the measured float32 / rounding floor, if larger).",
+        minimum=0.0,
+    )
+    family_file: str | None = option(
+        None,
+        "Use this family file (YAML, e.g. saved by `normswap families discover --out`) "
+        "instead of the curated or discovered plan; it must pass the same exactness check on a "
+        "tiny instance.",
+        kind="str",
+        recipe=False,
+        path=True,
+    )
 
     def as_dict(self) -> dict:
         """The plan's options (what the converted config records)."""

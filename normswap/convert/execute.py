@@ -24,9 +24,9 @@ import torch
 from normswap.checkpoint.remote_code import apply_normswap_structure
 from normswap.convert import ops
 from normswap.convert.config import ConvertOptions
-from normswap.convert.plan import Plan, build_plan
 from normswap.convert.inputs import Inputs, tie_groups
 from normswap.convert.memory import release_freed_memory
+from normswap.convert.plan import Plan, build_plan
 from normswap.errors import NormswapError
 from normswap.model_facts import is_layernorm
 
@@ -89,7 +89,9 @@ def prepare(model, inputs: Inputs, family, options: ConvertOptions, dtype=None) 
     lost = [k for k in conv_sd if k not in produced_set and k in params]
     extra = [k for k in produced if k not in conv_sd]
     if lost or extra:
-        raise NormswapError(f"internal error: converted weights do not fit the new module tree (missing {lost[:3]}, unexpected {extra[:3]})")
+        raise NormswapError(
+            f"internal error: converted weights do not fit the new module tree (missing {lost[:3]}, unexpected {extra[:3]})"
+        )
     plan.block["source_model_type"] = config.model_type
     plan.block["source_class"] = type(model).__name__
     config.normswap = plan.block
@@ -114,7 +116,9 @@ def prepare(model, inputs: Inputs, family, options: ConvertOptions, dtype=None) 
         value_key = [g for g in group if g in produced_set][-1]
         writes[key] = Write(value_key, t.dtype, tuple(t.shape))
     out_dtype = dtype or next(model.parameters()).dtype
-    return Conversion(plan, model, inputs, writes, params_before, count_parameters(model), source_dtype, _dtype_name(out_dtype))
+    return Conversion(
+        plan, model, inputs, writes, params_before, count_parameters(model), source_dtype, _dtype_name(out_dtype)
+    )
 
 
 def default_workers() -> int:
@@ -185,7 +189,11 @@ def fused_biases(conv: Conversion, compute=None) -> dict:
     derived = {key: conv.plan.derivations.get(w.value_key) for key, w in conv.writes.items()}
     readers = {}  # source matrix -> the weight output that reads it block by block
     for key, op in derived.items():
-        if op is not None and op["op"] == "linear_weight" and tuple(conv.inputs.specs[op["src"]][1]) == conv.writes[key].shape:
+        if (
+            op is not None
+            and op["op"] == "linear_weight"
+            and tuple(conv.inputs.specs[op["src"]][1]) == conv.writes[key].shape
+        ):
             readers.setdefault(op["src"], key)
     fused = {}
     for key, op in derived.items():
@@ -218,4 +226,4 @@ class TensorDict:
         if target.dim() == 0:
             target.copy_(tensor.reshape(()))
         else:
-            target[row:row + tensor.shape[0]].copy_(tensor)
+            target[row : row + tensor.shape[0]].copy_(tensor)

@@ -17,8 +17,8 @@ from normswap.architectures.discover import discover
 from normswap.architectures.probes import model_outputs, probe_inputs
 from normswap.architectures.schema import Family, parse_family
 from normswap.architectures.tiny import tiny_instance
-from normswap.convert.inplace import check_convertible, convert_with_family
 from normswap.convert.config import ConvertOptions
+from normswap.convert.inplace import check_convertible, convert_with_family
 from normswap.errors import DiscoveryError, NormswapError, first_line
 
 EXACT_RTOL = 1e-5  # relative to the output scale; float32-internal norms (Cohere, OLMo) stay ~1e-7
@@ -36,10 +36,20 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
         # approximate by nature; still, the approximate plan must convert the tiny instance and run
         failure = _approx_failure(family, source, seed)
         if failure:
-            return {"exact": False, "mode": "approx", "max_abs_diff": None, "threshold": None,
-                    "reason": f"post-LN, and the approximate conversion {failure}"}
-        return {"exact": None, "mode": "approx", "max_abs_diff": None, "threshold": None,
-                "reason": "not pre-LN (a norm's output is the residual skip path, or the stream is read by more than norms)"}
+            return {
+                "exact": False,
+                "mode": "approx",
+                "max_abs_diff": None,
+                "threshold": None,
+                "reason": f"post-LN, and the approximate conversion {failure}",
+            }
+        return {
+            "exact": None,
+            "mode": "approx",
+            "max_abs_diff": None,
+            "threshold": None,
+            "reason": "not pre-LN (a norm's output is the residual skip path, or the stream is read by more than norms)",
+        }
     converted = copy.deepcopy(source)
     try:
         check_convertible(converted, converted.config)
@@ -47,39 +57,67 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
     except NormswapError as e:
         return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None, "reason": str(e)}
     except Exception as e:  # a fold whose shapes do not fit (a reader that reads another axis): not this plan
-        return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None,
-                "reason": f"the plan does not apply to the tiny model: {first_line(e, 200)}"}
+        return {
+            "exact": False,
+            "mode": "exact",
+            "max_abs_diff": None,
+            "threshold": None,
+            "reason": f"the plan does not apply to the tiny model: {first_line(e, 200)}",
+        }
     inputs = probe_inputs(source, seq_len=8, seed=seed)
     try:
         ref = model_outputs(source, inputs)
         got = model_outputs(converted, inputs)
     except Exception as e:
-        return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None,
-                "reason": f"the converted tiny model does not run: {first_line(e, 200)}"}
+        return {
+            "exact": False,
+            "mode": "exact",
+            "max_abs_diff": None,
+            "threshold": None,
+            "reason": f"the converted tiny model does not run: {first_line(e, 200)}",
+        }
     scale = max([1.0] + [float(r.double().abs().max()) for r in ref.values()])
     threshold = EXACT_RTOL * scale
     worst, changed, shifted = 0.0, [], []
     for key, r in ref.items():
         if key not in got or got[key].shape != r.shape:
-            return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None,
-                    "reason": f"converted model's output {key} differs in shape"}
+            return {
+                "exact": False,
+                "mode": "exact",
+                "max_abs_diff": None,
+                "threshold": None,
+                "reason": f"converted model's output {key} differs in shape",
+            }
         delta = got[key].double() - r.double()
         diff = float(delta.abs().max())
         worst = max(worst, diff)
         if diff > threshold:
             changed.append(key)
-            if any(float((delta - delta.mean(ax, keepdim=True)).abs().max()) <= threshold
-                   for ax in range(1, delta.dim()) if delta.shape[ax] > 1):
+            if any(
+                float((delta - delta.mean(ax, keepdim=True)).abs().max()) <= threshold
+                for ax in range(1, delta.dim())
+                if delta.shape[ax] > 1
+            ):
                 shifted.append(key)
     exact = not changed
     reason = ""
     if changed and shifted == changed:
-        reason = (f"output {', '.join(changed)} is the raw residual stream (no norm before it leaves the model); "
-                  "an exact conversion centres the stream, which shifts it per token")
+        reason = (
+            f"output {', '.join(changed)} is the raw residual stream (no norm before it leaves the model); "
+            "an exact conversion centres the stream, which shifts it per token"
+        )
     elif changed:
-        reason = f"output {', '.join(changed[:3])} changed by {worst:.3g} (> {threshold:.3g}) on a tiny randomised instance"
-    return {"exact": exact, "mode": "exact", "max_abs_diff": worst, "threshold": threshold, "reason": reason,
-            "changed_outputs": changed}
+        reason = (
+            f"output {', '.join(changed[:3])} changed by {worst:.3g} (> {threshold:.3g}) on a tiny randomised instance"
+        )
+    return {
+        "exact": exact,
+        "mode": "exact",
+        "max_abs_diff": worst,
+        "threshold": threshold,
+        "reason": reason,
+        "changed_outputs": changed,
+    }
 
 
 def _approx_failure(family, source, seed) -> str:
@@ -96,7 +134,11 @@ def _approx_failure(family, source, seed) -> str:
     missing = [k for k in ref if k not in got]
     if missing:
         return f"does not return output {', '.join(missing[:3])}"
-    broken = [k for k, r in ref.items() if got[k].shape == r.shape and bool((torch.isfinite(r) & ~torch.isfinite(got[k])).any())]
+    broken = [
+        k
+        for k, r in ref.items()
+        if got[k].shape == r.shape and bool((torch.isfinite(r) & ~torch.isfinite(got[k])).any())
+    ]
     return f"makes output {', '.join(broken[:3])} non-finite" if broken else ""
 
 
@@ -115,7 +157,9 @@ def discover_family(config, cls=None, *, name=None) -> tuple[Family, dict]:
         raw = discover(model, name=name)
     family = parse_family(raw, f"discovered from {type(model).__name__}")
     check = check_family(family, config, cls, dtype=dtype)
-    if check["exact"] is False and any(n.get("readers") for n in raw["norms"] + ([raw["final_norm"]] if raw.get("final_norm") else [])):
+    if check["exact"] is False and any(
+        n.get("readers") for n in raw["norms"] + ([raw["final_norm"]] if raw.get("final_norm") else [])
+    ):
         # folding γ/β is an optimisation; keeping them on the RMSNorm is exact whenever centring is
         unfolded = copy.deepcopy(raw)
         for n in unfolded["norms"] + ([unfolded["final_norm"]] if unfolded.get("final_norm") else []):
@@ -152,11 +196,14 @@ def resolve_family(config, cls=None, family_file=None) -> Family:
         try:
             family, check = discover_family(config, cls)
         except DiscoveryError as e:
-            raise NormswapError(f"unsupported architecture: model_type={config.model_type!r} has no family file, and discovery failed: {e}{known}") from None
+            raise NormswapError(
+                f"unsupported architecture: model_type={config.model_type!r} has no family file, and discovery failed: {e}{known}"
+            ) from None
         if check["exact"] is False:  # None: post-LN, whose approximate plan converted and ran
             raise NormswapError(
                 f"unsupported architecture: model_type={config.model_type!r} has no family file, and the discovered plan "
-                f"is not exact on a tiny randomised instance ({check['reason']}){known}")
+                f"is not exact on a tiny randomised instance ({check['reason']}){known}"
+            )
         _RESOLVED[key] = family
     return _RESOLVED[key]
 
@@ -165,7 +212,9 @@ def _checked_file_family(family: Family, config, cls) -> Family:
     """``family`` (from --family-file) if it describes ``config``'s model_type and passes the exactness check."""
     model_type = getattr(config, "model_type", None)
     if model_type not in family.model_types:
-        raise NormswapError(f"family file {family.source} describes model_types {', '.join(family.model_types)}, not {model_type!r}")
+        raise NormswapError(
+            f"family file {family.source} describes model_types {', '.join(family.model_types)}, not {model_type!r}"
+        )
     try:
         check = check_family(family, config, cls)
     except DiscoveryError as e:
@@ -175,5 +224,7 @@ def _checked_file_family(family: Family, config, cls) -> Family:
     except Exception as e:  # a path the model does not have, a module of the wrong kind
         raise NormswapError(f"family file {family.source} does not fit {model_type}: {first_line(e, 200)}") from None
     if check["exact"] is False:
-        raise NormswapError(f"family file {family.source} is not exact on a tiny randomised {model_type} instance ({check['reason']})")
+        raise NormswapError(
+            f"family file {family.source} is not exact on a tiny randomised {model_type} instance ({check['reason']})"
+        )
     return family

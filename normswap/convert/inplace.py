@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from normswap.checkpoint.tensor_source import StateDict
+from normswap.convert.config import ConvertOptions
 from normswap.convert.execute import TensorDict, execute, prepare
 from normswap.convert.inputs import match
-from normswap.convert.config import ConvertOptions
 from normswap.convert.plan import Plan
-from normswap.checkpoint.tensor_source import StateDict
 from normswap.errors import NormswapError
 from normswap.model_facts import is_layernorm, is_rmsnorm
 
@@ -44,5 +44,7 @@ def convert_with_family(model, family, options: ConvertOptions, *, dtype=None, d
     params = dict(model.named_parameters(remove_duplicate=True))
     missing = [k for k in missing if k in params]
     if missing or unexpected:
-        raise NormswapError(f"internal error: converted weights do not fit the new module tree (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise NormswapError(
+            f"internal error: converted weights do not fit the new module tree (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     return conv.plan

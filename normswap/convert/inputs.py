@@ -79,7 +79,9 @@ def tie_groups(model) -> dict:
     """key -> all state-dict keys that share its tensor (itself included), in state-dict order."""
     order = {k: i for i, k in enumerate(model.state_dict(keep_vars=True))}
     by_id: dict = {}
-    for name, p in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False)):
+    for name, p in list(model.named_parameters(remove_duplicate=False)) + list(
+        model.named_buffers(remove_duplicate=False)
+    ):
         if name in order:
             by_id.setdefault(id(p), []).append(name)
     groups = {}
@@ -107,14 +109,16 @@ def _renamer(model, meta_sd):
                 new, pattern = rename_source_key(key, [], [], prefix, meta_sd)
             return new, pattern
     except ImportError:  # another transformers: plain names, base-model prefix added or removed
+
         def rename(key):
             if key in meta_sd:
                 return key, None
             if prefix and f"{prefix}.{key}" in meta_sd:
                 return f"{prefix}.{key}", None
-            if prefix and key.startswith(prefix + ".") and key[len(prefix) + 1:] in meta_sd:
-                return key[len(prefix) + 1:], None
+            if prefix and key.startswith(prefix + ".") and key[len(prefix) + 1 :] in meta_sd:
+                return key[len(prefix) + 1 :], None
             return key, None
+
     return rename
 
 
@@ -189,45 +193,60 @@ def match(model, source, label: str) -> Inputs:
                 unexpected.append(key)
             continue
         if pattern is not None:
-            raise NormswapError(f"{label}: {key} must be transformed (not just renamed) when it loads, which normswap "
-                                "does not reproduce")
+            raise NormswapError(
+                f"{label}: {key} must be transformed (not just renamed) when it loads, which normswap "
+                "does not reproduce"
+            )
         owner = groups.get(new, [new])[0]
         used_by.setdefault(owner, []).append(key)
         keymap.setdefault(new, key)
     if source.duplicates:
-        raise NormswapError(f"{label}: tensor {source.duplicates[0]} is stored twice in the weight files; nothing was written")
+        raise NormswapError(
+            f"{label}: tensor {source.duplicates[0]} is stored twice in the weight files; nothing was written"
+        )
     if unexpected:
         raise NormswapError(
             f"{label}: {len(unexpected)} tensor(s) in the weight files have no place in the {cls} that config.json "
             f"describes (first: {unexpected[0]}): the config has fewer layers or another shape than the weights; "
-            "nothing was written")
+            "nothing was written"
+        )
     for owner, keys in used_by.items():
         if len(keys) > 1:  # the same tensor (or tied tensors) under two names: both must hold the same numbers
             first = source.read(keys[0])
             for other in keys[1:]:
-                if not torch.equal(first.reshape(-1).view(torch.uint8), source.read(other).reshape(-1).view(torch.uint8)):
-                    raise NormswapError(f"{label}: {keys[0]} and {other} fill the same tied tensor of {cls} but differ; "
-                                        "nothing was written")
+                if not torch.equal(
+                    first.reshape(-1).view(torch.uint8), source.read(other).reshape(-1).view(torch.uint8)
+                ):
+                    raise NormswapError(
+                        f"{label}: {keys[0]} and {other} fill the same tied tensor of {cls} but differ; "
+                        "nothing was written"
+                    )
 
     specs = {k: (t.dtype, tuple(t.shape)) for k, t in meta_sd.items()}
     inputs = Inputs(source, model, keymap, specs, groups)
     missing = [k for k in specs if inputs.disk_key(k) is None and (k in params or k in persistent_buffers(model))]
     if missing:
-        raise NormswapError(f"{label} lacks {len(missing)} tensor(s) the {cls} needs (first: {missing[0]}): truncated or "
-                            "saved by an incompatible version; nothing was written")
+        raise NormswapError(
+            f"{label} lacks {len(missing)} tensor(s) the {cls} needs (first: {missing[0]}): truncated or "
+            "saved by an incompatible version; nothing was written"
+        )
     for key, (dtype, shape) in specs.items():
         disk = inputs.disk_key(key)
         if disk is None:
             continue
         have_dtype, have_shape = source.specs[disk]
         if tuple(have_shape) != tuple(shape):
-            raise NormswapError(f"{label}: tensor {disk} has shape {list(have_shape)} in the files but the config implies "
-                                f"{list(shape)}; nothing was written")
+            raise NormswapError(
+                f"{label}: tensor {disk} has shape {list(have_shape)} in the files but the config implies "
+                f"{list(shape)}; nothing was written"
+            )
         if have_dtype.is_floating_point != dtype.is_floating_point:
             want = "floating-point" if dtype.is_floating_point else "integer"
-            raise NormswapError(f"{label}: tensor {disk} is stored as {str(have_dtype).replace('torch.', '')} but is a "
-                                f"{want} {'weight' if key in params else 'buffer'} of {cls}: the file header is wrong "
-                                "or the file is not this model's; nothing was written")
+            raise NormswapError(
+                f"{label}: tensor {disk} is stored as {str(have_dtype).replace('torch.', '')} but is a "
+                f"{want} {'weight' if key in params else 'buffer'} of {cls}: the file header is wrong "
+                "or the file is not this model's; nothing was written"
+            )
     return inputs
 
 

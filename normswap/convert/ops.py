@@ -98,10 +98,16 @@ def fusable(weight_op: dict, bias_op: dict, load_dtype: torch.dtype, out_dtype: 
     very float64 numbers ``_linear_bias`` reads on its own: the bits do not depend on the fusion.
     """
     calc = compute or compute_dtype(out_dtype)
-    return (weight_op.get("op") == "linear_weight" and bias_op.get("op") == "linear_bias" and bool(bias_op.get("beta"))
-            and weight_op.get("src") == bias_op.get("weight") and weight_op.get("layout") == bias_op.get("layout")
-            and weight_op.get("layout") in ("linear", "conv1d") and not weight_op.get("scale_out")
-            and torch.promote_types(load_dtype, calc) == calc)
+    return (
+        weight_op.get("op") == "linear_weight"
+        and bias_op.get("op") == "linear_bias"
+        and bool(bias_op.get("beta"))
+        and weight_op.get("src") == bias_op.get("weight")
+        and weight_op.get("layout") == bias_op.get("layout")
+        and weight_op.get("layout") in ("linear", "conv1d")
+        and not weight_op.get("scale_out")
+        and torch.promote_types(load_dtype, calc) == calc
+    )
 
 
 def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, device="cpu", bias=None, pool=None) -> None:
@@ -138,6 +144,7 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
                 emit(SCRATCH.take("out", t.shape, out_dtype).copy_(t), row)
             else:
                 emit(t.to(out_dtype).cpu(), row)
+
         return put
 
     put = putter(emit, out_dtype)
@@ -154,6 +161,7 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
     elif kind == "add_constant":  # a (1+γ)-parametrised norm's γ kept on the RMSNorm
         put(get(op["src"], dtype=F64) + op["add"])
     elif kind == "center_rows":
+
         def center(ab):
             x = get(op["src"], *ab, tag="block")
             put(_subtract(x, wide(x).mean(dim=-1, keepdim=True)), ab[0])
@@ -195,10 +203,11 @@ def _linear_weight(op, shape, get, put, wide, calc, bias_sum=None, each=each_blo
         gamma = gamma64.to(calc) if gamma64 is not None else None
         mean = None
         if op.get("center"):
+
             def column_sums(ab):
                 x = get(op["src"], *ab, dtype=F64, tag="wide")
                 if scale64 is not None:
-                    x = x * scale64[ab[0]:ab[1]].to(x.device).unsqueeze(1)
+                    x = x * scale64[ab[0] : ab[1]].to(x.device).unsqueeze(1)
                 return x.sum(dim=0), bias_sum.part(x, *ab) if bias_sum is not None else None
 
             sums = each(column_sums, blocks)
@@ -215,7 +224,7 @@ def _linear_weight(op, shape, get, put, wide, calc, bias_sum=None, each=each_blo
             if gamma is not None:
                 x.mul_(gamma)
             if scale64 is not None:
-                x.mul_(scale64[ab[0]:ab[1]].to(device=x.device, dtype=x.dtype).unsqueeze(1))
+                x.mul_(scale64[ab[0] : ab[1]].to(device=x.device, dtype=x.dtype).unsqueeze(1))
             put(_subtract(x, mean) if mean is not None else x, ab[0])
             return part
 

@@ -17,24 +17,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from normswap.version import __version__
-from normswap.convert.family_check import resolve_family
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import environment, history_entry, write_manifest
 from normswap.checkpoint.shards import ShardedCheckpoint
 from normswap.checkpoint.side_files import copy_side_files
 from normswap.checkpoint.sizes import check_against_weights
+from normswap.checkpoint.tensor_source import SafetensorsFiles, local_dir, numel, open_source, weight_files
 from normswap.checkpoint.write import write_config_and_code
 from normswap.convert import inputs as ckinputs
+from normswap.convert import ops
 from normswap.convert import verify as verification
 from normswap.convert.apply import check_convertible
-from normswap.convert import ops
-from normswap.convert.execute import Conversion, TensorDict, execute, prepare
 from normswap.convert.config import ConvertOptions, options_from
-from normswap.checkpoint.tensor_source import SafetensorsFiles, local_dir, numel, open_source, weight_files
+from normswap.convert.execute import Conversion, TensorDict, execute, prepare
+from normswap.convert.family_check import resolve_family
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import check_output_path, publish_dir, staging_dir
+from normswap.version import __version__
 
 MEMORY_MARGIN = 0.9  # refuse verification above this share of the available memory
 
@@ -45,8 +45,9 @@ def check_out(src, out, *, force: bool, family_file=None):
     return check_output_path(out, force=force, reads=[("the model", src), ("the family file", family_file)])
 
 
-def convert_checkpoint(src, out, options: ConvertOptions | None = None, *, force=False, device="cpu", progress=None,
-                       **option_values) -> dict:
+def convert_checkpoint(
+    src, out, options: ConvertOptions | None = None, *, force=False, device="cpu", progress=None, **option_values
+) -> dict:
     """Convert SRC into OUT and return the summary that `--json` prints.
 
     The conversion's options are ``options`` (a ConvertOptions, normswap/convert/config.py) or the
@@ -74,7 +75,9 @@ def convert_checkpoint(src, out, options: ConvertOptions | None = None, *, force
         if family_file is not None:
             say(f"using the family file {family_file} (checked by converting a tiny randomised instance)")
         elif family.discovered:
-            say(f"no family file for model_type {config.model_type!r}: using the plan discovered from the model itself (checked by converting a tiny randomised instance)")
+            say(
+                f"no family file for model_type {config.model_type!r}: using the plan discovered from the model itself (checked by converting a tiny randomised instance)"
+            )
         matched = ckinputs.match(model, source, label)
         source_config = copy.deepcopy(config)  # prepare() records the conversion on `config`
         out_dtype = None if options.dtype == "auto" else getattr(torch, options.dtype)
@@ -84,8 +87,10 @@ def convert_checkpoint(src, out, options: ConvertOptions | None = None, *, force
             check_verification_memory(conv, config)
 
         total = sum(numel(w.shape) * w.dtype.itemsize for w in conv.writes.values())
-        say(f"converting {len(conv.writes)} tensors ({total / 1e9:.2f} GB) from {len(source.files)} {source.kind} file(s) "
-            f"({family.display}, {conv.parameters_before / 1e6:.1f}M parameters)")
+        say(
+            f"converting {len(conv.writes)} tensors ({total / 1e9:.2f} GB) from {len(source.files)} {source.kind} file(s) "
+            f"({family.display}, {conv.parameters_before / 1e6:.1f}M parameters)"
+        )
         manifest = base_manifest(label, resolved, conv, source)
         with staging_dir(out) as tmp:
             write_config_and_code(conv.model, tmp)
@@ -95,8 +100,9 @@ def convert_checkpoint(src, out, options: ConvertOptions | None = None, *, force
             copy_side_files(directory, tmp)
             if options.verify:
                 say("verifying: probe batch through source and converted checkpoint, one module at a time")
-                manifest["verification"] = run_verification(conv, source_config, resolved, tmp, causal=causal,
-                                                            tolerance=options.tolerance, device=device)
+                manifest["verification"] = run_verification(
+                    conv, source_config, resolved, tmp, causal=causal, tolerance=options.tolerance, device=device
+                )
             else:
                 manifest["verification"] = {"skipped": True, "reason": "--no-verify"}
             write_manifest(tmp, manifest)
@@ -148,6 +154,7 @@ def run_verification(conv: Conversion, source_config, resolved, staged, *, causa
             def fetch_blocks(key, dtype, out=None):
                 with ops.intra_op_threads(1):
                     return fetch(key, dtype, out=out, pool=pool)
+
             return fetch_blocks
 
         def unrounded(key, dtype, out=None, pool=None):
@@ -156,9 +163,15 @@ def run_verification(conv: Conversion, source_config, resolved, staged, *, causa
         with pool:
             result = verification.verify(
                 (lambda: ckinputs.skeleton(source_config, torch.float32, buffers=True), on_blocks(conv.inputs.read_as)),
-                (lambda: ckinputs.skeleton(staged_config, torch.float32, buffers=True), on_blocks(staged_inputs.read_as)),
+                (
+                    lambda: ckinputs.skeleton(staged_config, torch.float32, buffers=True),
+                    on_blocks(staged_inputs.read_as),
+                ),
                 unrounded=on_blocks(unrounded) if sixteen else None,
-                tokenizer=_tokenizer(resolved), causal=causal, device=device, resident_ok=whole < 0.5 * available_memory(),
+                tokenizer=_tokenizer(resolved),
+                causal=causal,
+                device=device,
+                resident_ok=whole < 0.5 * available_memory(),
                 tolerance=tolerance,
             )
     finally:
@@ -182,8 +195,17 @@ def unrounded_tensor(conv: Conversion, key, device="cpu", out=None, pool=None) -
         value = conv.inputs.read(w.value_key)
         return out.copy_(value) if out is not None else value.to(torch.float32)
     sink = TensorDict({key: (calc, w.shape)}, {key: out} if out is not None else None)
-    ops.run(op, w.shape, conv.inputs.read, lambda k: conv.inputs.specs[k][1], lambda t, row: sink.write(key, t, row),
-            calc, compute=calc, device=device, pool=pool)
+    ops.run(
+        op,
+        w.shape,
+        conv.inputs.read,
+        lambda k: conv.inputs.specs[k][1],
+        lambda t, row: sink.write(key, t, row),
+        calc,
+        compute=calc,
+        device=device,
+        pool=pool,
+    )
     return sink.tensors[key]
 
 
@@ -258,7 +280,9 @@ def _write_generation_config(model, src_dir, tmp) -> None:
             if (src_dir / "generation_config.json").is_file():
                 gen = GenerationConfig.from_pretrained(str(src_dir))
             else:
-                gen = GenerationConfig.from_pretrained(str(src_dir), config_file_name="config.json", _from_model_config=True)
+                gen = GenerationConfig.from_pretrained(
+                    str(src_dir), config_file_name="config.json", _from_model_config=True
+                )
         except Exception:
             pass
     if gen is not None and not (tmp / "generation_config.json").exists():

@@ -63,7 +63,9 @@ def _foldable_layout(module) -> str:
     cannot fold into or centre."""
     layout = layout_of(module)
     if layout is None:
-        raise NormswapError(f"cannot fold into or centre {type(module).__name__}: only Linear, Conv1D and Embedding are supported")
+        raise NormswapError(
+            f"cannot fold into or centre {type(module).__name__}: only Linear, Conv1D and Embedding are supported"
+        )
     return layout
 
 
@@ -75,12 +77,16 @@ class _Resolver:
         self.model = model
         self.config = config
         prefix = getattr(model, "base_model_prefix", "") or ""
-        self.base = prefix + "." if prefix and hasattr(model, prefix) and isinstance(getattr(model, prefix), nn.Module) else ""
+        self.base = (
+            prefix + "." if prefix and hasattr(model, prefix) and isinstance(getattr(model, prefix), nn.Module) else ""
+        )
         layers_path = self.full(family.layers)
         try:
             layers = model.get_submodule(layers_path)
         except AttributeError:
-            raise NormswapError(f"{family.name}: layer list '{layers_path}' not found in {type(model).__name__} ({family.source})") from None
+            raise NormswapError(
+                f"{family.name}: layer list '{layers_path}' not found in {type(model).__name__} ({family.source})"
+            ) from None
         self.n_layers = len(layers)
 
     def full(self, path: str) -> str:
@@ -186,7 +192,9 @@ def _mode(family: Family, model, placement: str, options: ConvertOptions) -> str
     if options.beta is not None and options.beta not in BETA_CHOICES:
         raise NormswapError(f"--beta must be one of {BETA_CHOICES}")
     if mode == "exact" and (options.gamma == "reset" or options.beta == "drop"):
-        raise NormswapError("--gamma reset and --beta drop discard parameters, so they are not exact: use --mode approx")
+        raise NormswapError(
+            "--gamma reset and --beta drop discard parameters, so they are not exact: use --mode approx"
+        )
     return mode
 
 
@@ -206,8 +214,14 @@ class _Ties:
         head, embed = output_embeddings(model), input_embeddings(model)
         if tied is None:
             tied = head is not None and embed is not None and head.weight is embed.weight
-        return cls(head, embed, _name_of(model, head) if head is not None else None,
-                   _name_of(model, embed) if embed is not None else None, bool(tied), bool(options.untie and tied))
+        return cls(
+            head,
+            embed,
+            _name_of(model, head) if head is not None else None,
+            _name_of(model, embed) if embed is not None else None,
+            bool(tied),
+            bool(options.untie and tied),
+        )
 
     @property
     def kept(self) -> bool:
@@ -215,7 +229,9 @@ class _Ties:
         return self.tied and not self.untie
 
 
-def _empty_plan(family: Family, res: _Resolver, mode: str, placement: str, options: ConvertOptions, ties: _Ties) -> Plan:
+def _empty_plan(
+    family: Family, res: _Resolver, mode: str, placement: str, options: ConvertOptions, ties: _Ties
+) -> Plan:
     """The plan's header: the `normswap` config block before any norm is decided."""
     plan = Plan(
         family=family.name,
@@ -250,7 +266,11 @@ def _norm_entries(family: Family, res: _Resolver) -> list[tuple[str, NormEntry, 
     """(module name, family entry, role, reader names) of every norm the family lists that this
     model (its config, its layer count) has; role is layer, final, head or embedding."""
     entries: list[tuple[str, NormEntry, str, list]] = []
-    for group, role in ((family.norms, "layer"), ((family.final_norm,) if family.final_norm else (), "final"), (family.head_norms, "head")):
+    for group, role in (
+        (family.norms, "layer"),
+        ((family.final_norm,) if family.final_norm else (), "final"),
+        (family.head_norms, "head"),
+    ):
         for entry in group:
             if not res.applies(entry.when):
                 continue
@@ -285,7 +305,9 @@ def _check_every_layernorm_is_described(plan: Plan, family: Family, model, res: 
         plan.block["left_alone"].append({"module": name, "reason": reason})
     for name, *_ in entries:
         if not family.discovered and not is_layernorm(res.module(name)):
-            raise NormswapError(f"{family.name}: '{name}' is {type(res.module(name)).__name__}, not a LayerNorm (nothing to convert?)")
+            raise NormswapError(
+                f"{family.name}: '{name}' is {type(res.module(name)).__name__}, not a LayerNorm (nothing to convert?)"
+            )
 
 
 def _stream_writers(family: Family, res: _Resolver) -> tuple[list[str], list[str]]:
@@ -302,7 +324,9 @@ def _stream_writers(family: Family, res: _Resolver) -> tuple[list[str], list[str
     return embedding_names, writer_names
 
 
-def _decide_gamma_and_beta(plan: Plan, res: _Resolver, entries, options: ConvertOptions, placement: str, ties: _Ties) -> dict[str, dict]:
+def _decide_gamma_and_beta(
+    plan: Plan, res: _Resolver, entries, options: ConvertOptions, placement: str, ties: _Ties
+) -> dict[str, dict]:
     """Record each norm's decisions (γ and β folded, kept, reset or dropped) and return what each
     reading linear folds in: {reader module: {"gamma": key|None, "beta": key|None, "gamma_offset"}}."""
     family = res.family
@@ -319,7 +343,10 @@ def _decide_gamma_and_beta(plan: Plan, res: _Resolver, entries, options: Convert
         elif role == "embedding":
             foldable, why = False, "its output starts the residual stream"
         elif not readers or missing:
-            foldable, why = False, "its output leaves the model (no reading linear)" if not readers else f"reader {missing[0]} is absent"
+            foldable, why = (
+                False,
+                "its output leaves the model (no reading linear)" if not readers else f"reader {missing[0]} is absent",
+            )
         elif ties.kept and ties.head_name in readers:
             foldable, why = False, "it feeds the tied output head (use --untie to fold)"
         gamma = options.gamma or ("fold" if foldable else "keep")
@@ -370,7 +397,8 @@ def _decide_gamma_and_beta(plan: Plan, res: _Resolver, entries, options: Convert
                 if kind == "fold":
                     offset = entry.gamma_offset if attr == "weight" else 0.0
                     plan.derivations[_param_key(name, f"folded_{attr}")] = (
-                        {"op": "add_constant", "src": key, "add": offset} if offset else {"op": "copy", "src": key})
+                        {"op": "add_constant", "src": key, "add": offset} if offset else {"op": "copy", "src": key}
+                    )
                     rec.setdefault("restore", []).append(attr)
         if gamma == "fold" or beta == "fold":
             for r, _ in reader_mods:
@@ -392,15 +420,24 @@ def _stream_biases_and_scales(plan: Plan, family: Family, res: _Resolver, writer
     for path in family.stream_biases:
         for key in res.expand(path):
             size = _vector_size(res, key, family, "stream bias")
-            plan.derivations[key] = {"op": "linear_bias", "src": key, "weight": None, "layout": "linear",
-                                     "beta": None, "center": True, "size": size}
+            plan.derivations[key] = {
+                "op": "linear_bias",
+                "src": key,
+                "weight": None,
+                "layout": "linear",
+                "beta": None,
+                "center": True,
+                "size": size,
+            }
     for entry in family.stream_scales:
         for key, writer in zip(res.expand(entry.scale), res.expand(entry.writer)):
             size = _vector_size(res, key, family, "layer scale")
             module = res.module(writer)
             if not isinstance(module, nn.Linear) or module.weight.shape[0] != size or writer not in writer_names:
-                raise NormswapError(f"{family.name}: layer scale '{key}' must scale a centred Linear writer's output, "
-                                    f"and {writer} is not one ({family.source})")
+                raise NormswapError(
+                    f"{family.name}: layer scale '{key}' must scale a centred Linear writer's output, "
+                    f"and {writer} is not one ({family.source})"
+                )
             scale_of[writer] = key
             plan.derivations[key] = {"op": "ones", "size": size}  # λ now lives in the writer's rows
     return scale_of
@@ -415,7 +452,9 @@ def _centre_embeddings(plan: Plan, res: _Resolver, embedding_names: list[str], t
         is_table = isinstance(module, nn.Embedding) and isinstance(weight, nn.Parameter)
         # the tied table may be reachable under more names than get_input_embeddings' (SeamlessM4T's
         # encoder and decoder share it with the head): identity, not the name, says it is the head's
-        shares_head = name == ties.embed_name or (ties.embed_module is not None and weight is getattr(ties.embed_module, "weight", None))
+        shares_head = name == ties.embed_name or (
+            ties.embed_module is not None and weight is getattr(ties.embed_module, "weight", None)
+        )
         if is_table and not (ties.kept and shares_head):
             plan.derivations[_param_key(name)] = {"op": "center_rows", "src": _param_key(name)}
         else:
@@ -424,8 +463,9 @@ def _centre_embeddings(plan: Plan, res: _Resolver, embedding_names: list[str], t
             plan.block["centered_outputs"].append(name)
 
 
-def _fold_readers_and_centre_writers(plan: Plan, res: _Resolver, reader_ops: dict, writer_names: list[str],
-                                     scale_of: dict[str, str], ties: _Ties) -> None:
+def _fold_readers_and_centre_writers(
+    plan: Plan, res: _Resolver, reader_ops: dict, writer_names: list[str], scale_of: dict[str, str], ties: _Ties
+) -> None:
     """The linears: γ/β folded into the readers' weights and biases, the writers' rows centred
     (with their layer scale folded in)."""
     writer_set = set(writer_names)
@@ -444,7 +484,13 @@ def _fold_readers_and_centre_writers(plan: Plan, res: _Resolver, reader_ops: dic
             src_w = _param_key(ties.embed_name)
         has_bias = getattr(module, "bias", None) is not None
         out_features = module.weight.shape[1] if layout == "conv1d" else module.weight.shape[0]
-        plan.derivations[_param_key(name)] = {"op": "linear_weight", "src": src_w, "layout": layout, "gamma": ops["gamma"], "center": center}
+        plan.derivations[_param_key(name)] = {
+            "op": "linear_weight",
+            "src": src_w,
+            "layout": layout,
+            "gamma": ops["gamma"],
+            "center": center,
+        }
         if name in scale_of:
             plan.derivations[_param_key(name)]["scale_out"] = scale_of[name]
         if ops.get("gamma_offset"):

@@ -47,10 +47,10 @@ def has_layernorm_class(model) -> bool:
 def survey_one(model_type: str) -> dict:
     from transformers import AutoConfig
 
+    from normswap.architectures.registry import has_family
     from normswap.architectures.tiny import model_class, shrink_config
     from normswap.convert.family_check import discover_family
     from normswap.errors import DiscoveryError
-    from normswap.architectures.registry import has_family
 
     row = {"model_type": model_type, "curated": False, "run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())[:10]}
     t0 = time.perf_counter()
@@ -79,7 +79,10 @@ def survey_one(model_type: str) -> dict:
             row["centered_inputs"] = bool(desc.get("centered_inputs"))
             row["max_abs_diff"] = check.get("max_abs_diff")
             if check["exact"] is None:
-                row.update(status="approx-only", reason=check["reason"] + (f" ({desc['notes'][:120]})" if desc.get("notes") else ""))
+                row.update(
+                    status="approx-only",
+                    reason=check["reason"] + (f" ({desc['notes'][:120]})" if desc.get("notes") else ""),
+                )
             elif check["exact"]:
                 row.update(status="exact", reason=check.get("note", ""))
             else:
@@ -118,9 +121,9 @@ def _preload():
     import transformers.modeling_utils  # noqa: F401
     from transformers import AutoModel, AutoModelForCausalLM  # noqa: F401
 
+    import normswap.architectures.randomize  # noqa: F401
     import normswap.convert.apply  # noqa: F401
     import normswap.convert.family_check  # noqa: F401
-    import normswap.architectures.randomize  # noqa: F401
 
     transformers.logging.set_verbosity_error()
 
@@ -139,7 +142,9 @@ def run_survey(only=None, progress=None, jobs=1) -> list[dict]:
     def report(row):
         rows.append(row)
         if progress:
-            progress(f"[{len(rows)}/{len(names)}] {row['model_type']}: {row['status']} ({row['seconds']} s) {row.get('reason', '')[:100]}")
+            progress(
+                f"[{len(rows)}/{len(names)}] {row['model_type']}: {row['status']} ({row['seconds']} s) {row.get('reason', '')[:100]}"
+            )
 
     if jobs <= 1:
         for mt in names:
@@ -173,7 +178,7 @@ def shard_of(names: list[str], spec: str) -> list[str]:
         raise NormswapError(f"--shard {spec!r}: expected K/N, e.g. 1/4") from None
     if not 1 <= k <= n:
         raise NormswapError(f"--shard {spec!r}: K must be between 1 and N")
-    return names[k - 1::n]
+    return names[k - 1 :: n]
 
 
 def load_rows(paths) -> list[dict]:
@@ -188,7 +193,9 @@ def load_rows(paths) -> list[dict]:
             data = json.loads(open(path).read())
         except (OSError, json.JSONDecodeError) as e:
             raise NormswapError(f"{path}: not a survey JSON file ({e})") from None
-        if not isinstance(data, list) or not all(isinstance(r, dict) and "model_type" in r and "status" in r for r in data):
+        if not isinstance(data, list) or not all(
+            isinstance(r, dict) and "model_type" in r and "status" in r for r in data
+        ):
             raise NormswapError(f"{path}: not a survey JSON file (expected a list of rows with model_type and status)")
         for r in data:
             if r["model_type"] in rows:
@@ -209,7 +216,10 @@ RAW_STREAM = "raw residual stream"  # what every refusal of a stream that leaves
 
 REFUSAL_CAUSES = (  # (what the reason says, the cause it names), first match wins
     (RAW_STREAM, "the raw residual stream leaves the model or its stack without a norm"),
-    ("is not produced by any module", "a write into the stream that no module owns (a bare parameter, a concatenation)"),
+    (
+        "is not produced by any module",
+        "a write into the stream that no module owns (a bare parameter, a concatenation)",
+    ),
     ("changed by", "the plan's exactness check failed"),
     ("took over", "over the time limit"),
 )
@@ -231,8 +241,12 @@ def _runs_note(rows) -> list[str]:
         runs[r.get("run") or "an earlier run (undated)"] = runs.get(r.get("run") or "an earlier run (undated)", 0) + 1
     if len(runs) < 2:
         return []
-    return ["Rows by the run that produced them (`--from-json … --update STATUS` re-runs some rows and keeps the others): "
-            + "; ".join(f"{run}: {n}" for run, n in sorted(runs.items())) + ".", ""]
+    return [
+        "Rows by the run that produced them (`--from-json … --update STATUS` re-runs some rows and keeps the others): "
+        + "; ".join(f"{run}: {n}" for run, n in sorted(runs.items()))
+        + ".",
+        "",
+    ]
 
 
 def survey_markdown(rows) -> str:
@@ -281,8 +295,10 @@ def survey_markdown(rows) -> str:
     for r in tried:
         diff = f"{r['max_abs_diff']:.1e}" if isinstance(r.get("max_abs_diff"), float) else ""
         reason = (r.get("reason") or "").replace("|", "/").replace("\n", " ")[:220]
-        lines.append(f"| `{r['model_type']}` | {r.get('class', '')} | {'yes' if r['curated'] else ''} | {r['status']} | "
-                     f"{r.get('placement', '')} | {r.get('norms', '')} | {diff} | {reason} |")
+        lines.append(
+            f"| `{r['model_type']}` | {r.get('class', '')} | {'yes' if r['curated'] else ''} | {r['status']} | "
+            f"{r.get('placement', '')} | {r.get('norms', '')} | {diff} | {reason} |"
+        )
     lines += ["", "## Not tried", "", "| model_type | why |", "|---|---|"]
     for r in rows:
         if r["status"] in ("not-built", "no-layernorm", "untraceable"):

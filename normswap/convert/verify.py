@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from normswap.architectures.probes import complete_inputs
+from normswap.checkpoint.tensor_source import numel
 from normswap.convert.inputs import persistent_buffers
 from normswap.convert.memory import release_freed_memory
-from normswap.checkpoint.tensor_source import numel
 from normswap.errors import NormswapError
 from normswap.model_facts import context_length
 
@@ -90,10 +90,10 @@ class Arena:
             self.stack.append((start, start + n))
             return torch.empty(shape, dtype=dtype)
         self.stack.append((start, start + n))
-        return self.buffer[start:start + n].view(dtype).view(tuple(shape))
+        return self.buffer[start : start + n].view(dtype).view(tuple(shape))
 
     def give_back(self, count: int) -> None:
-        del self.stack[len(self.stack) - count:]
+        del self.stack[len(self.stack) - count :]
         if not self.stack and self.high > self.buffer.numel():
             self.buffer = torch.empty(0, dtype=torch.uint8)
             release_freed_memory()
@@ -208,8 +208,10 @@ def outputs(build, fetch, dtype, inputs, causal, *, device="cpu", resident_ok=Fa
         out = runner(inputs)
     except _NotBlockwise as e:
         if not resident_ok:
-            raise NormswapError(f"verification: this model reads {e.args[0]} outside its module, so it cannot run one "
-                                "module at a time, and the whole model does not fit in memory: rerun with --no-verify") from None
+            raise NormswapError(
+                f"verification: this model reads {e.args[0]} outside its module, so it cannot run one "
+                "module at a time, and the whole model does not fit in memory: rerun with --no-verify"
+            ) from None
         out = runner.resident(inputs)
     if causal:
         return out.logits.double().log_softmax(-1).cpu()
@@ -231,7 +233,12 @@ def peak_bytes(model, config, *, rounding: bool, seq_len: int = SEQ_LEN) -> int:
         own = sum(p.numel() for p in module._parameters.values() if p is not None)
         largest = max(largest, own)
     vocab = int(getattr(config, "vocab_size", None) or 256)
-    hidden = int(getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or getattr(config, "d_model", None) or 1024)
+    hidden = int(
+        getattr(config, "hidden_size", None)
+        or getattr(config, "n_embd", None)
+        or getattr(config, "d_model", None)
+        or 1024
+    )
     heads = int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None) or 16)
     tokens = 2 * seq_len
     weights = largest * (8 + 4 + 4)  # float64 copy, float32 intermediate, its 16-bit form
@@ -240,8 +247,9 @@ def peak_bytes(model, config, *, rounding: bool, seq_len: int = SEQ_LEN) -> int:
     return int(weights + activations + kept + ALLOCATOR_SLACK)
 
 
-def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, device="cpu", resident_ok=False,
-           tolerance=1e-4) -> dict:
+def verify(
+    source, converted, *, unrounded=None, tokenizer=None, causal=True, device="cpu", resident_ok=False, tolerance=1e-4
+) -> dict:
     """Compare two checkpoints on the probe; report max |Δ|, the threshold it is held to, and the floors
     that set the threshold.
 
@@ -263,9 +271,20 @@ def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, de
     inputs = verification_ids(tokenizer, skel.config)
     ids = inputs["input_ids"]
     inputs = complete_inputs(skel, inputs)  # vision / audio / encoder-decoder models need more than ids
-    ref = outputs(lambda: skel, fetch_src, torch.float32, inputs, causal, device=device, resident_ok=resident_ok, arena=arena)
+    ref = outputs(
+        lambda: skel, fetch_src, torch.float32, inputs, causal, device=device, resident_ok=resident_ok, arena=arena
+    )
     conv_skel = build_conv()  # the converted and unrounded passes run the same skeleton (weights come per module)
-    got = outputs(lambda: conv_skel, fetch_conv, torch.float32, inputs, causal, device=device, resident_ok=resident_ok, arena=arena)
+    got = outputs(
+        lambda: conv_skel,
+        fetch_conv,
+        torch.float32,
+        inputs,
+        causal,
+        device=device,
+        resident_ok=resident_ok,
+        arena=arena,
+    )
     if ref.shape != got.shape:
         raise NormswapError(f"verification: output shapes differ ({tuple(ref.shape)} vs {tuple(got.shape)})")
     diff = float((ref - got).abs().max())
@@ -287,7 +306,16 @@ def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, de
             result["rounding_floor_note"] = not_needed.format("--tolerance")
         else:
             # rounding the converted weights to 16 bits moves the outputs by itself; measure that floor
-            exact = outputs(lambda: conv_skel, unrounded, torch.float32, inputs, causal, device=device, resident_ok=resident_ok, arena=arena)
+            exact = outputs(
+                lambda: conv_skel,
+                unrounded,
+                torch.float32,
+                inputs,
+                causal,
+                device=device,
+                resident_ok=resident_ok,
+                arena=arena,
+            )
             result["rounding_floor"] = float((exact - got).abs().max())
             result["threshold"] = max(result["threshold"], 4 * result["rounding_floor"])
             del exact
@@ -295,7 +323,9 @@ def verify(source, converted, *, unrounded=None, tokenizer=None, causal=True, de
         result["noise_floor_note"] = not_needed.format("the threshold")
         return result
     try:
-        hi = outputs(build_src, fetch_src, torch.float64, inputs, causal, device=device, resident_ok=resident_ok, arena=arena)
+        hi = outputs(
+            build_src, fetch_src, torch.float64, inputs, causal, device=device, resident_ok=resident_ok, arena=arena
+        )
         result["noise_floor"] = float((hi - ref).abs().max())
         result["threshold"] = max(result["threshold"], 4 * result["noise_floor"])
     except (RuntimeError, NotImplementedError):  # some modeling code does not run in float64 (XGLM's masking)

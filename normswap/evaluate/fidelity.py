@@ -36,10 +36,14 @@ def _row_tokens(tokenizer, seq_len: int) -> int:
 
 def _too_short(have: int, inner: int, seq_len: int, where: str) -> NormswapError:
     hint = f"lower --seq-len to {have + seq_len - inner} or less, or give more text" if have >= 16 else "give more text"
-    return NormswapError(f"fidelity: {where} holds {have} tokens, fewer than the {inner} of one row (--seq-len {seq_len}): {hint}")
+    return NormswapError(
+        f"fidelity: {where} holds {have} tokens, fewer than the {inner} of one row (--seq-len {seq_len}): {hint}"
+    )
 
 
-def require_fidelity_text(tokenizer, text: str, *, max_tokens: int, seq_len: int, where: str = "the evaluation text") -> None:
+def require_fidelity_text(
+    tokenizer, text: str, *, max_tokens: int, seq_len: int, where: str = "the evaluation text"
+) -> None:
     """Refuse, before any model is loaded, a text too short for one fidelity row or without a sentence."""
     have = len(tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens])
     inner = _row_tokens(tokenizer, seq_len)
@@ -54,7 +58,7 @@ def token_blocks(tokenizer, text: str, max_tokens: int, seq_len: int) -> torch.T
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
     framed = tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None
     inner = _row_tokens(tokenizer, seq_len)
-    rows = [ids[i:i + inner] for i in range(0, len(ids) - inner + 1, inner)]
+    rows = [ids[i : i + inner] for i in range(0, len(ids) - inner + 1, inner)]
     if not rows:
         raise _too_short(len(ids), inner, seq_len, "the evaluation text")
     if framed:
@@ -106,7 +110,7 @@ def run_blocks(model, ids: torch.Tensor, micro: int = 8) -> tuple[torch.Tensor, 
     hidden, logits = [], []
     with torch.inference_mode():
         for i in range(0, ids.shape[0], micro):
-            out = model(input_ids=ids[i:i + micro].to(_device(model)), output_hidden_states=True)
+            out = model(input_ids=ids[i : i + micro].to(_device(model)), output_hidden_states=True)
             hidden.append(_last_hidden(out).float().cpu())
             lg = getattr(out, "logits", None)
             logits.append(lg.float().cpu() if lg is not None else None)
@@ -118,7 +122,9 @@ def sentence_embeddings(model, tokenizer, texts: list[str], seq_len: int, micro:
     rows = []
     with torch.inference_mode():
         for i in range(0, len(texts), micro):
-            enc = tokenizer(texts[i:i + micro], padding=True, truncation=True, max_length=seq_len, return_tensors="pt")
+            enc = tokenizer(
+                texts[i : i + micro], padding=True, truncation=True, max_length=seq_len, return_tensors="pt"
+            )
             mask = enc["attention_mask"].to(_device(model))
             out = model(input_ids=enc["input_ids"].to(_device(model)), attention_mask=mask, output_hidden_states=True)
             h = _last_hidden(out).float()
@@ -127,8 +133,17 @@ def sentence_embeddings(model, tokenizer, texts: list[str], seq_len: int, micro:
     return torch.cat(rows)
 
 
-def fidelity(entries, reference: str, text: str, *, max_tokens: int, seq_len: int, max_sentences: int = 256,
-             seed: int = 0, progress=None) -> tuple[dict, dict]:
+def fidelity(
+    entries,
+    reference: str,
+    text: str,
+    *,
+    max_tokens: int,
+    seq_len: int,
+    max_sentences: int = 256,
+    seed: int = 0,
+    progress=None,
+) -> tuple[dict, dict]:
     """({model name: metrics}, what was read) for every entry against the entry named ``reference``.
 
     Models that do not read text (images, audio features) are compared on probe inputs instead
@@ -167,7 +182,9 @@ def fidelity(entries, reference: str, text: str, *, max_tokens: int, seq_len: in
             "sentences": len(sents),
             "tokens": int(ids.numel()),
             "masked_positions": int(chosen.sum()),
-            "masked_loss": None, "masked_perplexity": None, "top1_agreement": None,
+            "masked_loss": None,
+            "masked_perplexity": None,
+            "top1_agreement": None,
         }
         if logits is not None and chosen.any() and tok.mask_token_id is not None:
             sel = logits[chosen]
@@ -176,8 +193,15 @@ def fidelity(entries, reference: str, text: str, *, max_tokens: int, seq_len: in
             if ref_top is not None:
                 row["top1_agreement"] = (sel.argmax(-1) == ref_top).float().mean().item()
         out[e.name] = row
-    info = {"fidelity_tokens": int(ids.numel()), "fidelity_rows": int(ids.shape[0]), "sentences": len(sents),
-            "mask_rate": MASK_RATE, "mask_seed": seed, "seq_len": seq_len, "reference": reference}
+    info = {
+        "fidelity_tokens": int(ids.numel()),
+        "fidelity_rows": int(ids.shape[0]),
+        "sentences": len(sents),
+        "mask_rate": MASK_RATE,
+        "mask_seed": seed,
+        "seq_len": seq_len,
+        "reference": reference,
+    }
     return out, info
 
 
@@ -189,7 +213,9 @@ def _main_output(outputs: dict) -> str:
     return next((k for k in ("last_hidden_state", "logits") if k in outputs), next(iter(outputs)))
 
 
-def probe_fidelity(entries, reference: str, *, seed: int = 0, batch: int = PROBE_BATCH, progress=None) -> tuple[dict, dict]:
+def probe_fidelity(
+    entries, reference: str, *, seed: int = 0, batch: int = PROBE_BATCH, progress=None
+) -> tuple[dict, dict]:
     """Fidelity of models without text input (ViT, CLIP, Whisper) to ``reference`` on seeded probe
     inputs of the right shape (images, audio features, decoder ids: architectures/probes.py).
 
@@ -204,7 +230,9 @@ def probe_fidelity(entries, reference: str, *, seed: int = 0, batch: int = PROBE
     say = progress or (lambda msg: None)
     ref = next(e for e in entries if e.name == reference)
     inputs = probe_inputs(ref.model, batch=batch, seed=seed)
-    say(f"fidelity: reference {reference} on probe inputs {', '.join(f'{k} {list(v.shape)}' for k, v in inputs.items())}")
+    say(
+        f"fidelity: reference {reference} on probe inputs {', '.join(f'{k} {list(v.shape)}' for k, v in inputs.items())}"
+    )
 
     def outputs_of(model):
         device = _device(model)
@@ -222,13 +250,21 @@ def probe_fidelity(entries, reference: str, *, seed: int = 0, batch: int = PROBE
         for key, r in ref_out.items():
             g = got.get(key)
             if g is None or g.shape != r.shape:
-                raise NormswapError(f"fidelity: {e.name} does not return {key} of shape {list(r.shape)} as {reference} does; "
-                                    "compare models of the same architecture")
+                raise NormswapError(
+                    f"fidelity: {e.name} does not return {key} of shape {list(r.shape)} as {reference} does; "
+                    "compare models of the same architecture"
+                )
             diff = float((g - r).abs().max()) if r.numel() else 0.0
-            cos = torch.nn.functional.cosine_similarity(g.reshape(-1, r.shape[-1]), r.reshape(-1, r.shape[-1]), dim=-1) \
-                if r.dim() > 0 and r.shape[-1] > 1 else None
-            per[key] = {"cosine": None if cos is None else cos.mean().item(), "max_abs_diff": diff,
-                        "max_rel_diff": diff / max(float(r.abs().max()), 1e-30)}
+            cos = (
+                torch.nn.functional.cosine_similarity(g.reshape(-1, r.shape[-1]), r.reshape(-1, r.shape[-1]), dim=-1)
+                if r.dim() > 0 and r.shape[-1] > 1
+                else None
+            )
+            per[key] = {
+                "cosine": None if cos is None else cos.mean().item(),
+                "max_abs_diff": diff,
+                "max_rel_diff": diff / max(float(r.abs().max()), 1e-30),
+            }
         cosines = [v["cosine"] for v in per.values() if v["cosine"] is not None]
         out[e.name] = {
             "reference": reference,
@@ -238,9 +274,20 @@ def probe_fidelity(entries, reference: str, *, seed: int = 0, batch: int = PROBE
             "max_rel_diff": max(v["max_rel_diff"] for v in per.values()),
             "main_output": main,
             "outputs": per,
-            "embedding_cosine": None, "embedding_cosine_min": None, "sentences": 0, "tokens": 0, "masked_positions": 0,
-            "masked_loss": None, "masked_perplexity": None, "top1_agreement": None,
+            "embedding_cosine": None,
+            "embedding_cosine_min": None,
+            "sentences": 0,
+            "tokens": 0,
+            "masked_positions": 0,
+            "masked_loss": None,
+            "masked_perplexity": None,
+            "top1_agreement": None,
         }
-    info = {"reference": reference, "method": "probe inputs", "inputs": {k: list(v.shape) for k, v in inputs.items()},
-            "seed": seed, "main_output": main}
+    info = {
+        "reference": reference,
+        "method": "probe inputs",
+        "inputs": {k: list(v.shape) for k, v in inputs.items()},
+        "seed": seed,
+        "main_output": main,
+    }
     return out, info

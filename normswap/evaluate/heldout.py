@@ -37,7 +37,11 @@ def training_data(model_dir) -> dict | None:
         return ft["training_data"]
     if not ft.get("data"):
         return None
-    return {"spec": str(ft["data"]), "path": _resolved(ft["data"]), "split": finetune_splits(ft["data"], ft.get("eval_data"))[0]}
+    return {
+        "spec": str(ft["data"]),
+        "path": _resolved(ft["data"]),
+        "split": finetune_splits(ft["data"], ft.get("eval_data"))[0],
+    }
 
 
 def same_source(data, trained: dict) -> bool:
@@ -65,7 +69,11 @@ def choose_split(data, requested: str | None, default: str, models: dict[str, st
         if trained is not None and same_source(data, trained):
             seen.append({"model": name, "split": trained["split"], "documents": trained.get("documents")})
     split = requested or default
-    if requested is None and any(overlaps(default, s["split"]) for s in seen) and all(s["split"] != "all" for s in seen):
+    if (
+        requested is None
+        and any(overlaps(default, s["split"]) for s in seen)
+        and all(s["split"] != "all" for s in seen)
+    ):
         split = HELD_OUT_SPLIT
     return split, seen
 
@@ -90,6 +98,8 @@ def caption(d: dict) -> str:
         of = f"{docs:,} of {total:,} documents" if docs is not None and total else f"{docs or '?'} documents"
         return f"{name}, {of} not seen in fine-tuning ({d['split']} split{cap}; {models} trained on its {seen[0]['split']} split)"
     if d.get("held_out") is False:
-        return (f"{name}, {d['split']} split ({docs or '?'} documents{cap}): NOT held-out, it includes text {models} "
-                f"{'was' if len(seen) == 1 else 'were'} fine-tuned on ({', '.join(sorted({s['split'] for s in seen}))} split)")
+        return (
+            f"{name}, {d['split']} split ({docs or '?'} documents{cap}): NOT held-out, it includes text {models} "
+            f"{'was' if len(seen) == 1 else 'were'} fine-tuned on ({', '.join(sorted({s['split'] for s in seen}))} split)"
+        )
     return f"{name} ({d['split']} split{'' if docs is None else f', {docs:,} documents'}{cap})"

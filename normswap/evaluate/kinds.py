@@ -41,7 +41,11 @@ def common_group(kinds: dict[str, str]) -> str:
     """The comparison group of ``{name: kind}``; one-line error when they cannot be compared."""
     groups = {GROUP[k] for k in kinds.values()}
     if len(groups) > 1:
-        parts = [f"{GROUP_NAMES[g]} ({', '.join(n for n, k in kinds.items() if GROUP[k] == g)})" for g in GROUP_NAMES if g in groups]
+        parts = [
+            f"{GROUP_NAMES[g]} ({', '.join(n for n, k in kinds.items() if GROUP[k] == g)})"
+            for g in GROUP_NAMES
+            if g in groups
+        ]
         raise NormswapError(
             f"cannot compare {' with '.join(parts)}: perplexity is not defined for an "
             "encoder and fidelity needs one reference of the same kind; evaluate them in separate reports"
@@ -66,16 +70,23 @@ def training_loss(model, ids: torch.Tensor, *, forward=None) -> torch.Tensor:
 # (perplexity, fidelity: None when not given) run where they are the group's headline number.
 # Image/audio models get fidelity on probe inputs only: speed and memory runs feed token ids.
 GROUP_NAMES = {"causal-lm": "causal LMs", "encoder": "encoders", "probe-input": "image/audio models"}
-MEASURABLE = {"causal-lm": ("perplexity", "diagnostics", "tasks", "speed", "memory", "fidelity"),
-              "encoder": ("speed", "memory", "fidelity"),
-              "probe-input": ("fidelity",)}
+MEASURABLE = {
+    "causal-lm": ("perplexity", "diagnostics", "tasks", "speed", "memory", "fidelity"),
+    "encoder": ("speed", "memory", "fidelity"),
+    "probe-input": ("fidelity",),
+}
 HEADLINE = {"causal-lm": "perplexity", "encoder": "fidelity", "probe-input": "fidelity"}
 READS_TEXT = {"causal-lm": True, "encoder": True, "probe-input": False}  # probe-input models get seeded probe inputs
-SPEED_BY_GROUP = {"causal-lm": SPEED_KINDS, "encoder": tuple(k for k in SPEED_KINDS if k != "generate")}  # encoders generate nothing
+SPEED_BY_GROUP = {
+    "causal-lm": SPEED_KINDS,
+    "encoder": tuple(k for k in SPEED_KINDS if k != "generate"),
+}  # encoders generate nothing
 # asked for explicitly where they are not defined: refused (anything else on by default is skipped)
-NOT_DEFINED = {"perplexity": "perplexity is not defined for {group} ({models}); `normswap eval report` measures their fidelity "
-                             "to a --baseline",
-               "tasks": "lm-eval tasks score causal LMs; these models are {group} ({models}): drop --tasks"}
+NOT_DEFINED = {
+    "perplexity": "perplexity is not defined for {group} ({models}); `normswap eval report` measures their fidelity "
+    "to a --baseline",
+    "tasks": "lm-eval tasks score causal LMs; these models are {group} ({models}): drop --tasks",
+}
 
 
 def measurements_for(group: str, wanted: dict[str, bool | None], models: list[str]) -> list[str]:

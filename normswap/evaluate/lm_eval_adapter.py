@@ -62,7 +62,12 @@ def crosscheck(model, tokenizer, task: str, *, window: int, limit=None, batch_si
     if limit:
         docs = docs[: int(limit)]
     r = document_perplexity(model, tokenizer, docs, seq_len=window, stride=window, batch_size=batch_size)
-    return {"bits_per_byte": r.bits_per_byte, "word_perplexity": r.word_perplexity, "documents": len(docs), "window": window}
+    return {
+        "bits_per_byte": r.bits_per_byte,
+        "word_perplexity": r.word_perplexity,
+        "documents": len(docs),
+        "window": window,
+    }
 
 
 @contextlib.contextmanager
@@ -127,8 +132,17 @@ def default_log() -> Path:
     return temp_dir() / f"lm_eval-{os.getpid()}.log"
 
 
-def run_tasks(model, tokenizer, tasks, *, batch_size: int = 8, max_length: int | None = None, limit=None, device=None,
-              log_path: Path | None = None) -> dict:
+def run_tasks(
+    model,
+    tokenizer,
+    tasks,
+    *,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    limit=None,
+    device=None,
+    log_path: Path | None = None,
+) -> dict:
     """Scores per task: ``{task: {metric: value}}``.
 
     lm-eval's progress bars, warnings and logging go to ``log_path`` (default: a file in the
@@ -145,7 +159,9 @@ def run_tasks(model, tokenizer, tasks, *, batch_size: int = 8, max_length: int |
     was_training = model.training
     try:
         with routed_to(log_path):
-            results = _evaluate(model, tokenizer, names, batch_size=batch_size, max_length=max_length, limit=limit, device=device)
+            results = _evaluate(
+                model, tokenizer, names, batch_size=batch_size, max_length=max_length, limit=limit, device=device
+            )
     except NormswapError:
         raise
     except Exception as e:  # lm-eval raises many types for unreachable hub datasets

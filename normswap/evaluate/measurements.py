@@ -11,9 +11,9 @@ configuration (evaluate/config.py); ``evaluate/runner.py`` runs them in :data:`M
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from normswap.evaluate.config import EvalConfig
 
@@ -54,9 +54,15 @@ def measure_perplexity(run: Run):
     cfg, out = run.config, {}
     for e in run.entries:
         run.say(f"perplexity: {e.name}")
-        p = perplexity(e.model, e.tokenizer, run.text, seq_len=cfg.seq_len, stride=cfg.stride, batch_size=cfg.batch_size)
-        out[e.name] = PerplexityRecord(p.perplexity, p.bits_per_byte, p.word_perplexity,
-                                       {"tokens": p.tokens, "nll_nats": p.nll_nats, "windows": p.windows})
+        p = perplexity(
+            e.model, e.tokenizer, run.text, seq_len=cfg.seq_len, stride=cfg.stride, batch_size=cfg.batch_size
+        )
+        out[e.name] = PerplexityRecord(
+            p.perplexity,
+            p.bits_per_byte,
+            p.word_perplexity,
+            {"tokens": p.tokens, "nll_nats": p.nll_nats, "windows": p.windows},
+        )
     return out, {}
 
 
@@ -75,7 +81,9 @@ def measure_diagnostics(run: Run):
     out = {}
     for e in run.entries:
         run.say(f"diagnostics: {e.name}")
-        out[e.name] = DiagnosticsRecord(diagnostics(e.model, fixed_batch(e.tokenizer, run.text, DIAGNOSTICS_BATCH, run.config.seq_len)))
+        out[e.name] = DiagnosticsRecord(
+            diagnostics(e.model, fixed_batch(e.tokenizer, run.text, DIAGNOSTICS_BATCH, run.config.seq_len))
+        )
     return out, {}
 
 
@@ -97,12 +105,22 @@ def measure_tasks(run: Run):
     for e in run.entries:
         run.say(f"lm-eval {','.join(cfg.tasks)}: {e.name} (its output: {run.lm_eval_log})")
         window = context_length(e.model) or 2048  # lm-eval's own default when the config names none
-        scores = run_tasks(e.model, e.tokenizer, cfg.tasks, batch_size=cfg.batch_size, max_length=window, limit=cfg.lm_eval_limit,
-                           device=run.device, log_path=run.lm_eval_log)
+        scores = run_tasks(
+            e.model,
+            e.tokenizer,
+            cfg.tasks,
+            batch_size=cfg.batch_size,
+            max_length=window,
+            limit=cfg.lm_eval_limit,
+            device=run.device,
+            log_path=run.lm_eval_log,
+        )
         # normswap's own number on the very windows lm-eval scored, so the report can show that the
         # two agree (and explain why its headline perplexity differs)
-        checks = {t: crosscheck(e.model, e.tokenizer, t, window=window, limit=cfg.lm_eval_limit, batch_size=cfg.batch_size)
-                  for t in cfg.tasks}
+        checks = {
+            t: crosscheck(e.model, e.tokenizer, t, window=window, limit=cfg.lm_eval_limit, batch_size=cfg.batch_size)
+            for t in cfg.tasks
+        }
         out[e.name] = TasksRecord(scores, {t: c for t, c in checks.items() if c is not None})
     return out, {"lm_eval_log": str(run.lm_eval_log)}
 
@@ -140,15 +158,22 @@ def measure_speed(run: Run):
     from normswap.evaluate.speed import measure_speed_run
 
     cfg = run.config
-    setup = dataclasses.replace(cfg.speed_setup, batch_size=cfg.batch_size, seq_len=cfg.seq_len, kinds=SPEED_BY_GROUP[run.group])
+    setup = dataclasses.replace(
+        cfg.speed_setup, batch_size=cfg.batch_size, seq_len=cfg.seq_len, kinds=SPEED_BY_GROUP[run.group]
+    )
     base = next((e for e in run.entries if e.name == run.baseline), None)
     control = None
     if base is not None and setup.null_control:
         run.say(f"speed: loading {base.name} a second time (the null control)")
         control = (base.name + NULL_CONTROL_SUFFIX, null_control_model(run, base))
     run.say("speed: interleaved over models" + (" and the null control" if control else ""))
-    measured = measure_speed_run([(e.name, e.model) for e in run.entries], setup, progress=run.say, null_control=control)
-    top = {"speed_setup": setup.to_dict(), "speed_noise": measured["machine"]}  # runner.py adds the null control's verdict
+    measured = measure_speed_run(
+        [(e.name, e.model) for e in run.entries], setup, progress=run.say, null_control=control
+    )
+    top = {
+        "speed_setup": setup.to_dict(),
+        "speed_noise": measured["machine"],
+    }  # runner.py adds the null control's verdict
     if control is not None:
         top["null_control"] = {"name": control[0], "of": base.name, **measured["null_control"]}
     return {name: SpeedRecord(**m) for name, m in measured["models"].items()}, top
@@ -159,7 +184,11 @@ def measure_speed(run: Run):
 class MemoryRecord(Record):
     peak_memory_bytes: int | None = None
     memory_detail: dict | None = field(
-        default_factory=lambda: {"method": "not measured", "reason": "not requested (--no-memory, or eval.memory: false in a recipe)"})
+        default_factory=lambda: {
+            "method": "not measured",
+            "reason": "not requested (--no-memory, or eval.memory: false in a recipe)",
+        }
+    )
 
 
 def measure_memory(run: Run):
@@ -171,12 +200,16 @@ def measure_memory(run: Run):
         if getattr(e.model, "is_onnx", False):
             from normswap.evaluate.onnx_model import NOT_MEASURED
 
-            out[e.name] = MemoryRecord(None, {"method": "not measured", "reason": f"ONNX model: {NOT_MEASURED['memory']}"})
+            out[e.name] = MemoryRecord(
+                None, {"method": "not measured", "reason": f"ONNX model: {NOT_MEASURED['memory']}"}
+            )
             continue
         run.say(f"peak memory: {e.name}")
         seq_len = min(cfg.seq_len, context_length(e.model) or cfg.seq_len)
         detail = peak_memory(e.model, cfg.batch_size, seq_len)
-        out[e.name] = MemoryRecord(detail.pop("peak_memory_bytes"), {"batch_size": cfg.batch_size, "seq_len": seq_len, **detail})
+        out[e.name] = MemoryRecord(
+            detail.pop("peak_memory_bytes"), {"batch_size": cfg.batch_size, "seq_len": seq_len, **detail}
+        )
     return out, {}
 
 
@@ -190,8 +223,15 @@ def measure_fidelity(run: Run):
     from normswap.evaluate.fidelity import fidelity
 
     reference = run.baseline or run.entries[0].name
-    measured, setup = fidelity(run.entries, reference, run.text, max_tokens=run.config.fidelity_tokens, seq_len=run.config.seq_len,
-                               seed=run.seed, progress=run.say)
+    measured, setup = fidelity(
+        run.entries,
+        reference,
+        run.text,
+        max_tokens=run.config.fidelity_tokens,
+        seq_len=run.config.seq_len,
+        seed=run.seed,
+        progress=run.say,
+    )
     return {name: FidelityRecord(m) for name, m in measured.items()}, {"fidelity_setup": setup}
 
 

@@ -69,15 +69,22 @@ def cuda_peak(model, batch_size: int, seq_len: int) -> dict:
     own = resident_bytes(model, optimizer)
     del optimizer
     torch.cuda.empty_cache()
-    return {"peak_memory_bytes": int(peak - before + own), "method": "cuda max_memory_allocated over one train step, this model's tensors only",
-            "resident_bytes": own}
+    return {
+        "peak_memory_bytes": int(peak - before + own),
+        "method": "cuda max_memory_allocated over one train step, this model's tensors only",
+        "resident_bytes": own,
+    }
 
 
 def tracked_peak(model, batch_size: int, seq_len: int) -> dict:
     try:
         from torch.distributed._tools.mem_tracker import MemTracker
     except Exception as e:  # not built with distributed, or moved in a later PyTorch
-        return {"peak_memory_bytes": None, "method": "not measured", "reason": f"torch MemTracker unavailable ({type(e).__name__})"}
+        return {
+            "peak_memory_bytes": None,
+            "method": "not measured",
+            "reason": f"torch MemTracker unavailable ({type(e).__name__})",
+        }
     batch = train_step_inputs(model, batch_size, seq_len)
     optimizer = _optimizer(model)
     _step(model, optimizer, batch)  # optimizer state exists before measuring, as in training
@@ -88,7 +95,11 @@ def tracked_peak(model, batch_size: int, seq_len: int) -> dict:
             _step(model, optimizer, batch)
         snapshot = tracker.get_tracker_snapshot("peak")
     except Exception as e:
-        return {"peak_memory_bytes": None, "method": "not measured", "reason": f"MemTracker failed: {type(e).__name__}: {e}"[:200]}
+        return {
+            "peak_memory_bytes": None,
+            "method": "not measured",
+            "reason": f"MemTracker failed: {type(e).__name__}: {e}"[:200],
+        }
     finally:
         model.zero_grad(set_to_none=True)
     per_device = snapshot.get(model_device(model)) or next(iter(snapshot.values()), {})
@@ -101,8 +112,12 @@ def tracked_peak(model, batch_size: int, seq_len: int) -> dict:
             breakdown[getattr(key, "value", str(key)).lower()] = int(value)
     own = resident_bytes(model, optimizer)
     del optimizer
-    return {"peak_memory_bytes": total, "method": "tensor bytes at the peak of one train step (torch MemTracker)",
-            "breakdown": breakdown, "resident_bytes": own}
+    return {
+        "peak_memory_bytes": total,
+        "method": "tensor bytes at the peak of one train step (torch MemTracker)",
+        "breakdown": breakdown,
+        "resident_bytes": own,
+    }
 
 
 def peak_memory(model, batch_size: int, seq_len: int) -> dict:

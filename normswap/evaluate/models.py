@@ -74,8 +74,12 @@ def onnx_info(model) -> dict:
         "flops_per_token": None,
         "normswap": None,
         "finetune": None,
-        "onnx": {"opset": record.get("opset"), "norm_op": record.get("norm_op"), "runtime": "onnxruntime (CPU)",
-                 "not_measured": NOT_MEASURED},
+        "onnx": {
+            "opset": record.get("opset"),
+            "norm_op": record.get("norm_op"),
+            "runtime": "onnxruntime (CPU)",
+            "not_measured": NOT_MEASURED,
+        },
     }
 
 
@@ -96,8 +100,11 @@ def finetune_curve(model_dir, max_points: int = 400) -> dict | None:
     # With distillation, `loss` is the mixed objective: keep its parts apart (KL and cross-entropy
     # differ by orders of magnitude and must not share an axis).
     by_step = {r["step"]: r for r in rows if "step" in r}
-    parts = {key: [by_step[s].get(key) for s, _ in thinned] for key in ("lm_loss", "distill_loss")
-             if any(by_step[s].get(key) is not None for s, _ in thinned)}
+    parts = {
+        key: [by_step[s].get(key) for s, _ in thinned]
+        for key in ("lm_loss", "distill_loss")
+        if any(by_step[s].get(key) is not None for s, _ in thinned)
+    }
     return {
         "train_log": str(run.log_file),
         "steps": [s for s, _ in thinned],

@@ -70,4 +70,3 @@ class OnnxModel:
 
     def to(self, *args, **kwargs):
         return self
-

@@ -127,12 +127,16 @@ def sequence_nll(model, ids: list[int], *, seq_len: int, stride: int, batch_size
     return total, scored, len(plan)
 
 
-def perplexity(model, tokenizer, text: str, *, seq_len: int | None = None, stride: int | None = None, batch_size: int = 8) -> PerplexityResult:
+def perplexity(
+    model, tokenizer, text: str, *, seq_len: int | None = None, stride: int | None = None, batch_size: int = 8
+) -> PerplexityResult:
     """Perplexity, bits per byte and word perplexity of ``text`` (one stream)."""
     return document_perplexity(model, tokenizer, [text], seq_len=seq_len, stride=stride, batch_size=batch_size)
 
 
-def document_perplexity(model, tokenizer, documents, *, seq_len: int | None = None, stride: int | None = None, batch_size: int = 8) -> PerplexityResult:
+def document_perplexity(
+    model, tokenizer, documents, *, seq_len: int | None = None, stride: int | None = None, batch_size: int = 8
+) -> PerplexityResult:
     """Like :func:`perplexity`, scoring each document on its own (each gets the prefix token)
     and aggregating NLL, tokens, bytes and words over all of them - lm-eval's definition for
     ``loglikelihood_rolling`` tasks."""

@@ -74,7 +74,9 @@ def describe(planned, progress=None) -> list[ModelFacts]:
         config = load_config(resolved)
         kind = _skeleton_kind(config, "causal-lm" if is_causal_lm(config) else "auto")
         tokenizer = None if kind == PROBE_INPUT else load_tokenizer(spec)
-        facts.append(ModelFacts(name, config, tokenizer, kind, str(Path(resolved).resolve()) if is_local(resolved) else None))
+        facts.append(
+            ModelFacts(name, config, tokenizer, kind, str(Path(resolved).resolve()) if is_local(resolved) else None)
+        )
     return facts
 
 
@@ -82,11 +84,21 @@ def facts_of(entries) -> list[ModelFacts]:
     """:class:`ModelFacts` of loaded entries (evaluate/runner.py's ModelEntry)."""
     from normswap.evaluate.kinds import model_kind
 
-    return [ModelFacts(e.name, e.model.config, e.tokenizer, model_kind(e.model),
-                       e.path if e.path and Path(e.path).is_dir() else None) for e in entries]
+    return [
+        ModelFacts(
+            e.name,
+            e.model.config,
+            e.tokenizer,
+            model_kind(e.model),
+            e.path if e.path and Path(e.path).is_dir() else None,
+        )
+        for e in entries
+    ]
 
 
-def prepare(facts: list[ModelFacts], cfg: EvalConfig, *, data="embedded", baseline_name=None, progress=None) -> Prepared:
+def prepare(
+    facts: list[ModelFacts], cfg: EvalConfig, *, data="embedded", baseline_name=None, progress=None
+) -> Prepared:
     """Resolve ``cfg`` against the models, choose the measurements, read the text and check that it
     suffices for each of them; one-line NormswapError otherwise. Nothing here loads weights."""
     from normswap.evaluate.measurements import MEASUREMENTS
@@ -97,8 +109,14 @@ def prepare(facts: list[ModelFacts], cfg: EvalConfig, *, data="embedded", baseli
         raise NormswapError("give at least one model to evaluate")
     kinds = {f.name: f.kind for f in facts if f.kind is not None}
     group = common_group(kinds) if kinds else "causal-lm"
-    wanted = {"perplexity": cfg.perplexity, "diagnostics": cfg.diagnostics, "tasks": bool(cfg.tasks), "speed": cfg.speed,
-              "memory": cfg.memory, "fidelity": cfg.fidelity}
+    wanted = {
+        "perplexity": cfg.perplexity,
+        "diagnostics": cfg.diagnostics,
+        "tasks": bool(cfg.tasks),
+        "speed": cfg.speed,
+        "memory": cfg.memory,
+        "fidelity": cfg.fidelity,
+    }
     chosen = measurements_for(group, wanted, list(kinds) or [f.name for f in facts])
     contexts = [c for c in (context_length(f.config) for f in facts) if c]
     max_ctx = min(contexts) if contexts else None
@@ -122,7 +140,9 @@ def read_text(facts, cfg: EvalConfig, data, baseline_name, say) -> tuple[str, di
 
     split, seen = heldout.choose_split(data, cfg.split, default_eval_split(str(data)), {f.name: f.path for f in facts})
     if seen and split != (cfg.split or default_eval_split(str(data))):
-        say(f"{', '.join(s['model'] for s in seen)} fine-tuned on {data}: reading its {split} split, which fine-tuning never saw")
+        say(
+            f"{', '.join(s['model'] for s in seen)} fine-tuned on {data}: reading its {split} split, which fine-tuning never saw"
+        )
     say(f"loading {data} ({split} split)")
     documents = 0
 
@@ -138,8 +158,10 @@ def read_text(facts, cfg: EvalConfig, data, baseline_name, say) -> tuple[str, di
     text, truncated, full_chars = held_out_text(counted(load_documents(data, split)), cap.tokenizer, cfg.max_tokens)
     held = heldout.held_out(split, seen)
     if held is False:
-        say(f"WARNING: the {split} split of {data} includes text {', '.join(s['model'] for s in seen)} was fine-tuned on: "
-            "not held-out (drop --split for the part fine-tuning never saw)")
+        say(
+            f"WARNING: the {split} split of {data} includes text {', '.join(s['model'] for s in seen)} was fine-tuned on: "
+            "not held-out (drop --split for the part fine-tuning never saw)"
+        )
     available = sum(1 for _ in load_documents(data, "all")) if seen else None
     block = {
         "spec": str(data),

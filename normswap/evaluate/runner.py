@@ -46,7 +46,7 @@ def split_label(arg: str) -> tuple[str | None, str]:
 
 def default_name(spec: str) -> str:
     if spec.startswith("normswap:"):
-        return spec[len("normswap:"):]
+        return spec[len("normswap:") :]
     p = Path(spec)
     if p.exists():
         return p.resolve().name
@@ -96,7 +96,9 @@ def ratios(model: dict, base: dict) -> dict:
         "perplexity": _ratio(model.get("perplexity"), base.get("perplexity")),
         "bits_per_byte": _ratio(model.get("bits_per_byte"), base.get("bits_per_byte")),
         "word_perplexity": _ratio(model.get("word_perplexity"), base.get("word_perplexity")),
-        "tokens_per_second": {k: _ratio(tps_m.get(k), tps_b.get(k)) for k in ("forward", "train_step", "generate", "prefill", "decode")},
+        "tokens_per_second": {
+            k: _ratio(tps_m.get(k), tps_b.get(k)) for k in ("forward", "train_step", "generate", "prefill", "decode")
+        },
         "peak_memory_bytes": _ratio(model.get("peak_memory_bytes"), base.get("peak_memory_bytes")),
         "norm_time_share": _ratio(model.get("norm_time_share"), base.get("norm_time_share")),
     }
@@ -139,11 +141,15 @@ def plan_entries(specs, baseline=None) -> tuple[list[tuple[str, str]], str | Non
     for i, name in enumerate(names):
         if name in names[:i]:  # a silent rename would make --baseline and the report ambiguous
             first = labelled[names.index(name)][1]
-            raise NormswapError(f"two models are named {name!r} ({first} and {labelled[i][1]}); give each its own label as NAME=SPEC")
+            raise NormswapError(
+                f"two models are named {name!r} ({first} and {labelled[i][1]}); give each its own label as NAME=SPEC"
+            )
     return [(name, spec) for name, (_, spec) in zip(names, labelled)], baseline_name
 
 
-def load_entries(specs, *, baseline=None, device="cpu", dtype=torch.float32, progress=None) -> tuple[list[ModelEntry], str | None]:
+def load_entries(
+    specs, *, baseline=None, device="cpu", dtype=torch.float32, progress=None
+) -> tuple[list[ModelEntry], str | None]:
     """Load ``specs`` (``SPEC`` or ``NAME=SPEC``); add ``baseline`` when it is not one of them."""
     planned, baseline_name = plan_entries(specs, baseline)
     return load_planned(planned, device=device, dtype=dtype, progress=progress), baseline_name
@@ -163,23 +169,45 @@ def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -
         resolved = resolve(spec)
         if is_onnx_dir(resolved):  # `normswap export --format onnx`: timed in onnxruntime (forward only)
             if str(device) != "cpu" or dtype != torch.float32:
-                raise NormswapError(f"{name} is an ONNX export: it runs in onnxruntime on the CPU in float32 "
-                                    "(give --device cpu and no other --dtype)")
+                raise NormswapError(
+                    f"{name} is an ONNX export: it runs in onnxruntime on the CPU in float32 "
+                    "(give --device cpu and no other --dtype)"
+                )
             model = OnnxModel(resolved)
-            entries.append(ModelEntry(name=name, spec=str(spec), model=model, tokenizer=None, path=str(Path(resolved).resolve())))
+            entries.append(
+                ModelEntry(name=name, spec=str(spec), model=model, tokenizer=None, path=str(Path(resolved).resolve()))
+            )
             continue
         task = "causal-lm" if is_causal_lm(load_config(resolved)) else "auto"
         model = load_model(spec, dtype=dtype, device=device, task=task)
         # image / audio models are compared on probe inputs: a tokenizer is neither needed nor always there
         tok = None if model_kind(model) == PROBE_INPUT else load_tokenizer(spec)
-        entries.append(ModelEntry(name=name, spec=str(spec), model=model, tokenizer=tok,
-                                  path=str(Path(resolved).resolve()) if is_local(resolved) else resolved))
+        entries.append(
+            ModelEntry(
+                name=name,
+                spec=str(spec),
+                model=model,
+                tokenizer=tok,
+                path=str(Path(resolved).resolve()) if is_local(resolved) else resolved,
+            )
+        )
         common_group({e.name: model_kind(e.model) for e in entries})
     return entries
 
 
-def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, data="embedded", baseline_name=None, device="cpu",
-             dtype=torch.float32, seed=0, progress=None, lm_eval_log=None, prepared=None) -> dict:
+def evaluate(
+    entries: list[ModelEntry],
+    config: EvalConfig | None = None,
+    *,
+    data="embedded",
+    baseline_name=None,
+    device="cpu",
+    dtype=torch.float32,
+    seed=0,
+    progress=None,
+    lm_eval_log=None,
+    prepared=None,
+) -> dict:
     """Run the measurements ``config`` selects on ``entries``; the results dict (docs/results-schema.md).
 
     Causal LMs get perplexity (and diagnostics, lm-eval tasks); encoders get fidelity to the
@@ -203,8 +231,10 @@ def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, dat
     cfg, chosen, text = prepared.config, prepared.chosen, prepared.text
     onnx = [e.name for e in entries if getattr(e.model, "is_onnx", False)]
     if onnx and set(chosen) - {"speed", "memory"}:
-        raise NormswapError(f"{', '.join(onnx)}: an ONNX export is measured by `normswap eval speed` only "
-                            f"(forward tokens/s), not by {', '.join(sorted(set(chosen) - {'speed', 'memory'}))}")
+        raise NormswapError(
+            f"{', '.join(onnx)}: an ONNX export is measured by `normswap eval speed` only "
+            f"(forward tokens/s), not by {', '.join(sorted(set(chosen) - {'speed', 'memory'}))}"
+        )
     results = {
         "schema_version": 1,
         "device": device_description(device),
@@ -215,9 +245,18 @@ def evaluate(entries: list[ModelEntry], config: EvalConfig | None = None, *, dat
         "baseline": baseline_name,
         "models": [],
     }
-    run = Run(entries=entries, config=cfg, text=text, group=group, baseline=baseline_name, device=device, seed=seed,
-              lm_eval_log=Path(lm_eval_log) if lm_eval_log else default_log(), say=say,
-              load_again=lambda e: load_planned([(e.name, e.spec)], device=device, dtype=dtype)[0].model)
+    run = Run(
+        entries=entries,
+        config=cfg,
+        text=text,
+        group=group,
+        baseline=baseline_name,
+        device=device,
+        seed=seed,
+        lm_eval_log=Path(lm_eval_log) if lm_eval_log else default_log(),
+        say=say,
+        load_again=lambda e: load_planned([(e.name, e.spec)], device=device, dtype=dtype)[0].model,
+    )
     rows = [{"name": e.name, "path": e.path, "spec": e.spec, **model_info(e.model, e.path)} for e in entries]
     for m in MEASUREMENTS:
         records, top = m.measure(run) if m.name in chosen else ({}, {})
@@ -254,7 +293,9 @@ def speed_noise(null: dict | None, machine: dict | None) -> dict:
         "null_control": null is not None,
         "delta": NULL_DELTA,
         "min_repeats": MIN_REPEATS,
-        "null_spread": {k: {"low": iv["low"], "high": iv["high"], "repeats": iv["repeats"]} for k, iv in spreads.items()},
+        "null_spread": {
+            k: {"low": iv["low"], "high": iv["high"], "repeats": iv["repeats"]} for k, iv in spreads.items()
+        },
         # None: fewer repeats than a verdict needs, so nothing is judged either way
         "tight": {k: null_is_tight(iv) if iv["repeats"] >= MIN_REPEATS else None for k, iv in spreads.items()},
         **(machine or {}),

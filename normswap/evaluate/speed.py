@@ -33,12 +33,12 @@ not measured then: per-module hooks would break the compiled graph that fuses th
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
 import statistics
 import time
-import dataclasses
 
 import torch
 
@@ -46,6 +46,7 @@ from normswap.evaluate.config import SpeedConfig
 from normswap.evaluate.kinds import training_loss
 from normswap.evaluate.perplexity import model_device
 from normswap.model_facts import context_length, norm_modules
+
 
 def _cache_of(out):
     cache = out.get("cache") if hasattr(out, "get") else None
@@ -84,7 +85,9 @@ class _Bench:
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.optimizer = None
         self.calls: dict[str, int] = {}
-        self.samples: dict[str, list] = {k: [] for k in ("forward", "train_step", "prefill", "decode", "norm_share", "norm_ms")}
+        self.samples: dict[str, list] = {
+            k: [] for k in ("forward", "train_step", "prefill", "decode", "norm_share", "norm_ms")
+        }
 
     # -- single operations -------------------------------------------------------------------
     def _forward(self):
@@ -213,9 +216,11 @@ class _Bench:
         pairs = self.samples["prefill"]
         if not pairs:
             return {}
-        return {"generate": [self.new_tokens / (p + d) for p, d in pairs],
-                "prefill": [self.prompt_len / p if p > 0 else None for p, _ in pairs],
-                "decode": [(self.new_tokens - 1) / d if d > 0 and self.new_tokens > 1 else None for _, d in pairs]}
+        return {
+            "generate": [self.new_tokens / (p + d) for p, d in pairs],
+            "prefill": [self.prompt_len / p if p > 0 else None for p, _ in pairs],
+            "decode": [(self.new_tokens - 1) / d if d > 0 and self.new_tokens > 1 else None for _, d in pairs],
+        }
 
     def summary(self) -> dict:
         s = self.samples
@@ -242,7 +247,8 @@ class _Bench:
                 "repeats": len(s["forward"] or s["train_step"] or s["prefill"] or s["norm_share"]),
                 "calls_per_measurement": dict(self.calls),
                 "samples": {k: v for k, v in (("forward", s["forward"]), ("train_step", s["train_step"])) if v}
-                | self._generation_samples() | ({"norm_ms": list(s["norm_ms"])} if s["norm_ms"] else {}),
+                | self._generation_samples()
+                | ({"norm_ms": list(s["norm_ms"])} if s["norm_ms"] else {}),
             },
         }
         if s["norm_share"]:
@@ -296,8 +302,13 @@ def measure_speed_run(models, config: SpeedConfig | None = None, progress=None, 
             summaries = _measure(benches, cfg, progress)
     after = machine_load()
     control = summaries.pop(null_control[0]) if null_control is not None else None
-    machine = {"load_before": before["load_average"], "load_after": after["load_average"], "cpu_count": before["cpu_count"],
-               "usable_cpus": before["usable_cpus"], "torch_threads": torch.get_num_threads()}
+    machine = {
+        "load_before": before["load_average"],
+        "load_after": after["load_average"],
+        "cpu_count": before["cpu_count"],
+        "usable_cpus": before["usable_cpus"],
+        "torch_threads": torch.get_num_threads(),
+    }
     return {"models": summaries, "null_control": control, "machine": machine}
 
 

@@ -36,9 +36,11 @@ import statistics
 
 MIN_REPEATS = 5
 NULL_DELTA = 0.05
-METHOD = (f"min-max of per-repeat paired ratios (interleaved repeats); a difference needs >= {MIN_REPEATS} repeats, an interval "
-          f"that excludes 1 and the null control's (the baseline loaded twice), and a null control within "
-          f"[{1 - NULL_DELTA:.2f}, {1 + NULL_DELTA:.2f}] (else: too noisy to tell)")
+METHOD = (
+    f"min-max of per-repeat paired ratios (interleaved repeats); a difference needs >= {MIN_REPEATS} repeats, an interval "
+    f"that excludes 1 and the null control's (the baseline loaded twice), and a null control within "
+    f"[{1 - NULL_DELTA:.2f}, {1 + NULL_DELTA:.2f}] (else: too noisy to tell)"
+)
 NO_DIFFERENCE = "no measurable difference"
 TOO_NOISY = "too noisy to tell"
 # ``null`` of interval(): no null control in this run (results from before it existed)
@@ -54,8 +56,12 @@ def paired_ratios(samples, base_samples) -> list[float]:
 
 def null_is_tight(null_iv: dict | None) -> bool:
     """Whether the null control's interval says the machine was quiet enough to tell (rule 2)."""
-    return bool(null_iv) and null_iv.get("repeats", 0) >= MIN_REPEATS and \
-        1 - NULL_DELTA <= null_iv["low"] and null_iv["high"] <= 1 + NULL_DELTA
+    return (
+        bool(null_iv)
+        and null_iv.get("repeats", 0) >= MIN_REPEATS
+        and 1 - NULL_DELTA <= null_iv["low"]
+        and null_iv["high"] <= 1 + NULL_DELTA
+    )
 
 
 def interval(samples, base_samples, null=UNCONTROLLED) -> dict | None:
@@ -111,7 +117,9 @@ def ratio_intervals(model: dict, base: dict, null: dict | None = None) -> dict:
         yard = yardstick(((null or {}).get("tokens_per_second") or {}).get(kind))
         out["tokens_per_second"][kind] = None if same else interval(mine.get(kind), theirs.get(kind), yard)
     if not same:
-        out["norm_ms_per_forward"] = interval(mine.get("norm_ms"), theirs.get("norm_ms"), yardstick((null or {}).get("norm_ms_per_forward")))
+        out["norm_ms_per_forward"] = interval(
+            mine.get("norm_ms"), theirs.get("norm_ms"), yardstick((null or {}).get("norm_ms_per_forward"))
+        )
     return out
 
 

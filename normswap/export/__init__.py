@@ -19,8 +19,18 @@ from normswap.errors import NormswapError
 FORMATS = ("stock", "onnx")
 
 
-def run_export(src, dest, fmt: str, *, force=False, untie=False, tolerance=DEFAULT_TOLERANCE, max_shard_size="5GB",
-               norm_op="rmsnormalization", progress=None) -> dict:
+def run_export(
+    src,
+    dest,
+    fmt: str,
+    *,
+    force=False,
+    untie=False,
+    tolerance=DEFAULT_TOLERANCE,
+    max_shard_size="5GB",
+    norm_op="rmsnormalization",
+    progress=None,
+) -> dict:
     """Export the checkpoint ``src`` to ``dest`` in ``fmt``; published only when verified. Returns
     the export record (also in DEST's normswap_manifest.json)."""
     from normswap.export.checkpoint import local_model_dir
@@ -40,7 +50,9 @@ def run_export(src, dest, fmt: str, *, force=False, untie=False, tolerance=DEFAU
         if fmt == "stock":
             from normswap.export.stock import write_stock
 
-            record = write_stock(src_dir, tmp, untie=untie, max_shard_size=max_shard_size, tolerance=tolerance, say=progress)
+            record = write_stock(
+                src_dir, tmp, untie=untie, max_shard_size=max_shard_size, tolerance=tolerance, say=progress
+            )
         else:
             from normswap.export.onnx import write_onnx
 
@@ -65,7 +77,10 @@ def verify_export(src, dest, fmt: str, *, tolerance=DEFAULT_TOLERANCE) -> dict:
     if fmt == "stock":
         from normswap.export.compare import compare_models
 
-        with open_checkpoint(src_dir, f"the checkpoint {src}") as a, open_checkpoint(dest_dir, "the stock export", files_only=True) as b:
+        with (
+            open_checkpoint(src_dir, f"the checkpoint {src}") as a,
+            open_checkpoint(dest_dir, "the stock export", files_only=True) as b,
+        ):
             return compare_models(a, b, tolerance=tolerance)
     if fmt == "onnx":
         from normswap.checkpoint.load import load_model, load_tokenizer

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from normswap.checkpoint import load as ckload
-from normswap.convert import inputs as ckinputs
 from normswap.checkpoint.tensor_source import SafetensorsFiles, open_source, weight_files
+from normswap.convert import inputs as ckinputs
 from normswap.errors import NormswapError
 
 
@@ -45,8 +45,10 @@ def local_model_dir(spec, what: str) -> Path:
     """``spec`` as a local model directory (export reads files; a hub id must be downloaded first)."""
     resolved = ckload.resolve(spec)
     if not ckload.is_local(resolved):
-        raise NormswapError(f"{what} {spec} is not a local directory: export reads a checkpoint's files "
-                            "(download it first, e.g. with `huggingface-cli download`)")
+        raise NormswapError(
+            f"{what} {spec} is not a local directory: export reads a checkpoint's files "
+            "(download it first, e.g. with `huggingface-cli download`)"
+        )
     return Path(resolved)
 
 

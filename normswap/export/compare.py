@@ -29,10 +29,13 @@ def compare_models(reference, candidate, *, tolerance: float, transform=None, dt
     last = None
     for dt in dtypes:
         try:
-            ref = verification.outputs(lambda: reference.build(dt), reference.fetch, dt, inputs, causal, resident_ok=True)
+            ref = verification.outputs(
+                lambda: reference.build(dt), reference.fetch, dt, inputs, causal, resident_ok=True
+            )
             skel = candidate.build(dt)
-            got = verification.outputs(lambda: transform(skel) if transform else skel, candidate.fetch, dt, inputs, causal,
-                                       resident_ok=True)
+            got = verification.outputs(
+                lambda: transform(skel) if transform else skel, candidate.fetch, dt, inputs, causal, resident_ok=True
+            )
             break
         except (RuntimeError, NotImplementedError) as e:  # some modeling code does not run in float64
             last = e

@@ -84,10 +84,20 @@ def export_graph(model, path: Path, *, opset: int = OPSET, norm_op: str = "rmsno
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter prints its progress to stdout (--json reads it)
-            program = torch.onnx.export(wrapper, (ids,), dynamo=True, opset_version=opset, input_names=["input_ids"],
-                                        output_names=[wrapper.name], dynamic_shapes=({0: batch, 1: seq},), verbose=False)
+            program = torch.onnx.export(
+                wrapper,
+                (ids,),
+                dynamo=True,
+                opset_version=opset,
+                input_names=["input_ids"],
+                output_names=[wrapper.name],
+                dynamic_shapes=({0: batch, 1: seq},),
+                verbose=False,
+            )
     except Exception as e:  # the exporter's own errors are long; the first line says what it could not trace
-        raise NormswapError(f"torch.onnx.export could not trace {type(model).__name__}: {str(e).strip().splitlines()[0]}") from None
+        raise NormswapError(
+            f"torch.onnx.export could not trace {type(model).__name__}: {str(e).strip().splitlines()[0]}"
+        ) from None
     proto = program.model_proto
     if norm_op == "simplified":
         use_contrib_norm(proto)
@@ -110,9 +120,13 @@ def use_contrib_norm(proto) -> int:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         del node.attribute[:]
         node.op_type, node.domain = "SimplifiedLayerNormalization", ""
-        node.attribute.extend([helper.make_attribute("axis", int(attrs.get("axis", -1))),
-                               helper.make_attribute("epsilon", float(attrs.get("epsilon", 1e-5))),
-                               helper.make_attribute("stash_type", 1)])
+        node.attribute.extend(
+            [
+                helper.make_attribute("axis", int(attrs.get("axis", -1))),
+                helper.make_attribute("epsilon", float(attrs.get("epsilon", 1e-5))),
+                helper.make_attribute("stash_type", 1),
+            ]
+        )
         del node.output[1:]
         count += 1
     if count and not any(o.domain == "" for o in proto.opset_import):
@@ -152,9 +166,15 @@ def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
     if logits:
         ref, got = ref.log_softmax(-1), got.log_softmax(-1)
     diff = float((ref - got).abs().max()) if ref.shape == got.shape else float("inf")
-    return {"metric": "max_abs_logprob_diff" if logits else "max_abs_output_diff", "dtype": "float32",
-            "runtime": "onnxruntime (CPU)", "probe_tokens": int(ids.numel()), "max_abs_diff": diff,
-            "threshold": tolerance, "passed": bool(diff <= tolerance)}
+    return {
+        "metric": "max_abs_logprob_diff" if logits else "max_abs_output_diff",
+        "dtype": "float32",
+        "runtime": "onnxruntime (CPU)",
+        "probe_tokens": int(ids.numel()),
+        "max_abs_diff": diff,
+        "threshold": tolerance,
+        "passed": bool(diff <= tolerance),
+    }
 
 
 def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalization", say=None) -> dict:
@@ -168,16 +188,22 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalizatio
     t0 = time.perf_counter()
     model = load_model(str(src), dtype=torch.float32)
     if not takes_text_only(model):
-        raise NormswapError(f"cannot export {src} as ONNX: it takes more than token ids (images, audio or decoder "
-                            "inputs); --format onnx exports token models")
+        raise NormswapError(
+            f"cannot export {src} as ONNX: it takes more than token ids (images, audio or decoder "
+            "inputs); --format onnx exports token models"
+        )
     say(f"tracing {type(model).__name__} with torch.onnx.export (opset {OPSET})")
     ops = export_graph(model, tmp / MODEL_FILE, norm_op=norm_op)
     norms = norm_modules(model)
     rms = sum(1 for _, m in norms if "RMSNorm" in type(m).__name__)
-    norm_nodes = {op: ops.get(op, 0) for op in ("RMSNormalization", "SimplifiedLayerNormalization", "LayerNormalization")}
+    norm_nodes = {
+        op: ops.get(op, 0) for op in ("RMSNormalization", "SimplifiedLayerNormalization", "LayerNormalization")
+    }
     expected = NORM_OPS[norm_op]
     if rms and norm_nodes[expected] != rms:  # the kernel traced into its internals (or a norm was missed)
-        raise NormswapError(f"internal error: the graph has {norm_nodes[expected]} {expected} nodes for {rms} RMSNorm modules")
+        raise NormswapError(
+            f"internal error: the graph has {norm_nodes[expected]} {expected} nodes for {rms} RMSNorm modules"
+        )
     say("validating: onnxruntime (CPU) against PyTorch on the probe batch")
     try:
         tokenizer = load_tokenizer(str(src))
@@ -185,8 +211,10 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalizatio
         tokenizer = None
     check = validate(model, tmp / MODEL_FILE, tokenizer, tolerance=tolerance)
     if not check["passed"]:
-        raise VerificationError(f"ONNX validation failed: onnxruntime and PyTorch differ by {check['max_abs_diff']:.3g} > "
-                                f"{tolerance:.3g} ({check['metric']}); nothing was written")
+        raise VerificationError(
+            f"ONNX validation failed: onnxruntime and PyTorch differ by {check['max_abs_diff']:.3g} > "
+            f"{tolerance:.3g} ({check['metric']}); nothing was written"
+        )
     shutil.copy2(src / "config.json", tmp / "config.json")
     copy_side_files(src, tmp)
     block = getattr(model.config, "normswap", None)
@@ -211,5 +239,13 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalizatio
     return record
 
 
-__all__ = ["write_onnx", "export_graph", "use_contrib_norm", "session", "run_session", "is_onnx_dir", "require_packages",
-           "MANIFEST_NAME"]
+__all__ = [
+    "write_onnx",
+    "export_graph",
+    "use_contrib_norm",
+    "session",
+    "run_session",
+    "is_onnx_dir",
+    "require_packages",
+    "MANIFEST_NAME",
+]

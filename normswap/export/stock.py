@@ -35,14 +35,14 @@ import torch
 from torch import nn
 
 from normswap.checkpoint.manifest import history_entry, read_manifest, write_manifest
-from normswap.checkpoint.shards import ShardedCheckpoint
 from normswap.checkpoint.remote_code import carried_keys
+from normswap.checkpoint.shards import ShardedCheckpoint
 from normswap.checkpoint.write import copy_side_files
 from normswap.convert import inputs as ckinputs
-from normswap.model_facts import is_layernorm, layout_of
 from normswap.errors import NormswapError
 from normswap.export.checkpoint import open_checkpoint
 from normswap.export.compare import compare_models
+from normswap.model_facts import is_layernorm, layout_of
 
 
 def stock_config(config, block: dict, *, untie: bool):
@@ -113,11 +113,14 @@ class StockPlan:
             if module is None:
                 continue
             if not is_layernorm(module):
-                raise NormswapError(f"cannot export {label} as stock: {name} is a {type(module).__name__} in the stock "
-                                    f"{block['source_class']}, not a LayerNorm")
+                raise NormswapError(
+                    f"cannot export {label} as stock: {name} is a {type(module).__name__} in the stock "
+                    f"{block['source_class']}, not a LayerNorm"
+                )
             if float(getattr(module, "eps", rec["eps"])) != float(rec["eps"]):
-                raise NormswapError(f"cannot export {label} as stock: {name} has ε {rec['eps']} but the stock config "
-                                    f"gives {module.eps}")
+                raise NormswapError(
+                    f"cannot export {label} as stock: {name} has ε {rec['eps']} but the stock config gives {module.eps}"
+                )
             for pname, kept, value in (("weight", rec["weight"], "ones"), ("bias", rec["bias"], "zeros")):
                 if not kept and getattr(module, pname, None) is not None:
                     self.fill[f"{name}.{pname}"] = value
@@ -129,12 +132,19 @@ class StockPlan:
             if not any(k in self.keys for k in src_groups.get(key, [key])):
                 raise NormswapError(
                     f"cannot export {label} as stock: the stock {block['source_class']} has no place for {key} "
-                    + ("(a bias the conversion added to a linear that has none: β was folded into it); reconvert the "
-                       "source with --gamma keep --beta keep to keep γ and β on the norms" if key.endswith(".bias") else "(the conversion added it)"))
+                    + (
+                        "(a bias the conversion added to a linear that has none: β was folded into it); reconvert the "
+                        "source with --gamma keep --beta keep to keep γ and β on the norms"
+                        if key.endswith(".bias")
+                        else "(the conversion added it)"
+                    )
+                )
         missing = [k for k in self.keys if k not in self.fill and opened.inputs.disk_key(k) is None]
         if missing:
-            raise NormswapError(f"cannot export {label} as stock: the stock {block['source_class']} needs {missing[0]}, "
-                                "which the converted checkpoint does not have")
+            raise NormswapError(
+                f"cannot export {label} as stock: the stock {block['source_class']} needs {missing[0]}, "
+                "which the converted checkpoint does not have"
+            )
         # run-time centring: into the weights where a module's own parameters can carry it
         self.centre: dict = {}  # key -> dim
         self.not_centred: list[dict] = []
@@ -143,15 +153,20 @@ class StockPlan:
             how = _centring_of(module) if module is not None else None
             tied = module is not None and len(stock_groups.get(f"{name}.weight", [])) > 1
             if how is None or tied:
-                why = ("tied to the output head (export with --untie to centre it)" if tied else
-                       f"a {type(module).__name__}'s output is not a function of its own weights alone")
+                why = (
+                    "tied to the output head (export with --untie to centre it)"
+                    if tied
+                    else f"a {type(module).__name__}'s output is not a function of its own weights alone"
+                )
                 self.not_centred.append({"module": name, "reason": why})
                 continue
             for pname, dim in how.items():
                 if getattr(module, pname, None) is not None:
                     self.centre[f"{name}.{pname}"] = dim
         for name in block.get("centered_inputs", []):
-            self.not_centred.append({"module": name, "reason": "the stream start is computed in the forward, not by a module's weights"})
+            self.not_centred.append(
+                {"module": name, "reason": "the stream start is computed in the forward, not by a module's weights"}
+            )
 
     def value(self, opened, key) -> torch.Tensor:
         dtype, shape = self.specs[key]
@@ -197,16 +212,22 @@ def write_stock(src: Path, tmp: Path, *, untie=False, max_shard_size="5GB", tole
     with open_checkpoint(src, f"the checkpoint {src}") as conv:
         block = conv.block
         if not block:
-            raise NormswapError(f"{src} is not a checkpoint normswap converted (its config.json has no normswap block): "
-                                "--format stock exports a converted checkpoint in its source's stock architecture; "
-                                "a stock checkpoint already is one")
+            raise NormswapError(
+                f"{src} is not a checkpoint normswap converted (its config.json has no normswap block): "
+                "--format stock exports a converted checkpoint in its source's stock architecture; "
+                "a stock checkpoint already is one"
+            )
         if block.get("mode") != "exact":
-            raise NormswapError(f"cannot export {src} as stock: it was converted approximately ({block.get('placement')}-LN), "
-                                "so its RMSNorms read a stream that is not zero-mean and no LayerNorm computes them; "
-                                "--format onnx exports it as it is")
+            raise NormswapError(
+                f"cannot export {src} as stock: it was converted approximately ({block.get('placement')}-LN), "
+                "so its RMSNorms read a stream that is not zero-mean and no LayerNorm computes them; "
+                "--format onnx exports it as it is"
+            )
         plan = StockPlan(conv, untie=untie)
-        say(f"writing {len(plan.keys)} tensors in the stock {block['source_class']} layout"
-            + (f" ({len(plan.fill)} norm γ/β set to 1/0)" if plan.fill else ""))
+        say(
+            f"writing {len(plan.keys)} tensors in the stock {block['source_class']} layout"
+            + (f" ({len(plan.fill)} norm γ/β set to 1/0)" if plan.fill else "")
+        )
         with ShardedCheckpoint(tmp, plan.specs, max_shard_size, variant=None) as files:
             for key in plan.keys:
                 files.write(key, plan.value(conv, key))
@@ -216,11 +237,14 @@ def write_stock(src: Path, tmp: Path, *, untie=False, max_shard_size="5GB", tole
         if "auto_map" in cfg or "normswap" in cfg:  # a stock loader must find nothing to run
             raise NormswapError("internal error: the stock config still names remote code")
         copy_side_files(src, tmp)
-        say("verifying: the converted checkpoint and the stock export side by side (float64 where the model runs in it)")
+        say(
+            "verifying: the converted checkpoint and the stock export side by side (float64 where the model runs in it)"
+        )
         with open_checkpoint(tmp, "the stock export", files_only=True) as stock:
             check = compare_models(conv, stock, tolerance=tolerance)
-            swapped = compare_models(conv, stock, tolerance=tolerance,
-                                     transform=lambda m: rms_swapped(m, block), dtype=check["dtype"])
+            swapped = compare_models(
+                conv, stock, tolerance=tolerance, transform=lambda m: rms_swapped(m, block), dtype=check["dtype"]
+            )
     check["rmsnorm_ready"] = {"max_abs_diff": swapped["max_abs_diff"], "passed": swapped["passed"]}
     record = {
         "format": "stock",
@@ -239,13 +263,17 @@ def write_stock(src: Path, tmp: Path, *, untie=False, max_shard_size="5GB", tole
     if not check["passed"]:
         from normswap.errors import VerificationError
 
-        raise VerificationError(f"stock export verification failed: max |Δ| = {check['max_abs_diff']:.3g} > "
-                                f"{check['threshold']:.3g} ({check['dtype']}); nothing was written")
+        raise VerificationError(
+            f"stock export verification failed: max |Δ| = {check['max_abs_diff']:.3g} > "
+            f"{check['threshold']:.3g} ({check['dtype']}); nothing was written"
+        )
     if not plan.not_centred and not swapped["passed"]:
         from normswap.errors import VerificationError
 
-        raise VerificationError(f"stock export verification failed: its stream should be zero-mean but RMSNorm in place of "
-                                f"its LayerNorms differs by {swapped['max_abs_diff']:.3g}; nothing was written")
+        raise VerificationError(
+            f"stock export verification failed: its stream should be zero-mean but RMSNorm in place of "
+            f"its LayerNorms differs by {swapped['max_abs_diff']:.3g}; nothing was written"
+        )
     manifest = copy.deepcopy(read_manifest(src) or {})
     manifest.setdefault("history", []).append(history_entry("export", format="stock", source=str(src)))
     manifest["export"] = record

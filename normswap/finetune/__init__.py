@@ -17,8 +17,14 @@ Names are imported on first use, so that reading the options (config.py) does no
 import importlib
 
 _HOME = {
-    "FinetuneConfig": "config", "TrainStream": "data", "eval_blocks": "data", "heldout_loss": "objectives",
-    "lr_factor": "schedule", "TrainingDiverged": "trainer", "TrainingInterrupted": "trainer", "run_finetune": "trainer",
+    "FinetuneConfig": "config",
+    "TrainStream": "data",
+    "eval_blocks": "data",
+    "heldout_loss": "objectives",
+    "lr_factor": "schedule",
+    "TrainingDiverged": "trainer",
+    "TrainingInterrupted": "trainer",
+    "run_finetune": "trainer",
 }
 
 __all__ = sorted(_HOME)

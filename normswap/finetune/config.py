@@ -30,8 +30,10 @@ TRAIN_DTYPES = ("auto", "float32", "bfloat16", "float64")
 # EVAL_MIN_BLOCKS sequences and at most EVAL_TOKENS_MAX tokens.
 EVAL_TOKENS_MAX = 65536
 EVAL_MIN_BLOCKS = 8
-EVAL_RULE = (f"default: a quarter of the run's training tokens (steps × batch-size × seq-len), at least {EVAL_MIN_BLOCKS} "
-             f"sequences, at most {EVAL_TOKENS_MAX:,}")
+EVAL_RULE = (
+    f"default: a quarter of the run's training tokens (steps × batch-size × seq-len), at least {EVAL_MIN_BLOCKS} "
+    f"sequences, at most {EVAL_TOKENS_MAX:,}"
+)
 
 
 def _opt(default, help, *, resume="match", **declaration):
@@ -45,7 +47,9 @@ class FinetuneConfig:
     out: str = _opt(dataclasses.MISSING, "the output directory", kind="str", recipe=False, cli=False, resume="free")
     data: str = _opt("embedded", "training and held-out corpus", recipe=False)
     steps: int = _opt(200, "Optimizer steps (--resume: may be raised to train longer).", minimum=1, resume="extend")
-    lr: float = _opt(3e-4, "Peak learning rate η_max (--resume: may be lowered, e.g. after a divergence).", above=0.0, resume="lower")
+    lr: float = _opt(
+        3e-4, "Peak learning rate η_max (--resume: may be lowered, e.g. after a divergence).", above=0.0, resume="lower"
+    )
     warmup_steps: int = _opt(20, "Linear warmup: η_t = η_max·min(t/W, 1).", minimum=0)
     schedule: str = _opt("cosine", "Decay after the warmup.", choices=SCHEDULES)
     min_lr_ratio: float = _opt(0.1, "cosine/linear decay ends at this fraction of --lr.", minimum=0.0, maximum=1.0)
@@ -53,34 +57,68 @@ class FinetuneConfig:
     batch_size: int = _opt(8, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1)
     grad_accum: int = _opt(1, "Micro-batches per optimizer step (the global batch is still --batch-size).", minimum=1)
     seed: int = _opt(0, "Random seed.", recipe=False)
-    save_every: int = _opt(0, "Write a resumable checkpoint every K steps (0: never).", minimum=0, resume="free", recipe=False)
-    keep_checkpoints: int = _opt(2, "Keep this many newest checkpoints (0: all).", minimum=0, resume="free", recipe=False)
-    keep_checkpoints_after_finish: bool = _opt(False, "Keep OUT/checkpoints after the final model is written.", resume="free",
-                                               recipe=False)
+    save_every: int = _opt(
+        0, "Write a resumable checkpoint every K steps (0: never).", minimum=0, resume="free", recipe=False
+    )
+    keep_checkpoints: int = _opt(
+        2, "Keep this many newest checkpoints (0: all).", minimum=0, resume="free", recipe=False
+    )
+    keep_checkpoints_after_finish: bool = _opt(
+        False, "Keep OUT/checkpoints after the final model is written.", resume="free", recipe=False
+    )
     eval_every: int = _opt(0, "Held-out loss every K steps (always at step 0 and at the end).", minimum=0)
-    eval_tokens: int | None = _opt(None, f"Held-out tokens from the validation split ({EVAL_RULE}).", kind="int", minimum=1)
+    eval_tokens: int | None = _opt(
+        None, f"Held-out tokens from the validation split ({EVAL_RULE}).", kind="int", minimum=1
+    )
     weight_decay: float = _opt(0.01, "AdamW weight decay (never on norms or biases).", minimum=0.0)
     clip_grad: float = _opt(1.0, "Clip the global gradient norm (0: off).", minimum=0.0)
-    trainable: str = _opt("all", "all parameters, or only the normalisation layers' γ/β (refused when exact conversion folded them away).",
-                          choices=("all", "norms"))
-    distill_from: str | None = _opt(None, "Teacher model (e.g. the unconverted source): train toward its token distributions.", kind="str")
-    distill_layers: str = _opt("all", "Encoders: distil the hidden states of every layer (all) or of the last one (final).",
-                               choices=("all", "final"))
-    eval_data: str | None = _opt(None, "Held-out set of the eval loss (default: the validation split of --data); when given, a "
-                                 "--data file or directory is trained on whole.", kind="str", recipe=False)
+    trainable: str = _opt(
+        "all",
+        "all parameters, or only the normalisation layers' γ/β (refused when exact conversion folded them away).",
+        choices=("all", "norms"),
+    )
+    distill_from: str | None = _opt(
+        None, "Teacher model (e.g. the unconverted source): train toward its token distributions.", kind="str"
+    )
+    distill_layers: str = _opt(
+        "all",
+        "Encoders: distil the hidden states of every layer (all) or of the last one (final).",
+        choices=("all", "final"),
+    )
+    eval_data: str | None = _opt(
+        None,
+        "Held-out set of the eval loss (default: the validation split of --data); when given, a "
+        "--data file or directory is trained on whole.",
+        kind="str",
+        recipe=False,
+    )
     distill_alpha: float = _opt(1.0, "Loss = α·KL(teacher‖student) + (1−α)·LM loss.", minimum=0.0, maximum=1.0)
     distill_temperature: float = _opt(1.0, "Softmax temperature of the distillation KL.", above=0.0)
     adam_beta1: float = _opt(0.9, "AdamW β1.", minimum=0.0, below=1.0)
     adam_beta2: float = _opt(0.95, "AdamW β2.", minimum=0.0, below=1.0)
     adam_eps: float = _opt(1e-8, "AdamW ε.", above=0.0)
-    dtype: str = _opt("auto", "auto: fp32 weights with bf16 autocast on CUDA, fp32 on CPU (float16 is not offered: without loss "
-                      "scaling it overflows).", choices=TRAIN_DTYPES)
+    dtype: str = _opt(
+        "auto",
+        "auto: fp32 weights with bf16 autocast on CUDA, fp32 on CPU (float16 is not offered: without loss "
+        "scaling it overflows).",
+        choices=TRAIN_DTYPES,
+    )
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto", resume="free", recipe=False)
-    resume: bool = _opt(False, "Continue the run in OUT from its newest intact checkpoint, with the options recorded in OUT "
-                        "(options given again must match, except a larger --steps and a lower --lr).", resume="free", recipe=False)
+    resume: bool = _opt(
+        False,
+        "Continue the run in OUT from its newest intact checkpoint, with the options recorded in OUT "
+        "(options given again must match, except a larger --steps and a lower --lr).",
+        resume="free",
+        recipe=False,
+    )
     force: bool = _opt(False, "Replace OUT if it exists.", resume="free", recipe=False)
-    progress: bool | None = _opt(None, "Progress bar (default: only on an interactive terminal outside CI).", kind="bool",
-                                 resume="free", recipe=False)
+    progress: bool | None = _opt(
+        None,
+        "Progress bar (default: only on an interactive terminal outside CI).",
+        kind="bool",
+        resume="free",
+        recipe=False,
+    )
 
     def recorded(self) -> dict:
         """The options a run records and a resume checks (everything but the free ones)."""
@@ -100,9 +138,15 @@ def option_errors(values: dict) -> list[tuple[str, str]]:
     """(option name, what is wrong) for each value in ``values`` outside its declared bounds, plus
     the checks that relate two options. Shared by the trainer and the recipe schema."""
     errors = declared.option_errors(FinetuneConfig, values)
-    if isinstance(values.get("batch_size"), int) and isinstance(values.get("grad_accum"), int) and values["grad_accum"] >= 1:
+    if (
+        isinstance(values.get("batch_size"), int)
+        and isinstance(values.get("grad_accum"), int)
+        and values["grad_accum"] >= 1
+    ):
         if values["batch_size"] % values["grad_accum"]:
-            errors.append(("batch_size", f"must be divisible by grad_accum ({values['grad_accum']}), got {values['batch_size']}"))
+            errors.append(
+                ("batch_size", f"must be divisible by grad_accum ({values['grad_accum']}), got {values['batch_size']}")
+            )
     return errors
 
 

@@ -14,7 +14,7 @@ optimizer sees the same global batch whatever the number of processes.
 from __future__ import annotations
 
 import random
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -41,8 +41,17 @@ def _shuffled(docs: Iterable[str], seed: int, buffer: int) -> Iterator[str]:
 class TrainStream:
     """Endless iterator of training blocks with a resumable position (blocks consumed)."""
 
-    def __init__(self, tokenizer, data_spec: str, seq_len: int, seed: int, *, position: int = 0,
-                 shuffle_buffer: int = SHUFFLE_BUFFER_DOCS, split: str = "train"):
+    def __init__(
+        self,
+        tokenizer,
+        data_spec: str,
+        seq_len: int,
+        seed: int,
+        *,
+        position: int = 0,
+        shuffle_buffer: int = SHUFFLE_BUFFER_DOCS,
+        split: str = "train",
+    ):
         self.tokenizer = tokenizer
         self.data_spec = data_spec
         self.seq_len = seq_len
@@ -159,10 +168,16 @@ def training_data_record(data_spec: str, split: str) -> dict:
     from normswap.data.sources import has_own_splits
 
     path = Path(str(data_spec)).expanduser()
-    record = {"spec": str(data_spec), "path": str(path.resolve()) if path.exists() else None, "split": split,
-              "rule": "the source's own splits" if has_own_splits(str(data_spec))
-              else "hash of each document's text: ~90 % train, 5 % validation, 5 % test (normswap.data.sources.hash_split)",
-              "documents": None, "characters": None}
+    record = {
+        "spec": str(data_spec),
+        "path": str(path.resolve()) if path.exists() else None,
+        "split": split,
+        "rule": "the source's own splits"
+        if has_own_splits(str(data_spec))
+        else "hash of each document's text: ~90 % train, 5 % validation, 5 % test (normswap.data.sources.hash_split)",
+        "documents": None,
+        "characters": None,
+    }
     if record["path"] is not None or str(data_spec) == "embedded":  # counting a hub dataset would stream it again
         docs = chars = 0
         for doc in load_documents(data_spec, split):

@@ -52,13 +52,15 @@ def frame(ids: torch.Tensor, tokenizer) -> torch.Tensor:
 def _row_seed(seed: int, row: torch.Tensor) -> int:
     flat = row.detach().to("cpu", torch.int64)
     weights = torch.arange(1, flat.numel() + 1, dtype=torch.int64)
-    return (seed * 1_000_003 + int((flat * weights).sum() % 2_147_483_647)) % (2 ** 63)
+    return (seed * 1_000_003 + int((flat * weights).sum() % 2_147_483_647)) % (2**63)
 
 
 def mask_tokens(ids: torch.Tensor, tokenizer, seed: int, rate: float = MASK_RATE) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, labels): BERT-style masking of ``ids`` [n, L]; labels are -100 where nothing is predicted."""
     if tokenizer.mask_token_id is None:
-        raise NormswapError("masked-LM training needs a tokenizer with a mask token; this one has none (use --distill-from)")
+        raise NormswapError(
+            "masked-LM training needs a tokenizer with a mask token; this one has none (use --distill-from)"
+        )
     special = torch.zeros_like(ids, dtype=torch.bool)
     for tid in (tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id):
         if tid is not None:
@@ -110,7 +112,7 @@ def pooled_cosine_loss(student_last: torch.Tensor, teacher_last: torch.Tensor, s
     n, length, d = s.shape
     k = max(length // span, 1)
     size = length // k
-    s, t = s[:, :k * size].reshape(n * k, size, d).mean(1), t[:, :k * size].reshape(n * k, size, d).mean(1)
+    s, t = s[:, : k * size].reshape(n * k, size, d).mean(1), t[:, : k * size].reshape(n * k, size, d).mean(1)
     return 1.0 - F.cosine_similarity(s, t, dim=-1).mean()
 
 
@@ -141,7 +143,9 @@ class MaskedLM:
             n = int((labels != -100).sum())
             return _mlm_loss(model(input_ids=inputs).logits, labels) * n, n
 
-        return heldout_mean(model, blocks, sums, micro_batch=micro_batch, accelerator=accelerator, autocast=self.autocast)
+        return heldout_mean(
+            model, blocks, sums, micro_batch=micro_batch, accelerator=accelerator, autocast=self.autocast
+        )
 
 
 class EncoderDistill:
@@ -151,8 +155,18 @@ class EncoderDistill:
     reports_perplexity = False
     heldout_names = ("distillation loss", None)
 
-    def __init__(self, teacher, tokenizer, *, layers: str = "all", alpha: float = 1.0, temperature: float = 1.0,
-                 seed: int = 0, logits: bool = True, autocast=contextlib.nullcontext):
+    def __init__(
+        self,
+        teacher,
+        tokenizer,
+        *,
+        layers: str = "all",
+        alpha: float = 1.0,
+        temperature: float = 1.0,
+        seed: int = 0,
+        logits: bool = True,
+        autocast=contextlib.nullcontext,
+    ):
         if layers not in DISTILL_LAYERS:
             raise NormswapError(f"--distill-layers must be one of {', '.join(DISTILL_LAYERS)}, got {layers}")
         self.teacher, self.tokenizer, self.layers = teacher, tokenizer, layers
@@ -164,12 +178,16 @@ class EncoderDistill:
         with torch.no_grad(), self.autocast():
             ref = self.teacher(input_ids=ids, output_hidden_states=True)
         if len(out.hidden_states) != len(ref.hidden_states):
-            raise NormswapError(f"--distill-from: the teacher has {len(ref.hidden_states) - 1} layers, the model "
-                                f"{len(out.hidden_states) - 1}; layer-wise distillation needs the same depth")
+            raise NormswapError(
+                f"--distill-from: the teacher has {len(ref.hidden_states) - 1} layers, the model "
+                f"{len(out.hidden_states) - 1}; layer-wise distillation needs the same depth"
+            )
         last, ref_last = out.hidden_states[-1], ref.hidden_states[-1]
-        parts = {"hidden_loss": hidden_state_loss(out.hidden_states, ref.hidden_states, self.layers),
-                 "token_cosine_loss": token_cosine_loss(last, ref_last),
-                 "pooled_cosine_loss": pooled_cosine_loss(last, ref_last)}
+        parts = {
+            "hidden_loss": hidden_state_loss(out.hidden_states, ref.hidden_states, self.layers),
+            "token_cosine_loss": token_cosine_loss(last, ref_last),
+            "pooled_cosine_loss": pooled_cosine_loss(last, ref_last),
+        }
         total = parts["hidden_loss"] + parts["token_cosine_loss"] + parts["pooled_cosine_loss"]
         if self.logits:
             parts["logit_kl"] = _token_kl(out.logits, ref.logits, self.temperature)
@@ -189,7 +207,9 @@ class EncoderDistill:
         def sums(model, ids):
             return self._distill(model, frame(ids, self.tokenizer))[0] * ids.shape[0], ids.shape[0]
 
-        return heldout_mean(model, blocks, sums, micro_batch=micro_batch, accelerator=accelerator, autocast=self.autocast)
+        return heldout_mean(
+            model, blocks, sums, micro_batch=micro_batch, accelerator=accelerator, autocast=self.autocast
+        )
 
 
 class Encoder:
@@ -210,11 +230,22 @@ class Encoder:
                 )
             return MaskedLM(tokenizer, seed=cfg.seed, autocast=autocast)
         if int(teacher.config.vocab_size) != int(model.config.vocab_size):
-            raise NormswapError(f"--distill-from {cfg.distill_from}: its vocabulary ({teacher.config.vocab_size}) differs from the "
-                                f"model's ({model.config.vocab_size}); distillation needs the same tokenizer")
+            raise NormswapError(
+                f"--distill-from {cfg.distill_from}: its vocabulary ({teacher.config.vocab_size}) differs from the "
+                f"model's ({model.config.vocab_size}); distillation needs the same tokenizer"
+            )
         if cfg.distill_alpha < 1.0 and not has_mlm_head(model):
-            raise NormswapError("--distill-alpha < 1 mixes in the masked-LM loss, which needs a masked-LM head; this encoder has none")
+            raise NormswapError(
+                "--distill-alpha < 1 mixes in the masked-LM loss, which needs a masked-LM head; this encoder has none"
+            )
         without_dropout(model)
-        return EncoderDistill(teacher, tokenizer, layers=cfg.distill_layers, alpha=cfg.distill_alpha,
-                              temperature=cfg.distill_temperature, seed=cfg.seed,
-                              logits=has_mlm_head(model) and has_mlm_head(teacher), autocast=autocast)
+        return EncoderDistill(
+            teacher,
+            tokenizer,
+            layers=cfg.distill_layers,
+            alpha=cfg.distill_alpha,
+            temperature=cfg.distill_temperature,
+            seed=cfg.seed,
+            logits=has_mlm_head(model) and has_mlm_head(teacher),
+            autocast=autocast,
+        )

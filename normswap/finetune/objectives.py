@@ -53,9 +53,8 @@ class CausalLM:
     def heldout_loss(self, model, blocks: torch.Tensor, *, micro_batch: int = 8, accelerator=None) -> float:
         return heldout_loss(model, blocks, micro_batch=micro_batch, accelerator=accelerator, autocast=self.autocast)
 
-
     @classmethod
-    def build(cls, cfg, model, teacher, *, autocast=contextlib.nullcontext) -> "CausalLM":
+    def build(cls, cfg, model, teacher, *, autocast=contextlib.nullcontext) -> CausalLM:
         """The objective for ``model`` (and ``teacher``, loaded with ``task``) under the options in ``cfg``."""
         if teacher is not None:
             student_vocab, teacher_vocab = _vocab_size(model), _vocab_size(teacher)
@@ -82,7 +81,9 @@ def heldout_loss(model, blocks: torch.Tensor, *, micro_batch: int = 8, accelerat
     return heldout_mean(model, blocks, sums, micro_batch=micro_batch, accelerator=accelerator, autocast=autocast)
 
 
-def heldout_mean(model, blocks: torch.Tensor, batch_sums, *, micro_batch: int = 8, accelerator=None, autocast=None) -> float:
+def heldout_mean(
+    model, blocks: torch.Tensor, batch_sums, *, micro_batch: int = 8, accelerator=None, autocast=None
+) -> float:
     """Σ loss / Σ count over ``blocks``, where ``batch_sums(model, ids) -> (loss sum, count)`` scores one micro-batch.
 
     With an accelerator the blocks are shared out across processes (every process runs the same
@@ -102,7 +103,7 @@ def heldout_mean(model, blocks: torch.Tensor, batch_sums, *, micro_batch: int = 
     ctx = autocast if autocast is not None else contextlib.nullcontext
     with torch.no_grad():
         for c in range(chunks):
-            idx = mine[c * micro_batch:(c + 1) * micro_batch]
+            idx = mine[c * micro_batch : (c + 1) * micro_batch]
             weight = 1.0
             if not idx:  # keep the forward-pass count equal across processes
                 idx, weight = [0], 0.0

@@ -55,7 +55,9 @@ def check_out_overlap(cfg) -> None:
             recorded = (RunDir(cfg.out).read_run() or {}).get("config", {})
         except NormswapError:
             recorded = {}  # a damaged run file: resolve_options says so
-    reads = [(label, spec) for name, label in READS.items() for spec in {getattr(cfg, name), recorded.get(name)} if spec]
+    reads = [
+        (label, spec) for name, label in READS.items() for spec in {getattr(cfg, name), recorded.get(name)} if spec
+    ]
     check_disjoint(reads, [(f"OUT {cfg.out}", cfg.out)])
 
 
@@ -114,8 +116,11 @@ class RunDir:
         """(step, directory) of every published checkpoint, oldest first."""
         if not self.checkpoints_dir.is_dir():
             return []
-        found = [(int(p.name[5:]), p) for p in self.checkpoints_dir.iterdir()
-                 if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit()]
+        found = [
+            (int(p.name[5:]), p)
+            for p in self.checkpoints_dir.iterdir()
+            if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit()
+        ]
         return sorted(found)
 
     def staging_checkpoint(self, step: int) -> Path:

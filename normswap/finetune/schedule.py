@@ -14,7 +14,9 @@ import math
 SCHEDULES = ("constant", "cosine", "linear")
 
 
-def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str = "constant", min_ratio: float = 0.0) -> float:
+def lr_factor(
+    step: int, *, total_steps: int, warmup_steps: int, schedule: str = "constant", min_ratio: float = 0.0
+) -> float:
     """Multiplier of the peak learning rate used by optimizer step ``step`` (1-based)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}")

@@ -43,7 +43,6 @@ def _rng_files(rank: int) -> tuple[str, str]:
     return f"rng-{rank}.safetensors", f"rng-{rank}.json"
 
 
-
 # ---------------------------------------------------------------------------------- weight sanity
 @dataclass
 class WeightScale:
@@ -54,7 +53,7 @@ class WeightScale:
     overall_rms: float
 
     @classmethod
-    def of(cls, state: dict[str, torch.Tensor]) -> "WeightScale":
+    def of(cls, state: dict[str, torch.Tensor]) -> WeightScale:
         shapes, rms, total, count = {}, {}, 0.0, 0
         for name, t in state.items():
             shapes[name] = tuple(t.shape)
@@ -72,8 +71,13 @@ class WeightScale:
             missing = sorted(set(self.shapes) - set(now.shapes))
             extra = sorted(set(now.shapes) - set(self.shapes))
             wrong = sorted(k for k in set(now.shapes) & set(self.shapes) if now.shapes[k] != self.shapes[k])
-            what = (f"lacks {missing[0]}" if missing else f"has an unknown weight {extra[0]}" if extra
-                    else f"{wrong[0]} has shape {list(now.shapes[wrong[0]])}, the model {list(self.shapes[wrong[0]])}")
+            what = (
+                f"lacks {missing[0]}"
+                if missing
+                else f"has an unknown weight {extra[0]}"
+                if extra
+                else f"{wrong[0]} has shape {list(now.shapes[wrong[0]])}, the model {list(self.shapes[wrong[0]])}"
+            )
             return f"does not fit the model ({what})"
         for name, r in now.rms.items():
             if not math.isfinite(r):
@@ -94,8 +98,10 @@ def _capture_rng() -> tuple[dict[str, torch.Tensor], dict]:
             tensors[f"cuda.{i}"] = s
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss = random.getstate()
-    meta = {"python": [version, list(internal), gauss],
-            "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]}
+    meta = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+    }
     return tensors, meta
 
 
@@ -126,8 +132,9 @@ def full_weights(model) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_state_options(cpu_offload=True))
 
 
-def save(directory: Path, *, model, optimizer, weights: dict[str, torch.Tensor], trainer_state: dict, rank: int,
-         main: bool) -> None:
+def save(
+    directory: Path, *, model, optimizer, weights: dict[str, torch.Tensor], trainer_state: dict, rank: int, main: bool
+) -> None:
     """Write this process' share of a checkpoint into ``directory`` (every process calls it;
     ``weights`` comes from ``full_weights``)."""
     from safetensors.torch import save_file
@@ -182,11 +189,15 @@ def read(directory: Path, *, rank: int, world: int, start: WeightScale) -> Loade
             fail(name, f"cannot be read ({first_line(e)})")
 
     state = load(TRAINER_STATE, lambda p: json.loads(p.read_text()))
-    if not isinstance(state, dict) or not all(isinstance(state.get(k), int) for k in ("step", "data_position", "world_size")):
+    if not isinstance(state, dict) or not all(
+        isinstance(state.get(k), int) for k in ("step", "data_position", "world_size")
+    ):
         fail(TRAINER_STATE, "lacks step, data_position or world_size")
     if state["world_size"] != world:
-        raise NormswapError(f"cannot resume: {directory} was written by {state['world_size']} processes, this launch has {world}; "
-                            "relaunch with the same number")
+        raise NormswapError(
+            f"cannot resume: {directory} was written by {state['world_size']} processes, this launch has {world}; "
+            "relaunch with the same number"
+        )
     weights = load(WEIGHTS, lambda p: load_file(str(p)))
     with safe_open(str(directory / WEIGHTS), "pt") as f:
         aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))

@@ -34,16 +34,16 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
+from normswap.data import finetune_splits
 from normswap.errors import NormswapError
 from normswap.finetune import state as ckpt
 from normswap.finetune.config import LOG_FILE, FinetuneConfig, default_eval_tokens, flag, option_errors, options
-from normswap.data import finetune_splits
 from normswap.finetune.data import TrainStream, eval_blocks, fingerprint, training_data_record
 from normswap.finetune.encoder_objectives import Encoder
 from normswap.finetune.objectives import CausalLM
@@ -106,13 +106,17 @@ def resolve_options(cfg: FinetuneConfig, run: RunDir, given: set[str] | None) ->
         raise NormswapError("; ".join(problems))
     if not cfg.resume:
         if run.out.exists() and not cfg.force:
-            raise NormswapError(f"{cfg.out} exists: pass --resume to continue the fine-tune in it, or --force to replace it")
+            raise NormswapError(
+                f"{cfg.out} exists: pass --resume to continue the fine-tune in it, or --force to replace it"
+            )
         return cfg, {}
     if not run.out.exists():
         raise NormswapError(f"cannot resume: {cfg.out} does not exist (start the run without --resume)")
     recorded_run = run.read_run()
     if recorded_run is None:
-        raise NormswapError(f"cannot resume: {cfg.out} is not a normswap finetune run (no {run.run_file.name}); choose another OUT")
+        raise NormswapError(
+            f"cannot resume: {cfg.out} is not a normswap finetune run (no {run.run_file.name}); choose another OUT"
+        )
     if recorded_run.get("status") == "finished":
         raise NormswapError(f"{cfg.out} already holds a finished fine-tune; use --force to run again")
     recorded = recorded_run["config"]
@@ -137,7 +141,8 @@ def resolve_options(cfg: FinetuneConfig, run: RunDir, given: set[str] | None) ->
             mismatches.append(f"{flag(name)} is {value!r} but the run used {theirs!r}{may}")
     if mismatches:
         raise NormswapError(
-            f"cannot resume {cfg.out}: " + "; ".join(mismatches)
+            f"cannot resume {cfg.out}: "
+            + "; ".join(mismatches)
             + f" (--resume takes the options recorded in {run.run_file.name}: give none, or the same)"
         )
     return FinetuneConfig(**merged), overrides
@@ -193,7 +198,11 @@ def _param_groups(model, weight_decay: float) -> list[dict]:
         if not p.requires_grad:
             continue
         (no_decay if p.ndim < 2 or id(p) in norm_params else decay).append(p)
-    return [g for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    return [
+        g
+        for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})
+        if g["params"]
+    ]
 
 
 def _source_dtype(config):
@@ -239,7 +248,11 @@ def _make_accelerator(cfg: FinetuneConfig):
     if not on_cpu and ":" in device and "LOCAL_RANK" not in os.environ:
         torch.cuda.set_device(int(device.split(":", 1)[1]))
     # Under `accelerate launch` the launcher's config (e.g. FSDP's mixed precision) decides.
-    mixed = None if "ACCELERATE_MIXED_PRECISION" in os.environ else ("bf16" if (not on_cpu and cfg.dtype == "auto") else "no")
+    mixed = (
+        None
+        if "ACCELERATE_MIXED_PRECISION" in os.environ
+        else ("bf16" if (not on_cpu and cfg.dtype == "auto") else "no")
+    )
     # cpu=True is what makes a CPU-only multi-process launch (torchrun, gloo) see its real world
     # size; without it each rank believes it is alone.
     return Accelerator(cpu=on_cpu, mixed_precision=mixed)
@@ -272,8 +285,13 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def set_lr(self, step: int) -> float:
-        lr = self.cfg.lr * lr_factor(step, total_steps=self.cfg.steps, warmup_steps=self.cfg.warmup_steps,
-                                     schedule=self.cfg.schedule, min_ratio=self.cfg.min_lr_ratio)
+        lr = self.cfg.lr * lr_factor(
+            step,
+            total_steps=self.cfg.steps,
+            warmup_steps=self.cfg.warmup_steps,
+            schedule=self.cfg.schedule,
+            min_ratio=self.cfg.min_lr_ratio,
+        )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -284,7 +302,7 @@ class Trainer:
         # sums stay on the device until the step ends: no synchronisation per micro-batch
         loss_sum, part_sums, prints = 0.0, {}, []
         for a in range(A):
-            rows = self.stream.take(self.cfg.batch_size // A)[self.rank * micro:(self.rank + 1) * micro]
+            rows = self.stream.take(self.cfg.batch_size // A)[self.rank * micro : (self.rank + 1) * micro]
             prints.append(fingerprint(rows))
             sync = contextlib.nullcontext() if a == A - 1 else acc.no_sync(self.model)
             with sync:
@@ -298,8 +316,13 @@ class Trainer:
         grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
         names = sorted(part_sums)
         stop_requested = stop.signal is not None
-        measured = torch.stack([loss_sum, *(part_sums[n] for n in names),
-                                torch.tensor(float(stop_requested), dtype=torch.float64, device=acc.device)])
+        measured = torch.stack(
+            [
+                loss_sum,
+                *(part_sums[n] for n in names),
+                torch.tensor(float(stop_requested), dtype=torch.float64, device=acc.device),
+            ]
+        )
         fingerprints = [sum(prints) % 2_147_483_647]
         if self.world > 1:  # average the losses, agree on stopping, collect every process' checksum
             measured = acc.reduce(measured, reduction="sum")
@@ -309,13 +332,18 @@ class Trainer:
         return StepRecord(values[0], dict(zip(names, values[1:-1])), grad_norm, fingerprints, values[-1] > 0)
 
     def heldout(self, blocks: torch.Tensor) -> float:
-        return self.objective.heldout_loss(self.model, blocks, micro_batch=max(self.micro, 1), accelerator=self.accelerator)
+        return self.objective.heldout_loss(
+            self.model, blocks, micro_batch=max(self.micro, 1), accelerator=self.accelerator
+        )
 
     def any_process(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any process (every process calls it: decisions stay in step)."""
         if self.world == 1:
             return flag
-        return float(self.accelerator.reduce(torch.tensor([float(flag)], device=self.accelerator.device), reduction="sum")) > 0
+        return (
+            float(self.accelerator.reduce(torch.tensor([float(flag)], device=self.accelerator.device), reduction="sum"))
+            > 0
+        )
 
     def last_good(self) -> str:
         cks = self.run.checkpoints()
@@ -323,9 +351,14 @@ class Trainer:
 
     def diverged(self, what: str, step: int, consequence: str) -> TrainingDiverged:
         cks = self.run.checkpoints()
-        advice = (f"resume from it with a lower learning rate: normswap finetune {self.cfg.out} --resume --lr {self.cfg.lr / 10:g}"
-                  if cks else f"run again with a lower --lr (e.g. {self.cfg.lr / 10:g}) and --force")
-        return TrainingDiverged(f"{what} at step {step}: {consequence}; last good checkpoint: {self.last_good()}; {advice}")
+        advice = (
+            f"resume from it with a lower learning rate: normswap finetune {self.cfg.out} --resume --lr {self.cfg.lr / 10:g}"
+            if cks
+            else f"run again with a lower --lr (e.g. {self.cfg.lr / 10:g}) and --force"
+        )
+        return TrainingDiverged(
+            f"{what} at step {step}: {consequence}; last good checkpoint: {self.last_good()}; {advice}"
+        )
 
     def save_checkpoint(self, step: int) -> Path:
         """Write a checkpoint of the state after ``step``; refuse (TrainingDiverged) weights that are
@@ -340,9 +373,21 @@ class Trainer:
             if self.main:
                 self.run.drop_checkpoint(tmp)
             raise self.diverged(f"the weights are not sane ({problem or 'see process 0'})", step, "not checkpointed")
-        trainer_state = {"step": step, "data_position": self.stream.position, "epoch": self.stream.epoch, "world_size": self.world}
-        ckpt.save(tmp, model=self.model, optimizer=self.optimizer, weights=weights, trainer_state=trainer_state,
-                  rank=self.rank, main=self.main)
+        trainer_state = {
+            "step": step,
+            "data_position": self.stream.position,
+            "epoch": self.stream.epoch,
+            "world_size": self.world,
+        }
+        ckpt.save(
+            tmp,
+            model=self.model,
+            optimizer=self.optimizer,
+            weights=weights,
+            trainer_state=trainer_state,
+            rank=self.rank,
+            main=self.main,
+        )
         acc.wait_for_everyone()
         final = self.run.publish_checkpoint(tmp, step, self.cfg.keep_checkpoints) if self.main else None
         acc.wait_for_everyone()
@@ -369,14 +414,24 @@ class Trainer:
                         for note in broken:
                             echo(f"normswap finetune: skipped the broken checkpoint {note}")
                         echo(f"normswap finetune: resuming from {path} (step {step}/{self.cfg.steps})")
-                    self.stream = TrainStream(self.stream.tokenizer, self.cfg.data, self.stream.seq_len, self.cfg.seed,
-                                              position=int(loaded.trainer_state["data_position"]), split=self.stream.split)
+                    self.stream = TrainStream(
+                        self.stream.tokenizer,
+                        self.cfg.data,
+                        self.stream.seq_len,
+                        self.cfg.seed,
+                        position=int(loaded.trainer_state["data_position"]),
+                        split=self.stream.split,
+                    )
                     return step
             broken.append(error or f"{path} (a file of another process)")
         if broken:
-            raise NormswapError(f"cannot resume {self.cfg.out}: no intact checkpoint ({'; '.join(broken)}); use --force to start again")
+            raise NormswapError(
+                f"cannot resume {self.cfg.out}: no intact checkpoint ({'; '.join(broken)}); use --force to start again"
+            )
         if self.main:
-            echo(f"normswap finetune: {self.cfg.out} has no checkpoint yet: resuming from the start (step 0/{self.cfg.steps})")
+            echo(
+                f"normswap finetune: {self.cfg.out} has no checkpoint yet: resuming from the start (step 0/{self.cfg.steps})"
+            )
         return 0
 
 
@@ -420,7 +475,9 @@ class _Job:
 def _options(cfg: FinetuneConfig, run: RunDir, given) -> tuple[FinetuneConfig, dict, object]:
     """The options in force (a resume takes the ones recorded in OUT), checked against what is
     read, and the processes that agree to run them."""
-    cfg = dataclasses.replace(cfg, model=cfg.model and _model_id(cfg.model), distill_from=cfg.distill_from and _model_id(cfg.distill_from))
+    cfg = dataclasses.replace(
+        cfg, model=cfg.model and _model_id(cfg.model), distill_from=cfg.distill_from and _model_id(cfg.distill_from)
+    )
     cfg, overrides = resolve_options(cfg, run, given)
     check_out_overlap(cfg)  # the CLI checked before taking OUT's lock; the recipe runner and the API come here
     accelerator = _make_accelerator(cfg)
@@ -451,7 +508,12 @@ def _prepare(cfg: FinetuneConfig, accelerator) -> tuple[FinetuneConfig, _Job]:
     eval_set = eval_blocks(tokenizer, eval_spec, seq_len, eval_tokens, split=eval_split)
 
     set_seed(cfg.seed + accelerator.process_index)
-    param_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
+    param_dtype = {
+        "auto": torch.float32,
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float64": torch.float64,
+    }[cfg.dtype]
     objective_kind = objective_for(config)
     model = load_model(resolved, dtype=param_dtype, device="cpu", task=objective_kind.task, config=config)
     n_trainable = _select_trainable(model, cfg.trainable)
@@ -464,8 +526,20 @@ def _prepare(cfg: FinetuneConfig, accelerator) -> tuple[FinetuneConfig, _Job]:
     objective = objective_kind.build(cfg, model, teacher, autocast=accelerator.autocast)
     if teacher is not None:
         teacher.to(accelerator.device)
-    return cfg, _Job(resolved, config, tokenizer, train_split, eval_set, param_dtype, objective_kind, model, objective,
-                     start_weights, n_trainable, n_params)
+    return cfg, _Job(
+        resolved,
+        config,
+        tokenizer,
+        train_split,
+        eval_set,
+        param_dtype,
+        objective_kind,
+        model,
+        objective,
+        start_weights,
+        n_trainable,
+        n_params,
+    )
 
 
 def _start_out(run: RunDir, cfg: FinetuneConfig, accelerator) -> None:
@@ -473,15 +547,18 @@ def _start_out(run: RunDir, cfg: FinetuneConfig, accelerator) -> None:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if not cfg.resume:
-            run.start({"status": "running", "config": cfg.recorded(), "world_size": accelerator.num_processes, "resumes": []},
-                      replace=cfg.force)
+            run.start(
+                {"status": "running", "config": cfg.recorded(), "world_size": accelerator.num_processes, "resumes": []},
+                replace=cfg.force,
+            )
         run.remove_leftovers()
     accelerator.wait_for_everyone()
 
 
 def _trainer(cfg: FinetuneConfig, accelerator, job: _Job, run: RunDir, hooks: Hooks) -> Trainer:
-    optimizer = torch.optim.AdamW(_param_groups(job.model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                  eps=cfg.adam_eps)
+    optimizer = torch.optim.AdamW(
+        _param_groups(job.model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps
+    )
     model, optimizer = accelerator.prepare(job.model, optimizer)
     stream = TrainStream(job.tokenizer, cfg.data, cfg.seq_len, cfg.seed, split=job.train_split)
     return Trainer(cfg, accelerator, model, optimizer, job.objective, stream, run, job.start_weights, hooks)
@@ -518,8 +595,18 @@ def _train(trainer: Trainer, job: _Job, start_step: int) -> tuple[dict | None, f
     try:
         if start_step == 0:
             initial_eval = trainer.heldout(job.eval_set)
-            log({"step": 0, "loss": None, "lr": 0.0, "grad_norm": None, "tokens_per_second": None, "world_size": world,
-                 "eval_loss": initial_eval, "eval_perplexity": _perplexity(job.objective, initial_eval)})
+            log(
+                {
+                    "step": 0,
+                    "loss": None,
+                    "lr": 0.0,
+                    "grad_norm": None,
+                    "tokens_per_second": None,
+                    "world_size": world,
+                    "eval_loss": initial_eval,
+                    "eval_perplexity": _perplexity(job.objective, initial_eval),
+                }
+            )
         model.train()
         with _StopFlag() as stop:
             for step in range(start_step + 1, cfg.steps + 1):
@@ -534,10 +621,18 @@ def _train(trainer: Trainer, job: _Job, start_step: int) -> tuple[dict | None, f
                 optimizer.zero_grad(set_to_none=True)
                 dt = time.perf_counter() - t0
 
-                row = {"step": step, "loss": rec.loss, "lr": lr, "grad_norm": rec.grad_norm,
-                       "tokens_per_second": tokens_per_step / dt if dt > 0 else None, "world_size": world,
-                       "tokens": step * tokens_per_step, "data_fingerprint": rec.fingerprints, "epoch": trainer.stream.epoch,
-                       **rec.parts}
+                row = {
+                    "step": step,
+                    "loss": rec.loss,
+                    "lr": lr,
+                    "grad_norm": rec.grad_norm,
+                    "tokens_per_second": tokens_per_step / dt if dt > 0 else None,
+                    "world_size": world,
+                    "tokens": step * tokens_per_step,
+                    "data_fingerprint": rec.fingerprints,
+                    "epoch": trainer.stream.epoch,
+                    **rec.parts,
+                }
                 if step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0):
                     ev = trainer.heldout(job.eval_set)
                     row["eval_loss"], row["eval_perplexity"] = ev, _perplexity(job.objective, ev)
@@ -551,7 +646,9 @@ def _train(trainer: Trainer, job: _Job, start_step: int) -> tuple[dict | None, f
                 if (cfg.save_every and step % cfg.save_every == 0) or rec.stop_requested:
                     saved = trainer.save_checkpoint(step)
                 if rec.stop_requested:
-                    raise TrainingInterrupted(f"interrupted at step {step}/{cfg.steps}: saved {saved}; continue with --resume")
+                    raise TrainingInterrupted(
+                        f"interrupted at step {step}/{cfg.steps}: saved {saved}; continue with --resume"
+                    )
                 if trainer.hooks.after_step:
                     trainer.hooks.after_step(step)
     finally:
@@ -596,19 +693,32 @@ def _summary(trainer: Trainer, job: _Job, start_step: int, last_row: dict | None
     final_eval = last_row["eval_loss"]
     distributed = trainer.accelerator.distributed_type
     return {
-        "model": cfg.model, "out": str(run.out), "data": cfg.data, "steps": cfg.steps, "world_size": trainer.world,
+        "model": cfg.model,
+        "out": str(run.out),
+        "data": cfg.data,
+        "steps": cfg.steps,
+        "world_size": trainer.world,
         "distributed": distributed.value if hasattr(distributed, "value") else str(distributed),
-        "global_batch": cfg.batch_size, "seq_len": cfg.seq_len, "tokens": cfg.steps * cfg.batch_size * cfg.seq_len,
+        "global_batch": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "tokens": cfg.steps * cfg.batch_size * cfg.seq_len,
         "eval_tokens": int(job.eval_set.numel()),  # what the held-out split held, up to --eval-tokens
-        "trainable": cfg.trainable, "trainable_parameters": job.n_trainable, "parameters": job.n_params,
-        "distill_from": cfg.distill_from, "resumed_from_step": start_step if cfg.resume else None,
-        "initial_eval_loss": initial_eval, "final_eval_loss": final_eval,
+        "trainable": cfg.trainable,
+        "trainable_parameters": job.n_trainable,
+        "parameters": job.n_params,
+        "distill_from": cfg.distill_from,
+        "resumed_from_step": start_step if cfg.resume else None,
+        "initial_eval_loss": initial_eval,
+        "final_eval_loss": final_eval,
         "initial_perplexity": _perplexity(job.objective, initial_eval),
         "final_perplexity": _perplexity(job.objective, final_eval),
-        "final_train_loss": last_row.get("loss"), "wall_seconds": wall,
+        "final_train_loss": last_row.get("loss"),
+        "wall_seconds": wall,
         # what the held-out loss is for this objective (finetune/objectives.py: heldout_line words it)
         "heldout_metric": getattr(job.objective, "heldout_names", ("loss", None))[0],
-        "heldout_perplexity_name": getattr(job.objective, "heldout_names", ("loss", None))[1] if _perplexity(job.objective, 0.0) else None,
+        "heldout_perplexity_name": getattr(job.objective, "heldout_names", ("loss", None))[1]
+        if _perplexity(job.objective, 0.0)
+        else None,
     }
 
 
@@ -624,8 +734,12 @@ def _write_final(trainer: Trainer, job: _Job, summary: dict) -> None:
     if trainer.main:
         from accelerate.utils import DistributedType
 
-        if accelerator.distributed_type == DistributedType.FSDP:  # the sharded model cannot be saved: a plain copy gets the weights
-            final_model = load_model(job.resolved, dtype=job.param_dtype, device="cpu", task=job.objective_kind.task, config=job.config)
+        if (
+            accelerator.distributed_type == DistributedType.FSDP
+        ):  # the sharded model cannot be saved: a plain copy gets the weights
+            final_model = load_model(
+                job.resolved, dtype=job.param_dtype, device="cpu", task=job.objective_kind.task, config=job.config
+            )
             final_model.load_state_dict(weights)
         else:
             final_model = accelerator.unwrap_model(trainer.model).to("cpu")
@@ -633,11 +747,28 @@ def _write_final(trainer: Trainer, job: _Job, summary: dict) -> None:
         src_dtype = _source_dtype(job.config)
         if cfg.dtype == "auto" and src_dtype in (torch.float16, torch.bfloat16):
             final_model = final_model.to(src_dtype)  # keep the source's storage dtype
-        record = dict(cfg.recorded(), world_size=trainer.world, distributed=summary["distributed"], save_every=cfg.save_every, log=LOG_FILE,
-                      resumes=(run.read_run() or {}).get("resumes", []), training_data=training_data_record(cfg.data, job.train_split),
-                      final_metrics={k: summary[k] for k in ("initial_eval_loss", "final_eval_loss", "initial_perplexity",
-                                                             "final_perplexity", "final_train_loss", "tokens", "wall_seconds",
-                                                             "trainable_parameters")})
+        record = dict(
+            cfg.recorded(),
+            world_size=trainer.world,
+            distributed=summary["distributed"],
+            save_every=cfg.save_every,
+            log=LOG_FILE,
+            resumes=(run.read_run() or {}).get("resumes", []),
+            training_data=training_data_record(cfg.data, job.train_split),
+            final_metrics={
+                k: summary[k]
+                for k in (
+                    "initial_eval_loss",
+                    "final_eval_loss",
+                    "initial_perplexity",
+                    "final_perplexity",
+                    "final_train_loss",
+                    "tokens",
+                    "wall_seconds",
+                    "trainable_parameters",
+                )
+            },
+        )
         run.write_final(final_model, job.tokenizer, {"finetune": record})
         saved_run = run.read_run()
         saved_run.update(status="finished", summary=summary)

@@ -35,7 +35,7 @@ import torch
 
 from normswap.errors import NormswapError
 from normswap.kernels import autotune as _autotune
-from normswap.kernels.dispatch import CPU_DTYPES, cpu_ext, call_impl
+from normswap.kernels.dispatch import CPU_DTYPES, call_impl, cpu_ext
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -76,7 +76,8 @@ def _auto_impl(x, weight, residual):
         impl = _autotune.chosen[key] = _choose(x, weight, h)
     if impl.__class__ is tuple:  # (without gradient, with gradient)
         grad = torch.is_grad_enabled() and (
-            x.requires_grad or (weight is not None and weight.requires_grad)
+            x.requires_grad
+            or (weight is not None and weight.requires_grad)
             or (residual is not None and residual.requires_grad)
         )
         impl = impl[grad]

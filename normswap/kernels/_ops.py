@@ -11,14 +11,12 @@ build lazily) outside of Dynamo.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
 # module-level so tests can lower it and exercise the looped (wide-row) Triton kernels on
 # small inputs; None means the kernel module's default
-TRITON_MAX_FUSED_N: Optional[int] = None
+TRITON_MAX_FUSED_N: int | None = None
 
 _cpu_module = None  # imported on first use (it pulls in torch.utils.cpp_extension)
 
@@ -41,7 +39,7 @@ def cpu_supports(dtype: torch.dtype) -> bool:
     return bool(_cpu_module) and _cpu_module.supports(dtype)
 
 
-def cpu_build_name() -> Optional[str]:
+def cpu_build_name() -> str | None:
     """The compiled CPU kernel's build name (a hash of its sources and flags), None without it."""
     if not cpu_fast_available():
         return None
@@ -65,11 +63,13 @@ def resolve(backend: str, device: torch.device) -> str:
     if backend == "cpu" and not cpu_fast_available():
         from normswap.errors import NormswapError
 
-        raise NormswapError("NORMSWAP_KERNEL=cpu but the compiled CPU kernel is not available (needs a C++ compiler and ninja)")
+        raise NormswapError(
+            "NORMSWAP_KERNEL=cpu but the compiled CPU kernel is not available (needs a C++ compiler and ninja)"
+        )
     return backend
 
 
-_triton_state: Optional[bool] = None
+_triton_state: bool | None = None
 
 
 def triton_importable() -> bool:
@@ -102,13 +102,17 @@ def _rows(t: Tensor, h: int, contiguous: bool) -> Tensor:
     return t2
 
 
-def forward_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float, backend: str):
+def forward_impl(x: Tensor, weight: Tensor | None, residual: Tensor | None, eps: float, backend: str):
     """(y like x, rstd fp32 [*x.shape[:-1]], x + residual or None)."""
     impl = resolve(backend, x.device)
     h = x.shape[-1]
     need_contig = impl == "cpu"  # the C++ contract takes contiguous rows; Triton takes row strides
     x2 = _rows(x, h, need_contig)
-    r2 = _rows(residual if residual.dtype == x.dtype else residual.to(x.dtype), h, need_contig) if residual is not None else None
+    r2 = (
+        _rows(residual if residual.dtype == x.dtype else residual.to(x.dtype), h, need_contig)
+        if residual is not None
+        else None
+    )
     w = weight if weight is None or weight.is_contiguous() else weight.contiguous()
     m = _module(impl)
     if impl == "triton" and TRITON_MAX_FUSED_N is not None:
@@ -123,7 +127,9 @@ def forward_impl(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor]
 
 
 @torch.library.custom_op("normswap::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+def rms_norm_fwd(
+    x: Tensor, weight: Tensor | None, residual: Tensor | None, eps: float, backend: str
+) -> tuple[Tensor, Tensor, Tensor]:
     """(y like x, rstd fp32 [*x.shape[:-1]], x + residual or an empty tensor)."""
     y, rstd, summed = forward_impl(x, weight, residual, eps, backend)
     # a custom op cannot return None, and must not return an alias of an input
@@ -138,7 +144,7 @@ def _(x, weight, residual, eps, backend):
     return y, rstd, summed
 
 
-def backward_impl(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Optional[Tensor], backend: str):
+def backward_impl(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Tensor | None, backend: str):
     """(dx like xin, dweight in weight's dtype or an empty tensor)."""
     impl = resolve(backend, xin.device)
     h = xin.shape[-1]
@@ -158,7 +164,9 @@ def backward_impl(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Optional[Tensor
 
 
 @torch.library.custom_op("normswap::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+def rms_norm_bwd(
+    dy: Tensor, xin: Tensor, rstd: Tensor, weight: Tensor | None, backend: str
+) -> tuple[Tensor, Tensor]:
     """(dx like xin, dweight in weight's dtype or an empty tensor)."""
     return backward_impl(dy, xin, rstd, weight, backend)
 
@@ -221,7 +229,9 @@ def apply(x, weight, residual, eps: float, backend: str):
     if torch.compiler.is_compiling():
         return torch.ops.normswap.rms_norm_fwd(x, weight, residual, eps, backend)
     if torch.is_grad_enabled() and (
-        x.requires_grad or (weight is not None and weight.requires_grad) or (residual is not None and residual.requires_grad)
+        x.requires_grad
+        or (weight is not None and weight.requires_grad)
+        or (residual is not None and residual.requires_grad)
     ):
         return _EagerRMSNorm.apply(x, weight, residual, eps, backend)
     return forward_impl(x, weight, residual, eps, backend)

@@ -193,7 +193,8 @@ def measure(device, dtype, width, rows, grad, cands, repeats: int = 7) -> dict:
         "shape": [n, h],
         "us": {c: round(v, 2) for c, v in medians.items()},
         "rejected": rejected,
-        "why": f"{best} {medians[best]:.1f} µs a call at {n}×{h}" + (f" (vs {others})" if others else "")
+        "why": f"{best} {medians[best]:.1f} µs a call at {n}×{h}"
+        + (f" (vs {others})" if others else "")
         + "".join(f"; {c} {why}" for c, why in rejected.items()),
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
@@ -282,12 +283,22 @@ def _save_disk() -> None:
         except ValueError:
             data = {}
         machines = data.setdefault("machines", {})
-        mine = {(e.get("device"), e.get("dtype"), e.get("width_bucket"), e.get("rows"), e.get("grad")): e
-                for e in machines.get(_machine_id(), []) if isinstance(e, dict)}
+        mine = {
+            (e.get("device"), e.get("dtype"), e.get("width_bucket"), e.get("rows"), e.get("grad")): e
+            for e in machines.get(_machine_id(), [])
+            if isinstance(e, dict)
+        }
         for key, detail in _details.items():
             if detail.get("measured"):
                 d = {k: v for k, v in detail.items() if k != "why" or not str(v).startswith("cached: ")}
-                mine[key] = {"device": key[0], "dtype": key[1], "width_bucket": key[2], "rows": key[3], "grad": key[4], **d}
+                mine[key] = {
+                    "device": key[0],
+                    "dtype": key[1],
+                    "width_bucket": key[2],
+                    "rows": key[3],
+                    "grad": key[4],
+                    **d,
+                }
         machines[_machine_id()] = list(mine.values())
         data["version"] = FILE_VERSION
         write_private_text(path, json.dumps(data, indent=1))

@@ -98,8 +98,18 @@ def _build_key() -> tuple:
     # The sources' directory too: torch's build.ninja names the source files by absolute path, so
     # two checkouts of the same sources sharing one build directory rewrite it and rebuild over
     # each other's library in turn (seen here: processes of one worktree waiting on the other's rebuild).
-    return (str(_CSRC.resolve()), torch.__version__, str(Path(torch.__file__).resolve().parent), sys.implementation.cache_tag, sys.platform,
-            sys.prefix, sysconfig.get_paths().get("include"), tuple(cpp_extension.include_paths()), cxx, shutil.which(cxx))
+    return (
+        str(_CSRC.resolve()),
+        torch.__version__,
+        str(Path(torch.__file__).resolve().parent),
+        sys.implementation.cache_tag,
+        sys.platform,
+        sys.prefix,
+        sysconfig.get_paths().get("include"),
+        tuple(cpp_extension.include_paths()),
+        cxx,
+        shutil.which(cxx),
+    )
 
 
 def _build_name(cflags: list[str], ldflags: list[str], key: tuple | None = None) -> str:
@@ -122,7 +132,9 @@ def _build_lock(build_dir: Path):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"normswap: waiting for another process that is building the CPU kernel in {build_dir}", file=sys.stderr)
+            print(
+                f"normswap: waiting for another process that is building the CPU kernel in {build_dir}", file=sys.stderr
+            )
             fcntl.flock(f, fcntl.LOCK_EX)
         # only a normswap process under this lock builds here: a baton file now is a dead build's
         with contextlib.suppress(FileNotFoundError):
@@ -165,7 +177,10 @@ def _load():
     sink = io.StringIO()
     with _build_lock(build_dir):
         if not (build_dir / f"{name}.so").exists():
-            print(f"normswap: building the CPU RMSNorm kernel (first use, about a minute; cached in {build_dir})", file=sys.stderr)
+            print(
+                f"normswap: building the CPU RMSNorm kernel (first use, about a minute; cached in {build_dir})",
+                file=sys.stderr,
+            )
         # torch prints nothing with verbose=False, but compiler-compatibility notes arrive as
         # warnings and a failing build writes to stdout/stderr: keep all of it off the terminal.
         with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):

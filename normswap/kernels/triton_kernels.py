@@ -61,9 +61,26 @@ def _cast(v, P, RNE_FIX: tl.constexpr):
 
 
 @triton.jit
-def _fwd_fused(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
-               HAS_W: tl.constexpr, HAS_R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               RNE_FIX: tl.constexpr):
+def _fwd_fused(
+    X,
+    R,
+    W,
+    Y,
+    S,
+    RSTD,
+    n_rows,
+    n_cols,
+    sx,
+    sr,
+    sy,
+    ss,
+    eps,
+    HAS_W: tl.constexpr,
+    HAS_R: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RNE_FIX: tl.constexpr,
+):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -87,8 +104,25 @@ def _fwd_fused(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
 
 
 @triton.jit
-def _fwd_looped(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
-                HAS_W: tl.constexpr, HAS_R: tl.constexpr, BLOCK_N: tl.constexpr, RNE_FIX: tl.constexpr):
+def _fwd_looped(
+    X,
+    R,
+    W,
+    Y,
+    S,
+    RSTD,
+    n_rows,
+    n_cols,
+    sx,
+    sr,
+    sy,
+    ss,
+    eps,
+    HAS_W: tl.constexpr,
+    HAS_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RNE_FIX: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for c0 in range(0, n_cols, BLOCK_N):
@@ -119,8 +153,24 @@ def _fwd_looped(X, R, W, Y, S, RSTD, n_rows, n_cols, sx, sr, sy, ss, eps,
 
 
 @triton.jit
-def _bwd_fused(DY, X, W, RSTD, DX, DWP, n_rows, n_cols, sdy, sx, sdx, rows_per_prog,
-               HAS_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RNE_FIX: tl.constexpr):
+def _bwd_fused(
+    DY,
+    X,
+    W,
+    RSTD,
+    DX,
+    DWP,
+    n_rows,
+    n_cols,
+    sdy,
+    sx,
+    sdx,
+    rows_per_prog,
+    HAS_W: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RNE_FIX: tl.constexpr,
+):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < n_cols
@@ -150,8 +200,23 @@ def _bwd_fused(DY, X, W, RSTD, DX, DWP, n_rows, n_cols, sdy, sx, sdx, rows_per_p
 
 
 @triton.jit
-def _bwd_looped(DY, X, W, RSTD, DX, DWP, n_rows, n_cols, sdy, sx, sdx, rows_per_prog,
-                HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, RNE_FIX: tl.constexpr):
+def _bwd_looped(
+    DY,
+    X,
+    W,
+    RSTD,
+    DX,
+    DWP,
+    n_rows,
+    n_cols,
+    sdy,
+    sx,
+    sdx,
+    rows_per_prog,
+    HAS_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RNE_FIX: tl.constexpr,
+):
     pid = tl.program_id(0)
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, n_rows)
@@ -189,7 +254,7 @@ def _bwd_looped(DY, X, W, RSTD, DX, DWP, n_rows, n_cols, sdy, sx, sdx, rows_per_
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -262,15 +327,37 @@ def forward(x, weight, residual, eps, *, max_fused_n: int = MAX_FUSED_N):
     r_arg = residual if residual is not None else x
     s_arg = summed if summed is not None else y
     w_arg = w if w is not None else x
-    common = (x, r_arg, w_arg, y, s_arg, rstd, n, h, x.stride(0), r_arg.stride(0), y.stride(0), s_arg.stride(0), float(eps))
+    common = (
+        x,
+        r_arg,
+        w_arg,
+        y,
+        s_arg,
+        rstd,
+        n,
+        h,
+        x.stride(0),
+        r_arg.stride(0),
+        y.stride(0),
+        s_arg.stride(0),
+        float(eps),
+    )
     with _on(x.device):
         if looped:
-            _fwd_looped[(n,)](*common, HAS_W=w is not None, HAS_R=residual is not None, BLOCK_N=block_n, RNE_FIX=fix,
-                              num_warps=warps)
+            _fwd_looped[(n,)](
+                *common, HAS_W=w is not None, HAS_R=residual is not None, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps
+            )
         else:
             grid = (triton.cdiv(n, block_m),)
-            _fwd_fused[grid](*common, HAS_W=w is not None, HAS_R=residual is not None,
-                             BLOCK_M=block_m, BLOCK_N=block_n, RNE_FIX=fix, num_warps=warps)
+            _fwd_fused[grid](
+                *common,
+                HAS_W=w is not None,
+                HAS_R=residual is not None,
+                BLOCK_M=block_m,
+                BLOCK_N=block_n,
+                RNE_FIX=fix,
+                num_warps=warps,
+            )
     return y, rstd, summed
 
 

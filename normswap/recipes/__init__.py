@@ -17,4 +17,13 @@ def run_recipe(loaded, out, **kwargs):
     return _run(loaded, out, **kwargs)
 
 
-__all__ = ["LoadedRecipe", "RecipeError", "describe_fields", "dump_recipe", "load_recipe", "run_recipe", "shipped_recipes", "validate"]
+__all__ = [
+    "LoadedRecipe",
+    "RecipeError",
+    "describe_fields",
+    "dump_recipe",
+    "load_recipe",
+    "run_recipe",
+    "shipped_recipes",
+    "validate",
+]

@@ -37,7 +37,9 @@ def find_recipe(arg: str) -> Path:
     if p.is_file():
         return p
     if p.is_dir():
-        raise NormswapError(f"{arg} is a directory; give a recipe YAML file or a shipped recipe name (see `normswap run --list`)")
+        raise NormswapError(
+            f"{arg} is a directory; give a recipe YAML file or a shipped recipe name (see `normswap run --list`)"
+        )
     shipped = shipped_recipes()
     name = arg[:-5] if arg.endswith(".yaml") else arg
     if "/" not in arg and name in shipped:
@@ -75,8 +77,10 @@ def _expanded_size(node, memo: dict, where: str) -> int:
     size = 1 + sum(_expanded_size(child, memo, where) for child in children)
     if size > MAX_EXPANDED_NODES:
         mark = node.start_mark
-        raise RecipeError(f"{where}: at line {mark.line + 1}: the YAML aliases expand to more than {MAX_EXPANDED_NODES:,} "
-                          "values; a recipe is a page of settings (write the values out)")
+        raise RecipeError(
+            f"{where}: at line {mark.line + 1}: the YAML aliases expand to more than {MAX_EXPANDED_NODES:,} "
+            "values; a recipe is a page of settings (write the values out)"
+        )
     memo[id(node)] = size
     return size
 
@@ -132,9 +136,13 @@ def apply_overrides(raw: dict, overrides: list[str], where: str) -> dict:
             parts[0] = "variants"
         if parts[0] in ("convert", "finetune") and len(parts) >= 2:
             variants = raw.get("variants")
-            targets = [n for n, v in (variants or {}).items() if isinstance(v, dict) and isinstance(v.get(parts[0]), dict)]
+            targets = [
+                n for n, v in (variants or {}).items() if isinstance(v, dict) and isinstance(v.get(parts[0]), dict)
+            ]
             if not targets:
-                raise RecipeError(f"{where}: --set {item}: no variant has a {parts[0]} section (use variants.NAME.{'.'.join(parts)})")
+                raise RecipeError(
+                    f"{where}: --set {item}: no variant has a {parts[0]} section (use variants.NAME.{'.'.join(parts)})"
+                )
             for n in targets:
                 _set(raw, ["variants", n] + parts, value, item, where)
             continue
@@ -149,7 +157,7 @@ def _set(raw: dict, parts: list[str], value, item: str, where: str) -> None:
         if nxt is None:
             nxt = node[p] = {}
         if not isinstance(nxt, dict):
-            raise RecipeError(f"{where}: --set {item}: {'.'.join(parts[:i + 1])} is {show(nxt)}, not a section")
+            raise RecipeError(f"{where}: --set {item}: {'.'.join(parts[: i + 1])} is {show(nxt)}, not a section")
         node = nxt
     if value is None:
         node.pop(parts[-1], None)
@@ -161,7 +169,9 @@ def load_recipe(arg: str, overrides: list[str] | tuple = ()) -> LoadedRecipe:
     path = find_recipe(arg)
     try:
         if path.stat().st_size > 4 * MAX_RECIPE_BYTES:  # refused before reading (UTF-8: up to 4 bytes a character)
-            raise NormswapError(f"{path}: {path.stat().st_size:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,} characters")
+            raise NormswapError(
+                f"{path}: {path.stat().st_size:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,} characters"
+            )
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise NormswapError(f"cannot read recipe {path}: {e}") from None

@@ -25,9 +25,10 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from normswap.errors import NormswapError
 from normswap.overlap import check_disjoint
@@ -49,8 +50,6 @@ def _now() -> str:
 
 def _fingerprint(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 
 
 @dataclass
@@ -109,14 +108,21 @@ class ConvertStep(ModelStep):
         from normswap.convert.pipeline import convert_checkpoint
 
         o, say = self.options, lambda m: ctx.say(f"convert {self.produces}: {m}")
-        say(f"{o['mode']} mode" + "".join(f", {k} {o[k]}" for k in ("gamma", "beta") if o[k]) + (", untie" if o["untie"] else ""))
+        say(
+            f"{o['mode']} mode"
+            + "".join(f", {k} {o[k]}" for k in ("gamma", "beta") if o[k])
+            + (", untie" if o["untie"] else "")
+        )
         t0 = time.perf_counter()
-        summary = convert_checkpoint(ctx.models[self.source].spec, self.target(ctx), declared.build(ConvertOptions, o), force=True,
-                                     progress=say)
+        summary = convert_checkpoint(
+            ctx.models[self.source].spec, self.target(ctx), declared.build(ConvertOptions, o), force=True, progress=say
+        )
         ver = summary.get("verification") or {}
         line = f"{summary['norms_replaced']} norms replaced in {time.perf_counter() - t0:.1f} s"
         if ver.get("max_abs_diff") is not None:
-            line += f"; max |Δ log-prob| vs source {ver['max_abs_diff']:.2g}" + (" (exact: passed)" if ver.get("passed") else "")
+            line += f"; max |Δ log-prob| vs source {ver['max_abs_diff']:.2g}" + (
+                " (exact: passed)" if ver.get("passed") else ""
+            )
         say(line)
         return {"mode": summary["mode"], "verification": ver}
 
@@ -132,8 +138,15 @@ class FinetuneStep(ModelStep):
 
     def fingerprint(self, ctx: Context) -> str:
         r = ctx.recipe
-        return _fingerprint({"step": "finetune", "input": ctx.models[self.source].fingerprint, "options": self._options(ctx),
-                             "data": r["data"], "seed": r["seed"]})
+        return _fingerprint(
+            {
+                "step": "finetune",
+                "input": ctx.models[self.source].fingerprint,
+                "options": self._options(ctx),
+                "data": r["data"],
+                "seed": r["seed"],
+            }
+        )
 
     def complete(self, ctx: Context) -> bool:
         from normswap.finetune.run_dir import RunDir
@@ -145,18 +158,32 @@ class FinetuneStep(ModelStep):
 
     def run(self, ctx: Context) -> dict:
         from normswap.finetune import FinetuneConfig, run_finetune
-        from normswap.finetune.run_dir import RunDir
         from normswap.finetune.objectives import heldout_line
+        from normswap.finetune.run_dir import RunDir
         from normswap.finetune.trainer import Hooks
         from normswap.progress import StepProgress
 
         r, o, say = ctx.recipe, self._options(ctx), lambda m: ctx.say(f"finetune {self.produces}: {m}")
-        say(f"{o['steps']} steps x {o['batch_size']} sequences, lr {o['lr']:g}, warmup {o['warmup_steps']}"
-            + (f", distilling from {o['distill_from']}" if o["distill_from"] else ""))
-        cfg = FinetuneConfig(model=ctx.models[self.source].spec, out=str(self.target(ctx)), data=r["data"], seed=r["seed"],
-                             device=r["device"], force=True, progress=False, **o)
-        steps = StepProgress(RunDir(self.target(ctx)), o["steps"], lambda line: ctx.update(lambda: f"finetune {self.produces}: {line()}"))
-        summary = run_finetune(cfg, hooks=Hooks(after_step=steps), echo=lambda m: say(m.removeprefix("normswap finetune: ")))
+        say(
+            f"{o['steps']} steps x {o['batch_size']} sequences, lr {o['lr']:g}, warmup {o['warmup_steps']}"
+            + (f", distilling from {o['distill_from']}" if o["distill_from"] else "")
+        )
+        cfg = FinetuneConfig(
+            model=ctx.models[self.source].spec,
+            out=str(self.target(ctx)),
+            data=r["data"],
+            seed=r["seed"],
+            device=r["device"],
+            force=True,
+            progress=False,
+            **o,
+        )
+        steps = StepProgress(
+            RunDir(self.target(ctx)), o["steps"], lambda line: ctx.update(lambda: f"finetune {self.produces}: {line()}")
+        )
+        summary = run_finetune(
+            cfg, hooks=Hooks(after_step=steps), echo=lambda m: say(m.removeprefix("normswap finetune: "))
+        )
         say(f"{heldout_line(summary)}, in {summary['wall_seconds']:.1f} s")
         return {"perplexity_before": summary["initial_perplexity"], "perplexity_after": summary["final_perplexity"]}
 
@@ -174,8 +201,16 @@ class EvalStep:
 
     def fingerprint(self, ctx: Context) -> str:
         r = ctx.recipe
-        return _fingerprint({"step": "eval", "models": [(n, ctx.models[n].fingerprint) for n in self.names], "eval": r["eval"],
-                             "data": r["data"], "device": ctx.device, "report": r["report"]})
+        return _fingerprint(
+            {
+                "step": "eval",
+                "models": [(n, ctx.models[n].fingerprint) for n in self.names],
+                "eval": r["eval"],
+                "data": r["data"],
+                "device": ctx.device,
+                "report": r["report"],
+            }
+        )
 
     def complete(self, ctx: Context) -> bool:
         from normswap.report.write import RESULTS
@@ -186,10 +221,9 @@ class EvalStep:
         from normswap import declared
         from normswap.devices import resolve_dtype
         from normswap.evaluate.config import EvalConfig
+        from normswap.evaluate.preflight import describe, prepare
         from normswap.evaluate.runner import evaluate, load_planned
         from normswap.report import write_report
-
-        from normswap.evaluate.preflight import describe, prepare
 
         r, say = ctx.recipe, lambda m: ctx.say(f"eval: {m}")
         cfg = declared.build(EvalConfig, r["eval"])
@@ -197,11 +231,25 @@ class EvalStep:
         planned = [(n, ctx.models[n].spec) for n in self.names]
         prepared = prepare(describe(planned), cfg, data=r["data"], baseline_name=SOURCE_NAME, progress=say)
         entries = load_planned(planned, device=ctx.device, dtype=dtype, progress=say)
-        results = evaluate(entries, cfg, data=r["data"], baseline_name=SOURCE_NAME, device=ctx.device, dtype=dtype, seed=r["seed"],
-                           progress=say, prepared=prepared)
+        results = evaluate(
+            entries,
+            cfg,
+            data=r["data"],
+            baseline_name=SOURCE_NAME,
+            device=ctx.device,
+            dtype=dtype,
+            seed=r["seed"],
+            progress=say,
+            prepared=prepared,
+        )
         results["title"] = r["report"]["title"]
-        results["recipe"] = {"name": r["name"], "description": r["description"], "file": str(ctx.loaded.path),
-                             "overrides": ctx.loaded.overrides, "run_dir": str(ctx.out)}
+        results["recipe"] = {
+            "name": r["name"],
+            "description": r["description"],
+            "file": str(ctx.loaded.path),
+            "overrides": ctx.loaded.overrides,
+            "run_dir": str(ctx.out),
+        }
         say(f"writing {self.target(ctx)}")
         write_report(results, self.target(ctx), force=True)
         return {}
@@ -228,18 +276,32 @@ class StudyStep:
         from normswap.study.config import StudyConfig
 
         r = ctx.recipe
-        return StudyConfig(model=ctx.models[SOURCE_NAME].spec, out=str(self.target(ctx)), data=r["data"], device=r["device"],
-                           progress=False, **self.options, **extra)
+        return StudyConfig(
+            model=ctx.models[SOURCE_NAME].spec,
+            out=str(self.target(ctx)),
+            data=r["data"],
+            device=r["device"],
+            progress=False,
+            **self.options,
+            **extra,
+        )
 
     def fingerprint(self, ctx: Context) -> str:
-        return _fingerprint({"step": "study", "input": ctx.models[SOURCE_NAME].fingerprint, "options": self.options,
-                             "data": ctx.recipe["data"]})
+        return _fingerprint(
+            {
+                "step": "study",
+                "input": ctx.models[SOURCE_NAME].fingerprint,
+                "options": self.options,
+                "data": ctx.recipe["data"],
+            }
+        )
 
     def complete(self, ctx: Context) -> bool:
         from normswap.study.study_dir import StudyDir
 
-        return ((StudyDir(self.target(ctx)).read_run() or {}).get("status") == "finished"
-                and StudyDir(self.target(ctx)).results_file.is_file())
+        return (StudyDir(self.target(ctx)).read_run() or {}).get("status") == "finished" and StudyDir(
+            self.target(ctx)
+        ).results_file.is_file()
 
     def run(self, ctx: Context) -> dict:
         from normswap.study.runner import run_study
@@ -265,7 +327,9 @@ def plan_steps(recipe: dict) -> list:
             steps.append(ConvertStep(name, current, v["convert"]))
             current = name
         if v["finetune"] is not None:
-            steps.append(FinetuneStep(name + HEALED_SUFFIX if v["convert"] is not None else name, current, v["finetune"]))
+            steps.append(
+                FinetuneStep(name + HEALED_SUFFIX if v["convert"] is not None else name, current, v["finetune"])
+            )
     if recipe.get("study") is not None:
         steps.append(StudyStep(recipe["study"]))
     return steps + [EvalStep(report_names(recipe))]
@@ -283,10 +347,14 @@ def check_overlap(loaded: LoadedRecipe, out) -> None:
     the rest of DIR) touches nothing any step reads: the source, the teachers, the data, the recipe
     file. Checked before DIR is touched, so --force never deletes an input."""
     r, out = loaded.recipe, Path(out).expanduser()
-    reads = ([("the source model", r["source"]), ("the data", r["data"]), ("the recipe", loaded.path)]
-             + [("the teacher", t) for t in _teachers(r)])
-    check_disjoint(reads, [(f"{out / name} (which the run in --out {out} writes)", out / name) for name in OWNED],
-                   advice="move the input or choose another --out")
+    reads = [("the source model", r["source"]), ("the data", r["data"]), ("the recipe", loaded.path)] + [
+        ("the teacher", t) for t in _teachers(r)
+    ]
+    check_disjoint(
+        reads,
+        [(f"{out / name} (which the run in --out {out} writes)", out / name) for name in OWNED],
+        advice="move the input or choose another --out",
+    )
 
 
 def require_network(recipe: dict) -> None:
@@ -295,7 +363,11 @@ def require_network(recipe: dict) -> None:
     from normswap.network import require_hub
 
     try:
-        require_hub(models=[recipe["source"], *_teachers(recipe)], data=recipe["data"], hub_tasks=hub_tasks(recipe["eval"]["tasks"]))
+        require_hub(
+            models=[recipe["source"], *_teachers(recipe)],
+            data=recipe["data"],
+            hub_tasks=hub_tasks(recipe["eval"]["tasks"]),
+        )
     except NormswapError as e:
         raise NormswapError(f"recipe {recipe['name']} needs the network: {e}") from None
 
@@ -308,8 +380,12 @@ def check_evaluation(recipe: dict) -> None:
     from normswap.evaluate.config import EvalConfig
     from normswap.evaluate.preflight import describe, prepare
 
-    prepare(describe([(SOURCE_NAME, recipe["source"])]), declared.build(EvalConfig, recipe["eval"]), data=recipe["data"],
-            baseline_name=SOURCE_NAME)
+    prepare(
+        describe([(SOURCE_NAME, recipe["source"])]),
+        declared.build(EvalConfig, recipe["eval"]),
+        data=recipe["data"],
+        baseline_name=SOURCE_NAME,
+    )
 
 
 class Runner:
@@ -331,7 +407,9 @@ class Runner:
         previous = out / RUN_FILE
         if out.is_dir() and any(out.iterdir()):
             if not previous.is_file():
-                raise NormswapError(f"--out {out} exists, is not empty and is not a normswap run; choose another directory")
+                raise NormswapError(
+                    f"--out {out} exists, is not empty and is not a normswap run; choose another directory"
+                )
             if self.force and not self.resume:
                 for name in OWNED:  # only what a run writes: never a user's other files
                     p = out / name
@@ -340,7 +418,9 @@ class Runner:
                     elif p.exists():
                         p.unlink()
             elif not self.resume:
-                raise NormswapError(f"--out {out} holds a previous run: pass --resume to continue it (finished steps are kept) or --force to start again")
+                raise NormswapError(
+                    f"--out {out} holds a previous run: pass --resume to continue it (finished steps are kept) or --force to start again"
+                )
         out.mkdir(parents=True, exist_ok=True)
         (out / MODELS).mkdir(exist_ok=True)
         old = {}
@@ -358,8 +438,11 @@ class Runner:
             "steps": old.get("steps", {}) if self.resume else {},
         }
         atomic_write_text(out / "recipe.original.yaml", self.loaded.original_text)
-        header = (f"# normswap run: resolved recipe (from {self.loaded.path}"
-                  + (f", --set {' --set '.join(self.loaded.overrides)}" if self.loaded.overrides else "") + ")\n")
+        header = (
+            f"# normswap run: resolved recipe (from {self.loaded.path}"
+            + (f", --set {' --set '.join(self.loaded.overrides)}" if self.loaded.overrides else "")
+            + ")\n"
+        )
         atomic_write_text(out / "recipe.yaml", header + dump_recipe(self.recipe))
         self._save()
 
@@ -369,7 +452,9 @@ class Runner:
     def _run_step(self, step, ctx: Context) -> None:
         fp = step.fingerprint(ctx)
         rec = self.state["steps"].get(step.name)
-        done = (self.resume and rec and rec.get("status") == "done" and rec.get("fingerprint") == fp) and step.complete(ctx)
+        done = (self.resume and rec and rec.get("status") == "done" and rec.get("fingerprint") == fp) and step.complete(
+            ctx
+        )
         target = step.target(ctx)
         if done:
             self.say(f"{step.name.replace(':', ' ')}: done already ({target}), skipped")
@@ -377,8 +462,14 @@ class Runner:
             t0 = time.perf_counter()
             extra = step.run(ctx)
             ctx.ran_any = ctx.ran_any or step.produces is not None  # a new model: the evaluation runs again
-            self.state["steps"][step.name] = {"status": "done", "fingerprint": fp, "seconds": round(time.perf_counter() - t0, 2),
-                                              "finished": _now(), "output": str(target), **extra}
+            self.state["steps"][step.name] = {
+                "status": "done",
+                "fingerprint": fp,
+                "seconds": round(time.perf_counter() - t0, 2),
+                "finished": _now(),
+                "output": str(target),
+                **extra,
+            }
             self._save()
         if step.produces is not None:
             ctx.models[step.produces] = Model(step.produces, str(target), fp)
@@ -396,26 +487,40 @@ class Runner:
         self._prepare_out()
         t_run = time.perf_counter()
         self.say(f"recipe {recipe['name']}: {len(recipe['variants'])} variant(s) of {recipe['source']} -> {self.out}")
-        ctx = Context(recipe=recipe, loaded=self.loaded, out=self.out, device=device, say=self.say, update=self.heartbeat.update,
-                      models={SOURCE_NAME: Model(SOURCE_NAME, recipe["source"], _fingerprint({"source": recipe["source"]}))})
+        ctx = Context(
+            recipe=recipe,
+            loaded=self.loaded,
+            out=self.out,
+            device=device,
+            say=self.say,
+            update=self.heartbeat.update,
+            models={SOURCE_NAME: Model(SOURCE_NAME, recipe["source"], _fingerprint({"source": recipe["source"]}))},
+        )
         steps = plan_steps(recipe)
         with self.heartbeat:
             for step in steps:
                 self._run_step(step, ctx)
+        from normswap.report.render import noise_banner
         from normswap.report.tables import markdown_table, summary_rows, summary_table
         from normswap.report.write import HTML
-
-        from normswap.report.render import noise_banner
 
         results = steps[-1].results(ctx)
         rows = summary_rows(results)
         banner = noise_banner(results)  # the machine was too busy to tell speed differences: said once, with the table
-        self.state.update(status="finished", finished=_now(), seconds=round(time.perf_counter() - t_run, 1), summary=rows,
-                          speed_noise_banner=banner, report=str(self.out / REPORT / HTML))
+        self.state.update(
+            status="finished",
+            finished=_now(),
+            seconds=round(time.perf_counter() - t_run, 1),
+            summary=rows,
+            speed_noise_banner=banner,
+            report=str(self.out / REPORT / HTML),
+        )
         self._save()
         table = "\n".join(markdown_table(*summary_table(rows), numbers=True))
         note = f"\n\n> **Too noisy to tell.** {banner}" if banner else ""
-        atomic_write_text(self.out / SUMMARY, f"# {recipe['report']['title']}\n\n{table}{note}\n\nReport: {REPORT}/{HTML}\n")
+        atomic_write_text(
+            self.out / SUMMARY, f"# {recipe['report']['title']}\n\n{table}{note}\n\nReport: {REPORT}/{HTML}\n"
+        )
         return self.state
 
 

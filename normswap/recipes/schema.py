@@ -48,18 +48,33 @@ TOP = {
     "name": Field("str", required=True, help="short identifier of the recipe"),
     "description": Field("str", default="", help="one paragraph shown in the run summary"),
     "source": Field("str", required=True, help="model to migrate: a local directory, a hub id or normswap:NAME"),
-    "task": Field("choice", default="causal-lm", choices=TASKS,
-                  help="causal-lm (perplexity), masked-lm or encoder (BERT, sentence encoders: fidelity to the source)"),
-    "data": Field("str", default="embedded", help="corpus for fine-tuning and evaluation (see normswap finetune --data)"),
+    "task": Field(
+        "choice",
+        default="causal-lm",
+        choices=TASKS,
+        help="causal-lm (perplexity), masked-lm or encoder (BERT, sentence encoders: fidelity to the source)",
+    ),
+    "data": Field(
+        "str", default="embedded", help="corpus for fine-tuning and evaluation (see normswap finetune --data)"
+    ),
     "device": Field("str", default="auto", help="cpu, cuda, cuda:N or auto"),
     "seed": Field("int", default=0),
     "needs_network": Field("bool", default=False, help="true when the source or data come from the Hugging Face Hub"),
-    "trust_remote_code": Field("bool", default=False,
-                               help="let the source run the Python files it ships (like --trust-remote-code): only for a source you trust"),
-    "variants": Field("variants", required=True, help="name -> {convert: ..., finetune: ...}; each becomes a model in the report"),
+    "trust_remote_code": Field(
+        "bool",
+        default=False,
+        help="let the source run the Python files it ships (like --trust-remote-code): only for a source you trust",
+    ),
+    "variants": Field(
+        "variants", required=True, help="name -> {convert: ..., finetune: ...}; each becomes a model in the report"
+    ),
     "eval": Field("section", default=None),
     "report": Field("section", default=None),
-    "study": Field("section", default=None, help="optional: `normswap study` of the source (its arms trained side by side) into DIR/study"),
+    "study": Field(
+        "section",
+        default=None,
+        help="optional: `normswap study` of the source (its arms trained side by side) into DIR/study",
+    ),
 }
 
 # generated from ConvertOptions, the one declaration of convert's options (also `normswap convert`'s)
@@ -71,7 +86,9 @@ FINETUNE = {name: Field(**spec) for name, spec in recipe_fields().items()}
 # generated from EvalConfig, the one declaration of the evaluation's options (also `normswap eval`'s),
 # plus what only a recipe decides: which of its models the report shows
 EVAL = {name: Field(**spec) for name, spec in eval_recipe_fields().items()} | {
-    "before_finetune": Field("bool", default=True, help="also report each fine-tuned variant as it was before the fine-tune"),
+    "before_finetune": Field(
+        "bool", default=True, help="also report each fine-tuned variant as it was before the fine-tune"
+    ),
 }
 
 REPORT = {
@@ -148,7 +165,11 @@ def _coerce(where: str, key: str, f: Field, value):
             if kind == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = str(value)
             else:
-                _fail(where, key, f"expected {'one of ' + ', '.join(f.choices) if kind == 'choice' else 'a string'}, got {show(value)}")
+                _fail(
+                    where,
+                    key,
+                    f"expected {'one of ' + ', '.join(f.choices) if kind == 'choice' else 'a string'}, got {show(value)}",
+                )
         if kind == "str":
             value = " ".join(value.split()) if "\n" in value else value.strip()
         if kind == "choice" and value not in f.choices:
@@ -212,7 +233,11 @@ def validate(raw, where: str) -> dict:
         if not _NAME.match(name_s):
             _fail(where, key, "a variant name uses letters, digits, '-', '_' or '.'")
         if name_s == SOURCE_NAME or name_s.endswith(HEALED_SUFFIX):
-            _fail(where, key, f"the names {SOURCE_NAME!r} and '*{HEALED_SUFFIX}' are used for the source and healed models")
+            _fail(
+                where,
+                key,
+                f"the names {SOURCE_NAME!r} and '*{HEALED_SUFFIX}' are used for the source and healed models",
+            )
         if spec is None:
             spec = {}
         if not isinstance(spec, dict):
@@ -224,8 +249,14 @@ def validate(raw, where: str) -> dict:
             _fail(where, key, "needs convert: (e.g. {mode: exact}) and/or finetune: (e.g. {steps: 200})")
         desc = spec.get("description")
         v = {"description": "" if desc is None else _coerce(where, key + ".description", Field("str"), desc)}
-        v["convert"] = _section(where, key + ".convert.", spec["convert"], CONVERT) if spec.get("convert") is not None else None
-        v["finetune"] = _section(where, key + ".finetune.", spec["finetune"], FINETUNE) if spec.get("finetune") is not None else None
+        v["convert"] = (
+            _section(where, key + ".convert.", spec["convert"], CONVERT) if spec.get("convert") is not None else None
+        )
+        v["finetune"] = (
+            _section(where, key + ".finetune.", spec["finetune"], FINETUNE)
+            if spec.get("finetune") is not None
+            else None
+        )
         ft = v["finetune"]
         for option, why in option_errors(ft) if ft is not None else ():
             _fail(where, f"{key}.finetune.{option}", why)
@@ -249,7 +280,11 @@ def validate(raw, where: str) -> dict:
         ev["fidelity"] = masked
     if masked:
         if ev["perplexity"]:
-            _fail(where, "eval.perplexity", f"perplexity is not defined for a {recipe['task']}; use eval.fidelity (cosine and masked-token loss vs the source)")
+            _fail(
+                where,
+                "eval.perplexity",
+                f"perplexity is not defined for a {recipe['task']}; use eval.fidelity (cosine and masked-token loss vs the source)",
+            )
         if ev["tasks"]:
             _fail(where, "eval.tasks", "lm-eval tasks need a causal-lm recipe")
     for option, why in eval_option_errors(ev):
@@ -276,8 +311,14 @@ def report_names(recipe: dict) -> list[str]:
 def describe_fields() -> str:
     """Plain-text reference of every key (for docs and `normswap run --schema`)."""
     lines = []
-    for title, table in (("top level", TOP), ("variants.<name>.convert", CONVERT), ("variants.<name>.finetune", FINETUNE),
-                         ("eval", EVAL), ("report", REPORT), ("study", STUDY)):
+    for title, table in (
+        ("top level", TOP),
+        ("variants.<name>.convert", CONVERT),
+        ("variants.<name>.finetune", FINETUNE),
+        ("eval", EVAL),
+        ("report", REPORT),
+        ("study", STUDY),
+    ):
         lines.append(f"{title}:")
         for k, f in table.items():
             if f.kind in ("variants", "section"):

@@ -40,8 +40,10 @@ def _flops_claim(base, others):
         if not f.get("model_estimate"):
             continue
         share = f["norms"] / f["model_estimate"]
-        lines.append(f"{m['name']}: {m.get('norm_layers', '?')} norm layers, {f['norms']:,} FLOPs/token "
-                     f"= {share * 100:.3f}% of ~{f['model_estimate']:,} (2 x parameters)")
+        lines.append(
+            f"{m['name']}: {m.get('norm_layers', '?')} norm layers, {f['norms']:,} FLOPs/token "
+            f"= {share * 100:.3f}% of ~{f['model_estimate']:,} (2 x parameters)"
+        )
     b_flops = ((base or {}).get("flops_per_token") or {}).get("norms")
     for m in others:
         m_flops = (m.get("flops_per_token") or {}).get("norms")
@@ -52,7 +54,7 @@ def _flops_claim(base, others):
         "verdict": overall(verdicts),
         "measured": lines,
         "meaning": "Counted from the layers, not timed. Halving a share this small cannot move end-to-end speed by itself; "
-                   "norms are bound by memory traffic, not arithmetic.",
+        "norms are bound by memory traffic, not arithmetic.",
     }
 
 
@@ -60,7 +62,9 @@ def _norm_time_claim(results, base, others):
     lines, verdicts = [], []
     if base is not None and (base.get("norm_time") or {}).get("norm_ms_per_forward"):
         b_ms = base["norm_time"]["norm_ms_per_forward"]
-        lines.append(f"{base['name']}: {b_ms:.2f} ms per forward in norm layers ({_pct(base['norm_time_share'])} of the forward)")
+        lines.append(
+            f"{base['name']}: {b_ms:.2f} ms per forward in norm layers ({_pct(base['norm_time_share'])} of the forward)"
+        )
         for m in others:
             nt = m.get("norm_time") or {}
             if nt.get("norm_ms_per_forward") is None:
@@ -71,9 +75,11 @@ def _norm_time_claim(results, base, others):
             change = 1 - nt["norm_ms_per_forward"] / b_ms
             word = "less" if change >= 0 else "more"
             noisy = f" ({TOO_NOISY})" if iv and iv["verdict"] == TOO_NOISY else ""
-            lines.append(f"{m['name']}: {nt['norm_ms_per_forward']:.2f} ms ({_pct(abs(change))} {word} time, ratio "
-                         f"x{nt['norm_ms_per_forward'] / b_ms:.2f} {fmt_interval(iv) or '(no interval)'}; "
-                         f"{_pct(m['norm_time_share'])} of its forward): {verdict}{noisy}")
+            lines.append(
+                f"{m['name']}: {nt['norm_ms_per_forward']:.2f} ms ({_pct(abs(change))} {word} time, ratio "
+                f"x{nt['norm_ms_per_forward'] / b_ms:.2f} {fmt_interval(iv) or '(no interval)'}; "
+                f"{_pct(m['norm_time_share'])} of its forward): {verdict}{noisy}"
+            )
     else:
         for m in [base] * (base is not None) + others:
             if m.get("norm_time_share") is not None:
@@ -83,7 +89,7 @@ def _norm_time_claim(results, base, others):
         "verdict": overall(verdicts),
         "measured": lines or ["not measured in this run"],
         "meaning": "Kernel-level gains, measured here inside the whole model (forward hooks; inference forward). "
-                   "Reproduced when every repeat shows at least 7% less time, not reproduced when none does.",
+        "Reproduced when every repeat shows at least 7% less time, not reproduced when none does.",
     }
 
 
@@ -95,11 +101,15 @@ def _amdahl_note(name, ratio, iv, bound) -> str | None:
     if iv and iv["verdict"] == TOO_NOISY:
         return f"{head}, but the machine was {TOO_NOISY} (null control): not a gain this run can show"
     if not iv or iv["low"] <= bound:
-        return (f"{head}, but its interval {fmt_interval(iv) or '(none)'} reaches below the bound: the excess is "
-                "repeat-to-repeat noise of this machine, not a gain")
-    return (f"{head} in every repeat {fmt_interval(iv)}: making the norms free could not explain it, so the difference "
-            "comes from outside the norm layers (the conversion also changes the linears' biases and the code path; "
-            "on a model this small, per-call overheads dominate)")
+        return (
+            f"{head}, but its interval {fmt_interval(iv) or '(none)'} reaches below the bound: the excess is "
+            "repeat-to-repeat noise of this machine, not a gain"
+        )
+    return (
+        f"{head} in every repeat {fmt_interval(iv)}: making the norms free could not explain it, so the difference "
+        "comes from outside the norm layers (the conversion also changes the linears' biases and the code path; "
+        "on a model this small, per-call overheads dominate)"
+    )
 
 
 def _throughput_claim(results, base, others):
@@ -124,8 +134,12 @@ def _throughput_claim(results, base, others):
     if bound is not None:
         lines.append(f"upper bound (Amdahl): norm time -> 0 would give at most x{bound:.2f} on the forward")
         for m in others:
-            note = _amdahl_note(m["name"], ((m.get("ratios") or {}).get("tokens_per_second") or {}).get("forward"),
-                                ((intervals_of(m, results) or {}).get("tokens_per_second") or {}).get("forward"), bound)
+            note = _amdahl_note(
+                m["name"],
+                ((m.get("ratios") or {}).get("tokens_per_second") or {}).get("forward"),
+                ((intervals_of(m, results) or {}).get("tokens_per_second") or {}).get("forward"),
+                bound,
+            )
             if note:
                 lines.append(note)
     return {
@@ -133,7 +147,7 @@ def _throughput_claim(results, base, others):
         "verdict": overall(verdicts),
         "measured": lines or ["needs --baseline and speed measurements"],
         "meaning": "End-to-end tokens/s against the baseline: ratio of medians, [min–max] of the per-repeat paired ratios. "
-                   "Reproduced when every repeat is at least x1.10, not reproduced when none is.",
+        "Reproduced when every repeat is at least x1.10, not reproduced when none is.",
     }
 
 
@@ -141,4 +155,8 @@ def claims(results) -> list[dict]:
     models = results["models"]
     base = next((m for m in models if m["name"] == results.get("baseline")), None)
     others = [m for m in models if base is None or m["name"] != base["name"]]
-    return [_flops_claim(base, others), _norm_time_claim(results, base, others), _throughput_claim(results, base, others)]
+    return [
+        _flops_claim(base, others),
+        _norm_time_claim(results, base, others),
+        _throughput_claim(results, base, others),
+    ]

@@ -10,10 +10,20 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-HEADER = ["model", "kind", "hidden cosine", "embedding cosine (mean)", "embedding cosine (worst)", "masked ppl", "top-1 agreement"]
-CAPTION = ("Fidelity to the reference on the held-out text: cosine of the last hidden states per token, of mean-pooled "
-           "sentence embeddings (mean and worst sentence), and at 15 % masked positions the masked-token perplexity and "
-           "how often the top guess agrees with the reference's (1.0 = identical).")
+HEADER = [
+    "model",
+    "kind",
+    "hidden cosine",
+    "embedding cosine (mean)",
+    "embedding cosine (worst)",
+    "masked ppl",
+    "top-1 agreement",
+]
+CAPTION = (
+    "Fidelity to the reference on the held-out text: cosine of the last hidden states per token, of mean-pooled "
+    "sentence embeddings (mean and worst sentence), and at 15 % masked positions the masked-token perplexity and "
+    "how often the top guess agrees with the reference's (1.0 = identical)."
+)
 
 
 def _f(x, digits=4):
@@ -29,9 +39,11 @@ def has_fidelity(results) -> bool:
 
 
 PROBE_HEADER = ["model", "kind", "main output cosine", "worst output cosine", "max |Δ|", "max |Δ| / max |ref|"]
-PROBE_CAPTION = ("Fidelity to the reference on the same seeded probe inputs (images / audio features of the model's shape): "
-                 "cosine of the main output (last hidden state, else logits) per position, of the worst output, and the "
-                 "largest absolute and relative difference over every output (1.0 and 0 = identical).")
+PROBE_CAPTION = (
+    "Fidelity to the reference on the same seeded probe inputs (images / audio features of the model's shape): "
+    "cosine of the main output (last hidden state, else logits) per position, of the worst output, and the "
+    "largest absolute and relative difference over every output (1.0 and 0 = identical)."
+)
 
 
 def _probed(results) -> bool:
@@ -44,17 +56,32 @@ def caption(results) -> str:
 
 def fidelity_rows(results) -> tuple[list[str], list[list[str]]]:
     if _probed(results):  # models without text input (evaluate/fidelity.py: probe_fidelity)
-        return PROBE_HEADER, [[m["name"], m.get("kind", ""), _f((m.get("fidelity") or {}).get("hidden_cosine"), 6),
-                               _f((m.get("fidelity") or {}).get("output_cosine"), 6),
-                               _g((m.get("fidelity") or {}).get("max_abs_diff")), _g((m.get("fidelity") or {}).get("max_rel_diff"))]
-                              for m in results["models"]]
+        return PROBE_HEADER, [
+            [
+                m["name"],
+                m.get("kind", ""),
+                _f((m.get("fidelity") or {}).get("hidden_cosine"), 6),
+                _f((m.get("fidelity") or {}).get("output_cosine"), 6),
+                _g((m.get("fidelity") or {}).get("max_abs_diff")),
+                _g((m.get("fidelity") or {}).get("max_rel_diff")),
+            ]
+            for m in results["models"]
+        ]
     rows = []
     for m in results["models"]:
         f = m.get("fidelity") or {}
         agree = f.get("top1_agreement")
-        rows.append([m["name"], m.get("kind", ""), _f(f.get("hidden_cosine")), _f(f.get("embedding_cosine")),
-                     _f(f.get("embedding_cosine_min")), _f(f.get("masked_perplexity"), 3),
-                     "–" if agree is None else f"{agree * 100:.1f}%"])
+        rows.append(
+            [
+                m["name"],
+                m.get("kind", ""),
+                _f(f.get("hidden_cosine")),
+                _f(f.get("embedding_cosine")),
+                _f(f.get("embedding_cosine_min")),
+                _f(f.get("masked_perplexity"), 3),
+                "–" if agree is None else f"{agree * 100:.1f}%",
+            ]
+        )
     return HEADER, rows
 
 
@@ -77,8 +104,12 @@ def html_section(results) -> str:
     e = html.escape
     header, rows = fidelity_rows(results)
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return (f"<h2>Fidelity to {e(_reference(results))}</h2><p class='sub'>{e(caption(results))}</p><div class='tablewrap'><table class='text2'>"
-            "<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + f"</tr></thead><tbody>{body}</tbody></table></div>")
+    return (
+        f"<h2>Fidelity to {e(_reference(results))}</h2><p class='sub'>{e(caption(results))}</p><div class='tablewrap'><table class='text2'>"
+        "<thead><tr>"
+        + "".join(f"<th>{e(h)}</th>" for h in header)
+        + f"</tr></thead><tbody>{body}</tbody></table></div>"
+    )
 
 
 def fidelity_plot(results, out: Path) -> Path | None:
@@ -89,11 +120,14 @@ def fidelity_plot(results, out: Path) -> Path | None:
     models = [m for m in results["models"] if m.get("fidelity") and m["name"] != _reference(results)]
     if not models:
         return None
-    from normswap.report.plots import save_figure, style_axes, colors, plt
+    from normswap.report.plots import colors, plt, save_figure, style_axes
 
     c = colors(results)
-    keys = (("hidden_cosine", "hidden states"), ("embedding_cosine", "sentence embedding (mean)"),
-            ("embedding_cosine_min", "sentence embedding (worst)"))
+    keys = (
+        ("hidden_cosine", "hidden states"),
+        ("embedding_cosine", "sentence embedding (mean)"),
+        ("embedding_cosine_min", "sentence embedding (worst)"),
+    )
     fig, ax = plt.subplots(figsize=(9, 3.4))
     width = 0.8 / len(models)
     for i, m in enumerate(models):
@@ -102,8 +136,15 @@ def fidelity_plot(results, out: Path) -> Path | None:
         bars = ax.bar(xs, vals, width * 0.9, color=c[m["name"]], label=m["name"])
         for bar, k in zip(bars, keys):
             v = m["fidelity"].get(k[0])
-            ax.annotate(_f(v), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8,
-                        xytext=(0, 2), textcoords="offset points")
+            ax.annotate(
+                _f(v),
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
     ax.set_yscale("log")
     import math
 

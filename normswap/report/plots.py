@@ -54,8 +54,15 @@ def perplexity_plot(results, out: Path) -> Path | None:
         deltas = [(m["perplexity"] / base["perplexity"] - 1) * 100 for m in models]
         bars = ax.bar(names, deltas, color=[c[n] for n in names])
         for bar, d in zip(bars, deltas):
-            ax.annotate(signed_percent(d), (bar.get_x() + bar.get_width() / 2, d), ha="center", va="bottom" if d >= 0 else "top",
-                        fontsize=9, xytext=(0, 2 if d >= 0 else -2), textcoords="offset points")
+            ax.annotate(
+                signed_percent(d),
+                (bar.get_x() + bar.get_width() / 2, d),
+                ha="center",
+                va="bottom" if d >= 0 else "top",
+                fontsize=9,
+                xytext=(0, 2 if d >= 0 else -2),
+                textcoords="offset points",
+            )
         ax.axhline(0, color="#868e96", linewidth=1)
         span = max(max(abs(d) for d in deltas), 0.05)
         ax.set_ylim(min(min(deltas), 0) - 0.25 * span, max(max(deltas), 0) + 0.25 * span)
@@ -108,7 +115,11 @@ def throughput_bars(results) -> tuple[list[Bar], float]:
     ``CLIP_AT`` × the tallest bar; whiskers above it are clipped (``clipped``) and marked."""
     from normswap.evaluate.stats import intervals_of, measurable
 
-    models = [m for m in results["models"] if m.get("tokens_per_second") and m.get("ratios") and m["name"] != results.get("baseline")]
+    models = [
+        m
+        for m in results["models"]
+        if m.get("tokens_per_second") and m.get("ratios") and m["name"] != results.get("baseline")
+    ]
     bars = []
     width = 0.8 / max(len(models), 1)
     for i, m in enumerate(models):
@@ -118,8 +129,19 @@ def throughput_bars(results) -> tuple[list[Bar], float]:
             if r is None or (m.get("tokens_per_second") or {}).get(key) is None:
                 continue
             iv = ivs.get(key)
-            bars.append(Bar(m["name"], key, j + (i - (len(models) - 1) / 2) * width, r, iv and iv["low"], iv and iv["high"],
-                            measurable(iv), f"{r:.2f}", r))
+            bars.append(
+                Bar(
+                    m["name"],
+                    key,
+                    j + (i - (len(models) - 1) / 2) * width,
+                    r,
+                    iv and iv["low"],
+                    iv and iv["high"],
+                    measurable(iv),
+                    f"{r:.2f}",
+                    r,
+                )
+            )
     if not bars:
         return bars, 1.0
     tallest = max(b.value for b in bars)
@@ -153,17 +175,49 @@ def throughput_plot(results, out: Path) -> Path | None:
         for b in bars:
             color = c[b.model]
             hatched |= not b.clear
-            ax.bar([b.x], [b.value], width=width * 0.92, color=color, alpha=1.0 if b.clear else 0.45,
-                   hatch=None if b.clear else "///", edgecolor="white" if b.clear else color, linewidth=0)
+            ax.bar(
+                [b.x],
+                [b.value],
+                width=width * 0.92,
+                color=color,
+                alpha=1.0 if b.clear else 0.45,
+                hatch=None if b.clear else "///",
+                edgecolor="white" if b.clear else color,
+                linewidth=0,
+            )
             if b.low is not None:
                 high = min(b.high, top)
-                ax.errorbar([b.x], [b.value], yerr=[[max(b.value - b.low, 0)], [max(high - b.value, 0)]], fmt="none",
-                            ecolor="#343a40", elinewidth=1, capsize=0 if b.clipped else 2)
+                ax.errorbar(
+                    [b.x],
+                    [b.value],
+                    yerr=[[max(b.value - b.low, 0)], [max(high - b.value, 0)]],
+                    fmt="none",
+                    ecolor="#343a40",
+                    elinewidth=1,
+                    capsize=0 if b.clipped else 2,
+                )
             if b.clipped:  # the whisker leaves the axis: an arrow at the edge and the value it reached
-                ax.annotate(f"↑{b.high:.2f}", (b.x, top), ha="left", va="top", fontsize=7, color="#c92a2a",
-                            xytext=(3, -1), textcoords="offset points")
-            ax.annotate(b.label, (b.x, b.label_y), ha="center", va="top", fontsize=7, xytext=(0, -3), textcoords="offset points",
-                        color="white" if b.clear else "#212529", fontweight="bold")
+                ax.annotate(
+                    f"↑{b.high:.2f}",
+                    (b.x, top),
+                    ha="left",
+                    va="top",
+                    fontsize=7,
+                    color="#c92a2a",
+                    xytext=(3, -1),
+                    textcoords="offset points",
+                )
+            ax.annotate(
+                b.label,
+                (b.x, b.label_y),
+                ha="center",
+                va="top",
+                fontsize=7,
+                xytext=(0, -3),
+                textcoords="offset points",
+                color="white" if b.clear else "#212529",
+                fontweight="bold",
+            )
         ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
         ax.set_ylim(0, top)
         ax.set_ylabel(f"tokens/s relative to {results.get('baseline')}")
@@ -180,17 +234,32 @@ def throughput_plot(results, out: Path) -> Path | None:
     ax.set_xticks(range(len(METRICS)), [label for _, label in METRICS])
     handles = [Patch(color=c[m["name"]], label=m["name"]) for m in shown]
     if hatched:
-        handles.append(Patch(facecolor="white", edgecolor="#495057", hatch="///", label="hatched: no measured difference"))
-    ax.legend(handles=handles, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.1),
-              ncol=min(len(handles), 3))
+        handles.append(
+            Patch(facecolor="white", edgecolor="#495057", hatch="///", label="hatched: no measured difference")
+        )
+    ax.legend(
+        handles=handles,
+        fontsize=8,
+        frameon=False,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.1),
+        ncol=min(len(handles), 3),
+    )
     style_axes(ax)
     ax = axes[1]
     shares = [(m["name"], m.get("norm_time_share")) for m in models if m.get("norm_time_share") is not None]
     if shares:
         bars = ax.bar([n for n, _ in shares], [s * 100 for _, s in shares], color=[c[n] for n, _ in shares])
         for bar, (_, s) in zip(bars, shares):
-            ax.annotate(f"{s * 100:.1f}%", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                        va="bottom", fontsize=9, xytext=(0, 2), textcoords="offset points")
+            ax.annotate(
+                f"{s * 100:.1f}%",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=9,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
         ax.set_ylim(0, max(max(s for _, s in shares) * 100 * 1.25, 1))
         ax.set_ylabel("% of forward time")
         ax.set_title("time in norm layers (median)", fontsize=10)
@@ -212,8 +281,14 @@ def activation_plot(results, out: Path) -> Path | None:
         xs = range(len(layers))
         # Exact conversions overlap their source exactly: earlier lines are drawn wider so that
         # every model stays visible underneath the later ones.
-        style = {"marker": "o", "markersize": 3 + 2 * (len(models) - 1 - i), "linewidth": 1 + 1.2 * (len(models) - 1 - i),
-                 "color": c[m["name"]], "label": m["name"], "alpha": 0.9}
+        style = {
+            "marker": "o",
+            "markersize": 3 + 2 * (len(models) - 1 - i),
+            "linewidth": 1 + 1.2 * (len(models) - 1 - i),
+            "color": c[m["name"]],
+            "label": m["name"],
+            "alpha": 0.9,
+        }
         axes[0].plot(xs, [lay.get("rms") for lay in layers], **style)
         axes[1].plot(xs, [lay.get("token_mean_abs") for lay in layers], **style)
     axes[0].set_title("RMS of the input to each norm layer", fontsize=10)
@@ -253,7 +328,9 @@ def finetune_plot(results, out: Path) -> Path | None:
                 pts = [(s, y) for s, y in zip(ft["steps"], ft.get("distill_loss") or []) if y is not None]
                 ax.plot([s for s, _ in pts], [y for _, y in pts], color=c[m["name"]], linewidth=1.2, label=m["name"])
             elif ft.get("eval_steps"):
-                ax.plot(ft["eval_steps"], ft["eval_loss"], color=c[m["name"]], marker="o", markersize=4, label=m["name"])
+                ax.plot(
+                    ft["eval_steps"], ft["eval_loss"], color=c[m["name"]], marker="o", markersize=4, label=m["name"]
+                )
                 for s, y in ((ft["eval_steps"][0], ft["eval_loss"][0]), (ft["eval_steps"][-1], ft["eval_loss"][-1])):
                     ax.annotate(f"{y:.3f}", (s, y), fontsize=8, xytext=(0, 5), textcoords="offset points", ha="center")
         ax.set_xlabel("step")

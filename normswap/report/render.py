@@ -7,7 +7,15 @@ import html
 from pathlib import Path
 
 from normswap.evaluate.stats import (
-    MIN_REPEATS, NO_DIFFERENCE, NULL_DELTA, TOO_NOISY, fmt_interval, intervals_of, measurable, noisy_kinds, undecided,
+    MIN_REPEATS,
+    NO_DIFFERENCE,
+    NULL_DELTA,
+    TOO_NOISY,
+    fmt_interval,
+    intervals_of,
+    measurable,
+    noisy_kinds,
+    undecided,
 )
 from normswap.report import encoders
 from normswap.report.claims import claims
@@ -76,8 +84,14 @@ def timed_ratio_text(ratio, iv) -> str:
     return text if measurable(iv) else f"{text} {undecided(iv)}"
 
 
-KIND_WORDS = {"forward": "forward", "train_step": "train step", "generate": "generate", "prefill": "prefill", "decode": "decode",
-              "norm_ms_per_forward": "time in norms"}
+KIND_WORDS = {
+    "forward": "forward",
+    "train_step": "train step",
+    "generate": "generate",
+    "prefill": "prefill",
+    "decode": "decode",
+    "norm_ms_per_forward": "time in norms",
+}
 
 
 def noise_banner(results) -> str | None:
@@ -95,11 +109,15 @@ def noise_banner(results) -> str | None:
     which = "no speed ratio" if every else "no " + ", ".join(KIND_WORDS.get(k, k) for k in noisy) + " ratio"
     load = ""
     if noise.get("load_before") and noise.get("load_after"):
-        load = (f" Load average {noise['load_before'][0]:.1f} before and {noise['load_after'][0]:.1f} after the timing, "
-                f"on {noise.get('usable_cpus') or noise.get('cpu_count')} CPUs.")
-    return (f"This machine was too noisy to tell speed differences: the null control ({null_name}, timed like the others) "
-            f"ranged {'; '.join(parts)} against the baseline, outside ±{NULL_DELTA * 100:.0f} %, so {which} is called faster "
-            f"or slower and none is coloured.{load} Re-run on a quieter machine to tell.")
+        load = (
+            f" Load average {noise['load_before'][0]:.1f} before and {noise['load_after'][0]:.1f} after the timing, "
+            f"on {noise.get('usable_cpus') or noise.get('cpu_count')} CPUs."
+        )
+    return (
+        f"This machine was too noisy to tell speed differences: the null control ({null_name}, timed like the others) "
+        f"ranged {'; '.join(parts)} against the baseline, outside ±{NULL_DELTA * 100:.0f} %, so {which} is called faster "
+        f"or slower and none is coloured.{load} Re-run on a quieter machine to tell."
+    )
 
 
 # (word perplexity, generate and prefill tokens/s stay in results.json: the table must fit a page
@@ -109,7 +127,9 @@ SPEED_COLUMNS = (("forward", "forward tok/s"), ("train_step", "train-step tok/s"
 
 def memory_note(results) -> str | None:
     """Why the peak-memory column is empty, when it is."""
-    reasons = {(m.get("memory_detail") or {}).get("reason") for m in results["models"] if m.get("peak_memory_bytes") is None}
+    reasons = {
+        (m.get("memory_detail") or {}).get("reason") for m in results["models"] if m.get("peak_memory_bytes") is None
+    }
     reasons.discard(None)
     if not reasons and all(m.get("peak_memory_bytes") is None for m in results["models"]):
         reasons = {"not measured in this run"}
@@ -124,10 +144,15 @@ def held_out(results) -> bool:
 
 def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
     """Header and rows of the side-by-side table: each cell is (value, ratio text, state)."""
+
     def judged(cell):
         return cell if held_out(results) or not cell[2] else (cell[0], cell[1], "same")
 
-    header = ["model", "kind", "perplexity", "bits/byte"] + [label for _, label in SPEED_COLUMNS] + ["peak memory", "time in norms"]
+    header = (
+        ["model", "kind", "perplexity", "bits/byte"]
+        + [label for _, label in SPEED_COLUMNS]
+        + ["peak memory", "time in norms"]
+    )
     rows = []
     for m in results["models"]:
         r = _ratios(m)
@@ -140,11 +165,18 @@ def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
             v = m.get(key) if value is None else value
             if is_base or r.get(key) is None:
                 return (v if isinstance(v, str) else fmt_num(v, digits), "", "")
-            return (v if isinstance(v, str) else fmt_num(v, digits), fmt_ratio(r[key]), exact_state(r[key], lower_better=lower_better, tol=tol))
+            return (
+                v if isinstance(v, str) else fmt_num(v, digits),
+                fmt_ratio(r[key]),
+                exact_state(r[key], lower_better=lower_better, tol=tol),
+            )
 
-        row = [(m["name"] + (" (baseline)" if is_base else ""), "", ""),
-               (m.get("kind", "") + (f", {fmt_params(m['parameters'])}" if m.get("parameters") else ""), "", ""),
-               judged(exact("perplexity", 3)), judged(exact("bits_per_byte", 4))]
+        row = [
+            (m["name"] + (" (baseline)" if is_base else ""), "", ""),
+            (m.get("kind", "") + (f", {fmt_params(m['parameters'])}" if m.get("parameters") else ""), "", ""),
+            judged(exact("perplexity", 3)),
+            judged(exact("bits_per_byte", 4)),
+        ]
         for key, _ in SPEED_COLUMNS:
             if is_base or tr.get(key) is None:
                 row.append((fmt_num(tps.get(key)), "", ""))
@@ -163,9 +195,13 @@ def fidelity_items(f: dict, reference: str) -> list[tuple[str, str, str, str]]:
     """An encoder's headline: its only quality number, fidelity to the reference (1 = identical)."""
     note = f"cosine to {reference}"
     if f.get("embedding_cosine") is not None:  # text encoders: sentence embeddings, mean and worst sentence
-        return [("sentence cosine, mean", f"{f['embedding_cosine']:.4f}", "", note),
-                ("sentence cosine, worst", f"{f['embedding_cosine_min']:.4f}", "", note)]
-    items = [("output cosine, mean", f"{f['hidden_cosine']:.4f}", "", note)] if f.get("hidden_cosine") is not None else []
+        return [
+            ("sentence cosine, mean", f"{f['embedding_cosine']:.4f}", "", note),
+            ("sentence cosine, worst", f"{f['embedding_cosine_min']:.4f}", "", note),
+        ]
+    items = (
+        [("output cosine, mean", f"{f['hidden_cosine']:.4f}", "", note)] if f.get("hidden_cosine") is not None else []
+    )
     if f.get("output_cosine") is not None:  # probe inputs: the worst of every output
         items.append(("output cosine, worst", f"{f['output_cosine']:.4f}", "", note))
     return items
@@ -190,14 +226,28 @@ def headlines(results) -> list[dict]:
         items = fidelity_items(fidelity, reference) if fidelity else []
         if r.get("perplexity") is not None:
             state = exact_state(r["perplexity"], lower_better=True, tol=0.001) if held_out(results) else "same"
-            items.append(("perplexity", signed_percent((r['perplexity'] - 1) * 100), state, "" if held_out(results) else "not held-out text"))
+            items.append(
+                (
+                    "perplexity",
+                    signed_percent((r["perplexity"] - 1) * 100),
+                    state,
+                    "" if held_out(results) else "not held-out text",
+                )
+            )
         for key, label in (("forward", "forward"), ("train_step", "train step"), ("decode", "decode")):
             if tr.get(key) is not None:
                 iv = ivs.get(key)
                 note = fmt_interval(iv) + ("" if measurable(iv) else f" {undecided(iv)}")
                 items.append((label, f"×{tr[key]:.2f}", timed_state(iv), note.strip()))
         if r.get("peak_memory_bytes") is not None:
-            items.append(("peak memory", f"×{r['peak_memory_bytes']:.2f}", exact_state(r["peak_memory_bytes"], lower_better=True, tol=0.005), ""))
+            items.append(
+                (
+                    "peak memory",
+                    f"×{r['peak_memory_bytes']:.2f}",
+                    exact_state(r["peak_memory_bytes"], lower_better=True, tol=0.005),
+                    "",
+                )
+            )
         cards.append({"name": m["name"], "kind": m.get("kind", ""), "items": items})
     return cards
 
@@ -208,9 +258,11 @@ def table_notes(results) -> list[str]:
     notes = []
     if results.get("baseline") and any((m.get("tokens_per_second") or {}) for m in results["models"]):
         s = results.get("speed_setup") or {}
-        notes.append(f"Speed ratios: ratio of medians, [min–max] of the per-repeat paired ratios over {s.get('repeats', '?')} "
-                     f"interleaved repeats; a ratio whose range contains 1, or that rests on fewer than {MIN_REPEATS} repeats, "
-                     f"is \"{NO_DIFFERENCE}\" and is not coloured.")
+        notes.append(
+            f"Speed ratios: ratio of medians, [min–max] of the per-repeat paired ratios over {s.get('repeats', '?')} "
+            f"interleaved repeats; a ratio whose range contains 1, or that rests on fewer than {MIN_REPEATS} repeats, "
+            f'is "{NO_DIFFERENCE}" and is not coloured.'
+        )
         notes.append(null_control_note(results))
     note = memory_note(results)
     if note:
@@ -223,15 +275,20 @@ def null_control_note(results) -> str:
     noise = results.get("speed_noise") or {}
     null = results.get("null_control")
     if not null:
-        return ("No null control in this run (--no-null-control, or results from before it): the verdicts rest on the paired "
-                "intervals alone, which a machine whose load changes during the run can fool.")
+        return (
+            "No null control in this run (--no-null-control, or results from before it): the verdicts rest on the paired "
+            "intervals alone, which a machine whose load changes during the run can fool."
+        )
     spread = noise.get("null_spread") or {}
     shown = "; ".join(f"{KIND_WORDS.get(k, k)} {fmt_interval(iv)}" for k, iv in spread.items())
     load = ""
     if noise.get("load_before") and noise.get("load_after"):
         load = f" Load average {noise['load_before'][0]:.1f} → {noise['load_after'][0]:.1f} on {noise.get('usable_cpus')} CPUs."
-    return (f"Null control: {null['name']} against {null['of']}: {shown}. A ratio is coloured only when this range stays within "
-            f"±{NULL_DELTA * 100:.0f} % for its kind (else \"{TOO_NOISY}\") and the ratio's own range lies outside it." + load)
+    return (
+        f"Null control: {null['name']} against {null['of']}: {shown}. A ratio is coloured only when this range stays within "
+        f'±{NULL_DELTA * 100:.0f} % for its kind (else "{TOO_NOISY}") and the ratio\'s own range lies outside it.'
+        + load
+    )
 
 
 def task_notes(results) -> list[str]:
@@ -243,15 +300,20 @@ def task_notes(results) -> list[str]:
             if lm is None:
                 continue
             agree = abs(check["bits_per_byte"] / lm - 1) < 1e-4
-            notes.append(f"{m['name']} / {task}: normswap on lm-eval's windows ({check['documents']} documents, each from a fresh "
-                         f"context, {check['window']}-token windows without overlap) gives bits/byte {check['bits_per_byte']:.4f} "
-                         f"vs lm-eval's {lm:.4f}: " + ("the same number." if agree else "they DIFFER (please report this)."))
+            notes.append(
+                f"{m['name']} / {task}: normswap on lm-eval's windows ({check['documents']} documents, each from a fresh "
+                f"context, {check['window']}-token windows without overlap) gives bits/byte {check['bits_per_byte']:.4f} "
+                f"vs lm-eval's {lm:.4f}: " + ("the same number." if agree else "they DIFFER (please report this).")
+            )
     if notes:
         d = results.get("data") or {}
-        notes.append("The perplexity and bits/byte in the side-by-side table differ from lm-eval's on purpose: there the "
-                     f"{d.get('split', 'held-out')} split is read as one stream ({d.get('characters', 0):,} characters"
-                     + (", capped" if d.get("truncated") else "") + f"), in {d.get('seq_len')}-token windows every "
-                     f"{d.get('stride')} tokens, so tokens get more context and chapter boundaries are not restarts.")
+        notes.append(
+            "The perplexity and bits/byte in the side-by-side table differ from lm-eval's on purpose: there the "
+            f"{d.get('split', 'held-out')} split is read as one stream ({d.get('characters', 0):,} characters"
+            + (", capped" if d.get("truncated") else "")
+            + f"), in {d.get('seq_len')}-token windows every "
+            f"{d.get('stride')} tokens, so tokens get more context and chapter boundaries are not restarts."
+        )
     return notes
 
 
@@ -264,7 +326,9 @@ def task_table(results):
                     continue
                 if (task, metric) not in cols:
                     cols.append((task, metric))
-    rows = [[m["name"]] + [fmt_num((m.get("tasks") or {}).get(t, {}).get(k), 4) for t, k in cols] for m in results["models"]]
+    rows = [
+        [m["name"]] + [fmt_num((m.get("tasks") or {}).get(t, {}).get(k), 4) for t, k in cols] for m in results["models"]
+    ]
     return cols, rows
 
 
@@ -281,14 +345,20 @@ def _setup_lines(results) -> list[str]:
         lines += [
             (f"Evaluated: {d['caption']}; " if d.get("caption") else "")
             + f"Data: {d['spec']} ({d['split']} split), {d['characters']:,} characters / {d['bytes']:,} bytes / {d['words']:,} words"
-            + (f" (capped at {d['max_tokens']:,} tokens of {d.get('cap_tokenizer_of')}'s tokenizer from {d['characters_available']:,} characters)" if d.get("truncated") else ""),
+            + (
+                f" (capped at {d['max_tokens']:,} tokens of {d.get('cap_tokenizer_of')}'s tokenizer from {d['characters_available']:,} characters)"
+                if d.get("truncated")
+                else ""
+            ),
             f"Perplexity windows: seq_len {d['seq_len']}, stride {d['stride']}, batch {d['batch_size']}",
         ]
     lines.append("Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "platform"))
     s = results.get("speed_setup")
     if s:
-        lines.append(f"Speed: batch {s['batch_size']} x {s['seq_len']} tokens, {s['repeats']} interleaved repeats (medians), "
-                     f"warm-up {s['warmup']}, generation {s['prompt_len']}-token prompt + {s['new_tokens']} new tokens")
+        lines.append(
+            f"Speed: batch {s['batch_size']} x {s['seq_len']} tokens, {s['repeats']} interleaved repeats (medians), "
+            f"warm-up {s['warmup']}, generation {s['prompt_len']}-token prompt + {s['new_tokens']} new tokens"
+        )
     return lines
 
 
@@ -306,11 +376,15 @@ def markdown(results, figures: dict[str, Path]) -> str:
     if cards:
         out += ["## Headline", ""]
         for c in cards:
-            out.append(f"- **{c['name']}** ({c['kind']}): " + ", ".join(
-                f"{label} {val}" + (f" {note}" if note else "") for label, val, _, note in c["items"]))
+            out.append(
+                f"- **{c['name']}** ({c['kind']}): "
+                + ", ".join(f"{label} {val}" + (f" {note}" if note else "") for label, val, _, note in c["items"])
+            )
         out.append("")
     header, rows = table_rows(results)
-    out += ["## Side by side", ""] + markdown_table(header, [[v + (f" ({r})" if r else "") for v, r, _ in row] for row in rows])
+    out += ["## Side by side", ""] + markdown_table(
+        header, [[v + (f" ({r})" if r else "") for v, r, _ in row] for row in rows]
+    )
     out.append("")
     out += [f"- {line}" for line in table_notes(results)]
     out.append("")
@@ -332,12 +406,27 @@ def markdown(results, figures: dict[str, Path]) -> str:
         layers = dg.get("layers") or []
         rms = [lay["rms"] for lay in layers if "rms" in lay]
         tm = [lay["token_mean_abs"] for lay in layers if "token_mean_abs" in lay]
-        drows.append([m["name"], fmt_num(dg.get("loss"), 4), fmt_num(dg.get("grad_norm"), 4), len(layers),
-                      fmt_num(sum(rms) / len(rms) if rms else None, 4), fmt_num(max(tm) if tm else None, 5)])
+        drows.append(
+            [
+                m["name"],
+                fmt_num(dg.get("loss"), 4),
+                fmt_num(dg.get("grad_norm"), 4),
+                len(layers),
+                fmt_num(sum(rms) / len(rms) if rms else None, 4),
+                fmt_num(max(tm) if tm else None, 5),
+            ]
+        )
     out += ["## Training diagnostics (one fixed batch)", ""] + markdown_table(
-        ["model", "loss", "grad norm", "norm layers", "mean input RMS", "max abs(per-token mean)"], drows)
+        ["model", "loss", "grad norm", "norm layers", "mean input RMS", "max abs(per-token mean)"], drows
+    )
     out.append("")
-    titles = {"perplexity": "Perplexity", "fidelity": "Fidelity to the reference", "throughput": "Throughput", "finetune_loss": "Fine-tune loss", "activations": "Activations entering each norm"}
+    titles = {
+        "perplexity": "Perplexity",
+        "fidelity": "Fidelity to the reference",
+        "throughput": "Throughput",
+        "finetune_loss": "Fine-tune loss",
+        "activations": "Activations entering each norm",
+    }
     if figures:
         out += ["## Figures", ""]
         for key, path in figures.items():
@@ -403,31 +492,49 @@ def image_data_uri(path: Path) -> str:
 
 
 def html_report(results, figures: dict[str, Path]) -> str:
-    parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-             "<meta name='viewport' content='width=device-width,initial-scale=1'>",
-             f"<title>{escape(report_title(results))}</title>", f"<style>{CSS}</style></head><body><main>"]
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>",
+        f"<title>{escape(report_title(results))}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+    ]
     names = ", ".join(m["name"] for m in results["models"])
     parts.append(f"<h1>{escape(report_title(results))}</h1><p class='sub'>{escape(names)}</p>")
-    parts.append("<div class='meta'>" + "".join(f"<div>{escape(line)}</div>" for line in _setup_lines(results)) + "</div>")
+    parts.append(
+        "<div class='meta'>" + "".join(f"<div>{escape(line)}</div>" for line in _setup_lines(results)) + "</div>"
+    )
     banner = noise_banner(results)
     if banner:
-        parts.append(f"<div class='noisy' role='alert'><strong>{escape(TOO_NOISY.capitalize())}.</strong> {escape(banner)}</div>")
+        parts.append(
+            f"<div class='noisy' role='alert'><strong>{escape(TOO_NOISY.capitalize())}.</strong> {escape(banner)}</div>"
+        )
 
     cards = headlines(results)
     if cards:
         against = results.get("baseline") or (results.get("fidelity_setup") or {}).get("reference") or ""
-        parts.append(f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {escape(against)}</small></h2><div class='cards'>")
+        parts.append(
+            f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {escape(against)}</small></h2><div class='cards'>"
+        )
         for c in cards:
-            items = "".join(f"<div><div class='v {state}'>{escape(val)}</div><div class='l'>{escape(label)}</div>"
-                            + (f"<div class='n'>{escape(note)}</div>" if note else "") + "</div>"
-                            for label, val, state, note in c["items"])
-            parts.append(f"<div class='card'><h3>{escape(c['name'])}</h3><div class='kind'>{escape(c['kind'])}</div><div class='items'>{items}</div></div>")
+            items = "".join(
+                f"<div><div class='v {state}'>{escape(val)}</div><div class='l'>{escape(label)}</div>"
+                + (f"<div class='n'>{escape(note)}</div>" if note else "")
+                + "</div>"
+                for label, val, state, note in c["items"]
+            )
+            parts.append(
+                f"<div class='card'><h3>{escape(c['name'])}</h3><div class='kind'>{escape(c['kind'])}</div><div class='items'>{items}</div></div>"
+            )
         parts.append("</div>")
 
     header, rows = table_rows(results)
     # the kind goes under the model's name: one column less to fit
     header, rows = [header[0]] + header[2:], [[(row[0][0], row[1][0], "")] + row[2:] for row in rows]
-    parts.append("<h2>Side by side</h2><div class='tablewrap'><table><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr></thead><tbody>")
+    parts.append(
+        "<h2>Side by side</h2><div class='tablewrap'><table><thead><tr>"
+        + "".join(f"<th>{escape(h)}</th>" for h in header)
+        + "</tr></thead><tbody>"
+    )
     for row in rows:
         cells = []
         for v, r, state in row:
@@ -435,8 +542,12 @@ def html_report(results, figures: dict[str, Path]) -> str:
             for words in (NO_DIFFERENCE, TOO_NOISY):
                 if r.endswith(words):  # the words go on their own line; numbers never wrap
                     r, note = r[: -len(words)].strip(), words
-            cells.append(f"<td>{escape(v)}" + (f"<span class='r {state}'>{escape(r)}</span>" if r else "")
-                         + (f"<span class='nd'>{escape(note)}</span>" if note else "") + "</td>")
+            cells.append(
+                f"<td>{escape(v)}"
+                + (f"<span class='r {state}'>{escape(r)}</span>" if r else "")
+                + (f"<span class='nd'>{escape(note)}</span>" if note else "")
+                + "</td>"
+            )
         parts.append("<tr>" + "".join(cells) + "</tr>")
     parts.append("</tbody></table></div>")
     notes = table_notes(results)
@@ -444,48 +555,81 @@ def html_report(results, figures: dict[str, Path]) -> str:
         parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
     parts.append(encoders.html_section(results))
 
-    parts.append("<h2>Claims vs measured</h2><div class='tablewrap'><table class='claims'><thead><tr><th>claim</th><th>this run</th></tr></thead><tbody>")
+    parts.append(
+        "<h2>Claims vs measured</h2><div class='tablewrap'><table class='claims'><thead><tr><th>claim</th><th>this run</th></tr></thead><tbody>"
+    )
     for c in claims(results):
         items = "".join(f"<li>{escape(line)}</li>" for line in c["measured"])
         cls = {"reproduced": "v-yes", "not reproduced": "v-no"}.get(c["verdict"], "v-na")
         verdict = f"<div class='verdict {cls}'>{escape(c['verdict'])}</div>"
-        parts.append(f"<tr><td>{escape(c['claim'])}{verdict}</td><td><ul>{items}</ul><div class='why'>{escape(c['meaning'])}</div></td></tr>")
+        parts.append(
+            f"<tr><td>{escape(c['claim'])}{verdict}</td><td><ul>{items}</ul><div class='why'>{escape(c['meaning'])}</div></td></tr>"
+        )
     parts.append("</tbody></table></div>")
 
-    titles = {"perplexity": ("Perplexity", "Token perplexity and bits per byte on the held-out text; bits per byte compares across tokenizers."),
-              "fidelity": ("Fidelity to the reference", encoders.CAPTION),
-              "throughput": ("Throughput", "Tokens per second (medians of interleaved repeats) and the share of forward time inside norm layers."),
-              "finetune_loss": ("Fine-tune loss", "From train_log.jsonl next to each fine-tuned model: training loss per step, held-out loss at its eval steps."),
-              "activations": ("Activations entering each norm", "Per norm layer, on one fixed batch: RMS of the input, and how far each token's vector is from zero-mean.")}
+    titles = {
+        "perplexity": (
+            "Perplexity",
+            "Token perplexity and bits per byte on the held-out text; bits per byte compares across tokenizers.",
+        ),
+        "fidelity": ("Fidelity to the reference", encoders.CAPTION),
+        "throughput": (
+            "Throughput",
+            "Tokens per second (medians of interleaved repeats) and the share of forward time inside norm layers.",
+        ),
+        "finetune_loss": (
+            "Fine-tune loss",
+            "From train_log.jsonl next to each fine-tuned model: training loss per step, held-out loss at its eval steps.",
+        ),
+        "activations": (
+            "Activations entering each norm",
+            "Per norm layer, on one fixed batch: RMS of the input, and how far each token's vector is from zero-mean.",
+        ),
+    }
     for key, path in figures.items():
         title, caption = titles.get(key, (key, ""))
-        parts.append(f"<h2>{escape(title)}</h2><figure><img alt='{escape(title)}' src='{image_data_uri(path)}'><figcaption>{escape(caption)}</figcaption></figure>")
+        parts.append(
+            f"<h2>{escape(title)}</h2><figure><img alt='{escape(title)}' src='{image_data_uri(path)}'><figcaption>{escape(caption)}</figcaption></figure>"
+        )
 
     cols, trows = task_table(results)
     if cols:
-        parts.append("<h2>lm-eval tasks</h2><div class='tablewrap'><table><thead><tr><th>model</th>"
-                     + "".join(f"<th>{escape(t)}<br><small>{escape(k)}</small></th>" for t, k in cols) + "</tr></thead><tbody>")
+        parts.append(
+            "<h2>lm-eval tasks</h2><div class='tablewrap'><table><thead><tr><th>model</th>"
+            + "".join(f"<th>{escape(t)}<br><small>{escape(k)}</small></th>" for t, k in cols)
+            + "</tr></thead><tbody>"
+        )
         parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in trows]
         parts.append("</tbody></table></div>")
         parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in task_notes(results)) + "</ul>")
 
-    parts.append("<h2>Training diagnostics</h2><p class='sub'>One fixed batch of the evaluation text, dropout off.</p>"
-                 "<div class='tablewrap'><table class='text2'><thead><tr><th>model</th><th>kind</th><th>loss</th><th>grad norm</th><th>norm layers</th><th>norm classes</th></tr></thead><tbody>")
+    parts.append(
+        "<h2>Training diagnostics</h2><p class='sub'>One fixed batch of the evaluation text, dropout off.</p>"
+        "<div class='tablewrap'><table class='text2'><thead><tr><th>model</th><th>kind</th><th>loss</th><th>grad norm</th><th>norm layers</th><th>norm classes</th></tr></thead><tbody>"
+    )
     for m in results["models"]:
         dg = m.get("diagnostics") or {}
-        parts.append(f"<tr><td>{escape(m['name'])}</td><td>{escape(m.get('kind', ''))}</td><td>{fmt_num(dg.get('loss'), 4)}</td>"
-                     f"<td>{fmt_num(dg.get('grad_norm'), 4)}</td><td>{len(dg.get('layers') or [])}</td><td>{escape(', '.join(m.get('norm_classes') or []))}</td></tr>")
+        parts.append(
+            f"<tr><td>{escape(m['name'])}</td><td>{escape(m.get('kind', ''))}</td><td>{fmt_num(dg.get('loss'), 4)}</td>"
+            f"<td>{fmt_num(dg.get('grad_norm'), 4)}</td><td>{len(dg.get('layers') or [])}</td><td>{escape(', '.join(m.get('norm_classes') or []))}</td></tr>"
+        )
     parts.append("</tbody></table></div>")
     for m in results["models"]:
         layers = (m.get("diagnostics") or {}).get("layers") or []
         if not layers:
             continue
-        parts.append(f"<details><summary>{escape(m['name'])}: per-layer statistics ({len(layers)} norm layers)</summary><div class='tablewrap'><table class='text2'>"
-                     "<thead><tr><th>layer</th><th>class</th><th>rms</th><th>mean</th><th>|per-token mean|</th></tr></thead><tbody>")
+        parts.append(
+            f"<details><summary>{escape(m['name'])}: per-layer statistics ({len(layers)} norm layers)</summary><div class='tablewrap'><table class='text2'>"
+            "<thead><tr><th>layer</th><th>class</th><th>rms</th><th>mean</th><th>|per-token mean|</th></tr></thead><tbody>"
+        )
         for lay in layers:
-            parts.append(f"<tr><td>{escape(lay['name'])}</td><td>{escape(lay.get('class', ''))}</td><td>{fmt_num(lay.get('rms'), 4)}</td>"
-                         f"<td>{fmt_num(lay.get('mean'), 5)}</td><td>{fmt_num(lay.get('token_mean_abs'), 5)}</td></tr>")
+            parts.append(
+                f"<tr><td>{escape(lay['name'])}</td><td>{escape(lay.get('class', ''))}</td><td>{fmt_num(lay.get('rms'), 4)}</td>"
+                f"<td>{fmt_num(lay.get('mean'), 5)}</td><td>{fmt_num(lay.get('token_mean_abs'), 5)}</td></tr>"
+            )
         parts.append("</tbody></table></div></details>")
-    parts.append(f"<footer>Generated by normswap {escape((results.get('versions') or {}).get('normswap', ''))} on {escape(results['created'])}. "
-                 "Definitions: docs/results-schema.md. Raw numbers: results.json.</footer></main></body></html>")
+    parts.append(
+        f"<footer>Generated by normswap {escape((results.get('versions') or {}).get('normswap', ''))} on {escape(results['created'])}. "
+        "Definitions: docs/results-schema.md. Raw numbers: results.json.</footer></main></body></html>"
+    )
     return "\n".join(parts)

@@ -26,8 +26,9 @@ def markdown_table(header, rows, *, numbers: bool = False) -> list[str]:
     """The lines of a markdown table; ``numbers``: right-align every column after the first. A
     ``|`` inside a cell would end it early, so it is written as ``/``."""
     rule = ["---"] + [("---:" if numbers else "---")] * (len(header) - 1)
-    return ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"] + \
-        ["| " + " | ".join(str(c).replace("|", "/") for c in r) + " |" for r in rows]
+    return ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"] + [
+        "| " + " | ".join(str(c).replace("|", "/") for c in r) + " |" for r in rows
+    ]
 
 
 # ------------------------------------------------------------------------------ run summary
@@ -42,21 +43,23 @@ def summary_rows(results: dict) -> list[dict]:
         fwd = ((m.get("ratios") or {}).get("tokens_per_second") or {}).get("forward")
         fwd_iv = (((m.get("ratio_intervals") or {}).get("tokens_per_second")) or {}).get("forward")
         fid = m.get("fidelity") or {}
-        rows.append({
-            "model": m["name"],
-            "kind": m.get("kind"),
-            "baseline": base is not None and m["name"] == base["name"],
-            "perplexity": ppl,
-            "delta_vs_original": (ppl / bppl - 1.0) if (ppl is not None and bppl) else None,
-            "forward_tokens_per_second": (m.get("tokens_per_second") or {}).get("forward"),
-            "forward_ratio": fwd,
-            "forward_ratio_range": [fwd_iv["low"], fwd_iv["high"]] if fwd_iv else None,
-            "forward_verdict": fwd_iv["verdict"] if fwd_iv else None,
-            "hidden_cosine": fid.get("hidden_cosine"),
-            "embedding_cosine": fid.get("embedding_cosine"),
-            "masked_perplexity": fid.get("masked_perplexity"),
-            "top1_agreement": fid.get("top1_agreement"),
-        })
+        rows.append(
+            {
+                "model": m["name"],
+                "kind": m.get("kind"),
+                "baseline": base is not None and m["name"] == base["name"],
+                "perplexity": ppl,
+                "delta_vs_original": (ppl / bppl - 1.0) if (ppl is not None and bppl) else None,
+                "forward_tokens_per_second": (m.get("tokens_per_second") or {}).get("forward"),
+                "forward_ratio": fwd,
+                "forward_ratio_range": [fwd_iv["low"], fwd_iv["high"]] if fwd_iv else None,
+                "forward_verdict": fwd_iv["verdict"] if fwd_iv else None,
+                "hidden_cosine": fid.get("hidden_cosine"),
+                "embedding_cosine": fid.get("embedding_cosine"),
+                "masked_perplexity": fid.get("masked_perplexity"),
+                "top1_agreement": fid.get("top1_agreement"),
+            }
+        )
     return rows
 
 
@@ -90,18 +93,29 @@ def summary_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     for r in rows:
         line = [r["model"]]
         if perplexity:
-            line += [_num(r.get("perplexity"), ".4f"), "baseline" if r.get("baseline") else _pct(r.get("delta_vs_original"))]
+            line += [
+                _num(r.get("perplexity"), ".4f"),
+                "baseline" if r.get("baseline") else _pct(r.get("delta_vs_original")),
+            ]
         if fidelity:
             a = r.get("top1_agreement")
-            line += [_num(r.get("hidden_cosine"), ".4f"), _num(r.get("embedding_cosine"), ".4f"), _num(r.get("masked_perplexity"), ".3f"),
-                     "–" if a is None else f"{a * 100:.1f}%"]
+            line += [
+                _num(r.get("hidden_cosine"), ".4f"),
+                _num(r.get("embedding_cosine"), ".4f"),
+                _num(r.get("masked_perplexity"), ".3f"),
+                "–" if a is None else f"{a * 100:.1f}%",
+            ]
         line.append(_num(r.get("forward_tokens_per_second"), ",.0f"))
         if speed:
             q, rng = r.get("forward_ratio"), r.get("forward_ratio_range")
             if r.get("baseline"):
                 line += ["baseline", ""]
             else:
-                line += ["–" if q is None else f"×{q:.2f}" + (f" [{rng[0]:.2f}–{rng[1]:.2f}]" if rng else ""),
-                         {"higher": "faster", "lower": "slower", TOO_NOISY: TOO_NOISY}.get(r.get("forward_verdict"), NO_DIFFERENCE)]
+                line += [
+                    "–" if q is None else f"×{q:.2f}" + (f" [{rng[0]:.2f}–{rng[1]:.2f}]" if rng else ""),
+                    {"higher": "faster", "lower": "slower", TOO_NOISY: TOO_NOISY}.get(
+                        r.get("forward_verdict"), NO_DIFFERENCE
+                    ),
+                ]
         cells.append(line)
     return header, cells

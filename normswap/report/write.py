@@ -29,8 +29,13 @@ def all_plots(results, out: Path) -> dict[str, Path]:
     from normswap.report.plots import activation_plot, finetune_plot, perplexity_plot, throughput_plot
 
     made = {}
-    for key, fn in (("perplexity", perplexity_plot), ("fidelity", fidelity_plot), ("throughput", throughput_plot),
-                    ("finetune_loss", finetune_plot), ("activations", activation_plot)):
+    for key, fn in (
+        ("perplexity", perplexity_plot),
+        ("fidelity", fidelity_plot),
+        ("throughput", throughput_plot),
+        ("finetune_loss", finetune_plot),
+        ("activations", activation_plot),
+    ):
         path = fn(results, Path(out))
         if path is not None:
             made[key] = path
@@ -64,8 +69,12 @@ def check_out(out, *, force: bool = False, reads=()) -> Path:
 
 def write_report(results: dict, out, *, force: bool = False) -> dict[str, Path]:
     """Write the report into ``out``; returns the written paths (as they are after the rename)."""
-    out = check_out(out, force=force, reads=[("the model", m.get("path")) for m in results.get("models", [])]
-                    + [("the data", (results.get("data") or {}).get("spec"))])
+    out = check_out(
+        out,
+        force=force,
+        reads=[("the model", m.get("path")) for m in results.get("models", [])]
+        + [("the data", (results.get("data") or {}).get("spec"))],
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     with staging_dir(out) as tmp:
         written = render_into(results, tmp)

@@ -106,8 +106,10 @@ def _tokenizer_for(spec: str, config, directory: Path | None):
                 raise
     tok = load_tokenizer(FALLBACK_TOKENIZER)
     if getattr(config, "vocab_size", 0) < len(tok):
-        raise NormswapError(f"{spec} ships no tokenizer and its vocabulary ({config.vocab_size}) is smaller than the fallback "
-                            f"{FALLBACK_TOKENIZER}'s ({len(tok)}); give a model directory with a tokenizer")
+        raise NormswapError(
+            f"{spec} ships no tokenizer and its vocabulary ({config.vocab_size}) is smaller than the fallback "
+            f"{FALLBACK_TOKENIZER}'s ({len(tok)}); give a model directory with a tokenizer"
+        )
     return tok
 
 
@@ -132,8 +134,10 @@ def open_source(spec: str, *, from_scratch: bool) -> Source:
         tokenizer = _tokenizer_for(spec, config, None)
         trained = None if from_scratch else load_model(resolved, dtype=torch.float32, task="causal-lm", config=config)
     if not _is_causal_lm(config):
-        raise NormswapError(f"{spec} is a {getattr(config, 'model_type', '?')} model without a causal-LM head: the study trains "
-                            "next-token prediction; give a causal LM (GPT-2, GPT-NeoX, OPT, ...)")
+        raise NormswapError(
+            f"{spec} is a {getattr(config, 'model_type', '?')} model without a causal-LM head: the study trains "
+            "next-token prediction; give a causal LM (GPT-2, GPT-NeoX, OPT, ...)"
+        )
     return Source(spec=spec, config=config, tokenizer=tokenizer, trained=trained)
 
 
@@ -153,22 +157,29 @@ def check_arms(arms: list[str], source: Source) -> list[str]:
         raise NormswapError("--arms lists an arm twice")
     scratch_only = [a for a in arms if a in TRAINED_ONLY and source.from_scratch]
     if scratch_only:
-        raise NormswapError(f"--arms {scratch_only[0]} converts a trained checkpoint, but this study starts from random weights "
-                            "(a config, or --from-scratch): drop it, or study a trained model without --from-scratch")
+        raise NormswapError(
+            f"--arms {scratch_only[0]} converts a trained checkpoint, but this study starts from random weights "
+            "(a config, or --from-scratch): drop it, or study a trained model without --from-scratch"
+        )
     return [BASELINE] + [a for a in arms if a != BASELINE]
 
 
 def _convert(model, arm: str):
     from normswap.convert import convert_model
 
-    options = {"rmsnorm": dict(mode="approx", gamma="reset", beta="drop"), "rmsnorm-exact": dict(mode="exact"),
-               "rmsnorm-approx": dict(mode="approx")}[arm]
+    options = {
+        "rmsnorm": dict(mode="approx", gamma="reset", beta="drop"),
+        "rmsnorm-exact": dict(mode="exact"),
+        "rmsnorm-approx": dict(mode="approx"),
+    }[arm]
     try:
         return convert_model(model, **options)
     except NormswapError as e:
         msg = str(e)
         if msg.startswith("nothing to convert"):
-            raise NormswapError(f"nothing to study: {msg.split(': ', 1)[1]} — there is no LayerNorm to replace by RMSNorm") from None
+            raise NormswapError(
+                f"nothing to study: {msg.split(': ', 1)[1]} — there is no LayerNorm to replace by RMSNorm"
+            ) from None
         raise NormswapError(f"arm {arm}: {msg}") from None
 
 

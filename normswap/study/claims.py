@@ -63,14 +63,18 @@ def stability(cmp: dict, precision: dict | None, train_precision: str) -> tuple[
     parts, verdict = [], None
     if precision:
         c = precision["compare"]
-        parts.append(f"norm kernels: RMSNorm ≥ {c['factor']:g}× more accurate than LayerNorm in {len(c['rms_better'])} case(s), "
-                     f"less accurate in {len(c['rms_worse'])}, similar in {c['similar']}")
+        parts.append(
+            f"norm kernels: RMSNorm ≥ {c['factor']:g}× more accurate than LayerNorm in {len(c['rms_better'])} case(s), "
+            f"less accurate in {len(c['rms_worse'])}, similar in {c['similar']}"
+        )
         verdict = REPRODUCED if c["rms_better"] and not c["rms_worse"] else NOT_REPRODUCED
     iv = cmp["instabilities_difference"]
     if iv:
         total = sum(abs(v) for v in iv["values"])
-        parts.append(f"training in {train_precision}: instabilities RMSNorm − LayerNorm {stats.fmt(iv, '+.2f')}"
-                     + (" (none in either arm)" if total == 0 and iv["mean"] == 0 else ""))
+        parts.append(
+            f"training in {train_precision}: instabilities RMSNorm − LayerNorm {stats.fmt(iv, '+.2f')}"
+            + (" (none in either arm)" if total == 0 and iv["mean"] == 0 else "")
+        )
         if iv["verdict"] == "higher":
             verdict = NOT_REPRODUCED
     return (verdict or NOT_MEASURABLE), "; ".join(parts) or "no precision table"
@@ -82,8 +86,10 @@ def migration(rule: dict | None) -> tuple[str, str]:
     if rule.get("rule_multiplier") is None:
         return NOT_MEASURABLE, "no gradient-scale ratio (an arm diverged at the start)"
     iv = rule["rule_vs_best"]
-    text = (f"gradient-scale ratio {rule['grad_scale_ratio']:.3f} predicts ×{rule['predicted_multiplier']:.3g} → swept "
-            f"×{rule['rule_multiplier']:g}; best ×{rule['arm_best_multiplier']:g}; loss of the pick − best {stats.fmt(iv, '+.4f')}")
+    text = (
+        f"gradient-scale ratio {rule['grad_scale_ratio']:.3f} predicts ×{rule['predicted_multiplier']:.3g} → swept "
+        f"×{rule['rule_multiplier']:g}; best ×{rule['arm_best_multiplier']:g}; loss of the pick − best {stats.fmt(iv, '+.4f')}"
+    )
     if rule["rule_multiplier"] == rule["arm_best_multiplier"]:
         return REPRODUCED, text
     if iv is None or iv["low"] is None:
@@ -115,5 +121,10 @@ def null_control(ctl: dict | None, band: float = 0.03) -> dict | None:
     iv = ctl["throughput_ratio"]
     within_points = all(abs(v - 1) <= band for v in iv["values"])
     within_interval = iv["low"] is not None and 1 - band <= iv["low"] and iv["high"] <= 1 + band
-    return {"band": band, "per_seed": iv["values"], "interval": iv, "per_seed_within": within_points,
-            "interval_within": within_interval}
+    return {
+        "band": band,
+        "per_seed": iv["values"],
+        "interval": iv,
+        "per_seed_within": within_points,
+        "interval_within": within_interval,
+    }

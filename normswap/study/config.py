@@ -33,7 +33,7 @@ ARMS = {
     "layernorm-control": "a second, identical layernorm arm: the null control (its differences from layernorm are the noise floor)",
     "rmsnorm-exact": "normswap's exact conversion of a trained checkpoint (the same function at step 0)",
     "rmsnorm-approx": "normswap's approximate conversion of a trained checkpoint, with convert's defaults (γ and β folded into "
-                      "the layers that read the norm where possible)",
+    "the layers that read the norm where possible)",
 }
 TRAINED_ONLY = ("rmsnorm-exact", "rmsnorm-approx")
 BASELINE = "layernorm"
@@ -47,40 +47,78 @@ def _opt(default, help, *, resume="match", **declaration):
 @dataclass
 class StudyConfig:
     out: str = _opt(dataclasses.MISSING, "the study directory", kind="str", recipe=False, cli=False, resume="free")
-    model: str = _opt(DEFAULT_MODEL, "the model (trained checkpoint) or config to study", kind="str", cli=False, recipe=False)
-    arms: list[str] = _opt([], "Arms to train, comma-separated (default: layernorm,rmsnorm,layernorm-control; from a trained "
-                           "checkpoint also rmsnorm-exact,rmsnorm-approx). " + "; ".join(f"{k}: {v}" for k, v in ARMS.items()) + ".",
-                           kind="list[str]")
-    from_scratch: bool = _opt(False, "Randomly initialise from MODEL's config instead of training on from its weights "
-                              "(a bare config is always from scratch).")
+    model: str = _opt(
+        DEFAULT_MODEL, "the model (trained checkpoint) or config to study", kind="str", cli=False, recipe=False
+    )
+    arms: list[str] = _opt(
+        [],
+        "Arms to train, comma-separated (default: layernorm,rmsnorm,layernorm-control; from a trained "
+        "checkpoint also rmsnorm-exact,rmsnorm-approx). " + "; ".join(f"{k}: {v}" for k, v in ARMS.items()) + ".",
+        kind="list[str]",
+    )
+    from_scratch: bool = _opt(
+        False,
+        "Randomly initialise from MODEL's config instead of training on from its weights "
+        "(a bare config is always from scratch).",
+    )
     seeds: int = _opt(3, "Repeats, each with its own initialisation and data order (shared by all arms).", minimum=1)
     steps: int = _opt(100, "Optimizer steps per arm.", minimum=1)
     warmup: int = _opt(20, "Linear warmup steps: η_t = η_max·min(t/T_w, 1), then constant.", minimum=0)
     lr: float = _opt(2e-3, "Peak learning rate η_max of every arm.", above=0.0)
-    lr_sweep: list[str] = _opt([], "Learning-rate multipliers, e.g. 0.5,1,2: every arm trains at each --lr × m; the sweep finds each "
-                               "arm's best rate and tests the gradient-scale migration rule.", kind="list[str]")
-    precision: str = _opt("fp32", "fp32, bf16 (autocast) or fp16 (autocast with loss scaling); fp32 master weights always.",
-                          choices=PRECISIONS)
-    kernels: str = _opt("torch", "torch: PyTorch's fused layer_norm / rms_norm on both sides; normswap: normswap's RMSNorm kernels "
-                        "against PyTorch's layer_norm.", choices=KERNELS)
+    lr_sweep: list[str] = _opt(
+        [],
+        "Learning-rate multipliers, e.g. 0.5,1,2: every arm trains at each --lr × m; the sweep finds each "
+        "arm's best rate and tests the gradient-scale migration rule.",
+        kind="list[str]",
+    )
+    precision: str = _opt(
+        "fp32",
+        "fp32, bf16 (autocast) or fp16 (autocast with loss scaling); fp32 master weights always.",
+        choices=PRECISIONS,
+    )
+    kernels: str = _opt(
+        "torch",
+        "torch: PyTorch's fused layer_norm / rms_norm on both sides; normswap: normswap's RMSNorm kernels "
+        "against PyTorch's layer_norm.",
+        choices=KERNELS,
+    )
     batch_size: int = _opt(8, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1)
     seq_len: int = _opt(64, "Tokens per sequence.", minimum=2)
-    eval_every: int = _opt(50, "Held-out loss every K steps (always at step 0 and at the end; 0: only those).", minimum=0)
+    eval_every: int = _opt(
+        50, "Held-out loss every K steps (always at step 0 and at the end; 0: only those).", minimum=0
+    )
     eval_tokens: int = _opt(4096, "Held-out tokens (the same for every arm and seed).", minimum=1)
     weight_decay: float = _opt(0.0, "AdamW weight decay (never on norms or biases).", minimum=0.0)
-    clip_grad: float = _opt(1.0, "Clip the global gradient norm (0: off); the logged norm is the one before clipping.", minimum=0.0)
-    spike_factor: float = _opt(2.0, "A loss spike: a step whose loss exceeds this factor × the median of the previous 20 steps.",
-                               above=1.0)
+    clip_grad: float = _opt(
+        1.0, "Clip the global gradient norm (0: off); the logged norm is the one before clipping.", minimum=0.0
+    )
+    spike_factor: float = _opt(
+        2.0, "A loss spike: a step whose loss exceeds this factor × the median of the previous 20 steps.", above=1.0
+    )
     data: str = _opt("embedded", "training and held-out corpus", recipe=False)
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto", resume="free", recipe=False)
-    threads: int = _opt(1, "CPU threads for torch (0: torch's default). One by default: the arms are timed against each other, and "
-                        "on a shared machine two threads that wait on each other measured 5-30x slower and far noisier than one.",
-                        minimum=0, resume="free")
-    resume: bool = _opt(False, "Continue the study in DIR: finished units are kept, the others run again (options given again must "
-                        "match the recorded ones).", resume="free", recipe=False)
+    threads: int = _opt(
+        1,
+        "CPU threads for torch (0: torch's default). One by default: the arms are timed against each other, and "
+        "on a shared machine two threads that wait on each other measured 5-30x slower and far noisier than one.",
+        minimum=0,
+        resume="free",
+    )
+    resume: bool = _opt(
+        False,
+        "Continue the study in DIR: finished units are kept, the others run again (options given again must "
+        "match the recorded ones).",
+        resume="free",
+        recipe=False,
+    )
     force: bool = _opt(False, "Replace DIR if it holds a study.", resume="free", recipe=False)
-    progress: bool | None = _opt(None, "Progress bar (default: only on an interactive terminal; otherwise a line every 30 s).",
-                                 kind="bool", resume="free", recipe=False)
+    progress: bool | None = _opt(
+        None,
+        "Progress bar (default: only on an interactive terminal; otherwise a line every 30 s).",
+        kind="bool",
+        resume="free",
+        recipe=False,
+    )
 
     def __post_init__(self):
         self.arms = declared.as_list(self.arms)  # "a,b" from the command line, a list from a recipe

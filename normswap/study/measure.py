@@ -39,6 +39,7 @@ class NormInputGrads:
             x = args[0] if args else None
             if torch.is_tensor(x) and x.requires_grad:
                 x.register_hook(lambda g, i=i: self._add(i, g))
+
         return hook
 
     def _add(self, i, g):
@@ -114,6 +115,7 @@ class NormTimer:
             x = args[0] if args else None
             if torch.is_tensor(x) and x.requires_grad:
                 x.register_hook(lambda g, i=i: self._bwd_end(i))
+
         return hook
 
     def _fwd_post(self, i):
@@ -122,6 +124,7 @@ class NormTimer:
             y = out[0] if isinstance(out, tuple) else out
             if torch.is_tensor(y) and y.requires_grad:
                 y.register_hook(lambda g, i=i: self._bwd_start(i))
+
         return hook
 
     def _bwd_start(self, i):

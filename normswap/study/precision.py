@@ -107,7 +107,7 @@ def precision_table(device="cpu") -> list[dict]:
     return [dict(r) for r in _table(str(device))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(device: str) -> tuple:
     # deterministic for a device (fixed inputs, same kernels): computed once per process
     return tuple(check_case(c, d, w, i, device) for c in CASES for d in DTYPES for w in WIDTHS for i in IMPLS)
@@ -130,9 +130,13 @@ def compare(rows: list[dict], *, factor: float = 2.0) -> dict:
             continue
         a, b = worst(rms), worst(ln)
         key = f"{case} / {dt} / {w}"
-        if (math.isfinite(b) and not math.isfinite(a)) or (math.isfinite(a) and math.isfinite(b) and a > factor * max(b, 1e-12) and a > 1):
+        if (math.isfinite(b) and not math.isfinite(a)) or (
+            math.isfinite(a) and math.isfinite(b) and a > factor * max(b, 1e-12) and a > 1
+        ):
             worse.append(key)
-        elif (math.isfinite(a) and not math.isfinite(b)) or (math.isfinite(a) and math.isfinite(b) and b > factor * max(a, 1e-12) and b > 1):
+        elif (math.isfinite(a) and not math.isfinite(b)) or (
+            math.isfinite(a) and math.isfinite(b) and b > factor * max(a, 1e-12) and b > 1
+        ):
             better.append(key)
         else:
             same.append(key)

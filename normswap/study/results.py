@@ -37,20 +37,38 @@ def summarize_unit(unit: dict, tokens_per_step: int) -> dict:
     def col(i):
         return [row[i] for row in per_step if row[i] is not None]
 
-    norm_grads = {name: {"first": (col(i) or [None])[0], "last": (col(i) or [None])[-1],
-                         "mean": statistics.fmean(col(i)) if col(i) else None} for i, name in enumerate(layers)}
+    norm_grads = {
+        name: {
+            "first": (col(i) or [None])[0],
+            "last": (col(i) or [None])[-1],
+            "mean": statistics.fmean(col(i)) if col(i) else None,
+        }
+        for i, name in enumerate(layers)
+    }
     return {
-        "arm": unit["arm"], "seed": unit["seed"], "lr_multiplier": unit["lr_multiplier"], "lr": unit["lr"],
-        "status": unit["status"], "steps_done": unit["steps_done"],
-        "final_eval_loss": unit["final_eval_loss"], "eval": unit["eval"],
-        "loss": unit["loss"], "grad_norm": unit["grad_norm"], "grad_scale_start": unit["grad_scale_start"],
+        "arm": unit["arm"],
+        "seed": unit["seed"],
+        "lr_multiplier": unit["lr_multiplier"],
+        "lr": unit["lr"],
+        "status": unit["status"],
+        "steps_done": unit["steps_done"],
+        "final_eval_loss": unit["final_eval_loss"],
+        "eval": unit["eval"],
+        "loss": unit["loss"],
+        "grad_norm": unit["grad_norm"],
+        "grad_scale_start": unit["grad_scale_start"],
         "norm_input_grad_norm": norm_grads,
-        "nonfinite": unit["nonfinite"], "spikes": unit["spikes"], "skipped_steps": unit["skipped_steps"],
+        "nonfinite": unit["nonfinite"],
+        "spikes": unit["spikes"],
+        "skipped_steps": unit["skipped_steps"],
         "instabilities": instabilities(unit),
         "memory": unit["memory"],
-        "timing": {"tokens_per_second": tokens_per_step / statistics.median(secs) if secs else None,
-                   "median_step_seconds": statistics.median(secs) if secs else None, "timed_steps": len(secs),
-                   "norm_share": unit["norm_share"]},
+        "timing": {
+            "tokens_per_second": tokens_per_step / statistics.median(secs) if secs else None,
+            "median_step_seconds": statistics.median(secs) if secs else None,
+            "timed_steps": len(secs),
+            "norm_share": unit["norm_share"],
+        },
     }
 
 
@@ -91,7 +109,10 @@ def compare(units: dict, arm: str, base: str, mult: float) -> dict:
         "peak_memory_difference_bytes": stats.paired(mem_a, mem_b),
         "instabilities_difference": stats.paired(inst_a, inst_b),
         "norm_share_difference": stats.paired(share_a, share_b),
-        "diverged": {"arm": sum(1 for s in seeds if mine[s]["nonfinite"]), "baseline": sum(1 for s in seeds if theirs[s]["nonfinite"])},
+        "diverged": {
+            "arm": sum(1 for s in seeds if mine[s]["nonfinite"]),
+            "baseline": sum(1 for s in seeds if theirs[s]["nonfinite"]),
+        },
     }
 
 
@@ -104,16 +125,24 @@ def sweep(units: dict, arms: list[str], mults: list[float], base: str) -> dict |
         vals = [u["final_eval_loss"] for (a, _, mm), u in units.items() if a == arm and mm == m]
         return math.inf if not vals or any(v is None for v in vals) else statistics.fmean(vals)
 
-    table = {arm: {f"{m:g}": (None if math.isinf(mean_loss(arm, m)) else mean_loss(arm, m)) for m in mults} for arm in arms}
+    table = {
+        arm: {f"{m:g}": (None if math.isinf(mean_loss(arm, m)) else mean_loss(arm, m)) for m in mults} for arm in arms
+    }
     best = {arm: min(mults, key=lambda m: mean_loss(arm, m)) for arm in arms}
 
     def vs_best(arm, m):
-        return stats.paired(_per_seed(units, arm, m, lambda u: u["final_eval_loss"]),
-                            _per_seed(units, arm, best[arm], lambda u: u["final_eval_loss"]))
+        return stats.paired(
+            _per_seed(units, arm, m, lambda u: u["final_eval_loss"]),
+            _per_seed(units, arm, best[arm], lambda u: u["final_eval_loss"]),
+        )
 
-    return {"multipliers": mults, "mean_final_eval_loss": table, "best_multiplier": {a: best[a] for a in arms},
-            # each rate's final held-out loss minus the arm's best rate's, paired by seed
-            "vs_best": {a: {f"{m:g}": vs_best(a, m) for m in mults if m != best[a]} for a in arms}}
+    return {
+        "multipliers": mults,
+        "mean_final_eval_loss": table,
+        "best_multiplier": {a: best[a] for a in arms},
+        # each rate's final held-out loss minus the arm's best rate's, paired by seed
+        "vs_best": {a: {f"{m:g}": vs_best(a, m) for m in mults if m != best[a]} for a in arms},
+    }
 
 
 def migration_rule(units: dict, arm: str, base: str, mults: list[float], ref: float, best: dict) -> dict:
@@ -125,8 +154,14 @@ def migration_rule(units: dict, arm: str, base: str, mults: list[float], ref: fl
     g_base = _per_seed(units, base, ref, lambda u: u["grad_scale_start"])
     ratios = [g_arm[s] / g_base[s] for s in sorted(set(g_arm) & set(g_base)) if g_arm[s] and g_base[s]]
     ratio = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
-    out = {"arm": arm, "grad_scale_ratio": ratio, "grad_scale_ratio_per_seed": ratios, "reference_multiplier": ref,
-           "baseline_best_multiplier": best[base], "arm_best_multiplier": best[arm]}
+    out = {
+        "arm": arm,
+        "grad_scale_ratio": ratio,
+        "grad_scale_ratio_per_seed": ratios,
+        "reference_multiplier": ref,
+        "baseline_best_multiplier": best[base],
+        "arm_best_multiplier": best[arm],
+    }
     if ratio is None:
         return dict(out, predicted_multiplier=None, rule_multiplier=None, rule_vs_best=None, keep_vs_best=None)
     predicted = best[base] * ratio
@@ -137,4 +172,10 @@ def migration_rule(units: dict, arm: str, base: str, mults: list[float], ref: fl
         b = _per_seed(units, arm, best[arm], lambda u: u["final_eval_loss"])
         return stats.paired(a, b)
 
-    return dict(out, predicted_multiplier=predicted, rule_multiplier=pick, rule_vs_best=vs_best(pick), keep_vs_best=vs_best(best[base]))
+    return dict(
+        out,
+        predicted_multiplier=predicted,
+        rule_multiplier=pick,
+        rule_vs_best=vs_best(pick),
+        keep_vs_best=vs_best(best[base]),
+    )

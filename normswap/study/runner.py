@@ -75,9 +75,15 @@ class Progress:
         now = time.perf_counter()
         if now - self.last >= PROGRESS_EVERY:
             self.last = now
-            losses = "  ".join(f"{a.name} {a.record['loss'][-1]:.3f}" for a in arms if a.record["loss"] and a.record["loss"][-1] is not None)
+            losses = "  ".join(
+                f"{a.name} {a.record['loss'][-1]:.3f}"
+                for a in arms
+                if a.record["loss"] and a.record["loss"][-1] is not None
+            )
             left = (now - self.t0) / max(self.done, 1) * (self.total - self.done)
-            self.echo(f"study: {where}  {self.done}/{self.total} arm-steps  loss {losses}  ({now - self.t0:.0f} s, ~{left:.0f} s left)")
+            self.echo(
+                f"study: {where}  {self.done}/{self.total} arm-steps  loss {losses}  ({now - self.t0:.0f} s, ~{left:.0f} s left)"
+            )
 
     def close(self):
         if self.bar is not None:
@@ -91,7 +97,9 @@ def _check_sizes(cfg: StudyConfig, source, world: int) -> None:
     if context is not None and cfg.seq_len > context:
         raise NormswapError(f"--seq-len {cfg.seq_len} is longer than the model's context ({context})")
     if cfg.batch_size % world:
-        raise NormswapError(f"--batch-size {cfg.batch_size} (the global batch) must be divisible by the number of processes ({world})")
+        raise NormswapError(
+            f"--batch-size {cfg.batch_size} (the global batch) must be divisible by the number of processes ({world})"
+        )
 
 
 def _load_average() -> list[float] | None:
@@ -143,14 +151,18 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     ref_mult = 1.0 if 1.0 in mults else mults[0]
     train_split, eval_spec, eval_split = finetune_splits(cfg.data)
     eval_set = eval_blocks(source.tokenizer, eval_spec, cfg.seq_len, cfg.eval_tokens, split=eval_split)
-    TrainStream(source.tokenizer, cfg.data, cfg.seq_len, 0, split=train_split).take(1)  # fails now if the data is too short
+    TrainStream(source.tokenizer, cfg.data, cfg.seq_len, 0, split=train_split).take(
+        1
+    )  # fails now if the data is too short
 
     # ---- DIR ----
     if main:
         if recorded is None:
             study.start({"config": cfg.recorded(), "arms": arms, "status": "running", "resumes": 0}, replace=cfg.force)
         else:
-            study.write_run(dict(recorded, config=cfg.recorded(), status="running", resumes=recorded.get("resumes", 0) + 1))
+            study.write_run(
+                dict(recorded, config=cfg.recorded(), status="running", resumes=recorded.get("resumes", 0) + 1)
+            )
 
     # ---- the groups ----
     keys = [(arm, seed, m) for seed in range(cfg.seeds) for m in mults for arm in arms]
@@ -158,7 +170,9 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     units = {k: study.read_unit(unit_key(*k)) for k, d in zip(keys, done_flags) if d} if main else {}
     todo = [k for k, d in zip(keys, done_flags) if not d]
     if main and len(todo) < len(keys):
-        echo(f"normswap study: resuming {cfg.out}: {len(keys) - len(todo)} of {len(keys)} units finished, {len(todo)} to run")
+        echo(
+            f"normswap study: resuming {cfg.out}: {len(keys) - len(todo)} of {len(keys)} units finished, {len(todo)} to run"
+        )
     show_bar = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
     progress = Progress(len(todo) * cfg.steps, bool(show_bar) and main, echo if main else (lambda m: None))
     tokens_per_step = cfg.batch_size * cfg.seq_len
@@ -178,7 +192,11 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                         study.write_unit(unit_key(record["arm"], seed, m), record)
 
                 def on_step(t, arms_now, where=where):
-                    progress.step(sum(1 for a in arms_now if a.record["steps_done"] == t), f"{where} step {t}/{cfg.steps}", arms_now)
+                    progress.step(
+                        sum(1 for a in arms_now if a.record["steps_done"] == t),
+                        f"{where} step {t}/{cfg.steps}",
+                        arms_now,
+                    )
 
                 for record in group.run(stream, eval_set, on_step=on_step, on_arm_done=save):
                     if record["status"] == "finished":
@@ -187,8 +205,10 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                     for record in group.arms:
                         if record.record["status"] == "diverged":
                             nf = record.record["nonfinite"]
-                            echo(f"normswap study: arm {record.name} (seed {seed}, lr ×{m:g}) stopped at step {nf['step']}: "
-                                 f"{nf['what']} is {nf['value']}; the other arms went on")
+                            echo(
+                                f"normswap study: arm {record.name} (seed {seed}, lr ×{m:g}) stopped at step {nf['step']}: "
+                                f"{nf['what']} is {nf['value']}; the other arms went on"
+                            )
                 del group
     finally:
         progress.close()
@@ -215,14 +235,27 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         "kind": "normswap-study",
         "model": cfg.model,
         "from_scratch": source.from_scratch,
-        "architecture": {"model_type": source.config.model_type, "parameters": n_params,
-                         "norms_replaced": norms_replaced},
-        "setup": {**cfg.recorded(), "arms": arms, "seeds_list": list(range(cfg.seeds)), "multipliers": mults,
-                  "reference_multiplier": ref_mult, "tokens_per_step": tokens_per_step,
-                  "eval_tokens_used": int(eval_set.numel()), "device": str(dist.device), "world_size": dist.world,
-                  "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads(),
-                  "spike_rule": f"loss > {cfg.spike_factor:g} × median of the previous {20} steps (after 10)",
-                  "statistics": res.stats.METHOD},
+        "architecture": {
+            "model_type": source.config.model_type,
+            "parameters": n_params,
+            "norms_replaced": norms_replaced,
+        },
+        "setup": {
+            **cfg.recorded(),
+            "arms": arms,
+            "seeds_list": list(range(cfg.seeds)),
+            "multipliers": mults,
+            "reference_multiplier": ref_mult,
+            "tokens_per_step": tokens_per_step,
+            "eval_tokens_used": int(eval_set.numel()),
+            "device": str(dist.device),
+            "world_size": dist.world,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "threads": torch.get_num_threads(),
+            "spike_rule": f"loss > {cfg.spike_factor:g} × median of the previous {20} steps (after 10)",
+            "statistics": res.stats.METHOD,
+        },
         "notes": notes,
         "baseline": BASELINE,
         "control": CONTROL if CONTROL in arms else None,
@@ -233,8 +266,11 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         "migration_rule": rules or None,
         "precision": precision,
         "claims": verdicts,
-        "timing": {"wall_seconds": time.perf_counter() - wall0, "load_average_start": load_start,
-                   "load_average_end": _load_average()},
+        "timing": {
+            "wall_seconds": time.perf_counter() - wall0,
+            "load_average_start": load_start,
+            "load_average_end": _load_average(),
+        },
     }
     results = _finite(results)
     from normswap.publish import atomic_write_json

@@ -57,14 +57,18 @@ class StudyDir:
             raise NormswapError(f"DIR {self.out} exists and is not a directory")
         run = self.read_run() if self.out.is_dir() else None
         if self.out.is_dir() and run is None and any(self.out.iterdir()):
-            raise NormswapError(f"DIR {self.out} is not a normswap study (it holds {_what_it_holds(self.out)}): "
-                                "nothing there is replaced; choose another DIR")
+            raise NormswapError(
+                f"DIR {self.out} is not a normswap study (it holds {_what_it_holds(self.out)}): "
+                "nothing there is replaced; choose another DIR"
+            )
         if resume:
             if run is None:
                 raise NormswapError(f"cannot resume: {self.out} holds no study (start it without --resume)")
             return run
         if run is not None and not force:
-            raise NormswapError(f"{self.out} holds a study: pass --resume to continue it (finished units are kept) or --force to start again")
+            raise NormswapError(
+                f"{self.out} holds a study: pass --resume to continue it (finished units are kept) or --force to start again"
+            )
         return None
 
     def start(self, record: dict, *, replace: bool) -> None:
@@ -104,5 +108,7 @@ def resolve_resume(cfg, recorded: dict, given: set[str] | None):
         if f.name in given and mine[f.name] != recorded[f.name]:
             mismatches.append(f"{flag(f.name)} is {mine[f.name]!r} but the study used {recorded[f.name]!r}")
     if mismatches:
-        raise NormswapError("cannot resume: " + "; ".join(mismatches) + " (--resume takes the recorded options: give none, or the same)")
+        raise NormswapError(
+            "cannot resume: " + "; ".join(mismatches) + " (--resume takes the recorded options: give none, or the same)"
+        )
     return type(cfg)(**merged)

@@ -30,13 +30,13 @@ import contextlib
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from normswap.study import measure
 from normswap.model_facts import norm_modules
+from normswap.study import measure
 from normswap.study.arms import build_arm
 
 SPIKE_WINDOW = 20  # a spike is judged against the median of this many previous losses
@@ -87,7 +87,7 @@ class Dist:
         self.mean_(flat)
         offset = 0
         for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
 
@@ -108,7 +108,11 @@ def _param_groups(model, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         (no_decay if p.ndim < 2 else decay).append(p)
-    return [g for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    return [
+        g
+        for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})
+        if g["params"]
+    ]
 
 
 @dataclass
@@ -127,11 +131,26 @@ class Arm:
 
 
 def new_record(arm: str, seed: int, multiplier: float, lr: float, norms: list) -> dict:
-    return {"arm": arm, "seed": seed, "lr_multiplier": multiplier, "lr": lr, "status": "running", "steps_done": 0,
-            "loss": [], "grad_norm": [], "eval": [], "final_eval_loss": None,
-            "norm_input_grad_norm": {"layers": [n for n, _ in norms], "per_step": []},
-            "nonfinite": None, "spikes": [], "skipped_steps": [], "step_seconds": [], "memory": None,
-            "norm_share": None, "grad_scale_start": None}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "lr_multiplier": multiplier,
+        "lr": lr,
+        "status": "running",
+        "steps_done": 0,
+        "loss": [],
+        "grad_norm": [],
+        "eval": [],
+        "final_eval_loss": None,
+        "norm_input_grad_norm": {"layers": [n for n, _ in norms], "per_step": []},
+        "nonfinite": None,
+        "spikes": [],
+        "skipped_steps": [],
+        "step_seconds": [],
+        "memory": None,
+        "norm_share": None,
+        "grad_scale_start": None,
+    }
 
 
 class Group:
@@ -143,11 +162,23 @@ class Group:
         self.arms: list[Arm] = []
         for name in arm_names:
             model = build_arm(source, name, seed, cfg.kernels).to(dist.device)
-            opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=self.peak_lr, betas=(0.9, 0.95), eps=1e-8)
+            opt = torch.optim.AdamW(
+                _param_groups(model, cfg.weight_decay), lr=self.peak_lr, betas=(0.9, 0.95), eps=1e-8
+            )
             scaler = torch.amp.GradScaler(dist.device.type) if cfg.precision == "fp16" else None
             norms = norm_modules(model)
-            self.arms.append(Arm(name, model, opt, scaler, measure.NormInputGrads(norms), norms,
-                                 new_record(name, seed, multiplier, self.peak_lr, norms), params=list(model.parameters())))
+            self.arms.append(
+                Arm(
+                    name,
+                    model,
+                    opt,
+                    scaler,
+                    measure.NormInputGrads(norms),
+                    norms,
+                    new_record(name, seed, multiplier, self.peak_lr, norms),
+                    params=list(model.parameters()),
+                )
+            )
 
     # ------------------------------------------------------------------------ one arm's step
     def _step(self, arm: Arm, batch: torch.Tensor, t: int) -> None:
@@ -159,7 +190,9 @@ class Group:
         arm.grads.reset()
         profile = t == PROFILE_STEP and cfg.steps > PROFILE_STEP
         timer = measure.NormTimer(arm.norms, dev) if profile else None
-        counting = measure.SavedBytes(arm.model) if (t == MEMORY_STEP and dev.type != "cuda") else contextlib.nullcontext()
+        counting = (
+            measure.SavedBytes(arm.model) if (t == MEMORY_STEP and dev.type != "cuda") else contextlib.nullcontext()
+        )
         if t == MEMORY_STEP and dev.type == "cuda":
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
@@ -175,7 +208,9 @@ class Group:
         self.dist.average_grads(arm.params)
         if arm.scaler is not None:
             arm.scaler.unscale_(arm.optimizer)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(arm.params, cfg.clip_grad if cfg.clip_grad > 0 else float("inf")))
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(arm.params, cfg.clip_grad if cfg.clip_grad > 0 else float("inf"))
+        )
         loss_v = float(self.dist.mean_(loss.detach().float().reshape(1))[0])
         scale = float(arm.scaler.get_scale()) if arm.scaler is not None else 1.0
         skipped = False
@@ -197,27 +232,41 @@ class Group:
                 transient = counting.bytes + measure.grad_bytes(arm.model)
                 method = "bytes saved for backward (distinct storages, parameters excluded) + gradients + parameters and optimizer state"
             static = measure.param_bytes(arm.model, arm.optimizer)  # after the step: AdamW's moments exist
-            rec["memory"] = {"static_bytes": static, "transient_bytes": int(transient), "peak_bytes": static + int(transient),
-                             "method": method}
+            rec["memory"] = {
+                "static_bytes": static,
+                "transient_bytes": int(transient),
+                "peak_bytes": static + int(transient),
+                "method": method,
+            }
         arm.optimizer.zero_grad(set_to_none=True)
         measure.synchronize(dev)
         dt = time.perf_counter() - t0
         if timer is not None:
             timer.remove()
-            rec["norm_share"] = {"step": t, "norm_seconds": timer.seconds, "step_seconds": dt,
-                                 "share": timer.seconds / dt if dt > 0 else None}
+            rec["norm_share"] = {
+                "step": t,
+                "norm_seconds": timer.seconds,
+                "step_seconds": dt,
+                "share": timer.seconds / dt if dt > 0 else None,
+            }
 
         sq = torch.tensor(arm.grads.sq, dtype=torch.float64, device=dev)
-        sq = self.dist.sum_(sq) / (self.dist.world ** 2 * scale ** 2)
-        rec["norm_input_grad_norm"]["per_step"].append([math.sqrt(v) if math.isfinite(v) else None for v in sq.tolist()])
+        sq = self.dist.sum_(sq) / (self.dist.world**2 * scale**2)
+        rec["norm_input_grad_norm"]["per_step"].append(
+            [math.sqrt(v) if math.isfinite(v) else None for v in sq.tolist()]
+        )
         rec["loss"].append(loss_v if math.isfinite(loss_v) else None)
         rec["grad_norm"].append(grad_norm if math.isfinite(grad_norm) else None)
         rec["step_seconds"].append(dt)
         rec["steps_done"] = t
         if skipped:
             rec["skipped_steps"].append(t)
-        prev = [v for v in rec["loss"][-1 - SPIKE_WINDOW:-1] if v is not None]
-        if math.isfinite(loss_v) and len(prev) >= SPIKE_MIN_HISTORY and loss_v > cfg.spike_factor * statistics.median(prev):
+        prev = [v for v in rec["loss"][-1 - SPIKE_WINDOW : -1] if v is not None]
+        if (
+            math.isfinite(loss_v)
+            and len(prev) >= SPIKE_MIN_HISTORY
+            and loss_v > cfg.spike_factor * statistics.median(prev)
+        ):
             rec["spikes"].append(t)
         if t == min(GRAD_SCALE_STEPS, cfg.steps):
             norms = [g for g in rec["grad_norm"] if g is not None]
@@ -232,10 +281,10 @@ class Group:
         model, dev = arm.model, self.dist.device
         model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=dev)
-        mine = eval_set[self.dist.rank::self.dist.world]
+        mine = eval_set[self.dist.rank :: self.dist.world]
         with torch.no_grad(), autocast_for(self.cfg.precision, dev):
             for i in range(0, len(mine), self.cfg.batch_size):
-                rows = mine[i:i + self.cfg.batch_size].to(dev)
+                rows = mine[i : i + self.cfg.batch_size].to(dev)
                 loss = model(input_ids=rows, labels=rows).loss.double()
                 total[0] += loss * len(rows)
                 total[1] += len(rows)
@@ -262,7 +311,7 @@ class Group:
             active = [a for a in self.arms if not a.stopped]
             if not active:
                 break
-            batch = stream.take(cfg.batch_size)[rank * micro:(rank + 1) * micro].to(self.dist.device)
+            batch = stream.take(cfg.batch_size)[rank * micro : (rank + 1) * micro].to(self.dist.device)
             k = t % len(active)
             for arm in active[k:] + active[:k]:
                 self._step(arm, batch, t)
