@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import click
-import torch
 
 from normswap.errors import NormswapError
 
@@ -88,6 +87,8 @@ def _line(r: dict) -> str:
 def decode(models, repeats, new_tokens, threads, json_out):
     """Decode speed at batch 1, converted ÷ original, with a null control (MODEL: a source to convert,
     or SOURCE=CONVERTED; default: the shipped models)."""
+    import torch  # not at import time: `normswap bench --help` must not load torch
+
     from normswap.progress import Heartbeat, stderr_lines
 
     torch.set_num_threads(threads)
