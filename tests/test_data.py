@@ -93,7 +93,10 @@ def test_references_are_stripped_everywhere():
     assert kjv.strip_references("1:1 In the beginning God created the heavens and the earth.") == (
         "In the beginning God created the heavens and the earth."
     )
-    merged = "3:1 Now the serpent was more subtil.  3:2 And the woman said unto the serpent, We may eat: 3:3 But of the fruit"
+    merged = (
+        "3:1 Now the serpent was more subtil.  3:2 And the woman said unto the serpent, We may eat: "
+        "3:3 But of the fruit"
+    )
     assert (
         kjv.strip_references(merged)
         == "Now the serpent was more subtil. And the woman said unto the serpent, We may eat: But of the fruit"
@@ -431,7 +434,9 @@ def test_readme_finetune_and_eval_examples_work_on_a_verse_per_line_file(tmp_pat
     )
     assert code == 0, err
     data = json.loads(stdout)["data"]
-    assert data["split"] == "all" and data["truncated"]  # without --split: the whole file (capped here)
+    # without --split, on the file this model was fine-tuned on: only the documents the fine-tune
+    # held out (its test split), never the whole file (which would score training text)
+    assert data["split"] == "test" and data["held_out"] is True
 
 
 def test_small_file_gets_a_deterministic_held_out_slice_with_a_notice(tmp_path, capsys):

@@ -216,6 +216,14 @@ def _torch_dtype(dtype):
     return getattr(torch, str(dtype))
 
 
+def check_buildable(resolved, config, label: str) -> None:
+    """Refuse a config whose sizes its weights (read from the file headers) cannot back, before any
+    model — even a weightless one on the meta device — is built from it: a million declared layers
+    beside weights for two would otherwise be built layer by layer until memory runs out."""
+    if is_local(resolved):
+        check_against_weights(config.to_dict(), safetensors_shapes(resolved), label)
+
+
 def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, strict=False):
     """Load ``spec`` as an eval-mode transformers model.
 
@@ -231,8 +239,7 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
     config = config if config is not None else load_config(resolved)
     auto = model_class_for(config, task)
     torch_dtype = _torch_dtype(dtype) if dtype is not None else torch.float32
-    if is_local(resolved):  # the model is built from the config before its weights are read
-        check_against_weights(config.to_dict(), safetensors_shapes(resolved), str(spec))
+    check_buildable(resolved, config, str(spec))
     kwargs = dict(
         config=config, dtype=torch_dtype, trust_remote_code=remote_code_trusted(config), output_loading_info=True
     )
@@ -251,7 +258,8 @@ def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, stri
     missing = list(info.get("missing_keys") or [])
     if strict and missing:
         raise NormswapError(
-            f"{spec} lacks {len(missing)} weight(s) the model needs, e.g. {missing[0]} (incomplete or mismatched checkpoint)"
+            f"{spec} lacks {len(missing)} weight(s) the model needs, e.g. {missing[0]} "
+            "(incomplete or mismatched checkpoint)"
         )
     model.to(device)
     model.eval()
@@ -317,7 +325,9 @@ def load_tokenizer(spec):
     from transformers import AutoTokenizer
 
     resolved = resolve(spec)
-    try:  # given to AutoTokenizer so that it need not look the config up (one of an older normswap checkpoint would need code)
+    # given to AutoTokenizer so that it need not look the config up (one of an older normswap
+    # checkpoint would need code)
+    try:
         config = load_config(resolved)
     except NormswapError:
         config = None

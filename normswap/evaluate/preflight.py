@@ -64,7 +64,14 @@ def _skeleton_kind(config, task: str) -> str | None:
 
 def describe(planned, progress=None) -> list[ModelFacts]:
     """:class:`ModelFacts` of each (name, spec): config, tokenizer and kind, no weights."""
-    from normswap.checkpoint.load import is_causal_lm, is_local, load_config, load_tokenizer, resolve
+    from normswap.checkpoint.load import (
+        check_buildable,
+        is_causal_lm,
+        is_local,
+        load_config,
+        load_tokenizer,
+        resolve,
+    )
 
     facts = []
     for name, spec in planned:
@@ -72,6 +79,7 @@ def describe(planned, progress=None) -> list[ModelFacts]:
             progress(f"checking {name} ({spec})")
         resolved = resolve(spec)
         config = load_config(resolved)
+        check_buildable(resolved, config, str(spec))  # before the skeleton below is built from it
         kind = _skeleton_kind(config, "causal-lm" if is_causal_lm(config) else "auto")
         tokenizer = None if kind == PROBE_INPUT else load_tokenizer(spec)
         facts.append(
@@ -141,7 +149,8 @@ def read_text(facts, cfg: EvalConfig, data, baseline_name, say) -> tuple[str, di
     split, seen = heldout.choose_split(data, cfg.split, default_eval_split(str(data)), {f.name: f.path for f in facts})
     if seen and split != (cfg.split or default_eval_split(str(data))):
         say(
-            f"{', '.join(s['model'] for s in seen)} fine-tuned on {data}: reading its {split} split, which fine-tuning never saw"
+            f"{', '.join(s['model'] for s in seen)} fine-tuned on {data}: "
+            f"reading its {split} split, which fine-tuning never saw"
         )
     say(f"loading {data} ({split} split)")
     documents = 0
@@ -159,7 +168,8 @@ def read_text(facts, cfg: EvalConfig, data, baseline_name, say) -> tuple[str, di
     held = heldout.held_out(split, seen)
     if held is False:
         say(
-            f"WARNING: the {split} split of {data} includes text {', '.join(s['model'] for s in seen)} was fine-tuned on: "
+            f"WARNING: the {split} split of {data} includes text "
+            f"{', '.join(s['model'] for s in seen)} was fine-tuned on: "
             "not held-out (drop --split for the part fine-tuning never saw)"
         )
     available = sum(1 for _ in load_documents(data, "all")) if seen else None
