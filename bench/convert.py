@@ -328,7 +328,8 @@ def bench_convert(
         info["build_seconds"] = round(time.perf_counter() - t0, 1)
         shard = info["largest_shard_bytes"]
         say(
-            f"checkpoint: {info['parameters'] / 1e9:.2f}B parameters, {info['bytes'] / 1e9:.2f} GB in {info['files']} file(s)"
+            f"checkpoint: {info['parameters'] / 1e9:.2f}B parameters, "
+            f"{info['bytes'] / 1e9:.2f} GB in {info['files']} file(s)"
         )
 
         say("baseline: python + torch + transformers + normswap imports and the meta skeleton")
@@ -404,20 +405,21 @@ def bench_convert(
             "steps": summary,
             "runs": runs,
             "verification": verified,
-            "page_cache": "warm for every step: the source files are read once (cat > /dev/null) right before each step; "
-            "outputs go to the page cache and are flushed by the kernel in the background",
+            "page_cache": "warm for every step: the source files are read once (cat > /dev/null) right before "
+            "each step; outputs go to the page cache and are flushed by the kernel in the background",
             "notes": [
                 "each step is a separate process; peak RSS is that process's ru_maxrss (wait4), imports included",
-                "baseline = a process that only imports normswap's convert modules (torch, transformers) and builds the "
-                "meta-device skeleton: the part of every convert step's wall time and RSS that is not conversion",
-                "steps are interleaved (copy, --no-verify, verified) in every round; medians over rounds (the upper one of two)",
+                "baseline = a process that only imports normswap's convert modules (torch, transformers) and builds "
+                "the meta-device skeleton: the part of every convert step's wall time and RSS that is not conversion",
+                "steps are interleaved (copy, --no-verify, verified) in every round; medians over rounds "
+                "(the upper one of two)",
                 "NORMSWAP_KERNEL=torch for every step: no first build of the compiled CPU kernel inside a timed step",
                 "wall seconds include process start-up and imports; in-process seconds are convert's own "
                 "(in-process × copy: those seconds over the copy's wall seconds)",
-                "verification runs the probe through the source and the written checkpoint in float32, module by module; "
-                "for 16-bit outputs a third float32 pass (the converted weights before rounding) gives the rounding floor "
-                "when the difference exceeds --tolerance; the float64 noise-floor pass runs only when the difference "
-                "still exceeds the threshold",
+                "verification runs the probe through the source and the written checkpoint in float32, module by "
+                "module; for 16-bit outputs a third float32 pass (the converted weights before rounding) gives the "
+                "rounding floor when the difference exceeds --tolerance; the float64 noise-floor pass runs only when "
+                "the difference still exceeds the threshold",
             ],
             **({"workdir": str(root)} if keep else {}),
         }
@@ -468,7 +470,8 @@ def markdown(result: dict) -> str:
         f"{_gb(info['bytes'])} in {info['files']} safetensors files, largest shard {_gb(info['largest_shard_bytes'])}. "
         f"Mode: {result['mode']}. {result['rounds']} interleaved rounds; page cache: {result['page_cache']}.",
         "",
-        "| step | wall s (median) | all rounds | × copy | in-process s | in-process × copy | peak RSS | × largest shard | goal |",
+        "| step | wall s (median) | all rounds | × copy | in-process s | in-process × copy | peak RSS "
+        "| × largest shard | goal |",
         "|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     labels = {
@@ -488,11 +491,13 @@ def markdown(result: dict) -> str:
         inproc = f"{inproc:.1f}" if inproc is not None else ""
         lines.append(
             f"| {labels[key]} | {row['seconds_median']:.1f} | {', '.join(f'{x:.1f}' for x in row['seconds_all'])} | "
-            f"{row['x_copy']:.2f} | {inproc} | {inproc_x} | {_gb(row['peak_rss_bytes_max'])} | {row['peak_rss_x_largest_shard']:.2f} | {goal} |"
+            f"{row['x_copy']:.2f} | {inproc} | {inproc_x} | {_gb(row['peak_rss_bytes_max'])} | "
+            f"{row['peak_rss_x_largest_shard']:.2f} | {goal} |"
         )
     base = result["baseline"]
     lines.append(
-        f"| baseline (imports + meta skeleton) | {base['seconds']:.1f} | | {base['seconds'] / steps['copy']['seconds_median']:.2f} | | | "
+        f"| baseline (imports + meta skeleton) | {base['seconds']:.1f} | | "
+        f"{base['seconds'] / steps['copy']['seconds_median']:.2f} | | | "
         f"{_gb(base['peak_rss_bytes'])} | {base['peak_rss_bytes'] / info['largest_shard_bytes']:.2f} | |"
     )
     ver = result.get("verification") or {}
@@ -500,8 +505,9 @@ def markdown(result: dict) -> str:
         lines += [
             "",
             f"Verification of the last verified run: {ver.get('probe_tokens')} probe tokens, max |Δ log-prob| "
-            f"{ver['max_abs_diff']:.3g}, rounding floor {ver.get('rounding_floor')}, noise floor {ver.get('noise_floor')} "
-            f"({ver.get('noise_floor_note', 'measured')}), threshold {ver.get('threshold'):.3g}, passed {ver.get('passed')}.",
+            f"{ver['max_abs_diff']:.3g}, rounding floor {ver.get('rounding_floor')}, "
+            f"noise floor {ver.get('noise_floor')} ({ver.get('noise_floor_note', 'measured')}), "
+            f"threshold {ver.get('threshold'):.3g}, passed {ver.get('passed')}.",
         ]
     lines += [""] + [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"

@@ -123,7 +123,8 @@ def main(argv=None) -> int:
         each = ", ".join(f"{x['seconds']:.1f}" for x in rows)
         lines.append(
             f"| {step} | {med:.1f} | {each} | {med / copy:.2f} | "
-            f"{max(x['peak_rss_bytes'] for x in rows) / 1e9:.2f} GB | {', '.join(str(x['load_1m_after']) for x in rows)} |"
+            f"{max(x['peak_rss_bytes'] for x in rows) / 1e9:.2f} GB | "
+            f"{', '.join(str(x['load_1m_after']) for x in rows)} |"
         )
     md = "\n".join(lines) + "\n"
     return save_and_print(args.save, result, md)

@@ -1,4 +1,5 @@
-"""Where the seconds of `normswap convert` go: `python bench/convert_profile.py --save bench/results/convert-profile-1.4b`.
+"""Where the seconds of `normswap convert` go:
+`python bench/convert_profile.py --save bench/results/convert-profile-1.4b`.
 
 Builds the same synthetic checkpoint as bench/convert.py, then runs `convert_checkpoint` in a fresh
 process (so that imports are timed as a user meets them) once with --no-verify and once verified,
@@ -44,7 +45,8 @@ import json, sys, time, threading, resource
 T0 = time.perf_counter(); C0 = time.process_time()
 stages = []
 def lap(name, t, c):
-    stages.append({"stage": name, "wall_s": round(time.perf_counter() - t, 3), "cpu_s": round(time.process_time() - c, 3)})
+    stages.append({"stage": name, "wall_s": round(time.perf_counter() - t, 3),
+                   "cpu_s": round(time.process_time() - c, 3)})
 t, c = time.perf_counter(), time.process_time()
 import torch
 lap("import torch", t, c); t, c = time.perf_counter(), time.process_time()
@@ -56,8 +58,8 @@ from normswap.checkpoint import load as ckload, shards as SH
 lap("import normswap (cli, pipeline)", t, c)
 
 lock = threading.Lock()
-acc = {"read_thread_s": 0.0, "write_thread_s": 0.0, "linear_s": 0.0, "read_thread_cpu_s": 0.0, "write_thread_cpu_s": 0.0,
-       "linear_cpu_s": 0.0}
+acc = {"read_thread_s": 0.0, "write_thread_s": 0.0, "linear_s": 0.0, "read_thread_cpu_s": 0.0,
+       "write_thread_cpu_s": 0.0, "linear_cpu_s": 0.0}
 def timed_into(name, fn):
     def wrapper(*a, **k):
         t, c = time.perf_counter(), time.thread_time()
@@ -81,7 +83,8 @@ def stage(name, module, attr, extra=None):
         try:
             return fn(*a, **k)
         finally:
-            row = {"stage": name, "wall_s": round(time.perf_counter() - t, 3), "cpu_s": round(time.process_time() - c, 3)}
+            row = {"stage": name, "wall_s": round(time.perf_counter() - t, 3),
+                   "cpu_s": round(time.process_time() - c, 3)}
             if extra:
                 row.update({k: round(acc[k] - before[k], 3) for k in extra})
                 now = resource.getrusage(resource.RUSAGE_SELF)
@@ -113,7 +116,8 @@ def timed_outputs(build, fetch, dtype, *a, **k):
         return outputs(build, timed_fetch, dtype, *a, **k)
     finally:
         wall = time.perf_counter() - t
-        passes.append({"pass": ["source", "converted", "unrounded (rounding floor)", "source float64 (noise floor)"][len(passes)],
+        pass_names = ["source", "converted", "unrounded (rounding floor)", "source float64 (noise floor)"]
+        passes.append({"pass": pass_names[len(passes)],
                        "wall_s": round(wall, 3), "cpu_s": round(time.process_time() - c, 3),
                        "load_weights_s": round(load[0], 3), "matmul_s": round(acc["linear_s"] - lin, 3),
                        "other_forward_s": round(wall - load[0] - (acc["linear_s"] - lin), 3)})
@@ -244,7 +248,8 @@ def markdown(r: dict) -> str:
         if run["passes"]:
             lines += [
                 "",
-                "| verification pass | wall s | cpu s | loading weights s | matrix products s | rest of the forward s |",
+                "| verification pass | wall s | cpu s | loading weights s | matrix products s "
+                "| rest of the forward s |",
                 "|---|---:|---:|---:|---:|---:|",
             ]
             for p in run["passes"]:

@@ -90,7 +90,8 @@ def main(argv=None) -> int:
         f"## {args.original} vs {args.converted}",
         "",
         f"Greedy decode, batch 1, {args.steps} tokens after an 8-token prompt, 1 thread, median of {args.rounds} "
-        f"rounds; per token, self CPU time under the profiler (sum of the per-op medians): original {totals['original']:.0f} µs, converted {totals['converted']:.0f} µs "
+        "rounds; per token, self CPU time under the profiler (sum of the per-op medians): "
+        f"original {totals['original']:.0f} µs, converted {totals['converted']:.0f} µs "
         f"({totals['converted'] / totals['original']:.3f}×).",
         "",
         "| op | original calls | original µs | converted calls | converted µs | Δ µs |",
@@ -106,7 +107,8 @@ def main(argv=None) -> int:
         mark = " (calls differ)" if k in changed else ""
         lines.append(f"| `{k}`{mark} | {oc:g} | {ou:.1f} | {cc:g} | {cu:.1f} | {cu - ou:+.1f} |")
     lines.append(
-        f"| **all ops** | | {totals['original']:.0f} | | {totals['converted']:.0f} | {totals['converted'] - totals['original']:+.0f} |"
+        f"| **all ops** | | {totals['original']:.0f} | | {totals['converted']:.0f} | "
+        f"{totals['converted'] - totals['original']:+.0f} |"
     )
     text = "\n".join(lines) + "\n"
     print(text)

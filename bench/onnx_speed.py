@@ -154,7 +154,8 @@ def main(argv=None) -> int:
     md = [
         f"# ONNX export speed (onnxruntime {onnxruntime.__version__}, CPU, {args.threads} threads)",
         "",
-        f"{result['shape']}; forward of batch {args.batch} x {args.seq_len} tokens; {args.repeats} interleaved repeats; "
+        f"{result['shape']}; forward of batch {args.batch} x {args.seq_len} tokens; "
+        f"{args.repeats} interleaved repeats; "
         "ratio = median of per-repeat ratios to the original's graph [min-max]; `original_copy` is the null control "
         "(the same graph in a second session).",
         "",

@@ -127,7 +127,8 @@ def main(argv=None) -> int:
         "| weights | ms per decode step (median) |\n|---|---:|\n"
         + "".join(f"| {name} | {ms:.2f} |\n" for name, ms in result["ms_per_step"].items())
         + "\nTime ÷ the first aligned copy's time, paired per repeat (> 1: slower; the second aligned copy is the "
-        "null control, what two identical placements differ by):\n\n| weights | median | quartiles | min, max |\n|---|---:|---|---|\n"
+        "null control, what two identical placements differ by):\n\n"
+        "| weights | median | quartiles | min, max |\n|---|---:|---|---|\n"
         + "".join(
             f"| {name} | **{r['median']:.3f}** | [{r['q1']:.3f}, {r['q3']:.3f}] | {r['min']:.3f}, {r['max']:.3f} |\n"
             for name, r in result["time_over_first_aligned"].items()

@@ -25,7 +25,9 @@ class DiscoveryError(NormswapError):
 _ADVICE = {
     "ENOSPC": "the disk is full: free some space or choose an OUT on another disk",
     "EDQUOT": "your disk quota is used up: free some space or choose an OUT on another disk",
-    "EFBIG": "the file is larger than this file system allows: choose an OUT on another disk or a smaller --max-shard-size",
+    "EFBIG": (
+        "the file is larger than this file system allows: choose an OUT on another disk or a smaller --max-shard-size"
+    ),
     "EROFS": "the file system is read-only: choose an OUT on a writable disk",
     "EACCES": "permission denied: choose a directory you can write, or fix its permissions",
     "EPERM": "operation not permitted: choose a directory you can write, or fix its permissions",

@@ -281,7 +281,8 @@ def _remove_leftovers(out: Path, say) -> None:
     if restored or removed:
         what = ([f"restored {out.name} from its verified staging directory"] if restored else []) + (
             [
-                f"removed {len(removed)} leftover staging director{'y' if len(removed) == 1 else 'ies'} ({', '.join(removed)})"
+                f"removed {len(removed)} leftover staging director{'y' if len(removed) == 1 else 'ies'} "
+                f"({', '.join(removed)})"
             ]
             if removed
             else []

@@ -182,10 +182,12 @@ def model_card(meta: dict) -> str:
             "`AutoModelForCausalLM.from_pretrained(<this directory>)`.",
             "",
             f"- parameters: {meta['parameters']:,}",
-            f"- trained: {t['steps']} steps x {t['batch_size']} x {t['sequence_length']} tokens ({t['tokens_seen']:,} tokens; "
+            f"- trained: {t['steps']} steps x {t['batch_size']} x {t['sequence_length']} tokens "
+            f"({t['tokens_seen']:,} tokens; "
             f"the training split has {t['training_split_tokens']:,}), {t['seconds'] / 60:.1f} min on {t['device']}",
             f"- final training loss: {t['final_train_loss']} (mean of the last 50 steps)",
-            f"- held-out perplexity: validation {e['validation']['perplexity']:.2f}, test {e['test']['perplexity']:.2f}",
+            f"- held-out perplexity: validation {e['validation']['perplexity']:.2f}, "
+            f"test {e['test']['perplexity']:.2f}",
             f"- method: {e['method']}",
             f"- validation books: {', '.join(e['validation_books'])}",
             f"- test books: {', '.join(e['test_books'])}",
@@ -303,7 +305,8 @@ def main(argv=None) -> int:
             recent = sum(losses[-25:]) / len(losses[-25:])
             rate = (step + 1) / (time.time() - t0)
             log(
-                f"step {step + 1}/{steps} loss {recent:.3f} lr {lr_at(step):.2e} ({rate:.2f} steps/s, eta {(steps - step - 1) / rate / 60:.1f} min)"
+                f"step {step + 1}/{steps} loss {recent:.3f} lr {lr_at(step):.2e} "
+                f"({rate:.2f} steps/s, eta {(steps - step - 1) / rate / 60:.1f} min)"
             )
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < steps:
             val = heldout_perplexity(
@@ -318,7 +321,8 @@ def main(argv=None) -> int:
     test = heldout_perplexity(model, tokenizer, "test", p["ctx"], "cpu", max_windows=p.get("eval_windows"))
     final_loss = sum(losses[-50:]) / len(losses[-50:])
     log(
-        f"final: train loss {final_loss:.3f} (mean of last 50 steps), validation ppl {val['perplexity']:.2f}, test ppl {test['perplexity']:.2f}"
+        f"final: train loss {final_loss:.3f} (mean of last 50 steps), "
+        f"validation ppl {val['perplexity']:.2f}, test ppl {test['perplexity']:.2f}"
     )
 
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
@@ -326,7 +330,8 @@ def main(argv=None) -> int:
         "name": args.out.name,
         "family": model.config.model_type,
         "description": (
-            f"{p['n_layer']}-layer {FAMILIES[args.family]}; width {p['n_embd']}, context {p['ctx']}, LayerNorm eps 1e-5; "
+            f"{p['n_layer']}-layer {FAMILIES[args.family]}; width {p['n_embd']}, context {p['ctx']}, "
+            "LayerNorm eps 1e-5; "
             f"{len(tokenizer)}-entry byte-level BPE; trained from scratch on the training "
             "books of the King James Bible (normswap's embedded corpus)"
         ),
@@ -373,7 +378,8 @@ def main(argv=None) -> int:
 
     write_atomically(args.out, fill)
     log(
-        f"wrote {args.out} ({sum(f.stat().st_size for f in args.out.iterdir()) / 1e6:.1f} MB) in {time.time() - started:.0f}s total"
+        f"wrote {args.out} ({sum(f.stat().st_size for f in args.out.iterdir()) / 1e6:.1f} MB) "
+        f"in {time.time() - started:.0f}s total"
     )
     return 0
 

@@ -24,23 +24,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "PAUSED"
 
-_WRAPPER = (
-    r"""
+_WRAPPER = f"""
 import glob, os, sys
-pattern = sys.argv.pop(1).replace("{pid}", str(os.getpid()))
-state = {"armed": True}
+pattern = sys.argv.pop(1).replace("{{pid}}", str(os.getpid()))
+state = {{"armed": True}}
 def hook(event, args):
-    if state["armed"] and event in ("open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree") and glob.glob(pattern):
+    if state["armed"] and event in ("open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", \
+"shutil.rmtree") and glob.glob(pattern):
         state["armed"] = False
-        print(%r, flush=True)
+        print({MARKER!r}, flush=True)
         sys.stdin.readline()
 sys.addaudithook(hook)
 sys.argv[0] = "normswap"
 from normswap.cli.main import main
 main(sys.argv[1:])
 """
-    % MARKER
-)
 
 
 def escape_dir(path) -> str:

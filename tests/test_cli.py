@@ -22,10 +22,11 @@ def _subprocess_env():
 def test_help_of_every_command_imports_no_heavy_module():
     """`normswap --help`, every subcommand's --help and `eval tasks-path` run without torch,
     transformers or lm-eval (what made them take 3-12 s); checked in a fresh interpreter."""
-    script = """
+    script = f"""
 import json, sys
 from normswap.cli.main import COMMANDS, main
-runs = [["--help"]] + [[c, "--help"] for c in COMMANDS] + [["eval", n, "--help"] for n in ("report", "ppl", "speed", "render")] \
+runs = [["--help"]] + [[c, "--help"] for c in COMMANDS] + \
+[["eval", n, "--help"] for n in ("report", "ppl", "speed", "render")] \
     + [["eval", "tasks-path"], ["bench", "kernels", "--help"], ["bench", "convert", "--help"]]
 codes = []
 for argv in runs:
@@ -34,10 +35,10 @@ for argv in runs:
         codes.append(0)
     except SystemExit as e:
         codes.append(e.code or 0)
-heavy = [m for m in %r if m in sys.modules]
+heavy = [m for m in {HEAVY!r} if m in sys.modules]
 import normswap.convert.plan  # negative control: the check sees torch once something imports it
-print(json.dumps({"codes": codes, "heavy": heavy, "control": "torch" in sys.modules}))
-""" % (HEAVY,)
+print(json.dumps({{"codes": codes, "heavy": heavy, "control": "torch" in sys.modules}}))
+"""
     p = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=_subprocess_env(), timeout=300
     )

@@ -300,7 +300,7 @@ def test_rounding_floor_weights_are_the_written_ones_before_rounding(tmp_path):
             conv.writes[key].shape,
             inputs.read,
             lambda k: inputs.specs[k][1],
-            lambda t, row: sink64.write(key, t, row),
+            lambda t, row, sink64=sink64, key=key: sink64.write(key, t, row),
             torch.float64,
         )
         float64_differs += int((sink64.tensors[key] != exact.double()).sum())

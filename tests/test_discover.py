@@ -361,13 +361,15 @@ def test_survey_sample():
         "curated": False,
         "status": "refused",
         "placement": "pre",
-        "reason": "CLIPVisionModel: pre-LN, but the raw residual stream of encoder.layers is returned as a model output",
+        "reason": (
+            "CLIPVisionModel: pre-LN, but the raw residual stream of encoder.layers is returned as a model output"
+        ),
     }
     text = survey_markdown(list(rows.values()))
     assert "converted exactly on tiny configs: 1 (50 %)" in text
     assert (
-        "Exact among architectures whose stream ends in a norm (a separate figure; the one above is the headline): 1 of 1 (100 %)"
-        in text
+        "Exact among architectures whose stream ends in a norm (a separate figure; the one above is the "
+        "headline): 1 of 1 (100 %)" in text
     )
 
 

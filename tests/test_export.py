@@ -241,7 +241,8 @@ def test_onnx_export_runs_the_original_function_with_rmsnormalization(onnx_expor
 
     (src, original), (_, converted) = onnx_exports["original"], onnx_exports["converted"]
     assert converted["verification"]["passed"] and converted["verification"]["max_abs_diff"] <= 1e-4
-    # one opset-23 RMSNormalization per RMSNorm, nothing left of the custom kernel; the original keeps LayerNormalization
+    # one opset-23 RMSNormalization per RMSNorm, nothing left of the custom kernel; the original keeps
+    # LayerNormalization
     norms = 2 * json.loads((src / "config.json").read_text())["n_layer"] + 1
     assert converted["norm_nodes"] == {"RMSNormalization": norms} and converted["opset"] == 23
     assert original["norm_nodes"] == {"LayerNormalization": norms}

@@ -400,9 +400,15 @@ def _run_check(path, tmp_path):
 def test_alias_bomb_fails_fast_in_one_line_in_bounded_memory(tmp_path, where):
     bomb = _alias_bomb()
     if where == "description":
-        text = f"name: t\ndescription: {bomb}\nsource: normswap:kjv-gpt2\nvariants:\n  exact: {{convert: {{mode: exact}}}}\n"
+        text = (
+            f"name: t\ndescription: {bomb}\nsource: normswap:kjv-gpt2\n"
+            "variants:\n  exact: {convert: {mode: exact}}\n"
+        )
     else:
-        text = f"name: t\nsource: normswap:kjv-gpt2\nvariants:\n  approx:\n    convert: {{mode: approx}}\n    finetune: {{steps: {bomb}}}\n"
+        text = (
+            "name: t\nsource: normswap:kjv-gpt2\nvariants:\n  approx:\n    convert: {mode: approx}\n"
+            f"    finetune: {{steps: {bomb}}}\n"
+        )
     p = tmp_path / "bomb.yaml"
     p.write_text(text)
     assert len(text) < 2000  # a few hundred bytes standing for billions of values
@@ -425,9 +431,8 @@ def test_modest_aliases_still_work_and_bad_values_are_shown_cut(tmp_path):
     # a wrong value thousands of entries long is named, and quoted only in part
     big = tmp_path / "big.yaml"
     big.write_text(
-        "name: t\nsource: normswap:kjv-gpt2\nvariants:\n  a:\n    convert: {mode: approx}\n    finetune:\n      steps: ["
-        + ", ".join(str(i) for i in range(5000))
-        + "]\n"
+        "name: t\nsource: normswap:kjv-gpt2\nvariants:\n  a:\n    convert: {mode: approx}\n"
+        "    finetune:\n      steps: [" + ", ".join(str(i) for i in range(5000)) + "]\n"
     )
     with pytest.raises(NormswapError) as e:
         load_recipe(str(big))

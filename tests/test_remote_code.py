@@ -134,7 +134,10 @@ def test_replaced_modeling_file_of_a_converted_checkpoint_never_runs_in_normswap
     assert code == 0, err
     assert not marker.exists()
     # positive control: plain transformers asked to trust the directory does import that file
-    script = f"from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained({str(ckpt)!r}, trust_remote_code=True)"
+    script = (
+        "from transformers import AutoModelForCausalLM; "
+        f"AutoModelForCausalLM.from_pretrained({str(ckpt)!r}, trust_remote_code=True)"
+    )
     subprocess.run([sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, timeout=300)
     assert marker.read_text() == "ran"
 
@@ -278,9 +281,10 @@ def test_a_converted_model_saved_by_plain_transformers_keeps_the_guard(converted
     is as safe as the converted one (stock class refused) and normswap loads it."""
     import normswap
 
+    src, dst = str(converted), str(tmp_path / "resaved")
     script = textwrap.dedent(f"""
         from transformers import AutoModelForCausalLM
-        AutoModelForCausalLM.from_pretrained({str(converted)!r}, trust_remote_code=True).save_pretrained({str(tmp_path / "resaved")!r})
+        AutoModelForCausalLM.from_pretrained({src!r}, trust_remote_code=True).save_pretrained({dst!r})
     """)
     done = subprocess.run(
         [sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True, timeout=300

@@ -374,7 +374,7 @@ def test_third_party_output_goes_to_the_log(tmp_path, capfd):
     log = tmp_path / "lm_eval.log"
     with routed_to(log):
         print("progress 50%|#####", file=sys.stderr)
-        warnings.warn("model type is not a causal LM")
+        warnings.warn("model type is not a causal LM", stacklevel=2)
         logging.getLogger("lm_eval.models").warning("lm-eval says hello")
         subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path)  # fatal: not a git repository
     print("normswap's own line")  # negative control: output after the block reaches the terminal

@@ -91,13 +91,14 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
                 # fatal for an exact plan only: a post-LN model (FNet's Fourier mixing, XLNet) needs no
                 # writer centred, so the verdict waits until placement is known
                 unowned.append(
-                    f"{type(model).__name__}: a write into the residual stream ({bad[0][1]} in {what}) is not produced by any module"
+                    f"{type(model).__name__}: a write into the residual stream ({bad[0][1]} in {what}) "
+                    "is not produced by any module"
                 )
                 return
             if consumer not in centered_inputs:
                 centered_inputs.append(consumer)
             return
-        for kind, mod, node in parts:
+        for kind, mod, _node in parts:
             if kind == "norm":
                 if mod not in converted:
                     converted[mod] = {"readers": [], "starts_stream": True}
@@ -162,8 +163,9 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
         # the converted stream is the source stream minus its per-token mean: an output that is the
         # stream itself (VitDet's, SAM3-ViT's last_hidden_state) cannot stay unchanged
         raise DiscoveryError(
-            f"{type(model).__name__}: pre-LN, but the raw residual stream of {raw_outputs[0]} is returned as a model output "
-            "without a norm; an exact conversion centres the stream, which shifts that output by its per-token mean, so it is refused"
+            f"{type(model).__name__}: pre-LN, but the raw residual stream of {raw_outputs[0]} is returned as a "
+            "model output without a norm; an exact conversion centres the stream, which shifts that output by its "
+            "per-token mean, so it is refused"
         )
     if raw_readers and not post_evidence:
         # pre-LN, but the stream itself (not a norm of it) is read after the last layer: centring the
@@ -172,7 +174,8 @@ def discover(model, *, name=None, refuse_raw_outputs=True) -> dict:
         stack, reader = raw_readers[0]
         raise DiscoveryError(
             f"{type(model).__name__}: pre-LN, but the raw residual stream of {stack} is read by {reader} "
-            "without a norm; an exact conversion would shift what it reads by the stream's per-token mean, so it is refused"
+            "without a norm; an exact conversion would shift what it reads by the stream's per-token mean, "
+            "so it is refused"
         )
     placement = "post" if post_evidence else "pre"
     if placement == "post":

@@ -93,7 +93,8 @@ class Family:
         key = str(value).lower() if isinstance(value, bool) else str(value)
         if key not in values:
             raise NormswapError(
-                f"{self.name}: config.{self.placement['attribute']}={value!r} is not a layout the family data knows ({self.source})"
+                f"{self.name}: config.{self.placement['attribute']}={value!r} "
+                f"is not a layout the family data knows ({self.source})"
             )
         return values[key]
 

@@ -35,6 +35,11 @@ def render_model_card(manifest: dict, config: dict) -> str:
         for rec in norms.values():
             gam[rec["gamma"]] = gam.get(rec["gamma"], 0) + 1
             bet[rec["beta"]] = bet.get(rec["beta"], 0) + 1
+        head = (
+            "untied (folded)"
+            if block.get("untied")
+            else ("tied, kept exact" if block.get("tied") else "untied in the source")
+        )
         lines += [
             f"Converted from **{source}** ({block.get('source_class', '')}, family `{block.get('family')}`) by "
             f"normswap {block.get('normswap_version')} in **{block.get('mode')}** mode.",
@@ -46,7 +51,7 @@ def render_model_card(manifest: dict, config: dict) -> str:
             f"| β (bias) | {', '.join(f'{k}: {v}' for k, v in sorted(bet.items()))} |",
             f"| biases created in reading linears | {len(block.get('added_biases', {}))} |",
             f"| outputs centred at run time | {', '.join(block.get('centered_outputs', [])) or 'none'} |",
-            f"| output head | {'untied (folded)' if block.get('untied') else ('tied, kept exact' if block.get('tied') else 'untied in the source')} |",
+            f"| output head | {head} |",
             f"| left alone | {', '.join(x['module'] for x in block.get('left_alone', [])) or 'none'} |",
             "",
         ]

@@ -103,9 +103,9 @@ def side_files(directory) -> list[tuple[str, Path]]:
         real = p.resolve()
         if p.is_symlink() and not real.is_relative_to(root):
             raise NormswapError(
-                f"{p} is a symbolic link to {real}, outside the model directory {directory}: side files are copied into "
-                "OUT, and normswap carries no file from elsewhere with them; copy the file into the model directory "
-                "instead of linking it (or remove the link)"
+                f"{p} is a symbolic link to {real}, outside the model directory {directory}: side files are copied "
+                "into OUT, and normswap carries no file from elsewhere with them; copy the file into the model "
+                "directory instead of linking it (or remove the link)"
             )
         if not real.exists():
             continue  # a dangling link inside the directory: nothing to carry

@@ -149,8 +149,8 @@ def modeling_source(model, names: dict) -> str:
     footer = (
         f"\n\n{names['config_class']}, _classes = normswap_classes(\n"
         f"    {names['model_type']!r}, {names['config_class']!r}, _SourceConfig,\n"
-        f"    {{{', '.join(f'{k!r}: {aliases[v]}' for k, v in sources.items())}}}, weights_variant={WEIGHTS_VARIANT!r},\n)\n"
-        + "".join(f"{k} = _classes[{k!r}]\n" for k in sources)
+        f"    {{{', '.join(f'{k!r}: {aliases[v]}' for k, v in sources.items())}}}, "
+        f"weights_variant={WEIGHTS_VARIANT!r},\n)\n" + "".join(f"{k} = _classes[{k!r}]\n" for k in sources)
     )
     return header + body + footer
 

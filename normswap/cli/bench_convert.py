@@ -18,7 +18,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "convert.py"
 )
 @click.pass_context
 def convert(ctx):
-    """Time `cp -r`, `convert --no-verify` and `convert` on a synthetic sharded checkpoint (bench/convert.py; --help for options)."""
+    """Time `cp -r`, `convert --no-verify` and `convert` on a synthetic sharded checkpoint
+    (bench/convert.py; --help for options)."""
     if not SCRIPT.is_file():
         raise NormswapError(
             f"normswap bench convert runs bench/convert.py from a source checkout; not found at {SCRIPT}"

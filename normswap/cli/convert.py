@@ -41,7 +41,8 @@ def convert(src, out, device, force, as_json, **values):
         return
     ver = result["verification"]
     click.echo(
-        f"converted {result['source']} -> {result['out']}  [{result['family']}, {result['mode']} mode, from {result['source_format']}]"
+        f"converted {result['source']} -> {result['out']}  [{result['family']}, {result['mode']} mode, "
+        f"from {result['source_format']}]"
     )
     click.echo(
         f"  norms replaced: {result['norms_replaced']}   γ: {_counts(result['gamma'])}   β: {_counts(result['beta'])}"
@@ -66,7 +67,8 @@ def convert(src, out, device, force, as_json, **values):
         click.echo(f"  verification: {metric} = {ver['max_abs_diff']:.3g}{floor}")
         if "probe_perplexity_source" in ver:
             click.echo(
-                f"  probe perplexity: source {ver['probe_perplexity_source']:.4f}  converted {ver['probe_perplexity_converted']:.4f}"
+                f"  probe perplexity: source {ver['probe_perplexity_source']:.4f}  "
+                f"converted {ver['probe_perplexity_converted']:.4f}"
             )
         if ver.get("passed"):
             click.echo(f"  exact: PASSED (threshold {ver['threshold']:.2g})")

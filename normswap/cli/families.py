@@ -79,7 +79,8 @@ def markdown_table(rows) -> str:
         )
         left = "per-head q/k norms" if r["left_alone"] else ""
         lines.append(
-            f"| {r['display']} | `{', '.join(r['model_types'])}` | {r['placement']} | {exact} | {left} | {', '.join(f'`{e}`' for e in r['examples'])} |"
+            f"| {r['display']} | `{', '.join(r['model_types'])}` | {r['placement']} | {exact} | "
+            f"{left} | {', '.join(f'`{e}`' for e in r['examples'])} |"
         )
     return "\n".join(lines)
 
@@ -91,7 +92,9 @@ def markdown_table(rows) -> str:
     "--all",
     "show_all",
     is_flag=True,
-    help="Also list the architectures without a family file that convert through discovery (from the committed survey).",
+    help=(
+        "Also list the architectures without a family file that convert through discovery (from the committed survey)."
+    ),
 )
 @click.pass_context
 def families(ctx, as_json, markdown, show_all):
@@ -171,7 +174,10 @@ def discover(model, out, as_json):
     "--update",
     multiple=True,
     type=click.Choice(["exact", "approx-only", "refused", "untraceable", "not-built", "no-layernorm"]),
-    help="With --from-json: re-run the rows of this status (repeatable) and keep the others; the table says which rows are from which run.",
+    help=(
+        "With --from-json: re-run the rows of this status (repeatable) and keep the others; "
+        "the table says which rows are from which run."
+    ),
 )
 @json_option
 def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
@@ -227,8 +233,10 @@ def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
     "from_json",
     multiple=True,
     type=click.Path(exists=True, dir_okay=False),
-    help="Tabulate rows saved by --save-json instead of running (repeatable: shards run side by side; "
-    "a row in a later file replaces the same row in an earlier one).",
+    help=(
+        "Tabulate rows saved by --save-json instead of running (repeatable: shards run side by side; "
+        "a row in a later file replaces the same row in an earlier one)."
+    ),
 )
 @click.option("--list-rows", is_flag=True, help="Print the row names (one a line) and exit.")
 @json_option
@@ -361,7 +369,8 @@ def run_discover(spec, out) -> dict:
         model_type = config.model_type
         if check["exact"] is False:
             raise NormswapError(
-                f"{model_type}: the discovered plan is not exact on a tiny randomised instance ({check['reason']}); nothing written"
+                f"{model_type}: the discovered plan is not exact on a tiny randomised instance "
+                f"({check['reason']}); nothing written"
             )
     text = "# Discovered by `normswap families discover` and checked by converting a tiny randomised instance.\n"
     text += yaml.safe_dump(description, sort_keys=False, width=120)

@@ -106,7 +106,8 @@ def finetune(ctx, model, out, as_json, **opts):
 
     click.echo(f"fine-tuned {summary['model']} -> {summary['out']}")
     click.echo(
-        f"  steps {summary['steps']} x {summary['global_batch']} x {summary['seq_len']} tokens on {summary['world_size']} process(es), "
+        f"  steps {summary['steps']} x {summary['global_batch']} x {summary['seq_len']} tokens "
+        f"on {summary['world_size']} process(es), "
         f"{summary['trainable_parameters']:,} trainable parameters, {summary['wall_seconds']:.1f} s"
     )
     click.echo(f"  {heldout_line(summary)}")

@@ -21,7 +21,10 @@ data_option = click.option(
     "--data",
     default="embedded",
     show_default=True,
-    help="embedded (the shipped KJV corpus), a text/JSONL/parquet file or directory, a saved dataset, or a hub dataset id.",
+    help=(
+        "embedded (the shipped KJV corpus), a text/JSONL/parquet file or directory, a saved dataset, "
+        "or a hub dataset id."
+    ),
 )
 
 
@@ -38,8 +41,10 @@ trust_remote_code_option = click.option(
     expose_value=False,
     is_eager=True,
     callback=_set_trust_remote_code,
-    help="Let source models run the Python files they ship (auto_map). Off by default: only for sources you trust. "
-    "normswap's own converted checkpoints never need it.",
+    help=(
+        "Let source models run the Python files they ship (auto_map). Off by default: only for sources you trust. "
+        "normswap's own converted checkpoints never need it."
+    ),
 )
 
 

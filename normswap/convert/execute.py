@@ -90,7 +90,8 @@ def prepare(model, inputs: Inputs, family, options: ConvertOptions, dtype=None) 
     extra = [k for k in produced if k not in conv_sd]
     if lost or extra:
         raise NormswapError(
-            f"internal error: converted weights do not fit the new module tree (missing {lost[:3]}, unexpected {extra[:3]})"
+            "internal error: converted weights do not fit the new module tree "
+            f"(missing {lost[:3]}, unexpected {extra[:3]})"
         )
     plan.block["source_model_type"] = config.model_type
     plan.block["source_class"] = type(model).__name__

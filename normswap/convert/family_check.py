@@ -48,7 +48,9 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
             "mode": "approx",
             "max_abs_diff": None,
             "threshold": None,
-            "reason": "not pre-LN (a norm's output is the residual skip path, or the stream is read by more than norms)",
+            "reason": (
+                "not pre-LN (a norm's output is the residual skip path, or the stream is read by more than norms)"
+            ),
         }
     converted = copy.deepcopy(source)
     try:
@@ -197,12 +199,13 @@ def resolve_family(config, cls=None, family_file=None) -> Family:
             family, check = discover_family(config, cls)
         except DiscoveryError as e:
             raise NormswapError(
-                f"unsupported architecture: model_type={config.model_type!r} has no family file, and discovery failed: {e}{known}"
+                f"unsupported architecture: model_type={config.model_type!r} has no family file, "
+                f"and discovery failed: {e}{known}"
             ) from None
         if check["exact"] is False:  # None: post-LN, whose approximate plan converted and ran
             raise NormswapError(
-                f"unsupported architecture: model_type={config.model_type!r} has no family file, and the discovered plan "
-                f"is not exact on a tiny randomised instance ({check['reason']}){known}"
+                f"unsupported architecture: model_type={config.model_type!r} has no family file, "
+                f"and the discovered plan is not exact on a tiny randomised instance ({check['reason']}){known}"
             )
         _RESOLVED[key] = family
     return _RESOLVED[key]

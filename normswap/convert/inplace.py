@@ -45,6 +45,7 @@ def convert_with_family(model, family, options: ConvertOptions, *, dtype=None, d
     missing = [k for k in missing if k in params]
     if missing or unexpected:
         raise NormswapError(
-            f"internal error: converted weights do not fit the new module tree (missing {missing[:3]}, unexpected {unexpected[:3]})"
+            "internal error: converted weights do not fit the new module tree "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
     return conv.plan

@@ -210,7 +210,7 @@ def match(model, source, label: str) -> Inputs:
             f"describes (first: {unexpected[0]}): the config has fewer layers or another shape than the weights; "
             "nothing was written"
         )
-    for owner, keys in used_by.items():
+    for _owner, keys in used_by.items():
         if len(keys) > 1:  # the same tensor (or tied tensors) under two names: both must hold the same numbers
             first = source.read(keys[0])
             for other in keys[1:]:

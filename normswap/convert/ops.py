@@ -51,9 +51,9 @@ class _Scratch(threading.local):
     """Per-thread buffers for row blocks, reused block after block and tensor after tensor.
 
     A fresh multi-megabyte buffer is fresh pages: the kernel zero-fills each one on first touch,
-    which costs about as much as the casts and element-wise arithmetic done in it. Each tag is one role in an op (the bytes read, the
-    element-wise block, its float64 form for a reduction, the output block); a thread holds one
-    block per tag, so memory stays at a few blocks per worker.
+    which costs about as much as the casts and element-wise arithmetic done in it. Each tag is one
+    role in an op (the bytes read, the element-wise block, its float64 form for a reduction, the
+    output block); a thread holds one block per tag, so memory stays at a few blocks per worker.
     """
 
     def take(self, tag: str, shape, dtype: torch.dtype) -> torch.Tensor:
@@ -185,7 +185,10 @@ def each_block(pool):
     return lambda fn, blocks: list(pool.map(fn, blocks))
 
 
-def _linear_weight(op, shape, get, put, wide, calc, bias_sum=None, each=each_block(None)):
+_EACH_SERIAL = each_block(None)  # the default ``each``: every block in turn, on the calling thread
+
+
+def _linear_weight(op, shape, get, put, wide, calc, bias_sum=None, each=_EACH_SERIAL):
     """W·diag(γ) (γ scales the input axis), then optionally centred over the output axis; W's row
     blocks also go to ``bias_sum`` (a fused W·β, see ``run``) before γ touches them."""
     gamma64 = get(op["gamma"], dtype=F64) + op.get("gamma_offset", 0.0) if op.get("gamma") else None
@@ -265,7 +268,7 @@ def _subtract(x, mean64):
     return x
 
 
-def _linear_bias(op, get, shape_of, each=each_block(None)):
+def _linear_bias(op, get, shape_of, each=_EACH_SERIAL):
     """c' = c + W·β with the *original* W (y = W(γ⊙n + β) + c), optionally centred; float64 throughout."""
     total = _BiasSum(op, get)
     if op.get("beta"):

@@ -76,7 +76,8 @@ def convert_checkpoint(
             say(f"using the family file {family_file} (checked by converting a tiny randomised instance)")
         elif family.discovered:
             say(
-                f"no family file for model_type {config.model_type!r}: using the plan discovered from the model itself (checked by converting a tiny randomised instance)"
+                f"no family file for model_type {config.model_type!r}: using the plan discovered "
+                "from the model itself (checked by converting a tiny randomised instance)"
             )
         matched = ckinputs.match(model, source, label)
         source_config = copy.deepcopy(config)  # prepare() records the conversion on `config`
@@ -88,8 +89,8 @@ def convert_checkpoint(
 
         total = sum(numel(w.shape) * w.dtype.itemsize for w in conv.writes.values())
         say(
-            f"converting {len(conv.writes)} tensors ({total / 1e9:.2f} GB) from {len(source.files)} {source.kind} file(s) "
-            f"({family.display}, {conv.parameters_before / 1e6:.1f}M parameters)"
+            f"converting {len(conv.writes)} tensors ({total / 1e9:.2f} GB) from {len(source.files)} "
+            f"{source.kind} file(s) ({family.display}, {conv.parameters_before / 1e6:.1f}M parameters)"
         )
         manifest = base_manifest(label, resolved, conv, source)
         with staging_dir(out) as tmp:

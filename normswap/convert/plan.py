@@ -300,7 +300,8 @@ def _check_every_layernorm_is_described(plan: Plan, family: Family, model, res: 
         reason = next((la.reason for la in family.leave_alone if re.fullmatch(la.pattern, name)), None)
         if reason is None:
             raise NormswapError(
-                f"{family.name}: LayerNorm '{name}' is not described by the family data ({family.source}); refusing to guess"
+                f"{family.name}: LayerNorm '{name}' is not described "
+                f"by the family data ({family.source}); refusing to guess"
             )
         plan.block["left_alone"].append({"module": name, "reason": reason})
     for name, *_ in entries:

@@ -143,7 +143,8 @@ def run_survey(only=None, progress=None, jobs=1) -> list[dict]:
         rows.append(row)
         if progress:
             progress(
-                f"[{len(rows)}/{len(names)}] {row['model_type']}: {row['status']} ({row['seconds']} s) {row.get('reason', '')[:100]}"
+                f"[{len(rows)}/{len(names)}] {row['model_type']}: {row['status']} ({row['seconds']} s) "
+                f"{row.get('reason', '')[:100]}"
             )
 
     if jobs <= 1:
@@ -279,9 +280,10 @@ def survey_markdown(rows) -> str:
         f"({100 * len(exact) / max(1, len(pre)):.0f} %). Every refusal is a plan whose check on a tiny randomised "
         "instance was not exact, or an architecture discovery could not describe; none is converted.",
         "",
-        f"Exact among architectures whose stream ends in a norm (a separate figure; the one above is the headline): "
-        f"{len(exact)} of {len(pre) - len(raw)} ({100 * len(exact) / max(1, len(pre) - len(raw)):.0f} %), leaving out the "
-        f"{len(raw)} pre-LN architectures whose raw residual stream leaves the model or its stack without a norm (returned "
+        "Exact among architectures whose stream ends in a norm (a separate figure; the one above is the "
+        f"headline): {len(exact)} of {len(pre) - len(raw)} "
+        f"({100 * len(exact) / max(1, len(pre) - len(raw)):.0f} %), leaving out the {len(raw)} pre-LN "
+        "architectures whose raw residual stream leaves the model or its stack without a norm (returned "
         "as an output, or read by a convolution, a pooling or a projection). Those are refused on principle: an exact "
         "conversion centres every write, so the stream itself loses its per-token mean, and giving it back costs one "
         "reduction per write (as much as the LayerNorm that was removed).",

@@ -254,10 +254,10 @@ def verify(
     that set the threshold.
 
     ``source`` and ``converted`` are (build, fetch) pairs: ``build()`` a fresh skeleton,
-    ``fetch(key, dtype, out=None)`` a weight from the files (see ``Blockwise``). ``unrounded`` (16-bit outputs) fetches the
-    converted weights as computed before their rounding to the output dtype: the difference it
-    makes is the rounding floor. ``resident_ok``: the whole model fits in memory, so a model that
-    cannot run module by module may run with all its weights loaded.
+    ``fetch(key, dtype, out=None)`` a weight from the files (see ``Blockwise``). ``unrounded``
+    (16-bit outputs) fetches the converted weights as computed before their rounding to the output
+    dtype: the difference it makes is the rounding floor. ``resident_ok``: the whole model fits in
+    memory, so a model that cannot run module by module may run with all its weights loaded.
 
     Each pass over the model costs a forward of every module (most of verification's time), so a
     floor is measured only when the difference exceeds the threshold without it: the threshold

@@ -98,8 +98,8 @@ def _fallback_slices(make_docs: Callable[[], Iterable[str]], where: str) -> dict
     if (where, empty) not in _NOTICES:
         _NOTICES.add((where, empty))
         print(
-            f"normswap: {where}: no document hashed into the {' and '.join(empty)} split; using its last {k * len(empty)} "
-            f"training document(s) as {' and '.join(empty)} instead (never trained on)",
+            f"normswap: {where}: no document hashed into the {' and '.join(empty)} split; "
+            f"using its last {k * len(empty)} training document(s) as {' and '.join(empty)} instead (never trained on)",
             file=sys.stderr,
         )
     return plan
@@ -349,7 +349,8 @@ def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
         if not isinstance(row, dict) or text_field not in row:
             keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
             raise NormswapError(
-                f"{path}: record {i} has no field {text_field!r} (found: {keys}); choose one with text_field / --text-field"
+                f"{path}: record {i} has no field {text_field!r} (found: {keys}); "
+                "choose one with text_field / --text-field"
             )
         if isinstance(row[text_field], str):
             yield row[text_field]
@@ -379,7 +380,8 @@ def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise NormswapError(
-                    f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); convert the file to UTF-8"
+                    f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); "
+                    "convert the file to UTF-8"
                 ) from None
             if not line.strip():
                 continue
@@ -392,7 +394,8 @@ def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
             if not isinstance(row, dict) or text_field not in row:
                 keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
                 raise NormswapError(
-                    f"{path}:{lineno}: no field {text_field!r} (found: {keys}); choose one with text_field / --text-field"
+                    f"{path}:{lineno}: no field {text_field!r} (found: {keys}); "
+                    "choose one with text_field / --text-field"
                 )
             value = row[text_field]
             if value is None:

@@ -231,7 +231,8 @@ def probe_fidelity(
     ref = next(e for e in entries if e.name == reference)
     inputs = probe_inputs(ref.model, batch=batch, seed=seed)
     say(
-        f"fidelity: reference {reference} on probe inputs {', '.join(f'{k} {list(v.shape)}' for k, v in inputs.items())}"
+        f"fidelity: reference {reference} on probe inputs "
+        f"{', '.join(f'{k} {list(v.shape)}' for k, v in inputs.items())}"
     )
 
     def outputs_of(model):

@@ -96,10 +96,14 @@ def caption(d: dict) -> str:
     models = ", ".join(s["model"] for s in seen)
     if d.get("held_out") is True:
         of = f"{docs:,} of {total:,} documents" if docs is not None and total else f"{docs or '?'} documents"
-        return f"{name}, {of} not seen in fine-tuning ({d['split']} split{cap}; {models} trained on its {seen[0]['split']} split)"
+        return (
+            f"{name}, {of} not seen in fine-tuning ({d['split']} split{cap}; "
+            f"{models} trained on its {seen[0]['split']} split)"
+        )
     if d.get("held_out") is False:
         return (
             f"{name}, {d['split']} split ({docs or '?'} documents{cap}): NOT held-out, it includes text {models} "
-            f"{'was' if len(seen) == 1 else 'were'} fine-tuned on ({', '.join(sorted({s['split'] for s in seen}))} split)"
+            f"{'was' if len(seen) == 1 else 'were'} fine-tuned on "
+            f"({', '.join(sorted({s['split'] for s in seen}))} split)"
         )
     return f"{name} ({d['split']} split{'' if docs is None else f', {docs:,} documents'}{cap})"

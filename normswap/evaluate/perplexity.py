@@ -112,7 +112,7 @@ def sequence_nll(model, ids: list[int], *, seq_len: int, stride: int, batch_size
     groups: dict[int, list[tuple[int, int, int]]] = {}
     for w in plan:
         groups.setdefault(w[1] - w[0], []).append(w)
-    for width, windows in groups.items():
+    for _width, windows in groups.items():
         for i in range(0, len(windows), batch_size):
             chunk = windows[i : i + batch_size]
             inputs = torch.stack([data[b:e] for b, e, _ in chunk]).to(device)

@@ -195,7 +195,6 @@ class _Bench:
             self._norm_share()
 
     def measure_once(self):
-        cfg = self.cfg
         tokens = self.batch.numel()
         if "forward" in self.kinds:
             n = self.calls["forward"]

@@ -37,8 +37,9 @@ import statistics
 MIN_REPEATS = 5
 NULL_DELTA = 0.05
 METHOD = (
-    f"min-max of per-repeat paired ratios (interleaved repeats); a difference needs >= {MIN_REPEATS} repeats, an interval "
-    f"that excludes 1 and the null control's (the baseline loaded twice), and a null control within "
+    "min-max of per-repeat paired ratios (interleaved repeats); a difference needs "
+    f">= {MIN_REPEATS} repeats, an interval "
+    "that excludes 1 and the null control's (the baseline loaded twice), and a null control within "
     f"[{1 - NULL_DELTA:.2f}, {1 + NULL_DELTA:.2f}] (else: too noisy to tell)"
 )
 NO_DIFFERENCE = "no measurable difference"

@@ -30,11 +30,16 @@ def compare_models(reference, candidate, *, tolerance: float, transform=None, dt
     for dt in dtypes:
         try:
             ref = verification.outputs(
-                lambda: reference.build(dt), reference.fetch, dt, inputs, causal, resident_ok=True
+                lambda dt=dt: reference.build(dt), reference.fetch, dt, inputs, causal, resident_ok=True
             )
             skel = candidate.build(dt)
             got = verification.outputs(
-                lambda: transform(skel) if transform else skel, candidate.fetch, dt, inputs, causal, resident_ok=True
+                lambda skel=skel: transform(skel) if transform else skel,
+                candidate.fetch,
+                dt,
+                inputs,
+                causal,
+                resident_ok=True,
             )
             break
         except (RuntimeError, NotImplementedError) as e:  # some modeling code does not run in float64

@@ -80,7 +80,8 @@ class TrainStream:
             n = sum(1 for _ in pack_tokens(self.tokenizer, load_documents(self.data_spec, self.split), self.seq_len))
             if n == 0:
                 raise NormswapError(
-                    f"the {self.split} split of {self.data_spec} holds fewer than {self.seq_len} tokens: lower --seq-len or give more data"
+                    f"the {self.split} split of {self.data_spec} holds fewer than {self.seq_len} tokens: "
+                    "lower --seq-len or give more data"
                 )
             self.epoch_lengths.append(n)
         return self.epoch_lengths[0]
@@ -116,7 +117,8 @@ class TrainStream:
                     continue
                 if self._in_epoch == 0:
                     raise NormswapError(
-                        f"the {self.split} split of {self.data_spec} holds fewer than {self.seq_len} tokens: lower --seq-len or give more data"
+                        f"the {self.split} split of {self.data_spec} holds fewer than {self.seq_len} tokens: "
+                        "lower --seq-len or give more data"
                     ) from None
                 self.epoch += 1
                 self._in_epoch = 0

@@ -225,8 +225,8 @@ class Encoder:
         if teacher is None:
             if not has_mlm_head(model):
                 raise NormswapError(
-                    f"{cfg.model} is an encoder without a masked-LM head: there is nothing to train it on without a teacher; "
-                    "pass --distill-from SRC (e.g. the unconverted source)"
+                    f"{cfg.model} is an encoder without a masked-LM head: there is nothing to train it on "
+                    "without a teacher; pass --distill-from SRC (e.g. the unconverted source)"
                 )
             return MaskedLM(tokenizer, seed=cfg.seed, autocast=autocast)
         if int(teacher.config.vocab_size) != int(model.config.vocab_size):

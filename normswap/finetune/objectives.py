@@ -60,8 +60,8 @@ class CausalLM:
             student_vocab, teacher_vocab = _vocab_size(model), _vocab_size(teacher)
             if student_vocab != teacher_vocab:
                 raise NormswapError(
-                    f"--distill-from {cfg.distill_from}: its vocabulary ({teacher_vocab}) differs from the model's ({student_vocab}); "
-                    "distillation needs the same tokenizer"
+                    f"--distill-from {cfg.distill_from}: its vocabulary ({teacher_vocab}) differs from "
+                    f"the model's ({student_vocab}); distillation needs the same tokenizer"
                 )
         return cls(teacher, alpha=cfg.distill_alpha, temperature=cfg.distill_temperature, autocast=autocast)
 

@@ -84,7 +84,10 @@ class WeightScale:
                 return f"{name} holds non-finite values"
             limit = EXPLODED * max(self.rms.get(name, 0.0), self.overall_rms)
             if r > limit:
-                return f"weights exploded ({name}: RMS {r:.3g}, {r / max(self.rms.get(name, 0.0), self.overall_rms):.3g}× its start)"
+                return (
+                    f"weights exploded ({name}: RMS {r:.3g}, "
+                    f"{r / max(self.rms.get(name, 0.0), self.overall_rms):.3g}× its start)"
+                )
         return None
 
 

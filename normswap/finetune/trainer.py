@@ -176,7 +176,8 @@ def _select_trainable(model, trainable: str) -> int:
     folded = [n for n, m in norms if type(m).__name__ == "RMSNorm" and getattr(m, "weight", None) is None]
     if folded:
         raise NormswapError(
-            f"--trainable norms: {len(folded)} of the model's {len(norms)} norms have no γ (conversion folded it into the next "
+            f"--trainable norms: {len(folded)} of the model's {len(norms)} norms have no γ "
+            "(conversion folded it into the next "
             f"layers, e.g. {folded[0]}); convert with --gamma keep to train the norms alone, or use --trainable all"
         )
     norm_params = {id(p) for _, m in norms for p in m.parameters(recurse=False)}
@@ -352,7 +353,8 @@ class Trainer:
     def diverged(self, what: str, step: int, consequence: str) -> TrainingDiverged:
         cks = self.run.checkpoints()
         advice = (
-            f"resume from it with a lower learning rate: normswap finetune {self.cfg.out} --resume --lr {self.cfg.lr / 10:g}"
+            "resume from it with a lower learning rate: "
+            f"normswap finetune {self.cfg.out} --resume --lr {self.cfg.lr / 10:g}"
             if cks
             else f"run again with a lower --lr (e.g. {self.cfg.lr / 10:g}) and --force"
         )
@@ -430,7 +432,8 @@ class Trainer:
             )
         if self.main:
             echo(
-                f"normswap finetune: {self.cfg.out} has no checkpoint yet: resuming from the start (step 0/{self.cfg.steps})"
+                f"normswap finetune: {self.cfg.out} has no checkpoint yet: "
+                f"resuming from the start (step 0/{self.cfg.steps})"
             )
         return 0
 
@@ -484,7 +487,8 @@ def _options(cfg: FinetuneConfig, run: RunDir, given) -> tuple[FinetuneConfig, d
     world = accelerator.num_processes
     if cfg.batch_size % (cfg.grad_accum * world):
         raise NormswapError(
-            f"--batch-size {cfg.batch_size} (the global batch) must be divisible by processes ({world}) × --grad-accum ({cfg.grad_accum})"
+            f"--batch-size {cfg.batch_size} (the global batch) must be divisible by "
+            f"processes ({world}) × --grad-accum ({cfg.grad_accum})"
         )
     return cfg, overrides, accelerator
 

@@ -164,9 +164,7 @@ def backward_impl(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Tensor | None, 
 
 
 @torch.library.custom_op("normswap::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(
-    dy: Tensor, xin: Tensor, rstd: Tensor, weight: Tensor | None, backend: str
-) -> tuple[Tensor, Tensor]:
+def rms_norm_bwd(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Tensor | None, backend: str) -> tuple[Tensor, Tensor]:
     """(dx like xin, dweight in weight's dtype or an empty tensor)."""
     return backward_impl(dy, xin, rstd, weight, backend)
 

@@ -13,11 +13,11 @@ Build and cache:
   ``~/.cache/normswap``), sub-directory ``cpu_kernel/<name>``, used only when it is private
   (``normswap.private_dirs.cache_dir``: created 0700; an existing one must be the user's and
   writable by nobody else, else ``$TMPDIR/normswap-<uid>`` under the same check, else a fresh
-  ``mkdtemp`` directory, and the skip is said), because the ``.so`` found there is loaded and run. The name carries a hash of
-  everything that changes the build: the C++ sources, the compile flags, the compiler, torch (its
-  version and where it is installed), the interpreter (ABI tag, ``sys.prefix``) and the include
-  paths. A changed source, a torch upgrade or a second virtualenv gets its own build instead of
-  loading (or rebuilding over) another's library.
+  ``mkdtemp`` directory, and the skip is said), because the ``.so`` found there is loaded and
+  run. The name carries a hash of everything that changes the build: the C++ sources, the compile
+  flags, the compiler, torch (its version and where it is installed), the interpreter (ABI tag,
+  ``sys.prefix``) and the include paths. A changed source, a torch upgrade or a second virtualenv
+  gets its own build instead of loading (or rebuilding over) another's library.
 * Concurrent processes are safe, and a killed build blocks nobody: the build runs under an
   ``flock`` on ``cpu_kernel/<name>.lock``, which the kernel releases when its holder dies. Under
   that lock, a ``lock`` file that torch's loader left in the build directory (its FileBaton,

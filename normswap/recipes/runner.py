@@ -419,7 +419,8 @@ class Runner:
                         p.unlink()
             elif not self.resume:
                 raise NormswapError(
-                    f"--out {out} holds a previous run: pass --resume to continue it (finished steps are kept) or --force to start again"
+                    f"--out {out} holds a previous run: pass --resume to continue it (finished steps are kept) "
+                    "or --force to start again"
                 )
         out.mkdir(parents=True, exist_ok=True)
         (out / MODELS).mkdir(exist_ok=True)

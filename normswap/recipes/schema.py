@@ -168,7 +168,8 @@ def _coerce(where: str, key: str, f: Field, value):
                 _fail(
                     where,
                     key,
-                    f"expected {'one of ' + ', '.join(f.choices) if kind == 'choice' else 'a string'}, got {show(value)}",
+                    f"expected {'one of ' + ', '.join(f.choices) if kind == 'choice' else 'a string'}, "
+                    f"got {show(value)}",
                 )
         if kind == "str":
             value = " ".join(value.split()) if "\n" in value else value.strip()
@@ -283,7 +284,8 @@ def validate(raw, where: str) -> dict:
             _fail(
                 where,
                 "eval.perplexity",
-                f"perplexity is not defined for a {recipe['task']}; use eval.fidelity (cosine and masked-token loss vs the source)",
+                f"perplexity is not defined for a {recipe['task']}; use eval.fidelity "
+                "(cosine and masked-token loss vs the source)",
             )
         if ev["tasks"]:
             _fail(where, "eval.tasks", "lm-eval tasks need a causal-lm recipe")

@@ -53,7 +53,8 @@ def _flops_claim(base, others):
         "claim": "Norm FLOPs ~8d per token (LayerNorm) vs ~4d (RMSNorm): half the arithmetic",
         "verdict": overall(verdicts),
         "measured": lines,
-        "meaning": "Counted from the layers, not timed. Halving a share this small cannot move end-to-end speed by itself; "
+        "meaning": "Counted from the layers, not timed. Halving a share this small cannot move end-to-end speed "
+        "by itself; "
         "norms are bound by memory traffic, not arithmetic.",
     }
 
@@ -146,7 +147,8 @@ def _throughput_claim(results, base, others):
         "claim": "10-30% higher throughput after the swap",
         "verdict": overall(verdicts),
         "measured": lines or ["needs --baseline and speed measurements"],
-        "meaning": "End-to-end tokens/s against the baseline: ratio of medians, [min–max] of the per-repeat paired ratios. "
+        "meaning": "End-to-end tokens/s against the baseline: ratio of medians, [min–max] of the per-repeat "
+        "paired ratios. "
         "Reproduced when every repeat is at least x1.10, not reproduced when none is.",
     }
 

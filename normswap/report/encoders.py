@@ -105,7 +105,8 @@ def html_section(results) -> str:
     header, rows = fidelity_rows(results)
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
     return (
-        f"<h2>Fidelity to {e(_reference(results))}</h2><p class='sub'>{e(caption(results))}</p><div class='tablewrap'><table class='text2'>"
+        f"<h2>Fidelity to {e(_reference(results))}</h2><p class='sub'>{e(caption(results))}</p>"
+        "<div class='tablewrap'><table class='text2'>"
         "<thead><tr>"
         + "".join(f"<th>{e(h)}</th>" for h in header)
         + f"</tr></thead><tbody>{body}</tbody></table></div>"

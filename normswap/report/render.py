@@ -115,7 +115,8 @@ def noise_banner(results) -> str | None:
         )
     return (
         f"This machine was too noisy to tell speed differences: the null control ({null_name}, timed like the others) "
-        f"ranged {'; '.join(parts)} against the baseline, outside ±{NULL_DELTA * 100:.0f} %, so {which} is called faster "
+        f"ranged {'; '.join(parts)} against the baseline, outside ±{NULL_DELTA * 100:.0f} %, "
+        f"so {which} is called faster "
         f"or slower and none is coloured.{load} Re-run on a quieter machine to tell."
     )
 
@@ -161,7 +162,7 @@ def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
         ivs = (intervals_of(m, results) or {}).get("tokens_per_second") or {}
         is_base = m["name"] == results.get("baseline")
 
-        def exact(key, digits, value=None, lower_better=True, tol=0.001):
+        def exact(key, digits, value=None, lower_better=True, tol=0.001, m=m, r=r, is_base=is_base):
             v = m.get(key) if value is None else value
             if is_base or r.get(key) is None:
                 return (v if isinstance(v, str) else fmt_num(v, digits), "", "")
@@ -276,16 +277,21 @@ def null_control_note(results) -> str:
     null = results.get("null_control")
     if not null:
         return (
-            "No null control in this run (--no-null-control, or results from before it): the verdicts rest on the paired "
+            "No null control in this run (--no-null-control, or results from before it): "
+            "the verdicts rest on the paired "
             "intervals alone, which a machine whose load changes during the run can fool."
         )
     spread = noise.get("null_spread") or {}
     shown = "; ".join(f"{KIND_WORDS.get(k, k)} {fmt_interval(iv)}" for k, iv in spread.items())
     load = ""
     if noise.get("load_before") and noise.get("load_after"):
-        load = f" Load average {noise['load_before'][0]:.1f} → {noise['load_after'][0]:.1f} on {noise.get('usable_cpus')} CPUs."
+        load = (
+            f" Load average {noise['load_before'][0]:.1f} → {noise['load_after'][0]:.1f} "
+            f"on {noise.get('usable_cpus')} CPUs."
+        )
     return (
-        f"Null control: {null['name']} against {null['of']}: {shown}. A ratio is coloured only when this range stays within "
+        f"Null control: {null['name']} against {null['of']}: {shown}. "
+        "A ratio is coloured only when this range stays within "
         f'±{NULL_DELTA * 100:.0f} % for its kind (else "{TOO_NOISY}") and the ratio\'s own range lies outside it.'
         + load
     )
@@ -301,8 +307,10 @@ def task_notes(results) -> list[str]:
                 continue
             agree = abs(check["bits_per_byte"] / lm - 1) < 1e-4
             notes.append(
-                f"{m['name']} / {task}: normswap on lm-eval's windows ({check['documents']} documents, each from a fresh "
-                f"context, {check['window']}-token windows without overlap) gives bits/byte {check['bits_per_byte']:.4f} "
+                f"{m['name']} / {task}: normswap on lm-eval's windows "
+                f"({check['documents']} documents, each from a fresh "
+                f"context, {check['window']}-token windows without overlap) "
+                f"gives bits/byte {check['bits_per_byte']:.4f} "
                 f"vs lm-eval's {lm:.4f}: " + ("the same number." if agree else "they DIFFER (please report this).")
             )
     if notes:
@@ -343,10 +351,11 @@ def _setup_lines(results) -> list[str]:
     lines = [f"Device: {results['device']}; dtype: {results['dtype']}; created {results['created']}"]
     if d:  # speed-only runs measure no perplexity and read no text
         lines += [
-            (f"Evaluated: {d['caption']}; " if d.get("caption") else "")
-            + f"Data: {d['spec']} ({d['split']} split), {d['characters']:,} characters / {d['bytes']:,} bytes / {d['words']:,} words"
+            (f"Evaluated: {d['caption']}; " if d.get("caption") else "") + f"Data: {d['spec']} ({d['split']} split), "
+            f"{d['characters']:,} characters / {d['bytes']:,} bytes / {d['words']:,} words"
             + (
-                f" (capped at {d['max_tokens']:,} tokens of {d.get('cap_tokenizer_of')}'s tokenizer from {d['characters_available']:,} characters)"
+                f" (capped at {d['max_tokens']:,} tokens of {d.get('cap_tokenizer_of')}'s tokenizer "
+                f"from {d['characters_available']:,} characters)"
                 if d.get("truncated")
                 else ""
             ),
@@ -439,16 +448,19 @@ def markdown(results, figures: dict[str, Path]) -> str:
 CSS = """
 :root{--fg:#1f2328;--muted:#656d76;--line:#d8dee4;--bg:#f6f8fa;--accent:#4c6ef5;--good:#1a7f37;--bad:#cf222e}
 *{box-sizing:border-box}
-body{margin:0;font:15px/1.5 -apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;color:var(--fg);background:#fff}
+body{margin:0;font:15px/1.5 -apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;\
+color:var(--fg);background:#fff}
 main{max-width:1120px;margin:0 auto;padding:32px 28px 64px}
 h1{font-size:28px;margin:0 0 4px}
 h2{font-size:20px;margin:36px 0 12px;padding-bottom:6px;border-bottom:1px solid var(--line)}
 .sub{color:var(--muted);margin:0 0 20px}
-.meta{background:var(--bg);border:1px solid var(--line);border-radius:8px;padding:12px 16px;font-size:13px;color:var(--muted)}
+.meta{background:var(--bg);border:1px solid var(--line);border-radius:8px;padding:12px 16px;\
+font-size:13px;color:var(--muted)}
 .meta div{margin:2px 0}
 .noisy{margin:16px 0 0;padding:12px 16px;border:2px solid #bf8700;border-radius:8px;background:#fff8c5;font-size:14px}
 .cards{display:flex;flex-wrap:wrap;gap:14px}
-.card{flex:1 1 300px;border:1px solid var(--line);border-radius:10px;padding:14px 16px;box-shadow:0 1px 2px rgba(0,0,0,.04)}
+.card{flex:1 1 300px;border:1px solid var(--line);border-radius:10px;padding:14px 16px;\
+box-shadow:0 1px 2px rgba(0,0,0,.04)}
 .card h3{margin:0 0 2px;font-size:16px}
 .card .kind{color:var(--muted);font-size:12px;margin-bottom:10px}
 .card .items{display:grid;grid-template-columns:repeat(auto-fill,minmax(110px,1fr));gap:10px}
@@ -467,7 +479,8 @@ td .nd{display:block;font-size:11px;color:var(--muted);font-style:italic}
 td .r.same{color:var(--muted)}
 .card .n{font-size:11px;color:var(--muted)}
 .notes{font-size:13px;color:var(--muted);margin:8px 0 0;padding-left:18px}
-.verdict{display:table;margin-top:6px;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;background:var(--bg);border:1px solid var(--line)}
+.verdict{display:table;margin-top:6px;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;\
+background:var(--bg);border:1px solid var(--line)}
 .v-yes{color:var(--good);border-color:var(--good)}.v-no{color:var(--bad);border-color:var(--bad)}
 .claims td,.claims th{text-align:left;white-space:normal}
 .claims td:first-child{font-weight:600;width:28%}
@@ -513,7 +526,8 @@ def html_report(results, figures: dict[str, Path]) -> str:
     if cards:
         against = results.get("baseline") or (results.get("fidelity_setup") or {}).get("reference") or ""
         parts.append(
-            f"<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>against {escape(against)}</small></h2><div class='cards'>"
+            "<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>"
+            f"against {escape(against)}</small></h2><div class='cards'>"
         )
         for c in cards:
             items = "".join(
@@ -523,7 +537,8 @@ def html_report(results, figures: dict[str, Path]) -> str:
                 for label, val, state, note in c["items"]
             )
             parts.append(
-                f"<div class='card'><h3>{escape(c['name'])}</h3><div class='kind'>{escape(c['kind'])}</div><div class='items'>{items}</div></div>"
+                f"<div class='card'><h3>{escape(c['name'])}</h3><div class='kind'>{escape(c['kind'])}</div>"
+                f"<div class='items'>{items}</div></div>"
             )
         parts.append("</div>")
 
@@ -556,14 +571,16 @@ def html_report(results, figures: dict[str, Path]) -> str:
     parts.append(encoders.html_section(results))
 
     parts.append(
-        "<h2>Claims vs measured</h2><div class='tablewrap'><table class='claims'><thead><tr><th>claim</th><th>this run</th></tr></thead><tbody>"
+        "<h2>Claims vs measured</h2><div class='tablewrap'><table class='claims'>"
+        "<thead><tr><th>claim</th><th>this run</th></tr></thead><tbody>"
     )
     for c in claims(results):
         items = "".join(f"<li>{escape(line)}</li>" for line in c["measured"])
         cls = {"reproduced": "v-yes", "not reproduced": "v-no"}.get(c["verdict"], "v-na")
         verdict = f"<div class='verdict {cls}'>{escape(c['verdict'])}</div>"
         parts.append(
-            f"<tr><td>{escape(c['claim'])}{verdict}</td><td><ul>{items}</ul><div class='why'>{escape(c['meaning'])}</div></td></tr>"
+            f"<tr><td>{escape(c['claim'])}{verdict}</td>"
+            f"<td><ul>{items}</ul><div class='why'>{escape(c['meaning'])}</div></td></tr>"
         )
     parts.append("</tbody></table></div>")
 
@@ -579,7 +596,8 @@ def html_report(results, figures: dict[str, Path]) -> str:
         ),
         "finetune_loss": (
             "Fine-tune loss",
-            "From train_log.jsonl next to each fine-tuned model: training loss per step, held-out loss at its eval steps.",
+            "From train_log.jsonl next to each fine-tuned model: training loss per step, "
+            "held-out loss at its eval steps.",
         ),
         "activations": (
             "Activations entering each norm",
@@ -589,7 +607,8 @@ def html_report(results, figures: dict[str, Path]) -> str:
     for key, path in figures.items():
         title, caption = titles.get(key, (key, ""))
         parts.append(
-            f"<h2>{escape(title)}</h2><figure><img alt='{escape(title)}' src='{image_data_uri(path)}'><figcaption>{escape(caption)}</figcaption></figure>"
+            f"<h2>{escape(title)}</h2><figure><img alt='{escape(title)}' src='{image_data_uri(path)}'>"
+            f"<figcaption>{escape(caption)}</figcaption></figure>"
         )
 
     cols, trows = task_table(results)
@@ -605,13 +624,15 @@ def html_report(results, figures: dict[str, Path]) -> str:
 
     parts.append(
         "<h2>Training diagnostics</h2><p class='sub'>One fixed batch of the evaluation text, dropout off.</p>"
-        "<div class='tablewrap'><table class='text2'><thead><tr><th>model</th><th>kind</th><th>loss</th><th>grad norm</th><th>norm layers</th><th>norm classes</th></tr></thead><tbody>"
+        "<div class='tablewrap'><table class='text2'><thead><tr><th>model</th><th>kind</th><th>loss</th>"
+        "<th>grad norm</th><th>norm layers</th><th>norm classes</th></tr></thead><tbody>"
     )
     for m in results["models"]:
         dg = m.get("diagnostics") or {}
         parts.append(
             f"<tr><td>{escape(m['name'])}</td><td>{escape(m.get('kind', ''))}</td><td>{fmt_num(dg.get('loss'), 4)}</td>"
-            f"<td>{fmt_num(dg.get('grad_norm'), 4)}</td><td>{len(dg.get('layers') or [])}</td><td>{escape(', '.join(m.get('norm_classes') or []))}</td></tr>"
+            f"<td>{fmt_num(dg.get('grad_norm'), 4)}</td><td>{len(dg.get('layers') or [])}</td>"
+            f"<td>{escape(', '.join(m.get('norm_classes') or []))}</td></tr>"
         )
     parts.append("</tbody></table></div>")
     for m in results["models"]:
@@ -619,17 +640,21 @@ def html_report(results, figures: dict[str, Path]) -> str:
         if not layers:
             continue
         parts.append(
-            f"<details><summary>{escape(m['name'])}: per-layer statistics ({len(layers)} norm layers)</summary><div class='tablewrap'><table class='text2'>"
-            "<thead><tr><th>layer</th><th>class</th><th>rms</th><th>mean</th><th>|per-token mean|</th></tr></thead><tbody>"
+            f"<details><summary>{escape(m['name'])}: per-layer statistics ({len(layers)} norm layers)</summary>"
+            "<div class='tablewrap'><table class='text2'>"
+            "<thead><tr><th>layer</th><th>class</th><th>rms</th><th>mean</th><th>|per-token mean|</th></tr>"
+            "</thead><tbody>"
         )
         for lay in layers:
             parts.append(
-                f"<tr><td>{escape(lay['name'])}</td><td>{escape(lay.get('class', ''))}</td><td>{fmt_num(lay.get('rms'), 4)}</td>"
+                f"<tr><td>{escape(lay['name'])}</td><td>{escape(lay.get('class', ''))}</td>"
+                f"<td>{fmt_num(lay.get('rms'), 4)}</td>"
                 f"<td>{fmt_num(lay.get('mean'), 5)}</td><td>{fmt_num(lay.get('token_mean_abs'), 5)}</td></tr>"
             )
         parts.append("</tbody></table></div></details>")
     parts.append(
-        f"<footer>Generated by normswap {escape((results.get('versions') or {}).get('normswap', ''))} on {escape(results['created'])}. "
+        f"<footer>Generated by normswap {escape((results.get('versions') or {}).get('normswap', ''))} "
+        f"on {escape(results['created'])}. "
         "Definitions: docs/results-schema.md. Raw numbers: results.json.</footer></main></body></html>"
     )
     return "\n".join(parts)

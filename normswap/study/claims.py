@@ -88,7 +88,8 @@ def migration(rule: dict | None) -> tuple[str, str]:
     iv = rule["rule_vs_best"]
     text = (
         f"gradient-scale ratio {rule['grad_scale_ratio']:.3f} predicts ×{rule['predicted_multiplier']:.3g} → swept "
-        f"×{rule['rule_multiplier']:g}; best ×{rule['arm_best_multiplier']:g}; loss of the pick − best {stats.fmt(iv, '+.4f')}"
+        f"×{rule['rule_multiplier']:g}; best ×{rule['arm_best_multiplier']:g}; "
+        f"loss of the pick − best {stats.fmt(iv, '+.4f')}"
     )
     if rule["rule_multiplier"] == rule["arm_best_multiplier"]:
         return REPRODUCED, text

@@ -29,11 +29,13 @@ KERNELS = ("torch", "normswap")
 # arm names: what each one is, built in arms.py
 ARMS = {
     "layernorm": "the model as given (its LayerNorms, PyTorch's fused layer_norm)",
-    "rmsnorm": "every LayerNorm that reads the residual stream replaced by RMSNorm with γ = 1 (β dropped), every other weight identical",
-    "layernorm-control": "a second, identical layernorm arm: the null control (its differences from layernorm are the noise floor)",
+    "rmsnorm": "every LayerNorm that reads the residual stream replaced by RMSNorm with γ = 1 (β dropped), "
+    "every other weight identical",
+    "layernorm-control": "a second, identical layernorm arm: the null control "
+    "(its differences from layernorm are the noise floor)",
     "rmsnorm-exact": "normswap's exact conversion of a trained checkpoint (the same function at step 0)",
-    "rmsnorm-approx": "normswap's approximate conversion of a trained checkpoint, with convert's defaults (γ and β folded into "
-    "the layers that read the norm where possible)",
+    "rmsnorm-approx": "normswap's approximate conversion of a trained checkpoint, with convert's defaults "
+    "(γ and β folded into the layers that read the norm where possible)",
 }
 TRAINED_ONLY = ("rmsnorm-exact", "rmsnorm-approx")
 BASELINE = "layernorm"

@@ -195,14 +195,17 @@ def setup_lines(results) -> list[str]:
     s = results["setup"]
     start = "random initialisation per seed" if results["from_scratch"] else "its trained weights"
     lines = [
-        f"model: {results['model']} ({results['architecture']['model_type']}, {results['architecture']['parameters']:,} parameters, "
+        f"model: {results['model']} ({results['architecture']['model_type']}, "
+        f"{results['architecture']['parameters']:,} parameters, "
         f"{results['architecture']['norms_replaced']} norms reading the residual stream), from {start}",
-        f"arms: {', '.join(s['arms'])}; {s['seeds']} seed(s); {s['steps']} steps × {s['batch_size']} × {s['seq_len']} tokens "
+        f"arms: {', '.join(s['arms'])}; {s['seeds']} seed(s); "
+        f"{s['steps']} steps × {s['batch_size']} × {s['seq_len']} tokens "
         f"({s['tokens_per_step']:,} tokens/step); warmup {s['warmup']}; lr {s['lr']:g}"
         + (f" × {', '.join(f'{m:g}' for m in s['multipliers'])}" if len(s["multipliers"]) > 1 else ""),
         f"precision {s['precision']}; kernels {s['kernels']}; device {s['device']} × {s['world_size']} process(es), "
         f"{s['threads']} thread(s); data {s['data']} (held-out {s['eval_tokens_used']:,} tokens)",
-        f"wall {results['timing']['wall_seconds']:.0f} s; load average at start {results['timing']['load_average_start']}, "
+        f"wall {results['timing']['wall_seconds']:.0f} s; "
+        f"load average at start {results['timing']['load_average_start']}, "
         f"at end {results['timing']['load_average_end']}",
     ]
     return lines + list(results.get("notes") or [])
@@ -290,7 +293,7 @@ def precision_rows(results) -> tuple[list[str], list[list[str]]]:
                 row.append("unsupported")
                 continue
 
-            def w(k):
+            def w(k, mine=mine):
                 vals = [float(r[k]) for r in mine]
                 v = max(vals)
                 return "inf" if math.isinf(v) else f"{v:.2f}"
@@ -309,10 +312,13 @@ def sweep_lines(results) -> list[str]:
         if r.get("rule_multiplier") is None:
             lines.append(f"{arm}: no gradient-scale ratio")
             continue
+        per_seed = ", ".join(f"{v:.3f}" for v in r["grad_scale_ratio_per_seed"])
         lines.append(
-            f"{arm}: gradient-scale ratio {r['grad_scale_ratio']:.3f} (per seed {', '.join(f'{v:.3f}' for v in r['grad_scale_ratio_per_seed'])})"
-            f" → predicted ×{r['predicted_multiplier']:.3g} → swept ×{r['rule_multiplier']:g}; best ×{r['arm_best_multiplier']:g}; "
-            f"pick − best {stats.fmt(r['rule_vs_best'], '+.4f')}; keeping layernorm's best rate − best {stats.fmt(r['keep_vs_best'], '+.4f')}"
+            f"{arm}: gradient-scale ratio {r['grad_scale_ratio']:.3f} (per seed {per_seed})"
+            f" → predicted ×{r['predicted_multiplier']:.3g} → swept ×{r['rule_multiplier']:g}; "
+            f"best ×{r['arm_best_multiplier']:g}; "
+            f"pick − best {stats.fmt(r['rule_vs_best'], '+.4f')}; "
+            f"keeping layernorm's best rate − best {stats.fmt(r['keep_vs_best'], '+.4f')}"
         )
     return lines
 
@@ -324,7 +330,8 @@ def null_control_line(results) -> str | None:
     vals = ", ".join(f"{v:.3f}" for v in nc["per_seed"])
     return (
         f"throughput null control (layernorm-control ÷ layernorm, interleaved): per seed {vals}; interval "
-        f"{stats.fmt(nc['interval'], '.3f')} — every seed within ±{nc['band']:.0%}: {'yes' if nc['per_seed_within'] else 'NO'}; "
+        f"{stats.fmt(nc['interval'], '.3f')} — "
+        f"every seed within ±{nc['band']:.0%}: {'yes' if nc['per_seed_within'] else 'NO'}; "
         f"interval within ±{nc['band']:.0%}: {'yes' if nc['interval_within'] else 'no'}"
     )
 
@@ -332,7 +339,8 @@ def null_control_line(results) -> str | None:
 MEANING = [
     "reproduced: the 95 % interval (paired by seed) lies wholly on the claim's side of its threshold.",
     "not reproduced: it lies wholly on the other side.",
-    "not measurable here: the interval straddles the threshold (more seeds or steps would be needed), or the study lacks what the "
+    "not measurable here: the interval straddles the threshold (more seeds or steps would be needed), "
+    "or the study lacks what the "
     "claim needs (e.g. --lr-sweep for the migration rule, ≥ 2 seeds for any interval).",
     "no measurable difference: an interval that contains 0 (1 for ratios).",
 ]
@@ -365,7 +373,8 @@ def markdown(results, figures: dict) -> str:
     out += markdown_table(header, rows) + [""]
     c = results["precision"]["compare"]
     out += [
-        f"- RMSNorm (torch) ≥ {c['factor']:g}× more accurate than LayerNorm (torch) in: {', '.join(c['rms_better']) or 'no case'}; "
+        f"- RMSNorm (torch) ≥ {c['factor']:g}× more accurate than LayerNorm (torch) in: "
+        f"{', '.join(c['rms_better']) or 'no case'}; "
         f"less accurate in: {', '.join(c['rms_worse']) or 'no case'}.",
         "",
     ]
@@ -403,7 +412,8 @@ def html_report(results, figures: dict) -> str:
         "<div class='meta'>" + "".join(f"<div>{escape(line)}</div>" for line in setup_lines(results)) + "</div>"
     )
     parts.append(
-        "<h2>Claims</h2><div class='tablewrap'><table class='claims'><thead><tr><th>claim</th><th>this study</th></tr></thead><tbody>"
+        "<h2>Claims</h2><div class='tablewrap'><table class='claims'>"
+        "<thead><tr><th>claim</th><th>this study</th></tr></thead><tbody>"
     )
     for c in results["claims"]:
         cls = {"reproduced": "v-yes", "not reproduced": "v-no"}.get(c["verdict"], "v-na")
@@ -425,18 +435,21 @@ def html_report(results, figures: dict) -> str:
     )
     header, rows = precision_rows(results)
     parts.append(
-        "<h2>The norms in low precision</h2><p class='sub'>Error in units of the dtype's ε against a float64 reference, "
+        "<h2>The norms in low precision</h2>"
+        "<p class='sub'>Error in units of the dtype's ε against a float64 reference, "
         "worst over the widths.</p>" + _html_table(header, rows)
     )
     for key, _, t, caption in FIGURES:
         if key in figures:
             parts.append(
-                f"<h2>{escape(t)}</h2><figure><img alt='{escape(t)}' src='{image_data_uri(figures[key])}'><figcaption>{escape(caption)}</figcaption></figure>"
+                f"<h2>{escape(t)}</h2><figure><img alt='{escape(t)}' src='{image_data_uri(figures[key])}'>"
+                f"<figcaption>{escape(caption)}</figcaption></figure>"
             )
     header, rows = unit_rows(results)
     parts.append("<h2>Units</h2>" + _html_table(header, rows))
     parts.append(
-        "<footer>Schema and definitions: docs/study-schema.md. Raw numbers: results.json; curves: units/*.json.</footer></main></body></html>"
+        "<footer>Schema and definitions: docs/study-schema.md. Raw numbers: results.json; "
+        "curves: units/*.json.</footer></main></body></html>"
     )
     return "\n".join(parts)
 

@@ -82,7 +82,8 @@ class Progress:
             )
             left = (now - self.t0) / max(self.done, 1) * (self.total - self.done)
             self.echo(
-                f"study: {where}  {self.done}/{self.total} arm-steps  loss {losses}  ({now - self.t0:.0f} s, ~{left:.0f} s left)"
+                f"study: {where}  {self.done}/{self.total} arm-steps  loss {losses}  "
+                f"({now - self.t0:.0f} s, ~{left:.0f} s left)"
             )
 
     def close(self):
@@ -171,7 +172,8 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     todo = [k for k, d in zip(keys, done_flags) if not d]
     if main and len(todo) < len(keys):
         echo(
-            f"normswap study: resuming {cfg.out}: {len(keys) - len(todo)} of {len(keys)} units finished, {len(todo)} to run"
+            f"normswap study: resuming {cfg.out}: {len(keys) - len(todo)} of {len(keys)} units finished, "
+            f"{len(todo)} to run"
         )
     show_bar = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
     progress = Progress(len(todo) * cfg.steps, bool(show_bar) and main, echo if main else (lambda m: None))
@@ -206,7 +208,8 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                         if record.record["status"] == "diverged":
                             nf = record.record["nonfinite"]
                             echo(
-                                f"normswap study: arm {record.name} (seed {seed}, lr ×{m:g}) stopped at step {nf['step']}: "
+                                f"normswap study: arm {record.name} (seed {seed}, lr ×{m:g}) "
+                                f"stopped at step {nf['step']}: "
                                 f"{nf['what']} is {nf['value']}; the other arms went on"
                             )
                 del group

@@ -18,7 +18,10 @@ import statistics
 from normswap.evaluate.stats import NO_DIFFERENCE
 
 LEVEL = 0.95
-METHOD = "paired by seed: mean ± t(0.975, n−1)·sd/√n over the seeds' differences; a difference needs the interval to exclude 0"
+METHOD = (
+    "paired by seed: mean ± t(0.975, n−1)·sd/√n over the seeds' differences; "
+    "a difference needs the interval to exclude 0"
+)
 
 
 def t_quantile(df: int) -> float:

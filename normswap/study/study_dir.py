@@ -67,7 +67,8 @@ class StudyDir:
             return run
         if run is not None and not force:
             raise NormswapError(
-                f"{self.out} holds a study: pass --resume to continue it (finished units are kept) or --force to start again"
+                f"{self.out} holds a study: pass --resume to continue it (finished units are kept) "
+                "or --force to start again"
             )
         return None
 

@@ -230,7 +230,10 @@ class Group:
                 method = "cuda max_memory_allocated rise over the step + parameters and optimizer state"
             else:
                 transient = counting.bytes + measure.grad_bytes(arm.model)
-                method = "bytes saved for backward (distinct storages, parameters excluded) + gradients + parameters and optimizer state"
+                method = (
+                    "bytes saved for backward (distinct storages, parameters excluded) + gradients "
+                    "+ parameters and optimizer state"
+                )
             static = measure.param_bytes(arm.model, arm.optimizer)  # after the step: AdamW's moments exist
             rec["memory"] = {
                 "static_bytes": static,
