@@ -526,7 +526,18 @@ def pause(step):
         sys.stdin.readline()
 
 run = trainer.run_finetune
-trainer.run_finetune = lambda cfg, **kw: run(cfg, hooks=testing.FinetuneHooks(after_step=pause), **kw)
+
+def run_pausing(cfg, hooks=None, **kw):  # the command's own hooks (its progress lines) still run
+    theirs = hooks or testing.FinetuneHooks()
+
+    def after_step(step):
+        if theirs.after_step:
+            theirs.after_step(step)
+        pause(step)
+
+    return run(cfg, hooks=testing.FinetuneHooks(loss=theirs.loss, after_step=after_step), **kw)
+
+trainer.run_finetune = run_pausing
 from normswap.cli.main import main
 main(sys.argv[1:])
 """
