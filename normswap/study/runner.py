@@ -56,10 +56,14 @@ def _agree(dist: Dist, flags: list[bool]) -> list[bool]:
 
 
 class Progress:
-    """A tqdm bar on a terminal, else one line every PROGRESS_EVERY seconds (and at each unit's end)."""
+    """A tqdm bar on a terminal, else one line every PROGRESS_EVERY seconds (a Heartbeat's interval
+    rule, normswap/progress.py; the line is built only when it is due)."""
 
     def __init__(self, total: int, show_bar: bool, echo):
-        self.total, self.done, self.echo, self.t0, self.last = total, 0, echo, time.perf_counter(), time.perf_counter()
+        from normswap.progress import Heartbeat
+
+        self.total, self.done = total, 0
+        self.heartbeat = Heartbeat(echo, every=PROGRESS_EVERY, enabled=True, clock=time.perf_counter)
         self.bar = None
         if show_bar:
             from tqdm.auto import tqdm
@@ -72,19 +76,21 @@ class Progress:
             self.bar.update(n)
             self.bar.set_postfix_str(where)
             return
-        now = time.perf_counter()
-        if now - self.last >= PROGRESS_EVERY:
-            self.last = now
+        done, beat = self.done, self.heartbeat
+
+        def line() -> str:
             losses = "  ".join(
                 f"{a.name} {a.record['loss'][-1]:.3f}"
                 for a in arms
                 if a.record["loss"] and a.record["loss"][-1] is not None
             )
-            left = (now - self.t0) / max(self.done, 1) * (self.total - self.done)
-            self.echo(
-                f"study: {where}  {self.done}/{self.total} arm-steps  loss {losses}  "
-                f"({now - self.t0:.0f} s, ~{left:.0f} s left)"
+            elapsed = beat.clock() - beat.t0
+            left = elapsed / max(done, 1) * (self.total - done)
+            return (
+                f"study: {where}  {done}/{self.total} arm-steps  loss {losses}  ({elapsed:.0f} s, ~{left:.0f} s left)"
             )
+
+        beat.update(line)
 
     def close(self):
         if self.bar is not None:
