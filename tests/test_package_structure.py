@@ -37,6 +37,7 @@ USER_SETTINGS = {
 LAYERS = [
     "errors",  # NormswapError and first_line: everything may fail with one line
     "version",
+    "bounded_load",  # YAML and JSON from users: regular files only, size, nesting and alias bounds
     "private_dirs",  # cache and lock directories no other user can write
     "network",  # the offline rule and the Hub reachability check
     "progress",  # progress lines at a steady interval for every long command

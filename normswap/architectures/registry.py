@@ -7,8 +7,15 @@ from importlib import resources
 
 import yaml
 
+from normswap import bounded_load
 from normswap.architectures.schema import Family, parse_family
-from normswap.errors import NormswapError, first_line
+from normswap.errors import NormswapError
+
+# A family description is a page: the shipped ones are under 2 KB and 200 values, a discovered one a
+# few KB. The bounds keep `--family-file /dev/zero` or a few lines of nested YAML aliases (which
+# once wrote a 37 MB config.json, or ran past ten minutes) from costing more than a moment.
+MAX_FAMILY_BYTES = 256 << 10
+MAX_FAMILY_NODES = 20_000
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,15 +46,15 @@ def load_family_file(path) -> Family:
     shipped ones. It is not curated: its description travels with the converted checkpoint, as a
     discovered one does, and it is used only after the same exactness check (convert/family_check.resolve_family)."""
     import dataclasses
-    from pathlib import Path
 
-    path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise NormswapError(f"cannot read family file {path}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise NormswapError(f"invalid family file {path}: not valid YAML ({first_line(e)})") from None
+        raw = bounded_load.load_yaml(
+            path, what="a family file", max_bytes=MAX_FAMILY_BYTES, max_nodes=MAX_FAMILY_NODES, follow=True
+        )
+    except bounded_load.BoundedLoadError as e:
+        if e.syntax is None:
+            raise
+        raise NormswapError(f"invalid family file {path}: not valid YAML{e.syntax}") from None
     fam = parse_family(raw, str(path))
     return dataclasses.replace(fam, discovered=True, description=dict(raw))
 

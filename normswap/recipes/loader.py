@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from normswap import bounded_load
 from normswap.errors import NormswapError
 from normswap.recipes.schema import RecipeError, show, validate
 
@@ -34,7 +35,7 @@ def shipped_recipes() -> dict[str, Path]:
 def find_recipe(arg: str) -> Path:
     """A YAML file path, or the bare name of a shipped recipe (``quickstart``)."""
     p = Path(arg).expanduser()
-    if p.is_file():
+    if p.is_file() or (p.exists() and not p.is_dir()):  # a FIFO or a device is named by the loader
         return p
     if p.is_dir():
         raise NormswapError(
@@ -51,54 +52,18 @@ def find_recipe(arg: str) -> Path:
 # A recipe is a page of settings. Bounds that no real recipe comes near keep a hostile file from
 # costing unbounded time or memory: its size, and the size of the tree its aliases expand to
 # (aliases share nodes, so a few lines can stand for billions: `b: [*a, *a]`, `c: [*b, *b]`, ...).
+# The reading and parsing is normswap/bounded_load.py's, like every other file from a user.
 MAX_RECIPE_BYTES = 1 << 20
 MAX_EXPANDED_NODES = 10_000
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    def get_single_node(self):
-        node = super().get_single_node()
-        if node is not None:
-            _expanded_size(node, {}, self.name)
-        return node
-
-
-def _expanded_size(node, memo: dict, where: str) -> int:
-    """Nodes in ``node``'s tree with every alias written out; refuses past MAX_EXPANDED_NODES."""
-    if id(node) in memo:
-        return memo[id(node)]
-    memo[id(node)] = 1  # a cycle (an alias inside its own anchor) counts once; construction refuses it later
-    if isinstance(node, yaml.MappingNode):
-        children = [n for pair in node.value for n in pair]
-    elif isinstance(node, yaml.SequenceNode):
-        children = node.value
-    else:
-        children = []
-    size = 1 + sum(_expanded_size(child, memo, where) for child in children)
-    if size > MAX_EXPANDED_NODES:
-        mark = node.start_mark
-        raise RecipeError(
-            f"{where}: at line {mark.line + 1}: the YAML aliases expand to more than {MAX_EXPANDED_NODES:,} "
-            "values; a recipe is a page of settings (write the values out)"
-        )
-    memo[id(node)] = size
-    return size
 
 
 def parse_yaml(text: str, where: str):
     if len(text) > MAX_RECIPE_BYTES:
         raise RecipeError(f"{where}: {len(text):,} characters; a recipe is at most {MAX_RECIPE_BYTES:,}")
-    loader = _BoundedLoader(text)
-    loader.name = where
     try:
-        return loader.get_single_data()
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise RecipeError(f"{where}: invalid YAML{at}: {problem}") from None
-    finally:
-        loader.dispose()
+        return bounded_load.parse_yaml(text, where, what="a recipe", max_nodes=MAX_EXPANDED_NODES)
+    except bounded_load.BoundedLoadError as e:
+        raise RecipeError(str(e)) from None
 
 
 def parse_override(item: str) -> tuple[list[str], object]:
@@ -167,14 +132,8 @@ def _set(raw: dict, parts: list[str], value, item: str, where: str) -> None:
 
 def load_recipe(arg: str, overrides: list[str] | tuple = ()) -> LoadedRecipe:
     path = find_recipe(arg)
-    try:
-        if path.stat().st_size > 4 * MAX_RECIPE_BYTES:  # refused before reading (UTF-8: up to 4 bytes a character)
-            raise NormswapError(
-                f"{path}: {path.stat().st_size:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,} characters"
-            )
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise NormswapError(f"cannot read recipe {path}: {e}") from None
+    # UTF-8 takes up to 4 bytes a character; the character count is checked by parse_yaml
+    text = bounded_load.read_text(path, what="a recipe", max_bytes=4 * MAX_RECIPE_BYTES, follow=True)
     where = str(path)
     raw = parse_yaml(text, where)
     raw = apply_overrides(raw, list(overrides), where)
