@@ -48,7 +48,7 @@ from normswap.finetune.data import TrainStream, eval_blocks, fingerprint, traini
 from normswap.finetune.encoder_objectives import Encoder
 from normswap.finetune.objectives import CausalLM
 from normswap.finetune.run_dir import RunDir, check_out_overlap
-from normswap.finetune.schedule import lr_factor
+from normswap.finetune.step import Schedule, TrainStep
 from normswap.model_facts import context_length, norm_modules
 
 
@@ -284,18 +284,26 @@ class Trainer:
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         self.micro = self.cfg.batch_size // (self.cfg.grad_accum * self.world)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # the step shared with the study (finetune/step.py); accelerate moves the gradients between
+        # processes in its backward and clip, and autocasts inside the prepared model
+        self.step = TrainStep(
+            self.model,
+            self.optimizer,
+            Schedule(
+                self.cfg.lr,
+                self.cfg.steps,
+                self.cfg.warmup_steps,
+                kind=self.cfg.schedule,
+                min_ratio=self.cfg.min_lr_ratio,
+            ),
+            clip_grad=self.cfg.clip_grad,
+            backward_fn=acc.backward,
+            clip_fn=acc.clip_grad_norm_,
+            params=self.params,
+        )
 
     def set_lr(self, step: int) -> float:
-        lr = self.cfg.lr * lr_factor(
-            step,
-            total_steps=self.cfg.steps,
-            warmup_steps=self.cfg.warmup_steps,
-            schedule=self.cfg.schedule,
-            min_ratio=self.cfg.min_lr_ratio,
-        )
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
+        return self.step.begin(step)
 
     def train_step(self, step: int, stop: _StopFlag) -> StepRecord:
         """Forward and backward over the global batch (gradients accumulated, not yet applied)."""
@@ -307,14 +315,13 @@ class Trainer:
             prints.append(fingerprint(rows))
             sync = contextlib.nullcontext() if a == A - 1 else acc.no_sync(self.model)
             with sync:
-                out = self.objective.loss(self.model, rows.to(acc.device))
+                out = self.step.loss(lambda rows=rows: self.objective.loss(self.model, rows.to(acc.device)))
                 total = self.hooks.loss(step, out.total) if self.hooks.loss else out.total
-                acc.backward(total / A)
+                self.step.backward(total, A)
             loss_sum = loss_sum + total.detach().double() / A
             for name, v in out.parts.items():
                 part_sums[name] = part_sums.get(name, 0.0) + v.detach().double() / A
-        grad_norm = acc.clip_grad_norm_(self.params, self.cfg.clip_grad if self.cfg.clip_grad > 0 else float("inf"))
-        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        grad_norm = self.step.clip()
         names = sorted(part_sums)
         stop_requested = stop.signal is not None
         measured = torch.stack(
@@ -587,7 +594,7 @@ def _resume(trainer: Trainer, overrides: dict, echo) -> int:
 def _train(trainer: Trainer, job: _Job, start_step: int) -> tuple[dict | None, float | None, float]:
     """The loop, from ``start_step`` to the last step: (the last step's log row, the held-out loss
     before training, seconds spent)."""
-    cfg, run, model, optimizer, world = trainer.cfg, trainer.run, trainer.model, trainer.optimizer, trainer.world
+    cfg, run, model, world = trainer.cfg, trainer.run, trainer.model, trainer.world
     trainer.accelerator.wait_for_everyone()  # every process starts from OUT as process 0 left it
     tokens_per_step = cfg.batch_size * cfg.seq_len
     prior_rows = run.rows() if start_step else []
@@ -617,12 +624,9 @@ def _train(trainer: Trainer, job: _Job, start_step: int) -> tuple[dict | None, f
                 t0 = time.perf_counter()
                 lr = trainer.set_lr(step)
                 rec = trainer.train_step(step, stop)
-                if not rec.finite:
-                    optimizer.zero_grad(set_to_none=True)
+                if not trainer.step.update(rec.loss, rec.grad_norm).applied:
                     what = f"loss is {rec.loss}" if not math.isfinite(rec.loss) else f"gradient norm is {rec.grad_norm}"
                     raise trainer.diverged(what, step, "stopped before updating the weights")
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
                 dt = time.perf_counter() - t0
 
                 row = {
