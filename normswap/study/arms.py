@@ -12,9 +12,10 @@ initialised per seed. ``build_arm`` turns the starting LayerNorm model into one 
 * ``rmsnorm-approx``: normswap's approximate conversion with convert's defaults (γ and β folded
   into the layers that read the norm where possible).
 
-Kernels: ``torch`` runs every RMSNorm through PyTorch's own fused ``F.rms_norm`` (the LayerNorms
-always run PyTorch's fused ``F.layer_norm``, the fastest LayerNorm available here); ``normswap``
-keeps normswap's RMSNorm module, which dispatches to its measured-fastest kernel.
+Kernels and precision (study/kernels.py): every RMSNorm computes with the implementation the
+study chose (``--kernels``: ``torch``'s ``F.rms_norm``, ``normswap``'s module, or under ``best``
+whichever was fastest here); the LayerNorms always run PyTorch's fused ``F.layer_norm``. Under
+``--precision bf16|fp16`` every norm computes in that dtype (not only autocast around it).
 """
 
 from __future__ import annotations
@@ -25,24 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from normswap.errors import NormswapError, first_line
-from normswap.modules import RMSNorm
+from normswap.study import kernels
 from normswap.study.config import ARMS, BASELINE, CONTROL, TRAINED_ONLY
 
 FALLBACK_TOKENIZER = "normswap:kjv-gpt2"  # for a bare config: the shipped model's tokenizer
-
-
-class TorchRMSNorm(RMSNorm):
-    """normswap's RMSNorm module (same parameters) computed by PyTorch's own fused ``F.rms_norm``."""
-
-    def forward(self, x, residual=None):
-        if residual is not None:
-            x = x + residual
-        y = F.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
-        y = y if self.bias is None else y + self.bias
-        return y if residual is None else (y, x)
 
 
 @dataclass
@@ -190,15 +179,17 @@ def check_replaceable(source: Source, seed: int) -> int:
     return plan.summary()["norms_replaced"]
 
 
-def build_arm(source: Source, arm: str, seed: int, kernels: str) -> torch.nn.Module:
-    """Arm ``arm`` of seed ``seed``: the seed's starting model, converted as the arm says."""
+def build_arm(
+    source: Source, arm: str, seed: int, kernel_choice: str, *, precision: str = "fp32", rms_impl: str | None = None
+) -> torch.nn.Module:
+    """Arm ``arm`` of seed ``seed``: the seed's starting model, converted as the arm says, its
+    RMSNorms computing with ``rms_impl`` (default: what ``kernel_choice`` names; ``best`` without a
+    measured choice: normswap's) and every norm in ``precision``'s dtype."""
     model = source.start(seed)
     if arm not in (BASELINE, CONTROL):
         _convert(model, arm)
-        if kernels == "torch":
-            for _, m in model.named_modules():
-                if type(m) is RMSNorm:
-                    m.__class__ = TorchRMSNorm
+        kernels.use_rms_impl(model, rms_impl or kernels.rms_impl_of(kernel_choice, None))
+    kernels.compute_in(model, precision)
     model.float().train()
     for p in model.parameters():
         p.requires_grad_(True)

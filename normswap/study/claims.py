@@ -5,8 +5,9 @@ not measurable here, with the number that decided it.
   paired by seed. Reproduced when the whole 95 % interval lies within ±EQUAL_LOSS_MARGIN (an
   equivalence test: "no measurable difference" alone is not evidence of equality); not reproduced
   when it lies wholly outside; otherwise (or with an arm that diverged) not measurable here.
-* 10–30 % higher training throughput: the per-seed throughput ratio's interval. Reproduced when
-  its lower bound is ≥ 1.10, not reproduced when its upper bound is < 1.10.
+* 10–30 % higher training throughput: study/speed.py — not measurable here when the Amdahl bound
+  is below 1.10, too noisy to tell (no verdict) under load or with a null control outside its
+  band, else the bootstrap interval's low end ≥ 1.10 reproduces, its high end < 1.10 refutes.
 * better low-precision stability ("RMS ≥ σ"): the precision table (RMSNorm's worst error against
   LayerNorm's, per case, a factor 2 apart) and the training runs' instability counts. Reproduced
   when RMSNorm is better in some case, worse in none, and not measurably less stable in training.
@@ -18,8 +19,7 @@ not measurable here, with the number that decided it.
 from __future__ import annotations
 
 from normswap.evaluate.stats import NO_DIFFERENCE
-from normswap.report.claims import THROUGHPUT_CLAIM
-from normswap.study import stats
+from normswap.study import speed, stats
 
 EQUAL_LOSS_MARGIN = 0.01
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
@@ -45,18 +45,15 @@ def equal_loss(cmp: dict) -> tuple[str, str]:
     return NOT_MEASURABLE, text + ": the interval is wider than the margin"
 
 
-def throughput(cmp: dict, control: dict | None) -> tuple[str, str]:
-    iv = cmp["throughput_ratio"]
-    if not iv or iv["low"] is None:
-        return NOT_MEASURABLE, "needs ≥ 2 seeds for an interval"
-    text = f"training tokens/s ratio {stats.fmt(iv, '.3f')} (claim ≥ {THROUGHPUT_CLAIM:.2f})"
-    if control and control.get("throughput_ratio") and control["throughput_ratio"]["low"] is not None:
-        text += f"; null control layernorm-control/layernorm {stats.fmt(control['throughput_ratio'], '.3f')}"
-    if iv["low"] >= THROUGHPUT_CLAIM:
-        return REPRODUCED, text
-    if iv["high"] < THROUGHPUT_CLAIM:
-        return NOT_REPRODUCED, text
-    return NOT_MEASURABLE, text
+def throughput(cmp: dict, control: dict | None, loads=(), cpus: int | None = None) -> tuple[str, str]:
+    """study/speed.py's rule: the Amdahl bound, the load and null-control gates, the interval."""
+    return speed.throughput_verdict(
+        cmp.get("throughput_ratio_bootstrap"),
+        (control or {}).get("throughput_ratio_bootstrap"),
+        cmp.get("amdahl_bound"),
+        list(loads),
+        cpus,
+    )
 
 
 def stability(cmp: dict, precision: dict | None, train_precision: str) -> tuple[str, str]:
@@ -98,8 +95,17 @@ def migration(rule: dict | None) -> tuple[str, str]:
     return (REPRODUCED if iv["verdict"] == NO_DIFFERENCE else NOT_REPRODUCED), text
 
 
-def judge(comparisons: dict, rules: dict, precision: dict | None, train_precision: str, control: str) -> list[dict]:
-    """One row per (claim, RMSNorm arm)."""
+def judge(
+    comparisons: dict,
+    rules: dict,
+    precision: dict | None,
+    train_precision: str,
+    control: str,
+    *,
+    loads=(),
+    cpus: int | None = None,
+) -> list[dict]:
+    """One row per (claim, RMSNorm arm); ``loads``/``cpus``: the machine's recorded load (speed.py)."""
     rows = []
     ctl = comparisons.get(control)
     for arm, cmp in comparisons.items():
@@ -107,7 +113,7 @@ def judge(comparisons: dict, rules: dict, precision: dict | None, train_precisio
             continue
         for claim, (verdict, number) in (
             ("equal loss at equal tokens", equal_loss(cmp)),
-            ("10–30 % higher training throughput", throughput(cmp, ctl)),
+            ("10–30 % higher training throughput", throughput(cmp, ctl, loads, cpus)),
             ("better low-precision stability (RMS ≥ σ)", stability(cmp, precision, train_precision)),
             ("migration rule: γ = 1, linear warmup, η_RMS = η_LN × gradient-scale ratio", migration(rules.get(arm))),
         ):
@@ -115,17 +121,18 @@ def judge(comparisons: dict, rules: dict, precision: dict | None, train_precisio
     return rows
 
 
-def null_control(ctl: dict | None, band: float = 0.03) -> dict | None:
-    """The layernorm-control arm's throughput ratio against layernorm: within ±band or not."""
+def null_control(ctl: dict | None) -> dict | None:
+    """The layernorm-control arm's throughput ratio against layernorm, per seed and bootstrapped,
+    and whether it is within the null band (study/speed.py control_gate: normswap's one rule)."""
     if not ctl or not ctl.get("throughput_ratio"):
         return None
     iv = ctl["throughput_ratio"]
-    within_points = all(abs(v - 1) <= band for v in iv["values"])
-    within_interval = iv["low"] is not None and 1 - band <= iv["low"] and iv["high"] <= 1 + band
+    gate = speed.control_gate(ctl.get("throughput_ratio_bootstrap"))
     return {
-        "band": band,
+        "band": gate["band"],
         "per_seed": iv["values"],
         "interval": iv,
-        "per_seed_within": within_points,
-        "interval_within": within_interval,
+        "bootstrap": gate["interval"],
+        "per_seed_within": all(abs(v - 1) <= gate["band"] for v in iv["values"]),
+        "interval_within": gate["within"],
     }

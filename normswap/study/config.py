@@ -25,7 +25,7 @@ RUN_FILE = "study_run.json"
 RESULTS_FILE = "results.json"
 UNITS_DIR = "units"
 PRECISIONS = ("fp32", "bf16", "fp16")
-KERNELS = ("torch", "normswap")
+KERNELS = ("best", "torch", "normswap")
 # arm names: what each one is, built in arms.py
 ARMS = {
     "layernorm": "the model as given (its LayerNorms, PyTorch's fused layer_norm)",
@@ -75,13 +75,16 @@ class StudyConfig:
     )
     precision: str = _opt(
         "fp32",
-        "fp32, bf16 (autocast) or fp16 (autocast with loss scaling); fp32 master weights always.",
+        "fp32, bf16 or fp16: autocast, and every norm computing in that dtype (its input, γ and β cast to "
+        "it); fp16 adds loss scaling; fp32 master weights always.",
         choices=PRECISIONS,
     )
     kernels: str = _opt(
-        "torch",
-        "torch: PyTorch's fused layer_norm / rms_norm on both sides; normswap: normswap's RMSNorm kernels "
-        "against PyTorch's layer_norm.",
+        "best",
+        "The RMSNorm arms' implementation (LayerNorm always runs PyTorch's fused layer_norm). best: the "
+        "fastest here, timed side by side before training (normswap's fused kernel, torch's F.rms_norm, on "
+        "CUDA also torch.compile); torch: F.rms_norm; normswap: normswap's RMSNorm kernels. Each unit "
+        "records what ran (norm_kernel, norm_kernel_fused: detected).",
         choices=KERNELS,
     )
     batch_size: int = _opt(8, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1)

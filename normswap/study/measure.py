@@ -1,24 +1,48 @@
-"""What a training step measures besides its loss and global gradient norm.
+"""What a training step measures besides its loss and global gradient norm — none of it in a timed step.
 
-* ``NormInputGrads``: the gradient norm arriving at each norm layer's input (a tensor hook on the
-  input, registered by a forward pre-hook), per step.
-* ``step_memory``: an arm's peak memory in one step, as bytes it owns. On CUDA: its parameters and
-  optimizer state (resident) plus the rise of ``torch.cuda.max_memory_allocated`` over the step
-  (activations, gradients, temporaries). On CPU torch has no allocator statistics, so the transient
-  part is counted instead: the bytes of every distinct tensor saved for the backward pass (a
-  ``saved_tensors_hooks`` pack hook, parameters excluded) plus the gradients' bytes — what the
-  LayerNorm/RMSNorm difference changes (LayerNorm keeps a mean beside the inverse RMS). Counted,
-  not sampled: the same on every run.
-* ``NormTimer``: the norms' share of step time on a profiled step: wall time inside each norm's
-  forward (pre/post hooks) plus its backward (from the gradient reaching the norm's output to the
-  one leaving its input), divided by the step's wall time. CUDA is synchronised at each edge.
+Every step of a unit has one role (:class:`StepPlan`), the same for every arm:
+
+* ``first`` (step 1): AdamW allocates its moments, kernels warm up; the norms' kernels and dtypes
+  are observed (study/kernels.py ``observe``: labels detected from the autograd graph).
+* ``memory`` (step 2): the steady-state peak (:class:`PeakMemory`), AdamW's state already there,
+  so it is counted once, in ``static_bytes``.
+* ``profile`` (every ``PROFILE_EVERY``-th step from step 3): the norms' share of the step
+  (:class:`NormTimer`: synchronising hooks around every norm's forward and backward) and the
+  gradient norm arriving at each norm's input (:class:`NormInputGrads`), accumulated on the
+  device and read once after the step. Over many steps, spread through training, not one.
+* ``timed``: every other step. Nothing is hooked: the step's wall time is all that is taken.
+
+Arm order within a step (:meth:`StepPlan.order`): a Williams design — rows of a balanced Latin
+square, in which every arm runs first equally often and directly after every other arm equally
+often — walked over the timed steps, so no arm always follows another (or the data loading).
+
+``peak memory`` (one method for every arm, documented in results ``setup.memory_method``):
+    static_bytes = the arm's parameters + optimizer state (resident for the whole run)
+    transient_bytes = the highest allocation during the step above what was allocated before it
+    peak_bytes = static_bytes + transient_bytes
+where "allocated" is, on CUDA, ``torch.cuda.memory_allocated`` with ``max_memory_allocated``
+after ``reset_peak_memory_stats``; on CPU the C allocator's bytes in use (glibc ``mallinfo2``,
+read after every ATen op of the step through a dispatch mode: the allocator's peak at op
+granularity), or, without glibc, the process's peak resident set (``VmHWM`` after resetting it
+through /proc/self/clear_refs) above its resident set before the step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import math
+import os
 import time
 
 import torch
+
+FIRST, MEMORY, PROFILE, TIMED = "first", "memory", "profile", "timed"
+MEMORY_STEP = 2
+PROFILE_START = 3
+PROFILE_EVERY = 5  # one step in five profiled: 20 % of the steps, spread over the whole run
 
 
 def synchronize(device) -> None:
@@ -26,33 +50,88 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
+# ---------------------------------------------------------------------------- the plan of steps
+def williams_rows(n: int) -> list[list[int]]:
+    """A Williams design for n treatments: rows (orders) in which each treatment is first equally
+    often and each ordered pair (a directly before b) occurs equally often. n rows for even n, 2n
+    for odd n (the rows and their reverses)."""
+    if n <= 1:
+        return [list(range(n))]
+    base, lo, hi = [0], 1, n - 1
+    while len(base) < n:  # 0, 1, n−1, 2, n−2, …
+        base.append(lo)
+        lo += 1
+        if len(base) < n:
+            base.append(hi)
+            hi -= 1
+    rows = [[(b + r) % n for b in base] for r in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
+class StepPlan:
+    """Each step's role and arm order, from the number of steps and the arms of the group."""
+
+    def __init__(self, steps: int, arm_names: list[str]):
+        self.steps = steps
+        self.arm_names = list(arm_names)
+        self.rows = williams_rows(len(arm_names))
+
+    def role(self, t: int) -> str:
+        if t == 1:
+            return FIRST
+        if t == MEMORY_STEP:
+            return MEMORY
+        if t >= PROFILE_START and (t - PROFILE_START) % PROFILE_EVERY == 0:
+            return PROFILE
+        return TIMED
+
+    def timed_index(self, t: int) -> int:
+        """How many timed steps come before step t (the Williams rows are walked over timed steps)."""
+        return sum(1 for s in range(1, t) if self.role(s) == TIMED)
+
+    def order(self, t: int, active: list) -> list:
+        """``active`` (objects with ``.name``) in step t's Williams order; stopped arms dropped."""
+        row = self.rows[self.timed_index(t) % len(self.rows)]
+        rank = {self.arm_names[i]: k for k, i in enumerate(row)}
+        return sorted(active, key=lambda a: rank.get(a.name, len(rank)))
+
+    def timed_steps(self) -> list[int]:
+        return [t for t in range(1, self.steps + 1) if self.role(t) == TIMED]
+
+
+# ---------------------------------------------------------------------------- gradient scale
 class NormInputGrads:
-    """Squared gradient norm at each norm layer's input, accumulated over one step."""
+    """Squared gradient norm at each norm layer's input, summed on the device (no host sync per
+    norm); hooks are placed only while ``active`` (profiled steps)."""
 
     def __init__(self, norms: list[tuple[str, torch.nn.Module]]):
         self.names = [n for n, _ in norms]
-        self.sq = [0.0] * len(norms)
+        self.active = False
+        self.sq: torch.Tensor | None = None
         self._handles = [m.register_forward_pre_hook(self._pre(i)) for i, (_, m) in enumerate(norms)]
 
     def _pre(self, i):
         def hook(module, args):
             x = args[0] if args else None
-            if torch.is_tensor(x) and x.requires_grad:
+            if self.active and torch.is_tensor(x) and x.requires_grad:
+                if self.sq is None:
+                    self.sq = torch.zeros(len(self.names), dtype=torch.float64, device=x.device)
                 x.register_hook(lambda g, i=i: self._add(i, g))
 
         return hook
 
     def _add(self, i, g):
-        self.sq[i] += float(g.detach().float().pow(2).sum())
+        self.sq[i] += g.detach().double().pow(2).sum()
 
     def reset(self) -> None:
-        self.sq = [0.0] * len(self.sq)
+        self.sq = None
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
 
 
+# ---------------------------------------------------------------------------- memory
 def param_bytes(model, optimizer) -> int:
     """Parameters and optimizer state (resident for the whole run)."""
     n = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -61,40 +140,135 @@ def param_bytes(model, optimizer) -> int:
     return n
 
 
-class SavedBytes:
-    """Context: the bytes of distinct storages saved for backward (parameters excluded)."""
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]
 
-    def __init__(self, model):
-        self.skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.seen: set[int] = set()
-        self.bytes = 0
 
-    def _pack(self, t):
-        try:
-            s = t.untyped_storage()
-            key = s.data_ptr()
-            if key not in self.skip and key not in self.seen:
-                self.seen.add(key)
-                self.bytes += s.nbytes()
-        except (RuntimeError, NotImplementedError):
-            pass
-        return t
+@functools.cache
+def _mallinfo2():
+    """glibc's mallinfo2 (2.33+), or None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+def malloc_in_use() -> int | None:
+    """Bytes the C allocator has handed out and not had back (heap chunks in use + mmapped)."""
+    fn = _mallinfo2()
+    if fn is None:
+        return None
+    m = fn()
+    return int(m.uordblks + m.hblkhd)
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_rss_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux ≥ 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def cpu_memory_method() -> str | None:
+    if malloc_in_use() is not None:
+        return "cpu: glibc mallinfo2 bytes in use, read after every ATen op of the step (dispatch mode)"
+    if _status_kib("VmHWM") is not None and _reset_rss_peak():
+        return "cpu: process peak RSS (VmHWM after /proc/self/clear_refs) above the RSS before the step"
+    return None
+
+
+CUDA_MEMORY_METHOD = "cuda: max_memory_allocated after reset_peak_memory_stats, above memory_allocated before the step"
+
+
+def memory_method(device) -> str | None:
+    """How :class:`PeakMemory` measures on ``device`` (None: it cannot here)."""
+    return CUDA_MEMORY_METHOD if torch.device(device).type == "cuda" else cpu_memory_method()
+
+
+class _AllocatorPeak:
+    """Dispatch mode: the C allocator's bytes in use after every op; the highest rise kept."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                outer.peak = max(outer.peak, malloc_in_use() - outer.base)
+                return out
+
+        self.mode = Mode()
+        self.base = 0
+        self.peak = 0
 
     def __enter__(self):
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._ctx.__enter__()
+        self.base = malloc_in_use()
+        self.peak = 0
+        self.mode.__enter__()
         return self
 
     def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
+        return self.mode.__exit__(*exc)
 
 
-def grad_bytes(model) -> int:
-    return sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+class PeakMemory:
+    """Context around one whole step (forward, backward, update): ``transient_bytes`` afterwards."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.method = memory_method(self.device)
+        self.transient_bytes: int | None = None
+        self._inner = None
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        elif self.method and self.method.startswith("cpu: glibc"):
+            self._inner = _AllocatorPeak().__enter__()
+        elif self.method:
+            _reset_rss_peak()
+            self._base = _status_kib("VmRSS")
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.transient_bytes = max(0, torch.cuda.max_memory_allocated(self.device) - self._base)
+        elif self._inner is not None:
+            self._inner.__exit__(*exc)
+            self.transient_bytes = max(0, self._inner.peak)
+        elif self.method:
+            hwm = _status_kib("VmHWM")
+            self.transient_bytes = None if hwm is None or self._base is None else max(0, hwm - self._base)
+        return False
 
 
+# ---------------------------------------------------------------------------- norm time
 class NormTimer:
-    """Seconds spent in the norms' forward and backward during one step."""
+    """Seconds spent in the norms' forward and backward during one step (synchronising hooks)."""
 
     def __init__(self, norms: list[tuple[str, torch.nn.Module]], device):
         self.device = device
@@ -138,3 +312,94 @@ class NormTimer:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
+
+
+# ---------------------------------------------------------------------------- one arm's probe
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+class ArmProbe:
+    """What one arm's steps measure, by role. The trainer wraps each whole step:
+
+        with probe.step(t) as s:
+            ...forward, backward, clip, update, zero_grad...
+        probe.record(rec, t, s, optimizer)
+
+    ``s.seconds`` is the step's wall time (synchronised on CUDA) — a throughput sample only when
+    ``s.role`` is ``timed``."""
+
+    def __init__(self, plan: StepPlan, model, norms, device):
+        self.plan, self.model, self.norms, self.device = plan, model, norms, torch.device(device)
+        self.grads = NormInputGrads(norms)
+
+    @contextlib.contextmanager
+    def step(self, t: int):
+        from normswap.study.kernels import observe
+
+        role = self.plan.role(t)
+        s = _StepState(role)
+        self.grads.reset()
+        self.grads.active = role == PROFILE
+        with contextlib.ExitStack() as stack:
+            if role == FIRST:
+                s.observed = stack.enter_context(observe(self.model))
+            if role == MEMORY:
+                s.memory = stack.enter_context(PeakMemory(self.device))
+            if role == PROFILE:
+                s.timer = NormTimer(self.norms, self.device)
+                stack.callback(s.timer.remove)
+            synchronize(self.device)
+            t0 = time.perf_counter()
+            yield s
+            synchronize(self.device)
+            s.seconds = time.perf_counter() - t0
+        self.grads.active = False
+
+    def record(self, rec: dict, t: int, s: _StepState, optimizer, *, reduce_sq=None) -> None:
+        """Fill the unit record from step t; ``reduce_sq`` turns this process's squared norm-input
+        gradient norms into the global, unscaled ones (across processes, loss scale)."""
+        rec["step_seconds"].append(s.seconds)
+        if s.role == TIMED:
+            rec.setdefault("timed_steps", []).append(t)
+        if s.observed is not None:
+            rec.update(s.observed.summary())
+        if s.memory is not None and s.memory.transient_bytes is not None:
+            static = param_bytes(self.model, optimizer)
+            rec["memory"] = {
+                "step": t,
+                "static_bytes": static,
+                "transient_bytes": int(s.memory.transient_bytes),
+                "peak_bytes": static + int(s.memory.transient_bytes),
+                "method": s.memory.method,
+            }
+        if s.timer is not None:
+            share = rec.get("norm_share") or {"steps": [], "norm_seconds": [], "step_seconds": []}
+            share["steps"].append(t)
+            share["norm_seconds"].append(s.timer.seconds)
+            share["step_seconds"].append(s.seconds)
+            total = sum(share["step_seconds"])
+            share["share"] = sum(share["norm_seconds"]) / total if total > 0 else None
+            rec["norm_share"] = share
+            rec.setdefault("load", []).append(load_average())
+        if s.role == PROFILE and self.grads.sq is not None:
+            sq = self.grads.sq if reduce_sq is None else reduce_sq(self.grads.sq)
+            g = rec["norm_input_grad_norm"]
+            g.setdefault("steps", []).append(t)
+            # one transfer, after the step
+            g["per_step"].append([math.sqrt(v) if math.isfinite(v) else None for v in sq.tolist()])
+
+    def remove(self) -> None:
+        self.grads.remove()
+
+
+class _StepState:
+    def __init__(self, role: str):
+        self.role = role
+        self.seconds = 0.0
+        self.observed = None
+        self.memory = None
+        self.timer = None

@@ -1,10 +1,11 @@
 """From the finished units to results.json's numbers: per-unit summaries and paired comparisons.
 
-Throughput: a unit's step times exclude step 1 (memory is counted there) and step 2 (the norm
-share is timed there, with hooks); within a seed, step t of an arm and step t of the baseline ran
-back to back, so their time quotient is one paired sample, and the seed's throughput ratio is the
-median of those quotients (a step the machine interrupted moves one sample, not the mean). Over
-the seeds, stats.paired gives the interval. Schema: docs/study-schema.md.
+Throughput: only a unit's timed steps count (measure.StepPlan: not step 1, not the memory step,
+not the profiled steps); within a seed, step t of an arm and step t of the baseline ran back to
+back, so their time quotient is one paired sample, and the seed's throughput ratio is the median
+of those quotients (a step the machine interrupted moves one sample, not the mean). The interval
+over the seeds and steps, the Amdahl bound and the verdict's gating are study/speed.py's.
+Schema: docs/study-schema.md.
 """
 
 from __future__ import annotations
@@ -12,15 +13,9 @@ from __future__ import annotations
 import math
 import statistics
 
-from normswap.study import stats
-from normswap.study.trainer import MEMORY_STEP, PROFILE_STEP
+from normswap.study import speed, stats
 
-UNTIMED_STEPS = max(MEMORY_STEP, PROFILE_STEP)  # steps 1..UNTIMED_STEPS are not timed for throughput
-
-
-def timed_seconds(unit: dict) -> list[float]:
-    secs = unit["step_seconds"]
-    return secs[UNTIMED_STEPS:] if len(secs) > UNTIMED_STEPS else secs
+timed_seconds = speed.timed_seconds
 
 
 def instabilities(unit: dict) -> int:
@@ -63,11 +58,15 @@ def summarize_unit(unit: dict, tokens_per_step: int) -> dict:
         "skipped_steps": unit["skipped_steps"],
         "instabilities": instabilities(unit),
         "memory": unit["memory"],
+        "norm_kernel": unit.get("norm_kernel"),
+        "norm_kernel_fused": unit.get("norm_kernel_fused"),
+        "norm_compute_dtype": unit.get("norm_compute_dtype"),
         "timing": {
             "tokens_per_second": tokens_per_step / statistics.median(secs) if secs else None,
             "median_step_seconds": statistics.median(secs) if secs else None,
             "timed_steps": len(secs),
             "norm_share": unit["norm_share"],
+            "load_average": unit.get("load"),
         },
     }
 
@@ -78,9 +77,7 @@ def _per_seed(units: dict, arm: str, mult: float, fn) -> dict[int, float | None]
 
 def throughput_ratio(unit: dict, base: dict) -> float | None:
     """Median over the common timed steps of base_time / unit_time (> 1: the arm is faster)."""
-    a, b = timed_seconds(unit), timed_seconds(base)
-    n = min(len(a), len(b))
-    q = [b[i] / a[i] for i in range(n) if a[i] > 0]
+    q = speed.step_quotients(unit, base)
     return statistics.median(q) if q else None
 
 
@@ -104,6 +101,10 @@ def compare(units: dict, arm: str, base: str, mult: float) -> dict:
         "final_eval_loss_difference": stats.paired(loss_a, loss_b),
         "final_eval_loss_relative": stats.interval(list(rel.values())),
         "throughput_ratio": stats.interval(list(tput.values()), null=1.0),
+        # bootstrap over the timed steps, blocked by seed (study/speed.py)
+        "throughput_ratio_bootstrap": speed.bootstrap_ratio(
+            {s: speed.step_quotients(mine[s], theirs[s]) for s in seeds}
+        ),
         "cost_at_equal_tokens": stats.interval([1 / v if v else None for v in tput.values()], null=1.0),
         "peak_memory_ratio": stats.paired(mem_a, mem_b, ratio=True),
         "peak_memory_difference_bytes": stats.paired(mem_a, mem_b),

@@ -19,6 +19,8 @@ import torch
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
 from normswap.study import claims as claims_mod
+from normswap.study import kernels as study_kernels
+from normswap.study import measure, speed
 from normswap.study import results as res
 from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms, open_source
 from normswap.study.config import BASELINE, CONTROL, TRAINED_ONLY, StudyConfig, flag, option_errors
@@ -97,6 +99,22 @@ class Progress:
             self.bar.close()
 
 
+def _agree_choice(dist: Dist, choice: str) -> str:
+    """Process 0's kernel choice for every process (timings differ between processes)."""
+    names = list(study_kernels.RMS_IMPLS)
+    return names[_agree_index(dist, names.index(choice))] if choice in names else choice
+
+
+def _agree_index(dist: Dist, i: int) -> int:
+    if dist.world == 1:
+        return i
+    import torch.distributed as tdist
+
+    t = torch.tensor([i], dtype=torch.int64, device=dist.device)
+    tdist.broadcast(t, 0)
+    return int(t.item())
+
+
 def _check_sizes(cfg: StudyConfig, source, world: int) -> None:
     from normswap.model_facts import context_length
 
@@ -107,6 +125,14 @@ def _check_sizes(cfg: StudyConfig, source, world: int) -> None:
         raise NormswapError(
             f"--batch-size {cfg.batch_size} (the global batch) must be divisible by the number of processes ({world})"
         )
+
+
+def _cpus() -> int | None:
+    """The CPUs this process may run on (the load gate's yardstick)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def _load_average() -> list[float] | None:
@@ -147,7 +173,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     notes = []
     for arm in [a for a in arms if a in TRAINED_ONLY]:
         try:  # a conversion the architecture cannot have (exact needs pre-LN) fails here, not mid-study
-            build_arm(source, arm, 0, cfg.kernels)
+            build_arm(source, arm, 0, cfg.kernels, precision=cfg.precision)
         except NormswapError as e:
             if cfg.arms:
                 raise
@@ -162,13 +188,34 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         1
     )  # fails now if the data is too short
 
+    # ---- kernels: chosen (and their speed-ups measured) before any training step ----
+    kernel_setup = (recorded or {}).get("kernels") or study_kernels.setup(
+        lambda arm, impl: build_arm(source, arm, 0, cfg.kernels, precision=cfg.precision, rms_impl=impl),
+        arms,
+        BASELINE,
+        cfg.kernels,
+        dist.device,
+        cfg.precision,
+        rows=(cfg.batch_size // dist.world) * cfg.seq_len,
+    )
+    kernel_setup = dict(kernel_setup, rms_impl=_agree_choice(dist, kernel_setup["rms_impl"]))
+
     # ---- DIR ----
     if main:
         if recorded is None:
-            study.start({"config": cfg.recorded(), "arms": arms, "status": "running", "resumes": 0}, replace=cfg.force)
+            study.start(
+                {"config": cfg.recorded(), "arms": arms, "status": "running", "resumes": 0, "kernels": kernel_setup},
+                replace=cfg.force,
+            )
         else:
             study.write_run(
-                dict(recorded, config=cfg.recorded(), status="running", resumes=recorded.get("resumes", 0) + 1)
+                dict(
+                    recorded,
+                    config=cfg.recorded(),
+                    status="running",
+                    resumes=recorded.get("resumes", 0) + 1,
+                    kernels=kernel_setup,
+                )
             )
 
     # ---- the groups ----
@@ -190,7 +237,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                 group_arms = [a for a in arms if (a, seed, m) in todo]
                 if not group_arms:
                     continue
-                group = Group(source, cfg, group_arms, seed, m, dist, hooks)
+                group = Group(source, cfg, group_arms, seed, m, dist, hooks, rms_impl=kernel_setup["rms_impl"])
                 stream = TrainStream(source.tokenizer, cfg.data, cfg.seq_len, seed, split=train_split)
                 where = f"seed {seed + 1}/{cfg.seeds}" + (f" lr ×{m:g}" if len(mults) > 1 else "")
 
@@ -231,13 +278,18 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     rows = precision_table(device="cpu" if dist.device.type != "cuda" else dist.device)
     precision = {"rows": rows, "compare": precision_compare(rows)}
     comparisons = {a: res.compare(units, a, BASELINE, ref_mult) for a in arms if a != BASELINE}
+    base_units = [u for (a, _, m), u in units.items() if a == BASELINE and m == ref_mult]
+    norm_share = speed.add_amdahl(comparisons, base_units, kernel_setup)
+    loads = [load_start, _load_average()] + [v for u in units.values() for v in (u.get("load") or [])]
+    loads = [v[0] if isinstance(v, list) else v for v in loads if v is not None]
+    cpus = _cpus()
     sw = res.sweep(units, arms, mults, BASELINE)
     rules = {}
     if sw is not None:
         for a in arms:
             if a not in (BASELINE, CONTROL):
                 rules[a] = res.migration_rule(units, a, BASELINE, mults, ref_mult, sw["best_multiplier"])
-    verdicts = claims_mod.judge(comparisons, rules, precision, cfg.precision, CONTROL)
+    verdicts = claims_mod.judge(comparisons, rules, precision, cfg.precision, CONTROL, loads=loads, cpus=cpus)
     n_params = sum(p.numel() for p in source.start(0).parameters())  # tied weights counted once
     results = {
         "schema_version": SCHEMA_VERSION,
@@ -264,6 +316,16 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
             "threads": torch.get_num_threads(),
             "spike_rule": f"loss > {cfg.spike_factor:g} × median of the previous {20} steps (after 10)",
             "statistics": res.stats.METHOD,
+            "cpus": cpus,
+            "kernels": kernel_setup,
+            "memory_method": measure.memory_method(dist.device),
+            "step_plan": {
+                "memory_step": measure.MEMORY_STEP,
+                "profiled_steps": f"every {measure.PROFILE_EVERY}th from step {measure.PROFILE_START}",
+                "timed_steps": len(measure.StepPlan(cfg.steps, arms).timed_steps()),
+                "arm_order": "Williams design over the timed steps",
+            },
+            "throughput_method": speed.METHOD,
         },
         "notes": notes,
         "baseline": BASELINE,
@@ -271,6 +333,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         "units": [res.summarize_unit(units[k], tokens_per_step) for k in keys if k in units],
         "comparisons": comparisons,
         "null_control": claims_mod.null_control(comparisons.get(CONTROL)),
+        "baseline_norm_share": norm_share,
         "lr_sweep": sw,
         "migration_rule": rules or None,
         "precision": precision,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,8 +41,6 @@ from normswap.study.arms import build_arm
 SPIKE_WINDOW = 20  # a spike is judged against the median of this many previous losses
 SPIKE_MIN_HISTORY = 10
 GRAD_SCALE_STEPS = 10  # the gradient scale of the migration rule: mean global grad norm over the first steps
-MEMORY_STEP = 1
-PROFILE_STEP = 2  # the norm-share step (hooks slow it down: excluded from throughput)
 
 
 @dataclass
@@ -123,7 +120,7 @@ class Arm:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scaler: object | None
-    grads: measure.NormInputGrads
+    probe: measure.ArmProbe
     norms: list
     record: dict
     stopped: bool = False
@@ -156,12 +153,24 @@ def new_record(arm: str, seed: int, multiplier: float, lr: float, norms: list) -
 class Group:
     """The arms of one (seed, multiplier) and the loop that steps them in turn."""
 
-    def __init__(self, source, cfg, arm_names: list[str], seed: int, multiplier: float, dist: Dist, hooks: Hooks):
+    def __init__(
+        self,
+        source,
+        cfg,
+        arm_names: list[str],
+        seed: int,
+        multiplier: float,
+        dist: Dist,
+        hooks: Hooks,
+        rms_impl: str | None = None,
+    ):
         self.cfg, self.seed, self.multiplier, self.dist, self.hooks = cfg, seed, multiplier, dist, hooks
         self.peak_lr = cfg.lr * multiplier
         self.arms: list[Arm] = []
+        self.plan = measure.StepPlan(cfg.steps, arm_names)
         for name in arm_names:
-            model = build_arm(source, name, seed, cfg.kernels).to(dist.device)
+            model = build_arm(source, name, seed, cfg.kernels, precision=cfg.precision, rms_impl=rms_impl)
+            model = model.to(dist.device)
             opt = torch.optim.AdamW(
                 _param_groups(model, cfg.weight_decay), lr=self.peak_lr, betas=(0.9, 0.95), eps=1e-8
             )
@@ -173,7 +182,7 @@ class Group:
                     model,
                     opt,
                     scaler,
-                    measure.NormInputGrads(norms),
+                    measure.ArmProbe(self.plan, model, norms, dist.device),
                     norms,
                     new_record(name, seed, multiplier, self.peak_lr, norms),
                     params=list(model.parameters()),
@@ -182,29 +191,22 @@ class Group:
 
     # ------------------------------------------------------------------------ one arm's step
     def _step(self, arm: Arm, batch: torch.Tensor, t: int) -> None:
-        cfg, dev, rec = self.cfg, self.dist.device, arm.record
+        cfg, rec = self.cfg, arm.record
         torch.manual_seed(self.seed * 1_000_003 + t)  # the same dropout masks for every arm at step t
         lr = lr_at(t, self.peak_lr, cfg.warmup)
         for g in arm.optimizer.param_groups:
             g["lr"] = lr
-        arm.grads.reset()
-        profile = t == PROFILE_STEP and cfg.steps > PROFILE_STEP
-        timer = measure.NormTimer(arm.norms, dev) if profile else None
-        counting = (
-            measure.SavedBytes(arm.model) if (t == MEMORY_STEP and dev.type != "cuda") else contextlib.nullcontext()
-        )
-        if t == MEMORY_STEP and dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-            base = torch.cuda.memory_allocated(dev)
-        measure.synchronize(dev)
-        t0 = time.perf_counter()
-        with counting:
-            with autocast_for(cfg.precision, dev):
-                loss = arm.model(input_ids=batch, labels=batch).loss
-            if self.hooks.loss is not None:
-                loss = self.hooks.loss(arm.name, t, loss)
-            (arm.scaler.scale(loss) if arm.scaler is not None else loss).backward()
+        with arm.probe.step(t) as probe:  # the whole step: timed, or measured (measure.StepPlan)
+            probe.result = self._forward_backward_update(arm, batch, t, rec)
+        self._after(arm, t, probe, rec)
+
+    def _forward_backward_update(self, arm: Arm, batch: torch.Tensor, t: int, rec: dict) -> tuple:
+        cfg = self.cfg
+        with autocast_for(cfg.precision, self.dist.device):
+            loss = arm.model(input_ids=batch, labels=batch).loss
+        if self.hooks.loss is not None:
+            loss = self.hooks.loss(arm.name, t, loss)
+        (arm.scaler.scale(loss) if arm.scaler is not None else loss).backward()
         self.dist.average_grads(arm.params)
         if arm.scaler is not None:
             arm.scaler.unscale_(arm.optimizer)
@@ -224,43 +226,16 @@ class Group:
             rec["nonfinite"] = {"step": t, "what": "gradient norm", "value": str(grad_norm)}
         else:
             arm.optimizer.step()
-        if t == MEMORY_STEP:
-            if dev.type == "cuda":
-                transient = torch.cuda.max_memory_allocated(dev) - base
-                method = "cuda max_memory_allocated rise over the step + parameters and optimizer state"
-            else:
-                transient = counting.bytes + measure.grad_bytes(arm.model)
-                method = (
-                    "bytes saved for backward (distinct storages, parameters excluded) + gradients "
-                    "+ parameters and optimizer state"
-                )
-            static = measure.param_bytes(arm.model, arm.optimizer)  # after the step: AdamW's moments exist
-            rec["memory"] = {
-                "static_bytes": static,
-                "transient_bytes": int(transient),
-                "peak_bytes": static + int(transient),
-                "method": method,
-            }
         arm.optimizer.zero_grad(set_to_none=True)
-        measure.synchronize(dev)
-        dt = time.perf_counter() - t0
-        if timer is not None:
-            timer.remove()
-            rec["norm_share"] = {
-                "step": t,
-                "norm_seconds": timer.seconds,
-                "step_seconds": dt,
-                "share": timer.seconds / dt if dt > 0 else None,
-            }
+        return loss_v, grad_norm, scale, skipped
 
-        sq = torch.tensor(arm.grads.sq, dtype=torch.float64, device=dev)
-        sq = self.dist.sum_(sq) / (self.dist.world**2 * scale**2)
-        rec["norm_input_grad_norm"]["per_step"].append(
-            [math.sqrt(v) if math.isfinite(v) else None for v in sq.tolist()]
-        )
+    def _after(self, arm: Arm, t: int, probe, rec: dict) -> None:
+        """Record step t (outside its timing): the measurements of its role, loss, spikes, status."""
+        cfg, world = self.cfg, self.dist.world
+        loss_v, grad_norm, scale, skipped = probe.result
+        arm.probe.record(rec, t, probe, arm.optimizer, reduce_sq=lambda sq: self.dist.sum_(sq) / (world**2 * scale**2))
         rec["loss"].append(loss_v if math.isfinite(loss_v) else None)
         rec["grad_norm"].append(grad_norm if math.isfinite(grad_norm) else None)
-        rec["step_seconds"].append(dt)
         rec["steps_done"] = t
         if skipped:
             rec["skipped_steps"].append(t)
@@ -315,8 +290,7 @@ class Group:
             if not active:
                 break
             batch = stream.take(cfg.batch_size)[rank * micro : (rank + 1) * micro].to(self.dist.device)
-            k = t % len(active)
-            for arm in active[k:] + active[:k]:
+            for arm in self.plan.order(t, active):  # a Williams order over the timed steps
                 self._step(arm, batch, t)
                 if arm.stopped and on_arm_done:
                     on_arm_done(arm.record)
@@ -327,7 +301,7 @@ class Group:
             if self.hooks.after_step:
                 self.hooks.after_step(self.seed, self.multiplier, t)
         for arm in self.arms:
-            arm.grads.remove()
+            arm.probe.remove()
             if not arm.stopped:
                 arm.record["status"] = "finished"
         return [a.record for a in self.arms]

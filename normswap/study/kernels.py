@@ -1,0 +1,376 @@
+"""Which implementation computes each arm's norms, in which dtype, and what it really is.
+
+Three jobs, each done once here and used by arms.py (building), trainer.py (observing one real
+step) and the throughput analysis (the kernel speed-up behind the Amdahl bound):
+
+* **Choosing** (``--kernels``). RMSNorm has several implementations; LayerNorm has one worth
+  running, PyTorch's fused ``F.layer_norm`` (one ATen kernel forward and backward on CPU and
+  CUDA). ``torch`` runs every RMSNorm through ``F.rms_norm``; ``normswap`` through normswap's own
+  module (``normswap.kernels.rms_norm``: its fused C++ kernel on CPU, Triton on CUDA, as its
+  dispatcher measured); ``best`` (the default) times the candidates side by side on the arm's
+  own shape (rows = batch × sequence, width, the dtype the norms compute in), forward and
+  backward, before any training step, and keeps the fastest. Candidates: ``normswap`` and
+  ``torch`` everywhere, and on CUDA also ``compile`` (``torch.compile`` of the RMSNorm formula,
+  Inductor). torch.compile is left out on CPU by rule: compiling takes tens of seconds per shape
+  on a 2-core machine, more than a fused kernel could save over a 10-minute study, and
+  normswap's C++ kernel is already one fused pass.
+* **Low precision** (``--precision bf16|fp16``). Under autocast alone the norms receive the fp32
+  residual stream and return fp32 (layer_norm computes in its input's dtype, and autocast leaves
+  it alone or puts it in fp32), so no norm would run in low precision. :func:`compute_in` makes
+  every norm of the model compute in the training dtype: its input, γ and β are cast to that
+  dtype (differentiably: the fp32 master weights get their gradients), autocast is switched off
+  inside, and the output stays in that dtype.
+* **Labelling, detected.** :func:`observe` hooks every norm for one real training step and
+  records, from what happened: the output's dtype (``norm_compute_dtype``), and the autograd
+  nodes between the norm's output and its inputs (casts of the inputs and weights not counted):
+  one node is one kernel forward and backward (fused); more is a composite of separate ops.
+  ``norm_kernel`` names the implementation and what the graph showed, e.g.
+  ``torch.nn.functional.rms_norm (composite: 6 autograd nodes, grad_fn MulBackward0)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from normswap.model_facts import norm_modules
+from normswap.modules import RMSNorm
+
+CHOICES = ("best", "torch", "normswap")
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+BENCH_REPEATS = 15  # interleaved rounds of the side-by-side microbenchmark
+BENCH_WARMUP = 3
+
+
+class TorchRMSNorm(RMSNorm):
+    """normswap's RMSNorm module (same parameters) computed by PyTorch's ``F.rms_norm``."""
+
+    def forward(self, x, residual=None):
+        if residual is not None:
+            x = x + residual
+        y = F.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
+        y = y if self.bias is None else y + self.bias
+        return y if residual is None else (y, x)
+
+
+def _rms_formula(x, weight, eps: float):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+@functools.cache
+def _compiled_formula():
+    return torch.compile(_rms_formula, dynamic=False)
+
+
+class CompiledRMSNorm(RMSNorm):
+    """normswap's RMSNorm module computed by ``torch.compile`` of the RMSNorm formula (Inductor)."""
+
+    def forward(self, x, residual=None):
+        if residual is not None:
+            x = x + residual
+        y = _compiled_formula()(x, self.weight, self.eps)
+        y = y if self.bias is None else y + self.bias
+        return y if residual is None else (y, x)
+
+
+RMS_IMPLS = {"normswap": RMSNorm, "torch": TorchRMSNorm, "compile": CompiledRMSNorm}
+# what each module class is called in a label (the detected structure is added to it)
+IMPL_NAMES = {
+    torch.nn.LayerNorm: "torch.nn.functional.layer_norm",
+    TorchRMSNorm: "torch.nn.functional.rms_norm",
+    CompiledRMSNorm: "torch.compile(rms_norm)",
+    RMSNorm: "normswap rms_norm",
+}
+# what a single autograd node says about the kernel behind it (substring of its name())
+NODE_KERNELS = (
+    ("NativeLayerNormBackward", "aten native_layer_norm"),
+    ("normswap_cpu", "normswap cpu fused kernel"),
+    ("_EagerRMSNorm", "normswap triton kernel"),
+    ("normswap", "normswap custom op"),
+    ("CompiledFunction", "Inductor kernel"),
+    ("FusedRmsNorm", "aten _fused_rms_norm"),
+)
+
+
+def candidates(device) -> list[str]:
+    """The RMSNorm implementations ``--kernels best`` times on this device (see the module doc)."""
+    return ["normswap", "torch", "compile"] if torch.device(device).type == "cuda" else ["normswap", "torch"]
+
+
+def _rms_classes() -> tuple:
+    return tuple(RMS_IMPLS.values())
+
+
+def use_rms_impl(model: torch.nn.Module, impl: str) -> int:
+    """Make every RMSNorm of ``model`` compute with ``impl`` (same parameters); how many changed."""
+    cls = RMS_IMPLS[impl]
+    n = 0
+    for _, m in model.named_modules():
+        if type(m) in _rms_classes():
+            m.__class__ = cls
+            n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------- low precision
+class _ComputeIn:
+    """Mixin: the norm's forward with its input, γ and β in ``_compute_dtype`` and autocast off."""
+
+    _compute_dtype = torch.float32
+
+    def forward(self, *args, **kwargs):
+        dt = self._compute_dtype
+
+        def cast(a):
+            return a.to(dt) if torch.is_tensor(a) and a.is_floating_point() else a
+
+        args = tuple(cast(a) for a in args)
+        kwargs = {k: cast(v) for k, v in kwargs.items()}
+        saved = self._parameters
+        # the parameters as this dtype for this call only: the fp32 masters stay the module's
+        object.__setattr__(self, "_parameters", {k: cast(v) for k, v in saved.items()})
+        device_type = next((a.device.type for a in args if torch.is_tensor(a)), "cpu")
+        try:
+            with torch.autocast(device_type=device_type, enabled=False):
+                return super().forward(*args, **kwargs)
+        finally:
+            object.__setattr__(self, "_parameters", saved)
+
+
+@functools.cache
+def _low_precision_class(cls: type, dtype: torch.dtype) -> type:
+    name = f"{cls.__name__}In{DTYPE_NAMES[dtype].capitalize()}"
+    return type(name, (_ComputeIn, cls), {"_compute_dtype": dtype, "__module__": __name__})
+
+
+def base_class(module: torch.nn.Module) -> type:
+    """The norm's own class (the low-precision wrapper's base)."""
+    cls = type(module)
+    return cls.__mro__[2] if issubclass(cls, _ComputeIn) else cls
+
+
+def compute_in(model: torch.nn.Module, precision: str) -> int:
+    """Make every norm of ``model`` compute in ``precision``'s dtype (fp32: nothing changes)."""
+    dtype = PRECISION_DTYPES[precision]
+    if dtype == torch.float32:
+        return 0
+    norms = norm_modules(model)
+    for _, m in norms:
+        m.__class__ = _low_precision_class(base_class(m), dtype)
+    return len(norms)
+
+
+# ---------------------------------------------------------------------------- labels, detected
+# autograd nodes that launch no arithmetic kernel: dtype casts (the low-precision wrapper's) and views
+NOT_COMPUTE = ("ToCopyBackward", "ViewBackward", "UnsafeViewBackward", "ReshapeAlias", "AliasBackward")
+
+
+def _kernel_nodes(out: torch.Tensor, inputs: list[torch.Tensor]) -> list[str]:
+    """Names of the autograd nodes between ``out`` and the norm's inputs and parameters, casts and
+    views (NOT_COMPUTE) not counted: what computes the norm, forward and backward."""
+    stop = {t.grad_fn for t in inputs if torch.is_tensor(t) and t.grad_fn is not None}
+    seen, names, todo = set(), [], [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in stop or id(node) in seen:
+            continue
+        seen.add(id(node))
+        name = node.name()
+        if name.endswith("AccumulateGrad"):
+            continue
+        if not name.startswith(NOT_COMPUTE):
+            names.append(name)
+        todo.extend(n for n, _ in node.next_functions)
+    return names
+
+
+def describe(module: torch.nn.Module, nodes: list[str]) -> tuple[str, bool]:
+    """``(label, fused)`` of a norm from the autograd nodes it produced (see :func:`_kernel_nodes`)."""
+    cls = base_class(module)
+    impl = next((v for k, v in IMPL_NAMES.items() if cls is k), None)
+    if impl is None:
+        impl = next((v for k, v in IMPL_NAMES.items() if issubclass(cls, k)), f"{cls.__module__}.{cls.__qualname__}")
+    if not nodes:
+        return f"{impl} (no gradient: structure not seen)", False
+    top = nodes[0]
+    fused = len(nodes) == 1
+    if fused:
+        what = next((v for k, v in NODE_KERNELS if k in top), "one op")
+        return f"{impl} (fused: {what}, grad_fn {top})", True
+    return f"{impl} (composite: {len(nodes)} autograd nodes, grad_fn {top})", False
+
+
+class observe:
+    """Context: forward hooks on every norm of ``model`` for one real step. Afterwards
+    :meth:`summary` gives ``norm_kernel``, ``norm_kernel_fused`` and ``norm_compute_dtype``."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.norms = norm_modules(model)
+        self.seen: list[tuple[str, bool, str]] = []
+        self._handles = []
+
+    def _hook(self, module, args, kwargs, out):
+        y = out[0] if isinstance(out, tuple) else out
+        if not torch.is_tensor(y):
+            return
+        inputs = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+        nodes = _kernel_nodes(y, inputs) if y.requires_grad else []
+        label, fused = describe(module, nodes)
+        self.seen.append((label, fused, DTYPE_NAMES.get(y.dtype, str(y.dtype).replace("torch.", ""))))
+
+    def __enter__(self):
+        self._handles = [m.register_forward_hook(self._hook, with_kwargs=True) for _, m in self.norms]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        return False
+
+    def summary(self) -> dict:
+        """One label per distinct kind of norm (joined with " + "); fused only when every norm is;
+        the dtype the norms returned ("mixed: …" when they differ)."""
+        if not self.seen:
+            return {"norm_kernel": None, "norm_kernel_fused": None, "norm_compute_dtype": None}
+        labels = list(dict.fromkeys(s[0] for s in self.seen))
+        dtypes = list(dict.fromkeys(s[2] for s in self.seen))
+        return {
+            "norm_kernel": " + ".join(labels),
+            "norm_kernel_fused": all(s[1] for s in self.seen),
+            "norm_compute_dtype": dtypes[0] if len(dtypes) == 1 else "mixed: " + ", ".join(dtypes),
+        }
+
+
+# ---------------------------------------------------------------------------- side-by-side timing
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_side_by_side(modules: dict, rows: int, device, *, repeats: int = BENCH_REPEATS, seed: int = 0) -> dict:
+    """Median seconds of one forward + backward of each norm module on the same fp32 input
+    (rows × width, as the residual stream reaches the norms), the modules taking turns in every
+    round so that the machine's drift lands on all of them. ``{name: seconds}``; a module that
+    fails is left out (its error under ``"errors"``)."""
+    device = torch.device(device)
+    width = next(iter(modules.values())).weight.shape[-1]
+    g = torch.Generator().manual_seed(seed)
+    x0 = torch.randn(rows, width, generator=g).to(device)
+    dy = torch.randn(rows, width, generator=g).to(device)
+    samples: dict[str, list[float]] = {k: [] for k in modules}
+    errors = {}
+
+    def once(m):
+        x = x0.detach().requires_grad_(True)
+        y = m(x)
+        y = y[0] if isinstance(y, tuple) else y
+        y.backward(dy.to(y.dtype))
+
+    live = dict(modules)
+    for r in range(BENCH_WARMUP + repeats):
+        order = list(live.items())
+        order = order[r % len(order) :] + order[: r % len(order)]
+        for name, m in order:
+            try:
+                _sync(device)
+                t0 = time.perf_counter()
+                once(m)
+                _sync(device)
+                dt = time.perf_counter() - t0
+            except Exception as e:  # a candidate that cannot run here (e.g. no compiler) is not chosen
+                errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                live.pop(name)
+                continue
+            if r >= BENCH_WARMUP:
+                samples[name].append(dt)
+    out = {k: statistics.median(v) for k, v in samples.items() if v}
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def _sample_rms(like: torch.nn.Module, impl: str, device, precision: str) -> torch.nn.Module:
+    """A fresh RMSNorm like ``like`` (width, ε, bias) computing with ``impl`` in ``precision``."""
+    m = RMS_IMPLS[impl](like.hidden_size, like.eps, bias=like.bias is not None).to(device)
+    holder = torch.nn.Sequential(m)
+    compute_in(holder, precision)
+    return holder[0]
+
+
+def choose_rms(like: torch.nn.Module, rows: int, device, precision: str) -> dict:
+    """``--kernels best``: the fastest RMSNorm implementation on this shape, device and dtype.
+    ``{"choice", "seconds": {impl: median s}, "candidates", "errors"?}``."""
+    cands = candidates(device)
+    mods = {c: _sample_rms(like, c, device, precision) for c in cands}
+    secs = time_side_by_side(mods, rows, device)
+    errors = secs.pop("errors", None)
+    choice = min(secs, key=secs.get) if secs else "normswap"
+    out = {"choice": choice, "seconds": secs, "candidates": cands, "rows": rows, "width": like.hidden_size}
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def first_norm(model: torch.nn.Module) -> torch.nn.Module | None:
+    norms = norm_modules(model)
+    return norms[0][1] if norms else None
+
+
+def kernel_speedup(arm_norm: torch.nn.Module, base_norm: torch.nn.Module, rows: int, device) -> dict:
+    """The arm's norm against the baseline's, side by side (forward + backward, median seconds):
+    ``speedup`` = baseline seconds / arm seconds (> 1: the arm's norm is faster)."""
+    import copy
+
+    mods = {"arm": copy.deepcopy(arm_norm).to(device), "baseline": copy.deepcopy(base_norm).to(device)}
+    secs = time_side_by_side(mods, rows, device)
+    if "arm" not in secs or "baseline" not in secs or secs["arm"] <= 0:
+        return {"speedup": None, "seconds": secs, "rows": rows}
+    return {"speedup": secs["baseline"] / secs["arm"], "seconds": secs, "rows": rows}
+
+
+def rms_impl_of(choice: str, auto: dict | None) -> str:
+    """The implementation an arm runs for ``--kernels choice`` (``best``: what :func:`choose_rms` chose)."""
+    if choice == "best":
+        return (auto or {}).get("choice", "normswap")
+    return choice
+
+
+def setup(build, arms: list[str], baseline: str, option: str, device, precision: str, rows: int) -> dict:
+    """The study's kernel set-up, measured before any training step: the RMSNorm implementation
+    (``--kernels best``: the side-by-side choice), and each arm's norm against the baseline's,
+    side by side on the training shape (the kernel speed-up of the Amdahl bound).
+    ``build(arm, rms_impl)`` builds seed 0's arm."""
+    device = torch.device(device)
+    out: dict = {"option": option, "rows": rows, "device": str(device), "precision": precision}
+    rms_like = None
+    for arm in arms:
+        if arm == baseline:
+            continue
+        norm = first_norm(build(arm, "normswap"))
+        if norm is not None and isinstance(norm, RMSNorm):
+            rms_like = norm
+            break
+    if option == "best" and rms_like is not None:
+        out["best"] = choose_rms(rms_like, rows, device, precision)
+        out["rms_impl"] = out["best"]["choice"]
+    else:
+        out["rms_impl"] = rms_impl_of(option, None)
+    base_norm = first_norm(build(baseline, out["rms_impl"]))
+    out["speedup"] = {}
+    for arm in arms:
+        if arm == baseline:
+            continue
+        norm = first_norm(build(arm, out["rms_impl"]))
+        if norm is not None and base_norm is not None:
+            out["speedup"][arm] = kernel_speedup(norm, base_norm, rows, device)
+    out["method"] = (
+        f"one norm of each arm (its first), forward + backward on a {rows} × width fp32 input, "
+        f"median of {BENCH_REPEATS} interleaved rounds after {BENCH_WARMUP} warm-up rounds"
+    )
+    return out
