@@ -43,7 +43,7 @@ from normswap.modules import RMSNorm
 CHOICES = ("best", "torch", "normswap")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-BENCH_REPEATS = 15  # interleaved rounds of the side-by-side microbenchmark
+BENCH_REPEATS = 30  # interleaved rounds of the side-by-side microbenchmark
 BENCH_WARMUP = 3
 
 
@@ -253,11 +253,14 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_side_by_side(modules: dict, rows: int, device, *, repeats: int = BENCH_REPEATS, seed: int = 0) -> dict:
+def time_side_by_side(
+    modules: dict, rows: int, device, *, repeats: int = BENCH_REPEATS, seed: int = 0, rounds: dict | None = None
+) -> dict:
     """Median seconds of one forward + backward of each norm module on the same fp32 input
     (rows × width, as the residual stream reaches the norms), the modules taking turns in every
     round so that the machine's drift lands on all of them. ``{name: seconds}``; a module that
-    fails is left out (its error under ``"errors"``)."""
+    fails is left out (its error under ``"errors"``). ``rounds``, when given, receives every
+    round's seconds per module (for paired ratios)."""
     device = torch.device(device)
     width = next(iter(modules.values())).weight.shape[-1]
     g = torch.Generator().manual_seed(seed)
@@ -289,6 +292,8 @@ def time_side_by_side(modules: dict, rows: int, device, *, repeats: int = BENCH_
                 continue
             if r >= BENCH_WARMUP:
                 samples[name].append(dt)
+    if rounds is not None:
+        rounds.update(samples)
     out = {k: statistics.median(v) for k, v in samples.items() if v}
     if errors:
         out["errors"] = errors
@@ -323,15 +328,16 @@ def first_norm(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def kernel_speedup(arm_norm: torch.nn.Module, base_norm: torch.nn.Module, rows: int, device) -> dict:
-    """The arm's norm against the baseline's, side by side (forward + backward, median seconds):
-    ``speedup`` = baseline seconds / arm seconds (> 1: the arm's norm is faster)."""
+    """The arm's norm against the baseline's, side by side (forward + backward): ``speedup`` = the
+    median over rounds of baseline seconds / arm seconds in the same round (> 1: the arm's norm is
+    faster); ``seconds``: each one's median."""
     import copy
 
     mods = {"arm": copy.deepcopy(arm_norm).to(device), "baseline": copy.deepcopy(base_norm).to(device)}
-    secs = time_side_by_side(mods, rows, device)
-    if "arm" not in secs or "baseline" not in secs or secs["arm"] <= 0:
-        return {"speedup": None, "seconds": secs, "rows": rows}
-    return {"speedup": secs["baseline"] / secs["arm"], "seconds": secs, "rows": rows}
+    rounds: dict = {}
+    secs = time_side_by_side(mods, rows, device, rounds=rounds)
+    pairs = [b / a for a, b in zip(rounds.get("arm", []), rounds.get("baseline", [])) if a > 0]
+    return {"speedup": statistics.median(pairs) if pairs else None, "seconds": secs, "rows": rows}
 
 
 def rms_impl_of(choice: str, auto: dict | None) -> str:

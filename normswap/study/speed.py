@@ -67,11 +67,18 @@ def bootstrap_ratio(per_seed: dict, *, draws: int = BOOTSTRAP_DRAWS, rng_seed: i
         return None
     rng = np.random.default_rng(rng_seed)
     pooled = np.concatenate(blocks)
-    stats = np.empty(draws)
-    for i in range(draws):
-        picked = rng.integers(len(blocks), size=len(blocks))
-        drawn = [blocks[j] for j in picked]
-        stats[i] = np.median(np.concatenate([b[rng.integers(len(b), size=len(b))] for b in drawn]))
+    lengths = np.array([len(b) for b in blocks])
+    table = np.full((len(blocks), lengths.max()), np.nan)
+    for i, b in enumerate(blocks):
+        table[i, : len(b)] = b
+    # every draw at once: seeds drawn with replacement, then as many steps as the drawn seed has,
+    # drawn with replacement from it (positions past a shorter seed's length stay NaN, ignored)
+    picked = rng.integers(len(blocks), size=(draws, len(blocks)))
+    n = lengths[picked][..., None]
+    steps = np.floor(rng.random((draws, len(blocks), lengths.max())) * n).astype(np.int64)
+    values = table[picked[..., None], steps]
+    values[np.arange(lengths.max()) >= n] = np.nan
+    stats = np.nanmedian(values.reshape(draws, -1), axis=1)
     lo, hi = np.percentile(stats, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
     return {
         "median": float(np.median(pooled)),
