@@ -13,6 +13,10 @@ inside it. Each path is compared in two forms, so that symlinks cannot hide an o
   with OUT (its target is not, but the command's later reads through that name fail);
 - fully resolved: a symlink to the data means the data is where it points.
 
+Both forms resolve symlinks *before* ``..`` is applied, as the operating system does: with
+``work/ln -> models/sub``, ``work/ln/../src`` is ``models/src``, not ``work/src`` (which
+``os.path.abspath`` would make of it by dropping ``ln/..`` as text).
+
 Specs that are not local paths (``embedded``, a hub id, a missing path) read nothing here and are
 skipped; the command refuses them later with its own message.
 """
@@ -43,11 +47,13 @@ def local_path(spec) -> Path | None:
 
 
 def _forms(path: Path) -> set[Path]:
-    """The path as named (parents resolved) and fully resolved."""
-    path = Path(os.path.abspath(path.expanduser()))
-    if not path.name:  # the root
-        return {path.resolve()}
-    return {path.parent.resolve() / path.name, path.resolve()}
+    """The path as named (parents resolved) and fully resolved; ``..`` only after symlinks (realpath)."""
+    text = os.path.expanduser(os.fspath(path))
+    full = Path(os.path.realpath(text))
+    head, name = os.path.split(text.rstrip("/") or text)
+    if name in ("", ".", ".."):  # the root, or a name that is no entry of its own
+        return {full}
+    return {Path(os.path.realpath(head or ".")) / name, full}
 
 
 def _nested(a: Path, b: Path) -> bool:

@@ -10,6 +10,7 @@ variant (refused in one line, every input byte-identical, nothing created) and i
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import shutil
 from pathlib import Path
@@ -193,3 +194,42 @@ def test_run_force_never_deletes_a_source_inside_out(tmp_path, run_cli):
     shutil.copy(recipe, out / "recipe.yaml")
     code, _, err = run_cli("run", out / "recipe.yaml", "--out", out, "--force")
     _refused(code, err, "the recipe")
+
+
+# ------------------------------------------------------------------------------ issue #29, case 6
+def test_dotdot_after_a_symlink_is_where_the_os_goes(tmp_path):
+    """``work/ln/../src`` with ``work/ln -> models/sub`` is ``models/src`` (the OS resolves the link, then
+    ``..``); comparing ``abspath`` forms made it ``work/src`` and let OUT replace the model."""
+    src = tmp_path / "models" / "src"
+    (tmp_path / "models" / "sub").mkdir(parents=True)
+    src.mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "ln").symlink_to(tmp_path / "models" / "sub")
+    sneaky = tmp_path / "work" / "ln" / ".." / "src"
+    assert os.path.samefile(sneaky, src)  # what the OS writes to
+    assert overlaps(sneaky, src) and overlaps(src, sneaky) and overlaps(sneaky / "x", src)
+    assert overlaps(tmp_path / "work" / "ln" / "..", src)  # a path ending in .. is its resolved self
+    # the control: the same spelling without the symlink names another directory
+    (tmp_path / "work" / "plain").mkdir()
+    assert not overlaps(tmp_path / "work" / "plain" / ".." / "src", src)
+
+
+def test_convert_and_export_refuse_out_that_reaches_the_model_through_a_symlink_and_dotdot(tmp_path, run_cli):
+    models = tmp_path / "models"
+    (models / "sub").mkdir(parents=True)
+    src = models / "src"
+    shutil.copytree(model_path("kjv-gpt2"), src)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "ln").symlink_to(models / "sub")
+    before = _tree_hash(src)
+    sneaky = f"{tmp_path}/work/ln/../src"
+    code, _, err = run_cli("convert", src, sneaky, "--force")
+    _refused(code, err, "the model")
+    code, _, err = run_cli("export", src, sneaky, "--format", "stock", "--force")
+    assert code == 2 and "overlaps" in err and "Traceback" not in err, err
+    assert _tree_hash(src) == before
+    # the control: the same spelling through a plain directory names work/out, which is free to write
+    from normswap.publish import check_output_path
+
+    (tmp_path / "work" / "plain").mkdir()
+    check_output_path(f"{tmp_path}/work/plain/../out", force=True, reads=[("the model", src)])
