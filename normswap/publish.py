@@ -10,7 +10,10 @@ Four jobs, used by every command that writes (convert, finetune, eval report, ru
 - ``output_lock``: a command holds an exclusive ``flock`` on ``.OUT.normswap.lock`` (beside OUT)
   for its whole life; a second process is refused with one line naming the holder's pid and
   command. The kernel drops the lock when its holder dies, however it dies. Taking the lock also
-  removes what a killed process left behind (staging directories) and says so.
+  removes what a killed process left behind (staging directories) and says so. Names in a shared
+  directory that another user owns (a lock file or a staging-style name, planted or left by their
+  own runs) are never removed, used or a reason to refuse: they are left alone and named in one
+  line, and this user's lock then lives at ``.OUT.normswap.lock-<uid>``.
 - ``staging_dir`` + ``publish_dir``: a directory is built in a sibling
   ``.OUT.normswap-staging-<pid>-<rand>``, verified by the caller, then renamed into place. With
   ``--force`` the staging directory and the old OUT are exchanged in one ``renameat2`` call, so a
@@ -86,6 +89,27 @@ def check_output_path(out, *, force: bool, reads=(), allow_empty: bool = False, 
     return out
 
 
+def check_output_file(path, *, force: bool, reads=(), label: str = "OUT") -> Path:
+    """The file counterpart of :func:`check_output_path`, for commands whose output is one file
+    (written with :func:`atomic_write_text`): refuse an existing file without ``--force``, a
+    directory, a dangling symlink, a missing parent and a path that overlaps what the command
+    reads (normswap.overlap), each in one line, before any work."""
+    path = Path(path).expanduser()
+    if path.is_symlink() and not path.exists():
+        raise NormswapError(
+            f"{label} {path} is a symlink to {os.readlink(path)}, which does not exist; "
+            f"remove it or choose another {label}"
+        )
+    check_disjoint(reads, [(f"{label} {path}", path)], advice=f"choose another {label}")
+    if path.is_dir():
+        raise NormswapError(f"{label} {path} is a directory; give a file name")
+    if path.exists() and not force:
+        raise NormswapError(f"{label} {path} already exists; pass --force to replace it")
+    if not path.parent.is_dir():
+        raise NormswapError(f"parent directory of {label} does not exist: {path.parent}")
+    return path
+
+
 # ------------------------------------------------------------------------------------- lock
 _held: dict[Path, list] = {}  # lock path -> [fd, depth]: re-entrant within one process
 
@@ -94,9 +118,35 @@ def _lock_path(out: Path) -> Path:
     return out.parent / f".{out.name}{LOCK_SUFFIX}"
 
 
+def _uid() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def _foreign_owner(path: Path) -> int | None:
+    """The uid of another user who owns the name ``path`` (not followed), or None (ours or absent)."""
+    try:
+        owner = os.lstat(path).st_uid
+    except OSError:
+        return None
+    return owner if _uid() is not None and owner != _uid() else None
+
+
+def _usable_lock_path(out: Path, say) -> Path:
+    """OUT's lock file; when another user owns the shared name (their run, or a plant in a sticky
+    directory nobody else can remove), it is left alone, named, and a per-user name is used."""
+    lock_path = _lock_path(out)
+    owner = _foreign_owner(lock_path)
+    if owner is None:
+        return lock_path
+    mine = lock_path.with_name(f"{lock_path.name}-{_uid()}")
+    _say(say, f"left alone {lock_path.name}, which belongs to another user (uid {owner}); locking with {mine.name}")
+    return mine
+
+
 def _holder(lock_path: Path) -> str:
     try:
-        info = json.loads(lock_path.read_text())
+        with os.fdopen(open_private(lock_path, os.O_RDONLY), encoding="utf-8") as f:
+            info = json.loads(f.read(4096))
         return f"pid {info['pid']} ({info['command']})"
     except (OSError, ValueError, KeyError, TypeError):
         return "another normswap process"
@@ -183,15 +233,16 @@ def output_lock(out, *, command: str | None = None, say=None, create_parent: boo
             raise NormswapError(f"parent directory of OUT does not exist: {out.parent}")
         out.parent.mkdir(parents=True, exist_ok=True)
     out = out.parent.resolve() / out.name  # one lock file per directory, however it is spelled
-    lock_path = _lock_path(out)
-    entry = _held.get(lock_path)
+    key = _lock_path(out)
+    entry = _held.get(key)
     if entry is None:
         check_writable_destination(out, replaced_whole=replaced_whole)
-        entry = _held[lock_path] = [_acquire(lock_path, command or _command_line()), 0]
+        lock_path = _usable_lock_path(out, say)
+        entry = _held[key] = [_acquire(lock_path, command or _command_line()), 0, lock_path]
         try:
             _remove_leftovers(out, say)
         except BaseException:
-            del _held[lock_path]
+            del _held[key]
             _release(lock_path, entry[0])
             raise
     entry[1] += 1
@@ -200,8 +251,8 @@ def output_lock(out, *, command: str | None = None, say=None, create_parent: boo
     finally:
         entry[1] -= 1
         if entry[1] == 0:
-            del _held[lock_path]
-            _release(lock_path, entry[0])
+            del _held[key]
+            _release(entry[2], entry[0])
 
 
 # the longest name normswap puts beside OUT: ".OUT" + STAGING_TAG + pid (up to 7 digits) + "-old-" + 8 hex
@@ -264,8 +315,12 @@ def _alive(pid: str) -> bool:
 
 
 def _remove_leftovers(out: Path, say) -> None:
-    restored, removed, pids = False, [], set()
+    restored, removed, pids, foreign, stuck = False, [], set(), {}, []
     for p in sorted(out.parent.glob(f".{out.name}{STAGING_TAG}*")):
+        owner = _foreign_owner(p)
+        if owner is not None:  # another user's name (their run, or a plant): never ours to remove or restore
+            foreign.setdefault(owner, []).append(p.name)
+            continue
         pid = p.name.rsplit(STAGING_TAG, 1)[1].split("-")[0]
         if _alive(pid):
             continue  # a live writer that holds no lock on OUT (should not happen): leave it alone
@@ -274,10 +329,23 @@ def _remove_leftovers(out: Path, say) -> None:
             os.rename(p, out)  # killed between the fallback publish's two renames: this is the verified OUT
             restored = True
             continue
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
-        removed.append(p.name)
+        try:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+            removed.append(p.name)
+        except OSError:
+            stuck.append(p.name)
     with contextlib.suppress(OSError):
         (out / COMPLETE_MARKER).unlink()  # restored above, or killed just after the fallback's second rename
+    if foreign or stuck:
+        _say(
+            say,
+            "left alone "
+            + "; ".join(
+                [f"{', '.join(names)} (owned by another user, uid {uid})" for uid, names in sorted(foreign.items())]
+                + ([f"{', '.join(stuck)} (could not be removed)"] if stuck else [])
+            )
+            + f": not normswap's own leftovers of {out.name}, they do not stop it",
+        )
     if restored or removed:
         what = ([f"restored {out.name} from its verified staging directory"] if restored else []) + (
             [
@@ -404,4 +472,12 @@ def _publish(staging: Path, out: Path, force: bool) -> Path:
     return out
 
 
-__all__ = ["atomic_write_text", "atomic_write_json", "check_output_path", "output_lock", "staging_dir", "publish_dir"]
+__all__ = [
+    "atomic_write_text",
+    "atomic_write_json",
+    "check_output_file",
+    "check_output_path",
+    "output_lock",
+    "staging_dir",
+    "publish_dir",
+]

@@ -10,8 +10,8 @@ variant (refused in one line, every input byte-identical, nothing created) and i
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import shutil
 from pathlib import Path
 

@@ -9,6 +9,18 @@ import click
 
 from normswap.cli.options import json_option
 
+force_file_option = click.option("--force", is_flag=True, help="Replace --out / --save-json if the file exists.")
+
+
+def _check_outputs(force: bool, reads, **outputs) -> None:
+    """Every file this command writes, checked before any work (normswap.publish.check_output_file):
+    an existing file needs --force, and none may be or lie in what the command reads."""
+    from normswap.publish import check_output_file
+
+    for flag, path in outputs.items():
+        if path is not None:
+            check_output_file(path, force=force, reads=reads, label=f"--{flag.replace('_', '-')}")
+
 
 def family_rows() -> list[dict]:
     from normswap.architectures import all_families
@@ -124,10 +136,12 @@ def families(ctx, as_json, markdown, show_all):
 @families.command()
 @click.argument("model")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the family file (YAML) here.")
+@force_file_option
 @json_option
-def discover(model, out, as_json):
+def discover(model, out, force, as_json):
     """Derive a family description from MODEL (a model directory, config.json, hub id or converted
     checkpoint), check it by converting a tiny randomised instance, and print or save it."""
+    _check_outputs(force, [("the model", model)], out=out)
     result = run_discover(model, out)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
@@ -179,10 +193,12 @@ def discover(model, out, as_json):
         "the table says which rows are from which run."
     ),
 )
+@force_file_option
 @json_option
-def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
+def survey(out, only, jobs, save_json, shard, from_json, update, force, as_json):
     """Try discovery on every config class of the installed transformers that builds a model with
     LayerNorm-like modules, and tabulate exact / approximate-only / refused with the reason."""
+    _check_outputs(force, [("the saved rows", f) for f in from_json], out=out, save_json=save_json)
     from normswap.convert.survey import load_rows, model_types, run_survey, shard_of, survey_markdown, update_rows
 
     names = list(only) or (shard_of(model_types(), shard) if shard else None)
@@ -239,8 +255,9 @@ def survey(out, only, jobs, save_json, shard, from_json, update, as_json):
     ),
 )
 @click.option("--list-rows", is_flag=True, help="Print the row names (one a line) and exit.")
+@force_file_option
 @json_option
-def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows, as_json):
+def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows, force, as_json):
     """Compatibility matrix: every curated family and every architecture discovery converts exactly
     (tiny randomised models), against every entry point users load a model with (Auto classes,
     pipeline(), Trainer, PEFT LoRA, sentence-transformers, generate with a KV cache, torch.compile,
@@ -262,6 +279,7 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
     if list_rows:
         click.echo("\n".join(r.name for r in all_rows()))
         return
+    _check_outputs(force, [("the saved rows", f) for f in from_json], out=out, save_json=save_json)
     if from_json:
         records, metas = [], []
         for path in from_json:
