@@ -21,9 +21,13 @@
 #               kernels inside the training loop) and writes `eval report` on cuda; the report
 #               (report.md, results.json) is copied to user-path/ beside the kernel results
 #   study     - `normswap study` of a GPT-2-small-shaped config (random init, 124M parameters):
-#               layernorm, rmsnorm (γ = 1) and the layernorm null control interleaved step by step,
-#               bf16 autocast, 200 steps × 8 × 256 tokens, 2 seeds, on cuda; its report.md and
-#               results.json are copied to study/ (and its report goes into summary.md)
+#               layernorm, rmsnorm (γ = 1) and the layernorm null control interleaved step by step
+#               (Williams order), --precision bf16 (every norm computing in bfloat16, recorded per
+#               unit), --kernels best (normswap's Triton kernel, F.rms_norm or torch.compile, timed
+#               side by side before training; the label of what ran detected per unit),
+#               150 steps × 8 × 256 tokens, 2 seeds, on cuda; its report.md and results.json are
+#               copied to study/, and summary.md/status.json get the kernels, dtypes, peak memory
+#               (max_memory_allocated at a steady-state step) and each arm's Amdahl bound
 # Results: bench/results/gpu-<UTC stamp>/ (dry runs: a temp dir unless NORMSWAP_BENCH_RESULTS is
 # set), and a copy in $OUT when that is set. Exit status: number of failed steps.
 set -uo pipefail   # deliberately no -e: one failing step must not lose the others' results
@@ -112,7 +116,7 @@ study_run() {  # DEVICE SHAPE EXTRA_ARGS...
     shift 2
     study_config "$WORK/study-config" "$shape" || return 1
     "$PY" -m normswap study "$WORK/study-config/config.json" --out "$WORK/study" --device "$device" --precision bf16 \
-        --no-progress "$@"
+        --kernels best --arms layernorm,rmsnorm,layernorm-control --no-progress "$@"
 }
 
 collect_study() {
@@ -148,8 +152,8 @@ else
         --out "$RES/kernels.json" --markdown "$RES/kernels.md"
     step user-path "$L_USER" env NORMSWAP_KERNEL=triton bash -c 'user_path cuda'
     collect_user_path
-    step study "$L_STUDY" bash -c 'study_run cuda small --steps 200 --seeds 2 --batch-size 8 --seq-len 256 --warmup 40 \
-        --lr 6e-4 --eval-every 100 --eval-tokens 16384'
+    step study "$L_STUDY" bash -c 'study_run cuda small --steps 150 --seeds 2 --batch-size 8 --seq-len 256 --warmup 30 \
+        --lr 6e-4 --eval-every 75 --eval-tokens 16384'
     collect_study
 fi
 
@@ -192,7 +196,11 @@ if os.path.exists(up):
 st = os.path.join(res, "study", "results.json")
 if os.path.exists(st):
     r = json.load(open(st))
-    summary["study"] = {"claims": r.get("claims"), "null_control": r.get("null_control"), "wall_seconds": (r.get("timing") or {}).get("wall_seconds")}
+    summary["study"] = {"claims": r.get("claims"), "null_control": r.get("null_control"), "wall_seconds": (r.get("timing") or {}).get("wall_seconds"),
+                        "kernels": (r.get("setup") or {}).get("kernels"), "memory_method": (r.get("setup") or {}).get("memory_method"),
+                        "amdahl_bound": {a: c.get("amdahl_bound") for a, c in (r.get("comparisons") or {}).items()},
+                        "units": [{k: u.get(k) for k in ("arm", "seed", "norm_kernel", "norm_kernel_fused", "norm_compute_dtype")}
+                                  | {"peak_bytes": (u.get("memory") or {}).get("peak_bytes")} for u in r.get("units", [])]}
 tmp = os.path.join(res, ".status.json.tmp")
 json.dump(summary, open(tmp, "w"), indent=2)
 os.replace(tmp, os.path.join(res, "status.json"))
