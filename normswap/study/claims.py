@@ -8,9 +8,11 @@ not measurable here, with the number that decided it.
 * 10–30 % higher training throughput: study/speed.py — not measurable here when the Amdahl bound
   is below 1.10, too noisy to tell (no verdict) under load or with a null control outside its
   band, else the bootstrap interval's low end ≥ 1.10 reproduces, its high end < 1.10 refutes.
-* better low-precision stability ("RMS ≥ σ"): the precision table (RMSNorm's worst error against
-  LayerNorm's, per case, a factor 2 apart) and the training runs' instability counts. Reproduced
-  when RMSNorm is better in some case, worse in none, and not measurably less stable in training.
+* better low-precision stability ("RMS ≥ σ"): from the --stability sweep (learning rates rising until
+  divergence, in the training precision): reproduced when RMSNorm's largest stable rate, diverged
+  runs or held-out spike rate is better with an interval across seeds, and none is worse; an fp32
+  study says not measurable here (stability.py). The kernel-accuracy table (precision.py) is a
+  separate section and decides nothing here.
 * the migration rule (γ = 1, linear warmup, η_RMS = η_LN × gradient-scale ratio): needs
   ``--lr-sweep``; reproduced when the rate the rule picks is not measurably worse than the arm's
   best swept rate.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from normswap.evaluate.stats import NO_DIFFERENCE
 from normswap.study import speed, stats
+from normswap.study import stability as stability_mod
 
 EQUAL_LOSS_MARGIN = 0.01
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
@@ -56,25 +59,14 @@ def throughput(cmp: dict, control: dict | None, loads=(), cpus: int | None = Non
     )
 
 
-def stability(cmp: dict, precision: dict | None, train_precision: str) -> tuple[str, str]:
-    parts, verdict = [], None
-    if precision:
-        c = precision["compare"]
-        parts.append(
-            f"norm kernels: RMSNorm ≥ {c['factor']:g}× more accurate than LayerNorm in {len(c['rms_better'])} case(s), "
-            f"less accurate in {len(c['rms_worse'])}, similar in {c['similar']}"
-        )
-        verdict = REPRODUCED if c["rms_better"] and not c["rms_worse"] else NOT_REPRODUCED
-    iv = cmp["instabilities_difference"]
-    if iv:
-        total = sum(abs(v) for v in iv["values"])
-        parts.append(
-            f"training in {train_precision}: instabilities RMSNorm − LayerNorm {stats.fmt(iv, '+.2f')}"
-            + (" (none in either arm)" if total == 0 and iv["mean"] == 0 else "")
-        )
-        if iv["verdict"] == "higher":
-            verdict = NOT_REPRODUCED
-    return (verdict or NOT_MEASURABLE), "; ".join(parts) or "no precision table"
+def stability(arm: str, sweep: dict | None, train_precision: str) -> tuple[str, str]:
+    """Judged from the --stability sweep in the study's training precision (stability.py), never from
+    the kernel-accuracy table."""
+    if sweep is None:
+        return stability_mod.judge(None, train_precision)
+    return stability_mod.judge(
+        sweep["comparisons"].get(arm), train_precision, sweep.get("norm_compute_dtypes", {}).get(arm)
+    )
 
 
 def migration(rule: dict | None) -> tuple[str, str]:
@@ -103,6 +95,7 @@ def judge(
     control: str,
     *,
     loads=(),
+    stability_sweep: dict | None = None,
     cpus: int | None = None,
 ) -> list[dict]:
     """One row per (claim, RMSNorm arm); ``loads``/``cpus``: the machine's recorded load (speed.py)."""
@@ -114,7 +107,7 @@ def judge(
         for claim, (verdict, number) in (
             ("equal loss at equal tokens", equal_loss(cmp)),
             ("10–30 % higher training throughput", throughput(cmp, ctl, loads, cpus)),
-            ("better low-precision stability (RMS ≥ σ)", stability(cmp, precision, train_precision)),
+            ("better low-precision stability (RMS ≥ σ)", stability(arm, stability_sweep, train_precision)),
             ("migration rule: γ = 1, linear warmup, η_RMS = η_LN × gradient-scale ratio", migration(rules.get(arm))),
         ):
             rows.append({"claim": claim, "arm": arm, "verdict": verdict, "decided_by": number})

@@ -73,6 +73,12 @@ class StudyConfig:
         "arm's best rate and tests the gradient-scale migration rule.",
         kind="list[str]",
     )
+    stability: bool = _opt(
+        False,
+        "Stability sweep: every arm also trains at --lr × 1, 2, 4, … (--stability-rates rates) until it diverges, "
+        "in the training precision; the low-precision stability claim is judged from it (normswap/study/stability.py).",
+    )
+    stability_rates: int = _opt(6, "Rates of the --stability sweep (--lr × 2^k, k = 0 … N−1).", minimum=2)
     precision: str = _opt(
         "fp32",
         "fp32, bf16 or fp16: autocast, and every norm computing in that dtype (its input, γ and β cast to "

@@ -266,30 +266,55 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                                 f"{nf['what']} is {nf['value']}; the other arms went on"
                             )
                 del group
+        stab_units = None
+        if cfg.stability:
+            from normswap.study import stability as stab
+
+            stab_units = stab.run_sweep(
+                cfg,
+                arms,
+                study=study,
+                make_group=lambda c, group_arms, seed, m: Group(
+                    source, c, group_arms, seed, m, dist, hooks, rms_impl=kernel_setup["rms_impl"]
+                ),
+                eval_set=eval_set,
+                make_stream=lambda seed: TrainStream(source.tokenizer, cfg.data, cfg.seq_len, seed, split=train_split),
+                main=main,
+                echo=echo,
+            )
     finally:
         progress.close()
     if not main:
         return {}
 
     # ---- analysis, precision table, results.json ----
-    from normswap.study.precision import compare as precision_compare
-    from normswap.study.precision import precision_table
+    from normswap.study import precision as kernel_acc
 
-    rows = precision_table(device="cpu" if dist.device.type != "cuda" else dist.device)
-    precision = {"rows": rows, "compare": precision_compare(rows)}
+    unit_list = list(units.values())
+    precision = kernel_acc.kernel_accuracy(
+        "cpu" if dist.device.type != "cuda" else dist.device,
+        kernel_acc.kernels_for(unit_list, cfg.kernels, {a: kernel_acc.arm_kind(a) for a in arms}),
+    )
     comparisons = {a: res.compare(units, a, BASELINE, ref_mult) for a in arms if a != BASELINE}
     base_units = [u for (a, _, m), u in units.items() if a == BASELINE and m == ref_mult]
     norm_share = speed.add_amdahl(comparisons, base_units, kernel_setup)
     loads = [load_start, _load_average()] + [v for u in units.values() for v in (u.get("load") or [])]
     loads = [v[0] if isinstance(v, list) else v for v in loads if v is not None]
     cpus = _cpus()
+    stability, stability_sweep = None, None
+    if stab_units is not None:
+        seeds = list(range(cfg.seeds))
+        stability = stab.summarize(stab_units, arms, seeds, cfg)
+        stability_sweep = stab.sweep_record(stab_units, arms, seeds, cfg, BASELINE)
     sw = res.sweep(units, arms, mults, BASELINE)
     rules = {}
     if sw is not None:
         for a in arms:
             if a not in (BASELINE, CONTROL):
                 rules[a] = res.migration_rule(units, a, BASELINE, mults, ref_mult, sw["best_multiplier"])
-    verdicts = claims_mod.judge(comparisons, rules, precision, cfg.precision, CONTROL, loads=loads, cpus=cpus)
+    verdicts = claims_mod.judge(
+        comparisons, rules, precision, cfg.precision, CONTROL, loads=loads, cpus=cpus, stability_sweep=stability_sweep
+    )
     n_params = sum(p.numel() for p in source.start(0).parameters())  # tied weights counted once
     results = {
         "schema_version": SCHEMA_VERSION,
@@ -337,6 +362,8 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         "lr_sweep": sw,
         "migration_rule": rules or None,
         "precision": precision,
+        "stability": stability,
+        "stability_sweep": stability_sweep,
         "claims": verdicts,
         "timing": {
             "wall_seconds": time.perf_counter() - wall0,
