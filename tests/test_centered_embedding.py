@@ -5,11 +5,14 @@ and after the table changes in place."""
 
 import copy
 
+import pytest
 import torch
 from helpers import tiny_model
 from torch import nn
 
+from normswap import kernels
 from normswap.checkpoint.remote_code import _center_output_hook, _CenteredEmbedding
+from normswap.testing import kernel_backend
 
 
 def _convert(tmp_path, run_cli):
@@ -59,6 +62,12 @@ def test_tied_embedding_is_centred_without_a_hook_and_exact(tmp_path, run_cli):
 
 
 def test_cached_row_means_follow_in_place_changes():
+    # the fallback path (no compiled lookup: CUDA, bf16, NORMSWAP_KERNEL=torch, no compiler)
+    with kernel_backend("torch"):
+        _cached_row_means_follow_in_place_changes()
+
+
+def _cached_row_means_follow_in_place_changes():
     torch.manual_seed(0)
     emb = nn.Embedding(50, 16).double()
     emb.__class__ = _CenteredEmbedding
@@ -78,3 +87,39 @@ def test_cached_row_means_follow_in_place_changes():
         stale = emb._row_means_of
         emb._row_means = emb._row_means + 0.5
         assert emb._row_means_of == stale and not torch.allclose(emb(ids), centred(), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-14)])
+def test_compiled_centred_lookup_is_one_call_and_exact(monkeypatch, dtype, tol):
+    """Per decoded token on CPU the table's rows are looked up and centred by one compiled call
+    (the decode cost of #32), equal to the formula, after in-place changes too."""
+    from normswap.kernels import _ops
+
+    if not _ops.cpu_fast_available():
+        pytest.skip("no compiled CPU kernel on this machine")
+    torch.manual_seed(0)
+    emb = nn.Embedding(300, 96).to(dtype)
+    emb.__class__ = _CenteredEmbedding
+    ids = torch.tensor([[3], [299]])
+    calls = []
+    real = kernels.centered_rows
+    monkeypatch.setattr("normswap.checkpoint.remote_code._centered_rows", lambda t, i: calls.append(1) or real(t, i))
+
+    def centred():
+        rows = emb.weight.detach()[ids].double()
+        return rows - rows.mean(-1, keepdim=True)
+
+    with torch.inference_mode():
+        got = emb(ids)
+        assert got.dtype == dtype and got.shape == (2, 1, 96)
+        assert float((got.double() - centred()).abs().max()) < tol
+        with torch.no_grad():
+            emb.weight.add_(1.0)  # a shifted table: the centred rows do not move
+        assert float((emb(ids).double() - centred()).abs().max()) < tol
+        assert emb._row_means is None  # the compiled call keeps no cache that could go stale
+        with pytest.raises(IndexError):
+            emb(torch.tensor([[300]]))
+    assert calls and kernels.centered_rows(emb.weight, ids) is not None
+    # negative control: the formula's rows without centring differ from the compiled call's
+    with torch.inference_mode():
+        assert float((nn.functional.embedding(ids, emb.weight).double() - emb(ids).double()).abs().max()) > 0.5

@@ -61,8 +61,30 @@ def requested_backend() -> str:
 
 def reread_requested_backend() -> None:
     """Read NORMSWAP_KERNEL again on the next call (after the environment changed in this process)."""
-    global _requested
-    _requested = None
+    global _requested, _centre_rows
+    _requested = _centre_rows = None
+
+
+# the compiled centred lookup, or False where it is not used; decided on the first call
+_centre_rows = None
+_CENTRE_DTYPES = (torch.float32, torch.float64)
+
+
+def centered_rows(table, ids):
+    """Rows of a [V, H] ``table`` looked up by int64 ``ids``, each minus its mean, computed without
+    gradient in one compiled call (csrc: ``centered_embedding``) — a converted model's tied token
+    table per decoded token. None where that call does not apply (not CPU, another dtype, the
+    compiled kernel unavailable or NORMSWAP_KERNEL asking for another backend): the caller then
+    computes the formula itself."""
+    global _centre_rows
+    if _centre_rows is None:
+        from normswap.kernels import _ops
+
+        wanted = requested_backend() in ("auto", "cpu")
+        _centre_rows = cpu_ext().centered_embedding if wanted and _ops.cpu_fast_available() else False
+    if _centre_rows and table.is_cpu and table.dtype in _CENTRE_DTYPES and ids.dtype == torch.long:
+        return _centre_rows(table.contiguous(), ids)
+    return None
 
 
 def _auto_impl(x, weight, residual):
@@ -172,4 +194,12 @@ def backend_for(device, dtype=torch.float32, hidden: int = 768, rows: int = 1024
     return autotune.ranking(torch.device(device), dtype, hidden, rows, grad)[0]
 
 
-__all__ = ["rms_norm", "requested_backend", "reread_requested_backend", "backend_for", "call_impl", "BACKENDS"]
+__all__ = [
+    "rms_norm",
+    "centered_rows",
+    "requested_backend",
+    "reread_requested_backend",
+    "backend_for",
+    "call_impl",
+    "BACKENDS",
+]
