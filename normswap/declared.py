@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import field
 
 _UNSET = object()
@@ -143,13 +144,30 @@ def flat(obj) -> dict:
     return out
 
 
+_KINDS = {  # what a value of each declared kind may be (values from a file, not only from click)
+    "int": ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "float": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, (str, os.PathLike))),
+    "list[str]": (
+        "a list of strings",
+        lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)),
+    ),
+}
+
+
 def option_errors(cls, values: dict) -> list[tuple[str, str]]:
-    """(option name, what is wrong) for each value in ``values`` outside its declared bounds."""
+    """(option name, what is wrong) for each value in ``values`` of the wrong kind or outside its
+    declared bounds (values may come from a file: a recipe, a resumed run's record)."""
     errors = []
     for f in options(cls):
         if f.name not in values or values[f.name] is None:
             continue
         v, m = values[f.name], f.metadata
+        kind = _KINDS.get(m["kind"])
+        if kind is not None and not kind[1](v):
+            errors.append((f.name, f"must be {kind[0]}, got {_show(v)}"))
+            continue
         if m["choices"] and v not in m["choices"]:
             errors.append((f.name, f"must be one of {', '.join(m['choices'])}, got {v!r}"))
         if m["kind"] not in ("int", "float") or isinstance(v, bool):
@@ -165,6 +183,11 @@ def option_errors(cls, values: dict) -> list[tuple[str, str]]:
         elif m["below"] is not None and not v < m["below"]:
             errors.append((f.name, f"must be < {m['below']:g}, got {v}"))
     return errors
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def recipe_fields(cls) -> dict[str, dict]:

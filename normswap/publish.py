@@ -2,7 +2,7 @@
 
 Four jobs, used by every command that writes (convert, finetune, eval report, run, bench):
 
-- ``atomic_write_text`` / ``atomic_write_json``: a file is written beside its destination,
+- ``atomic_write_text`` / ``atomic_write_json`` / ``atomic_write_with``: a file is written beside its destination,
   flushed to disk and renamed over it, so a reader sees the old file or the new one, never half.
 - ``check_output_path``: an OUT that would clobber something is refused before any work: an
   existing OUT without ``--force``, a file, a dangling symlink, or a path that overlaps what the
@@ -46,11 +46,18 @@ COMPLETE_MARKER = ".normswap-complete"  # a verified staging directory, see publ
 # ------------------------------------------------------------------------------------- files
 def atomic_write_text(path, text: str, *, encoding: str = "utf-8") -> Path:
     """Write ``text`` to ``path`` through a temporary sibling and a rename (fsynced first)."""
+    return atomic_write_with(path, lambda f: f.write(text.encode(encoding)))
+
+
+def atomic_write_with(path, write) -> Path:
+    """``write(binary file)`` into a fresh sibling (``O_EXCL | O_NOFOLLOW``: nothing planted there is
+    followed), fsynced, then renamed over ``path``: a link planted at ``path`` is replaced, never
+    written through (a figure's ``savefig`` goes through here too)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.normswap-tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", encoding=encoding) as f:
-            f.write(text)
+        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -20,14 +20,15 @@ GPT2_FAMILY = REPO / "normswap" / "architectures" / "data" / "gpt2.yaml"
 
 
 def _nested_aliases(levels: int, fanout: int = 10) -> str:
-    """A family file whose `examples` list is an alias bomb: fanout**levels strings in < 1 KB."""
-    lines = [GPT2_FAMILY.read_text().split("examples:")[0].rstrip("\n")]
-    lines.append("bomb0: &b0 [" + ", ".join(["gpt2"] * fanout) + "]")
-    for i in range(1, levels):
-        lines.append(f"bomb{i}: &b{i} [" + ", ".join([f"*b{i - 1}"] * fanout) + "]")
-    lines.append(f"examples: *b{levels - 1}")
-    lines.append("test_configs:\n  - {n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 256, n_positions: 64}")
-    return "\n".join(lines) + "\n"
+    """GPT-2's family file with an alias bomb inside a test config (a place the schema passes through
+    to the description written into config.json): fanout**levels strings in under 1.2 KB."""
+    head = GPT2_FAMILY.read_text().split("test_configs:")[0]
+    bomb = ["&b0 [" + ", ".join(["gpt2"] * fanout) + "]"]
+    bomb += [f"&b{i} [" + ", ".join([f"*b{i - 1}"] * fanout) + "]" for i in range(1, levels)]
+    return (
+        head + "test_configs:\n  - {n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 256, n_positions: 64, "
+        f"junk: [{', '.join(bomb)}]}}\n"
+    )
 
 
 # -- the loader itself ----------------------------------------------------------------------------

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from normswap import bounded_load
 from normswap.errors import NormswapError
 from normswap.overlap import check_disjoint
+from normswap.private_dirs import why_not_private
 from normswap.progress import Heartbeat, stderr_lines
 from normswap.publish import atomic_write_text
 from normswap.recipes.loader import LoadedRecipe, dump_recipe
@@ -40,6 +42,7 @@ from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, report_names
 RUN_FILE = "run.json"
 MODELS, REPORT, SUMMARY, STUDY = "models", "report", "summary.md", "study"
 OWNED = ("recipe.yaml", "recipe.original.yaml", RUN_FILE, SUMMARY, MODELS, REPORT, STUDY)
+MAX_RUN_FILE_BYTES = 16 << 20  # run.json: a few lines per step
 
 Progress = Callable[[str], None]
 
@@ -257,7 +260,7 @@ class EvalStep:
     def results(self, ctx: Context) -> dict:
         from normswap.report.write import RESULTS
 
-        return json.loads((self.target(ctx) / RESULTS).read_text())
+        return bounded_load.load_json(self.target(ctx) / RESULTS, what="an evaluation's results.json")
 
 
 @dataclass
@@ -405,6 +408,13 @@ class Runner:
         if out.exists() and not out.is_dir():
             raise NormswapError(f"--out {out} is a file; give a directory for the run")
         previous = out / RUN_FILE
+        for d in (out, out / MODELS):  # one that exists must be ours alone: nobody else plants links in it
+            why = why_not_private(d) if d.exists() or d.is_symlink() else None
+            if why:
+                raise NormswapError(
+                    f"--out {out}: {why}; a run writes only into a directory that is yours alone "
+                    "(choose another, or fix its owner and mode)"
+                )
         if out.is_dir() and any(out.iterdir()):
             if not previous.is_file():
                 raise NormswapError(
@@ -427,16 +437,19 @@ class Runner:
         old = {}
         if self.resume and previous.is_file():
             try:
-                old = json.loads(previous.read_text())
-            except json.JSONDecodeError:
-                old = {}
+                old = bounded_load.load_json(previous, what="a run's run.json", max_bytes=MAX_RUN_FILE_BYTES)
+            except bounded_load.BoundedLoadError as e:
+                if e.syntax is None:  # a link, a FIFO, an oversized file: refused, never read
+                    raise
+                old = {}  # cut short: the steps run again
+            old = old if isinstance(old, dict) else {}
         self.state = {
             "recipe": self.recipe["name"],
             "recipe_file": str(self.loaded.path),
             "overrides": self.loaded.overrides,
             "status": "running",
             "started": _now(),
-            "steps": old.get("steps", {}) if self.resume else {},
+            "steps": old["steps"] if self.resume and isinstance(old.get("steps"), dict) else {},
         }
         atomic_write_text(out / "recipe.original.yaml", self.loaded.original_text)
         header = (

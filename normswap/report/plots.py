@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from normswap.publish import atomic_write_with  # noqa: E402
 from normswap.report.tables import signed_percent  # noqa: E402
 
 PALETTE = ["#4c6ef5", "#f76707", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#e67700", "#495057"]
@@ -27,9 +28,14 @@ def style_axes(ax):
 
 
 def save_figure(fig, path: Path) -> Path:
+    """Saved through a fresh temporary file renamed over ``path`` (normswap.publish): a link planted at
+    ``path`` (``curves.png -> ~/.bashrc``) is replaced, never written through."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fmt = Path(path).suffix.lstrip(".") or "png"
+    try:
+        atomic_write_with(path, lambda f: fig.savefig(f, dpi=110, format=fmt))
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -42,6 +42,19 @@ BASELINE = "layernorm"
 CONTROL = "layernorm-control"
 
 
+# Upper bounds no real study comes near. Each count sizes a list, a file or a buffer before anything
+# runs (seeds × multipliers × arms units are listed, eval_tokens tokens are held, batch_size ×
+# seq_len tokens a step), so an unbounded one turned `seeds: 100000000` in a recipe, on the command
+# line or in a resumed study_run.json into a MemoryError after seconds of listing (issue #29).
+MAX_SEEDS = 1000
+MAX_STEPS = 1_000_000
+MAX_SWEEP = 32  # learning-rate multipliers
+MAX_THREADS = 1024
+MAX_BATCH = 1 << 16
+MAX_SEQ_LEN = 1 << 20  # also bounded by the model's context
+MAX_EVAL_TOKENS = 1 << 24
+
+
 def _opt(default, help, *, resume="match", **declaration):
     return option(default, help, resume=resume, **declaration)
 
@@ -63,9 +76,16 @@ class StudyConfig:
         "Randomly initialise from MODEL's config instead of training on from its weights "
         "(a bare config is always from scratch).",
     )
-    seeds: int = _opt(3, "Repeats, each with its own initialisation and data order (shared by all arms).", minimum=1)
-    steps: int = _opt(100, "Optimizer steps per arm.", minimum=1)
-    warmup: int = _opt(20, "Linear warmup steps: η_t = η_max·min(t/T_w, 1), then constant.", minimum=0)
+    seeds: int = _opt(
+        3,
+        "Repeats, each with its own initialisation and data order (shared by all arms).",
+        minimum=1,
+        maximum=MAX_SEEDS,
+    )
+    steps: int = _opt(100, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
+    warmup: int = _opt(
+        20, "Linear warmup steps: η_t = η_max·min(t/T_w, 1), then constant.", minimum=0, maximum=MAX_STEPS
+    )
     lr: float = _opt(2e-3, "Peak learning rate η_max of every arm.", above=0.0)
     lr_sweep: list[str] = _opt(
         [],
@@ -93,12 +113,19 @@ class StudyConfig:
         "records what ran (norm_kernel, norm_kernel_fused: detected).",
         choices=KERNELS,
     )
-    batch_size: int = _opt(8, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1)
-    seq_len: int = _opt(64, "Tokens per sequence.", minimum=2)
-    eval_every: int = _opt(
-        50, "Held-out loss every K steps (always at step 0 and at the end; 0: only those).", minimum=0
+    batch_size: int = _opt(
+        8, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1, maximum=MAX_BATCH
     )
-    eval_tokens: int = _opt(4096, "Held-out tokens (the same for every arm and seed).", minimum=1)
+    seq_len: int = _opt(64, "Tokens per sequence.", minimum=2, maximum=MAX_SEQ_LEN)
+    eval_every: int = _opt(
+        50,
+        "Held-out loss every K steps (always at step 0 and at the end; 0: only those).",
+        minimum=0,
+        maximum=MAX_STEPS,
+    )
+    eval_tokens: int = _opt(
+        4096, "Held-out tokens (the same for every arm and seed).", minimum=1, maximum=MAX_EVAL_TOKENS
+    )
     weight_decay: float = _opt(0.0, "AdamW weight decay (never on norms or biases).", minimum=0.0)
     clip_grad: float = _opt(
         1.0, "Clip the global gradient norm (0: off); the logged norm is the one before clipping.", minimum=0.0
@@ -113,6 +140,7 @@ class StudyConfig:
         "CPU threads for torch (0: torch's default). One by default: the arms are timed against each other, and "
         "on a shared machine two threads that wait on each other measured 5-30x slower and far noisier than one.",
         minimum=0,
+        maximum=MAX_THREADS,
         resume="free",
     )
     resume: bool = _opt(
@@ -150,6 +178,8 @@ def options() -> list[dataclasses.Field]:
 def option_errors(values: dict) -> list[tuple[str, str]]:
     """Bounds of each option (declared), plus what relates options: arm names, sweep multipliers."""
     errors = declared.option_errors(StudyConfig, values)
+    if any(name in ("arms", "lr_sweep") for name, _ in errors):
+        return errors  # not lists of strings: nothing more to say about their items
     for name in declared.as_list(values.get("arms")):
         if name not in ARMS:
             errors.append(("arms", f"has no arm {name!r} (arms: {', '.join(ARMS)})"))
@@ -163,6 +193,11 @@ def option_errors(values: dict) -> list[tuple[str, str]]:
             errors.append(("lr_sweep", f"multipliers are positive numbers such as 0.5,1,2, got {m!r}"))
     if len(set(sweep)) != len(sweep):
         errors.append(("lr_sweep", "lists a multiplier twice"))
+    if len(sweep) > MAX_SWEEP:
+        errors.append(("lr_sweep", f"lists {len(sweep):,} multipliers; at most {MAX_SWEEP}"))
+    arms = declared.as_list(values.get("arms"))
+    if len(set(arms)) != len(arms):
+        errors.append(("arms", "lists an arm twice"))
     return errors
 
 

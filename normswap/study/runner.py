@@ -159,7 +159,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     study = StudyDir(cfg.out)
     recorded = study.check(reads=[("MODEL", cfg.model), ("the data", cfg.data)], resume=cfg.resume, force=cfg.force)
     if recorded is not None:
-        cfg = resolve_resume(cfg, recorded["config"], given)
+        cfg = resolve_resume(cfg, recorded.get("config"), given, where=str(study.run_file))
     device = resolve_device(cfg.device)
     if cfg.threads and not device.startswith("cuda"):
         torch.set_num_threads(cfg.threads)

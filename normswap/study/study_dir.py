@@ -9,16 +9,21 @@ is not a study (a model, anything else that is not empty) is refused even with `
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
+from normswap import bounded_load
 from normswap.errors import NormswapError
 from normswap.overlap import check_disjoint
+from normswap.private_dirs import why_not_private
 from normswap.publish import atomic_write_json
-from normswap.study.config import RESULTS_FILE, RUN_FILE, UNITS_DIR, flag, options
+from normswap.study.config import RESULTS_FILE, RUN_FILE, UNITS_DIR, flag, option_errors, options
 
 RUN_KIND = "normswap-study"
+# DIR's files are read back on --resume: regular files inside DIR only (a planted link is refused,
+# never followed), at most this large (a unit holds a few numbers per step and layer).
+MAX_RUN_BYTES = 1 << 20
+MAX_UNIT_BYTES = 256 << 20
 
 
 def unit_key(arm: str, seed: int, multiplier: float) -> str:
@@ -44,10 +49,7 @@ class StudyDir:
         self.results_file = self.out / RESULTS_FILE
 
     def read_run(self) -> dict | None:
-        try:
-            run = json.loads(self.run_file.read_text())
-        except (OSError, ValueError):
-            return None
+        run = _read_json(self.run_file, "a study's run file", MAX_RUN_BYTES)
         return run if isinstance(run, dict) and run.get("kind") == RUN_KIND else None
 
     def check(self, *, reads: list, resume: bool, force: bool) -> dict | None:
@@ -55,6 +57,13 @@ class StudyDir:
         check_disjoint(reads, [(f"DIR {self.out}", self.out)], advice="choose another DIR")
         if self.out.exists() and not self.out.is_dir():
             raise NormswapError(f"DIR {self.out} exists and is not a directory")
+        for d in (self.out, self.units):  # one that exists must be ours alone: nobody else plants links in it
+            why = why_not_private(d) if d.exists() or d.is_symlink() else None
+            if why:
+                raise NormswapError(
+                    f"DIR {self.out}: {why}; a study writes only into a directory that is yours alone "
+                    "(choose another DIR, or fix its owner and mode)"
+                )
         run = self.read_run() if self.out.is_dir() else None
         if self.out.is_dir() and run is None and any(self.out.iterdir()):
             raise NormswapError(
@@ -85,20 +94,40 @@ class StudyDir:
         return self.units / f"{key}.json"
 
     def read_unit(self, key: str) -> dict | None:
-        try:
-            rec = json.loads(self.unit_file(key).read_text())
-        except (OSError, ValueError):
-            return None  # absent, or cut short by a kill: the unit runs again
+        rec = _read_json(self.unit_file(key), "a study's unit file", MAX_UNIT_BYTES)
         return rec if isinstance(rec, dict) and rec.get("status") in ("finished", "diverged") else None
 
     def write_unit(self, key: str, record: dict) -> None:
         atomic_write_json(self.unit_file(key), record)
 
 
-def resolve_resume(cfg, recorded: dict, given: set[str] | None):
-    """The options in force for a ``--resume``: the recorded ones; an option typed again must match."""
+def _read_json(path: Path, what: str, max_bytes: int):
+    """A JSON file of DIR, or None when it is absent or not valid JSON (cut short: it is written again).
+    A link, a FIFO, a device or an oversized file is refused in one line, never read."""
+    if not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        return bounded_load.load_json(path, what=what, max_bytes=max_bytes)
+    except bounded_load.BoundedLoadError as e:
+        if e.syntax is not None:
+            return None
+        raise
+
+
+def resolve_resume(cfg, recorded, given: set[str] | None, where="study_run.json"):
+    """The options in force for a ``--resume``: the recorded ones, validated like the command line's
+    (the file may have been edited); an option typed again must match."""
     import dataclasses
 
+    if not isinstance(recorded, dict):
+        raise NormswapError(f"cannot resume: {where} records no options (it is damaged); start again with --force")
+    recorded = {f.name: recorded[f.name] for f in options() if f.metadata["resume"] != "free" and f.name in recorded}
+    problems = [f"{flag(n)} {why}" for n, why in option_errors(recorded)]
+    if problems:
+        raise NormswapError(
+            f"cannot resume: {where} records " + "; ".join(problems) + " (the file was edited or damaged: "
+            "fix it, or start again with --force)"
+        )
     mine = dataclasses.asdict(cfg)
     given = given if given is not None else set()
     merged, mismatches = dict(mine), []
