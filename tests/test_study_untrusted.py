@@ -30,7 +30,7 @@ TINY = dict(
     attn_pdrop=0.0,
 )
 COMMON = dict(seq_len=16, batch_size=2, eval_tokens=64, eval_every=0, warmup=0, progress=False, device="cpu", threads=1)
-OPTS = dict(arms=["layernorm"], steps=2, seeds=1)
+OPTS = dict(arms=["layernorm"], steps=3, seeds=1)  # step 3 is the first profiled one (study/measure.py)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -128,7 +128,7 @@ def test_recipe_seeds_bound_is_checked_by_run_check(tmp_path):
         ("lr", -1, "--lr must be > 0"),
         ("steps", 0, "--steps must be >= 1"),
         ("precision", "fp64", "--precision must be one of fp32, bf16, fp16, got 'fp64'"),
-        ("kernels", "evil", "--kernels must be one of torch, normswap, got 'evil'"),
+        ("kernels", "evil", "--kernels must be one of"),
         ("arms", 5, "--arms must be a list of strings, got 5"),
         ("seq_len", "64", "--seq-len must be a whole number, got '64'"),
     ],
@@ -142,7 +142,7 @@ def test_resumed_options_are_validated_like_the_command_line(tmp_path, finished,
     with pytest.raises(NormswapError) as e:
         _study(finished[0], out, resume=True)
     msg = str(e.value)
-    assert "study_run.json" in msg and flag in msg and "\n" not in msg, msg
+    assert "study_run.json" in msg and flag in msg and f"got {value!r}" in msg and "\n" not in msg, msg
     assert sorted(p.name for p in out.rglob("*")) == before
 
 
