@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import family_variants, tiny_model
 from helpers import without_centring as _rms_swapped
 from transformers import AutoModelForCausalLM
 
@@ -126,21 +126,6 @@ def test_stock_untie_centres_the_table_so_rmsnorm_is_the_same_function(converted
     assert not verify_export(out, wrong, "stock")["passed"]
 
 
-@pytest.mark.parametrize("family", ["opt", "phi", "bloom"])
-def test_stock_export_of_other_families(family, converted, tmp_path):
-    from normswap.export import export_checkpoint
-
-    src, out = converted(family)
-    dest = export_checkpoint(out, tmp_path / "stock", "stock")
-    stock = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).eval()
-    original = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    ids = _ids(stock.config.vocab_size)
-    assert float((_logprobs(stock, ids) - _logprobs(original, ids)).abs().max()) <= 1e-4
-    record = json.loads((dest / "normswap_manifest.json").read_text())["export"]
-    # phi's head is its own: nothing was centred at run time, the stream is zero-mean as written
-    assert record["rmsnorm_ready"] is (family == "phi")
-
-
 def test_stock_export_that_differs_is_not_published(converted, tmp_path, run_cli, monkeypatch):
     """Control for the verification itself: γ written as 0 instead of 1 must fail it, and DEST stays absent."""
     from normswap.export import stock
@@ -159,23 +144,124 @@ def test_stock_export_that_differs_is_not_published(converted, tmp_path, run_cli
     assert not dest.exists() and not list(tmp_path.glob(".stock*staging*"))
 
 
-def test_stock_refuses_a_bias_the_stock_class_has_no_place_for(converted, tmp_path, run_cli):
-    _, out = converted("stablelm")  # β folded into q/k/v projections that have no bias in StableLM
-    code, _, stderr = run_cli("export", out, tmp_path / "stock", "--format", "stock")
-    assert code == 2 and "no place for" in stderr and "--gamma keep --beta keep" in stderr
-    assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "stock").exists()
-    # control: with γ and β kept on the norms there is nothing extra, and the export goes through
-    _, kept = converted("stablelm", gamma="keep", beta="keep")
-    code, _, stderr = run_cli("export", kept, tmp_path / "stock", "--format", "stock")
+_PRE_LN = {}  # curated family -> its first pre-LN test config
+for _fam, _variant in family_variants(placement="pre"):
+    _PRE_LN.setdefault(_fam, _variant)
+
+
+@pytest.mark.parametrize("family", sorted(_PRE_LN))
+def test_every_curated_family_exports_stock_with_default_options(family, converted, tmp_path):
+    """`normswap convert SRC OUT && normswap export OUT DEST --format stock`, default options, for every
+    curated pre-LN family (post-LN ones convert approximately: test_stock_refuses_an_approximate_conversion):
+    DEST loads in plain transformers (no remote code) and gives the converted model's log-probs; where
+    the conversion folded β into a linear that has no bias in the stock class (GPT-NeoX's lm_head,
+    GPT-J's q/k/v...), that β is back in the norm."""
+    import normswap
+    from normswap.export import run_export
+
+    src, out = converted(family, _PRE_LN[family])
+    block = json.loads((out / "config.json").read_text())["normswap"]
+    assert block["mode"] == "exact"
+    record = run_export(out, tmp_path / "stock", "stock")
+    dest = Path(record["out"])
+    assert "auto_map" not in json.loads((dest / "config.json").read_text()) and not list(dest.glob("*.py"))
+    stock = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).eval()
+    assert not any("RMSNorm" in type(m).__name__ for m in stock.modules())
+    conv = normswap.load_model(out)
+    ids = _ids(stock.config.vocab_size)
+    assert float((_logprobs(stock, ids) - _logprobs(conv, ids)).abs().max()) <= 1e-4
+    assert record["verification"]["passed"]  # float64 where the modeling code runs in it (not XGLM's)
+    # every bias the conversion added sits where the stock class has one, or went back into its norm
+    stock_keys = set(stock.state_dict())
+    for reader in block["added_biases"]:
+        assert f"{reader}.bias" in stock_keys or any(
+            reader in rec["readers"] and name in record["folded_affine_moved"] for name, rec in block["norms"].items()
+        )
+
+
+def test_stock_export_puts_folded_beta_back_into_the_norm(converted, tmp_path):
+    """GPT-NeoX: ln_f's γ/β were folded into lm_head, which has no bias in the stock class; the export
+    gives the stock final LayerNorm its γ and β back and lm_head its original weight, so the bare model
+    (AutoModel, which never sees the head) returns the original's hidden states too. Control: the same
+    export with the moved β left out (what dropping the homeless bias would give) fails verification."""
+    from transformers import AutoModel
+
+    from normswap.errors import VerificationError
+    from normswap.export import affine, run_export
+
+    src, out = converted("gpt_neox")
+    record = run_export(out, tmp_path / "stock", "stock")
+    assert record["folded_affine_moved"]["gpt_neox.final_layer_norm"] == "gamma_beta"
+    assert record["verification"]["passed"] and record["rmsnorm_ready"]
+    original = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path / "stock", dtype=torch.float32).eval()
+    ln, ln0 = stock.gpt_neox.final_layer_norm, original.gpt_neox.final_layer_norm
+    assert torch.allclose(ln.weight, ln0.weight) and torch.allclose(ln.bias, ln0.bias)
+    assert torch.allclose(stock.lm_head.weight, original.lm_head.weight, atol=1e-6)
+    ids = _ids(stock.config.vocab_size)
+    with torch.no_grad():
+        h = AutoModel.from_pretrained(tmp_path / "stock", dtype=torch.float32).eval()(input_ids=ids)
+        h0 = AutoModel.from_pretrained(src, dtype=torch.float32).eval()(input_ids=ids)
+    assert float((h.last_hidden_state - h0.last_hidden_state).abs().max()) <= 1e-4
+
+    real = affine.move_folded_affine
+
+    def without_bias(*args, **kwargs):
+        moved = real(*args, **kwargs)
+        moved.values = {
+            k: (torch.zeros_like(v) if k.endswith("layer_norm.bias") else v) for k, v in moved.values.items()
+        }
+        return moved
+
+    import normswap.export.stock as stock_module
+
+    stock_module.move_folded_affine, saved = without_bias, stock_module.move_folded_affine
+    try:
+        with pytest.raises(VerificationError, match="nothing was written"):
+            run_export(out, tmp_path / "wrong", "stock")
+    finally:
+        stock_module.move_folded_affine = saved
+    assert not (tmp_path / "wrong").exists()
+
+
+def test_stock_refuses_only_where_no_stock_form_exists(converted, tmp_path, run_cli, capsys):
+    """GPT-J's q/k/v have no bias; with γ_j = 0 and β_j ≠ 0 on ln_1, W·β has a part no LayerNorm bias
+    can reach (W′'s column j is zero), so export refuses in one line, naming the tensor and the option
+    that avoids it. Controls: the same source with --gamma keep --beta keep exports, and so does the
+    default conversion when β_j is 0 too."""
+    from normswap.convert.pipeline import convert_checkpoint
+
+    model = tiny_model("gptj")
+    with torch.no_grad():
+        model.transformer.h[0].ln_1.weight[5] = 0.0
+        model.transformer.h[0].ln_1.bias[5] = 0.7
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    convert_checkpoint(str(src), tmp_path / "conv")  # exact: γ_j = 0 folds fine
+    capsys.readouterr()  # the writes' progress bars
+    code, _, stderr = run_cli("export", tmp_path / "conv", tmp_path / "stock", "--format", "stock")
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "transformer.h.0.attn." in stderr and "γ of transformer.h.0.ln_1 is 0" in stderr
+    assert "--gamma keep --beta keep" in stderr and not (tmp_path / "stock").exists()
+
+    convert_checkpoint(str(src), tmp_path / "kept", gamma="keep", beta="keep")
+    code, _, stderr = run_cli("export", tmp_path / "kept", tmp_path / "stock", "--format", "stock")
+    assert code == 0, stderr
+    with torch.no_grad():
+        model.transformer.h[0].ln_1.bias[5] = 0.0
+    model.save_pretrained(tmp_path / "src0")
+    convert_checkpoint(str(tmp_path / "src0"), tmp_path / "conv0")
+    code, _, stderr = run_cli("export", tmp_path / "conv0", tmp_path / "stock0", "--format", "stock")
     assert code == 0, stderr
 
 
-def test_stock_refuses_an_approximate_conversion(converted, tmp_path, run_cli):
+def test_stock_refuses_an_approximate_conversion(converted, tmp_path, run_cli, capsys):
     """Post-LN: the RMSNorms read a stream that is not zero-mean, so a LayerNorm there is another
     function: refused in one line (control: that LayerNorm really differs)."""
     import normswap
 
     _, out = converted("opt", 1)  # OPT with do_layer_norm_before=False: converted approximately
+    capsys.readouterr()  # the fixture's progress bars, when it wrote the conversion just now
     code, _, stderr = run_cli("export", out, tmp_path / "stock", "--format", "stock")
     assert code == 2 and "converted approximately" in stderr and len(stderr.strip().splitlines()) == 1
     assert not (tmp_path / "stock").exists()

@@ -75,6 +75,21 @@ def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_
             f"  {record['norms_as_layernorm']} RMSNorms as LayerNorm ({record['gamma_beta_set']} γ/β set to 1/0)"
             + ("; head untied" if record["untied"] else "")
         )
+        moved = record.get("folded_affine_moved", {})
+        if moved:
+            back = [n for n, how in moved.items() if how == "gamma_beta"]
+            solved = [n for n, how in moved.items() if how == "bias"]
+            click.echo(
+                "  folded γ/β moved back into the LayerNorm: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"γ and β restored on {', '.join(back)}" if back else "",
+                        f"β/γ as the bias of {len(solved)} norm(s) whose readers have no stock bias" if solved else "",
+                    )
+                    if part
+                )
+            )
         if record["centred_in_weights"]:
             click.echo(f"  run-time centring moved into the weights: {', '.join(record['centred_in_weights'])}")
         for item in record["not_centred"]:

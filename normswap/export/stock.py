@@ -1,11 +1,11 @@
 """`normswap export OUT DEST --format stock`: a converted checkpoint in its source's stock architecture.
 
 Every RMSNorm becomes the LayerNorm the stock class has there, with γ = 1 and β = 0 where the
-conversion folded them (the RMSNorm's own γ/β where it kept them). That is the same function:
-the stream the converted model feeds each norm is zero-mean, and LayerNorm of a zero-mean vector
-is RMSNorm with the same ε. The weights are the converted ones (folded, centred), so a stock
-transformers, an engine that only knows the stock architectures or an interpretability tool
-loads the export with no remote code.
+conversion folded them (the RMSNorm's own γ/β where it kept them; see below where γ/β move
+back). That is the same function: the stream the converted model feeds each norm is zero-mean,
+and LayerNorm of a zero-mean vector is RMSNorm with the same ε. The weights are the converted
+ones (folded, centred), so a stock transformers, an engine that only knows the stock
+architectures or an interpretability tool loads the export with no remote code.
 
 What a converted model does beyond the stock class, and how each is expressed here:
 - an output centred at run time (a tied embedding, a norm that writes the stream start): a
@@ -18,7 +18,9 @@ What a converted model does beyond the stock class, and how each is expressed he
   uncentred is listed in the summary (``not_centred``), and verification checks both claims.
 - a head untied by the conversion: ``tie_word_embeddings`` false in the stock config.
 - a bias the conversion added to a linear that has none in the stock class (β folded into a
-  bias-free reader): the stock architecture has no place for it, so export refuses and says so.
+  bias-free reader): moved back into the norm's own bias, and γ/β the checkpoint carries for the
+  bare model back onto the norm (affine.py); refused, naming the tensor, only where no LayerNorm
+  bias reaches it (γ_j = 0 with W_j·β_j ≠ 0).
 
 Approximate (post-LN) conversions are refused: their RMSNorms read a stream that is not
 zero-mean, so no LayerNorm computes them (``--format onnx`` exports them as they are).
@@ -40,6 +42,7 @@ from normswap.checkpoint.shards import ShardedCheckpoint
 from normswap.checkpoint.write import copy_side_files
 from normswap.convert import inputs as ckinputs
 from normswap.errors import NormswapError
+from normswap.export.affine import AVOID, move_folded_affine
 from normswap.export.checkpoint import open_checkpoint
 from normswap.export.compare import compare_models
 from normswap.model_facts import is_layernorm, layout_of
@@ -124,22 +127,30 @@ class StockPlan:
             for pname, kept, value in (("weight", rec["weight"], "ones"), ("bias", rec["bias"], "zeros")):
                 if not kept and getattr(module, pname, None) is not None:
                     self.fill[f"{name}.{pname}"] = value
+        # β folded into a reader the stock class gives no bias moves back into the norm's bias, and
+        # γ/β the checkpoint carries for the bare model go back onto the norm (affine.py)
+        self.moved = move_folded_affine(opened, self.model, self.keys, block, _get, label)
+        for key in self.moved.values:
+            self.fill.pop(key, None)
         # every converted tensor needs a place in the stock class, and every stock tensor a value
-        carried = carried_keys(block)  # γ/β kept for the bare model and other heads: the stock LM has γ=1, β=0
+        carried = carried_keys(block)  # γ/β copies for the bare model: back on the norm or not needed
         for key in _unique_keys(opened.inputs.model):
-            if key in carried:
+            if key in carried or key in self.moved.absorbed:
                 continue
             if not any(k in self.keys for k in src_groups.get(key, [key])):
                 raise NormswapError(
                     f"cannot export {label} as stock: the stock {block['source_class']} has no place for {key} "
                     + (
-                        "(a bias the conversion added to a linear that has none: β was folded into it); reconvert the "
-                        "source with --gamma keep --beta keep to keep γ and β on the norms"
+                        f"(a bias the conversion added to a linear that has none: β was folded into it); {AVOID}"
                         if key.endswith(".bias")
                         else "(the conversion added it)"
                     )
                 )
-        missing = [k for k in self.keys if k not in self.fill and opened.inputs.disk_key(k) is None]
+        missing = [
+            k
+            for k in self.keys
+            if k not in self.fill and k not in self.moved.values and opened.inputs.disk_key(k) is None
+        ]
         if missing:
             raise NormswapError(
                 f"cannot export {label} as stock: the stock {block['source_class']} needs {missing[0]}, "
@@ -172,7 +183,10 @@ class StockPlan:
         dtype, shape = self.specs[key]
         if key in self.fill:
             return (torch.ones if self.fill[key] == "ones" else torch.zeros)(shape, dtype=dtype)
-        t = opened.inputs.read(key)  # a head untied here reads the table it was tied to (Inputs.disk_key)
+        if key in self.moved.values:
+            t = self.moved.values[key]  # float64, cast once below
+        else:
+            t = opened.inputs.read(key)  # a head untied here reads the table it was tied to (Inputs.disk_key)
         if key in self.centre:
             dim = self.centre[key]
             t64 = t.double()
@@ -253,6 +267,7 @@ def write_stock(src: Path, tmp: Path, *, untie=False, max_shard_size="5GB", tole
         "model_type": plan.config.model_type,
         "norms_as_layernorm": len(block.get("norms", {})),
         "gamma_beta_set": len(plan.fill),
+        "folded_affine_moved": dict(plan.moved.norms),
         "untied": bool(block.get("untied") or untie),
         "centred_in_weights": sorted(plan.centre),
         "not_centred": plan.not_centred,
