@@ -338,9 +338,13 @@ def test_noise_is_never_coloured_and_beyond_amdahl_is_explained():
     results = _synthetic_results(
         {"noisy": [93.0, 120.0, 106.0, 80.0, 130.0], "clear": [108.0, 107.0, 109.0, 109.0, 108.0]}
     )
-    cards = {c["name"]: {label: (state, note) for label, _, state, note in c["items"]} for c in headlines(results)}
-    assert cards["noisy"]["forward"] == ("same", "[0.80–1.30] no measurable difference")
-    assert cards["clear"]["forward"] == ("good", "[1.07–1.09]")  # negative control: a real difference is coloured
+    cards = {
+        c["name"]: {label: (value, state, note) for label, value, state, note in c["items"]} for c in headlines(results)
+    }
+    # noise is not a headline number: the words take its place, the number goes beneath in small type
+    assert cards["noisy"]["forward"] == ("no measurable difference", "same", "×1.06 [0.80–1.30]")
+    # negative control: a real difference is the large coloured number
+    assert cards["clear"]["forward"] == ("×1.08", "good", "[1.07–1.09]")
     header, rows = table_rows(results)
     col = header.index("forward tok/s")
     by = {row[0][0]: row for row in rows}
@@ -348,10 +352,10 @@ def test_noise_is_never_coloured_and_beyond_amdahl_is_explained():
     assert by["clear"][col][2] == "good"
     throughput = claims(results)[2]
     text = "\n".join(throughput["measured"])
-    # the Amdahl bound for a 3 % norm share is x1.03: both medians exceed it, for different reasons
-    assert "noisy: forward x1.06 is above the Amdahl bound x1.03, but its interval [0.80–1.30] reaches below" in text
-    assert "clear: forward x1.08 is above the Amdahl bound x1.03 in every repeat [1.07–1.09]" in text
-    # "clear" is measurably faster, but no repeat reached the quoted x1.10; "noisy" cannot tell
+    # the Amdahl bound for a 3 % norm share is ×1.03: both medians exceed it, for different reasons
+    assert "noisy: forward ×1.06 is above the Amdahl bound ×1.03, but its interval [0.80–1.30] reaches below" in text
+    assert "clear: forward ×1.08 is above the Amdahl bound ×1.03 in every repeat [1.07–1.09]" in text
+    # "clear" is measurably faster, but no repeat reached the quoted ×1.10; "noisy" cannot tell
     assert throughput["verdict"] == "not reproduced"
 
 

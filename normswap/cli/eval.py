@@ -221,7 +221,7 @@ def ppl(models, data, device, baseline, as_json, quiet, **opts):
         rows.append(
             (
                 m["name"],
-                f"{m['perplexity']:.4f}" + (f" (x{ratio:.4f})" if ratio and m["name"] != base else ""),
+                f"{m['perplexity']:.4f}" + (f" (×{ratio:.4f})" if ratio and m["name"] != base else ""),
                 f"{m['bits_per_byte']:.4f}",
                 f"{m['word_perplexity']:.3f}",
                 f"{m['perplexity_detail']['tokens']:,}",
@@ -306,7 +306,7 @@ def render(results_json, out, force):
 
 # ------------------------------------------------------------------ tables
 def _fmt_tps(m, key, results):
-    """``25,023 x1.03 [0.95–1.12] n.d.``: tokens/s, ratio, per-repeat range, and n.d. when that range
+    """``25,023 ×1.03 [0.95–1.12] n.d.``: tokens/s, ratio, per-repeat range, and n.d. when that range
     says the ratio is no measurable difference (stats.py; "noisy" when the null control says the
     machine was too noisy to tell); the baseline gets no ratio."""
     from normswap.evaluate.stats import TOO_NOISY, fmt_interval, intervals_of, measurable
@@ -319,7 +319,7 @@ def _fmt_tps(m, key, results):
         return f"{v:,.0f}"
     iv = ((intervals_of(m, results) or {}).get("tokens_per_second") or {}).get(key)
     tag = "" if measurable(iv) else " noisy" if iv and iv["verdict"] == TOO_NOISY else " n.d."
-    return f"{v:,.0f} x{r:.2f} {fmt_interval(iv)}".rstrip() + tag
+    return f"{v:,.0f} ×{r:.2f} {fmt_interval(iv)}".rstrip() + tag
 
 
 def _ratio_legend(results):
@@ -352,7 +352,7 @@ def _print_speed(results):
                 _fmt_tps(m, "train_step", results),
                 _fmt_tps(m, "generate", results),
                 _fmt_tps(m, "decode", results),
-                fmt_bytes(m.get("peak_memory_bytes")) + (f" (x{mr:.2f})" if mr is not None else ""),
+                fmt_bytes(m.get("peak_memory_bytes")) + (f" (×{mr:.2f})" if mr is not None else ""),
                 "-" if share is None else f"{share * 100:.1f}%",
             )
         )

@@ -247,7 +247,9 @@ class _Bench:
                 "calls_per_measurement": dict(self.calls),
                 "samples": {k: v for k, v in (("forward", s["forward"]), ("train_step", s["train_step"])) if v}
                 | self._generation_samples()
-                | ({"norm_ms": list(s["norm_ms"])} if s["norm_ms"] else {}),
+                | ({"norm_ms": list(s["norm_ms"])} if s["norm_ms"] else {})
+                # per-repeat shares: the report draws their range on the "time in norms" bars
+                | ({"norm_share": list(s["norm_share"])} if s["norm_share"] else {}),
             },
         }
         if s["norm_share"]:

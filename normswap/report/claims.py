@@ -20,7 +20,7 @@ NORM_TIME_CLAIM = 1 - 0.07
 
 
 def _pct(x):
-    return f"{x * 100:.1f}%"
+    return f"{x * 100:,.1f}%"
 
 
 def overall(verdicts: list[str]) -> str:
@@ -42,7 +42,7 @@ def _flops_claim(base, others):
         share = f["norms"] / f["model_estimate"]
         lines.append(
             f"{m['name']}: {m.get('norm_layers', '?')} norm layers, {f['norms']:,} FLOPs/token "
-            f"= {share * 100:.3f}% of ~{f['model_estimate']:,} (2 x parameters)"
+            f"= {share * 100:.3f}% of ~{f['model_estimate']:,} (2 × parameters)"
         )
     b_flops = ((base or {}).get("flops_per_token") or {}).get("norms")
     for m in others:
@@ -78,7 +78,7 @@ def _norm_time_claim(results, base, others):
             noisy = f" ({TOO_NOISY})" if iv and iv["verdict"] == TOO_NOISY else ""
             lines.append(
                 f"{m['name']}: {nt['norm_ms_per_forward']:.2f} ms ({_pct(abs(change))} {word} time, ratio "
-                f"x{nt['norm_ms_per_forward'] / b_ms:.2f} {fmt_interval(iv) or '(no interval)'}; "
+                f"×{nt['norm_ms_per_forward'] / b_ms:.2f} {fmt_interval(iv) or '(no interval)'}; "
                 f"{_pct(m['norm_time_share'])} of its forward): {verdict}{noisy}"
             )
     else:
@@ -98,7 +98,7 @@ def _amdahl_note(name, ratio, iv, bound) -> str | None:
     """Why a forward ratio above the Amdahl bound is not a speed-up the norms could have bought."""
     if ratio is None or ratio <= bound:
         return None
-    head = f"{name}: forward x{ratio:.2f} is above the Amdahl bound x{bound:.2f}"
+    head = f"{name}: forward ×{ratio:.2f} is above the Amdahl bound ×{bound:.2f}"
     if iv and iv["verdict"] == TOO_NOISY:
         return f"{head}, but the machine was {TOO_NOISY} (null control): not a gain this run can show"
     if not iv or iv["low"] <= bound:
@@ -127,13 +127,13 @@ def _throughput_claim(results, base, others):
                 continue
             iv = ivs.get(k)
             note = f", {undecided(iv)}" if not measurable(iv) else ""
-            parts.append(f"{k.replace('_', ' ')} x{r[k]:.2f} {fmt_interval(iv) or '(no interval)'}{note}")
+            parts.append(f"{k.replace('_', ' ')} ×{r[k]:.2f} {fmt_interval(iv) or '(no interval)'}{note}")
         if parts:
             verdict = claim_verdict(ivs.get("forward"), at_least=THROUGHPUT_CLAIM)
             verdicts.append(verdict)
             lines.append(f"{m['name']}: " + "; ".join(parts) + f" (forward: {verdict})")
     if bound is not None:
-        lines.append(f"upper bound (Amdahl): norm time -> 0 would give at most x{bound:.2f} on the forward")
+        lines.append(f"upper bound (Amdahl): norm time -> 0 would give at most ×{bound:.2f} on the forward")
         for m in others:
             note = _amdahl_note(
                 m["name"],
@@ -149,7 +149,7 @@ def _throughput_claim(results, base, others):
         "measured": lines or ["needs --baseline and speed measurements"],
         "meaning": "End-to-end tokens/s against the baseline: ratio of medians, [min–max] of the per-repeat "
         "paired ratios. "
-        "Reproduced when every repeat is at least x1.10, not reproduced when none is.",
+        "Reproduced when every repeat is at least ×1.10, not reproduced when none is.",
     }
 
 

@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from normswap.publish import atomic_write_with  # noqa: E402
+from normswap.report.intervals import change_interval, difference_resolved  # noqa: E402
 from normswap.report.tables import signed_percent  # noqa: E402
 
 PALETTE = ["#4c6ef5", "#f76707", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#e67700", "#495057"]
@@ -58,11 +59,28 @@ def perplexity_plot(results, out: Path) -> Path | None:
     if base is not None:
         ax = axes[0]
         deltas = [(m["perplexity"] / base["perplexity"] - 1) * 100 for m in models]
-        bars = ax.bar(names, deltas, color=[c[n] for n in names])
-        for bar, d in zip(bars, deltas):
+        ends = list(deltas)
+        for i, (m, d) in enumerate(zip(models, deltas)):
+            iv = change_interval(m, "perplexity") if m is not base else None
+            solid = m is base or difference_resolved(m, "perplexity")
+            ax.bar(
+                [i],
+                [d],
+                color=c[m["name"]],
+                alpha=1.0 if solid else 0.45,
+                hatch=None if solid else "///",
+                edgecolor="white" if solid else c[m["name"]],
+                linewidth=0,
+            )
+            tip = d
+            if iv is not None:  # the interval of the change, over documents
+                low, high = (iv["low"] - 1) * 100, (iv["high"] - 1) * 100
+                ax.errorbar([i], [d], yerr=[[max(d - low, 0)], [max(high - d, 0)]], fmt="none", ecolor="#343a40")
+                ends += [low, high]
+                tip = high if d >= 0 else low
             ax.annotate(
                 signed_percent(d),
-                (bar.get_x() + bar.get_width() / 2, d),
+                (i, tip),
                 ha="center",
                 va="bottom" if d >= 0 else "top",
                 fontsize=9,
@@ -70,29 +88,45 @@ def perplexity_plot(results, out: Path) -> Path | None:
                 textcoords="offset points",
             )
         ax.axhline(0, color="#868e96", linewidth=1)
-        span = max(max(abs(d) for d in deltas), 0.05)
-        ax.set_ylim(min(min(deltas), 0) - 0.25 * span, max(max(deltas), 0) + 0.25 * span)
+        span = max(max(ends) - min(ends), max(abs(e) for e in ends), 0.05)
+        ax.set_ylim(min(min(ends), 0) - 0.25 * span, max(max(ends), 0) + 0.25 * span)
+        ax.set_xticks(range(len(names)), names)
         ax.set_ylabel(f"% vs {base['name']}")
         ax.set_title("token perplexity, change from the baseline (lower is better)", fontsize=10)
         ax.tick_params(axis="x", labelrotation=15, labelsize=9)
         style_axes(ax)
     ax = axes[-1]
     values = [m["perplexity"] for m in models]
-    lo, hi = min(values), max(values)
-    pad = max((hi - lo) * 0.3, hi * 0.002)
+    bottom, top, zoomed = value_limits(values)
     ax.plot(names, values, linestyle="none", marker="o", markersize=8, color="#495057", zorder=1)
     for n, v in zip(names, values):
         ax.scatter([n], [v], s=70, color=c[n], zorder=2)
-        ax.annotate(f"{v:.2f}", (n, v), ha="center", va="bottom", fontsize=9, xytext=(0, 6), textcoords="offset points")
-    ax.set_ylim(lo - pad, hi + 2 * pad)
+        ax.annotate(
+            f"{v:,.2f}", (n, v), ha="center", va="bottom", fontsize=9, xytext=(0, 6), textcoords="offset points"
+        )
+    ax.set_ylim(bottom, top)
     ax.margins(x=0.2)  # keep the end labels clear of the axis
-    ax.set_ylabel("perplexity (axis does not start at 0)")
-    ax.set_title("token perplexity", fontsize=10)
+    ax.set_ylabel("perplexity")
+    ax.set_title(
+        "token perplexity" + (f"\n(axis zoomed: starts at {bottom:,.2f}, not 0)" if zoomed else ""), fontsize=10
+    )
     ax.tick_params(axis="x", labelrotation=15, labelsize=9)
     style_axes(ax)
     d = results["data"]
     fig.suptitle(d.get("caption") or f"{d['spec']} / {d['split']}: {d['characters']:,} characters", fontsize=10)
     return save_figure(fig, out / "perplexity.png")
+
+
+def value_limits(values: list[float]) -> tuple[float, float, bool]:
+    """The y-range of a chart of positive values zoomed to them: (bottom, top, zoomed). A range whose
+    padding would run below 0 starts at 0 instead (then it is not zoomed, and says nothing about it);
+    ``zoomed`` is True only when the axis really starts above 0."""
+    lo, hi = min(values), max(values)
+    pad = max((hi - lo) * 0.3, hi * 0.002)
+    bottom = lo - pad
+    if bottom <= 0:
+        return 0.0, hi + 2 * pad, False
+    return bottom, hi + 2 * pad, True
 
 
 # A whisker reaching past this multiple of the tallest bar is clipped at the axis top and marked
@@ -253,27 +287,80 @@ def throughput_plot(results, out: Path) -> Path | None:
     )
     style_axes(ax)
     ax = axes[1]
-    shares = [(m["name"], m.get("norm_time_share")) for m in models if m.get("norm_time_share") is not None]
-    if shares:
-        bars = ax.bar([n for n, _ in shares], [s * 100 for _, s in shares], color=[c[n] for n, _ in shares])
-        for bar, (_, s) in zip(bars, shares):
-            ax.annotate(
-                f"{s * 100:.1f}%",
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center",
-                va="bottom",
-                fontsize=9,
-                xytext=(0, 2),
-                textcoords="offset points",
-            )
-        ax.set_ylim(0, max(max(s for _, s in shares) * 100 * 1.25, 1))
-        ax.set_ylabel("% of forward time")
-        ax.set_title("time in norm layers (median)", fontsize=10)
-        ax.tick_params(axis="x", labelrotation=15, labelsize=9)
+    rows = norm_share_rows(results)
+    if rows:
+        range_bars(ax, [(r.name, r.value, r.low, r.high, r.color, r.solid) for r in rows], ylabel="% of forward time")
+        ax.set_title(norm_share_title(results), fontsize=10)
     else:
         ax.axis("off")
-    style_axes(ax)
+        style_axes(ax)
     return save_figure(fig, out / "throughput.png")
+
+
+@dataclass
+class ShareBar:
+    """One bar of the "time in norms" chart: the median share and its per-repeat range, in %."""
+
+    name: str
+    value: float
+    low: float | None
+    high: float | None
+    color: str
+    solid: bool  # the baseline, the null control, or a measured difference in norm time
+
+
+def norm_share_rows(results) -> list[ShareBar]:
+    """Every model's norm share with its per-repeat range, and the null control's beside them (its
+    spread is what noise alone did). A model whose norm time is no measured difference against the
+    baseline (stats.py's rule, null control included) is drawn hatched."""
+    from normswap.evaluate.stats import intervals_of, measurable
+
+    c = colors(results)
+    null = results.get("null_control")
+    rows = []
+    for m in list(results["models"]) + ([null] if null and null.get("norm_time_share") is not None else []):
+        share = m.get("norm_time_share")
+        if share is None:
+            continue
+        per_repeat = [s for s in ((m.get("speed_setup") or {}).get("samples") or {}).get("norm_share") or [] if s]
+        is_null = m is null
+        if is_null or m["name"] == results.get("baseline"):
+            solid = True
+        else:
+            solid = measurable((intervals_of(m, results) or {}).get("norm_ms_per_forward"))
+        rows.append(
+            ShareBar(
+                m["name"],
+                share * 100,
+                min(per_repeat) * 100 if per_repeat else None,
+                max(per_repeat) * 100 if per_repeat else None,
+                "#adb5bd" if is_null else c.get(m["name"], "#495057"),
+                solid,
+            )
+        )
+    return rows
+
+
+def norm_share_title(results) -> str:
+    """What the bars and whiskers are, and how much the null control moved the norm time."""
+    from normswap.evaluate.stats import fmt_interval
+
+    spread = ((results.get("speed_noise") or {}).get("null_spread") or {}).get("norm_ms_per_forward")
+    ranged = any(r.low is not None for r in norm_share_rows(results))
+    title = "time in norm layers\n" + (
+        "bar: median, whisker: per-repeat range" if ranged else "median (per-repeat range not recorded in this run)"
+    )
+    if spread:
+        title += f"\nnull control ÷ baseline {fmt_interval(spread)}"
+        if "norm_ms_per_forward" in _noisy(results):
+            title += ": too noisy to tell"
+    return title
+
+
+def _noisy(results) -> list[str]:
+    from normswap.evaluate.stats import noisy_kinds
+
+    return noisy_kinds(results)
 
 
 def activation_plot(results, out: Path) -> Path | None:
@@ -348,3 +435,60 @@ def finetune_plot(results, out: Path) -> Path | None:
     else:
         fig.suptitle(f"fine-tune of {models[0]['name']}", fontsize=10)
     return save_figure(fig, out / "finetune_loss.png")
+
+
+def interval_dots(ax, rows, *, reference: float, xlabel: str, fmt: str = "{:.3f}") -> None:
+    """A dot plot of estimates with their intervals, one row per arm (``rows``: (label, mean, low,
+    high, color)), a line at ``reference`` (no change). Dots, not bars: a bar of a ratio drawn from 1
+    hides its length, one drawn from 0 hides a 4 % difference; a dot with its interval shows both.
+    Every row is drawn, the null control's included, and each is labelled with its value."""
+    ys = list(range(len(rows)))[::-1]
+    for y, (_label, mean, low, high, color) in zip(ys, rows):
+        if mean is None:
+            continue
+        if low is not None and high is not None:
+            ax.plot([low, high], [y, y], color=color, linewidth=2.2, solid_capstyle="butt")
+        ax.plot([mean], [y], marker="o", markersize=7, color=color)
+        ax.annotate(fmt.format(mean), (mean, y), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8)
+    ax.axvline(reference, color="#868e96", linewidth=1, linestyle="--")
+    ax.set_yticks(ys, [r[0] for r in rows], fontsize=9)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    values = [v for r in rows for v in r[1:4] if v is not None] + [reference]
+    span = max(max(values) - min(values), 1e-3)
+    ax.set_xlim(min(values) - 0.15 * span, max(values) + 0.15 * span)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.grid(axis="x", color="#e9ecef", linewidth=0.8)
+    ax.set_axisbelow(True)
+
+
+def range_bars(ax, rows, *, ylabel: str, fmt: str = "{:.1f}%") -> None:
+    """Bars from 0 with a whisker over each one's range (``rows``: (label, value, low, high, color,
+    solid)); a bar that is no measured difference (``solid`` False) is hatched. Labels sit above the
+    whisker so they are never covered by it."""
+    xs = range(len(rows))
+    top = 0.0
+    for x, (_label, value, low, high, color, solid) in zip(xs, rows):
+        ax.bar(
+            [x],
+            [value],
+            color=color,
+            alpha=1.0 if solid else 0.45,
+            hatch=None if solid else "///",
+            edgecolor="white" if solid else color,
+            linewidth=0,
+        )
+        tip = value
+        if low is not None and high is not None:
+            ax.errorbar(
+                [x], [value], yerr=[[max(value - low, 0)], [max(high - value, 0)]], fmt="none", ecolor="#343a40"
+            )
+            tip = max(value, high)
+        top = max(top, tip)
+        ax.annotate(
+            fmt.format(value), (x, tip), ha="center", va="bottom", fontsize=9, xytext=(0, 3), textcoords="offset points"
+        )
+    ax.set_xticks(list(xs), [r[0] for r in rows], fontsize=9, rotation=15)
+    ax.set_ylim(0, max(top * 1.2, 1e-9))
+    ax.set_ylabel(ylabel)
+    style_axes(ax)

@@ -19,15 +19,20 @@ from normswap.evaluate.stats import (
 )
 from normswap.report import encoders
 from normswap.report.claims import claims
+from normswap.report.intervals import change_interval, difference_resolved
 from normswap.report.tables import markdown_table, signed_percent
+
+UNDECIDED = (NO_DIFFERENCE, TOO_NOISY)
 
 
 def fmt_num(x, digits=2):
+    """One number format everywhere: thousands separated, ``digits`` decimals whatever the size (so
+    979.45 and 1,072.31 sit in one column, never 979.45 beside 1,072); integers without decimals."""
     if x is None:
         return "–"
-    if isinstance(x, int) or abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.{digits}f}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return f"{x:,.{digits}f}"
 
 
 def fmt_bytes(n):
@@ -40,7 +45,17 @@ def fmt_bytes(n):
 
 
 def fmt_ratio(r):
-    return "" if r is None else f"×{r:.2f}"
+    """``×1.04``; a ratio that is not 1 but would print as ×1.00 gets a third digit (×0.996), so a
+    real difference never reads as none."""
+    if r is None:
+        return ""
+    return f"×{r:.3f}" if r != 1.0 and f"{r:.2f}" == "1.00" else f"×{r:.2f}"
+
+
+def fmt_change(r):
+    """A ratio of two numbers where lower or higher is a quality (perplexity, bits/byte) as the signed
+    change it is: ``-0.40%``, ``+1.80%`` (two decimals, so -0.4 % never hides in a ×1.00)."""
+    return "" if r is None else signed_percent((r - 1) * 100)
 
 
 def fmt_params(n):
@@ -80,7 +95,7 @@ def timed_ratio_text(ratio, iv) -> str:
     difference, or too noisy to tell)."""
     if ratio is None:
         return ""
-    text = f"×{ratio:.2f} {fmt_interval(iv)}".strip()
+    text = f"{fmt_ratio(ratio)} {fmt_interval(iv)}".strip()
     return text if measurable(iv) else f"{text} {undecided(iv)}"
 
 
@@ -162,27 +177,32 @@ def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
         ivs = (intervals_of(m, results) or {}).get("tokens_per_second") or {}
         is_base = m["name"] == results.get("baseline")
 
-        def exact(key, digits, value=None, lower_better=True, tol=0.001, m=m, r=r, is_base=is_base):
+        def exact(key, digits, value=None, lower_better=True, tol=0.001, change=False, m=m, r=r, is_base=is_base):
             v = m.get(key) if value is None else value
             if is_base or r.get(key) is None:
                 return (v if isinstance(v, str) else fmt_num(v, digits), "", "")
+            state = exact_state(r[key], lower_better=lower_better, tol=tol)
+            if change and state in ("good", "bad") and not difference_resolved(m, key):
+                state = "same"  # its interval over documents contains 0: not a measured change
             return (
                 v if isinstance(v, str) else fmt_num(v, digits),
-                fmt_ratio(r[key]),
-                exact_state(r[key], lower_better=lower_better, tol=tol),
+                fmt_change(r[key]) if change else fmt_ratio(r[key]),
+                state,
             )
 
         row = [
             (m["name"] + (" (baseline)" if is_base else ""), "", ""),
             (m.get("kind", "") + (f", {fmt_params(m['parameters'])}" if m.get("parameters") else ""), "", ""),
-            judged(exact("perplexity", 3)),
-            judged(exact("bits_per_byte", 4)),
+            judged(exact("perplexity", 3, change=True)),
+            judged(exact("bits_per_byte", 4, change=True)),
         ]
         for key, _ in SPEED_COLUMNS:
             if is_base or tr.get(key) is None:
-                row.append((fmt_num(tps.get(key)), "", ""))
+                row.append((fmt_num(tps.get(key), 0), "", ""))
             else:
-                row.append((fmt_num(tps.get(key)), timed_ratio_text(tr[key], ivs.get(key)), timed_state(ivs.get(key))))
+                row.append(
+                    (fmt_num(tps.get(key), 0), timed_ratio_text(tr[key], ivs.get(key)), timed_state(ivs.get(key)))
+                )
         row.append(exact("peak_memory_bytes", 0, value=fmt_bytes(m.get("peak_memory_bytes")), tol=0.005))
         row.append(("–" if m.get("norm_time_share") is None else f"{m['norm_time_share'] * 100:.1f}%", "", ""))
         rows.append(row)
@@ -211,8 +231,9 @@ def fidelity_items(f: dict, reference: str) -> list[tuple[str, str, str, str]]:
 def headlines(results) -> list[dict]:
     """One card per compared model: the few numbers a user asks first.
 
-    Each item: (label, value, state, note); a timed ratio whose interval contains 1 gets state
-    "same" and the note "no measurable difference", never a colour.
+    Each item: (label, value, state, note); a timed ratio that is no measured difference shows the
+    words ("no measurable difference" / "too noisy to tell") as its value, state "same", and its
+    number only in the note: large type is for measured differences.
     """
     base = results.get("baseline")
     reference = (results.get("fidelity_setup") or {}).get("reference") or base
@@ -227,24 +248,28 @@ def headlines(results) -> list[dict]:
         items = fidelity_items(fidelity, reference) if fidelity else []
         if r.get("perplexity") is not None:
             state = exact_state(r["perplexity"], lower_better=True, tol=0.001) if held_out(results) else "same"
-            items.append(
-                (
-                    "perplexity",
-                    signed_percent((r["perplexity"] - 1) * 100),
-                    state,
-                    "" if held_out(results) else "not held-out text",
-                )
-            )
+            civ = change_interval(m, "perplexity")
+            note = "" if held_out(results) else "not held-out text"
+            if civ is not None:
+                span = f"[{signed_percent((civ['low'] - 1) * 100)}, {signed_percent((civ['high'] - 1) * 100)}]"
+                note = (note + " " + span).strip()
+                if not difference_resolved(m, "perplexity"):
+                    state = "same"
+                    note += f" {NO_DIFFERENCE}"
+            items.append(("perplexity", fmt_change(r["perplexity"]), state, note))
         for key, label in (("forward", "forward"), ("train_step", "train step"), ("decode", "decode")):
             if tr.get(key) is not None:
                 iv = ivs.get(key)
-                note = fmt_interval(iv) + ("" if measurable(iv) else f" {undecided(iv)}")
-                items.append((label, f"×{tr[key]:.2f}", timed_state(iv), note.strip()))
+                number = f"{fmt_ratio(tr[key])} {fmt_interval(iv)}".strip()
+                if measurable(iv):
+                    items.append((label, fmt_ratio(tr[key]), timed_state(iv), fmt_interval(iv)))
+                else:  # noise is not a headline number: the words in its place, the number beneath
+                    items.append((label, undecided(iv), "same", number))
         if r.get("peak_memory_bytes") is not None:
             items.append(
                 (
                     "peak memory",
-                    f"×{r['peak_memory_bytes']:.2f}",
+                    fmt_ratio(r["peak_memory_bytes"]),
                     exact_state(r["peak_memory_bytes"], lower_better=True, tol=0.005),
                     "",
                 )
@@ -365,7 +390,7 @@ def _setup_lines(results) -> list[str]:
     s = results.get("speed_setup")
     if s:
         lines.append(
-            f"Speed: batch {s['batch_size']} x {s['seq_len']} tokens, {s['repeats']} interleaved repeats (medians), "
+            f"Speed: batch {s['batch_size']} × {s['seq_len']} tokens, {s['repeats']} interleaved repeats (medians), "
             f"warm-up {s['warmup']}, generation {s['prompt_len']}-token prompt + {s['new_tokens']} new tokens"
         )
     return lines
@@ -374,9 +399,14 @@ def _setup_lines(results) -> list[str]:
 # ---------------------------------------------------------------- markdown
 def markdown(results, figures: dict[str, Path]) -> str:
     out = [f"# {report_title(results)}", ""]
+    for w in results.get("warnings") or []:  # thin evidence is said first, before any number
+        out += [f"> **Warning.** {w}", ""]
     out += [f"- {line}" for line in _setup_lines(results)]
     if results.get("baseline"):
-        out.append(f"- Ratios are against **{results['baseline']}** (×1.10 = 10% higher).")
+        out.append(
+            f"- Changes are against **{results['baseline']}**: ×1.10 = 10 % higher; perplexity and bits/byte as "
+            "the signed change in per cent."
+        )
     out.append("")
     banner = noise_banner(results)
     if banner:
@@ -387,7 +417,10 @@ def markdown(results, figures: dict[str, Path]) -> str:
         for c in cards:
             out.append(
                 f"- **{c['name']}** ({c['kind']}): "
-                + ", ".join(f"{label} {val}" + (f" {note}" if note else "") for label, val, _, note in c["items"])
+                + ", ".join(
+                    f"{label}: {val} ({note})" if val in UNDECIDED else f"{label} {val}" + (f" {note}" if note else "")
+                    for label, val, _, note in c["items"]
+                )
             )
         out.append("")
     header, rows = table_rows(results)
@@ -466,6 +499,7 @@ box-shadow:0 1px 2px rgba(0,0,0,.04)}
 .card .items{display:grid;grid-template-columns:repeat(auto-fill,minmax(110px,1fr));gap:10px}
 .card .v{font-size:22px;font-weight:600;font-variant-numeric:tabular-nums}
 .card .l{font-size:12px;color:var(--muted)}
+.card .v.words{font-size:14px;font-weight:500;color:var(--muted);font-style:italic}
 .good{color:var(--good)}.bad{color:var(--bad)}
 .tablewrap{overflow-x:auto}
 table{border-collapse:collapse;width:100%;font-size:13.5px;font-variant-numeric:tabular-nums}
@@ -513,6 +547,8 @@ def html_report(results, figures: dict[str, Path]) -> str:
     ]
     names = ", ".join(m["name"] for m in results["models"])
     parts.append(f"<h1>{escape(report_title(results))}</h1><p class='sub'>{escape(names)}</p>")
+    for w in results.get("warnings") or []:  # thin evidence is said first, before any number
+        parts.append(f"<div class='noisy' role='alert'><strong>Warning.</strong> {escape(w)}</div>")
     parts.append(
         "<div class='meta'>" + "".join(f"<div>{escape(line)}</div>" for line in _setup_lines(results)) + "</div>"
     )
@@ -531,7 +567,8 @@ def html_report(results, figures: dict[str, Path]) -> str:
         )
         for c in cards:
             items = "".join(
-                f"<div><div class='v {state}'>{escape(val)}</div><div class='l'>{escape(label)}</div>"
+                f"<div><div class='v {state}{' words' if val in UNDECIDED else ''}'>{escape(val)}</div>"
+                f"<div class='l'>{escape(label)}</div>"
                 + (f"<div class='n'>{escape(note)}</div>" if note else "")
                 + "</div>"
                 for label, val, state, note in c["items"]

@@ -6,20 +6,97 @@ is a header and rows of strings laid out here; what goes in the cells stays with
 
 from __future__ import annotations
 
+import html
+import textwrap
+
 from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
 
+# A terminal's width: tables printed on one wrap their widest cells to fit it (an 80-column
+# terminal still wraps whole lines, but never a 312-character row into unreadable shards).
+TERMINAL_WIDTH = 100
+GAP = "  "
+# A column is never squeezed below this (a cell longer than it breaks inside a word).
+MIN_COLUMN = 8
 
-def text_table(header, rows) -> str:
-    """Columns padded to their widest cell, the first left-aligned, the others right-aligned, and a
-    rule under the header."""
+
+def _fit_widths(natural: list[int], shortest: list[int], width: int) -> list[int]:
+    """Column widths that sum (with the gaps) to at most ``width``: the widest column gives up a
+    character at a time, first down to its longest word, then to ``MIN_COLUMN``."""
+    widths = list(natural)
+    room = width - len(GAP) * (len(widths) - 1)
+    for floor in (shortest, [min(MIN_COLUMN, n) for n in natural]):
+        while sum(widths) > room:
+            i = max(range(len(widths)), key=lambda k: (widths[k] - floor[k], widths[k]))
+            if widths[i] <= floor[i]:
+                break
+            widths[i] -= 1
+    return widths
+
+
+def _wrap(cell: str, width: int) -> list[str]:
+    if len(cell) <= width:
+        return [cell]
+    return textwrap.wrap(cell, width, break_on_hyphens=False) or [""]
+
+
+NUMERIC_START = set("0123456789+-−×[.")
+
+
+def _numeric(column: list[str]) -> bool:
+    """Most of a column's cells are numbers (then it is right-aligned, so the digits line up)."""
+    cells = [c for c in column if c.strip()]
+    return bool(cells) and sum(c.lstrip()[0] in NUMERIC_START for c in cells) * 2 > len(cells)
+
+
+def text_table(header, rows, *, width: int | None = TERMINAL_WIDTH) -> str:
+    """Columns padded to their widest cell, the first and any of words left-aligned, those of numbers
+    right-aligned, and a rule under the header. A table wider than ``width`` wraps its widest cells at spaces (rows then
+    get a blank line between them, so a wrapped row reads as one); ``width=None``: never wrap."""
     table = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    natural = [max(len(r[i]) for r in table) for i in range(len(header))]
+    widths = natural
+    if width is not None and sum(natural) + len(GAP) * (len(natural) - 1) > width:
+        shortest = [max((len(w) for r in table for w in r[i].split()), default=1) for i in range(len(header))]
+        widths = _fit_widths(natural, shortest, width)
+    wrapped = widths != natural
+    right = [i > 0 and _numeric([r[i] for r in table[1:]]) for i in range(len(header))]
     lines = []
     for j, r in enumerate(table):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        cells = [_wrap(c, w) for c, w in zip(r, widths)]
+        if wrapped and j > 1:
+            lines.append("")
+        for k in range(max(len(c) for c in cells)):
+            parts = [c[k] if k < len(c) else "" for c in cells]
+            line = GAP.join(p.rjust(w) if right[i] else p.ljust(w) for i, (p, w) in enumerate(zip(parts, widths)))
+            lines.append(line.rstrip())
         if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
+            lines.append(GAP.join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def html_table(header, rows, cls: str = "text2") -> str:
+    """A plain table of strings (escaped), scrolling sideways on a narrow screen."""
+    esc = html.escape
+    return (
+        f"<div class='tablewrap'><table class='{cls}'><thead><tr>"
+        + "".join(f"<th>{esc(str(h))}</th>" for h in header)
+        + "</tr></thead><tbody>"
+        + "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+        + "</tbody></table></div>"
+    )
+
+
+def grouped(rows: list[dict], key: str, by: tuple[str, ...]) -> list[dict]:
+    """Rows that share every field in ``by`` merged into one whose ``key`` lists them all, in first-seen
+    order (a verdict several arms share is said once, naming the arms, not repeated word for word)."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        k = tuple(r.get(f) for f in by)
+        if k in out:
+            out[k][key] = out[k][key] + [r[key]]
+        else:
+            out[k] = {**r, key: [r[key]]}
+    return list(out.values())
 
 
 def markdown_table(header, rows, *, numbers: bool = False) -> list[str]:

@@ -1,17 +1,34 @@
-"""report.md, report.html and the PNG figures of a study, in the style of ``normswap eval report``
-(the same tables, palette, plot style and page CSS: normswap/report/)."""
+"""report.md, report.html, the PNG figures and the terminal summary of a study.
+
+The report answers the question first (bottom_line.py: quality, speed, memory, stability, each with
+its evidence and what would change it), then every measured difference as a verdict, the claims,
+the terms it uses, and only then the full tables. Tables, plots, page CSS and glossary are the
+report package's (normswap/report/), shared with ``normswap eval report``.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from pathlib import Path
 
 from normswap.publish import atomic_write_text
-from normswap.report.plots import PALETTE, plt, save_figure, style_axes
+from normswap.report.glossary import glossary
+from normswap.report.plots import PALETTE, interval_dots, plt, range_bars, save_figure, style_axes
 from normswap.report.render import CSS, escape, image_data_uri
-from normswap.report.tables import markdown_table, text_table
+from normswap.report.tables import TERMINAL_WIDTH, html_table, markdown_table, text_table
 from normswap.study import stats
+from normswap.study.bottom_line import (
+    bottom_line,
+    claim_groups,
+    difference_line,
+    differences,
+    primary_arm,
+    ref_units,
+    scope,
+    share_range,
+)
 from normswap.study.precision import IMPLS
 
 MARKDOWN, HTML = "report.md", "report.html"
@@ -19,11 +36,6 @@ MARKDOWN, HTML = "report.md", "report.html"
 
 def _colors(results) -> dict:
     return {a: PALETTE[i % len(PALETTE)] for i, a in enumerate(results["setup"]["arms"])}
-
-
-def _ref_units(results, arm):
-    ref = results["setup"]["reference_multiplier"]
-    return [u for u in results["units"] if u["arm"] == arm and u["lr_multiplier"] == ref]
 
 
 def _num(v):
@@ -50,7 +62,7 @@ def curves_plot(results, out: Path) -> Path | None:
     c = _colors(results)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for arm in arms:
-        units = _ref_units(results, arm)
+        units = ref_units(results, arm)
         if not units:
             continue
         for ax, key in ((axes[0], "loss"), (axes[1], "grad_norm")):
@@ -96,34 +108,47 @@ def curves_plot(results, out: Path) -> Path | None:
 
 
 def bars_plot(results, out: Path) -> Path | None:
-    cmp = results["comparisons"]
+    """Throughput and memory ratios as dots with their paired intervals (every arm, the null control
+    included), and each arm's norm share of the step as bars from 0 with its range over seeds."""
+    cmp = results.get("comparisons") or {}
     if not cmp:
         return None
     c = _colors(results)
-    arms = list(cmp)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for ax, key, title in (
-        (axes[0], "throughput_ratio", "training tokens/s ÷ layernorm (95 % interval over seeds)"),
-        (axes[1], "peak_memory_ratio", "peak memory ÷ layernorm (95 % interval over seeds)"),
+    base = results.get("baseline", "layernorm")
+    fig, axes = plt.subplots(1, 3, figsize=(14, max(3.6, 1.6 + 0.6 * len(cmp))))
+    for ax, key, title, xlabel in (
+        (axes[0], "throughput_ratio", "training tokens/s ÷ " + base, "ratio (1 = same speed; right = faster)"),
+        (axes[1], "peak_memory_ratio", "peak memory ÷ " + base, "ratio (1 = same memory; right = more)"),
     ):
-        means, errs = [], [[], []]
-        for a in arms:
-            iv = cmp[a].get(key)
-            m = iv["mean"] if iv else float("nan")
-            means.append(m)
-            errs[0].append(m - iv["low"] if iv and iv["low"] is not None else 0)
-            errs[1].append(iv["high"] - m if iv and iv["high"] is not None else 0)
-        ax.bar(arms, [m - 1 for m in means], bottom=1, color=[c[a] for a in arms], yerr=errs, capsize=4)
-        ax.axhline(1, color="#868e96", linewidth=1)
-        if key == "throughput_ratio":
-            ax.axhspan(0.97, 1.03, color="#adb5bd", alpha=0.15, linewidth=0)
-        for i, m in enumerate(means):
-            if math.isfinite(m):
-                ax.annotate(
-                    f"{m:.3f}", (i, m), ha="center", va="bottom", fontsize=8, xytext=(8, 2), textcoords="offset points"
-                )
-        ax.set_title(title, fontsize=10)
-        style_axes(ax)
+        rows = []
+        for a, row in cmp.items():
+            iv = row.get(key) or {}
+            rows.append((a, iv.get("mean"), iv.get("low"), iv.get("high"), c.get(a, "#495057")))
+        if any(r[1] is not None for r in rows):
+            interval_dots(
+                ax, rows, reference=1.0, xlabel=xlabel, fmt="{:.3f}" if key == "throughput_ratio" else "{:.4f}"
+            )
+            ax.set_title(title + "\n(dot: mean over seeds, line: 95 % paired interval)", fontsize=10)
+        else:
+            ax.axis("off")
+    shares = []
+    for a in results["setup"]["arms"]:
+        r = share_range(results, a)
+        if r is None:
+            continue
+        vals = [
+            u["timing"]["norm_share"]["share"]
+            for u in ref_units(results, a)
+            if (u.get("timing") or {}).get("norm_share")
+        ]
+        diff = (cmp.get(a) or {}).get("norm_share_difference")
+        solid = a == base or bool(diff and diff.get("verdict") in ("higher", "lower"))
+        shares.append((a, statistics.fmean(vals) * 100, r[0] * 100, r[1] * 100, c.get(a, "#495057"), solid))
+    if shares:
+        range_bars(axes[2], shares, ylabel="% of a training step")
+        axes[2].set_title("time in norm layers\n(bar: mean over seeds, whisker: min–max)", fontsize=10)
+    else:
+        axes[2].axis("off")
     return save_figure(fig, out / "throughput_memory.png")
 
 
@@ -133,7 +158,7 @@ def norm_grads_plot(results, out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(8, 3.4))
     drew = False
     for arm in arms:
-        units = _ref_units(results, arm)
+        units = ref_units(results, arm)
         if not units:
             continue
         layers = list(units[0]["norm_input_grad_norm"])
@@ -180,7 +205,13 @@ def sweep_plot(results, out: Path) -> Path | None:
 
 FIGURES = (
     ("curves", curves_plot, "Training curves", "Per step, at the common rate: mean over seeds, band min–max."),
-    ("bars", bars_plot, "Throughput and memory", "Paired by seed; the grey band is ±3 % (the null control's target)."),
+    (
+        "bars",
+        bars_plot,
+        "Throughput, memory and time in norms",
+        "Dots: mean ratio to the baseline over seeds, lines: 95 % paired interval; the dashed line is 1 (no "
+        "change). Bars start at 0; a hatched bar is a norm share not measurably different from the baseline's.",
+    ),
     ("norm_grads", norm_grads_plot, "Gradients entering the norms", "Norm of the gradient at each norm layer's input."),
     ("sweep", sweep_plot, "Learning-rate sweep", "Each arm's final held-out loss at each swept rate."),
 )
@@ -192,27 +223,39 @@ def _bytes(n):
 
 
 def setup_lines(results) -> list[str]:
-    s = results["setup"]
-    start = "random initialisation per seed" if results["from_scratch"] else "its trained weights"
+    s, arch, timing = results["setup"], results.get("architecture") or {}, results.get("timing") or {}
+    start = "random initialisation per seed" if results.get("from_scratch") else "its trained weights"
+    mults = s.get("multipliers") or [1.0]
+    schedule = s.get("lr_schedule")
+    if isinstance(schedule, dict):
+        schedule = ", ".join(f"{k} {v}" for k, v in schedule.items())
+    margin = s.get("margin_nats")
     lines = [
-        f"model: {results['model']} ({results['architecture']['model_type']}, "
-        f"{results['architecture']['parameters']:,} parameters, "
-        f"{results['architecture']['norms_replaced']} norms reading the residual stream), from {start}",
-        f"arms: {', '.join(s['arms'])}; {s['seeds']} seed(s); "
-        f"{s['steps']} steps × {s['batch_size']} × {s['seq_len']} tokens "
-        f"({s['tokens_per_step']:,} tokens/step); warmup {s['warmup']}; lr {s['lr']:g}"
-        + (f" × {', '.join(f'{m:g}' for m in s['multipliers'])}" if len(s["multipliers"]) > 1 else ""),
-        f"precision {s['precision']}; kernels {s['kernels']}; device {s['device']} × {s['world_size']} process(es), "
-        f"{s['threads']} thread(s); data {s['data']} (held-out {s['eval_tokens_used']:,} tokens)",
-        f"wall {results['timing']['wall_seconds']:.0f} s; "
-        f"load average at start {results['timing']['load_average_start']}, "
-        f"at end {results['timing']['load_average_end']}",
+        f"model: {results['model']} ({arch.get('model_type', '?')}, "
+        + (f"{arch['parameters']:,} parameters, " if arch.get("parameters") else "")
+        + f"{arch.get('norms_replaced', '?')} norms reading the residual stream), from {start}",
+        f"arms: {', '.join(s['arms'])}; {s.get('seeds', '?')} seed(s); "
+        f"{s.get('steps', '?')} steps × {s.get('batch_size', '?')} × {s.get('seq_len', '?')} tokens"
+        + (f" ({s['tokens_per_step']:,} tokens/step)" if s.get("tokens_per_step") else "")
+        + f"; warmup {s.get('warmup', '?')}; lr {s.get('lr', 0):g}"
+        + (f" × {', '.join(f'{m:g}' for m in mults)}" if len(mults) > 1 else "")
+        + (f"; schedule {schedule}" if schedule else ""),
+        f"precision {s.get('precision', '?')}; kernels {s.get('kernels', '?')}; device {s.get('device', '?')} × "
+        f"{s.get('world_size', 1)} process(es), {s.get('threads', '?')} thread(s); data {s.get('data', '?')}"
+        + (f" (held-out {s['eval_tokens_used']:,} tokens)" if s.get("eval_tokens_used") else "")
+        + (f"; equivalence margin ±{margin:g} nats" if margin is not None else ""),
     ]
+    if timing.get("wall_seconds") is not None:
+        lines.append(
+            f"wall {timing['wall_seconds']:.0f} s; load average at start {timing.get('load_average_start')}, "
+            f"at end {timing.get('load_average_end')}"
+        )
     return lines + list(results.get("notes") or [])
 
 
 def claims_rows(results) -> list[list[str]]:
-    return [[c["claim"], c["arm"], c["verdict"], c["decided_by"]] for c in results["claims"]]
+    """One row per claim and verdict; arms with the same verdict and evidence share a row."""
+    return [[c["claim"], ", ".join(c["arm"]), c["verdict"], c["decided_by"]] for c in claim_groups(results)]
 
 
 def comparison_rows(results) -> tuple[list[str], list[list[str]]]:
@@ -226,20 +269,23 @@ def comparison_rows(results) -> tuple[list[str], list[list[str]]]:
         "Δ instabilities",
         "Δ norm share of step",
     ]
-    rows = []
-    for arm, c in results["comparisons"].items():
-        rows.append(
-            [
-                arm,
-                stats.fmt(c["final_eval_loss_difference"], "+.4f"),
-                stats.fmt(c["final_eval_loss_relative"], "+.2%"),
-                stats.fmt(c["throughput_ratio"], ".3f"),
-                stats.fmt(c["cost_at_equal_tokens"], ".3f"),
-                stats.fmt(c["peak_memory_ratio"], ".4f"),
-                stats.fmt(c["instabilities_difference"], "+.2f"),
-                stats.fmt(c["norm_share_difference"], "+.3f"),
-            ]
-        )
+    keys = (
+        ("final_eval_loss_difference", "+.4f"),
+        ("final_eval_loss_relative", "+.2%"),
+        ("throughput_ratio", ".3f"),
+        ("cost_at_equal_tokens", ".3f"),
+        ("peak_memory_ratio", ".4f"),
+        ("instabilities_difference", "+.2f"),
+        ("norm_share_difference", "+.3f"),
+    )
+    rows = [[arm] + [stats.fmt(c.get(k), spec) for k, spec in keys] for arm, c in results["comparisons"].items()]
+    if any(c.get("amdahl_bound") is not None for c in results["comparisons"].values()):
+        from normswap.study.bottom_line import amdahl_bound
+
+        header.append("Amdahl bound")
+        for row, c in zip(rows, results["comparisons"].values()):
+            b = amdahl_bound(c)
+            row.append("n/a" if b is None else f"×{b:.3f}")
     return header, rows
 
 
@@ -256,28 +302,42 @@ def unit_rows(results) -> tuple[list[str], list[list[str]]]:
         "instabilities",
     ]
     rows = []
+    kernels = any(u.get("norm_kernel") for u in results["units"])
+    if kernels:
+        header.append("norm kernel")
     for u in results["units"]:
-        t = u["timing"]
+        t = u.get("timing") or {}
         share = (t.get("norm_share") or {}).get("share")
         rows.append(
             [
                 u["arm"],
                 u["seed"],
                 f"{u['lr']:.3g}",
-                u["status"] + (f" @ {u['nonfinite']['step']}" if u["nonfinite"] else ""),
-                "n/a" if u["final_eval_loss"] is None else f"{u['final_eval_loss']:.4f}",
-                "n/a" if t["tokens_per_second"] is None else f"{t['tokens_per_second']:,.0f}",
-                _bytes((u["memory"] or {}).get("peak_bytes")),
+                u["status"] + (f" @ {u['nonfinite']['step']}" if u.get("nonfinite") else ""),
+                "n/a" if u.get("final_eval_loss") is None else f"{u['final_eval_loss']:.4f}",
+                "n/a" if t.get("tokens_per_second") is None else f"{t['tokens_per_second']:,.0f}",
+                _bytes((u.get("memory") or {}).get("peak_bytes")),
                 "n/a" if share is None else f"{share:.1%}",
-                u["instabilities"],
+                u.get("instabilities", "n/a"),
             ]
+            + ([_kernel_cell(u)] if kernels else [])
         )
     return header, rows
 
 
+def _kernel_cell(u) -> str:
+    name = u.get("norm_kernel") or "n/a"
+    fused = u.get("norm_kernel_fused")
+    return (
+        name
+        + ("" if fused is None else (" (fused)" if fused else " (composite)"))
+        + (f", {u['norm_compute_dtype']}" if u.get("norm_compute_dtype") else "")
+    )
+
+
 def precision_rows(results) -> tuple[list[str], list[list[str]]]:
     """Worst error over the widths per (case, dtype), each implementation's y / dx / dγ, in units of the dtype's ε."""
-    rows_in = results["precision"]["rows"]
+    rows_in = (results.get("precision") or {}).get("rows") or []
     impls = [i for i in IMPLS if any(r["impl"] == i for r in rows_in)]  # the kernels the arms ran
     header = ["case", "dtype"] + [f"{i}: y / dx / dγ" for i in impls]
     keys = []
@@ -329,7 +389,8 @@ def null_control_line(results) -> str | None:
         return None
     vals = ", ".join(f"{v:.3f}" for v in nc["per_seed"])
     return (
-        f"throughput null control (layernorm-control ÷ layernorm, interleaved): per seed {vals}; interval "
+        f"throughput null control ({results.get('control')} ÷ {results.get('baseline')}, interleaved): "
+        f"per seed {vals}; interval "
         f"{stats.fmt(nc['interval'], '.3f')} — "
         f"every seed within ±{nc['band']:.0%}: {'yes' if nc['per_seed_within'] else 'NO'}; "
         f"interval within ±{nc['band']:.0%}: {'yes' if nc['interval_within'] else 'no'}"
@@ -340,105 +401,190 @@ MEANING = [
     "reproduced: the 95 % interval (paired by seed) lies wholly on the claim's side of its threshold.",
     "not reproduced: it lies wholly on the other side.",
     "not measurable here: the interval straddles the threshold (more seeds or steps would be needed), "
-    "or the study lacks what the "
-    "claim needs (e.g. --lr-sweep for the migration rule, ≥ 2 seeds for any interval).",
-    "no measurable difference: an interval that contains 0 (1 for ratios).",
+    "or the study lacks what the claim needs (e.g. --lr-sweep for the migration rule, ≥ 2 seeds for any "
+    "interval, low precision for stability), or the claim cannot be reached on this model and machine.",
+]
+TERMS_USED = [
+    "paired interval",
+    "no measurable difference",
+    "TOST margin",
+    "not measurable here",
+    "null control",
+    "too noisy to tell",
+    "norm share",
+    "Amdahl bound",
+    "cost at equal tokens",
+    "unigram / bigram baseline",
+    "Holm correction",
+    "ε (machine epsilon)",
 ]
 
 
-# ------------------------------------------------------------------------------------ output
-def markdown(results, figures: dict) -> str:
-    out = ["# LayerNorm vs RMSNorm: study of " + results["model"], ""]
-    out += [f"- {line}" for line in setup_lines(results)] + [""]
-    out += ["## Claims", ""] + markdown_table(["claim", "arm", "verdict", "decided by"], claims_rows(results)) + [""]
-    out += [f"- {m}" for m in MEANING] + [""]
-    header, rows = comparison_rows(results)
-    out += (
-        ["## Differences from layernorm (mean [95 % interval], paired by seed)", ""]
-        + markdown_table(header, rows)
-        + [""]
+def terms(results) -> list[tuple[str, str]]:
+    """The glossary entries this study's report uses (Holm only when the study applied it)."""
+    used = [t for t in TERMS_USED if t != "Holm correction" or "holm" in str(results.get("setup", {})).lower()]
+    if not results.get("baselines"):
+        used.remove("unigram / bigram baseline")
+    return glossary(used)
+
+
+def precision_heading(results) -> str | None:
+    rows = (results.get("precision") or {}).get("rows")
+    if not rows:
+        return None
+    widths = ", ".join(str(w) for w in sorted({r["width"] for r in rows}))
+    return f"Kernel accuracy (error in units of the dtype's ε against float64; worst over widths {widths})"
+
+
+def precision_note(results) -> str | None:
+    c = (results.get("precision") or {}).get("compare")
+    if not c:
+        return None
+    return (
+        f"RMSNorm ≥ {c['factor']:g}× more accurate than LayerNorm in: {', '.join(c['rms_better']) or 'no case'}; "
+        f"less accurate in: {', '.join(c['rms_worse']) or 'no case'}."
     )
+
+
+# ------------------------------------------------------------------------------------ output
+def title(results) -> str:
+    return "LayerNorm vs RMSNorm: study of " + results["model"]
+
+
+def bottom_line_heading(results) -> str:
+    arm = primary_arm(results)
+    return f"Bottom line: {arm} against {results.get('baseline', 'layernorm')} on {scope(results)}"
+
+
+def markdown(results, figures: dict) -> str:
+    out = [f"# {title(results)}", ""]
+    for w in results.get("warnings") or []:
+        out += [f"> **Warning.** {w}", ""]
+    bl = bottom_line(results)
+    if bl:
+        out += [f"## {bottom_line_heading(results)}", ""]
+        for item in bl:
+            out.append(f"- **{item['topic']}: {item['verdict']}** — {item['says']}")
+            out += [f"  - {e}" for e in item["evidence"]]
+            out.append(f"  - *what would change it:* {item['change']}")
+        out.append("")
+    diffs = differences(results)
+    if diffs:
+        out += ["## What was measured (every arm against " + results.get("baseline", "layernorm") + ")", ""]
+        out += [
+            ("- **" if d["measured"] else "- ") + difference_line(d) + ("**" if d["measured"] else "") for d in diffs
+        ]
+        out += ["", "Bold: a measured difference (the 95 % paired interval excludes no change).", ""]
+    out += ["## Claims", ""] + markdown_table(["claim", "arms", "verdict", "decided by"], claims_rows(results)) + [""]
+    out += [f"- {m}" for m in MEANING] + [""]
+    out += ["## Setup", ""] + [f"- {line}" for line in setup_lines(results)] + [""]
+    header, rows = comparison_rows(results)
+    out += ["## Differences from the baseline (mean [95 % interval], paired by seed)", ""]
+    out += markdown_table(header, rows) + [""]
     ncl = null_control_line(results)
     if ncl:
         out += [f"- {ncl}"]
-    out += [f"- statistics: {results['setup']['statistics']}", ""]
+    out += [f"- statistics: {results['setup'].get('statistics', stats.METHOD)}", ""]
     out += ["## Learning rate", ""] + [f"- {line}" for line in sweep_lines(results)] + [""]
-    header, rows = precision_rows(results)
-    out += [
-        "## The norms in low precision (error in units of the dtype's ε vs float64; worst over widths "
-        + ", ".join(str(w) for w in sorted({r["width"] for r in results["precision"]["rows"]}))
-        + ")",
-        "",
-    ]
-    out += markdown_table(header, rows) + [""]
-    c = results["precision"]["compare"]
-    out += [
-        f"- RMSNorm (torch) ≥ {c['factor']:g}× more accurate than LayerNorm (torch) in: "
-        f"{', '.join(c['rms_better']) or 'no case'}; "
-        f"less accurate in: {', '.join(c['rms_worse']) or 'no case'}.",
-        "",
-    ]
+    heading = precision_heading(results)
+    if heading:
+        header, rows = precision_rows(results)
+        out += [f"## {heading}", ""] + markdown_table(header, rows) + [""]
+        note = precision_note(results)
+        out += [f"- {note}", ""] if note else []
     header, rows = unit_rows(results)
     out += ["## Units (arm × seed × rate)", ""] + markdown_table(header, rows) + [""]
     if figures:
         out += ["## Figures", ""]
-        for key, _, title, caption in FIGURES:
+        for key, _, t, caption in FIGURES:
             if key in figures:
-                out += [f"### {title}", "", f"![{title}]({Path(figures[key]).name})", "", caption, ""]
+                out += [f"### {t}", "", f"![{t}]({Path(figures[key]).name})", "", caption, ""]
+    out += ["## Terms", ""] + [f"- **{t}**: {d}" for t, d in terms(results)] + [""]
     out += ["---", "Schema and definitions: docs/study-schema.md. Curves per unit: units/*.json.", ""]
     return "\n".join(out)
 
 
-def _html_table(header, rows, cls="text2") -> str:
-    return (
-        f"<div class='tablewrap'><table class='{cls}'><thead><tr>"
-        + "".join(f"<th>{escape(h)}</th>" for h in header)
-        + "</tr></thead><tbody>"
-        + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-        + "</tbody></table></div>"
-    )
+VERDICT_CLASS = {"reproduced": "v-yes", "not reproduced": "v-no"}
 
 
 def html_report(results, figures: dict) -> str:
-    title = "LayerNorm vs RMSNorm: study of " + results["model"]
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width,initial-scale=1'>",
-        f"<title>{escape(title)}</title>",
+        f"<title>{escape(title(results))}</title>",
         f"<style>{CSS}</style></head><body><main>",
-        f"<h1>{escape(title)}</h1>",
+        f"<h1>{escape(title(results))}</h1>",
     ]
-    parts.append(
-        "<div class='meta'>" + "".join(f"<div>{escape(line)}</div>" for line in setup_lines(results)) + "</div>"
-    )
+    for w in results.get("warnings") or []:
+        parts.append(f"<div class='noisy' role='alert'><strong>Warning.</strong> {escape(w)}</div>")
+    bl = bottom_line(results)
+    if bl:
+        parts.append(f"<h2>{escape(bottom_line_heading(results))}</h2><div class='tablewrap'><table class='claims'>")
+        parts.append(
+            "<thead><tr><th>question</th><th>answer, evidence, and what would change it</th></tr></thead><tbody>"
+        )
+        for item in bl:
+            cls = VERDICT_CLASS.get(item["verdict"], "v-na")
+            parts.append(
+                f"<tr><td>{escape(item['topic'])}<div class='verdict {cls}'>{escape(item['verdict'])}</div></td>"
+                f"<td><strong>{escape(item['says'])}</strong><ul>"
+                + "".join(f"<li>{escape(e)}</li>" for e in item["evidence"])
+                + f"</ul><div class='why'>What would change it: {escape(item['change'])}</div></td></tr>"
+            )
+        parts.append("</tbody></table></div>")
+    diffs = differences(results)
+    if diffs:
+        parts.append(f"<h2>What was measured (every arm against {escape(results.get('baseline', 'layernorm'))})</h2>")
+        parts.append(
+            "<ul>"
+            + "".join(
+                (
+                    f"<li><strong>{escape(difference_line(d))}</strong></li>"
+                    if d["measured"]
+                    else f"<li>{escape(difference_line(d))}</li>"
+                )
+                for d in diffs
+            )
+            + "</ul><p class='sub'>Bold: a measured difference (the 95 % paired interval excludes no change).</p>"
+        )
     parts.append(
         "<h2>Claims</h2><div class='tablewrap'><table class='claims'>"
         "<thead><tr><th>claim</th><th>this study</th></tr></thead><tbody>"
     )
-    for c in results["claims"]:
-        cls = {"reproduced": "v-yes", "not reproduced": "v-no"}.get(c["verdict"], "v-na")
+    for c in claim_groups(results):
+        cls = VERDICT_CLASS.get(c["verdict"], "v-na")
         parts.append(
             f"<tr><td>{escape(c['claim'])}<div class='verdict {cls}'>{escape(c['verdict'])}</div></td>"
-            f"<td>{escape(c['arm'])}: {escape(c['decided_by'])}</td></tr>"
+            f"<td>{escape(', '.join(c['arm']))}: {escape(c['decided_by'])}</td></tr>"
         )
     parts.append(
         "</tbody></table></div><ul class='notes'>" + "".join(f"<li>{escape(m)}</li>" for m in MEANING) + "</ul>"
     )
+    parts.append(
+        "<h2>Setup</h2><div class='meta'>"
+        + "".join(f"<div>{escape(line)}</div>" for line in setup_lines(results))
+        + "</div>"
+    )
     header, rows = comparison_rows(results)
-    parts.append("<h2>Differences from layernorm</h2>" + _html_table(header, rows))
-    notes = [n for n in (null_control_line(results), "statistics: " + results["setup"]["statistics"]) if n]
+    parts.append("<h2>Differences from the baseline</h2>" + html_table(header, rows))
+    notes = [
+        n for n in (null_control_line(results), "statistics: " + results["setup"].get("statistics", stats.METHOD)) if n
+    ]
     parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
     parts.append(
         "<h2>Learning rate</h2><ul class='notes'>"
         + "".join(f"<li>{escape(n)}</li>" for n in sweep_lines(results))
         + "</ul>"
     )
-    header, rows = precision_rows(results)
-    parts.append(
-        "<h2>The norms in low precision</h2>"
-        "<p class='sub'>Error in units of the dtype's ε against a float64 reference, "
-        "worst over the widths.</p>" + _html_table(header, rows)
-    )
+    heading = precision_heading(results)
+    if heading:
+        header, rows = precision_rows(results)
+        note = precision_note(results)
+        parts.append(
+            f"<h2>{escape(heading)}</h2>"
+            + html_table(header, rows)
+            + (f"<ul class='notes'><li>{escape(note)}</li></ul>" if note else "")
+        )
     for key, _, t, caption in FIGURES:
         if key in figures:
             parts.append(
@@ -446,7 +592,10 @@ def html_report(results, figures: dict) -> str:
                 f"<figcaption>{escape(caption)}</figcaption></figure>"
             )
     header, rows = unit_rows(results)
-    parts.append("<h2>Units</h2>" + _html_table(header, rows))
+    parts.append("<h2>Units</h2>" + html_table(header, rows))
+    parts.append(
+        "<h2>Terms</h2><dl>" + "".join(f"<dt>{escape(t)}</dt><dd>{escape(d)}</dd>" for t, d in terms(results)) + "</dl>"
+    )
     parts.append(
         "<footer>Schema and definitions: docs/study-schema.md. Raw numbers: results.json; "
         "curves: units/*.json.</footer></main></body></html>"
@@ -467,14 +616,47 @@ def write_report(results: dict, out) -> dict[str, Path]:
     return figures
 
 
+def _wrapped(text: str, indent: str, width: int = TERMINAL_WIDTH, first: str | None = None) -> list[str]:
+    return textwrap.wrap(
+        text,
+        width,
+        initial_indent=indent if first is None else first,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+    ) or [indent.rstrip()]
+
+
 def summary_lines(results, out) -> list[str]:
-    """What `normswap study` prints: the setup, the differences, the verdicts."""
-    lines = [f"study of {results['model']} -> {out}"] + [f"  {line}" for line in setup_lines(results)] + [""]
-    header, rows = comparison_rows(results)
-    lines += text_table(header, rows).splitlines() + [""]
+    """What `normswap study` prints: the bottom line first, then the measured differences and the
+    claims; every line fits ``TERMINAL_WIDTH`` columns."""
+    lines = [f"study of {results['model']} -> {out}"]
+    for w in results.get("warnings") or []:
+        lines += _wrapped(w, "  ", first="WARNING: ")
+    for line in setup_lines(results):
+        lines += _wrapped(line, "    ", first="  ")
+    lines.append("")
+    bl = bottom_line(results)
+    if bl:
+        lines += _wrapped(bottom_line_heading(results), "  ") + [""]
+        for item in bl:
+            pad = " " * 12
+            lines += _wrapped(f"{item['verdict'].upper()} — {item['says']}", pad, first=f"  {item['topic']:<10}")
+            for e in item["evidence"]:
+                lines += _wrapped(e, pad + "  ", first=pad + "- ")
+            lines += _wrapped("what would change it: " + item["change"], pad + "  ", first=pad + "> ")
+        lines.append("")
+    diffs = differences(results)
+    if diffs:
+        lines.append(
+            f"What was measured against {results.get('baseline', 'layernorm')} "
+            "(95 % paired intervals; * = a difference):"
+        )
+        for d in diffs:
+            lines += _wrapped(difference_line(d), "      ", first="  * " if d["measured"] else "    ")
+        lines.append("")
     ncl = null_control_line(results)
     if ncl:
-        lines += [ncl, ""]
-    lines += text_table(["claim", "arm", "verdict", "decided by"], claims_rows(results)).splitlines()
-    lines += ["", f"report: {Path(out) / MARKDOWN} (and report.html, results.json)"]
+        lines += _wrapped(ncl, "  ") + [""]
+    lines += text_table(["claim", "arms", "verdict", "decided by"], claims_rows(results)).splitlines()
+    lines += ["", f"report: {Path(out) / MARKDOWN}", "  (beside it: report.html, results.json, the figures)"]
     return lines

@@ -1,0 +1,348 @@
+"""What a study found, in words: the bottom line (quality, speed, memory, stability), and every
+measured difference as a verdict.
+
+Nothing here judges a claim: the verdicts come from results.json (``claims``, written by
+claims.py) and from each interval's own ``verdict`` (stats.py). This module only says them in
+plain language, each with the numbers behind it and what would change it, and reads every key
+it does not strictly need with ``.get`` so that an older results.json still renders.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
+from normswap.report.tables import grouped
+from normswap.study import stats
+
+REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
+THROUGHPUT_THRESHOLD = 1.10  # the claim's "10–30 % faster": its lower end
+
+
+def _num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def primary_arm(results) -> str | None:
+    """The arm the bottom line is about: RMSNorm when the study has it, else the first compared arm."""
+    cmp = [a for a in results.get("comparisons") or {} if a != results.get("control")]
+    return "rmsnorm" if "rmsnorm" in cmp else (cmp[0] if cmp else None)
+
+
+def claim_of(results, prefix: str, arm: str) -> dict | None:
+    return next((c for c in results.get("claims") or [] if c["claim"].startswith(prefix) and c.get("arm") == arm), None)
+
+
+def ref_units(results, arm):
+    ref = results["setup"].get("reference_multiplier", 1.0)
+    return [u for u in results.get("units") or [] if u["arm"] == arm and u.get("lr_multiplier", ref) == ref]
+
+
+def _share(u) -> float | None:
+    return _num(((u.get("timing") or {}).get("norm_share") or {}).get("share"))
+
+
+def share_range(results, arm) -> tuple[float, float] | None:
+    """Lowest and highest norm share of the step over the arm's seeds."""
+    vals = [v for v in (_share(u) for u in ref_units(results, arm)) if v is not None]
+    return (min(vals), max(vals)) if vals else None
+
+
+def pct_range(r) -> str:
+    if r is None:
+        return "n/a"
+    lo, hi = r[0] * 100, r[1] * 100
+    return f"{lo:.1f}%" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}–{hi:.1f}%"
+
+
+def mean_final_loss(results, arm) -> float | None:
+    vals = [_num(u.get("final_eval_loss")) for u in ref_units(results, arm)]
+    vals = [v for v in vals if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def amdahl_bound(cmp: dict) -> float | None:
+    """comparisons[arm].amdahl_bound: a number, or a dict holding it (``bound`` / ``value`` / ``mean``)."""
+    b = cmp.get("amdahl_bound")
+    if isinstance(b, dict):
+        b = next((b[k] for k in ("bound", "value", "mean", "speedup") if _num(b.get(k)) is not None), None)
+    return _num(b)
+
+
+def kernel_words(results, arm) -> str | None:
+    """``normswap rms_norm (fused), bfloat16`` from units[*].norm_kernel / norm_kernel_fused /
+    norm_compute_dtype, when the study recorded them."""
+    for u in ref_units(results, arm):
+        name = u.get("norm_kernel")
+        if name:
+            fused = u.get("norm_kernel_fused")
+            words = name + ("" if fused is None else (" (fused)" if fused else " (composite)"))
+            dtype = u.get("norm_compute_dtype")
+            return words + (f", computing in {dtype}" if dtype else "")
+    return None
+
+
+def _iv(iv, spec, unit=""):
+    return stats.fmt(iv, spec) + unit
+
+
+def _seeds(iv) -> str:
+    if not iv:
+        return ""
+    n = iv.get("n")
+    return f" ({n} seed{'s' if n != 1 else ''}, paired)" if n else ""
+
+
+def _verdict_word(iv, higher: str, lower: str) -> str:
+    """The interval's own verdict in words."""
+    if not iv:
+        return "not measured"
+    return {"higher": higher, "lower": lower}.get(iv.get("verdict"), iv.get("verdict") or NO_DIFFERENCE)
+
+
+# ------------------------------------------------------------------------------- bottom line
+def _quality(results, arm) -> dict:
+    cmp = results["comparisons"][arm]
+    base, control = results.get("baseline", "layernorm"), results.get("control")
+    claim = claim_of(results, "equal loss", arm)
+    verdict = claim["verdict"] if claim else NOT_MEASURABLE
+    d = cmp.get("final_eval_loss_difference")
+    margin = _num(results["setup"].get("margin_nats"))
+    margin_words = f"±{margin:g} nats" if margin is not None else "±1% of the loss"
+    base_loss, arm_loss = mean_final_loss(results, base), mean_final_loss(results, arm)
+    lines = [
+        f"final held-out loss, {arm} − {base}: {_iv(d, '+.4f', ' nats')}{_seeds(d)}: "
+        + _verdict_word(d, f"{arm} higher (worse)", f"{arm} lower (better)")
+    ]
+    if base_loss is not None and arm_loss is not None:
+        lines.append(f"mean final held-out loss: {base} {base_loss:.3f}, {arm} {arm_loss:.3f} nats")
+    bl = results.get("baselines") or {}
+    uni, bi = _num(bl.get("unigram_loss")), _num(bl.get("bigram_loss"))
+    if uni is not None or bi is not None:
+        lines.append(
+            "reference models on the same text: "
+            + ", ".join(f"{n} {v:.3f} nats" for n, v in (("unigram", uni), ("bigram", bi)) if v is not None)
+        )
+    ctl = (results["comparisons"].get(control) or {}).get("final_eval_loss_difference") if control else None
+    if ctl:
+        lines.append(f"null control ({control} − {base}): {_iv(ctl, '+.4f', ' nats')}: the noise floor")
+    if claim:
+        lines.append(f"equivalence (margin {margin_words}): {claim['decided_by']}")
+    learned = not (bi is not None and base_loss is not None and margin is not None and base_loss > bi - margin)
+    if verdict == REPRODUCED:
+        says = f"{arm} reaches the same held-out loss as {base}, within {margin_words}."
+        change = "a difference smaller than the margin, or one that appears later in training or at another scale."
+    elif verdict == NOT_REPRODUCED:
+        says = f"{arm} ends at a different held-out loss than {base}: {_iv(d, '+.4f', ' nats')}."
+        change = "more seeds could narrow the interval; another model, data set or length could differ."
+    elif not learned:
+        says = f"not measurable here: the models end no better than a bigram model ({bi:.3f} nats) by {margin_words}."
+        change = "a longer run (more --steps) or more data, until every arm beats the bigram baseline by the margin."
+    else:
+        says = f"cannot tell yet: the interval of the difference is wider than the margin {margin_words}."
+        change = (
+            "more seeds (--max-seeds / --budget) or more held-out tokens, to narrow the interval inside the margin."
+        )
+    return {"topic": "quality", "verdict": verdict, "says": says, "evidence": lines, "change": change}
+
+
+def _speed(results, arm) -> dict:
+    cmp = results["comparisons"][arm]
+    base, control = results.get("baseline", "layernorm"), results.get("control")
+    claim = claim_of(results, "10", arm) or claim_of(results, "throughput", arm)
+    verdict = claim["verdict"] if claim else NOT_MEASURABLE
+    tr = cmp.get("throughput_ratio")
+    lines = [
+        f"training tokens/s, {arm} ÷ {base}: {_iv(tr, '.3f')}{_seeds(tr)}: "
+        + _verdict_word(tr, f"{arm} faster", f"{arm} slower")
+    ]
+    shares = {a: share_range(results, a) for a in (base, arm)}
+    if all(shares.values()):
+        sd = cmp.get("norm_share_difference")
+        lines.append(
+            f"norm share of a step: {arm} {pct_range(shares[arm])}, {base} {pct_range(shares[base])}"
+            + (f" (difference {_iv(sd, '+.3f')}: {_verdict_word(sd, 'higher', 'lower')})" if sd else "")
+        )
+    bound = amdahl_bound(cmp)
+    if bound is not None:
+        lines.append(f"Amdahl bound: a faster norm can make the step at most ×{bound:.3f} faster here")
+    kern = {a: kernel_words(results, a) for a in (base, arm)}
+    if any(kern.values()):
+        lines.append("kernels: " + "; ".join(f"{a} {k or 'not recorded'}" for a, k in kern.items()))
+    nc = results.get("null_control") or {}
+    if nc.get("interval"):
+        ok = nc.get("interval_within")
+        lines.append(
+            f"null control ({control} ÷ {base}): {_iv(nc['interval'], '.3f')}, "
+            + (
+                f"within its ±{nc.get('band', 0.03):.0%} band"
+                if ok
+                else f"outside its ±{nc.get('band', 0.03):.0%} band"
+            )
+        )
+    if claim:
+        lines.append(f"the 10–30 % claim: {claim['decided_by']}")
+    noisy = TOO_NOISY in ((claim or {}).get("decided_by") or "") or (nc and nc.get("interval_within") is False)
+    if verdict == NOT_MEASURABLE and bound is not None and bound < THROUGHPUT_THRESHOLD:
+        says = (
+            f"not measurable here: norms are too small a part of the step for any norm to give "
+            f"×{THROUGHPUT_THRESHOLD:.2f} (at most ×{bound:.3f})."
+        )
+        change = "a model or device where norms take a larger share of the step (wider or memory-bound layers)."
+    elif verdict == NOT_MEASURABLE and noisy:
+        says = f"{TOO_NOISY}: the null control moved by more than its band, so no speed verdict is given."
+        change = "a quieter machine (the null control inside its band), then the same study again."
+    elif tr and tr.get("verdict") in ("higher", "lower"):
+        says = (
+            f"{arm} trains {'faster' if tr['verdict'] == 'higher' else 'slower'} than {base} here: ×{tr['mean']:.3f}."
+        )
+        change = "another device or kernel (--kernels); the ratio belongs to this implementation and machine."
+    else:
+        says = "training speed was not compared."
+        if tr is not None:
+            interval = stats.fmt(tr, ".3f").split(" ", 1)[-1]
+            says = f"no measurable difference in training speed (×{tr['mean']:.3f} {interval})."
+        change = "more seeds or timed steps could resolve a small difference; a ×1.10 one would have shown."
+    return {"topic": "speed", "verdict": verdict, "says": says, "evidence": lines, "change": change}
+
+
+def _memory(results, arm) -> dict:
+    cmp = results["comparisons"][arm]
+    base = results.get("baseline", "layernorm")
+    mr = cmp.get("peak_memory_ratio")
+    diff = cmp.get("peak_memory_difference_bytes")
+    lines = [
+        f"peak memory, {arm} ÷ {base}: {_iv(mr, '.4f')}{_seeds(mr)}: " + _verdict_word(mr, "more", "less")
+        if mr
+        else "peak memory: not measured"
+    ]
+    if diff and _num(diff.get("mean")) is not None:
+        lines.append(f"difference: {diff['mean'] / 2**20:+.2f} MiB per step")
+    method = next((((u.get("memory") or {}).get("method")) for u in ref_units(results, arm)), None)
+    if method:
+        lines.append(f"method: {method}")
+    kern = kernel_words(results, arm)
+    if not mr:
+        verdict, says = NOT_MEASURABLE, "not measured in this study."
+    elif mr.get("verdict") in ("higher", "lower"):
+        verdict = "measured difference"
+        pct = (mr["mean"] - 1) * 100
+        says = (
+            f"{arm} uses {abs(pct):.1f}% {'more' if pct > 0 else 'less'} peak memory than {base} (×{mr['mean']:.3f})."
+        )
+    else:
+        verdict, says = NO_DIFFERENCE, f"no measurable difference in peak memory (×{mr['mean']:.3f})."
+    change = (
+        "another norm implementation: memory follows the kernel"
+        + (f" (here {kern})" if kern else f" (here --kernels {results['setup'].get('kernels', '?')})")
+        + " and what it saves for backward."
+    )
+    return {"topic": "memory", "verdict": verdict, "says": says, "evidence": lines, "change": change}
+
+
+def _stability(results, arm) -> dict:
+    base = results.get("baseline", "layernorm")
+    claim = claim_of(results, "better low-precision", arm) or claim_of(results, "stab", arm)
+    verdict = claim["verdict"] if claim else NOT_MEASURABLE
+    precision = results["setup"].get("precision", "fp32")
+    lines = []
+    st = results.get("stability") or {}
+    for a in (base, arm):
+        row = st.get(a)
+        if isinstance(row, dict):
+            parts = [
+                f"{k.replace('_', ' ')} {v:g}" if _num(v) is not None else f"{k.replace('_', ' ')} {v}"
+                for k, v in row.items()
+                if not isinstance(v, (dict, list)) and v is not None
+            ]
+            lines.append(f"{a}: " + ", ".join(parts))
+    inst = (results["comparisons"][arm] or {}).get("instabilities_difference")
+    if inst:
+        lines.append(
+            f"loss spikes and non-finite steps in training ({precision}), {arm} − {base}: {_iv(inst, '+.2f')}: "
+            + _verdict_word(inst, f"{arm} more", f"{arm} fewer")
+        )
+    if claim:
+        lines.append(f"the claim: {claim['decided_by']}")
+    if verdict == REPRODUCED:
+        says = f"{arm} was more stable than {base} here."
+        change = "another precision, learning-rate range or model could differ."
+    elif verdict == NOT_REPRODUCED:
+        says = f"{arm} was not more stable than {base} here."
+        change = "a lower precision or a sweep to higher learning rates (--stability) could separate them."
+    elif precision == "fp32" and not st:
+        says = "not measurable here: trained in fp32, where neither norm meets low-precision rounding."
+        change = "a --precision bf16 or fp16 study with a --stability sweep."
+    else:
+        says = "cannot tell from this study."
+        change = "a --stability sweep with more seeds."
+    return {"topic": "stability", "verdict": verdict, "says": says, "evidence": lines, "change": change}
+
+
+def bottom_line(results) -> list[dict]:
+    """Quality, speed, memory and stability of the primary arm against the baseline, each
+    ``{topic, verdict, says, evidence, change}``; empty for a study that compared no arm."""
+    arm = primary_arm(results)
+    if arm is None:
+        return []
+    return [f(results, arm) for f in (_quality, _speed, _memory, _stability)]
+
+
+def scope(results) -> str:
+    """ "on this model, data and machine": the words the bottom line is scoped by."""
+    s = results["setup"]
+    load = (results.get("timing") or {}).get("load_average_start")
+    load_words = f", load {load[0]:g}" if isinstance(load, list) and load else ""
+    return (
+        f"{results['model']}, {s.get('data', '?')} text, {s.get('steps', '?')} steps × {s.get('seeds', '?')} seeds, "
+        f"{s.get('precision', '?')} on {s.get('device', '?')} ({s.get('threads', '?')} thread(s){load_words})"
+    )
+
+
+# ------------------------------------------------------------------------------- differences
+# (key, what, format, words when higher, words when lower)
+MEASURES = (
+    ("final_eval_loss_difference", "final held-out loss (nats)", "+.4f", "higher (worse)", "lower (better)"),
+    ("throughput_ratio", "training tokens/s ratio", ".3f", "faster", "slower"),
+    ("peak_memory_ratio", "peak memory ratio", ".4f", "more memory", "less memory"),
+    ("norm_share_difference", "norm share of the step", "+.3f", "larger share", "smaller share"),
+    ("instabilities_difference", "loss spikes and non-finite steps", "+.2f", "more", "fewer"),
+)
+
+
+def differences(results) -> list[dict]:
+    """Every compared arm's measured differences as verdicts, arms that share a verdict grouped:
+    ``{measure, verdict, arms: [(arm, interval text)], measured: bool}``."""
+    out = []
+    for key, what, spec, hi, lo in MEASURES:
+        rows = []
+        for arm, cmp in (results.get("comparisons") or {}).items():
+            iv = cmp.get(key)
+            if not iv:
+                continue
+            rows.append({"arm": (arm, stats.fmt(iv, spec)), "verdict": _verdict_word(iv, hi, lo)})
+        for g in grouped(rows, "arm", ("verdict",)):
+            out.append(
+                {
+                    "measure": what,
+                    "verdict": g["verdict"],
+                    "arms": g["arm"],
+                    "measured": g["verdict"] not in (NO_DIFFERENCE, "not measured"),
+                }
+            )
+    return out
+
+
+def difference_line(d: dict) -> str:
+    """``peak memory ratio: rmsnorm more memory, 1.0376 [1.0376, 1.0376]``; grouped arms share one verdict."""
+    if len(d["arms"]) == 1:
+        arm, text = d["arms"][0]
+        return f"{d['measure']}: {arm}: {d['verdict']}, {text}"
+    return f"{d['measure']}: {d['verdict']} for " + "; ".join(f"{a} {t}" for a, t in d["arms"])
+
+
+def claim_groups(results) -> list[dict]:
+    """Claims with the arms that share the same verdict and evidence merged: ``{claim, arm: [..],
+    verdict, decided_by}``."""
+    return grouped(list(results.get("claims") or []), "arm", ("claim", "verdict", "decided_by"))
