@@ -453,7 +453,15 @@ def title(results) -> str:
 
 def bottom_line_heading(results) -> str:
     arm = primary_arm(results)
+    if arm is None:
+        return f"Bottom line: no arm besides the null control, on {scope(results)}"
     return f"Bottom line: {arm} against {results.get('baseline', 'layernorm')} on {scope(results)}"
+
+
+NO_ARM = (
+    "This study compared no norm with the baseline: it trained only the baseline and its null control, so it "
+    "measures the noise floor (the null control's differences below), not RMSNorm."
+)
 
 
 def markdown(results, figures: dict) -> str:
@@ -461,8 +469,8 @@ def markdown(results, figures: dict) -> str:
     for w in results.get("warnings") or []:
         out += [f"> **Warning.** {w}", ""]
     bl = bottom_line(results)
+    out += [f"## {bottom_line_heading(results)}", ""] + ([] if bl else [NO_ARM, ""])
     if bl:
-        out += [f"## {bottom_line_heading(results)}", ""]
         for item in bl:
             out.append(f"- **{item['topic']}: {item['verdict']}** — {item['says']}")
             out += [f"  - {e}" for e in item["evidence"]]
@@ -518,8 +526,9 @@ def html_report(results, figures: dict) -> str:
     for w in results.get("warnings") or []:
         parts.append(f"<div class='noisy' role='alert'><strong>Warning.</strong> {escape(w)}</div>")
     bl = bottom_line(results)
+    parts.append(f"<h2>{escape(bottom_line_heading(results))}</h2>" + ("" if bl else f"<p>{escape(NO_ARM)}</p>"))
     if bl:
-        parts.append(f"<h2>{escape(bottom_line_heading(results))}</h2><div class='tablewrap'><table class='claims'>")
+        parts.append("<div class='tablewrap'><table class='claims'>")
         parts.append(
             "<thead><tr><th>question</th><th>answer, evidence, and what would change it</th></tr></thead><tbody>"
         )
@@ -636,8 +645,8 @@ def summary_lines(results, out) -> list[str]:
         lines += _wrapped(line, "    ", first="  ")
     lines.append("")
     bl = bottom_line(results)
+    lines += _wrapped(bottom_line_heading(results), "  ") + ([] if bl else _wrapped(NO_ARM, "  ")) + [""]
     if bl:
-        lines += _wrapped(bottom_line_heading(results), "  ") + [""]
         for item in bl:
             pad = " " * 12
             lines += _wrapped(f"{item['verdict'].upper()} — {item['says']}", pad, first=f"  {item['topic']:<10}")
