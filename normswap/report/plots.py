@@ -40,6 +40,17 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
+def log_if_wide(ax, values, factor: float = 30) -> bool:
+    """A log y-axis when the positive values span more than ``factor``× (a residual stream growing by
+    orders of magnitude); a linear one otherwise (a log axis over 1.12–1.28 labels every tick
+    1.2×10⁻¹ and hides the differences). True when it chose log."""
+    vals = [v for v in values if isinstance(v, (int, float)) and v > 0]
+    if vals and max(vals) / min(vals) > factor:
+        ax.set_yscale("log")
+        return True
+    return False
+
+
 def colors(results) -> dict:
     return {m["name"]: PALETTE[i % len(PALETTE)] for i, m in enumerate(results["models"])}
 
@@ -386,9 +397,7 @@ def activation_plot(results, out: Path) -> Path | None:
         axes[1].plot(xs, [lay.get("token_mean_abs") for lay in layers], **style)
     axes[0].set_title("RMS of the input to each norm layer", fontsize=10)
     axes[1].set_title("|per-token mean| of that input (0 = centred)", fontsize=10)
-    values = [lay.get("rms") for m in models for lay in m["diagnostics"]["layers"] if lay.get("rms")]
-    if values and max(values) / max(min(values), 1e-30) > 30:
-        axes[0].set_yscale("log")  # deep models: the residual stream grows by orders of magnitude
+    log_if_wide(axes[0], [lay.get("rms") for m in models for lay in m["diagnostics"]["layers"]])
     for ax in axes:
         ax.set_xlabel("norm layer (model order)")
         ax.legend(fontsize=8, frameon=False)

@@ -77,10 +77,39 @@ def kernel_words(results, arm) -> str | None:
         name = u.get("norm_kernel")
         if name:
             fused = u.get("norm_kernel_fused")
-            words = name + ("" if fused is None else (" (fused)" if fused else " (composite)"))
+            said = "fused" in name or "composite" in name  # a label that already says which
+            words = name + ("" if fused is None or said else (" (fused)" if fused else " (composite)"))
             dtype = u.get("norm_compute_dtype")
             return words + (f", computing in {dtype}" if dtype else "")
     return None
+
+
+def kernels_words(setup: dict) -> str:
+    """setup.kernels: the option's name (older studies) or the kernel set-up (the option and the
+    RMSNorm implementation it chose)."""
+    k = setup.get("kernels", "?")
+    if isinstance(k, dict):
+        return f"{k.get('option', '?')} (RMSNorm implementation: {k.get('rms_impl', '?')})"
+    return str(k)
+
+
+def kernel_speedup(results, arm) -> float | None:
+    """The arm's norm kernel speed-up over the baseline's, measured before training (setup.kernels)."""
+    k = results["setup"].get("kernels")
+    row = ((k.get("speedup") or {}).get(arm) if isinstance(k, dict) else None) or {}
+    return _num(row.get("speedup") if isinstance(row, dict) else row)
+
+
+def throughput_interval(cmp: dict) -> tuple[dict | None, str]:
+    """The interval the throughput verdict rests on: the bootstrap over timed steps blocked by seed
+    when the study has it (as ``{mean, low, high}``), else the t-interval over per-seed medians."""
+    b = cmp.get("throughput_ratio_bootstrap")
+    if isinstance(b, dict) and _num(b.get("median")) is not None:
+        verdict = "higher" if b["low"] > 1 else "lower" if b["high"] < 1 else NO_DIFFERENCE
+        n = b.get("seeds")
+        iv = {"mean": b["median"], "low": b["low"], "high": b["high"], "n": n, "verdict": verdict}
+        return iv, f"median of step-time quotients, bootstrap blocked by seed ({b.get('repeats', '?')} steps)"
+    return cmp.get("throughput_ratio"), "mean of per-seed medians, t-interval"
 
 
 def _iv(iv, spec, unit=""):
@@ -137,10 +166,10 @@ def _quality(results, arm) -> dict:
         says = f"{arm} ends at a different held-out loss than {base}: {_iv(d, '+.4f', ' nats')}."
         change = "more seeds could narrow the interval; another model, data set or length could differ."
     elif not learned:
-        says = f"not measurable here: the models end no better than a bigram model ({bi:.3f} nats) by {margin_words}."
+        says = f"the models end no better than a bigram model ({bi:.3f} nats) by {margin_words}."
         change = "a longer run (more --steps) or more data, until every arm beats the bigram baseline by the margin."
     else:
-        says = f"cannot tell yet: the interval of the difference is wider than the margin {margin_words}."
+        says = f"the interval of the difference is wider than the margin {margin_words}."
         change = (
             "more seeds (--max-seeds / --budget) or more held-out tokens, to narrow the interval inside the margin."
         )
@@ -152,9 +181,9 @@ def _speed(results, arm) -> dict:
     base, control = results.get("baseline", "layernorm"), results.get("control")
     claim = claim_of(results, "10", arm) or claim_of(results, "throughput", arm)
     verdict = claim["verdict"] if claim else NOT_MEASURABLE
-    tr = cmp.get("throughput_ratio")
+    tr, how = throughput_interval(cmp)
     lines = [
-        f"training tokens/s, {arm} ÷ {base}: {_iv(tr, '.3f')}{_seeds(tr)}: "
+        f"training tokens/s, {arm} ÷ {base}: {_iv(tr, '.3f')} ({how}): "
         + _verdict_word(tr, f"{arm} faster", f"{arm} slower")
     ]
     shares = {a: share_range(results, a) for a in (base, arm)}
@@ -165,34 +194,39 @@ def _speed(results, arm) -> dict:
             + (f" (difference {_iv(sd, '+.3f')}: {_verdict_word(sd, 'higher', 'lower')})" if sd else "")
         )
     bound = amdahl_bound(cmp)
+    k = kernel_speedup(results, arm)
     if bound is not None:
-        lines.append(f"Amdahl bound: a faster norm can make the step at most ×{bound:.3f} faster here")
+        lines.append(
+            f"Amdahl bound: {arm}'s norms"
+            + (f" (kernel ×{k:.2f} the speed of {base}'s)" if k is not None else "")
+            + f" can make the step at most ×{bound:.3f} faster here"
+        )
     kern = {a: kernel_words(results, a) for a in (base, arm)}
     if any(kern.values()):
         lines.append("kernels: " + "; ".join(f"{a} {k or 'not recorded'}" for a, k in kern.items()))
     nc = results.get("null_control") or {}
     if nc.get("interval"):
-        ok = nc.get("interval_within")
+        ok, band = nc.get("interval_within"), nc.get("band", 0.03)
+        shown = nc.get("bootstrap") or nc["interval"]
+        shown = {"mean": shown.get("median", shown.get("mean")), "low": shown["low"], "high": shown["high"]}
         lines.append(
-            f"null control ({control} ÷ {base}): {_iv(nc['interval'], '.3f')}, "
-            + (
-                f"within its ±{nc.get('band', 0.03):.0%} band"
-                if ok
-                else f"outside its ±{nc.get('band', 0.03):.0%} band"
-            )
+            f"null control ({control} ÷ {base}): {_iv(shown, '.3f')}, "
+            + (f"within its ±{band:.0%} band" if ok else f"outside its ±{band:.0%} band")
         )
     if claim:
         lines.append(f"the 10–30 % claim: {claim['decided_by']}")
     noisy = TOO_NOISY in ((claim or {}).get("decided_by") or "") or (nc and nc.get("interval_within") is False)
+    decided = (claim or {}).get("decided_by") or ""
     if verdict == NOT_MEASURABLE and bound is not None and bound < THROUGHPUT_THRESHOLD:
         says = (
-            f"not measurable here: norms are too small a part of the step for any norm to give "
-            f"×{THROUGHPUT_THRESHOLD:.2f} (at most ×{bound:.3f})."
+            f"the norms' measured share of the step, at the measured kernel speed-up, allows at most "
+            f"×{bound:.3f}: below the claim's ×{THROUGHPUT_THRESHOLD:.2f} whatever the timing says."
         )
         change = "a model or device where norms take a larger share of the step (wider or memory-bound layers)."
     elif verdict == NOT_MEASURABLE and noisy:
-        says = f"{TOO_NOISY}: the null control moved by more than its band, so no speed verdict is given."
-        change = "a quieter machine (the null control inside its band), then the same study again."
+        why = "the machine's load exceeded its CPUs" if "load average" in decided else "the null control left its band"
+        says = f"{TOO_NOISY}: {why}, so no speed verdict is given."
+        change = "a quieter machine (load below the CPU count, the null control inside its band), then the same study."
     elif tr and tr.get("verdict") in ("higher", "lower"):
         says = (
             f"{arm} trains {'faster' if tr['verdict'] == 'higher' else 'slower'} than {base} here: ×{tr['mean']:.3f}."
@@ -218,7 +252,10 @@ def _memory(results, arm) -> dict:
         else "peak memory: not measured"
     ]
     if diff and _num(diff.get("mean")) is not None:
-        lines.append(f"difference: {diff['mean'] / 2**20:+.2f} MiB per step")
+        mib = diff["mean"] / 2**20
+        lines.append(
+            f"difference: {mib:+.2f} MiB per step" if abs(mib) >= 0.01 else f"difference: {diff['mean']:+,.0f} bytes"
+        )
     method = next((((u.get("memory") or {}).get("method")) for u in ref_units(results, arm)), None)
     if method:
         lines.append(f"method: {method}")
@@ -235,7 +272,7 @@ def _memory(results, arm) -> dict:
         verdict, says = NO_DIFFERENCE, f"no measurable difference in peak memory (×{mr['mean']:.3f})."
     change = (
         "another norm implementation: memory follows the kernel"
-        + (f" (here {kern})" if kern else f" (here --kernels {results['setup'].get('kernels', '?')})")
+        + (f" (here {kern.split(' (')[0]})" if kern else f" (here --kernels {kernels_words(results['setup'])})")
         + " and what it saves for backward."
     )
     return {"topic": "memory", "verdict": verdict, "says": says, "evidence": lines, "change": change}
@@ -272,7 +309,7 @@ def _stability(results, arm) -> dict:
         says = f"{arm} was not more stable than {base} here."
         change = "a lower precision or a sweep to higher learning rates (--stability) could separate them."
     elif precision == "fp32" and not st:
-        says = "not measurable here: trained in fp32, where neither norm meets low-precision rounding."
+        says = "trained in fp32, where neither norm meets low-precision rounding."
         change = "a --precision bf16 or fp16 study with a --stability sweep."
     else:
         says = "cannot tell from this study."
@@ -318,7 +355,7 @@ def differences(results) -> list[dict]:
     for key, what, spec, hi, lo in MEASURES:
         rows = []
         for arm, cmp in (results.get("comparisons") or {}).items():
-            iv = cmp.get(key)
+            iv = throughput_interval(cmp)[0] if key == "throughput_ratio" else cmp.get(key)
             if not iv:
                 continue
             rows.append({"arm": (arm, stats.fmt(iv, spec)), "verdict": _verdict_word(iv, hi, lo)})

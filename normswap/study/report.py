@@ -15,7 +15,7 @@ from pathlib import Path
 
 from normswap.publish import atomic_write_text
 from normswap.report.glossary import glossary
-from normswap.report.plots import PALETTE, interval_dots, plt, range_bars, save_figure, style_axes
+from normswap.report.plots import PALETTE, interval_dots, log_if_wide, plt, range_bars, save_figure, style_axes
 from normswap.report.render import CSS, escape, image_data_uri
 from normswap.report.tables import TERMINAL_WIDTH, html_table, markdown_table, text_table
 from normswap.study import stats
@@ -24,10 +24,12 @@ from normswap.study.bottom_line import (
     claim_groups,
     difference_line,
     differences,
+    kernels_words,
     primary_arm,
     ref_units,
     scope,
     share_range,
+    throughput_interval,
 )
 from normswap.study.precision import IMPLS
 
@@ -102,7 +104,7 @@ def curves_plot(results, out: Path) -> Path | None:
         ax.set_xlabel("step")
         ax.set_title(title, fontsize=10)
         style_axes(ax)
-    axes[1].set_yscale("log")
+    log_if_wide(axes[1], [g for u in results.get("units") or [] for g in u.get("grad_norm") or [] if _num(g)])
     axes[0].legend(fontsize=8, frameon=False)
     return save_figure(fig, out / "curves.png")
 
@@ -122,13 +124,13 @@ def bars_plot(results, out: Path) -> Path | None:
     ):
         rows = []
         for a, row in cmp.items():
-            iv = row.get(key) or {}
+            iv = (throughput_interval(row)[0] if key == "throughput_ratio" else row.get(key)) or {}
             rows.append((a, iv.get("mean"), iv.get("low"), iv.get("high"), c.get(a, "#495057")))
         if any(r[1] is not None for r in rows):
             interval_dots(
                 ax, rows, reference=1.0, xlabel=xlabel, fmt="{:.3f}" if key == "throughput_ratio" else "{:.4f}"
             )
-            ax.set_title(title + "\n(dot: mean over seeds, line: 95 % paired interval)", fontsize=10)
+            ax.set_title(title + "\n(dot: estimate, line: its 95 % interval, paired by seed)", fontsize=10)
         else:
             ax.axis("off")
     shares = []
@@ -157,11 +159,11 @@ def norm_grads_plot(results, out: Path) -> Path | None:
     c = _colors(results)
     fig, ax = plt.subplots(figsize=(8, 3.4))
     drew = False
-    for arm in arms:
+    for i, arm in enumerate(arms):
         units = ref_units(results, arm)
-        if not units:
+        if not units or not isinstance(units[0].get("norm_input_grad_norm"), dict):
             continue
-        layers = list(units[0]["norm_input_grad_norm"])
+        layers = [k for k, v in units[0]["norm_input_grad_norm"].items() if isinstance(v, dict)]
         means = [
             statistics.fmean(
                 [
@@ -173,13 +175,17 @@ def norm_grads_plot(results, out: Path) -> Path | None:
             )
             for name in layers
         ]
-        ax.plot(range(len(layers)), means, color=c[arm], marker="o", markersize=3, label=arm)
+        # identical arms (the null control) overlap exactly: earlier ones drawn wider stay visible
+        wide = len(arms) - 1 - i
+        ax.plot(
+            range(len(layers)), means, color=c[arm], marker="o", markersize=3 + 2 * wide, linewidth=1 + wide, label=arm
+        )
         ax.set_xticks(range(len(layers)), [n.split("transformer.")[-1] for n in layers], rotation=60, fontsize=7)
         drew = True
     if not drew:
         plt.close(fig)
         return None
-    ax.set_yscale("log")
+    log_if_wide(ax, [v for line in ax.get_lines() for v in line.get_ydata()])
     ax.set_title("gradient norm at each norm layer's input (mean over steps and seeds)", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
     style_axes(ax)
@@ -240,7 +246,7 @@ def setup_lines(results) -> list[str]:
         + f"; warmup {s.get('warmup', '?')}; lr {s.get('lr', 0):g}"
         + (f" × {', '.join(f'{m:g}' for m in mults)}" if len(mults) > 1 else "")
         + (f"; schedule {schedule}" if schedule else ""),
-        f"precision {s.get('precision', '?')}; kernels {s.get('kernels', '?')}; device {s.get('device', '?')} × "
+        f"precision {s.get('precision', '?')}; kernels {kernels_words(s)}; device {s.get('device', '?')} × "
         f"{s.get('world_size', 1)} process(es), {s.get('threads', '?')} thread(s); data {s.get('data', '?')}"
         + (f" (held-out {s['eval_tokens_used']:,} tokens)" if s.get("eval_tokens_used") else "")
         + (f"; equivalence margin ±{margin:g} nats" if margin is not None else ""),
@@ -388,10 +394,13 @@ def null_control_line(results) -> str | None:
     if not nc:
         return None
     vals = ", ".join(f"{v:.3f}" for v in nc["per_seed"])
+    b = nc.get("bootstrap")
+    interval = (
+        f"bootstrap {b['median']:.3f} [{b['low']:.3f}, {b['high']:.3f}]" if b else stats.fmt(nc["interval"], ".3f")
+    )
     return (
         f"throughput null control ({results.get('control')} ÷ {results.get('baseline')}, interleaved): "
-        f"per seed {vals}; interval "
-        f"{stats.fmt(nc['interval'], '.3f')} — "
+        f"per seed {vals}; interval {interval} — "
         f"every seed within ±{nc['band']:.0%}: {'yes' if nc['per_seed_within'] else 'NO'}; "
         f"interval within ±{nc['band']:.0%}: {'yes' if nc['interval_within'] else 'no'}"
     )
