@@ -35,14 +35,14 @@ def test_terminal_summary_fits_100_columns(results):
     # about 300 columns (docs/study/stdout.txt of that run: 312)
     header = ["claim", "arms", "verdict", "decided by"]
     assert max(len(line) for line in text_table(header, claims_rows(results), width=None).splitlines()) > 250
-    assert not too_wide(text_table(header, claims_rows(results)).splitlines())
+    assert not too_wide(text_table(header, claims_rows(results), width=100).splitlines())
     # the table itself: a 312-character row wraps to fit, and unwrapped it would not
     row = ["equal loss at equal tokens", "rmsnorm", "not measurable here", "final held-out loss " + "x " * 130]
     assert len(text_table(["claim", "arm", "verdict", "decided by"], [row], width=None).splitlines()[2]) > 300
-    wrapped = text_table(["claim", "arm", "verdict", "decided by"], [row, ["a", "b", "c", "d"]]).splitlines()
+    wrapped = text_table(["claim", "arm", "verdict", "decided by"], [row, ["a", "b", "c", "d"]], width=100).splitlines()
     assert not too_wide(wrapped) and any("x x x" in line for line in wrapped[3:])
     # an unbreakable cell still fits (broken inside the word)
-    assert not too_wide(text_table(["a", "b"], [["y" * 150, "z" * 150]]).splitlines())
+    assert not too_wide(text_table(["a", "b"], [["y" * 150, "z" * 150]], width=100).splitlines())
 
 
 def test_the_report_opens_with_the_bottom_line_and_defines_its_terms(results, tmp_path):

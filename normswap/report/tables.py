@@ -48,10 +48,11 @@ def _numeric(column: list[str]) -> bool:
     return bool(cells) and sum(c.lstrip()[0] in NUMERIC_START for c in cells) * 2 > len(cells)
 
 
-def text_table(header, rows, *, width: int | None = TERMINAL_WIDTH) -> str:
+def text_table(header, rows, *, width: int | None = None) -> str:
     """Columns padded to their widest cell, the first and any of words left-aligned, those of numbers
     right-aligned, and a rule under the header. A table wider than ``width`` wraps its widest cells at spaces (rows then
-    get a blank line between them, so a wrapped row reads as one); ``width=None``: never wrap."""
+    get a blank line between them, so a wrapped row reads as one); ``width=None``: never wrap (a
+    table whose rows other programs grep, e.g. `normswap run`'s summary)."""
     table = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
     natural = [max(len(r[i]) for r in table) for i in range(len(header))]
     widths = natural

@@ -675,6 +675,8 @@ def summary_lines(results, out) -> list[str]:
     ncl = null_control_line(results)
     if ncl:
         lines += _wrapped(ncl, "  ") + [""]
-    lines += text_table(["claim", "arms", "verdict", "decided by"], claims_rows(results)).splitlines()
+    lines += text_table(
+        ["claim", "arms", "verdict", "decided by"], claims_rows(results), width=TERMINAL_WIDTH
+    ).splitlines()
     lines += ["", f"report: {Path(out) / MARKDOWN}", "  (beside it: report.html, results.json, the figures)"]
     return lines
