@@ -239,6 +239,53 @@ def test_exact_conversion_starts_at_the_source_loss_and_output_reloads(models, t
     assert not (out / "checkpoints").exists()  # resumable state is dropped once the final model is written
 
 
+def _logprobs(model, ids):
+    with torch.no_grad():
+        return torch.log_softmax(model(input_ids=ids).logits.double(), dim=-1)
+
+
+def test_exact_conversion_stays_exportable_as_stock_and_no_keep_centred_is_refused(models, tmp_path):
+    """convert → finetune → export --format stock (the README's order): the fine-tune projects the
+    stream writers back to zero mean after each step, so the export loads in plain transformers and
+    equals the fine-tuned model; without the projection export refuses in one line, naming onnx."""
+    from transformers import AutoModelForCausalLM
+
+    import normswap
+    from normswap.checkpoint.manifest import read_manifest
+    from normswap.errors import NormswapError
+    from normswap.export import run_export
+
+    record = json.loads((models["exact"] / "config.json").read_text())["normswap"]["stream_writers"]
+    assert any(".c_proj.weight" in k for k in record["zero_mean"]) and "transformer.wpe.weight" in record["zero_mean"]
+    kept, free = tmp_path / "kept", tmp_path / "free"
+    # a large learning rate: a few steps move the writers far off zero mean unless projected back
+    _run(models["exact"], kept, steps=3, lr=1e-2, warmup_steps=0)
+    _run(models["exact"], free, steps=3, lr=1e-2, warmup_steps=0, keep_centred=False)
+    assert read_manifest(kept)["finetune"]["keep_centred"] is True
+    assert read_manifest(kept)["finetune"]["kept_centred"]["zero_mean_tensors"] == len(record["zero_mean"])
+    assert read_manifest(free)["finetune"]["keep_centred"] is False
+    assert read_manifest(free)["finetune"]["kept_centred"] is None
+    wk, wf = _weights(kept), _weights(free)
+    key = "transformer.h.0.mlp.c_proj.weight"  # Conv1D [in, out]: the output axis is the last
+    assert float(wk[key].double().mean(-1).abs().max()) < 1e-6
+    assert float(wf[key].double().mean(-1).abs().max()) > 1e-4  # negative control: it does drift
+
+    record = run_export(kept, tmp_path / "kept-stock", "stock")
+    assert record["verification"]["passed"]
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path / "kept-stock").eval()  # plain transformers
+    assert not any(type(m).__name__ == "RMSNorm" for m in stock.modules())
+    tuned = normswap.load_model(kept, task="causal-lm").eval()
+    ids = _eval_set(kept)[:2]
+    assert float((_logprobs(stock, ids) - _logprobs(tuned, ids)).abs().max()) <= 1e-4
+
+    with pytest.raises(NormswapError) as e:
+        run_export(free, tmp_path / "free-stock", "stock")
+    msg = str(e.value)
+    assert "\n" not in msg and "no longer zero-mean" in msg and "--no-keep-centred" in msg
+    assert "--format onnx" in msg
+    assert not (tmp_path / "free-stock").exists()
+
+
 def test_norms_only_trains_just_the_norms_and_refuses_folded_norms(models, tmp_path):
     from normswap.errors import NormswapError
 

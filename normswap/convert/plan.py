@@ -172,7 +172,25 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
     scale_of = _stream_biases_and_scales(plan, family, res, writer_names) if mode == "exact" else {}
     _centre_embeddings(plan, res, embedding_names, ties)
     _fold_readers_and_centre_writers(plan, res, reader_ops, writer_names, scale_of, ties)
+    if mode == "exact":
+        plan.block["stream_writers"] = _stream_writer_record(plan, scale_of)
     return plan
+
+
+def _stream_writer_record(plan: Plan, scale_of: dict[str, str]) -> dict:
+    """What keeps this exact conversion exact, for whoever changes its weights later (the
+    fine-tune projects back onto it after each step, the stock export checks it): every tensor
+    this plan centred, with the axis its mean is taken over ({key: dim}), and the layer scales it
+    set to ones (their λ now lives in the writer's rows)."""
+    zero_mean = {}
+    for key, op in plan.derivations.items():
+        if op["op"] == "center_rows":
+            zero_mean[key] = -1
+        elif op["op"] == "linear_weight" and op.get("center"):
+            zero_mean[key] = 0 if op["layout"] == "linear" else -1  # [out, in] vs Conv1D's [in, out]
+        elif op["op"] == "linear_bias" and op.get("center"):
+            zero_mean[key] = -1
+    return {"zero_mean": zero_mean, "unit_scales": sorted(scale_of.values())}
 
 
 def _mode(family: Family, model, placement: str, options: ConvertOptions) -> str:

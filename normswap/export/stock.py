@@ -41,6 +41,7 @@ from normswap.checkpoint.remote_code import carried_keys
 from normswap.checkpoint.shards import ShardedCheckpoint
 from normswap.checkpoint.write import copy_side_files
 from normswap.convert import inputs as ckinputs
+from normswap.convert.stream_record import off_centre, stream_writers
 from normswap.errors import NormswapError
 from normswap.export.affine import AVOID, move_folded_affine
 from normswap.export.checkpoint import open_checkpoint
@@ -201,6 +202,26 @@ def _get(model, name):
     return model.get_submodule(local) if local is not None else None
 
 
+def _check_still_centred(conv, src) -> None:
+    """Refuse, in one line and before any work, an exact conversion whose stream writers are no
+    longer zero-mean (fine-tuned with --no-keep-centred): its RMSNorms then read a stream that is not
+    zero-mean, so no LayerNorm computes them, and verification could only fail."""
+    record = stream_writers(conv.block)
+    if not record:
+        return  # not recorded (an older conversion): verification is the check
+    tensors = {k: conv.inputs.read(k) for k in record.get("zero_mean", {}) if conv.inputs.disk_key(k) is not None}
+    worst = off_centre(tensors, record)
+    if worst is None:
+        return
+    finetune = (read_manifest(src) or {}).get("finetune") or {}
+    why = " (fine-tuned with --no-keep-centred)" if finetune.get("keep_centred") is False else ""
+    raise NormswapError(
+        f"cannot export {src} as stock: its residual-stream writers are no longer zero-mean{why}, e.g. "
+        f"{worst[0]} has a mean of {worst[1]:.2g} x its rms, so its RMSNorms are not LayerNorms; "
+        "--format onnx exports it as it is"
+    )
+
+
 def rms_swapped(model, block):
     """``model`` with each converted norm position computing RMSNorm (its own γ/β, same ε): what a tool
     that swaps the export's LayerNorms for RMSNorm runs."""
@@ -237,6 +258,7 @@ def write_stock(src: Path, tmp: Path, *, untie=False, max_shard_size="5GB", tole
                 "so its RMSNorms read a stream that is not zero-mean and no LayerNorm computes them; "
                 "--format onnx exports it as it is"
             )
+        _check_still_centred(conv, src)
         plan = StockPlan(conv, untie=untie)
         say(
             f"writing {len(plan.keys)} tensors in the stock {block['source_class']} layout"
@@ -280,7 +302,7 @@ def write_stock(src: Path, tmp: Path, *, untie=False, max_shard_size="5GB", tole
 
         raise VerificationError(
             f"stock export verification failed: max |Δ| = {check['max_abs_diff']:.3g} > "
-            f"{check['threshold']:.3g} ({check['dtype']}); nothing was written"
+            f"{check['threshold']:.3g} ({check['dtype']}); nothing was written (--format onnx exports it as it is)"
         )
     if not plan.not_centred and not swapped["passed"]:
         from normswap.errors import VerificationError

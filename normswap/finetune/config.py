@@ -85,6 +85,12 @@ class FinetuneConfig:
         "Encoders: distil the hidden states of every layer (all) or of the last one (final).",
         choices=("all", "final"),
     )
+    keep_centred: bool = _opt(
+        True,
+        "For an exact conversion: after each step, project the residual-stream writers back to zero mean "
+        "(as convert centred them), so the model still equals a LayerNorm model and exports as --format stock; "
+        "--no-keep-centred trains them freely (then only --format onnx exports it).",
+    )
     eval_data: str | None = _opt(
         None,
         "Held-out set of the eval loss (default: the validation split of --data); when given, a "

@@ -43,6 +43,7 @@ import torch
 from normswap.data import finetune_splits
 from normswap.errors import NormswapError
 from normswap.finetune import state as ckpt
+from normswap.finetune.centring import Centring, keep_centred
 from normswap.finetune.config import LOG_FILE, FinetuneConfig, default_eval_tokens, flag, option_errors, options
 from normswap.finetune.data import TrainStream, eval_blocks, fingerprint, training_data_record
 from normswap.finetune.encoder_objectives import Encoder
@@ -480,6 +481,7 @@ class _Job:
     start_weights: ckpt.WeightScale
     n_trainable: int
     n_params: int
+    centring: Centring | None  # an exact conversion kept exact after each optimizer step (centring.py)
 
 
 def _options(cfg: FinetuneConfig, run: RunDir, given) -> tuple[FinetuneConfig, dict, object]:
@@ -528,6 +530,7 @@ def _prepare(cfg: FinetuneConfig, accelerator) -> tuple[FinetuneConfig, _Job]:
     objective_kind = objective_for(config)
     model = load_model(resolved, dtype=param_dtype, device="cpu", task=objective_kind.task, config=config)
     n_trainable = _select_trainable(model, cfg.trainable)
+    centring = keep_centred(model, config, enabled=cfg.keep_centred, distributed_type=accelerator.distributed_type)
     n_params = sum(p.numel() for p in model.parameters())
     start_weights = ckpt.WeightScale.of(ckpt.full_weights(model))
     teacher = None
@@ -550,6 +553,7 @@ def _prepare(cfg: FinetuneConfig, accelerator) -> tuple[FinetuneConfig, _Job]:
         start_weights,
         n_trainable,
         n_params,
+        centring,
     )
 
 
@@ -570,6 +574,8 @@ def _trainer(cfg: FinetuneConfig, accelerator, job: _Job, run: RunDir, hooks: Ho
     optimizer = torch.optim.AdamW(
         _param_groups(job.model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps
     )
+    if job.centring is not None:
+        optimizer.register_step_post_hook(lambda *_: job.centring())
     model, optimizer = accelerator.prepare(job.model, optimizer)
     stream = TrainStream(job.tokenizer, cfg.data, cfg.seq_len, cfg.seed, split=job.train_split)
     return Trainer(cfg, accelerator, model, optimizer, job.objective, stream, run, job.start_weights, hooks)
@@ -763,6 +769,7 @@ def _write_final(trainer: Trainer, job: _Job, summary: dict) -> None:
             log=LOG_FILE,
             resumes=(run.read_run() or {}).get("resumes", []),
             training_data=training_data_record(cfg.data, job.train_split),
+            kept_centred=job.centring.describe() if job.centring is not None else None,
             final_metrics={
                 k: summary[k]
                 for k in (
