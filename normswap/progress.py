@@ -45,9 +45,13 @@ def stderr_lines(prefix: str) -> Callable[[str], None]:
     return emit
 
 
-def step_status(step: int, total: int, elapsed: float, loss: float | None = None) -> str:
-    """``step 40/100  loss 3.201  (12 s, ~18 s left)``: one training step's progress line."""
-    left = f", ~{elapsed / step * (total - step):.0f} s left" if step else ""
+def step_status(step: int, total: int, elapsed: float, loss: float | None = None, *, start: int = 0) -> str:
+    """``step 40/100  loss 3.201  (12 s, ~18 s left)``: one training step's progress line.
+
+    ``elapsed``: seconds since step ``start`` (a resumed run's first step is start + 1), so the time
+    left is extrapolated from the steps this process ran, not from ones a killed run did."""
+    done = step - start
+    left = f", ~{elapsed / done * (total - step):.0f} s left" if done > 0 else ""
     return (
         f"step {step}/{total}"
         + (f"  loss {loss:.3f}" if isinstance(loss, (int, float)) else "")
@@ -58,18 +62,24 @@ def step_status(step: int, total: int, elapsed: float, loss: float | None = None
 class StepProgress:
     """A fine-tune's ``after_step`` hook: each step becomes the status of a :class:`Heartbeat`
     (``update``), with the loss the trainer logged for it, read from ``run_dir``'s log only when the
-    line is due."""
+    line is due. ``start`` is its ``started`` hook: the trainer says there which step it starts
+    after and which is the last, since only it knows a resumed run's recorded target (``total``
+    is what the command line said, a guess until then)."""
 
     def __init__(self, run_dir, total: int, update: Callable, *, clock: Callable[[], float] = time.monotonic):
         self.run_dir, self.total, self.update, self.clock = run_dir, total, update, clock
+        self.first = 0
         self.t0 = clock()
+
+    def start(self, first: int, total: int) -> None:
+        self.first, self.total, self.t0 = first, total, self.clock()
 
     def __call__(self, step: int) -> None:
         elapsed = self.clock() - self.t0
 
         def line() -> str:
             row = next((r for r in reversed(self.run_dir.rows()) if r.get("step") == step), {})
-            return step_status(step, self.total, elapsed, row.get("loss"))
+            return step_status(step, self.total, elapsed, row.get("loss"), start=self.first)
 
         self.update(line)
 

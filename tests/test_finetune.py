@@ -471,6 +471,79 @@ def test_resume_options_and_refusals(models, tmp_path, capsys):
     assert code == 2 and "missing OUT" in err
 
 
+def test_resumed_progress_counts_to_the_recorded_target_from_the_resumed_step(models, tmp_path):
+    """The command line of `finetune OUT --resume` says no --steps (its default, 200, is a guess):
+    the progress lines must count to the run's recorded target, and the time left must come from
+    the steps this process ran."""
+    import shutil
+
+    from normswap.finetune import FinetuneConfig, run_finetune
+    from normswap.finetune.run_dir import RunDir
+    from normswap.finetune.trainer import Hooks, TrainingDiverged
+    from normswap.progress import StepProgress
+
+    out = tmp_path / "resumed"
+    with pytest.raises(TrainingDiverged):  # stops at step 5; the step-4 checkpoint is kept
+        _run(models["approx"], out, steps=6, save_every=2, lr=1e-3, warmup_steps=0, hooks=_nan_at(5))
+
+    def resume(out, with_started: bool) -> list[str]:
+        now, lines = [0.0], []
+
+        def clock():
+            now[0] += 1.0  # every reading is one second later
+            return now[0]
+
+        progress = StepProgress(RunDir(out), FinetuneConfig.steps, lambda line: lines.append(line()), clock=clock)
+        cfg = FinetuneConfig(model=None, out=str(out), resume=True, progress=False, device="cpu")
+        hooks = Hooks(after_step=progress, started=progress.start if with_started else None)
+        run_finetune(cfg, given=set(), hooks=hooks, echo=lambda m: None)
+        return lines
+
+    control = tmp_path / "control"
+    shutil.copytree(out, control)
+    lines = resume(out, True)
+    assert [line.split()[1] for line in lines] == ["5/6", "6/6"], lines
+    assert lines[0].endswith("(1 s, ~1 s left)") and lines[1].endswith("(2 s, ~0 s left)"), lines
+    # negative control: without the trainer's word the line counts to the command line's default
+    assert resume(control, False)[0].startswith("step 5/200")
+
+
+def test_a_finished_run_trains_further_with_resume_and_more_steps(models, tmp_path):
+    from normswap.checkpoint.manifest import read_manifest
+    from normswap.errors import NormswapError
+    from normswap.finetune import FinetuneConfig, lr_factor, run_finetune
+
+    out = tmp_path / "extended"
+    _run(models["approx"], out, steps=20, lr=1e-3, warmup_steps=2)
+    before = _log(out)
+    assert before[-1]["step"] == 20 and not (out / "checkpoints").exists()
+
+    def resume(**kw):
+        cfg = FinetuneConfig(model=None, out=str(out), resume=True, progress=False, device="cpu", **kw)
+        return run_finetune(cfg, given=set(kw), echo=lambda m: None)
+
+    # negative control: --resume alone (or the same --steps) on a finished run is refused, with the way out
+    for kw in ({}, {"steps": 20}):
+        with pytest.raises(NormswapError, match=r"finished fine-tune of 20 steps: .*--resume --steps N"):
+            resume(**kw)
+    s = resume(steps=30)
+    after = _log(out)
+    assert [r["step"] for r in after] == list(range(31)) and s["steps"] == 30 and s["resumed_from_step"] == 20
+    assert after[:21] == before  # the first 20 steps are the finished run's, untouched
+    # the schedule continues as the one of the new total (cosine over 30 steps)
+    for r in after[21:]:
+        assert r["lr"] == pytest.approx(
+            1e-3 * lr_factor(r["step"], total_steps=30, warmup_steps=2, schedule="cosine", min_ratio=0.1)
+        )
+    # it trained on from the final model (not from the source): the first new loss is near the last one
+    assert abs(after[21]["loss"] - before[-1]["loss"]) < abs(before[1]["loss"] - before[-1]["loss"])
+    run = json.loads((out / "finetune_run.json").read_text())
+    assert run["status"] == "finished" and run["config"]["steps"] == 30
+    assert run["resumes"][-1] == {"from_step": 20, "overrides": {"steps": [20, 30]}}
+    assert read_manifest(out)["finetune"]["steps"] == 30
+    assert not (out / "checkpoints").exists()
+
+
 def test_short_runs_evaluate_on_held_out_text_sized_to_the_run(models, tmp_path):
     from normswap.finetune.config import EVAL_TOKENS_MAX, default_eval_tokens
 

@@ -84,6 +84,7 @@ def finetune(ctx, model, out, as_json, **opts):
     heartbeat = Heartbeat(
         stderr_lines("normswap finetune: "), enabled=None if opts.get("progress") is None else not opts["progress"]
     )
+    progress = StepProgress(RunDir(out), cfg.steps, heartbeat.update)
     main = os.environ.get("RANK", "0") == "0"
     with (
         output_lock(out, create_parent=True) if main else contextlib.nullcontext(),
@@ -92,7 +93,7 @@ def finetune(ctx, model, out, as_json, **opts):
         summary = run_finetune(
             cfg,
             given=given,
-            hooks=Hooks(after_step=StepProgress(RunDir(out), cfg.steps, heartbeat.update)),
+            hooks=Hooks(after_step=progress, started=progress.start),
             echo=lambda m: heartbeat.say(m.removeprefix("normswap finetune: ")),
         )
     import torch.distributed as dist

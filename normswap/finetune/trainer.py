@@ -72,6 +72,9 @@ class Hooks:
 
     loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None
     after_step: Callable[[int], None] | None = None
+    # called once before the first step with (the step it starts after, the last step): what a
+    # progress line counts from and to, a resumed run's real target included
+    started: Callable[[int, int], None] | None = None
 
 
 @dataclass
@@ -118,8 +121,6 @@ def resolve_options(cfg: FinetuneConfig, run: RunDir, given: set[str] | None) ->
         raise NormswapError(
             f"cannot resume: {cfg.out} is not a normswap finetune run (no {run.run_file.name}); choose another OUT"
         )
-    if recorded_run.get("status") == "finished":
-        raise NormswapError(f"{cfg.out} already holds a finished fine-tune; use --force to run again")
     recorded = recorded_run["config"]
     mine = dataclasses.asdict(cfg)
     if given is None:
@@ -145,6 +146,13 @@ def resolve_options(cfg: FinetuneConfig, run: RunDir, given: set[str] | None) ->
             f"cannot resume {cfg.out}: "
             + "; ".join(mismatches)
             + f" (--resume takes the options recorded in {run.run_file.name}: give none, or the same)"
+        )
+    if recorded_run.get("status") == "finished" and "steps" not in overrides:
+        done = recorded.get("steps")
+        raise NormswapError(
+            f"{cfg.out} already holds a finished fine-tune of {done} steps: "
+            f"`normswap finetune {cfg.out} --resume --steps N` (N > {done}) trains it further, "
+            "--force starts again"
         )
     return FinetuneConfig(**merged), overrides
 
@@ -458,7 +466,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     cfg, job = _prepare(cfg, accelerator)  # everything that can fail on bad input, before OUT is touched
     _start_out(run, cfg, accelerator)
     trainer = _trainer(cfg, accelerator, job, run, hooks or Hooks())
-    start_step = _resume(trainer, overrides, echo) if cfg.resume else 0
+    start_step = _resume(trainer, job, overrides, echo) if cfg.resume else 0
     last_row, initial_eval, wall = _train(trainer, job, start_step)
     summary = _summary(trainer, job, start_step, last_row, initial_eval, wall)
     _write_final(trainer, job, summary)
@@ -581,12 +589,18 @@ def _trainer(cfg: FinetuneConfig, accelerator, job: _Job, run: RunDir, hooks: Ho
     return Trainer(cfg, accelerator, model, optimizer, job.objective, stream, run, job.start_weights, hooks)
 
 
-def _resume(trainer: Trainer, overrides: dict, echo) -> int:
-    """The newest intact checkpoint restored, the log cut to it, the overrides recorded; its step."""
+def _resume(trainer: Trainer, job: _Job, overrides: dict, echo) -> int:
+    """The newest intact checkpoint restored (or a finished run's final model, to train it
+    further), the log cut to it, the overrides recorded; its step."""
     run, cfg = trainer.run, trainer.cfg
-    start_step = trainer.restore(echo)
+    finished = run.read_run().get("status") == "finished"
+    if finished and not run.checkpoints():
+        start_step = _continue_finished(trainer, job, echo)
+    else:
+        start_step = trainer.restore(echo)
     if trainer.main:
         record = run.read_run()
+        record["status"] = "running"
         record["config"] = cfg.recorded()
         record["resumes"] = record.get("resumes", []) + [{"from_step": start_step, "overrides": overrides}]
         run.write_run(record)
@@ -595,6 +609,36 @@ def _resume(trainer: Trainer, overrides: dict, echo) -> int:
         else:
             run.log_file.write_text("")
     return start_step
+
+
+def _continue_finished(trainer: Trainer, job: _Job, echo) -> int:
+    """A finished run trained further (``--resume --steps N``) whose checkpoints were dropped at its
+    end: its final model in OUT becomes the state at its last step, the data stream continues where
+    it stopped, AdamW's moments start afresh, and the schedule is the one of the new --steps (as for
+    any --steps raised on resume). That state is checkpointed at once, so a kill from here on
+    resumes like any unfinished run."""
+    from normswap.checkpoint.load import load_model
+
+    run, cfg = trainer.run, trainer.cfg
+    done = int(run.read_run()["config"]["steps"])
+    final = load_model(str(run.out), dtype=job.param_dtype, device="cpu", task=job.objective_kind.task)
+    trainer.accelerator.unwrap_model(trainer.model).load_state_dict(final.state_dict())
+    del final
+    trainer.stream = TrainStream(
+        trainer.stream.tokenizer,
+        cfg.data,
+        trainer.stream.seq_len,
+        cfg.seed,
+        position=done * cfg.batch_size,
+        split=trainer.stream.split,
+    )
+    if trainer.main:
+        echo(
+            f"normswap finetune: training the finished run in {cfg.out} further: from its final model "
+            f"(step {done}/{cfg.steps}; optimizer state not kept at the end, so AdamW starts afresh)"
+        )
+    trainer.save_checkpoint(done)
+    return done
 
 
 def _train(trainer: Trainer, job: _Job, start_step: int) -> tuple[dict | None, float | None, float]:
@@ -625,6 +669,8 @@ def _train(trainer: Trainer, job: _Job, start_step: int) -> tuple[dict | None, f
                 }
             )
         model.train()
+        if trainer.hooks.started:
+            trainer.hooks.started(start_step, cfg.steps)
         with _StopFlag() as stop:
             for step in range(start_step + 1, cfg.steps + 1):
                 t0 = time.perf_counter()

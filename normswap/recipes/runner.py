@@ -185,7 +185,9 @@ class FinetuneStep(ModelStep):
             RunDir(self.target(ctx)), o["steps"], lambda line: ctx.update(lambda: f"finetune {self.produces}: {line()}")
         )
         summary = run_finetune(
-            cfg, hooks=Hooks(after_step=steps), echo=lambda m: say(m.removeprefix("normswap finetune: "))
+            cfg,
+            hooks=Hooks(after_step=steps, started=steps.start),
+            echo=lambda m: say(m.removeprefix("normswap finetune: ")),
         )
         say(f"{heldout_line(summary)}, in {summary['wall_seconds']:.1f} s")
         return {"perplexity_before": summary["initial_perplexity"], "perplexity_after": summary["final_perplexity"]}
