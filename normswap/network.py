@@ -107,7 +107,13 @@ def require_hub(*, models=(), data=None, hub_tasks=(), timeout: float = PROBE_TI
         return
     problem = hub_problem(timeout)
     if problem:
+        ways = (
+            ["a local model directory or a shipped model (`normswap models` lists them)"]
+            if any(n.startswith("model ") for n in needs)
+            else []
+        )
+        ways += ["a local file or --data embedded"] if any(n.startswith("dataset ") for n in needs) else []
+        ways += ["the shipped tasks (normswap_kjv)"] if hub_tasks else []
         raise NormswapError(
-            f"{', '.join(needs)} must be downloaded from the Hub, but {problem}; "
-            "use local paths, --data embedded or the shipped tasks (normswap_kjv)"
+            f"{', '.join(needs)} must be downloaded from the Hub, but {problem}; use {' or '.join(ways)}"
         )

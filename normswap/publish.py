@@ -74,9 +74,12 @@ def atomic_write_json(path, obj, **dump_kwargs) -> Path:
 
 
 # ------------------------------------------------------------------------------- path safety
-def check_output_path(out, *, force: bool, reads=(), allow_empty: bool = False, must_have_parent: bool = True) -> Path:
+def check_output_path(
+    out, *, force: bool, reads=(), allow_empty: bool = False, must_have_parent: bool = True, label: str = "OUT"
+) -> Path:
     """Refuse an OUT that would clobber something; cheap, so commands call it before any work.
 
+    ``label``: what the command calls its output in messages (export's is DEST).
     ``reads``: what the command reads, as ``normswap.overlap.check_disjoint`` takes them (OUT may
     not be one of them, be inside one or contain one). ``allow_empty``: an existing empty
     directory may be replaced without ``--force``.
@@ -84,15 +87,15 @@ def check_output_path(out, *, force: bool, reads=(), allow_empty: bool = False, 
     out = Path(out).expanduser()
     if out.is_symlink() and not out.exists():
         raise NormswapError(
-            f"OUT {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another OUT"
+            f"{label} {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another {label}"
         )
-    check_disjoint(reads, [(f"OUT {out}", out)])
+    check_disjoint(reads, [(f"{label} {out}", out)])
     if out.exists() and not out.is_dir():
-        raise NormswapError(f"OUT {out} exists and is not a directory")
+        raise NormswapError(f"{label} {out} exists and is not a directory")
     if out.exists() and not force and not (allow_empty and not any(out.iterdir())):
-        raise NormswapError(f"OUT {out} already exists; pass --force to replace it")
+        raise NormswapError(f"{label} {out} already exists; pass --force to replace it")
     if must_have_parent and not out.parent.exists():
-        raise NormswapError(f"parent directory of OUT does not exist: {out.parent}")
+        raise NormswapError(f"parent directory of {label} does not exist: {out.parent}")
     return out
 
 

@@ -425,3 +425,54 @@ def test_eval_speed_times_onnx_exports_beside_pytorch(onnx_exports, run_cli):
 
     code, _, stderr = run_cli("eval", "ppl", original["out"], "--quiet")
     assert code == 2 and "measured by `normswap eval speed` only" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_onnx_export_prints_no_exporter_chatter(converted, tmp_path, capfd):
+    """What a user sees of `export --format onnx`: our lines only; the exporter's registry warnings
+    (one per torchvision op when torchvision is absent), its Python warnings and its stdout progress
+    are kept from them, and the summary prints no Python dict."""
+    import logging
+    import warnings
+
+    from normswap.cli.main import main
+    from normswap.export.onnx import _exporter_quiet
+
+    class Seen(logging.Handler):  # torch's log handler writes to a stream captured before the test
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    exporter_log, seen = logging.getLogger("torch.onnx"), Seen()
+    exporter_log.addHandler(seen)
+    try:
+        _, out = converted("kjv-gpt2")
+        capfd.readouterr()
+        try:
+            main(["export", str(out), str(tmp_path / "onnx"), "--format", "onnx"])
+        except SystemExit as e:
+            assert not e.code
+        stdout, stderr = capfd.readouterr()
+        assert not [line for line in seen.lines if "torchvision" in line], seen.lines
+        assert all(line.startswith("normswap: ") for line in stderr.strip().splitlines()), stderr
+        assert "norm nodes: 9 RMSNormalization" in stdout and "{" not in stdout, stdout
+
+        # the silencer itself, and its control: the same log line and warning outside it do come out
+        registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+        seen.lines.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with _exporter_quiet():
+                registry.warning("torchvision is not installed. Skipping torchvision::nms")
+                warnings.warn("exporter internals", UserWarning, stacklevel=1)
+                print("exporter progress")
+        assert not seen.lines and not caught and "exporter progress" not in capfd.readouterr().out
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            registry.warning("torchvision is not installed. Skipping torchvision::nms")
+            warnings.warn("exporter internals", UserWarning, stacklevel=1)
+        assert len(seen.lines) == 1 and len(caught) == 1
+    finally:
+        exporter_log.removeHandler(seen)

@@ -58,3 +58,42 @@ def test_duplicate_eval_names_are_refused(tmp_path, run_cli):
     )
     assert code == 0, err
     assert out.count("\na ") + out.count("\nb ") == 2
+
+
+def test_export_calls_its_output_dest_and_force_says_what_each_command_replaces(tmp_path, run_cli):
+    """`export MODEL DEST`: a user must not read `--force` as "replace my converted model"."""
+    code, out, _ = run_cli("export", "--help")
+    assert code == 0 and "DEST" in out and "Replace DEST" in out
+    assert "OUT" not in out  # negative control: the old help said "Replace OUT if it exists" of DEST
+    dest = tmp_path / "kjv-stock"
+    dest.mkdir()
+    code, _, err = run_cli("export", model_path("kjv-gpt2"), dest, "--format", "stock")
+    line = _error_line(code, err)
+    assert f"DEST {dest} already exists" in line and "OUT" not in line
+    for command in (("study",), ("demo",), ("run",), ("eval", "report"), ("eval", "render")):
+        code, out, _ = run_cli(*command, "--help")
+        assert code == 0 and "Replace --out DIR if it exists." in " ".join(out.split()), command
+    code, out, _ = run_cli("convert", "--help")
+    assert "Replace OUT if it exists." in " ".join(out.split())  # convert's output is the positional OUT
+
+
+def test_eval_report_help_says_name_spec_the_baseline_default_and_the_split_rule(run_cli):
+    code, out, _ = run_cli("eval", "report", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "NAME=SPEC" in text and "Default: none" in text
+    assert "fine-tuned on it by normswap" in text and "test split" in text and "NOT held-out" in text
+
+
+def test_an_unreachable_hub_hint_names_what_fits_what_was_asked(monkeypatch):
+    from normswap import network
+    from normswap.errors import NormswapError
+
+    monkeypatch.setattr(network, "hub_problem", lambda timeout: "the network is unreachable")
+    with pytest.raises(NormswapError) as e:
+        network.require_hub(models=["some-org/some-model"])
+    assert "shipped model" in str(e.value) and "normswap models" in str(e.value)
+    assert "tasks" not in str(e.value)  # negative control: the old hint offered "the shipped tasks" for a model
+    with pytest.raises(NormswapError, match=r"the shipped tasks \(normswap_kjv\)"):
+        network.require_hub(hub_tasks=["hellaswag"])
+    with pytest.raises(NormswapError, match="a local file or --data embedded"):
+        network.require_hub(data="some-org/some-dataset")

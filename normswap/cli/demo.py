@@ -13,7 +13,7 @@ import time
 
 import click
 
-from normswap.cli.options import force_option
+from normswap.cli.options import force_replaces
 from normswap.cli.run import print_outcome, set_option
 
 # --quick (CI): the same pipeline with a shorter fine-tune and smaller evaluation. The fine-tune
@@ -42,7 +42,7 @@ QUICK = (
 @set_option
 @click.option("--quick", is_flag=True, help="Shorter fine-tune and evaluation (CI smoke run, ~1 minute).")
 @click.option("--resume", is_flag=True, help="Keep the finished steps of a previous demo in --out.")
-@force_option
+@force_replaces("--out DIR")
 def demo(out, overrides, quick, resume, force):
     """Run the quickstart recipe end to end (convert exact + approx, heal, evaluate, report)."""
     from normswap.recipes import load_recipe

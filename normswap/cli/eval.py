@@ -23,7 +23,7 @@ from normswap.cli.options import (
     config_options,
     data_option,
     device_option,
-    force_option,
+    force_replaces,
     json_option,
     trust_remote_code_option,
 )
@@ -53,7 +53,10 @@ def _offered(names=None):
 
 quiet_option = click.option("--quiet", is_flag=True, help="No progress lines.")
 baseline_option = click.option(
-    "--baseline", default=None, help="Model the ratios are against: one of the MODELs (name or spec) or another spec."
+    "--baseline",
+    default=None,
+    help="Model the ratios and differences are against: one of the MODELs (its NAME or SPEC) or another spec, "
+    "added first. Default: none (each model's numbers alone, no ratios, no differences).",
 )
 
 
@@ -132,15 +135,27 @@ def eval_group():
     "out",
     required=True,
     type=click.Path(file_okay=False),
+    metavar="DIR",
     help="Directory for results.json, report.md, report.html and the PNGs.",
 )
 @baseline_option
 @trust_remote_code_option
-@force_option
+@force_replaces("--out DIR")
 @json_option
 @quiet_option
 def report(models, data, device, out, baseline, force, as_json, quiet, **opts):
-    """Evaluate MODELs side by side and write DIR/results.json, report.md, report.html and plots."""
+    """Evaluate MODELs side by side and write DIR/results.json, report.md, report.html and plots.
+
+    Each MODEL is a SPEC (a directory, normswap:NAME, a hub id) or NAME=SPEC, which labels it NAME in
+    the report and for --baseline (e.g. original=my-model/ healed=my-model-healed).
+
+    \b
+    Which text is scored (--split not given):
+      the embedded corpus or a dataset with splits: its test split;
+      a file or directory: all of it, unless a compared model was fine-tuned on it by normswap
+      (its manifest says so): then its test split, documents that fine-tune never saw.
+    A split that overlaps training (all, train) is scored as asked and marked NOT held-out.
+    """
     cfg = _config(opts)
     _require_hub(models, baseline, data, cfg.tasks)
     from normswap.evaluate.runner import evaluate, split_label
@@ -295,7 +310,7 @@ def tasks_path_cmd():
 @click.option(
     "--out", default=None, type=click.Path(file_okay=False), help="Directory (default: next to results.json)."
 )
-@force_option
+@force_replaces("--out DIR")
 def render(results_json, out, force):
     """Rebuild report.md, report.html and the PNGs from an existing results.json."""
     from normswap.report import rerender

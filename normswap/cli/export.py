@@ -1,4 +1,4 @@
-"""`normswap export OUT DEST --format stock|onnx`."""
+"""`normswap export MODEL DEST --format stock|onnx`."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import json
 
 import click
 
-from normswap.cli.options import force_option, json_option
+from normswap.cli.options import force_replaces, json_option
 from normswap.convert.config import DEFAULT_TOLERANCE
 from normswap.export import FORMATS
 
 
 @click.command()
-@click.argument("src", metavar="OUT")
+@click.argument("src", metavar="MODEL")
 @click.argument("dest", type=click.Path())
 @click.option(
     "--format",
@@ -33,7 +33,7 @@ from normswap.export import FORMATS
     type=float,
     default=DEFAULT_TOLERANCE,
     show_default=True,
-    help="Publish only if the export and OUT differ by at most this max |Δ log-prob| (first output for other models).",
+    help="Publish only if the export and MODEL differ by at most this max |Δ log-prob| (first output for other models).",
 )
 @click.option(
     "--onnx-norm-op",
@@ -47,10 +47,11 @@ from normswap.export import FORMATS
 @click.option(
     "--max-shard-size", default="5GB", show_default=True, help="stock: shard the safetensors above this size."
 )
-@force_option
+@force_replaces("DEST (never MODEL)")
 @json_option
 def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_json):
-    """Export the checkpoint OUT (what `normswap convert` wrote) to DEST in another format, verified first."""
+    """Export MODEL (a checkpoint `normswap convert` or `normswap finetune` wrote; onnx: any model) to the new
+    directory DEST in another format, verified against MODEL before DEST is published."""
     from normswap.export import run_export
 
     say = (lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True))
@@ -98,9 +99,11 @@ def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_
             "  RMSNorm-ready (its stream is zero-mean): "
             + ("yes" if record["rmsnorm_ready"] else "no; as LayerNorm it is exact")
         )
-    for key in ("opset", "norm_op", "norm_nodes"):
+    for key in ("opset", "norm_op"):
         if key in record:
             click.echo(f"  {key.replace('_', ' ')}: {record[key]}")
+    if record.get("norm_nodes"):
+        click.echo("  norm nodes: " + ", ".join(f"{n} {op}" for op, n in record["norm_nodes"].items()))
     click.echo(
         f"  verification ({ver['dtype']}): {ver['metric'].replace('_', ' ')} = {ver['max_abs_diff']:.3g} "
         f"(threshold {ver['threshold']:.2g}): PASSED"

@@ -15,7 +15,14 @@ def device_option(default="auto"):
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON summary.")
-force_option = click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+
+
+def force_replaces(what: str):
+    """``--force``, saying what it replaces for this command (a user must not fear for their input)."""
+    return click.option("--force", is_flag=True, help=f"Replace {what} if it exists.")
+
+
+force_option = force_replaces("OUT")  # commands whose output is the positional OUT (convert, finetune)
 seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 data_option = click.option(
     "--data",

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from normswap.cli.options import force_option, json_option, trust_remote_code_option
+from normswap.cli.options import force_replaces, json_option, trust_remote_code_option
 
 set_option = click.option(
     "--set",
@@ -50,7 +50,7 @@ def print_outcome(state: dict, out, *, seconds: float) -> None:
 @click.option("--check", is_flag=True, help="Validate the recipe (after --set) and print it resolved; run nothing.")
 @click.option("--list", "list_", is_flag=True, help="List the shipped recipes.")
 @click.option("--schema", is_flag=True, help="Print every recipe key with its type and default.")
-@force_option
+@force_replaces("--out DIR")
 @trust_remote_code_option
 @json_option
 def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):

@@ -21,13 +21,13 @@ from normswap.cli.options import (
     config_options,
     data_option,
     device_option,
-    force_option,
+    force_replaces,
     json_option,
     trust_remote_code_option,
 )
 from normswap.study.config import DEFAULT_MODEL, options
 
-SHARED = {"data": data_option, "device": device_option(), "force": force_option}
+SHARED = {"data": data_option, "device": device_option(), "force": force_replaces("--out DIR")}
 
 
 @click.command("study")

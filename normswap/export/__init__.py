@@ -45,7 +45,7 @@ def run_export(
         require_packages()  # before anything is read or locked
     src_dir = local_model_dir(src, "the checkpoint")
     check_disjoint([("the checkpoint", src_dir)], [(f"DEST {dest}", dest)], advice="choose another DEST")
-    dest = check_output_path(dest, force=force, reads=[src_dir])
+    dest = check_output_path(dest, force=force, reads=[src_dir], label="DEST")
     with output_lock(dest), staging_dir(dest) as tmp:
         if fmt == "stock":
             from normswap.export.stock import write_stock

@@ -74,6 +74,26 @@ class _FirstOutput(torch.nn.Module):
         return out.logits if self.name == "logits" else out[0]
 
 
+@contextlib.contextmanager
+def _exporter_quiet():
+    """The exporter's chatter kept from the user: its progress goes to stdout (which --json owns),
+    its registry logs a warning per torchvision op it skips when torchvision is not installed (ops
+    no language model uses), and the tracer raises Python warnings about internals. Its errors
+    still surface: they are exceptions."""
+    import logging
+    import warnings
+
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def export_graph(model, path: Path, *, opset: int = OPSET, norm_op: str = "rmsnormalization") -> dict:
     """Trace ``model`` (float32, eval) into ``path``; returns {op type: count} of the graph."""
     require_packages()
@@ -83,7 +103,7 @@ def export_graph(model, path: Path, *, opset: int = OPSET, norm_op: str = "rmsno
     ids = torch.randint(0, int(model.config.vocab_size), (2, 8), generator=torch.Generator().manual_seed(0))
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the exporter prints its progress to stdout (--json reads it)
+        with _exporter_quiet():
             program = torch.onnx.export(
                 wrapper,
                 (ids,),
