@@ -87,7 +87,8 @@ def check_output_path(
     out = Path(out).expanduser()
     if out.is_symlink() and not out.exists():
         raise NormswapError(
-            f"{label} {out} is a symlink to {os.readlink(out)}, which does not exist; remove it or choose another {label}"
+            f"{label} {out} is a symlink to {os.readlink(out)}, which does not exist; "
+            f"remove it or choose another {label}"
         )
     check_disjoint(reads, [(f"{label} {out}", out)])
     if out.exists() and not out.is_dir():

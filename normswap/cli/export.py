@@ -33,7 +33,8 @@ from normswap.export import FORMATS
     type=float,
     default=DEFAULT_TOLERANCE,
     show_default=True,
-    help="Publish only if the export and MODEL differ by at most this max |Δ log-prob| (first output for other models).",
+    help="Publish only if the export and MODEL differ by at most this max |Δ log-prob| "
+    "(first output for other models).",
 )
 @click.option(
     "--onnx-norm-op",
