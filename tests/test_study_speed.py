@@ -160,7 +160,10 @@ def test_throughput_verdict_comes_out_both_ways_on_a_quiet_machine():
 def test_a_bound_below_the_claim_is_not_measurable_whatever_the_timings():
     units = _units(1.25, 0.005)
     verdict, why = _throughput_verdict(units, bound=1.05)
-    assert verdict == "not measurable here" and "Amdahl bound ×1.050" in why
+    assert verdict == "not measurable here" and "Amdahl bound ×1.050" in why and "cannot give ×1.10" in why
+    # on a busy machine too, both reasons are named
+    verdict, why = _throughput_verdict(units, bound=1.05, loads=[3.1], cpus=2)
+    assert verdict == "not measurable here" and "cannot give ×1.10" in why and "too noisy to tell: load" in why
     # negative control: a bound above the threshold lets the same timings decide
     assert _throughput_verdict(units, bound=1.5)[0] == "reproduced"
 
@@ -344,3 +347,5 @@ def test_a_bf16_study_records_bfloat16_for_every_arm_and_what_ran(tmp_path):
     assert chosen["option"] == "best" and chosen["rms_impl"] in chosen["best"]["candidates"]
     assert set(results["setup"]["kernels"]["speedup"]) == {"rmsnorm", "layernorm-control"}
     assert "amdahl_bound" in results["comparisons"]["rmsnorm"]
+    gates = results["comparisons"]["rmsnorm"]["throughput_gates"]
+    assert set(gates) == {"amdahl_below_claim", "busy_load", "cpus", "control_within"} and gates["cpus"] >= 1

@@ -37,7 +37,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from normswap.model_facts import norm_modules
+from normswap.model_facts import hidden_size_of, norm_modules
 from normswap.modules import RMSNorm
 
 CHOICES = ("best", "torch", "normswap")
@@ -262,7 +262,7 @@ def time_side_by_side(
     fails is left out (its error under ``"errors"``). ``rounds``, when given, receives every
     round's seconds per module (for paired ratios)."""
     device = torch.device(device)
-    width = next(iter(modules.values())).weight.shape[-1]
+    width = hidden_size_of(next(iter(modules.values())))
     g = torch.Generator().manual_seed(seed)
     x0 = torch.randn(rows, width, generator=g).to(device)
     dy = torch.randn(rows, width, generator=g).to(device)

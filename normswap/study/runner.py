@@ -301,6 +301,9 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     loads = [load_start, _load_average()] + [v for u in units.values() for v in (u.get("load") or [])]
     loads = [v[0] if isinstance(v, list) else v for v in loads if v is not None]
     cpus = _cpus()
+    control_boot = (comparisons.get(CONTROL) or {}).get("throughput_ratio_bootstrap")
+    for c in comparisons.values():
+        c["throughput_gates"] = speed.gates(control_boot, c.get("amdahl_bound"), loads, cpus)
     stability, stability_sweep = None, None
     if stab_units is not None:
         seeds = list(range(cfg.seeds))

@@ -134,6 +134,18 @@ def _fmt(iv: dict | None) -> str:
     return f"{iv['median']:.3f} [{iv['low']:.3f}, {iv['high']:.3f}]"
 
 
+def gates(
+    control_iv: dict | None, bound: float | None, loads: list, cpus: int | None, threshold: float = THROUGHPUT_CLAIM
+) -> dict:
+    """Each reason a throughput verdict cannot be given, checked separately (results record them all)."""
+    return {
+        "amdahl_below_claim": bound is not None and bound < threshold,
+        "busy_load": busy(loads, cpus),
+        "cpus": cpus,
+        "control_within": None if control_iv is None else null_is_tight(control_iv),
+    }
+
+
 def throughput_verdict(
     ratio_iv: dict | None,
     control_iv: dict | None,
@@ -142,23 +154,30 @@ def throughput_verdict(
     cpus: int | None,
     threshold: float = THROUGHPUT_CLAIM,
 ) -> tuple[str, str]:
-    """(verdict, what decided it) for "≥ threshold× the training throughput" (see the module doc)."""
+    """(verdict, what decided it) for "≥ threshold× the training throughput" (see the module doc).
+    Every gate that failed is named, the Amdahl bound first (a certainty), then the noise."""
     text = f"training tokens/s ratio {_fmt(ratio_iv)} (claim ≥ {threshold:.2f})"
     if control_iv is not None:
         text += f"; null control {_fmt(control_iv)}"
     if bound is not None:
         text += f"; Amdahl bound ×{bound:.3f}"
-    if bound is not None and bound < threshold:
-        return NOT_MEASURABLE, (
-            f"{text}: even the measured norm share at the measured kernel speed-up cannot give ×{threshold:.2f}"
-        )
-    worst = busy(loads, cpus)
-    if worst is not None:
-        return NOT_MEASURABLE, f"{TOO_NOISY}: load average {worst:.2f} on {cpus} CPUs; {text}"
+    g = gates(control_iv, bound, loads, cpus, threshold)
+    noise = []
+    if g["busy_load"] is not None:
+        noise.append(f"load average {g['busy_load']:.2f} on {cpus} CPUs")
+    if g["control_within"] is False:
+        noise.append(f"the null control is not within ±{NULL_DELTA:.0%} of 1")
+    reasons = []
+    if g["amdahl_below_claim"]:
+        reasons.append(f"even the measured norm share at the measured kernel speed-up cannot give ×{threshold:.2f}")
+    if noise:
+        reasons.append(f"{TOO_NOISY}: " + " and ".join(noise))
+    if g["amdahl_below_claim"]:
+        return NOT_MEASURABLE, f"{text}: " + "; ".join(reasons)
+    if noise:
+        return NOT_MEASURABLE, f"{reasons[0]}; {text}"
     if control_iv is None:
         return NOT_MEASURABLE, f"{text}: no null control (layernorm-control) to tell noise from a difference"
-    if not null_is_tight(control_iv):
-        return NOT_MEASURABLE, f"{TOO_NOISY}: the null control is not within ±{NULL_DELTA:.0%} of 1; {text}"
     if ratio_iv is None or ratio_iv.get("seeds", 0) < 2:
         return NOT_MEASURABLE, f"{text}: needs ≥ 2 seeds"
     if ratio_iv["low"] >= threshold:
