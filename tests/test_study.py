@@ -67,15 +67,27 @@ def _tree(path: Path) -> dict:
 
 
 def _untimed(results: dict) -> dict:
-    """results.json without what depends on the clock (throughput, norm share, wall time, load)."""
+    """results.json without what depends on the clock (throughput, norm share, kernel timings, wall time,
+    load) or on the allocator's state (the CPU peak counts every allocation of the process)."""
     r = json.loads(json.dumps(results))
     r.pop("timing")
     r.pop("null_control")
+    r.pop("baseline_norm_share", None)
+    r["setup"].pop("kernels", None)
     for u in r["units"]:
         u.pop("timing")
+        u.pop("memory", None)
     for c in r["comparisons"].values():
-        for k in ("throughput_ratio", "cost_at_equal_tokens", "norm_share_difference"):
+        for k in ("throughput_ratio", "cost_at_equal_tokens", "norm_share_difference", "throughput_ratio_bootstrap"):
             c.pop(k)
+        for k in (
+            "amdahl_bound",
+            "amdahl_inputs",
+            "throughput_gates",
+            "peak_memory_ratio",
+            "peak_memory_difference_bytes",
+        ):
+            c.pop(k, None)
     r.pop("claims")  # the throughput claim's wording quotes timings
     return r
 
