@@ -106,7 +106,7 @@ def test_a_verdict_several_arms_share_is_said_once(results):
 
 
 def test_newer_keys_render_and_change_the_words(results, tmp_path):
-    from normswap.study.bottom_line import bottom_line
+    from normswap.study.bottom_line import bottom_line, differences
     from normswap.study.report import summary_lines, write_report
 
     new = copy.deepcopy(results)
@@ -125,6 +125,21 @@ def test_newer_keys_render_and_change_the_words(results, tmp_path):
         u.update(norm_kernel="normswap rms_norm" if u["arm"] == "rmsnorm" else "F.layer_norm", norm_kernel_fused=True)
         u["norm_compute_dtype"] = "float32"
     new["stability"] = {"layernorm": {"largest_stable_lr": 0.008}, "rmsnorm": {"largest_stable_lr": 0.016}}
+    new["stability"]["rmsnorm"].update(largest_stable_lr_per_seed=[0.016, 0.032], runs=8, diverged_runs=2)
+    new["stability_sweep"] = {
+        "comparisons": {
+            "rmsnorm": {
+                "largest_stable_steps_difference": {"mean": 1.5, "low": 1.1, "high": 1.9, "n": 2, "verdict": "higher"},
+                "diverged_runs_difference": {
+                    "mean": 0.0,
+                    "low": -1.0,
+                    "high": 1.0,
+                    "n": 2,
+                    "verdict": "no measurable difference",
+                },
+            }
+        }
+    }
     new["warnings"] = ["only 4,096 held-out tokens"]
     items = {b["topic"]: b for b in bottom_line(new)}
     assert "no better than a bigram model (5.410 nats)" in items["quality"]["says"]
@@ -138,7 +153,18 @@ def test_newer_keys_render_and_change_the_words(results, tmp_path):
     assert "1.0120 [1.0040, 1.0210]" not in speed and "1.012 [1.004, 1.021] (median of step-time quotients" in speed
     assert "rmsnorm faster" in speed
     assert "rmsnorm normswap rms_norm (fused), computing in float32" in " ".join(items["speed"]["evidence"])
-    assert "rmsnorm: largest stable lr 0.016" in items["stability"]["evidence"]
+    stab = items["stability"]["evidence"]
+    assert "rmsnorm: largest stable lr 0.016 (per seed 0.016, 0.032), diverged 2 of 8 runs" in stab
+    assert "layernorm: largest stable lr 0.008" in stab
+    assert (
+        "largest stable learning rate (sweep steps), rmsnorm − layernorm: +1.50 [+1.10, +1.90] (2 seeds, paired): "
+        "higher" in stab
+    )
+    # an fp32 study's claim is not measurable (claims.py); the bottom line says why, whatever the sweep found
+    new["claims"][2]["verdict"] = "not measurable here"
+    assert {b["topic"]: b for b in bottom_line(new)}["stability"]["says"].startswith("trained in fp32")
+    measured = [d for d in differences(new) if d["measured"]]
+    assert [d["measure"] for d in measured][-1] == "largest stable learning rate (sweep steps)"
     new["claims"][1]["verdict"] = "not measurable here"
     assert "at most ×1.025" in {b["topic"]: b for b in bottom_line(new)}["speed"]["says"]
     lines = summary_lines(new, "/tmp/s")

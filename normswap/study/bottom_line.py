@@ -286,14 +286,13 @@ def _stability(results, arm) -> dict:
     lines = []
     st = results.get("stability") or {}
     for a in (base, arm):
-        row = st.get(a)
-        if isinstance(row, dict):
-            parts = [
-                f"{k.replace('_', ' ')} {v:g}" if _num(v) is not None else f"{k.replace('_', ' ')} {v}"
-                for k, v in row.items()
-                if not isinstance(v, (dict, list)) and v is not None
-            ]
-            lines.append(f"{a}: " + ", ".join(parts))
+        if isinstance(st.get(a), dict):
+            lines.append(stability_line(a, st[a]))
+    sweep_cmp = ((results.get("stability_sweep") or {}).get("comparisons") or {}).get(arm) or {}
+    for key, what, spec, hi, lo in STABILITY_MEASURES:
+        iv = sweep_cmp.get(key)
+        if iv:
+            lines.append(f"{what}, {arm} − {base}: {_iv(iv, spec)}{_seeds(iv)}: {_verdict_word(iv, hi, lo)}")
     inst = (results["comparisons"][arm] or {}).get("instabilities_difference")
     if inst:
         lines.append(
@@ -308,13 +307,41 @@ def _stability(results, arm) -> dict:
     elif verdict == NOT_REPRODUCED:
         says = f"{arm} was not more stable than {base} here."
         change = "a lower precision or a sweep to higher learning rates (--stability) could separate them."
-    elif precision == "fp32" and not st:
+    elif precision == "fp32":
         says = "trained in fp32, where neither norm meets low-precision rounding."
         change = "a --precision bf16 or fp16 study with a --stability sweep."
+    elif not st:
+        says = "no --stability sweep: learning rates were never raised until an arm diverged."
+        change = "a --stability sweep (rates rising to divergence) with ≥ 2 seeds."
     else:
-        says = "cannot tell from this study."
-        change = "a --stability sweep with more seeds."
+        says = "the sweep's intervals do not separate the arms."
+        change = "more seeds, or more rates between the last stable and the first diverged one."
     return {"topic": "stability", "verdict": verdict, "says": says, "evidence": lines, "change": change}
+
+
+# stability_sweep.comparisons[arm]: (key, what, format, words when higher, words when lower)
+STABILITY_MEASURES = (
+    ("largest_stable_steps_difference", "largest stable learning rate (sweep steps)", "+.2f", "higher", "lower"),
+    ("diverged_runs_difference", "diverged runs", "+.2f", "more", "fewer"),
+    ("heldout_spike_rate_difference", "held-out spike rate", "+.3f", "higher", "lower"),
+)
+
+
+def stability_line(arm: str, row: dict) -> str:
+    """``rmsnorm: largest stable lr 0.008 (per seed 0.008, 0.016), diverged 3 of 10 runs, held-out
+    spike rate 0.05`` from stability[arm]."""
+    lr = row.get("largest_stable_lr")
+    per_seed = [v for v in row.get("largest_stable_lr_per_seed") or []]
+    text = f"{arm}: largest stable lr " + ("n/a" if lr is None else f"{lr:g}")
+    if len(per_seed) > 1:
+        text += " (per seed " + ", ".join("n/a" if v is None else f"{v:g}" for v in per_seed) + ")"
+    if row.get("censored_seeds"):
+        text += f", {row['censored_seeds']} seed(s) stable at every rate tried"
+    if row.get("runs"):
+        text += f", diverged {row.get('diverged_runs', 0)} of {row['runs']} runs"
+    if _num(row.get("heldout_spike_rate")) is not None:
+        text += f", held-out spike rate {row['heldout_spike_rate']:.3f}"
+    return text
 
 
 def bottom_line(results) -> list[dict]:
@@ -350,11 +377,20 @@ MEASURES = (
 
 def differences(results) -> list[dict]:
     """Every compared arm's measured differences as verdicts, arms that share a verdict grouped:
-    ``{measure, verdict, arms: [(arm, interval text)], measured: bool}``."""
+    ``{measure, verdict, arms: [(arm, interval text)], measured: bool}``; the stability sweep's
+    paired comparisons after the training runs'."""
     out = []
-    for key, what, spec, hi, lo in MEASURES:
+    sweep = (results.get("stability_sweep") or {}).get("comparisons") or {}
+    for source, measures in ((results.get("comparisons") or {}, MEASURES), (sweep, STABILITY_MEASURES)):
+        out += _grouped_differences(source, measures)
+    return out
+
+
+def _grouped_differences(comparisons: dict, measures) -> list[dict]:
+    out = []
+    for key, what, spec, hi, lo in measures:
         rows = []
-        for arm, cmp in (results.get("comparisons") or {}).items():
+        for arm, cmp in comparisons.items():
             iv = throughput_interval(cmp)[0] if key == "throughput_ratio" else cmp.get(key)
             if not iv:
                 continue

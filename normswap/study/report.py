@@ -32,6 +32,7 @@ from normswap.study.bottom_line import (
     throughput_interval,
 )
 from normswap.study.precision import IMPLS
+from normswap.study.precision import lost as information_lost
 
 MARKDOWN, HTML = "report.md", "report.html"
 
@@ -345,7 +346,10 @@ def precision_rows(results) -> tuple[list[str], list[list[str]]]:
     """Worst error over the widths per (case, dtype), each implementation's y / dx / dγ, in units of the dtype's ε."""
     rows_in = (results.get("precision") or {}).get("rows") or []
     impls = [i for i in IMPLS if any(r["impl"] == i for r in rows_in)]  # the kernels the arms ran
-    header = ["case", "dtype"] + [f"{i}: y / dx / dγ" for i in impls]
+    info = any(r.get("correlation") is not None for r in rows_in)
+    header = ["case", "dtype"]
+    for i in impls:
+        header += [f"{i}: y / dx / dγ (ε)"] + ([f"{i}: 1 − corr"] if info else [])
     keys = []
     for r in rows_in:
         if (r["case"], r["dtype"]) not in keys:
@@ -365,6 +369,9 @@ def precision_rows(results) -> tuple[list[str], list[list[str]]]:
                 return "inf" if math.isinf(v) else f"{v:.2f}"
 
             row.append(" / ".join(w(k) for k in ("forward", "grad_x", "grad_weight")))
+            if info:  # information lost: 1 − correlation with the exact LayerNorm, worst over widths
+                lost = [information_lost(r) for r in mine]
+                row.append("n/a" if None in lost or not lost else f"{max(lost):.2e}")
         out.append(row)
     return header, out
 
@@ -449,8 +456,12 @@ def precision_note(results) -> str | None:
     c = (results.get("precision") or {}).get("compare")
     if not c:
         return None
+    judged = f" (judged on {c['judged_on']})" if c.get("judged_on") else ""
     return (
-        f"RMSNorm ≥ {c['factor']:g}× more accurate than LayerNorm in: {', '.join(c['rms_better']) or 'no case'}; "
+        f"{c.get('rms_kernel', 'RMSNorm')} keeps ≥ {c['factor']:g}× more of the input than LayerNorm{judged} in: "
+        f"{', '.join(c['rms_better']) or 'no case'}; less in: {', '.join(c['rms_worse']) or 'no case'}."
+        if c.get("judged_on")
+        else f"RMSNorm ≥ {c['factor']:g}× more accurate than LayerNorm in: {', '.join(c['rms_better']) or 'no case'}; "
         f"less accurate in: {', '.join(c['rms_worse']) or 'no case'}."
     )
 
