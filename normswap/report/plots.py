@@ -51,8 +51,13 @@ def log_if_wide(ax, values, factor: float = 30) -> bool:
     return False
 
 
+def palette(names) -> dict:
+    """One colour per name, in order (the same names get the same colours in every figure)."""
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+
+
 def colors(results) -> dict:
-    return {m["name"]: PALETTE[i % len(PALETTE)] for i, m in enumerate(results["models"])}
+    return palette(m["name"] for m in results["models"])
 
 
 def perplexity_plot(results, out: Path) -> Path | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from normswap.publish import atomic_write_text
 from normswap.report.glossary import glossary
-from normswap.report.plots import PALETTE, interval_dots, log_if_wide, plt, range_bars, save_figure, style_axes
+from normswap.report.plots import interval_dots, log_if_wide, palette, plt, range_bars, save_figure, style_axes
 from normswap.report.render import CSS, escape, image_data_uri
 from normswap.report.tables import TERMINAL_WIDTH, html_table, markdown_table, text_table
 from normswap.study import stats
@@ -38,7 +38,7 @@ MARKDOWN, HTML = "report.md", "report.html"
 
 
 def _colors(results) -> dict:
-    return {a: PALETTE[i % len(PALETTE)] for i, a in enumerate(results["setup"]["arms"])}
+    return palette(results["setup"]["arms"])
 
 
 def _num(v):
