@@ -43,7 +43,7 @@ class ConvertOptions:
     beta: str | None = option(
         None,
         "What to do with each LayerNorm's bias: fold into the reading linears (default where "
-        "possible), keep as an RMSNorm bias (default elsewhere), or drop (lossy).",
+        "possible), keep as an RMSNorm bias (default elsewhere; β/γ where γ is folded), or drop (lossy).",
         kind="str",
         choices=BETA_CHOICES,
     )

@@ -72,6 +72,8 @@ def prepare(model, inputs: Inputs, family, options: ConvertOptions, dtype=None) 
     config = model.config
     plan = build_plan(family, model, config, options)
     inputs.aliases = plan.aliases
+    for op in plan.derivations.values():  # refusals that depend on values: before anything changes
+        ops.check_values(op, inputs.read)
     src_specs = inputs.specs
     params_before = count_parameters(model)
     source_dtype = _dtype_name(next(model.parameters()).dtype)

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from normswap.checkpoint.tensor_source import numel
+from normswap.errors import NormswapError
 
 BLOCK_ELEMENTS = 1 << 20  # elements per row block: ~4 MB in float32, small enough to stay in cache levels
 F64 = torch.float64
@@ -160,6 +161,8 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
         each(lambda ab: put(get(op["src"], *ab, dtype=out_dtype, tag="block"), ab[0]), row_blocks(shape))
     elif kind == "add_constant":  # a (1+γ)-parametrised norm's γ kept on the RMSNorm
         put(get(op["src"], dtype=F64) + op["add"])
+    elif kind == "divide_by_gamma":  # β kept beside a folded γ: the readers see W·diag(γ)·(β/γ) = W·β
+        put(_beta_over_gamma(op, get(op["src"], dtype=F64), get(op["gamma"], dtype=F64) + op.get("gamma_offset", 0.0)))
     elif kind == "center_rows":
 
         def center(ab):
@@ -176,6 +179,26 @@ def run(op: dict, shape, read, shape_of, emit, out_dtype, *, compute=None, devic
         put(_linear_bias(op, get, shape_of, each))
     else:
         raise ValueError(f"unknown conversion op {kind!r}")
+
+
+def check_values(op: dict, read) -> None:
+    """Refuse, before any tensor is computed, an op whose source values have no exact result (a β kept
+    beside a γ that is 0 where β is not); ``read(key)`` returns a source tensor. Reads vectors only."""
+    if op["op"] == "divide_by_gamma":
+        _beta_over_gamma(op, read(op["src"]).to(F64), read(op["gamma"]).to(F64) + op.get("gamma_offset", 0.0))
+
+
+def _beta_over_gamma(op, beta, gamma):
+    """β/γ, and 0 where γ and β are both 0; a β_j ≠ 0 beside γ_j = 0 has no such form (its W_j·β_j
+    reaches the readers through nothing the RMSNorm feeds them), so it is refused."""
+    bad = (gamma == 0) & (beta != 0)
+    if bool(bad.any()):
+        j = int(bad.nonzero()[0])
+        raise NormswapError(
+            f"cannot keep {op['src']} beside a folded γ: γ is 0 at index {j} where β is {float(beta[j]):.3g}, so no "
+            "bias on the RMSNorm reaches the readers there; convert with --gamma keep (or without --beta keep)"
+        )
+    return torch.where(gamma == 0, torch.zeros_like(beta), beta / torch.where(gamma == 0, 1.0, gamma))
 
 
 def each_block(pool):

@@ -408,6 +408,11 @@ def _decide_gamma_and_beta(
                 plan.derivations[wkey] = {"op": "add_constant", "src": wkey, "add": entry.gamma_offset}
         if beta in ("fold", "drop"):
             plan.drop.append(bkey)
+        if beta == "keep" and gamma == "fold":
+            # the readers now scale the RMSNorm's output by γ, its bias included: it must be β/γ
+            plan.derivations[bkey] = {"op": "divide_by_gamma", "src": bkey, "gamma": wkey}
+            if entry.gamma_offset:
+                plan.derivations[bkey]["gamma_offset"] = entry.gamma_offset
         if res.base and name.startswith(res.base) and readers and not any(r.startswith(res.base) for r in readers):
             # folded into a head only (ln_f into lm_head): the bare model and every other head read
             # this norm's output as the original had it, so its γ/β travel along as folded_weight /
