@@ -127,3 +127,26 @@ def test_numbers_have_one_format_and_one_multiplication_sign(tmp_path):
     table = md.split("## Side by side")[1].split("\n\n")[1]
     cells = [row.split(" | ")[4].split(" (")[0] for row in table.splitlines()[2:]]
     assert all(re.fullmatch(r"\d{1,3}(,\d{3})*", c) for c in cells), cells
+
+
+def test_render_in_place_replaces_only_the_report_files(tmp_path):
+    """`normswap eval render DIR/results.json` rebuilds the report beside it and keeps everything else
+    in DIR (the demo keeps its terminal log and an older run there); before, DIR was replaced whole."""
+    from normswap.report.write import rerender
+
+    results = synthetic({"m": CLEAR}, null=QUIET_NULL)
+    results["versions"] = {"normswap": "test"}
+    folder = tmp_path / "demo"
+    (folder / "idle-run").mkdir(parents=True)
+    (folder / "idle-run" / "results.json").write_text("{}")
+    (folder / "demo-terminal.txt").write_text("the run's terminal\n")
+    (folder / "report.md").write_text("stale report\n")
+    (folder / "results.json").write_text(json.dumps(results))
+    written = rerender(folder / "results.json")
+    assert (folder / "demo-terminal.txt").read_text() == "the run's terminal\n"
+    assert (folder / "idle-run" / "results.json").is_file()
+    assert "stale" not in (folder / "report.md").read_text() and written["html"] == folder / "report.html"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]  # no staging directory left behind
+    # control: rendering to another DIR still publishes a whole new directory
+    other = rerender(folder / "results.json", tmp_path / "copy")
+    assert other["markdown"].read_text().startswith("# ") and not (tmp_path / "copy" / "demo-terminal.txt").exists()

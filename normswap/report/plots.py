@@ -128,8 +128,9 @@ def perplexity_plot(results, out: Path) -> Path | None:
     )
     ax.tick_params(axis="x", labelrotation=15, labelsize=9)
     style_axes(ax)
-    d = results["data"]
-    fig.suptitle(d.get("caption") or f"{d['spec']} / {d['split']}: {d['characters']:,} characters", fontsize=10)
+    d = results.get("data") or {}
+    if d:
+        fig.suptitle(d.get("caption") or f"{d['spec']} / {d['split']}: {d['characters']:,} characters", fontsize=10)
     return save_figure(fig, out / "perplexity.png")
 
 

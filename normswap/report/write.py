@@ -8,6 +8,7 @@ or Ctrl-C never leaves a half-written report; an existing OUT is replaced only w
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -90,4 +91,18 @@ def rerender(results_path, out=None, *, force: bool = False) -> dict[str, Path]:
     except (OSError, json.JSONDecodeError) as e:
         raise NormswapError(f"cannot read {results_path}: {e}") from None
     target = Path(out) if out else results_path.parent
-    return write_report(results, target, force=force or target == results_path.parent)
+    if target.resolve() == results_path.parent.resolve():
+        return render_in_place(results, target)
+    return write_report(results, target, force=force)
+
+
+def render_in_place(results: dict, folder: Path) -> dict[str, Path]:
+    """Rebuild the report beside its results.json, replacing only the report's own files (each by an
+    atomic rename), never the folder: whatever else the user keeps there (a terminal log, an older
+    run) stays. The files are built in a staging directory first, so a failure changes nothing."""
+    folder = Path(folder)
+    with staging_dir(folder) as tmp:
+        written = render_into(results, tmp)
+        for path in written.values():
+            os.replace(path, folder / Path(path).name)  # replaces a planted link itself, never its target
+    return {k: folder / Path(p).name for k, p in written.items()}
