@@ -116,7 +116,12 @@ def test_numbers_have_one_format_and_one_multiplication_sign(tmp_path):
     from normswap.report.write import render_into
 
     assert (fmt_num(979.45), fmt_num(1072.31), fmt_num(1072.31, 0)) == ("979.45", "1,072.31", "1,072")
-    assert (fmt_ratio(0.996), fmt_ratio(1.04), fmt_ratio(1.0)) == ("×0.996", "×1.04", "×1.00")
+    assert (fmt_ratio(0.996), fmt_ratio(0.9996), fmt_ratio(1.04), fmt_ratio(1.0)) == (
+        "-0.40%",
+        "-0.04%",
+        "×1.04",
+        "×1.00",
+    )
     results = json.loads((REPO / "docs" / "demo" / "results.json").read_text())
     render_into(copy.deepcopy(results), tmp_path)
     md, html = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()

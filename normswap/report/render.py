@@ -45,11 +45,11 @@ def fmt_bytes(n):
 
 
 def fmt_ratio(r):
-    """``×1.04``; a ratio that is not 1 but would print as ×1.00 gets a third digit (×0.996), so a
-    real difference never reads as none."""
+    """``×1.04``; a ratio that is not 1 but would print as ×1.00 is written as the change it is
+    (``-0.40%``, ``-0.04%``), so a real difference never reads as none."""
     if r is None:
         return ""
-    return f"×{r:.3f}" if r != 1.0 and f"{r:.2f}" == "1.00" else f"×{r:.2f}"
+    return signed_percent((r - 1) * 100) if r != 1.0 and f"{r:.2f}" == "1.00" else f"×{r:.2f}"
 
 
 def fmt_change(r):
