@@ -191,11 +191,12 @@ def test_migration_rule_and_claims_are_evaluated_with_a_sweep(tmp_path):
         seeds=2,
     )
     rule = results["migration_rule"]["rmsnorm"]
-    assert rule["grad_scale_ratio"] > 0 and rule["rule_multiplier"] in (0.5, 1.0)
-    assert len(rule["grad_scale_ratio_per_seed"]) == 2
+    assert rule["grad_scale_ratio"] > 0 and len(rule["grad_scale_ratio_per_seed"]) == 2
     verdicts = {c["claim"]: c for c in results["claims"]}
     assert all(c["verdict"] in ("reproduced", "not reproduced", "not measurable here") for c in verdicts.values())
-    assert "needs --lr-sweep" not in next(c for k, c in verdicts.items() if k.startswith("migration"))["decided_by"]
+    # two rates cannot bracket an optimum: the rule is not judged (tests/test_study_migration.py: ≥ 5 rates)
+    migration = next(c for k, c in verdicts.items() if k.startswith("migration"))
+    assert migration["verdict"] == "not measurable here" and "≥ 5 swept rates" in migration["decided_by"]
 
 
 # --- two processes = one -------------------------------------------------------------------------

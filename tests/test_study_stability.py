@@ -117,6 +117,7 @@ def test_the_same_numbers_from_an_fp32_study_or_one_seed_are_never_reproduced(la
     assert stab.judge(None, "bf16")[0] == NOT_MEASURABLE
 
 
+@pytest.mark.slow
 def test_a_planted_unstable_rmsnorm_is_not_reproduced(tmp_path):
     r = _planted_study(tmp_path, "rmsnorm")
     assert r["stability"]["rmsnorm"]["largest_stable_lr"] == pytest.approx(1e-3)

@@ -14,13 +14,14 @@ not measurable here, with the number that decided it.
   study says not measurable here (stability.py). The kernel-accuracy table (precision.py) is a
   separate section and decides nothing here.
 * the migration rule (γ = 1, linear warmup, η_RMS = η_LN × gradient-scale ratio): needs
-  ``--lr-sweep``; reproduced when the rate the rule picks is not measurably worse than the arm's
-  best swept rate.
+  ``--lr-sweep`` with ≥ 5 log-spaced rates bracketing each best rate; reproduced when the rule's
+  ratio lies inside the bootstrap interval of η*_RMS/η*_LN (fitted on the test split, window chosen
+  on validation) and that interval spans at most ×2 (migration.py).
 """
 
 from __future__ import annotations
 
-from normswap.evaluate.stats import NO_DIFFERENCE
+from normswap.study import migration as migration_mod
 from normswap.study import speed, stats
 from normswap.study import stability as stability_mod
 
@@ -70,21 +71,8 @@ def stability(arm: str, sweep: dict | None, train_precision: str) -> tuple[str, 
 
 
 def migration(rule: dict | None) -> tuple[str, str]:
-    if rule is None:
-        return NOT_MEASURABLE, "needs --lr-sweep (e.g. 0.5,1,2) to find each arm's best rate"
-    if rule.get("rule_multiplier") is None:
-        return NOT_MEASURABLE, "no gradient-scale ratio (an arm diverged at the start)"
-    iv = rule["rule_vs_best"]
-    text = (
-        f"gradient-scale ratio {rule['grad_scale_ratio']:.3f} predicts ×{rule['predicted_multiplier']:.3g} → swept "
-        f"×{rule['rule_multiplier']:g}; best ×{rule['arm_best_multiplier']:g}; "
-        f"loss of the pick − best {stats.fmt(iv, '+.4f')}"
-    )
-    if rule["rule_multiplier"] == rule["arm_best_multiplier"]:
-        return REPRODUCED, text
-    if iv is None or iv["low"] is None:
-        return NOT_MEASURABLE, text
-    return (REPRODUCED if iv["verdict"] == NO_DIFFERENCE else NOT_REPRODUCED), text
+    """migration.py's rule: η* fitted per arm on the test split, window chosen on validation, bootstrap interval."""
+    return migration_mod.judge(rule)
 
 
 def judge(

@@ -18,7 +18,7 @@ from normswap.report.glossary import glossary
 from normswap.report.plots import interval_dots, log_if_wide, palette, plt, range_bars, save_figure, style_axes
 from normswap.report.render import CSS, escape, image_data_uri
 from normswap.report.tables import TERMINAL_WIDTH, html_table, markdown_table, text_table
-from normswap.study import stats
+from normswap.study import migration, stats
 from normswap.study.bottom_line import (
     bottom_line,
     claim_groups,
@@ -382,17 +382,7 @@ def sweep_lines(results) -> list[str]:
         return ["No --lr-sweep: each arm trained at --lr only; the migration rule is not measurable here."]
     lines = ["best multiplier: " + ", ".join(f"{a} ×{m:g}" for a, m in sw["best_multiplier"].items())]
     for arm, r in rules.items():
-        if r.get("rule_multiplier") is None:
-            lines.append(f"{arm}: no gradient-scale ratio")
-            continue
-        per_seed = ", ".join(f"{v:.3f}" for v in r["grad_scale_ratio_per_seed"])
-        lines.append(
-            f"{arm}: gradient-scale ratio {r['grad_scale_ratio']:.3f} (per seed {per_seed})"
-            f" → predicted ×{r['predicted_multiplier']:.3g} → swept ×{r['rule_multiplier']:g}; "
-            f"best ×{r['arm_best_multiplier']:g}; "
-            f"pick − best {stats.fmt(r['rule_vs_best'], '+.4f')}; "
-            f"keeping layernorm's best rate − best {stats.fmt(r['keep_vs_best'], '+.4f')}"
-        )
+        lines.append(f"{arm}: {migration.judge(r)[1]}")
     return lines
 
 

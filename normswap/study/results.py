@@ -144,39 +144,3 @@ def sweep(units: dict, arms: list[str], mults: list[float], base: str) -> dict |
         # each rate's final held-out loss minus the arm's best rate's, paired by seed
         "vs_best": {a: {f"{m:g}": vs_best(a, m) for m in mults if m != best[a]} for a in arms},
     }
-
-
-def migration_rule(units: dict, arm: str, base: str, mults: list[float], ref: float, best: dict) -> dict:
-    """The rule η_RMS = η_LN × (gradient scale under RMSNorm ÷ under LayerNorm): the ratio measured at
-    the start (mean global gradient norm over the first steps, at the reference rate), the rate it
-    predicts from LayerNorm's best, the swept rate nearest to that (in log), and how that pick's
-    final loss compares with the arm's best swept rate (paired by seed)."""
-    g_arm = _per_seed(units, arm, ref, lambda u: u["grad_scale_start"])
-    g_base = _per_seed(units, base, ref, lambda u: u["grad_scale_start"])
-    ratios = [g_arm[s] / g_base[s] for s in sorted(set(g_arm) & set(g_base)) if g_arm[s] and g_base[s]]
-    ratio = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
-    out = {
-        "arm": arm,
-        "grad_scale_ratio": ratio,
-        "grad_scale_ratio_per_seed": ratios,
-        "reference_multiplier": ref,
-        "baseline_best_multiplier": best[base],
-        "arm_best_multiplier": best[arm],
-    }
-    if ratio is None:
-        return dict(out, predicted_multiplier=None, rule_multiplier=None, rule_vs_best=None, keep_vs_best=None)
-    predicted = best[base] * ratio
-    pick = min(mults, key=lambda m: abs(math.log(m / predicted)))
-
-    def vs_best(m):
-        a = _per_seed(units, arm, m, lambda u: u["final_eval_loss"])
-        b = _per_seed(units, arm, best[arm], lambda u: u["final_eval_loss"])
-        return stats.paired(a, b)
-
-    return dict(
-        out,
-        predicted_multiplier=predicted,
-        rule_multiplier=pick,
-        rule_vs_best=vs_best(pick),
-        keep_vs_best=vs_best(best[base]),
-    )

@@ -20,7 +20,7 @@ from normswap.devices import resolve_device
 from normswap.errors import NormswapError
 from normswap.study import claims as claims_mod
 from normswap.study import kernels as study_kernels
-from normswap.study import measure, speed
+from normswap.study import measure, migration, speed
 from normswap.study import results as res
 from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms, open_source
 from normswap.study.config import BASELINE, CONTROL, TRAINED_ONLY, StudyConfig, flag, option_errors
@@ -231,41 +231,66 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     show_bar = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
     progress = Progress(len(todo) * cfg.steps, bool(show_bar) and main, echo if main else (lambda m: None))
     tokens_per_step = cfg.batch_size * cfg.seq_len
+    # the migration rule's held-out blocks: validation and a disjoint test set (migration.py)
+    held_out = migration.blocks(source.tokenizer, eval_spec, cfg, eval_set) if len(mults) > 1 else None
+
+    def run_group(seed: int, m: float, group_arms: list[str]) -> None:
+        group = Group(source, cfg, group_arms, seed, m, dist, hooks, rms_impl=kernel_setup["rms_impl"])
+        stream = TrainStream(source.tokenizer, cfg.data, cfg.seq_len, seed, split=train_split)
+        where = f"seed {seed + 1}/{cfg.seeds}" + (f" lr ×{m:g}" if len(mults) > 1 else "")
+
+        def save(record):
+            units[(record["arm"], seed, m)] = record
+            if main:
+                study.write_unit(unit_key(record["arm"], seed, m), record)
+
+        def on_step(t, arms_now):
+            progress.step(
+                sum(1 for a in arms_now if a.record["steps_done"] == t),
+                f"{where} step {t}/{cfg.steps}",
+                arms_now,
+            )
+
+        records = group.run(stream, eval_set, on_step=on_step, on_arm_done=save)
+        if held_out is not None:
+            migration.add_block_losses(group.arms, held_out, cfg.precision, dist.device)
+        for record in records:
+            if record["status"] == "finished":
+                save(record)
+        if main:
+            for record in group.arms:
+                if record.record["status"] == "diverged":
+                    nf = record.record["nonfinite"]
+                    echo(
+                        f"normswap study: arm {record.name} (seed {seed}, lr ×{m:g}) "
+                        f"stopped at step {nf['step']}: "
+                        f"{nf['what']} is {nf['value']}; the other arms went on"
+                    )
+
     try:
         for seed in range(cfg.seeds):
             for m in mults:
                 group_arms = [a for a in arms if (a, seed, m) in todo]
-                if not group_arms:
-                    continue
-                group = Group(source, cfg, group_arms, seed, m, dist, hooks, rms_impl=kernel_setup["rms_impl"])
-                stream = TrainStream(source.tokenizer, cfg.data, cfg.seq_len, seed, split=train_split)
-                where = f"seed {seed + 1}/{cfg.seeds}" + (f" lr ×{m:g}" if len(mults) > 1 else "")
-
-                def save(record, seed=seed, m=m):
-                    units[(record["arm"], seed, m)] = record
-                    if main:
-                        study.write_unit(unit_key(record["arm"], seed, m), record)
-
-                def on_step(t, arms_now, where=where):
-                    progress.step(
-                        sum(1 for a in arms_now if a.record["steps_done"] == t),
-                        f"{where} step {t}/{cfg.steps}",
-                        arms_now,
-                    )
-
-                for record in group.run(stream, eval_set, on_step=on_step, on_arm_done=save):
-                    if record["status"] == "finished":
-                        save(record)
-                if main:
-                    for record in group.arms:
-                        if record.record["status"] == "diverged":
-                            nf = record.record["nonfinite"]
-                            echo(
-                                f"normswap study: arm {record.name} (seed {seed}, lr ×{m:g}) "
-                                f"stopped at step {nf['step']}: "
-                                f"{nf['what']} is {nf['value']}; the other arms went on"
-                            )
-                del group
+                if group_arms:
+                    run_group(seed, m, group_arms)
+        # a best rate at the sweep's edge: one more rate past it (at most MAX_EXTENSIONS), decided by process 0
+        for _ in range(migration.MAX_EXTENSIONS if held_out is not None else 0):
+            new = migration.extension(units, [a for a in arms if a != CONTROL], mults, list(range(cfg.seeds)))
+            low, high = _agree(dist, [new is not None and new < min(mults), new is not None and new > max(mults)])
+            if not (low or high):
+                break
+            new = mults[0] ** 2 / mults[1] if low else mults[-1] ** 2 / mults[-2]
+            echo(f"normswap study: a best rate sits at the sweep's edge: adding lr ×{new:g}")
+            mults = sorted(mults + [new])
+            for seed in range(cfg.seeds):
+                keys += [(arm, seed, new) for arm in arms]
+                done = _agree(dist, [main and study.read_unit(unit_key(a, seed, new)) is not None for a in arms])
+                for arm, d in zip(arms, done):
+                    if d and main:
+                        units[(arm, seed, new)] = study.read_unit(unit_key(arm, seed, new))
+                group_arms = [a for a, d in zip(arms, done) if not d]
+                if group_arms:
+                    run_group(seed, new, group_arms)
         stab_units = None
         if cfg.stability:
             from normswap.study import stability as stab
@@ -314,7 +339,9 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     if sw is not None:
         for a in arms:
             if a not in (BASELINE, CONTROL):
-                rules[a] = res.migration_rule(units, a, BASELINE, mults, ref_mult, sw["best_multiplier"])
+                rules[a] = migration.analyse(
+                    units, a, BASELINE, mults, list(range(cfg.seeds)), ref_mult, from_scratch=source.from_scratch
+                )
     verdicts = claims_mod.judge(
         comparisons, rules, precision, cfg.precision, CONTROL, loads=loads, cpus=cpus, stability_sweep=stability_sweep
     )
