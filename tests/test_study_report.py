@@ -195,3 +195,25 @@ def test_charts_have_honest_axes_and_show_the_control(results, tmp_path):
     from normswap.study.report import bars_plot
 
     assert bars_plot(results, tmp_path).stat().st_size > 10_000
+
+
+def test_speed_says_every_reason_it_cannot_tell_and_quality_keeps_a_measured_gap(results):
+    from normswap.study.bottom_line import bottom_line
+
+    busy = copy.deepcopy(results)
+    cmp = busy["comparisons"]["rmsnorm"]
+    cmp["amdahl_bound"] = 1.002
+    cmp["throughput_gates"] = {"amdahl_below_claim": True, "busy_load": 13.1, "cpus": 2, "control_within": False}
+    busy["claims"][1]["verdict"] = "not measurable here"
+    speed = {b["topic"]: b for b in bottom_line(busy)}["speed"]["says"]
+    assert "at most ×1.002" in speed and "load average 13.1 on 2 CPUs; the null control outside its band" in speed
+    # control: a quiet machine names no noise
+    cmp["throughput_gates"] = {"amdahl_below_claim": True, "busy_load": None, "cpus": 2, "control_within": True}
+    assert "too noisy" not in {b["topic"]: b for b in bottom_line(busy)}["speed"]["says"]
+    # equal within the margin, yet measurably apart: both are said
+    busy["claims"][0]["verdict"] = "reproduced"
+    cmp["final_eval_loss_difference"].update(mean=0.0438, low=0.0361, high=0.0516, verdict="higher")
+    quality = {b["topic"]: b for b in bottom_line(busy)}["quality"]["says"]
+    assert "within ±1% of the loss" in quality and "measurably worse: +0.0438 [+0.0361, +0.0516] nats" in quality
+    cmp["final_eval_loss_difference"].update(low=-0.01, verdict="no measurable difference")
+    assert "measurably" not in {b["topic"]: b for b in bottom_line(busy)}["quality"]["says"]

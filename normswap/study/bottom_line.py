@@ -161,6 +161,11 @@ def _quality(results, arm) -> dict:
     learned = not (bi is not None and base_loss is not None and margin is not None and base_loss > bi - margin)
     if verdict == REPRODUCED:
         says = f"{arm} reaches the same held-out loss as {base}, within {margin_words}."
+        if d and d.get("verdict") in ("higher", "lower"):  # equivalent by the margin, yet measurably apart
+            says += (
+                f" Inside that margin it is measurably {'worse' if d['verdict'] == 'higher' else 'better'}: "
+                f"{_iv(d, '+.4f', ' nats')}."
+            )
         change = "a difference smaller than the margin, or one that appears later in training or at another scale."
     elif verdict == NOT_REPRODUCED:
         says = f"{arm} ends at a different held-out loss than {base}: {_iv(d, '+.4f', ' nats')}."
@@ -215,17 +220,18 @@ def _speed(results, arm) -> dict:
         )
     if claim:
         lines.append(f"the 10–30 % claim: {claim['decided_by']}")
-    noisy = TOO_NOISY in ((claim or {}).get("decided_by") or "") or (nc and nc.get("interval_within") is False)
     decided = (claim or {}).get("decided_by") or ""
+    noise = noise_reasons(cmp, nc, decided)
     if verdict == NOT_MEASURABLE and bound is not None and bound < THROUGHPUT_THRESHOLD:
         says = (
             f"the norms' measured share of the step, at the measured kernel speed-up, allows at most "
             f"×{bound:.3f}: below the claim's ×{THROUGHPUT_THRESHOLD:.2f} whatever the timing says."
         )
+        if noise:
+            says += f" The timing itself was {TOO_NOISY} ({'; '.join(noise)})."
         change = "a model or device where norms take a larger share of the step (wider or memory-bound layers)."
-    elif verdict == NOT_MEASURABLE and noisy:
-        why = "the machine's load exceeded its CPUs" if "load average" in decided else "the null control left its band"
-        says = f"{TOO_NOISY}: {why}, so no speed verdict is given."
+    elif verdict == NOT_MEASURABLE and noise:
+        says = f"{TOO_NOISY}: {'; '.join(noise)}, so no speed verdict is given."
         change = "a quieter machine (load below the CPU count, the null control inside its band), then the same study."
     elif tr and tr.get("verdict") in ("higher", "lower"):
         says = (
@@ -239,6 +245,23 @@ def _speed(results, arm) -> dict:
             says = f"no measurable difference in training speed (×{tr['mean']:.3f} {interval})."
         change = "more seeds or timed steps could resolve a small difference; a ×1.10 one would have shown."
     return {"topic": "speed", "verdict": verdict, "says": says, "evidence": lines, "change": change}
+
+
+def noise_reasons(cmp: dict, nc: dict, decided: str) -> list[str]:
+    """Why the machine could not tell a speed difference: comparisons[arm].throughput_gates when the
+    study recorded them, else what the claim's text and the null control say."""
+    gates = cmp.get("throughput_gates")
+    if isinstance(gates, dict):
+        out = []
+        if _num(gates.get("busy_load")) is not None:
+            out.append(f"load average {gates['busy_load']:g} on {gates.get('cpus', '?')} CPUs")
+        if gates.get("control_within") is False:
+            out.append("the null control outside its band")
+        return out
+    out = ["load average above the CPU count"] if "load average" in decided else []
+    if TOO_NOISY in decided and not out or (nc and nc.get("interval_within") is False):
+        out.append("the null control outside its band")
+    return out
 
 
 def _memory(results, arm) -> dict:
