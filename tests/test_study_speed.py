@@ -291,6 +291,22 @@ def test_steady_state_peak_counts_adams_moments_once():
     assert measure.param_bytes(model, opt) >= moments  # where the moments are counted, once
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_steady_state_peak_counts_adams_moments_once():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(8, 1024, device="cuda")
+    moments = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    with measure.PeakMemory("cuda") as first:
+        _adamw_step(model, opt, x)
+    with measure.PeakMemory("cuda") as steady:
+        _adamw_step(model, opt, x)
+    assert first.method.startswith("cuda: max_memory_allocated")
+    assert first.transient_bytes - steady.transient_bytes >= 0.9 * moments  # negative control: step 1
+
+
 def test_peak_sees_what_a_composite_norm_keeps_for_backward():
     if measure.memory_method("cpu") is None:
         pytest.skip("no CPU allocator statistics on this machine")
@@ -312,7 +328,17 @@ def test_peak_sees_what_a_composite_norm_keeps_for_backward():
 # --- a real study in bf16 ----------------------------------------------------------------------------
 
 
-def test_a_bf16_study_records_bfloat16_for_every_arm_and_what_ran(tmp_path):
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+        ),
+    ],
+)
+def test_a_bf16_study_records_bfloat16_for_every_arm_and_what_ran(tmp_path, device):
     from normswap.study.config import StudyConfig
     from normswap.study.runner import run_study
 
@@ -332,7 +358,7 @@ def test_a_bf16_study_records_bfloat16_for_every_arm_and_what_ran(tmp_path):
         eval_every=0,
         warmup=1,
         progress=False,
-        device="cpu",
+        device=device,
     )
     results = run_study(cfg, echo=lambda m: None)
     units = results["units"]
@@ -347,5 +373,7 @@ def test_a_bf16_study_records_bfloat16_for_every_arm_and_what_ran(tmp_path):
     assert chosen["option"] == "best" and chosen["rms_impl"] in chosen["best"]["candidates"]
     assert set(results["setup"]["kernels"]["speedup"]) == {"rmsnorm", "layernorm-control"}
     assert "amdahl_bound" in results["comparisons"]["rmsnorm"]
+    assert results["setup"]["memory_method"].startswith(device)
+    assert all(u["memory"]["peak_bytes"] > u["memory"]["static_bytes"] > 0 for u in units)
     gates = results["comparisons"]["rmsnorm"]["throughput_gates"]
     assert set(gates) == {"amdahl_below_claim", "busy_load", "cpus", "control_within"} and gates["cpus"] >= 1
