@@ -217,3 +217,24 @@ def test_speed_says_every_reason_it_cannot_tell_and_quality_keeps_a_measured_gap
     assert "within ±1% of the loss" in quality and "measurably worse: +0.0438 [+0.0361, +0.0516] nats" in quality
     cmp["final_eval_loss_difference"].update(low=-0.01, verdict="no measurable difference")
     assert "measurably" not in {b["topic"]: b for b in bottom_line(busy)}["quality"]["says"]
+
+
+def test_every_committed_study_and_a_stripped_one_render(tmp_path):
+    """Older results.json files (every study committed in docs/ and bench/results/, whatever version
+    wrote them) and one stripped of every optional block still render, within 100 columns."""
+    from normswap.study.report import summary_lines, write_report
+
+    found = sorted(REPO.glob("docs/study*/results.json")) + sorted(REPO.glob("bench/results/study*/results.json"))
+    assert len(found) >= 2
+    stripped = json.loads(COMMITTED.read_text())
+    for k in ("precision", "null_control", "timing", "lr_sweep", "migration_rule", "notes", "architecture"):
+        stripped.pop(k, None)
+    for u in stripped["units"]:
+        u.pop("memory", None)
+        u.pop("timing", None)
+    for i, results in enumerate([json.loads(p.read_text()) for p in found] + [stripped]):
+        out = tmp_path / str(i)
+        out.mkdir()
+        write_report(results, out)
+        assert (out / "report.md").read_text().startswith("# LayerNorm vs RMSNorm")
+        assert not too_wide(summary_lines(results, "/tmp/s"))

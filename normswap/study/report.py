@@ -382,7 +382,13 @@ def sweep_lines(results) -> list[str]:
         return ["No --lr-sweep: each arm trained at --lr only; the migration rule is not measurable here."]
     lines = ["best multiplier: " + ", ".join(f"{a} ×{m:g}" for a, m in sw["best_multiplier"].items())]
     for arm, r in rules.items():
-        lines.append(f"{arm}: {migration.judge(r)[1]}")
+        if "eta_ratio_interval" in r or r.get("problem") or r.get("grad_scale_ratio") is None:
+            lines.append(f"{arm}: {migration.judge(r)[1]}")
+        else:  # a results.json from before the fitted η* (rule multiplier against the swept best)
+            lines.append(
+                f"{arm}: gradient-scale ratio {r['grad_scale_ratio']:.3f} → swept ×{r.get('rule_multiplier')}; "
+                f"best ×{r.get('arm_best_multiplier')}; pick − best {stats.fmt(r.get('rule_vs_best'), '+.4f')}"
+            )
     return lines
 
 
