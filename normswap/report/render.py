@@ -526,6 +526,7 @@ figcaption{color:var(--muted);font-size:13px;margin-top:6px;text-align:center}
 details{margin:8px 0}
 summary{cursor:pointer;color:var(--accent)}
 footer{margin-top:40px;color:var(--muted);font-size:12px}
+dt{font-weight:600;margin-top:10px}dd{margin:2px 0 0 18px;color:var(--muted);font-size:14px}
 """
 
 

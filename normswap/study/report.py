@@ -434,7 +434,8 @@ TERMS_USED = [
 
 def terms(results) -> list[tuple[str, str]]:
     """The glossary entries this study's report uses (Holm only when the study applied it)."""
-    used = [t for t in TERMS_USED if t != "Holm correction" or "holm" in str(results.get("setup", {})).lower()]
+    said = " ".join(str(results.get(k, "")) for k in ("setup", "claims", "multiplicity")).lower()
+    used = [t for t in TERMS_USED if t != "Holm correction" or "holm" in said]
     if not results.get("baselines"):
         used.remove("unigram / bigram baseline")
     return glossary(used)
