@@ -155,3 +155,17 @@ def test_render_in_place_replaces_only_the_report_files(tmp_path):
     # control: rendering to another DIR still publishes a whole new directory
     other = rerender(folder / "results.json", tmp_path / "copy")
     assert other["markdown"].read_text().startswith("# ") and not (tmp_path / "copy" / "demo-terminal.txt").exists()
+
+
+def test_the_eval_report_defines_the_words_it_uses():
+    from normswap.report.render import eval_terms, markdown
+
+    results = synthetic({"m": CLEAR}, null=QUIET_NULL)
+    results["versions"] = {"normswap": "test"}
+    terms = markdown(results, {}).split("## Terms")[1]
+    for term in ("null control", "too noisy to tell", "no measurable difference", "Amdahl bound"):
+        assert f"**{term}**" in terms
+    # control: a run that timed nothing defines no speed words
+    for m in results["models"]:
+        m["tokens_per_second"] = {}
+    assert eval_terms(results) == []
