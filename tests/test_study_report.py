@@ -238,3 +238,30 @@ def test_every_committed_study_and_a_stripped_one_render(tmp_path):
         write_report(results, out)
         assert (out / "report.md").read_text().startswith("# LayerNorm vs RMSNorm")
         assert not too_wide(summary_lines(results, "/tmp/s"))
+
+
+def test_holm_and_downstream_scores_are_rendered(results, tmp_path):
+    from normswap.study.bottom_line import bottom_line
+    from normswap.study.report import markdown, summary_lines
+
+    new = copy.deepcopy(results)
+    assert "Holm" not in markdown(new, {}) and "lm-eval" not in markdown(new, {})  # control: older results
+    new["claims"][0]["p_holm"] = 0.0123
+    new["multiplicity"] = {
+        "method": "Holm step-down over the claims decided by a test",
+        "family_size": 3,
+        "alpha": 0.05,
+        "claims_judged": 4,
+        "untested": 1,
+    }
+    new["lm_eval"] = {
+        "layernorm": {"seed": 0, "scores": {"normswap_kjv": {"bits_per_byte": 2.101, "bits_per_byte_stderr": 0.1}}},
+        "rmsnorm": {"seed": 0, "scores": {"normswap_kjv": {"bits_per_byte": 2.093}}},
+    }
+    md = markdown(new, {})
+    assert "(Holm-adjusted p = 0.0123)" in md and "3 claim(s) in the family at α = 0.05; 1 decided without a test" in md
+    assert "**Holm correction**" in md.split("## Terms")[1]
+    assert "| rmsnorm | 0 | 2.0930 |" in md and "stderr" not in md.split("## Downstream")[1].split("##")[0]
+    quality = {b["topic"]: b for b in bottom_line(new)}["quality"]["evidence"]
+    assert "lm-eval (one seed): normswap_kjv bits_per_byte layernorm 2.1010, rmsnorm 2.0930" in quality
+    assert not too_wide(summary_lines(new, "/tmp/s"))

@@ -130,6 +130,26 @@ def _verdict_word(iv, higher: str, lower: str) -> str:
     return {"higher": higher, "lower": lower}.get(iv.get("verdict"), iv.get("verdict") or NO_DIFFERENCE)
 
 
+def lm_eval_rows(results) -> tuple[list[str], list[list[str]]] | None:
+    """results.json ``lm_eval`` ({arm: {seed, scores: {task: {metric: value}}}}): one row per arm."""
+    table = results.get("lm_eval")
+    if not isinstance(table, dict) or not table:
+        return None
+    cols = []
+    for row in table.values():
+        for task, scores in (row.get("scores") or {}).items():
+            for metric, v in (scores or {}).items():
+                if isinstance(v, (int, float)) and not metric.endswith("_stderr") and (task, metric) not in cols:
+                    cols.append((task, metric))
+    header = ["arm", "seed"] + [f"{t} {m}" for t, m in cols]
+    rows = []
+    for arm, row in table.items():
+        scores = row.get("scores") or {}
+        cells = [scores.get(t, {}).get(m) for t, m in cols]
+        rows.append([arm, str(row.get("seed", "?"))] + ["n/a" if v is None else f"{v:.4f}" for v in cells])
+    return header, rows
+
+
 # ------------------------------------------------------------------------------- bottom line
 def _quality(results, arm) -> dict:
     cmp = results["comparisons"][arm]
@@ -156,6 +176,15 @@ def _quality(results, arm) -> dict:
     ctl = (results["comparisons"].get(control) or {}).get("final_eval_loss_difference") if control else None
     if ctl:
         lines.append(f"null control ({control} − {base}): {_iv(ctl, '+.4f', ' nats')}: the noise floor")
+    lm = lm_eval_rows(results)
+    if lm:
+        header, rows = lm
+        by = {r[0]: r for r in rows}
+        if base in by and arm in by and len(header) > 2:
+            lines.append(
+                "lm-eval (one seed): "
+                + "; ".join(f"{h} {base} {by[base][i]}, {arm} {by[arm][i]}" for i, h in enumerate(header) if i >= 2)
+            )
     if claim:
         lines.append(f"equivalence (margin {margin_words}): {claim['decided_by']}")
     learned = not (bi is not None and base_loss is not None and margin is not None and base_loss > bi - margin)

@@ -25,6 +25,7 @@ from normswap.study.bottom_line import (
     difference_line,
     differences,
     kernels_words,
+    lm_eval_rows,
     primary_arm,
     ref_units,
     scope,
@@ -262,7 +263,23 @@ def setup_lines(results) -> list[str]:
 
 def claims_rows(results) -> list[list[str]]:
     """One row per claim and verdict; arms with the same verdict and evidence share a row."""
-    return [[c["claim"], ", ".join(c["arm"]), c["verdict"], c["decided_by"]] for c in claim_groups(results)]
+    return [[c["claim"], ", ".join(c["arm"]), c["verdict"], decided_text(c)] for c in claim_groups(results)]
+
+
+def decided_text(c: dict) -> str:
+    p = c.get("p_holm")
+    return c["decided_by"] + (f" (Holm-adjusted p = {p:.3g})" if isinstance(p, (int, float)) else "")
+
+
+def multiplicity_line(results) -> str | None:
+    """How the claims were corrected for being tested together (results.json ``multiplicity``)."""
+    m = results.get("multiplicity")
+    if not isinstance(m, dict):
+        return None
+    return (
+        f"multiplicity: {m.get('method', 'Holm')}: {m.get('family_size', '?')} claim(s) in the family at "
+        f"α = {m.get('alpha', 0.05):g}; {m.get('untested', 0)} decided without a test"
+    )
 
 
 def comparison_rows(results) -> tuple[list[str], list[list[str]]]:
@@ -501,7 +518,7 @@ def markdown(results, figures: dict) -> str:
         ]
         out += ["", "Bold: a measured difference (the 95 % paired interval excludes no change).", ""]
     out += ["## Claims", ""] + markdown_table(["claim", "arms", "verdict", "decided by"], claims_rows(results)) + [""]
-    out += [f"- {m}" for m in MEANING] + [""]
+    out += [f"- {m}" for m in MEANING + [multiplicity_line(results)] if m] + [""]
     out += ["## Setup", ""] + [f"- {line}" for line in setup_lines(results)] + [""]
     header, rows = comparison_rows(results)
     out += ["## Differences from the baseline (mean [95 % interval], paired by seed)", ""]
@@ -510,6 +527,9 @@ def markdown(results, figures: dict) -> str:
     if ncl:
         out += [f"- {ncl}"]
     out += [f"- statistics: {results['setup'].get('statistics', stats.METHOD)}", ""]
+    lm = lm_eval_rows(results)
+    if lm:
+        out += ["## Downstream (lm-eval, one seed's final model per arm)", ""] + markdown_table(*lm) + [""]
     out += ["## Learning rate", ""] + [f"- {line}" for line in sweep_lines(results)] + [""]
     heading = precision_heading(results)
     if heading:
@@ -581,10 +601,12 @@ def html_report(results, figures: dict) -> str:
         cls = VERDICT_CLASS.get(c["verdict"], "v-na")
         parts.append(
             f"<tr><td>{escape(c['claim'])}<div class='verdict {cls}'>{escape(c['verdict'])}</div></td>"
-            f"<td>{escape(', '.join(c['arm']))}: {escape(c['decided_by'])}</td></tr>"
+            f"<td>{escape(', '.join(c['arm']))}: {escape(decided_text(c))}</td></tr>"
         )
     parts.append(
-        "</tbody></table></div><ul class='notes'>" + "".join(f"<li>{escape(m)}</li>" for m in MEANING) + "</ul>"
+        "</tbody></table></div><ul class='notes'>"
+        + "".join(f"<li>{escape(m)}</li>" for m in MEANING + [multiplicity_line(results)] if m)
+        + "</ul>"
     )
     parts.append(
         "<h2>Setup</h2><div class='meta'>"
@@ -597,6 +619,9 @@ def html_report(results, figures: dict) -> str:
         n for n in (null_control_line(results), "statistics: " + results["setup"].get("statistics", stats.METHOD)) if n
     ]
     parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
+    lm = lm_eval_rows(results)
+    if lm:
+        parts.append("<h2>Downstream (lm-eval, one seed's final model per arm)</h2>" + html_table(*lm))
     parts.append(
         "<h2>Learning rate</h2><ul class='notes'>"
         + "".join(f"<li>{escape(n)}</li>" for n in sweep_lines(results))
@@ -686,5 +711,7 @@ def summary_lines(results, out) -> list[str]:
     lines += text_table(
         ["claim", "arms", "verdict", "decided by"], claims_rows(results), width=TERMINAL_WIDTH
     ).splitlines()
+    ml = multiplicity_line(results)
+    lines += _wrapped(ml, "  ") if ml else []
     lines += ["", f"report: {Path(out) / MARKDOWN}", "  (beside it: report.html, results.json, the figures)"]
     return lines
