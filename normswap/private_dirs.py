@@ -9,8 +9,18 @@ symlink into one of the victim's files. So:
 
 * a directory normswap creates is created with mode 0700 (missing parents too);
 * one that already exists is used only when it is ours: owned by this user (a symlink to it
-  too), a real directory, not writable by group or others, and in a parent that nobody else can
-  use to swap it (not writable by others, unless sticky like ``/tmp``);
+  too), a real directory, not writable by group or others;
+* and only when no name on the way to it can be renamed or replaced by another user
+  (:func:`why_replaceable`): every directory from ``/`` down to it, and every symlink followed
+  on the way, must lie in a directory that belongs to this user or root and that others cannot
+  write, unless it is sticky (like ``/tmp``) and the name in it belongs to this user or root.
+  Checking only the directory and its parent is not enough: with the cache at
+  ``scratch/me/nscache`` in another user's ``scratch``, normswap makes ``scratch/me`` itself, and
+  that user could rename ``scratch/me`` away during the minute-long build and put their own tree
+  (and library) in its place;
+* compiled code is loaded through a handle on the directory opened once and checked
+  (:func:`open_private_dir`, :func:`open_private_file`: ``openat`` with ``O_NOFOLLOW``, the file
+  checked with ``fstat``), never by a path that is resolved again later;
 * a file normswap reads back (the autotune table) must be a regular file that is ours and not
   writable by others; files normswap writes there are opened with ``O_NOFOLLOW`` (``O_EXCL``
   where they are created), so a planted symlink is never followed.
@@ -67,18 +77,9 @@ def _mode(st) -> str:
     return oct(stat.S_IMODE(st.st_mode))
 
 
-def why_not_private(path, *, kind: str = "directory") -> str | None:
-    """Why ``path`` (which exists) may not be trusted, or None when it is ours alone.
-
-    ``kind``: "directory" or "file" (a regular file)."""
-    if not _POSIX:
-        return None  # no owners or modes to check (Windows): the per-user profile directory is private
-    path = Path(path)
+def _why_stat_not_private(st, path, kind: str) -> str | None:
+    """Why a file or directory with status ``st`` (followed, or of an open handle) is not ours alone."""
     uid = _uid()
-    lst = os.lstat(path)
-    if stat.S_ISLNK(lst.st_mode) and lst.st_uid != uid:
-        return f"{path} is a symbolic link owned by uid {lst.st_uid}, not by you (uid {uid})"
-    st = os.stat(path)
     if kind == "directory" and not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
     if kind == "file" and not stat.S_ISREG(st.st_mode):
@@ -90,20 +91,79 @@ def why_not_private(path, *, kind: str = "directory") -> str | None:
     return None
 
 
-def _why_parent_unsafe(path: Path) -> str | None:
-    """Someone else who can write the parent can rename ``path`` away and plant another in its place
-    (unless the sticky bit forbids it, as in /tmp)."""
+def why_not_private(path, *, kind: str = "directory") -> str | None:
+    """Why ``path`` (which exists) may not be trusted, or None when it is ours alone.
+
+    ``kind``: "directory" or "file" (a regular file)."""
+    if not _POSIX:
+        return None  # no owners or modes to check (Windows): the per-user profile directory is private
+    path = Path(path)
+    uid = _uid()
+    lst = os.lstat(path)
+    if stat.S_ISLNK(lst.st_mode) and lst.st_uid != uid:
+        return f"{path} is a symbolic link owned by uid {lst.st_uid}, not by you (uid {uid})"
+    return _why_stat_not_private(os.stat(path), path, kind)
+
+
+_MAX_LINKS = 40  # as Linux's lookup: more symlinks than this on one path is ELOOP
+
+
+def _lookups(path):
+    """``(directory, name, lstat)`` for every name the kernel looks up to reach ``path``, symlinks
+    followed as it follows them (``..`` after a symlink is the target's parent, not the link's);
+    stops at the first name that does not exist. ``directory`` is always a real directory."""
+    text = os.fsdecode(os.fspath(path))
+    if not text.startswith("/"):
+        text = os.getcwd() + "/" + text
+    todo = list(reversed(text.split("/")))
+    cur, links = "/", 0
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            cur = os.path.dirname(cur)
+            continue
+        entry = os.path.join(cur, part)
+        try:
+            st = os.lstat(entry)
+        except FileNotFoundError:
+            return
+        yield cur, entry, st
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), entry)
+            target = os.readlink(entry)
+            if target.startswith("/"):
+                cur = "/"
+            todo.extend(reversed(target.split("/")))
+        else:
+            cur = entry
+
+
+def why_replaceable(path) -> str | None:
+    """Why another user could rename, replace or redirect a name on the way to ``path``, or None.
+
+    For every name looked up from ``/`` to ``path`` (symlinks followed): the directory holding it
+    must belong to this user or root, and must not be writable by group or others unless it is
+    sticky (``/tmp``) and the name in it belongs to this user or root. A missing tail is fine
+    (normswap creates it, 0700). The one rule for every directory normswap loads code from."""
     if not _POSIX:
         return None
-    parent = path.parent
+    trusted = (0, _uid())
     try:
-        st = os.stat(parent)
-    except OSError:
-        return None
-    if st.st_uid not in (0, _uid()):
-        return f"its parent {parent} belongs to uid {st.st_uid}"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        return f"its parent {parent} is writable by other users (mode {_mode(st)}) and not sticky"
+        for parent, entry, st in _lookups(path):
+            pst = os.stat(parent)
+            if pst.st_uid not in trusted:
+                return f"{parent} belongs to uid {pst.st_uid}, who can rename {entry} away and put another in its place"
+            if pst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                if not pst.st_mode & stat.S_ISVTX:
+                    return f"its parent {parent} is writable by other users (mode {_mode(pst)}) and not sticky"
+                if st.st_uid not in trusted:
+                    return f"{entry} belongs to uid {st.st_uid} in the shared directory {parent}"
+    except OSError as e:
+        return f"{path}: {e.strerror}"
     return None
 
 
@@ -111,29 +171,89 @@ def check_private_dir(path) -> str | None:
     """Why the existing directory ``path`` may not be loaded from, or None (nothing is created)."""
     path = Path(path)
     try:
-        return why_not_private(path) or _why_parent_unsafe(path)
+        return why_not_private(path) or why_replaceable(path)
     except FileNotFoundError:
         return f"{path} does not exist"
     except OSError as e:
         return f"{path}: {e.strerror}"
 
 
+def open_private_dir(path) -> int:
+    """A handle (file descriptor) on the private directory ``path``, checked once open.
+
+    What is read or loaded from the directory afterwards goes through this handle
+    (:func:`open_private_file`), so renaming a directory on the way later cannot make normswap
+    read another tree. The caller closes it. Raises :class:`NotPrivate`."""
+    path = Path(path)
+    why = check_private_dir(path)
+    if why:
+        raise NotPrivate(f"refusing to use {path}: {why}")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        why = _why_stat_not_private(st, path, "directory") if _POSIX else None
+        if why or not is_same_dir(fd, path):
+            raise NotPrivate(f"refusing to use {path}: {why or 'it was replaced while it was being opened'}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def is_same_dir(fd: int, path) -> bool:
+    """Whether ``path`` still names the directory ``fd`` was opened on, and is still private."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path)) and check_private_dir(path) is None
+    except OSError:
+        return False
+
+
+def open_private_file(dir_fd: int, name: str, *, where="", made_here: bool = False) -> int:
+    """Open the regular file ``name`` inside the directory handle ``dir_fd`` (never following a
+    symlink) and check the open file: ours, and writable by nobody else. The caller closes it.
+
+    ``made_here``: the file was just made by this process in this private directory (a library
+    linked under our build lock); if our umask let group or others write it, it is made ours
+    alone instead of refused (refusing would disable the kernel for every user with umask 002),
+    since nobody else can reach a file inside a private directory."""
+    label = os.path.join(str(where), name)
+    try:
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotPrivate(f"{label} is a symbolic link; normswap does not follow it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        loose = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if made_here and _POSIX and st.st_uid == _uid() and stat.S_ISREG(st.st_mode) and loose:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+            st = os.fstat(fd)
+        why = _why_stat_not_private(st, label, "file") if _POSIX else None
+        if why:
+            raise NotPrivate(f"refusing to load {label}: {why}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def ensure_private_dir(path, *, base=None) -> Path:
     """Create ``path`` with mode 0700 or check the one that exists; raise :class:`NotPrivate`.
 
     ``base``: the top directory normswap owns (``path`` or one of its parents). It and every
-    level below it down to ``path`` are created 0700 or checked; above ``base`` only its parent
-    is checked (a user's own ``~/.cache`` is theirs to arrange)."""
+    level below it down to ``path`` are created 0700 or checked (ours alone); every name from
+    ``/`` down to ``path`` is checked by :func:`why_replaceable` (nobody else can swap it)."""
     path = Path(path)
     base = Path(base) if base is not None else path
     levels = [path] + [p for p in path.parents if p == base or base in p.parents]
     if base not in levels:
         raise ValueError(f"{base} is not {path} or one of its parents")
-    if not base.parent.exists():
-        base.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    why = _why_parent_unsafe(base)
+    why = why_replaceable(base)  # before creating anything in a place another user controls
     if why:
         raise NotPrivate(f"{base} is not private: {why}")
+    if not base.parent.exists():
+        base.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     for level in reversed(levels):  # top down: a level is trusted before anything below it is
         with contextlib.suppress(FileExistsError):
             os.mkdir(level, 0o700)
@@ -142,6 +262,9 @@ def ensure_private_dir(path, *, base=None) -> Path:
             raise NotPrivate(
                 f"refusing to use {level}: {why}; remove it or set NORMSWAP_CACHE_DIR to a private directory"
             )
+    why = why_replaceable(path)  # the whole way down, now that every level exists
+    if why:
+        raise NotPrivate(f"{path} is not private: {why}")
     return path
 
 
@@ -210,14 +333,19 @@ def open_private(path, flags: int, mode: int = 0o600) -> int:
 
 
 def read_private_text(path) -> str | None:
-    """The text of a file in a cache, or None when it is missing or not private (then never read)."""
+    """The text of a file in a cache, or None when it or its directory is missing or not private
+    (then never read): opened through a checked handle on the directory, the file checked once open."""
     path = Path(path)
     try:
-        if why_not_private(path, kind="file"):
-            return None
-        fd = open_private(path, os.O_RDONLY)
+        dir_fd = open_private_dir(path.parent)
     except (OSError, NotPrivate):
         return None
+    try:
+        fd = open_private_file(dir_fd, path.name, where=path.parent)
+    except (OSError, NotPrivate):
+        return None
+    finally:
+        os.close(dir_fd)
     with os.fdopen(fd, encoding="utf-8") as f:
         return f.read()
 

@@ -14,7 +14,14 @@ Build and cache:
   (``normswap.private_dirs.cache_dir``: created 0700; an existing one must be the user's and
   writable by nobody else, else ``$TMPDIR/normswap-<uid>`` under the same check, else a fresh
   ``mkdtemp`` directory, and the skip is said), because the ``.so`` found there is loaded and
-  run. The name carries a hash of everything that changes the build: the C++ sources, the compile
+  run. Private includes the way to it: no directory from ``/`` down can be renamed or replaced by
+  another user (``private_dirs.why_replaceable``), so nobody can swap the tree during the build.
+* The library is loaded through a handle on the build directory opened and checked before the
+  build (``private_dirs.open_private_dir``): torch's own import of the library by path is
+  replaced by ``dlopen`` of ``/proc/self/fd/N`` of the ``.so`` opened there with ``O_NOFOLLOW``
+  and checked with ``fstat`` (ours, written by nobody else). If the path no longer names that
+  directory when the build ends, nothing is loaded and the reason is kept.
+* The build's name carries a hash of everything that changes the build: the C++ sources, the compile
   flags, the compiler, torch (its version and where it is installed), the interpreter (ABI tag,
   ``sys.prefix``) and the include paths. A changed source, a torch upgrade or a second virtualenv
   gets its own build instead of loading (or rebuilding over) another's library.
@@ -41,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import logging
 import os
 import shutil
@@ -64,6 +72,7 @@ _SOURCES = ("rms_norm_cpu.cpp", "rms_norm_cpu_kernel.h")
 _BASE_CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-Wno-unused-function"]
 
 _lock = threading.Lock()
+_fd_loads = itertools.count(1)  # see _import_at
 _ext = None
 _tried = False
 _reason: str | None = None
@@ -169,37 +178,105 @@ def _compiler_missing() -> str | None:
 
 
 def _load():
-    from torch.utils import cpp_extension
+    from normswap.private_dirs import NotPrivate, is_same_dir, open_private_dir
 
     cflags, ldflags = _flags()
     name = _build_name(cflags, ldflags)
     build_dir = _build_dir(name)
-    sink = io.StringIO()
-    with _build_lock(build_dir):
-        if not (build_dir / f"{name}.so").exists():
-            print(
-                f"normswap: building the CPU RMSNorm kernel (first use, about a minute; cached in {build_dir})",
-                file=sys.stderr,
-            )
-        # torch prints nothing with verbose=False, but compiler-compatibility notes arrive as
-        # warnings and a failing build writes to stdout/stderr: keep all of it off the terminal.
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            warnings.simplefilter("ignore")
-            try:
-                return cpp_extension.load(
-                    name=name,
-                    sources=[str(_CSRC / "rms_norm_cpu.cpp")],
-                    extra_cflags=cflags,
-                    extra_ldflags=ldflags,
-                    extra_include_paths=[str(_CSRC)],
-                    build_directory=str(build_dir),
-                    verbose=False,
+    dir_fd = open_private_dir(build_dir)  # checked once; the library is loaded through this handle
+    try:
+        with _build_lock(build_dir):
+            if not (build_dir / f"{name}.so").exists():
+                print(
+                    f"normswap: building the CPU RMSNorm kernel (first use, about a minute; cached in {build_dir})",
+                    file=sys.stderr,
                 )
-            finally:
-                text = sink.getvalue()
-                if text:
-                    with contextlib.suppress(OSError):
-                        (build_dir / "build.log").write_text(text)
+            module_name = _build(name, build_dir, cflags, ldflags, dir_fd)
+            if not is_same_dir(dir_fd, build_dir):
+                raise NotPrivate(
+                    f"{build_dir} was replaced while the kernel was built (a directory on its way renamed?); "
+                    "the library is not loaded"
+                )
+            return _import_at(dir_fd, module_name, build_dir)
+    finally:
+        os.close(dir_fd)
+
+
+def _build(name: str, build_dir: Path, cflags, ldflags, dir_fd: int) -> str:
+    """Compile the library with torch's cpp_extension (or find it up to date) without letting torch
+    import it by path; returns the module name torch would have imported (``name``, or
+    ``name_vN`` when torch re-versions a rebuild within one process)."""
+    from unittest import mock
+
+    from torch.utils import cpp_extension
+
+    if not hasattr(cpp_extension, "_import_module_from_library"):
+        raise RuntimeError(
+            "this torch's cpp_extension has no _import_module_from_library: normswap cannot build the kernel "
+            "without torch loading it by path"
+        )
+    built = []
+    sink = io.StringIO()
+    # torch prints nothing with verbose=False, but compiler-compatibility notes arrive as
+    # warnings and a failing build writes to stdout/stderr: keep all of it off the terminal.
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(sink),
+        contextlib.redirect_stderr(sink),
+        mock.patch.object(
+            cpp_extension, "_import_module_from_library", lambda module_name, *a, **k: built.append(module_name)
+        ),
+    ):
+        warnings.simplefilter("ignore")
+        try:
+            cpp_extension.load(
+                name=name,
+                sources=[str(_CSRC / "rms_norm_cpu.cpp")],
+                extra_cflags=cflags,
+                extra_ldflags=ldflags,
+                extra_include_paths=[str(_CSRC)],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+        finally:
+            _keep_log(dir_fd, sink.getvalue())
+    return built[-1] if built else name
+
+
+def _keep_log(dir_fd: int, text: str) -> None:
+    if not text:
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    with contextlib.suppress(OSError):
+        with os.fdopen(os.open("build.log", flags, 0o600, dir_fd=dir_fd), "w") as f:
+            f.write(text)
+
+
+def _import_at(dir_fd: int, module_name: str, build_dir: Path):
+    """Import the extension ``module_name`` from the directory handle ``dir_fd``: the ``.so`` is
+    opened there without following a link, checked open, and loaded as ``/proc/self/fd/N``."""
+    from normswap.private_dirs import open_private_file
+
+    fd = open_private_file(dir_fd, f"{module_name}.so", where=build_dir, made_here=True)
+    try:
+        # glibc's dlopen hands back an already-loaded library whose name matches before it looks at
+        # the file, and Python keeps extension modules by path: fd numbers are reused, so each load
+        # gets a spelling of /proc/self/fd/N never used before in this process
+        return _exec_extension(module_name, "/proc/self/" + "./" * next(_fd_loads) + f"fd/{fd}")
+    finally:
+        os.close(fd)  # the library stays mapped
+
+
+def _exec_extension(module_name: str, path: str):
+    """Load a Python extension module from ``path`` (dlopen, then its ``PyInit_<module_name>``)."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader(module_name, path)
+    spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def _ensure():
