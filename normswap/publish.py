@@ -462,6 +462,27 @@ def publish_dir(staging, out, *, force: bool) -> Path:
         ) from None
 
 
+def publish_files(staging, directory) -> list[Path]:
+    """Move each file of a finished staging directory into the existing ``directory``, one atomic
+    rename per file, and nothing else: files there with other names stay as they are (a command
+    that adds its files to a directory it does not own, e.g. ``eval render`` beside results.json).
+    A symlink at one of the names is replaced, never followed; a directory there is refused."""
+    staging, directory = Path(staging), Path(directory)
+    names = sorted(p.name for p in staging.iterdir() if p.name != COMPLETE_MARKER)
+    for name in names:
+        dest = directory / name
+        if dest.is_dir() and not dest.is_symlink():
+            raise NormswapError(f"{dest} is a directory; normswap writes a file of that name there: move it away")
+    mask = _umask()
+    for name in names:
+        os.chmod(staging / name, 0o666 & ~mask)  # the mode a plain write would give, not the staging's
+        try:
+            os.replace(staging / name, directory / name)
+        except OSError as e:
+            raise NormswapError(f"cannot write {directory / name}: {os_error_message(e)}") from None
+    return [directory / n for n in names]
+
+
 def _publish(staging: Path, out: Path, force: bool) -> Path:
     if not (out.exists() or out.is_symlink()):
         os.rename(staging, out)
@@ -491,4 +512,5 @@ __all__ = [
     "output_lock",
     "staging_dir",
     "publish_dir",
+    "publish_files",
 ]

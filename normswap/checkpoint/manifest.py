@@ -12,13 +12,14 @@ MANIFEST_NAME = "normswap_manifest.json"
 
 
 def read_manifest(directory) -> dict | None:
-    path = Path(directory) / MANIFEST_NAME
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
+    """The manifest of the model in ``directory``, or None (absent, not JSON, not an object). Read
+    by the side-file rule (checkpoint.side_files.open_inside): a manifest linked from outside the
+    model directory is refused in one line, never read, so a link to the user's credentials is
+    not republished with an export or a fine-tune."""
+    from normswap.checkpoint.side_files import read_json_inside
+
+    manifest = read_json_inside(directory, MANIFEST_NAME)
+    return manifest if isinstance(manifest, dict) else None
 
 
 def write_manifest(directory, manifest: dict) -> Path:

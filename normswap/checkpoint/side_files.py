@@ -12,6 +12,13 @@ tokenises differently or not at all, and because OUT is what users publish: a li
 exists but is not a regular file (a FIFO, a device, a directory) is refused as well: reading
 it could block forever or copy something that is not a file.
 
+The same rule covers the files normswap reads itself from a model directory, ``config.json`` and
+``normswap_manifest.json`` (:data:`OWN_FILES`): they are read through :func:`open_inside` (the
+file opened without following a final link and checked once open, by what it is and where it
+really lies) and written into OUT from the loaded object, never copied by path: a
+``normswap_manifest.json -> ~/.docker/config.json`` would otherwise be published with OUT, and a
+``config.json`` swapped for a link after the weights were read would carry whatever it points to.
+
 The one exception is the hub's own cache layout: a snapshot directory
 (``models--org--name/snapshots/<rev>/``) holds symlinks into the same repository folder's
 ``blobs/``; that repository folder counts as the model directory.
@@ -25,6 +32,8 @@ import stat
 from pathlib import Path
 
 from normswap.errors import NormswapError
+
+OWN_FILES = ("config.json", "normswap_manifest.json")  # read by normswap itself, never copied by path
 
 SIDE_FILES = (
     "tokenizer.json",
@@ -90,29 +99,98 @@ def model_root(directory: Path) -> Path:
     return directory
 
 
+def _inside(directory: Path, root: Path, name: str) -> Path | None:
+    """The real file ``directory/name`` is, checked by the rule (module doc); None when absent."""
+    p = directory / name
+    if not (p.is_symlink() or p.exists()):
+        return None
+    real = p.resolve()
+    if not real.is_relative_to(root):
+        raise NormswapError(
+            f"{p} is a symbolic link to {real}, outside the model directory {directory}: normswap reads and "
+            "carries no file from elsewhere with a model; copy the file into the model directory instead of "
+            "linking it (or remove the link)"
+        )
+    if not real.exists():
+        return None  # a dangling link inside the directory: nothing to read or carry
+    if not stat.S_ISREG(os.stat(real).st_mode):
+        raise NormswapError(f"{p} is not a regular file; a model's {name} must be a plain file")
+    return real
+
+
 def side_files(directory) -> list[tuple[str, Path]]:
     """(name, the file it is) for every side file present in ``directory``; refuses, in one line
-    naming it, one that leaves the directory through a symlink or is not a regular file."""
+    naming it, one that leaves the directory through a symlink or is not a regular file. The
+    model's own files (:data:`OWN_FILES`) are checked by the same rule, so a command that resolves
+    its model refuses a linked config or manifest before any work."""
     directory = Path(directory)
     root = model_root(directory).resolve()
+    for name in OWN_FILES:
+        _inside(directory, root, name)
     found = []
     for name in _candidates(directory):
-        p = directory / name
-        if not (p.is_symlink() or p.exists()):
-            continue
-        real = p.resolve()
-        if p.is_symlink() and not real.is_relative_to(root):
-            raise NormswapError(
-                f"{p} is a symbolic link to {real}, outside the model directory {directory}: side files are copied "
-                "into OUT, and normswap carries no file from elsewhere with them; copy the file into the model "
-                "directory instead of linking it (or remove the link)"
-            )
-        if not real.exists():
-            continue  # a dangling link inside the directory: nothing to carry
-        if not stat.S_ISREG(os.stat(real).st_mode):
-            raise NormswapError(f"{p} is not a regular file; a model's {name} must be a plain file")
-        found.append((name, real))
+        real = _inside(directory, root, name)
+        if real is not None:
+            found.append((name, real))
     return found
+
+
+def open_inside(directory, name: str):
+    """``directory/name`` opened for reading (a binary file object) when it is a regular file inside
+    the model directory, None when it is absent; refused in one line otherwise. The file is checked
+    again once open (a regular file, really inside), so a link swapped in after the check is not
+    followed either."""
+    directory = Path(directory)
+    root = model_root(directory).resolve()
+    real = _inside(directory, root, name)
+    if real is None:
+        return None
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(real, flags)  # O_NONBLOCK: a FIFO swapped in is refused below instead of blocking here
+    except OSError as e:
+        raise NormswapError(
+            f"cannot read {directory / name}: {e.strerror}; it changed while it was being read"
+        ) from None
+    f = os.fdopen(fd, "rb")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NormswapError(f"{directory / name} is not a regular file; a model's {name} must be a plain file")
+        opened = Path(os.path.realpath(f"/proc/self/fd/{fd}")) if os.path.isdir("/proc/self/fd") else real
+        if not opened.is_relative_to(root):
+            raise NormswapError(
+                f"{directory / name} changed while it was being read (it now lies at {opened}, outside the model "
+                f"directory {directory}); nothing was read from it"
+            )
+        os.set_blocking(fd, True)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+MAX_OWN_FILE_BYTES = 64 << 20  # a config or manifest is kilobytes; anything near this is not one
+
+
+def read_json_inside(directory, name: str):
+    """The JSON value of ``directory/name`` read by the rule (:func:`open_inside`), or None when the
+    file is absent or is not JSON; refused in one line when it is linked from outside, not a regular
+    file, or larger than :data:`MAX_OWN_FILE_BYTES`."""
+    import json
+
+    f = open_inside(directory, name)
+    if f is None:
+        return None
+    with f:
+        data = f.read(MAX_OWN_FILE_BYTES + 1)
+    if len(data) > MAX_OWN_FILE_BYTES:
+        raise NormswapError(
+            f"{Path(directory) / name} is larger than {MAX_OWN_FILE_BYTES >> 20} MiB; a model's {name} is not"
+        )
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
 
 
 def copy_side_files(src_dir, directory: Path) -> None:
@@ -124,22 +202,16 @@ def copy_side_files(src_dir, directory: Path) -> None:
     for folder in st_module_dirs(src_dir):  # a module with no files (Normalize) still needs its folder
         if (Path(src_dir) / folder).is_dir() and not (Path(src_dir) / folder).is_symlink():
             (Path(directory) / folder).mkdir(parents=True, exist_ok=True)
-    for name, real in side_files(src_dir):
+    for name, _ in side_files(src_dir):
         dest = Path(directory) / name
         if dest.exists():
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-        except OSError as e:
-            raise NormswapError(
-                f"cannot read {Path(src_dir) / name}: {e.strerror}; it changed while it was being copied"
-            ) from None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise NormswapError(
-                    f"{Path(src_dir) / name} is not a regular file; a model's {name} must be a plain file"
-                )
-            with open(dest, "xb") as g:
-                shutil.copyfileobj(f, g)
-        shutil.copystat(real, dest)
+        f = open_inside(src_dir, name)
+        if f is None:
+            continue  # gone since it was listed
+        with f, open(dest, "xb") as g:
+            shutil.copyfileobj(f, g)
+            st = os.fstat(f.fileno())  # the times and mode of the file that was read, not of a path again
+            os.utime(g.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+            os.fchmod(g.fileno(), stat.S_IMODE(st.st_mode))

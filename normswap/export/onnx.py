@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import shutil
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from normswap.checkpoint.manifest import MANIFEST_NAME, history_entry, read_manifest, write_manifest
+from normswap.checkpoint.side_files import read_json_inside
 from normswap.checkpoint.write import copy_side_files
 from normswap.errors import NormswapError, VerificationError
 
@@ -235,7 +236,12 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalizatio
             f"ONNX validation failed: onnxruntime and PyTorch differ by {check['max_abs_diff']:.3g} > "
             f"{tolerance:.3g} ({check['metric']}); nothing was written"
         )
-    shutil.copy2(src / "config.json", tmp / "config.json")
+    # written from the config read by the side-file rule, never copied by path: a config.json swapped for a
+    # link after the weights were read is refused instead of followed into OUT
+    config = read_json_inside(src, "config.json")
+    if not isinstance(config, dict):
+        raise NormswapError(f"{src}/config.json is no longer a JSON object; nothing was written")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     copy_side_files(src, tmp)
     block = getattr(model.config, "normswap", None)
     record = {
