@@ -783,3 +783,18 @@ def test_average_pooling_over_frames_keeps_the_stream_centred():
     )
     family = _exact_and_control(config, cls)
     assert family.final_norm is not None and family.final_norm.norm == "layer_norm"
+
+
+def test_raw_stream_architectures_keep_their_pooled_outputs_exact():
+    """CLIP's vision tower returns its raw stream as last_hidden_state (refused by default), but its
+    pooler_output passes through post_layernorm: converted with the plan discovery describes when the
+    raw stream may be an output, pooler_output stays exact and only last_hidden_state moves (by its
+    per-token mean). Control: VitDet returns nothing but the raw stream, so nothing stays exact."""
+    from normswap.convert.survey import declared_outputs_one, raw_stream_refusals
+
+    assert {"clip_vision_model", "vitdet"} <= set(raw_stream_refusals())
+    clip = declared_outputs_one("clip_vision_model")
+    assert clip["status"] == "exact-on-pooled", clip
+    assert clip["exact_outputs"] == ["pooler_output"] and clip["changed_outputs"] == ["last_hidden_state"]
+    vitdet = declared_outputs_one("vitdet")
+    assert vitdet["status"] == "refused" and vitdet["exact_outputs"] == []

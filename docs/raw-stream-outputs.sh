@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Regenerates docs/raw-stream-outputs.{md,json}: for each architecture the committed survey refuses because
+# its raw residual stream leaves the model, which outputs an exact conversion keeps (tiny instances).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 - <<'PY'
+import json
+from pathlib import Path
+
+from normswap.convert.survey import declared_outputs_markdown, declared_outputs_one, raw_stream_refusals
+
+rows = []
+for model_type in raw_stream_refusals():
+    rows.append(declared_outputs_one(model_type))
+    print(model_type, rows[-1]["status"], rows[-1].get("exact_outputs"), flush=True)
+Path("docs/raw-stream-outputs.json").write_text(json.dumps(rows, indent=1) + "\n")
+Path("docs/raw-stream-outputs.md").write_text(declared_outputs_markdown(rows, "bash docs/raw-stream-outputs.sh"))
+PY
