@@ -456,7 +456,10 @@ def test_small_file_gets_a_deterministic_held_out_slice_with_a_notice(tmp_path, 
     assert splits["validation"] == [chosen[-2]] and splits["test"] == [chosen[-1]] and again == splits["validation"]
     assert splits["train"] == chosen[:-2]  # held-out text is never trained on
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "small.txt" in err and "never trained on" in err
+    assert err.count("\n") == 1 and "small.txt" in err
+    # says what it means without contradiction (#32: "training document(s) ... never trained on")
+    assert "(1 as validation and 1 as test): training reads the other 10 and never these" in err
+    assert "never trained on" not in err
     # Too few documents for both: one clear line (and `all` still reads it).
     tiny = tmp_path / "tiny.txt"
     tiny.write_text(chosen[0])

@@ -62,6 +62,10 @@ def _nonblank(docs: Iterable[str]) -> Iterator[str]:
 
 # Held-out notices already printed by this process (a training stream re-reads its split every epoch).
 _NOTICES: set[tuple[str, tuple[str, ...]]] = set()
+# The held-out fallback of the source whose split was decided last (split_rule reads it).
+_LAST_FALLBACK: dict | None = None
+
+HASH_RULE = "hash of each document's text: ~90 % train, 5 % validation, 5 % test (normswap.data.sources.hash_split)"
 
 
 def _fallback_slices(make_docs: Callable[[], Iterable[str]], where: str) -> dict[int, str]:
@@ -72,6 +76,8 @@ def _fallback_slices(make_docs: Callable[[], Iterable[str]], where: str) -> dict
     deterministic, never trained on, and announced in one line. The scan stops as soon as both
     held-out splits have a document, so a real corpus pays for a few dozen hashes only.
     """
+    global _LAST_FALLBACK
+    _LAST_FALLBACK = None
     seen = {"validation": False, "test": False}
     train_idx: list[int] = []
     n = 0
@@ -95,14 +101,35 @@ def _fallback_slices(make_docs: Callable[[], Iterable[str]], where: str) -> dict
         )
     tail = train_idx[-k * len(empty) :]
     plan = {i: s for j, s in enumerate(empty) for i in tail[j * k : (j + 1) * k]}
+    _LAST_FALLBACK = {"documents": n, "held_out_per_split": k, "splits": list(empty)}
     if (where, empty) not in _NOTICES:
         _NOTICES.add((where, empty))
-        print(
-            f"normswap: {where}: no document hashed into the {' and '.join(empty)} split; "
-            f"using its last {k * len(empty)} training document(s) as {' and '.join(empty)} instead (never trained on)",
-            file=sys.stderr,
-        )
+        print(f"normswap: {where}: {fallback_words(_LAST_FALLBACK)}", file=sys.stderr)
     return plan
+
+
+def fallback_words(fb: dict) -> str:
+    """The held-out fallback in words: what is held out, and that the rest is what trains."""
+    k, splits, n = fb["held_out_per_split"], fb["splits"], fb["documents"]
+    held = " and ".join(f"{k} as {s}" for s in splits)
+    return (
+        f"only {n} documents and none hashed into the {' or '.join(splits)} split, so its last documents are held "
+        f"out instead ({held}): training reads the other {n - k * len(splits)} and never these"
+    )
+
+
+def split_rule(spec: str) -> str:
+    """How ``spec`` is split into train / validation / test, as actually applied (for manifests)."""
+    spec = str(spec)
+    if has_own_splits(spec) and not Path(spec).expanduser().is_dir():
+        return "the source's own splits"
+    try:
+        next(iter(load_documents(spec, "validation")), None)  # decides the split (and the fallback) of this source
+    except NormswapError:
+        pass  # an empty held-out split: the rule is still the hash
+    if _LAST_FALLBACK is None:
+        return "the source's own splits" if has_own_splits(spec) else HASH_RULE
+    return "hash of each document's text, then the held-out fallback: " + fallback_words(_LAST_FALLBACK)
 
 
 def _hash_split(make_docs: Callable[[], Iterable[str]], split: str, where: str) -> Iterator[str]:

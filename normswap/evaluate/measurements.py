@@ -46,16 +46,29 @@ class PerplexityRecord(Record):
     bits_per_byte: float | None = None
     word_perplexity: float | None = None
     perplexity_detail: dict | None = None  # tokens, nll_nats, windows
+    # against the baseline: {perplexity, bits_per_byte: {low, high, level, blocks, method}} of the
+    # ratio (evaluate/quality_intervals.py); None for the baseline and without one
+    quality_intervals: dict | None = None
 
 
 def measure_perplexity(run: Run):
-    from normswap.evaluate.perplexity import perplexity
+    import torch
 
-    cfg, out = run.config, {}
+    from normswap.evaluate.perplexity import perplexity
+    from normswap.evaluate.quality_intervals import ratio_intervals
+
+    cfg, out, token_nll = run.config, {}, {}
     for e in run.entries:
         run.say(f"perplexity: {e.name}")
+        token_nll[e.name] = []
         p = perplexity(
-            e.model, e.tokenizer, run.text, seq_len=cfg.seq_len, stride=cfg.stride, batch_size=cfg.batch_size
+            e.model,
+            e.tokenizer,
+            run.text,
+            seq_len=cfg.seq_len,
+            stride=cfg.stride,
+            batch_size=cfg.batch_size,
+            token_nll=token_nll[e.name],
         )
         out[e.name] = PerplexityRecord(
             p.perplexity,
@@ -63,6 +76,12 @@ def measure_perplexity(run: Run):
             p.word_perplexity,
             {"tokens": p.tokens, "nll_nats": p.nll_nats, "windows": p.windows},
         )
+    if run.baseline in token_nll:
+        base = torch.cat(token_nll[run.baseline])
+        n_bytes = len(run.text.encode("utf-8"))
+        for name, pieces in token_nll.items():
+            if name != run.baseline:
+                out[name].quality_intervals = ratio_intervals(torch.cat(pieces), base, n_bytes=n_bytes)
     return out, {}
 
 

@@ -96,8 +96,11 @@ def model_device(model) -> torch.device:
 
 
 @torch.inference_mode()
-def sequence_nll(model, ids: list[int], *, seq_len: int, stride: int, batch_size: int = 8) -> tuple[float, int, int]:
-    """(total NLL in nats, scored tokens, windows) of ``ids[1:]`` given the windows above."""
+def sequence_nll(
+    model, ids: list[int], *, seq_len: int, stride: int, batch_size: int = 8, token_nll: list | None = None
+) -> tuple[float, int, int]:
+    """(total NLL in nats, scored tokens, windows) of ``ids[1:]`` given the windows above.
+    ``token_nll``: a list that receives each scored token's NLL (float64), in text order."""
     if batch_size < 1:
         raise NormswapError(f"--batch-size must be at least 1 (got {batch_size})")
     context = context_length(model)
@@ -108,6 +111,7 @@ def sequence_nll(model, ids: list[int], *, seq_len: int, stride: int, batch_size
     data = torch.tensor(ids, dtype=torch.long)
     total = 0.0
     scored = 0
+    pieces = []  # (first scored id, its window's per-token NLL) when token_nll is asked for
     # Group windows of equal length so no padding (and no attention mask) is ever needed.
     groups: dict[int, list[tuple[int, int, int]]] = {}
     for w in plan:
@@ -123,19 +127,39 @@ def sequence_nll(model, ids: list[int], *, seq_len: int, stride: int, batch_size
                 target = data[first : e + 1].to(device)
                 nll = F.cross_entropy(pred, target, reduction="sum")
                 total += float(nll.double())
+                if token_nll is not None:
+                    pieces.append((first, F.cross_entropy(pred, target, reduction="none").double().cpu()))
                 scored += e + 1 - first
+    if token_nll is not None:
+        token_nll.extend(t for _, t in sorted(pieces, key=lambda p: p[0]))
     return total, scored, len(plan)
 
 
 def perplexity(
-    model, tokenizer, text: str, *, seq_len: int | None = None, stride: int | None = None, batch_size: int = 8
+    model,
+    tokenizer,
+    text: str,
+    *,
+    seq_len: int | None = None,
+    stride: int | None = None,
+    batch_size: int = 8,
+    token_nll: list | None = None,
 ) -> PerplexityResult:
     """Perplexity, bits per byte and word perplexity of ``text`` (one stream)."""
-    return document_perplexity(model, tokenizer, [text], seq_len=seq_len, stride=stride, batch_size=batch_size)
+    return document_perplexity(
+        model, tokenizer, [text], seq_len=seq_len, stride=stride, batch_size=batch_size, token_nll=token_nll
+    )
 
 
 def document_perplexity(
-    model, tokenizer, documents, *, seq_len: int | None = None, stride: int | None = None, batch_size: int = 8
+    model,
+    tokenizer,
+    documents,
+    *,
+    seq_len: int | None = None,
+    stride: int | None = None,
+    batch_size: int = 8,
+    token_nll: list | None = None,
 ) -> PerplexityResult:
     """Like :func:`perplexity`, scoring each document on its own (each gets the prefix token)
     and aggregating NLL, tokens, bytes and words over all of them - lm-eval's definition for
@@ -154,7 +178,9 @@ def document_perplexity(
             continue
         # Without a prefix token the first id is only context and is not scored.
         seq = [prefix] + ids if prefix is not None else ids
-        d_nll, d_tokens, d_windows = sequence_nll(model, seq, seq_len=seq_len, stride=stride, batch_size=batch_size)
+        d_nll, d_tokens, d_windows = sequence_nll(
+            model, seq, seq_len=seq_len, stride=stride, batch_size=batch_size, token_nll=token_nll
+        )
         nll += d_nll
         tokens += d_tokens
         windows += d_windows

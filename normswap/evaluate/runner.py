@@ -243,6 +243,7 @@ def evaluate(
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "versions": versions(),
         "baseline": baseline_name,
+        "warnings": [],  # thin evidence said out loud (evaluate/quality_intervals.py); the report shows them first
         "models": [],
     }
     run = Run(
@@ -276,6 +277,16 @@ def evaluate(
             null_row["ratios"], null_row["ratio_intervals"] = ratios(null_row, base), null
         results["speed_noise"] = speed_noise(null, results.get("speed_noise"))
     results["models"] = rows
+    scored = next((r for r in rows if r["name"] == baseline_name and r.get("perplexity_detail")), None) or next(
+        (r for r in rows if r.get("perplexity_detail")), None
+    )
+    if scored is not None:
+        from normswap.evaluate.quality_intervals import thin_evidence
+
+        tokens = int(scored["perplexity_detail"]["tokens"])
+        if results.get("data") is not None:
+            results["data"]["eval_tokens"] = tokens  # what was really scored, whatever --max-tokens allowed
+        results["warnings"] += thin_evidence(rows, baseline_name, tokens)
     return results
 
 

@@ -167,16 +167,14 @@ def training_data_record(data_spec: str, split: str) -> dict:
     from pathlib import Path
 
     from normswap.data import load_documents
-    from normswap.data.sources import has_own_splits
+    from normswap.data.sources import split_rule
 
     path = Path(str(data_spec)).expanduser()
     record = {
         "spec": str(data_spec),
         "path": str(path.resolve()) if path.exists() else None,
         "split": split,
-        "rule": "the source's own splits"
-        if has_own_splits(str(data_spec))
-        else "hash of each document's text: ~90 % train, 5 % validation, 5 % test (normswap.data.sources.hash_split)",
+        "rule": split_rule(str(data_spec)) if split == "train" else "all of it (--eval-data names the held-out set)",
         "documents": None,
         "characters": None,
     }
@@ -186,3 +184,46 @@ def training_data_record(data_spec: str, split: str) -> dict:
             docs, chars = docs + 1, chars + len(doc)
         record.update(documents=docs, characters=chars)
     return record
+
+
+# Training text is tokenised for the header up to this many characters; past it the token count is
+# extrapolated from the characters (a 400 MB corpus is not tokenised twice just to be described).
+HEADER_TOKENISED_CHARS = 2_000_000
+# More passes over the training split than this and the header warns: the model memorises the
+# text, and its held-out loss on a few documents says little.
+MANY_PASSES = 4.0
+
+
+def corpus_header(tokenizer, data_spec: str, split: str, eval_tokens: int, eval_docs_spec, eval_split, tokens_needed):
+    """(lines, passes): what the fine-tune will read, said before it loads the model — documents and
+    tokens of the training split and of the held-out set, and how many passes over the training
+    text the run makes (a warning line when that is more than MANY_PASSES). ``eval_tokens``: the
+    held-out tokens the run scores; ``tokens_needed``: steps × batch × seq-len."""
+    from normswap.data import load_documents, token_stream
+    from normswap.network import data_needs_hub
+
+    if data_needs_hub(data_spec):
+        return [f"data: {data_spec} ({split} split; a hub dataset is not counted ahead)"], None
+    docs = chars = tokens = counted_chars = 0
+    for doc in load_documents(data_spec, split):
+        docs, chars = docs + 1, chars + len(doc)
+        if counted_chars < HEADER_TOKENISED_CHARS:
+            tokens += sum(len(ids) for ids in token_stream(tokenizer, [doc], add_eos=True))
+            counted_chars += len(doc)
+    exact = counted_chars >= chars
+    train_tokens = tokens if exact else round(tokens * chars / max(counted_chars, 1))
+    held_docs = sum(1 for _ in load_documents(eval_docs_spec, eval_split))
+    passes = tokens_needed / max(train_tokens, 1)
+    lines = [
+        f"data: {data_spec}: {docs:,} training documents ({'' if exact else '~'}{train_tokens:,} tokens, "
+        f"{split} split); held out: {eval_tokens:,} tokens from {held_docs:,} documents ({eval_split} split"
+        + (f" of {eval_docs_spec}" if str(eval_docs_spec) != str(data_spec) else "")
+        + f"); this run reads {tokens_needed:,} tokens: {passes:.1f} passes over the training text"
+    ]
+    if passes > MANY_PASSES:
+        lines.append(
+            f"warning: {passes:.0f} passes over {docs:,} training documents: past a few passes the model learns this "
+            f"text by heart, and a held-out loss on {eval_tokens:,} tokens from {held_docs:,} documents is thin "
+            "evidence of healing; give more text (--data) or fewer --steps"
+        )
+    return lines, passes

@@ -45,7 +45,7 @@ from normswap.errors import NormswapError
 from normswap.finetune import state as ckpt
 from normswap.finetune.centring import Centring, keep_centred
 from normswap.finetune.config import LOG_FILE, FinetuneConfig, default_eval_tokens, flag, option_errors, options
-from normswap.finetune.data import TrainStream, eval_blocks, fingerprint, training_data_record
+from normswap.finetune.data import TrainStream, corpus_header, eval_blocks, fingerprint, training_data_record
 from normswap.finetune.encoder_objectives import Encoder
 from normswap.finetune.objectives import CausalLM
 from normswap.finetune.run_dir import RunDir, check_out_overlap
@@ -463,7 +463,7 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     echo = echo or (lambda msg: print(msg, file=sys.stderr))
     run = RunDir(cfg.out)
     cfg, overrides, accelerator = _options(cfg, run, given)
-    cfg, job = _prepare(cfg, accelerator)  # everything that can fail on bad input, before OUT is touched
+    cfg, job = _prepare(cfg, accelerator, echo)  # everything that can fail on bad input, before OUT is touched
     _start_out(run, cfg, accelerator)
     trainer = _trainer(cfg, accelerator, job, run, hooks or Hooks())
     start_step = _resume(trainer, job, overrides, echo) if cfg.resume else 0
@@ -510,7 +510,7 @@ def _options(cfg: FinetuneConfig, run: RunDir, given) -> tuple[FinetuneConfig, d
     return cfg, overrides, accelerator
 
 
-def _prepare(cfg: FinetuneConfig, accelerator) -> tuple[FinetuneConfig, _Job]:
+def _prepare(cfg: FinetuneConfig, accelerator, echo) -> tuple[FinetuneConfig, _Job]:
     """Data (sequence length and held-out tokens decided), model, teacher and objective."""
     from accelerate.utils import set_seed
 
@@ -527,6 +527,18 @@ def _prepare(cfg: FinetuneConfig, accelerator) -> tuple[FinetuneConfig, _Job]:
     tokenizer = load_tokenizer(resolved)
     train_split, eval_spec, eval_split = finetune_splits(cfg.data, cfg.eval_data)
     eval_set = eval_blocks(tokenizer, eval_spec, seq_len, eval_tokens, split=eval_split)
+    if accelerator.is_main_process:  # before the model loads: what the run will read, and how often
+        header, _ = corpus_header(
+            tokenizer,
+            cfg.data,
+            train_split,
+            int(eval_set.numel()),
+            eval_spec,
+            eval_split,
+            cfg.steps * cfg.batch_size * seq_len,
+        )
+        for line in header:
+            echo(f"normswap finetune: {line}")
 
     set_seed(cfg.seed + accelerator.process_index)
     param_dtype = {

@@ -1,0 +1,89 @@
+"""Thin evidence said out loud (#32): perplexity differences carry a block-bootstrap interval, an
+evaluation on little held-out text writes results.json ``warnings``, the fine-tune's header says
+how many passes it makes over its training text, and the split rule recorded is the one applied."""
+
+from __future__ import annotations
+
+import torch
+
+from normswap.assets.models import model_path
+
+
+def _paragraphs(n: int, words: int = 50) -> str:
+    from normswap.data import load_text
+
+    w = load_text("embedded", "test").split()
+    return "\n\n".join(" ".join(w[i * words : (i + 1) * words]) for i in range(n)) + "\n"
+
+
+def test_intervals_resolve_a_real_difference_and_not_noise():
+    from normswap.evaluate.quality_intervals import ratio_intervals, thin_evidence
+
+    gen = torch.Generator().manual_seed(1)
+    base = torch.rand(4096, generator=gen, dtype=torch.float64) * 8
+    worse = base + 0.05  # every token 0.05 nats worse: perplexity x1.051, a real difference
+    noisy = base + (torch.rand(4096, generator=gen, dtype=torch.float64) - 0.5) * 0.4  # no change on average
+    iv = ratio_intervals(worse, base, n_bytes=20000)["perplexity"]
+    assert iv["low"] > 1.0 and abs(iv["low"] - 1.0513) < 0.001 and abs(iv["high"] - 1.0513) < 0.001
+    iv_noise = ratio_intervals(noisy, base, n_bytes=20000)["perplexity"]
+    assert iv_noise["low"] < 1.0 < iv_noise["high"]  # negative control: noise is not a difference
+    assert ratio_intervals(worse, base, n_bytes=20000) == ratio_intervals(worse, base, n_bytes=20000)  # seeded
+
+    def rows(ratio, iv):
+        return [
+            {"name": "base"},
+            {"name": "m", "ratios": {"perplexity": ratio}, "quality_intervals": {"perplexity": iv}},
+        ]
+
+    assert thin_evidence(rows(1.0513, iv), "base", 50_000) == []  # plenty of text, a resolved difference
+    [w] = thin_evidence(rows(1.02, iv_noise), "base", 50_000)
+    assert w.startswith("m: perplexity +2.00 % against base is not a measured difference") and "contains no change" in w
+    [w] = thin_evidence(rows(1.0513, iv), "base", 1_280)
+    assert "only 1,280 held-out tokens were scored" in w
+
+
+def test_an_eval_on_thirty_short_paragraphs_warns_and_records_what_it_scored(tmp_path):
+    from normswap.evaluate.config import EvalConfig
+    from normswap.evaluate.runner import evaluate, load_entries
+
+    text = tmp_path / "thirty.txt"
+    text.write_text(_paragraphs(30))
+    src = str(model_path("kjv-gpt2"))
+    entries, base = load_entries([f"original={src}", f"again={src}"], baseline="original")
+    cfg = EvalConfig(speed=False, memory=False, diagnostics=False, max_tokens=65536)
+    results = evaluate(entries, cfg, data=str(text), baseline_name=base)
+    assert results["warnings"] and "held-out tokens were scored" in results["warnings"][0]
+    tokens = results["models"][0]["perplexity_detail"]["tokens"]
+    assert results["data"]["eval_tokens"] == tokens < 65536  # what was scored, not the cap
+    again = results["models"][1]
+    assert again["quality_intervals"]["perplexity"]["low"] == again["quality_intervals"]["perplexity"]["high"] == 1.0
+    assert results["models"][0]["quality_intervals"] is None  # the baseline has no change of its own
+
+
+def test_finetune_header_counts_passes_and_warns_past_a_few(tmp_path):
+    import normswap
+    from normswap.finetune.data import corpus_header
+
+    tok = normswap.load_tokenizer(model_path("kjv-gpt2"))
+    text = tmp_path / "thirty.txt"
+    text.write_text(_paragraphs(30, words=400))  # ~15 documents
+    lines, passes = corpus_header(tok, str(text), "train", 1280, str(text), "validation", 200 * 8 * 128)
+    assert "training documents" in lines[0] and "passes over the training text" in lines[0]
+    assert passes > 4 and lines[-1].startswith("warning: ") and "fewer --steps" in lines[-1]
+    lines, passes = corpus_header(tok, str(text), "train", 1280, str(text), "validation", 64)
+    assert passes < 1 and not any(line.startswith("warning") for line in lines)  # control: one short step
+
+
+def test_the_split_rule_recorded_is_the_one_applied(tmp_path, capsys):
+    from normswap.data.sources import HASH_RULE
+    from normswap.finetune.data import training_data_record
+
+    small = tmp_path / "small.txt"
+    small.write_text(_paragraphs(15, words=300))  # 5 documents, all hashed into train
+    rule = training_data_record(str(small), "train")["rule"]
+    assert rule != HASH_RULE and "held out instead" in rule and "never these" in rule
+    notice = capsys.readouterr().err
+    assert "never trained on" not in notice and "training reads the other" in notice
+    big = tmp_path / "big.txt"
+    big.write_text(_paragraphs(400, words=400))  # control: enough documents for the hash alone
+    assert training_data_record(str(big), "train")["rule"] == HASH_RULE
