@@ -59,11 +59,12 @@ def test_a_quality_change_whose_interval_contains_no_change_is_not_coloured():
     ppl, bpb = ppl_cell(results)
     assert ppl == ("95.000", "-5.00%", "good")  # no interval recorded: the number decides, as before
     assert bpb[1] == "-0.40%"  # not "×1.00": the real difference shows
-    m["ratio_intervals"]["perplexity"] = {"low": 0.90, "high": 1.01}  # bootstrap over documents reaches 1
+    # evaluate/quality_intervals.py's bootstrap over blocks (results.json models[*].quality_intervals) reaches 1
+    m["quality_intervals"] = {"perplexity": {"low": 0.90, "high": 1.01, "level": 0.95}}
     ppl, _ = ppl_cell(results)
     assert ppl[2] == "same" and _cards(results)["m"]["perplexity"][1] == "same"
     assert "no measurable difference" in _cards(results)["m"]["perplexity"][2]
-    m["ratio_intervals"]["perplexity"] = {"low": 0.93, "high": 0.97}  # control: excludes 1
+    m["quality_intervals"]["perplexity"] = {"low": 0.93, "high": 0.97}  # control: excludes 1
     assert ppl_cell(results)[0][2] == "good" and _cards(results)["m"]["perplexity"][1] == "good"
 
 

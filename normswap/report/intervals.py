@@ -10,7 +10,7 @@ def change_interval(m: dict, key: str) -> dict | None:
     """The interval of a model's quality change against the baseline (``perplexity``,
     ``bits_per_byte``), when the evaluation recorded one: ``{low, high}`` of the ratio (a range that
     contains 1 is no measured change). None for results without intervals."""
-    iv = ((m.get("ratio_intervals") or {}).get(key)) or ((m.get("quality_intervals") or {}).get(key))
+    iv = ((m.get("quality_intervals") or {}).get(key)) or ((m.get("ratio_intervals") or {}).get(key))
     if isinstance(iv, dict) and iv.get("low") is not None and iv.get("high") is not None:
         return iv
     return None
