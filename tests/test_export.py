@@ -476,3 +476,33 @@ def test_onnx_export_prints_no_exporter_chatter(converted, tmp_path, capfd):
         assert len(seen.lines) == 1 and len(caught) == 1
     finally:
         exporter_log.removeHandler(seen)
+
+
+def test_stock_export_of_a_bfloat16_checkpoint_is_held_to_its_rounding_floor(tmp_path, monkeypatch):
+    """γ/β moved back into the norms are computed in float64 and stored in bfloat16: that rounding moves
+    the log-probs by itself (≈3e-3 here), so the threshold is 4x the measured rounding floor, as in
+    convert. Control: the moved β left out is still refused (its error is far above the floor)."""
+    from normswap.convert.pipeline import convert_checkpoint
+    from normswap.errors import VerificationError
+    from normswap.export import affine, run_export
+
+    tiny_model("gpt_neox").to(torch.bfloat16).save_pretrained(tmp_path / "src")
+    convert_checkpoint(str(tmp_path / "src"), tmp_path / "conv")
+    record = run_export(tmp_path / "conv", tmp_path / "stock", "stock")
+    ver = record["verification"]
+    assert ver["passed"] and ver["rounding_floor"] > 0 and ver["threshold"] == max(1e-4, 4 * ver["rounding_floor"])
+
+    real = affine.move_folded_affine
+
+    def without_bias(*args, **kwargs):
+        moved = real(*args, **kwargs)
+        moved.values = {
+            k: (torch.zeros_like(v) if k.endswith("layer_norm.bias") else v) for k, v in moved.values.items()
+        }
+        return moved
+
+    import normswap.export.stock as stock_module
+
+    monkeypatch.setattr(stock_module, "move_folded_affine", without_bias)
+    with pytest.raises(VerificationError, match="nothing was written"):
+        run_export(tmp_path / "conv", tmp_path / "wrong", "stock")
