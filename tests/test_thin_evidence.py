@@ -68,7 +68,7 @@ def test_finetune_header_counts_passes_and_warns_past_a_few(tmp_path):
     text = tmp_path / "thirty.txt"
     text.write_text(_paragraphs(30, words=400))  # ~15 documents
     lines, passes = corpus_header(tok, str(text), "train", 1280, str(text), "validation", 200 * 8 * 128)
-    assert "training documents" in lines[0] and "passes over the training text" in lines[0]
+    assert "documents to train on" in lines[0] and "passes over the training text" in lines[0]
     assert passes > 4 and lines[-1].startswith("warning: ") and "fewer --steps" in lines[-1]
     lines, passes = corpus_header(tok, str(text), "train", 1280, str(text), "validation", 64)
     assert passes < 1 and not any(line.startswith("warning") for line in lines)  # control: one short step
@@ -87,3 +87,29 @@ def test_the_split_rule_recorded_is_the_one_applied(tmp_path, capsys):
     big = tmp_path / "big.txt"
     big.write_text(_paragraphs(400, words=400))  # control: enough documents for the hash alone
     assert training_data_record(str(big), "train")["rule"] == HASH_RULE
+
+
+def test_finetune_says_what_it_reads_before_the_model_loads(tmp_path, run_cli, monkeypatch):
+    """The first lines come before the model loads (a stand-in loader stops the run there); bad
+    options still get their one line and nothing else."""
+    from normswap.checkpoint import load
+    from normswap.errors import NormswapError
+
+    def stop(*args, **kwargs):
+        raise NormswapError("stand-in: the model would load now")
+
+    monkeypatch.setattr(load, "load_model", stop)
+    text = tmp_path / "thirty.txt"
+    text.write_text(_paragraphs(30, words=400))
+    args = ("finetune", model_path("kjv-gpt2"), tmp_path / "out", "--data", text, "--seq-len", "64")
+    code, _, err = run_cli(*args, "--steps", "200")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and lines[-1].endswith("stand-in: the model would load now"), err
+    said = "\n".join(lines[:-1])
+    assert "reading the data, then loading the model" in said and "passes over the training text" in said
+    assert "warning: " in said and said.rstrip().endswith("loading the model")
+    code, _, err = run_cli(*args, "--steps", "2")  # control: a short run makes no pass warning
+    assert code == 2 and "passes over the training text" in err and "warning: " not in err
+    code, _, err = run_cli(*args, "--lr", "0")  # bad input: one line, no header
+    assert code == 2 and [line for line in err.splitlines() if line.strip()] == [err.strip()]
+    assert "--lr must be > 0" in err

@@ -57,12 +57,6 @@ def finetune(ctx, model, out, as_json, **opts):
         model, out = None, model
     # offline: one line now, not a minute of hub retries after the model has loaded
     require_hub(models=(model, opts.get("distill_from")), data=opts.get("data"))
-    # at once, before torch imports and the model loads (tens of seconds on a busy machine)
-    click.echo(
-        f"normswap finetune: {'resuming the run in ' + out if model is None else f'{model} -> {out}'}: "
-        "reading the data, then loading the model",
-        err=True,
-    )
     from normswap.finetune.config import FinetuneConfig
     from normswap.finetune.trainer import run_finetune
 

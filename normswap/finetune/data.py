@@ -215,15 +215,19 @@ def corpus_header(tokenizer, data_spec: str, split: str, eval_tokens: int, eval_
     held_docs = sum(1 for _ in load_documents(eval_docs_spec, eval_split))
     passes = tokens_needed / max(train_tokens, 1)
     lines = [
-        f"data: {data_spec}: {docs:,} training documents ({'' if exact else '~'}{train_tokens:,} tokens, "
-        f"{split} split); held out: {eval_tokens:,} tokens from {held_docs:,} documents ({eval_split} split"
+        f"data: {data_spec}: {_docs(docs)} to train on ({'' if exact else '~'}{train_tokens:,} tokens, "
+        f"{split} split); held out: {eval_tokens:,} tokens from {_docs(held_docs)} ({eval_split} split"
         + (f" of {eval_docs_spec}" if str(eval_docs_spec) != str(data_spec) else "")
         + f"); this run reads {tokens_needed:,} tokens: {passes:.1f} passes over the training text"
     ]
     if passes > MANY_PASSES:
         lines.append(
-            f"warning: {passes:.0f} passes over {docs:,} training documents: past a few passes the model learns this "
-            f"text by heart, and a held-out loss on {eval_tokens:,} tokens from {held_docs:,} documents is thin "
+            f"warning: {passes:.0f} passes over {_docs(docs)}: past a few passes the model learns this "
+            f"text by heart, and a held-out loss on {eval_tokens:,} tokens from {_docs(held_docs)} is thin "
             "evidence of healing; give more text (--data) or fewer --steps"
         )
     return lines, passes
+
+
+def _docs(n: int) -> str:
+    return f"{n:,} document" + ("" if n == 1 else "s")

@@ -463,6 +463,11 @@ def run_finetune(cfg: FinetuneConfig, *, given: set[str] | None = None, hooks: H
     echo = echo or (lambda msg: print(msg, file=sys.stderr))
     run = RunDir(cfg.out)
     cfg, overrides, accelerator = _options(cfg, run, given)
+    if accelerator.is_main_process:  # at once: reading the data and loading the model take a while
+        echo(
+            f"normswap finetune: {'resuming ' if cfg.resume else ''}{cfg.model} -> {cfg.out}: "
+            "reading the data, then loading the model"
+        )
     cfg, job = _prepare(cfg, accelerator, echo)  # everything that can fail on bad input, before OUT is touched
     _start_out(run, cfg, accelerator)
     trainer = _trainer(cfg, accelerator, job, run, hooks or Hooks())
@@ -539,6 +544,7 @@ def _prepare(cfg: FinetuneConfig, accelerator, echo) -> tuple[FinetuneConfig, _J
         )
         for line in header:
             echo(f"normswap finetune: {line}")
+        echo("normswap finetune: loading the model")  # the status a log repeats while it loads
 
     set_seed(cfg.seed + accelerator.process_index)
     param_dtype = {
