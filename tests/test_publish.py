@@ -214,12 +214,12 @@ def test_atomic_write_leaves_old_file_when_writing_fails(tmp_path):
     target = tmp_path / "run.json"
     publish.atomic_write_text(target, "old")
 
-    class Boom:
-        def __str__(self):
-            raise RuntimeError("boom")
+    def half_then_fail(f):  # bytes already in the temporary file when the writer fails
+        f.write(b'{"partial": ')
+        raise RuntimeError("boom")
 
-    with pytest.raises(TypeError):
-        publish.atomic_write_text(target, Boom())
+    with pytest.raises(RuntimeError, match="boom"):
+        publish.atomic_write_with(target, half_then_fail)
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
     publish.atomic_write_json(target, {"a": 1})
     assert json.loads(target.read_text()) == {"a": 1}
