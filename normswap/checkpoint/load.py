@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from normswap.checkpoint.sizes import check_against_weights, check_declared, safetensors_shapes
+from normswap.checkpoint.sizes import check_against_weights, check_declared, read_config, safetensors_shapes
 from normswap.errors import NormswapError, first_line
 
 SHIPPED_PREFIX = "normswap:"
@@ -109,6 +109,8 @@ def load_config(spec):
     resolved = resolve(spec)
     raw = {}
     try:
+        if is_local(resolved):  # a regular file of bounded size, checked before transformers reads it
+            read_config(Path(resolved) / "config.json", str(spec))
         raw, _ = PretrainedConfig.get_config_dict(resolved)  # JSON only: runs nothing
         check_declared(raw, str(spec))  # before any config class computes with its sizes
         if _normswap_block(raw):

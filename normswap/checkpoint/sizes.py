@@ -16,12 +16,27 @@ ask for 12 GB, and ``n_embd: 0`` ended in a ZeroDivisionError. Two checks, both 
   (``convert.inputs.match``) or by transformers' loader; these bounds only keep what is built
   before that check proportional to the weights.
 
+Some sizes build things no weight backs, and are bounded by a declared cap instead (issue #29):
+
+* ``num_labels`` without an ``id2label`` naming them: transformers builds a dict of that many names
+  while it reads the config (1e8 labels: tens of GB), so it is checked in the raw config.json dict,
+  before any config class sees it (:func:`check_declared`), at most :data:`MAX_UNNAMED_LABELS`;
+* layer counts: some configs build per-layer lists while they are read (``layer_types``), so a
+  config alone may declare at most :data:`MAX_LAYERS` (the weights bound them again later);
+* positions (``n_positions``, ``max_position_embeddings``, ...): some models build a table per
+  position when they are built (GPT-J and CodeGen: ``n_positions × rotary_dim`` per layer; 2e8
+  positions asked for ~25 GB), so at most :data:`MAX_POSITIONS` in any config, and the table a
+  config implies (:func:`position_table_bytes`) must fit within the weights' own size or
+  :data:`MAX_TABLE_BYTES`, whichever is larger (:func:`check_against_weights`,
+  :func:`check_without_weights` for a model built from a config alone).
+
 The key names are transformers' own config attributes (and their common aliases across
 families); they are the generic vocabulary of configs, not facts about one architecture.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -50,6 +65,7 @@ WIDTH_KEYS = (
     "vocab_size",
     "head_dim",
     "d_kv",
+    "rotary_dim",
 )
 HEAD_KEYS = (
     "n_head",
@@ -61,7 +77,22 @@ HEAD_KEYS = (
     "decoder_attention_heads",
     "multi_query_group_num",
 )
-OTHER_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")  # must be positive; not backed by a tensor (rotary)
+POSITION_KEYS = (  # must be positive; not backed by a tensor (rotary), so capped below
+    "n_positions",
+    "max_position_embeddings",
+    "n_ctx",
+    "max_positions",
+    "max_source_positions",
+    "max_target_positions",
+)
+OTHER_KEYS = POSITION_KEYS
+HIDDEN_KEYS = ("n_embd", "hidden_size", "d_model")  # the width of a row of a sinusoidal position table
+
+MAX_CONFIG_BYTES = 16 << 20  # the largest real config.json files (long id2label lists) are ~2 MB
+MAX_UNNAMED_LABELS = 1 << 16  # labels without names: no real classifier head comes near
+MAX_LAYERS = 1 << 12  # declared by a config alone; real models stay under 200
+MAX_POSITIONS = 1 << 24  # 16.7M; the longest real contexts are ~10M
+MAX_TABLE_BYTES = 1 << 30  # a position table no larger than the weights, or than this
 
 
 def _sizes(raw: dict, path: str = ""):
@@ -97,24 +128,120 @@ def _norm_records(raw: dict) -> dict:
     return norms if isinstance(norms, dict) else {}
 
 
+def _labels(raw: dict, path: str = ""):
+    """(dotted key, num_labels, how many id2label names) of ``raw`` and its nested configs."""
+    if "num_labels" in raw:
+        names = raw.get("id2label")
+        yield f"{path}num_labels", raw["num_labels"], len(names) if isinstance(names, dict) else 0
+    for key, value in raw.items():
+        if isinstance(value, dict) and key not in ("normswap", "id2label", "label2id"):
+            yield from _labels(value, f"{path}{key}.")
+
+
+def _where(label: str) -> str:
+    """The file a label names: a config file itself, or a model directory's config.json."""
+    return label if label.endswith(".json") else f"{label}/config.json"
+
+
+def read_config(path, label: str) -> dict:
+    """The raw dict of the config file ``path`` (a model's config.json, or a config file given as
+    MODEL), read through normswap.bounded_load (a regular file, at most MAX_CONFIG_BYTES) and
+    checked by :func:`check_declared` before any config class is made from it."""
+    from normswap import bounded_load
+
+    raw = bounded_load.load_json(path, what="a model's config", max_bytes=MAX_CONFIG_BYTES, follow=True)
+    if not isinstance(raw, dict):
+        raise NormswapError(f"{_where(label)} is not a JSON object; a model's config is one")
+    check_declared(raw, label)
+    return raw
+
+
 def check_declared(raw: dict, label: str) -> None:
-    """Refuse, by name, a structural size that is not a whole number above zero."""
+    """Refuse, by name, a structural size that is not a whole number above zero, and a count that
+    would build a container or table past its cap (run on the raw config.json dict, before any
+    config class is made from it)."""
     for where, key, value in _sizes(raw):
         if not _whole_positive(value, zero_ok=key in ZERO_MEANS_DERIVED):
-            raise NormswapError(f"{label}/config.json: {where} is {value!r}; it must be a whole number above zero")
+            raise NormswapError(f"{_where(label)}: {where} is {value!r}; it must be a whole number above zero")
+        if key in LAYER_KEYS and _largest(value) > MAX_LAYERS:
+            raise NormswapError(
+                f"{_where(label)}: {where} is {_largest(value):,}; normswap accepts at most {MAX_LAYERS:,} "
+                "layers (configs build per-layer lists as they are read)"
+            )
+        if key in POSITION_KEYS and _largest(value) > MAX_POSITIONS:
+            raise NormswapError(
+                f"{_where(label)}: {where} is {_largest(value):,}; normswap accepts at most {MAX_POSITIONS:,} "
+                "positions (some models build a table per position when they are built)"
+            )
+    for where, value, named in _labels(raw):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise NormswapError(f"{_where(label)}: {where} is {value!r}; it must be a whole number")
+        if value > max(named, MAX_UNNAMED_LABELS):
+            raise NormswapError(
+                f"{_where(label)}: {where} is {value:,} with {named:,} named in id2label; at most "
+                f"{MAX_UNNAMED_LABELS:,} labels without names (transformers builds a name for each "
+                "while it reads the config)"
+            )
     for name, rec in _norm_records(raw).items():
         size = rec.get("hidden_size") if isinstance(rec, dict) else None
         if not _whole_positive(size):
             raise NormswapError(
-                f"{label}/config.json: the normswap block declares norm {name} with hidden_size "
+                f"{_where(label)}: the normswap block declares norm {name} with hidden_size "
                 f"{size!r}; it must be a whole number above zero (the file is damaged)"
             )
+
+
+def _configs(raw: dict):
+    """``raw`` and every config nested in it (a text_config, an encoder ...)."""
+    yield raw
+    for key, value in raw.items():
+        if isinstance(value, dict) and key not in ("normswap", "id2label", "label2id"):
+            yield from _configs(value)
+
+
+def position_table_bytes(raw: dict) -> int:
+    """The largest per-position table ``raw`` implies, in float32 bytes: positions × rotary_dim ×
+    layers where a ``rotary_dim`` is declared (such models keep a sin/cos table in every attention
+    layer), else positions × the hidden width (one sinusoidal table)."""
+    best = 0
+    for sub in _configs(raw):
+
+        def size(keys, sub=sub):
+            return max((_largest(sub[k]) for k in keys if _whole_positive(sub.get(k))), default=0)
+
+        positions = size(POSITION_KEYS)
+        if size(("rotary_dim",)):
+            row = size(("rotary_dim",)) * max(size(LAYER_KEYS), 1)
+        else:
+            row = size(HIDDEN_KEYS)
+        best = max(best, positions * row * 4)
+    return best
+
+
+def _check_table(raw: dict, budget: int, label: str, backing: str) -> None:
+    table = position_table_bytes(raw)
+    if table > budget:
+        raise NormswapError(
+            f"{_where(label)}: its positions imply a position table of {table / 2**30:,.1f} GiB, more than "
+            f"{backing}: lower max_position_embeddings/n_positions (or rotary_dim); nothing was built"
+        )
+
+
+def check_without_weights(raw: dict, label: str) -> None:
+    """For a model built from a config alone (random initialisation): its position table at most
+    MAX_TABLE_BYTES."""
+    _check_table(raw, MAX_TABLE_BYTES, label, f"the {MAX_TABLE_BYTES / 2**30:g} GiB normswap builds from a config")
 
 
 def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
     """Refuse sizes the weights (``{tensor name: shape}``, from file headers) cannot back."""
     if not shapes:
         return
+    elements = sum(math.prod(int(d) for d in shape) for shape in shapes.values())
+    budget = max(4 * elements, MAX_TABLE_BYTES)
+    _check_table(raw, budget, label, f"the weights themselves ({budget / 2**30:,.1f} GiB in float32)")
     largest = max((int(d) for shape in shapes.values() for d in shape), default=0)
     indexed: dict = {}
     for name in shapes:
@@ -126,12 +253,12 @@ def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
         value = _largest(value)
         if key in LAYER_KEYS and value > max(layers, 1):
             raise NormswapError(
-                f"{label}/config.json: {where} is {value:,} but the weights hold at most {layers} layers: "
+                f"{_where(label)}: {where} is {value:,} but the weights hold at most {layers} layers: "
                 "the config does not belong to these weights; nothing was written"
             )
         if key in WIDTH_KEYS + HEAD_KEYS and value > largest:
             raise NormswapError(
-                f"{label}/config.json: {where} is {value:,} but no tensor in the weights has a dimension "
+                f"{_where(label)}: {where} is {value:,} but no tensor in the weights has a dimension "
                 f"that large (largest: {largest:,}): the config does not belong to these weights; nothing was written"
             )
     for name, rec in _norm_records(raw).items():
@@ -144,7 +271,7 @@ def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
                 else f"the largest tensor dimension is {largest:,}"
             )
             raise NormswapError(
-                f"{label}/config.json: the normswap block declares norm {name} with hidden_size {size:,} but "
+                f"{_where(label)}: the normswap block declares norm {name} with hidden_size {size:,} but "
                 f"{have}: the config does not belong to these weights; nothing was written"
             )
 

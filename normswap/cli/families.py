@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from normswap import bounded_load
 from normswap.cli.options import json_option
 
 force_file_option = click.option("--force", is_flag=True, help="Replace --out / --save-json if the file exists.")
@@ -284,7 +285,7 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
         records, metas = [], []
         for path in from_json:
             try:
-                saved = json.loads(Path(path).read_text())
+                saved = bounded_load.load_json(path, what="a saved matrix", max_bytes=64 << 20, follow=True)
                 # a row in a later file replaces the same row in an earlier one (a re-run of a few rows)
                 names = {r["name"] for r in saved["rows"]}
                 records = [r for r in records if r["name"] not in names] + saved["rows"]
@@ -346,14 +347,18 @@ def _load_config(spec):
     from normswap.errors import NormswapError
 
     path = Path(spec).expanduser()
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a config file (a FIFO or device is named by the loader)
         from transformers import AutoConfig
 
+        from normswap.checkpoint.sizes import check_without_weights, read_config
+
+        raw = read_config(path, str(path))  # bounded, every declared size checked before transformers reads it
         try:
-            raw = json.loads(path.read_text())
-            return AutoConfig.for_model(raw.pop("model_type"), **raw)
-        except (json.JSONDecodeError, KeyError, ValueError) as e:
+            config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+        except (KeyError, ValueError, TypeError) as e:
             raise NormswapError(f"{spec} is not a transformers config.json ({type(e).__name__}: {e})") from None
+        check_without_weights(config.to_dict(), str(path))
+        return config
     return ckload.load_config(ckload.resolve(spec))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from normswap.checkpoint import load as ckload
+from normswap.checkpoint.sizes import check_against_weights
 from normswap.checkpoint.tensor_source import SafetensorsFiles, open_source, weight_files
 from normswap.convert import inputs as ckinputs
 from normswap.errors import NormswapError
@@ -62,6 +63,8 @@ def open_checkpoint(path: Path, label: str, *, files_only=False):
     else:
         source = open_source(path, label)
     try:
+        # sizes the weights cannot back are refused before even the meta-device skeleton is built
+        check_against_weights(config.to_dict(), {k: shape for k, (_, shape) in source.specs.items()}, label)
         dtype = ckinputs.load_dtype(config, source)
         skeleton = ckinputs.skeleton(config, dtype)
         inputs = ckinputs.match(skeleton, source, label)

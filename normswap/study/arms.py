@@ -21,7 +21,6 @@ whichever was fastest here); the LayerNorms always run PyTorch's fused ``F.layer
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,10 +70,9 @@ def _config_file(spec: str) -> Path | None:
 def _config_from_file(path: Path):
     from transformers import AutoConfig
 
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise NormswapError(f"cannot read the config {path}: {e}") from None
+    from normswap.checkpoint.sizes import read_config
+
+    raw = read_config(path, str(path))  # a regular file of bounded size; every declared size checked
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise NormswapError(f"{path} is not a transformers config (no model_type)")
     raw = {k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "transformers_version")}
@@ -122,6 +120,10 @@ def open_source(spec: str, *, from_scratch: bool) -> Source:
         config = load_config(resolved)
         tokenizer = _tokenizer_for(spec, config, None)
         trained = None if from_scratch else load_model(resolved, dtype=torch.float32, task="causal-lm", config=config)
+    if trained is None:  # built from the config alone: nothing but the config bounds what is built
+        from normswap.checkpoint.sizes import check_without_weights
+
+        check_without_weights(config.to_dict(), spec)
     if not _is_causal_lm(config):
         raise NormswapError(
             f"{spec} is a {getattr(config, 'model_type', '?')} model without a causal-LM head: the study trains "
