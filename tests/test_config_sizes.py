@@ -63,8 +63,10 @@ def test_the_caps_are_checked_on_the_raw_dict():
         sizes.check_declared(dict(base, text_config={"num_labels": 100_000_000}), "m")
     with pytest.raises(NormswapError, match="n_positions is 200,000,000; normswap accepts at most 16,777,216"):
         sizes.check_declared(dict(base, n_positions=200_000_000), "m")
-    with pytest.raises(NormswapError, match="n_layer is 1,000,000,000; normswap accepts at most 4,096"):
+    with pytest.raises(NormswapError, match="n_layer is 1,000,000,000; normswap accepts at most 1,048,576"):
         sizes.check_declared(dict(base, n_layer=10**9), "m")
+    with pytest.raises(NormswapError, match="n_layer is 100,000; a model built from a config alone has at most 4,096"):
+        sizes.check_without_weights(dict(base, n_layer=100_000), "m")
     # the table a config implies: per layer where rotary_dim is declared, else one row per position
     gptj = {"n_positions": 10_000_000, "rotary_dim": 64, "n_layer": 28, "n_embd": 4096}
     assert sizes.position_table_bytes(gptj) == 10_000_000 * 64 * 28 * 4
@@ -75,7 +77,7 @@ def test_the_caps_are_checked_on_the_raw_dict():
     # against weights: a long context backed by weights of the same order is accepted (a 1M-context 7B model)
     qwen = {"max_position_embeddings": 1_010_000, "hidden_size": 3584, "num_hidden_layers": 28}
     sizes.check_against_weights(qwen, {"embed": (152064, 3584), "layers.27.w": (7_600_000_000 // 3584, 3584)}, "q")
-    with pytest.raises(NormswapError, match="more than the weights themselves"):
+    with pytest.raises(NormswapError, match="more than the weights. own size in float32 or 1 GiB"):
         sizes.check_against_weights(qwen, {"embed": (1024, 64), "layers.27.w": (64, 64)}, "q")
 
 

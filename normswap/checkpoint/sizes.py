@@ -21,8 +21,9 @@ Some sizes build things no weight backs, and are bounded by a declared cap inste
 * ``num_labels`` without an ``id2label`` naming them: transformers builds a dict of that many names
   while it reads the config (1e8 labels: tens of GB), so it is checked in the raw config.json dict,
   before any config class sees it (:func:`check_declared`), at most :data:`MAX_UNNAMED_LABELS`;
-* layer counts: some configs build per-layer lists while they are read (``layer_types``), so a
-  config alone may declare at most :data:`MAX_LAYERS` (the weights bound them again later);
+* layer counts: some configs build per-layer lists while they are read (``layer_types``), so at
+  most :data:`MAX_LAYERS` in any config (the weights bound them again later), and at most
+  :data:`MAX_LAYERS_WITHOUT_WEIGHTS` in a model built from a config alone;
 * positions (``n_positions``, ``max_position_embeddings``, ...): some models build a table per
   position when they are built (GPT-J and CodeGen: ``n_positions × rotary_dim`` per layer; 2e8
   positions asked for ~25 GB), so at most :data:`MAX_POSITIONS` in any config, and the table a
@@ -90,7 +91,8 @@ HIDDEN_KEYS = ("n_embd", "hidden_size", "d_model")  # the width of a row of a si
 
 MAX_CONFIG_BYTES = 16 << 20  # the largest real config.json files (long id2label lists) are ~2 MB
 MAX_UNNAMED_LABELS = 1 << 16  # labels without names: no real classifier head comes near
-MAX_LAYERS = 1 << 12  # declared by a config alone; real models stay under 200
+MAX_LAYERS = 1 << 20  # per-layer lists a config builds as it is read stay a few MB (the weights bound layers later)
+MAX_LAYERS_WITHOUT_WEIGHTS = 1 << 12  # a model built from a config alone; real models stay under 200
 MAX_POSITIONS = 1 << 24  # 16.7M; the longest real contexts are ~10M
 MAX_TABLE_BYTES = 1 << 30  # a position table no larger than the weights, or than this
 
@@ -232,6 +234,12 @@ def _check_table(raw: dict, budget: int, label: str, backing: str) -> None:
 def check_without_weights(raw: dict, label: str) -> None:
     """For a model built from a config alone (random initialisation): its position table at most
     MAX_TABLE_BYTES."""
+    for where, key, value in _sizes(raw):
+        if key in LAYER_KEYS and _largest(value) > MAX_LAYERS_WITHOUT_WEIGHTS:
+            raise NormswapError(
+                f"{_where(label)}: {where} is {_largest(value):,}; a model built from a config alone has at most "
+                f"{MAX_LAYERS_WITHOUT_WEIGHTS:,} layers"
+            )
     _check_table(raw, MAX_TABLE_BYTES, label, f"the {MAX_TABLE_BYTES / 2**30:g} GiB normswap builds from a config")
 
 
@@ -241,7 +249,12 @@ def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
         return
     elements = sum(math.prod(int(d) for d in shape) for shape in shapes.values())
     budget = max(4 * elements, MAX_TABLE_BYTES)
-    _check_table(raw, budget, label, f"the weights themselves ({budget / 2**30:,.1f} GiB in float32)")
+    _check_table(
+        raw,
+        budget,
+        label,
+        f"the weights' own size in float32 or 1 GiB, whichever is larger ({budget / 2**30:,.1f} GiB)",
+    )
     largest = max((int(d) for shape in shapes.values() for d in shape), default=0)
     indexed: dict = {}
     for name in shapes:
