@@ -50,8 +50,9 @@ class BoundedLoadError(NormswapError):
         self.syntax = syntax
 
 
-def _kind(mode: int) -> str | None:
-    """What a file that is not a regular file is, in words (None for a regular file)."""
+def file_kind(mode: int) -> str | None:
+    """What a file that is not a regular file is, in words ("a FIFO (named pipe)"), from its
+    ``st_mode``; None for a regular file."""
     if stat.S_ISREG(mode):
         return None
     if stat.S_ISFIFO(mode):
@@ -86,7 +87,7 @@ def read_bytes(path, *, what: str = "the file", max_bytes: int = MAX_BYTES, foll
                 f"{path} is a symbolic link (to {os.readlink(path)}); normswap does not follow it here: "
                 f"{what} must be a plain file (remove the link)"
             )
-        kind = _kind(os.stat(path).st_mode)
+        kind = file_kind(os.stat(path).st_mode)
         if kind:
             raise _refuse_kind(path, what, kind)
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -99,7 +100,7 @@ def read_bytes(path, *, what: str = "the file", max_bytes: int = MAX_BYTES, foll
         raise BoundedLoadError(f"cannot read {what} {path}: {e.strerror or e}") from None
     try:
         st = os.fstat(fd)
-        kind = _kind(st.st_mode)
+        kind = file_kind(st.st_mode)
         if kind:  # swapped between the check and the open: the descriptor is what counts
             raise _refuse_kind(path, what, kind)
         if st.st_size > max_bytes:

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from normswap.bounded_load import file_kind
 from normswap.errors import NormswapError, first_line
 from normswap.network import offline_env
 
@@ -548,6 +549,12 @@ def _open_source(spec: str, split: str, text_field: str) -> Iterator[str]:
         kjv.chapters()  # fail now if the corpus package is missing
         return kjv.documents(split)
     path = Path(spec).expanduser()
+    try:
+        kind = file_kind(path.stat().st_mode)
+    except OSError:
+        kind = None  # missing: said below
+    if kind is not None and kind != "a directory":  # a FIFO would block the read, a device never end
+        raise NormswapError(f"the data {spec} is {kind}, not a text file or directory; give a regular file")
     if path.is_dir():
         if _is_saved_dataset(path):
             return _saved_dataset_docs(path, split, text_field)

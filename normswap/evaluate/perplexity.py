@@ -44,6 +44,15 @@ class PerplexityResult:
     stride: int
 
 
+def _exp(x: float) -> float:
+    """e**x, infinite past float's range: text with next to no words (a file of NUL bytes is one
+    200,000-character "word") has a word perplexity beyond any float, which is a result, not an error."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def count_words(text: str) -> int:
     """Whitespace-separated words; equals lm-eval's ``len(re.split(r"\\s+", doc))`` for stripped text."""
     return len(text.split())
@@ -189,9 +198,9 @@ def document_perplexity(
     if tokens == 0:
         raise NormswapError("no text to evaluate: the evaluation text is empty")
     return PerplexityResult(
-        perplexity=math.exp(nll / tokens),
+        perplexity=_exp(nll / tokens),
         bits_per_byte=nll / LN2 / max(n_bytes, 1),
-        word_perplexity=math.exp(nll / max(words, 1)),
+        word_perplexity=_exp(nll / max(words, 1)),
         nll_nats=nll,
         tokens=tokens,
         bytes=n_bytes,
