@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -44,12 +45,16 @@ def _config(tmp_path, name="tiny.json", **overrides) -> str:
     return str(path)
 
 
-def _study(model, out, hooks=None, **opts):
+def _study(model, out, hooks=None, echo=None, **opts):
+    """A study with exactly --seeds seeds (no sequential seeds, no time budget) and no lm-eval unless asked."""
     from normswap.study.config import StudyConfig
     from normswap.study.runner import run_study
 
+    opts.setdefault("max_seeds", opts.get("seeds", 3))
+    opts.setdefault("budget", 0)
+    opts.setdefault("lm_eval_tasks", ["none"])
     cfg = StudyConfig(model=str(model), out=str(out), **{**COMMON, **opts})
-    return run_study(cfg, hooks=hooks, echo=lambda m: None)
+    return run_study(cfg, hooks=hooks, echo=echo or (lambda m: None))
 
 
 def _env():
@@ -71,6 +76,7 @@ def _untimed(results: dict) -> dict:
     load) or on the allocator's state (the CPU peak counts every allocation of the process)."""
     r = json.loads(json.dumps(results))
     r.pop("timing")
+    r.pop("multiplicity")  # counts the claims' tests, which include the throughput wording
     r.pop("null_control")
     r.pop("baseline_norm_share", None)
     r["setup"].pop("kernels", None)
@@ -97,8 +103,8 @@ def _untimed(results: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def sweep_study(tmp_path_factory):
-    """layernorm beside its identical control, at a good rate (×1) and a deliberately poor one (×0.02),
-    3 seeds; dropout on, so "identical" also covers the dropout masks."""
+    """layernorm beside its control (same init, own data order and dropout), at a good rate (×1) and a
+    deliberately poor one (×0.02), 3 seeds; dropout on, so the control's own dropout stream matters."""
     root = tmp_path_factory.mktemp("sweep")
     cfg = _config(root, resid_pdrop=0.1, embd_pdrop=0.1)
     results = _study(
@@ -116,16 +122,19 @@ def test_a_worse_learning_rate_is_reported_worse_with_an_interval_excluding_zero
     assert worse["low"] > 0  # the whole interval says the poor rate ends with a higher loss
 
 
-def test_two_identical_arms_are_no_measurable_difference(sweep_study):
+def test_the_null_control_shares_the_start_but_not_the_data(sweep_study):
+    """The control starts from layernorm's weights (same held-out loss at step 0, every seed) but
+    reads its own data order and dropout, so its curve differs: its difference is noise, not zero."""
     results, _ = sweep_study
-    ctl = results["comparisons"]["layernorm-control"]
-    iv = ctl["final_eval_loss_difference"]
-    # the same init, batches and dropout masks: the same losses, exactly, in every seed ...
-    assert iv["values"] == [0.0, 0.0, 0.0] and iv["verdict"] == "no measurable difference"
     units = {(u["arm"], u["seed"], u["lr_multiplier"]): u for u in results["units"]}
     for seed in range(3):
-        assert units[("layernorm-control", seed, 1.0)]["loss"] == units[("layernorm", seed, 1.0)]["loss"]
-    # ... while the seeds differ from each other (own init and data order): the equality is not vacuous
+        ln, ctl = units[("layernorm", seed, 1.0)], units[("layernorm-control", seed, 1.0)]
+        assert ctl["eval"][0] == ln["eval"][0]  # the same initialisation
+        assert ctl["data_seed"] != ln["data_seed"] and ctl["loss"][0] != ln["loss"][0]  # its own batches
+    diff = results["comparisons"]["layernorm-control"]["final_eval_loss_difference"]
+    assert diff["n"] == 3 and all(v != 0.0 for v in diff["values"])
+    assert results["null_control"]["loss"]["noise_floor_nats"] > 0
+    # negative control: the seeds differ from each other (own init and data order)
     assert units[("layernorm", 0, 1.0)]["loss"] != units[("layernorm", 1, 1.0)]["loss"]
 
 
@@ -227,6 +236,10 @@ def test_torchrun_two_processes_reproduce_one_process(tmp_path):
         "--device",
         "cpu",
         "--no-progress",
+        "--max-seeds",
+        "1",
+        "--lm-eval-tasks",
+        "none",
     ]
     two = tmp_path / "two"
     r = subprocess.run(
@@ -389,8 +402,13 @@ def test_a_diverging_arm_is_recorded_and_stops_while_the_others_finish(tmp_path)
         for arm in ("layernorm", "layernorm-control"):  # negative control: the others trained to the end
             assert units[(arm, seed)]["status"] == "finished" and units[(arm, seed)]["steps_done"] == 6
     equal = next(c for c in res["claims"] if c["claim"].startswith("equal loss") and c["arm"] == "rmsnorm")
-    assert equal["verdict"] == "not measurable here" and "diverged" in equal["decided_by"]
-    assert res["comparisons"]["rmsnorm"]["diverged"] == {"arm": 2, "baseline": 0}
+    assert equal["verdict"] != "reproduced" and "diverged in 2 (arm)" in equal["decided_by"]
+    cmp = res["comparisons"]["rmsnorm"]
+    assert cmp["diverged"] == {"arm": 2, "baseline": 0}
+    # the diverged seeds stay outcomes (scored ln V), not dropped from the interval
+    assert cmp["final_eval_loss_difference"]["n"] == 2 and "missing" not in cmp["final_eval_loss_difference"]
+    assert all(v > 0 for v in cmp["final_eval_loss_difference"]["values"])
+    assert res["comparisons"]["layernorm-control"]["diverged"] == {"arm": 0, "baseline": 0}
 
 
 # --- from a trained checkpoint, and as a recipe step ---------------------------------------------
@@ -415,7 +433,16 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
                 "device": "cpu",
                 "variants": {"exact": {"convert": {"mode": "exact"}}},
                 "eval": {"seq_len": 32, "stride": 32, "max_tokens": 256, "speed": False, "diagnostics": False},
-                "study": {"steps": 2, "seeds": 1, "seq_len": 32, "batch_size": 2, "eval_tokens": 256, "warmup": 1},
+                "study": {
+                    "steps": 2,
+                    "seeds": 1,
+                    "max_seeds": 1,
+                    "seq_len": 32,
+                    "batch_size": 2,
+                    "eval_tokens": 256,
+                    "warmup": 1,
+                    "lm_eval_tasks": "none",
+                },
             }
         )
     )
@@ -427,7 +454,15 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
         assert e.code in (0, None)
     res = json.loads((tmp_path / "run" / "study" / "results.json").read_text())
     assert res["from_scratch"] is False
-    assert res["setup"]["arms"] == ["layernorm", "rmsnorm", "layernorm-control", "rmsnorm-exact", "rmsnorm-approx"]
+    assert res["setup"]["arms"] == [
+        "layernorm",
+        "rmsnorm",
+        "layernorm-control",
+        "layernorm-nobias",
+        "dyt",
+        "rmsnorm-exact",
+        "rmsnorm-approx",
+    ]
     start = {u["arm"]: u["eval"][0]["loss"] for u in res["units"]}
     assert start["rmsnorm-exact"] == pytest.approx(start["layernorm"], abs=1e-4)
     assert (
@@ -479,5 +514,205 @@ def test_post_ln_checkpoint_exact_arm_refused_before_dir_or_left_out_by_default(
         _study(src, tmp_path / "a", arms=["layernorm", "rmsnorm-exact"], steps=2, seeds=1)
     assert not (tmp_path / "a").exists()
     res = _study(src, tmp_path / "b", steps=2, seeds=1)
-    assert res["setup"]["arms"] == ["layernorm", "rmsnorm", "layernorm-control", "rmsnorm-approx"]
+    assert res["setup"]["arms"] == [
+        "layernorm",
+        "rmsnorm",
+        "layernorm-control",
+        "layernorm-nobias",
+        "dyt",
+        "rmsnorm-approx",
+    ]
     assert any(n.startswith("rmsnorm-exact left out") for n in res["notes"])
+
+
+# --- the second edition: protocol, baselines, equivalence, planted difference, sequential seeds ------
+
+
+def test_planted_learning_rate_difference_is_found_and_identical_arms_are_not(tmp_path):
+    """An arm trained at ×4 the rate (the control: same init, its own data order) differs from layernorm
+    with an interval excluding 0; negative control: the same study without the ×4 finds no difference."""
+    cfg = _config(tmp_path)
+    opts = dict(arms=["layernorm", "layernorm-control"], steps=16, seeds=3, lr=1e-3)
+    planted = _study(cfg, tmp_path / "planted", arm_lr=["layernorm-control=4"], **opts)
+    diff = planted["comparisons"]["layernorm-control"]["final_eval_loss_difference"]
+    assert diff["n"] == 3 and diff["verdict"] != "no measurable difference"
+    assert diff["high"] < 0 or diff["low"] > 0  # the whole interval on one side of 0
+    units = {(u["arm"], u["seed"]): u for u in planted["units"]}
+    assert units[("layernorm-control", 0)]["lr"] == pytest.approx(4 * units[("layernorm", 0)]["lr"])
+    same = _study(cfg, tmp_path / "same", **opts)
+    iv = same["comparisons"]["layernorm-control"]["final_eval_loss_difference"]
+    assert iv["n"] == 3 and iv["verdict"] == "no measurable difference" and iv["low"] < 0 < iv["high"]
+
+
+def test_schedule_decays_and_final_quality_is_the_mean_of_the_last_evaluations(tmp_path):
+    lines = []
+    res = _study(
+        _config(tmp_path),
+        tmp_path / "s",
+        arms=["layernorm"],
+        steps=10,
+        seeds=1,
+        final_evals=3,
+        final_eval_every=2,
+        echo=lines.append,
+    )
+    s = res["setup"]
+    assert s["lr_schedule"] == "cosine" and s["margin_nats"] == 0.02
+    assert s["schedule"]["final_lr"] <= 0.1 * s["schedule"]["peak_lr"] + 1e-12
+    u = res["units"][0]
+    assert [e["step"] for e in u["final_evals"]] == [6, 8, 10] == s["final_eval_steps"]
+    assert u["final_eval_loss"] == pytest.approx(sum(e["loss"] for e in u["final_evals"]) / 3)
+    assert u["final_eval_loss"] != u["last_eval_loss"]  # negative control: not the last snapshot alone
+    # held-out blocks are spread over the split, not its first tokens
+    assert s["heldout"]["blocks"] * 32 == s["eval_tokens_used"] and s["heldout"]["stride_blocks"] > 1
+    # the header came first, before any result
+    assert lines[0].startswith("normswap study: ") and any("Ctrl-C" in line for line in lines[:8])
+    # --steps below --warmup warns (and still runs); negative control: the run above did not warn
+    assert not any("warning" in line for line in lines)
+    warned = []
+    _study(_config(tmp_path), tmp_path / "w", arms=["layernorm"], steps=1, warmup=4, seeds=1, echo=warned.append)
+    assert any("--steps 1 is below --warmup 4" in line for line in warned)
+
+
+def test_ngram_baselines_are_proper_count_models():
+    from normswap.study.baselines import ngram_losses
+
+    g = torch.Generator().manual_seed(0)
+    # a text where each token determines the next (a cycle): the bigram knows it, the unigram cannot
+    cycle = torch.arange(16).repeat(64).view(32, 32) % 16
+    held = torch.arange(16).repeat(8).view(4, 32) % 16
+    r = ngram_losses(cycle, held, 16)
+    assert r["bigram_loss"] < 0.1 < math.log(16) - 0.01 < r["unigram_loss"] < math.log(16) + 0.01
+    # negative control: on held-out text with no such order the bigram is no better than chance
+    shuffled = torch.randint(0, 16, (4, 32), generator=g)
+    assert ngram_losses(cycle, shuffled, 16)["bigram_loss"] > r["unigram_loss"]
+    # proper distributions: probabilities over the vocabulary sum to 1 for a seen and an unseen context
+    import numpy as np
+
+    train = torch.randint(0, 8, (16, 16), generator=g)
+    for ctx in (3, 9):  # 9 never occurs in training
+        ps = [math.exp(-ngram_losses(train, torch.tensor([[ctx, w]]), 12)["bigram_loss"]) for w in range(12)]
+        assert np.isclose(sum(ps), 1.0)
+
+
+def _cmp(diffs, *, base=5.0, arm_diverged=0):
+    from normswap.study import stats
+
+    return {
+        "seeds": list(range(len(diffs))),
+        "final_eval_loss_equivalence": stats.tost(diffs, 0.02),
+        "final_eval_loss_means": {"arm": base + sum(diffs) / len(diffs), "baseline": base},
+        "diverged": {"arm": arm_diverged, "baseline": 0},
+    }
+
+
+def test_equivalence_verdicts_tost_bigram_gate_and_holm():
+    from normswap.study import claims
+
+    ctx = claims.Context(margin=0.02, baselines={"bigram_loss": 5.5})
+    tight = [0.001, -0.002, 0.0015, 0.0, -0.001]
+    assert claims.equal_loss(_cmp(tight), ctx).verdict == "reproduced"
+    assert claims.equal_loss(_cmp([0.05, 0.06, 0.055, 0.052]), ctx).verdict == "not reproduced"
+    wide = claims.equal_loss(_cmp([0.03, -0.03, 0.01, -0.02]), ctx)
+    assert wide.verdict == "not measurable here" and wide.open  # more seeds could decide it
+    # a study whose models did not beat the bigram baseline never reproduces equal loss, however tight
+    gated = claims.equal_loss(_cmp(tight, base=5.6), ctx)
+    assert gated.verdict == "not measurable here" and gated.reason == "not-below-bigram" and not gated.open
+    # Holm: verdicts that pass alone fail together when each is only just significant ...
+    barely = claims.equal_loss(_cmp([0.012, -0.004, 0.008]), ctx)
+    assert barely.verdict == "reproduced" and 0.05 / 3 < barely.p_value < 0.05
+    rows = [claims._row("c", f"a{i}", barely) for i in range(3)]
+    claims.adjust(rows, 0.05)
+    assert [r["verdict"] for r in rows] == ["not measurable here"] * 3
+    assert rows[2]["family_size"] == 3 and "after Holm over 3 tests" in rows[2]["decided_by"]
+    # ... while a strong verdict survives the same family
+    rows = [claims._row("c", "t", claims.equal_loss(_cmp(tight), ctx))] + [claims._row("c", "b", barely)] * 2
+    claims.adjust(rows, 0.05)
+    assert rows[0]["verdict"] == "reproduced"
+    # negative control: alone, the same verdict stands
+    alone = [claims._row("c", "b", barely)]
+    claims.adjust(alone, 0.05)
+    assert alone[0]["verdict"] == "reproduced"
+
+
+def test_sequential_seeds_stop_when_decided_or_out_of_budget():
+    from normswap.study.config import StudyConfig
+    from normswap.study.runner import seed_decision
+
+    cfg = StudyConfig(out="x", seeds=2, max_seeds=5, budget=100)
+    open_row = [{"verdict": "not measurable here", "open": True, "claim": "equal loss at equal tokens", "arm": "r"}]
+    closed = [{"verdict": "reproduced", "open": False, "claim": "equal loss at equal tokens", "arm": "r"}]
+    assert seed_decision(cfg, 2, open_row, 40.0, [20.0, 20.0])[0] is True
+    assert seed_decision(cfg, 2, closed, 40.0, [20.0, 20.0]) == (False, "every verdict decided after 2 seeds")
+    go, why = seed_decision(cfg, 4, open_row, 90.0, [20.0] * 4)
+    assert not go and why.startswith("budget")
+    assert seed_decision(cfg, 5, open_row, 0.0, [1.0])[0] is False  # --max-seeds
+    assert seed_decision(StudyConfig(out="x", seeds=2, max_seeds=5, budget=0), 4, open_row, 1e9, [1e6])[0] is True
+
+
+def test_sequential_seeds_run_while_a_verdict_is_open(tmp_path):
+    """Throughput rows straddle their threshold with 2 seeds (t(0.975, 1) = 12.7): a third seed runs;
+    negative control: --max-seeds 2 keeps the study at 2."""
+    cfg = _config(tmp_path)
+    res = _study(cfg, tmp_path / "s", arms=["layernorm", "rmsnorm"], steps=4, seeds=2, max_seeds=3)
+    if any(r["open"] for r in res["claims"]):  # still open after 3: it went to the limit
+        assert res["setup"]["seeds_run"] == 3 and "max-seeds" in res["setup"]["stopped_because"]
+    assert res["setup"]["seeds_run"] in (2, 3) and res["multiplicity"]["method"].startswith("Holm")
+    two = _study(cfg, tmp_path / "t", arms=["layernorm", "rmsnorm"], steps=4, seeds=2, max_seeds=2)
+    assert two["setup"]["seeds_run"] == 2
+
+
+def test_nobias_and_dyt_arms_change_only_the_replaced_norms(tmp_path):
+    from normswap.study.arms import DyTNorm, build_arm, open_source, replaced_norms
+
+    src = open_source(_config(tmp_path), from_scratch=True)
+    ln, nb, dyt = (build_arm(src, a, 3, "torch") for a in ("layernorm", "layernorm-nobias", "dyt"))
+    names = replaced_norms(src)
+    assert len(names) == 2 * 2 + 1
+    a, b = ln.state_dict(), nb.state_dict()
+    assert set(a) - set(b) == {n + ".bias" for n in names} and all(torch.equal(b[k], a[k]) for k in b)
+    for n in names:
+        m = dyt.get_submodule(n)
+        assert type(m) is DyTNorm and float(m.alpha.detach()) == 0.5
+        x = torch.randn(3, 32)
+        expect = torch.tanh(0.5 * x) * ln.get_submodule(n).weight + ln.get_submodule(n).bias
+        assert torch.allclose(m(x), expect)
+    # negative control: the LayerNorm arm keeps β and no DyT
+    assert all(ln.get_submodule(n).bias is not None for n in names)
+    assert not any(isinstance(m, DyTNorm) for m in ln.modules())
+
+
+def test_ctrl_c_says_how_to_resume_and_resume_finishes(tmp_path):
+    from normswap.study.runner import StudyInterrupted
+    from normswap.testing import StudyHooks as Hooks
+
+    cfg = _config(tmp_path)
+    opts = dict(arms=["layernorm", "rmsnorm"], steps=4, seeds=2)
+
+    def interrupt(seed, mult, step):
+        if seed == 1 and step == 2:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "s"
+    with pytest.raises(StudyInterrupted, match=r"continue with: normswap study .* --out .* --resume") as e:
+        _study(cfg, out, hooks=Hooks(after_step=interrupt), **opts)
+    assert e.value.exit_code == 130 and "2 finished unit(s)" in str(e.value)
+    assert json.loads((out / "study_run.json").read_text())["status"] == "interrupted"
+    res = _study(cfg, out, resume=True, **opts)
+    assert res["setup"]["seeds_run"] == 2 and len(res["units"]) == 4
+
+
+def test_lm_eval_scores_every_arm_of_the_first_seed(tmp_path):
+    res = _study(
+        _config(tmp_path),
+        tmp_path / "s",
+        arms=["layernorm", "dyt"],
+        steps=3,
+        seeds=1,
+        lm_eval_tasks=["normswap_kjv"],
+        lm_eval_limit=2,
+    )
+    table = res["lm_eval"]
+    assert set(table) == {"layernorm", "dyt"}
+    a, b = (table[k]["scores"]["normswap_kjv"]["word_perplexity"] for k in ("layernorm", "dyt"))
+    assert a > 1 and b > 1 and a != b  # each arm's own model was scored

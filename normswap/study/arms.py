@@ -4,10 +4,16 @@
 (a config.json file, a directory without weights, or any model with ``--from-scratch``), randomly
 initialised per seed. ``build_arm`` turns the starting LayerNorm model into one arm:
 
-* ``layernorm`` / ``layernorm-control``: the model as it is;
+* ``layernorm`` / ``layernorm-control``: the model as it is (the control differs in its data
+  order and dropout stream, trainer.py, not in its weights);
 * ``rmsnorm``: normswap's approximate conversion with ``gamma="reset", beta="drop"`` — every
   LayerNorm that reads the residual stream (the family's norms, see normswap/architectures)
   becomes an RMSNorm with γ = 1, every other weight stays identical;
+* ``layernorm-nobias``: those same LayerNorms without β (γ kept): beside rmsnorm it tells the
+  mean-centring apart from the β offset;
+* ``dyt``: those same LayerNorms replaced by Dynamic Tanh (Zhu et al. 2025, "Transformers without
+  Normalization"): γ·tanh(α·x) + β with one learnable scalar α per layer, initially 0.5, and the
+  LayerNorm's γ and β;
 * ``rmsnorm-exact``: normswap's exact conversion (the same function at step 0; pre-LN only);
 * ``rmsnorm-approx``: normswap's approximate conversion with convert's defaults (γ and β folded
   into the layers that read the norm where possible).
@@ -27,10 +33,31 @@ from pathlib import Path
 import torch
 
 from normswap.errors import NormswapError, first_line
+from normswap.modules import RMSNorm
 from normswap.study import kernels
-from normswap.study.config import ARMS, BASELINE, CONTROL, TRAINED_ONLY
+from normswap.study.config import ARMS, BASELINE, CONTROL, DEFAULT_ARMS, TRAINED_ONLY
 
 FALLBACK_TOKENIZER = "normswap:kjv-gpt2"  # for a bare config: the shipped model's tokenizer
+DYT_ALPHA_INIT = 0.5  # the paper's default α₀ (its Table 10 lowers it for wide LLMs)
+
+
+class DyTNorm(torch.nn.Module):
+    """Dynamic Tanh, DyT(x) = γ·tanh(α·x) + β (Zhu, Chen, He, LeCun, Liu 2025), in place of a norm.
+
+    Named ``...Norm`` so that model_facts.norm_modules finds it where the LayerNorm was (the study's
+    per-norm measurements and the norm-time share then cover it); α is a one-element tensor, so
+    AdamW's groups (matrices only) never decay it."""
+
+    def __init__(self, hidden_size: int, weight=None, bias=None, alpha_init: float = DYT_ALPHA_INIT):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.alpha = torch.nn.Parameter(torch.full((1,), float(alpha_init)))
+        self.weight = torch.nn.Parameter(weight.detach().clone() if weight is not None else torch.ones(hidden_size))
+        self.bias = torch.nn.Parameter(bias.detach().clone()) if bias is not None else None
+
+    def forward(self, x):
+        y = torch.tanh(self.alpha * x) * self.weight
+        return y if self.bias is None else y + self.bias
 
 
 @dataclass
@@ -41,6 +68,7 @@ class Source:
     config: object
     tokenizer: object
     trained: object | None  # the loaded LayerNorm model, or None: random initialisation per seed
+    replaced: list[str] | None = None  # replaced_norms(), found once
 
     @property
     def from_scratch(self) -> bool:
@@ -133,7 +161,7 @@ def open_source(spec: str, *, from_scratch: bool) -> Source:
 
 
 def default_arms(source: Source) -> list[str]:
-    arms = [BASELINE, "rmsnorm", CONTROL]
+    arms = list(DEFAULT_ARMS)
     return arms if source.from_scratch else arms + list(TRAINED_ONLY)
 
 
@@ -181,6 +209,32 @@ def check_replaceable(source: Source, seed: int) -> int:
     return plan.summary()["norms_replaced"]
 
 
+def replaced_norms(source: Source) -> list[str]:
+    """The names of the LayerNorms the rmsnorm arm replaces (the family's norms that read the
+    residual stream): the layernorm-nobias and dyt arms change exactly these."""
+    if source.replaced is None:
+        model = source.start(0)
+        _convert(model, "rmsnorm")
+        source.replaced = [n for n, m in model.named_modules() if isinstance(m, RMSNorm)]
+    return source.replaced
+
+
+def _without_bias(model, names: list[str]) -> None:
+    for name in names:
+        norm = model.get_submodule(name)
+        if getattr(norm, "bias", None) is not None:
+            norm.bias = None  # F.layer_norm takes None: centring and γ stay, β goes
+
+
+def _with_dyt(model, names: list[str]) -> None:
+    for name in names:
+        norm = model.get_submodule(name)
+        width = int(norm.weight.shape[-1]) if getattr(norm, "weight", None) is not None else None
+        if width is None:
+            raise NormswapError(f"arm dyt: the norm {name} has no γ to size DyT from")
+        model.set_submodule(name, DyTNorm(width, norm.weight, getattr(norm, "bias", None)))
+
+
 def build_arm(
     source: Source, arm: str, seed: int, kernel_choice: str, *, precision: str = "fp32", rms_impl: str | None = None
 ) -> torch.nn.Module:
@@ -188,7 +242,11 @@ def build_arm(
     RMSNorms computing with ``rms_impl`` (default: what ``kernel_choice`` names; ``best`` without a
     measured choice: normswap's) and every norm in ``precision``'s dtype."""
     model = source.start(seed)
-    if arm not in (BASELINE, CONTROL):
+    if arm == "layernorm-nobias":
+        _without_bias(model, replaced_norms(source))
+    elif arm == "dyt":
+        _with_dyt(model, replaced_norms(source))
+    elif arm not in (BASELINE, CONTROL):
         _convert(model, arm)
         kernels.use_rms_impl(model, rms_impl or kernels.rms_impl_of(kernel_choice, None))
     kernels.compute_in(model, precision)

@@ -1,10 +1,24 @@
-"""The usual RMSNorm claims, each judged from the study's numbers: reproduced / not reproduced /
-not measurable here, with the number that decided it.
+"""The usual claims about RMSNorm (and, beside it, DyT and LayerNorm without β), each judged from
+the study's numbers: reproduced / not reproduced / not measurable here, with the number that
+decided it.
 
-* equal loss at equal tokens: the final held-out loss of the RMSNorm arm relative to LayerNorm's,
-  paired by seed. Reproduced when the whole 95 % interval lies within ±EQUAL_LOSS_MARGIN (an
-  equivalence test: "no measurable difference" alone is not evidence of equality); not reproduced
-  when it lies wholly outside; otherwise (or with an arm that diverged) not measurable here.
+One judge function per claim (``CLAIMS``): it sees the arm's comparison with layernorm and the
+study's context (``Context``: margin, baselines, null control, precision, sweep) and returns a
+``Verdict``. A judge that decides by a statistical test gives that test's p-value; ``judge``
+then adjusts every p-value of the study together (Holm's step-down method, stats.holm) and a
+verdict whose adjusted p-value is above α becomes "not measurable here" — so the more arms and
+claims a study judges, the stronger each verdict's evidence must be. Whatever no test decided
+(no interval, a gate that more seeds cannot open) is not in the family. Two rules hold for every
+claim: no verdict from fewer than ``MIN_SEEDS`` seeds, and a row says whether more seeds could
+still decide it (``open``: the runner's sequential seeds stop when no row is open).
+
+* equal loss at equal tokens (every arm but the baseline and the control): the paired difference
+  of final quality (mean of the final evaluations; a diverged seed scores ln V) in absolute nats.
+  Reproduced when the whole 90 % interval lies within ±margin (TOST), not reproduced when it lies
+  wholly beyond; "not measurable here" when either arm's mean final loss is not below the bigram
+  baseline by the margin (a loss both reach by learning almost nothing is equal by construction).
+  The null control's own difference (its data order and dropout differ) is quoted beside it: the
+  noise floor of a study that shares nothing but the initialisation.
 * 10–30 % higher training throughput: study/speed.py — not measurable here when the Amdahl bound
   is below 1.10, too noisy to tell (no verdict) under load or with a null control outside its
   band, else the bootstrap interval's low end ≥ 1.10 reproduces, its high end < 1.10 refutes.
@@ -21,99 +35,259 @@ not measurable here, with the number that decided it.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 from normswap.study import migration as migration_mod
 from normswap.study import speed, stats
 from normswap.study import stability as stability_mod
 
-EQUAL_LOSS_MARGIN = 0.01
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
+MIN_SEEDS = 2
+RMS_ARMS = ("rmsnorm", "rmsnorm-exact", "rmsnorm-approx")
+
+EQUAL_LOSS = "equal loss at equal tokens"
+THROUGHPUT = "10–30 % higher training throughput"
+STABILITY = "better low-precision stability (RMS ≥ σ)"
+MIGRATION = "migration rule: γ = 1, linear warmup, η_RMS = η_LN × gradient-scale ratio"
+
+
+@dataclass
+class Verdict:
+    """One claim for one arm. ``reason``: a short code for why (rows sharing claim, verdict and reason
+    say the same thing: the report may group them); ``p_value``: the deciding test's, when a test
+    decided; ``open``: more seeds could still change a "not measurable here"."""
+
+    verdict: str
+    decided_by: str
+    reason: str
+    p_value: float | None = None
+    open: bool = False
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    """What every judge may read besides the arm's own comparison."""
+
+    margin: float
+    baselines: dict | None = None
+    control: dict | None = None  # the layernorm-control comparison (noise floor, throughput control)
+    null_control: dict | None = None
+    precision: dict | None = None
+    train_precision: str = "fp32"
+    rules: dict = field(default_factory=dict)
+    alpha: float = stats.ALPHA
+    loads: tuple = ()  # the machine's recorded load averages (speed.py's gate)
+    cpus: int | None = None
+    stability_sweep: dict | None = None
 
 
 def _pct(x):
     return "n/a" if x is None else f"{x * 100:+.2f} %"
 
 
-def equal_loss(cmp: dict) -> tuple[str, str]:
-    iv = cmp["final_eval_loss_relative"]
-    if cmp["diverged"]["arm"] or cmp["diverged"]["baseline"]:
-        who = "the RMSNorm arm" if cmp["diverged"]["arm"] else "the LayerNorm arm"
-        return NOT_MEASURABLE, f"{who} diverged in {max(cmp['diverged'].values())} seed(s)"
-    if not iv or iv["low"] is None:
-        return NOT_MEASURABLE, "needs ≥ 2 seeds for an interval"
-    text = f"final held-out loss {stats.fmt(iv, '+.2%')} vs LayerNorm (margin ±{EQUAL_LOSS_MARGIN:.0%})"
-    m = EQUAL_LOSS_MARGIN
-    if -m <= iv["low"] and iv["high"] <= m:
-        return REPRODUCED, text
-    if iv["low"] > m or iv["high"] < -m:
-        return NOT_REPRODUCED, text
-    return NOT_MEASURABLE, text + ": the interval is wider than the margin"
+def _noise_floor(ctx: Context) -> str:
+    ctl = (ctx.control or {}).get("final_eval_loss_difference")
+    if not ctl:
+        return ""
+    return f"; noise floor (layernorm-control, own data order): {stats.fmt(ctl, '+.4f')} nats"
 
 
-def throughput(cmp: dict, control: dict | None, loads=(), cpus: int | None = None) -> tuple[str, str]:
-    """study/speed.py's rule: the Amdahl bound, the load and null-control gates, the interval."""
-    return speed.throughput_verdict(
-        cmp.get("throughput_ratio_bootstrap"),
-        (control or {}).get("throughput_ratio_bootstrap"),
-        cmp.get("amdahl_bound"),
-        list(loads),
-        cpus,
+def equal_loss(cmp: dict, ctx: Context) -> Verdict:
+    m = ctx.margin
+    eq = cmp.get("final_eval_loss_equivalence")
+    div = cmp["diverged"]
+    diverged = ""
+    if div["arm"] or div["baseline"]:
+        diverged = (
+            f"; diverged in {div['arm']} (arm) and {div['baseline']} (layernorm) of {len(cmp['seeds'])} seeds, "
+            "each scored ln V"
+        )
+    if eq is None:
+        return Verdict(
+            NOT_MEASURABLE, f"needs ≥ {MIN_SEEDS} seeds for an interval" + diverged, "too-few-seeds", open=True
+        )
+    means = cmp.get("final_eval_loss_means") or {}
+    bigram = (ctx.baselines or {}).get("bigram_loss")
+    worst = max((v for v in means.values() if v is not None), default=None)
+    if bigram is not None and (worst is None or worst > bigram - m):
+        reached = "no arm finished" if worst is None else f"final held-out loss {worst:.4f} is"
+        return Verdict(
+            NOT_MEASURABLE,
+            f"{reached} not below the count-bigram baseline {bigram:.4f} by the margin {m:g}: the models have "
+            "learned too little for their equality to mean anything (train longer)" + diverged,
+            "not-below-bigram",
+        )
+    iv = eq["interval"]
+    text = (
+        f"final held-out loss difference {stats.fmt(iv, '+.4f')} nats (margin ±{m:g}; "
+        f"p(equivalent) {eq['p_equivalent']:.3g}, p(beyond margin) {eq['p_beyond']:.3g})" + diverged + _noise_floor(ctx)
+    )
+    if eq["finding"] == "equivalent":
+        return Verdict(REPRODUCED, text, "within-margin", eq["p_equivalent"])
+    if eq["finding"] == "beyond margin":
+        return Verdict(NOT_REPRODUCED, text, "beyond-margin", eq["p_beyond"])
+    return Verdict(
+        NOT_MEASURABLE,
+        text + ": the interval straddles the margin",
+        "straddles-margin",
+        min(eq["p_equivalent"], eq["p_beyond"]),
+        open=True,
     )
 
 
-def stability(arm: str, sweep: dict | None, train_precision: str) -> tuple[str, str]:
+def throughput(cmp: dict, ctx: Context) -> Verdict:
+    """study/speed.py's rule: the Amdahl bound, the load and null-control gates, the interval. Only a
+    straddling interval or too few seeds is open: more seeds change neither the bound nor the load."""
+    verdict, text = speed.throughput_verdict(
+        cmp.get("throughput_ratio_bootstrap"),
+        (ctx.control or {}).get("throughput_ratio_bootstrap"),
+        cmp.get("amdahl_bound"),
+        list(ctx.loads),
+        ctx.cpus,
+    )
+    if verdict != NOT_MEASURABLE:
+        return Verdict(verdict, text, "interval")
+    for marker, reason in (
+        ("cannot give", "amdahl-bound"),
+        (speed.TOO_NOISY, "too-noisy"),
+        ("no null control", "no-control"),
+    ):
+        if marker in text:
+            return Verdict(verdict, text, reason)
+    if "needs ≥ 2 seeds" in text:
+        return Verdict(verdict, text, "too-few-seeds", open=True)
+    return Verdict(verdict, text, "straddles-claim", open=True)
+
+
+def stability(cmp: dict, ctx: Context, arm: str) -> Verdict:
     """Judged from the --stability sweep in the study's training precision (stability.py), never from
     the kernel-accuracy table."""
+    sweep = ctx.stability_sweep
     if sweep is None:
-        return stability_mod.judge(None, train_precision)
-    return stability_mod.judge(
-        sweep["comparisons"].get(arm), train_precision, sweep.get("norm_compute_dtypes", {}).get(arm)
-    )
+        verdict, text = stability_mod.judge(None, ctx.train_precision)
+    else:
+        verdict, text = stability_mod.judge(
+            sweep["comparisons"].get(arm), ctx.train_precision, sweep.get("norm_compute_dtypes", {}).get(arm)
+        )
+    return Verdict(verdict, text, "stability-sweep", open=verdict == NOT_MEASURABLE and "needs ≥" in text)
 
 
-def migration(rule: dict | None) -> tuple[str, str]:
+def migration(cmp: dict, ctx: Context, arm: str) -> Verdict:
     """migration.py's rule: η* fitted per arm on the test split, window chosen on validation, bootstrap interval."""
-    return migration_mod.judge(rule)
+    verdict, text = migration_mod.judge(ctx.rules.get(arm))
+    return Verdict(verdict, text, "migration-fit", open=verdict == NOT_MEASURABLE and "seeds" in text)
 
 
-def judge(
-    comparisons: dict,
-    rules: dict,
-    precision: dict | None,
-    train_precision: str,
-    control: str,
-    *,
-    loads=(),
-    stability_sweep: dict | None = None,
-    cpus: int | None = None,
-) -> list[dict]:
-    """One row per (claim, RMSNorm arm); ``loads``/``cpus``: the machine's recorded load (speed.py)."""
+@dataclass
+class Claim:
+    name: str
+    judge: Callable[[dict, Context, str], Verdict]
+    applies: Callable[[str], bool]
+
+
+CLAIMS = [
+    Claim(EQUAL_LOSS, lambda cmp, ctx, arm: equal_loss(cmp, ctx), lambda arm: True),
+    Claim(THROUGHPUT, lambda cmp, ctx, arm: throughput(cmp, ctx), lambda arm: True),
+    Claim(STABILITY, stability, lambda arm: arm in RMS_ARMS),
+    Claim(MIGRATION, migration, lambda arm: arm in RMS_ARMS),
+]
+
+
+def _row(claim: str, arm: str, v: Verdict) -> dict:
+    return {
+        "claim": claim,
+        "arm": arm,
+        "verdict": v.verdict,
+        "decided_by": v.decided_by,
+        "reason": v.reason,
+        "group": f"{claim} | {v.verdict} | {v.reason}",
+        "p_value": v.p_value,
+        "open": v.open,
+    }
+
+
+def judge(comparisons: dict, ctx: Context, control: str) -> list[dict]:
+    """One row per (claim, arm the claim applies to), Holm-adjusted over the rows a test decided."""
     rows = []
-    ctl = comparisons.get(control)
     for arm, cmp in comparisons.items():
         if arm == control:
             continue
-        for claim, (verdict, number) in (
-            ("equal loss at equal tokens", equal_loss(cmp)),
-            ("10–30 % higher training throughput", throughput(cmp, ctl, loads, cpus)),
-            ("better low-precision stability (RMS ≥ σ)", stability(arm, stability_sweep, train_precision)),
-            ("migration rule: γ = 1, linear warmup, η_RMS = η_LN × gradient-scale ratio", migration(rules.get(arm))),
-        ):
-            rows.append({"claim": claim, "arm": arm, "verdict": verdict, "decided_by": number})
+        for claim in CLAIMS:
+            if not claim.applies(arm):
+                continue
+            v = claim.judge(cmp, ctx, arm)
+            if v.verdict != NOT_MEASURABLE and len(cmp.get("seeds") or []) < MIN_SEEDS:
+                v = Verdict(
+                    NOT_MEASURABLE,
+                    f"one seed: no verdict from fewer than {MIN_SEEDS} ({v.decided_by})",
+                    "too-few-seeds",
+                    open=True,
+                )
+            rows.append(_row(claim.name, arm, v))
+    adjust(rows, ctx.alpha)
     return rows
 
 
-def null_control(ctl: dict | None) -> dict | None:
-    """The layernorm-control arm's throughput ratio against layernorm, per seed and bootstrapped,
-    and whether it is within the null band (study/speed.py control_gate: normswap's one rule)."""
-    if not ctl or not ctl.get("throughput_ratio"):
-        return None
-    iv = ctl["throughput_ratio"]
-    gate = speed.control_gate(ctl.get("throughput_ratio_bootstrap"))
+def adjust(rows: list[dict], alpha: float) -> None:
+    """Holm over every row with a p-value: a decided verdict whose adjusted p-value exceeds α is
+    "not measurable here" (and open: more seeds could decide it)."""
+    adjusted = stats.holm([r["p_value"] for r in rows], alpha)
+    family = sum(1 for p in adjusted if p is not None)
+    for r, p in zip(rows, adjusted):
+        r["p_holm"] = p
+        r["family_size"] = family if p is not None else None
+        if p is None or r["verdict"] == NOT_MEASURABLE or p <= alpha:
+            continue
+        r["decided_by"] += f"; after Holm over {family} tests p = {p:.3g} > {alpha:g}"
+        r["verdict"], r["reason"], r["open"] = NOT_MEASURABLE, "holm", True
+        r["group"] = f"{r['claim']} | {r['verdict']} | holm"
+
+
+def multiplicity(rows: list[dict], alpha: float = stats.ALPHA) -> dict:
+    family = sum(1 for r in rows if r.get("p_holm") is not None)
     return {
-        "band": gate["band"],
-        "per_seed": iv["values"],
-        "interval": iv,
-        "bootstrap": gate["interval"],
-        "per_seed_within": all(abs(v - 1) <= gate["band"] for v in iv["values"]),
-        "interval_within": gate["within"],
+        "method": "Holm step-down over the claims decided by a test",
+        "family_size": family,
+        "alpha": alpha,
+        "claims_judged": len(rows),
+        "untested": len(rows) - family,
     }
+
+
+def open_rows(rows: list[dict]) -> list[dict]:
+    """Rows that more seeds could still decide."""
+    return [r for r in rows if r["verdict"] == NOT_MEASURABLE and r.get("open")]
+
+
+def null_control(ctl: dict | None) -> dict | None:
+    """The layernorm-control arm against layernorm: its throughput ratio per seed and bootstrapped,
+    within the null band or not (study/speed.py control_gate: normswap's one rule), and its loss
+    difference (own data order and dropout: the study's noise floor)."""
+    if not ctl:
+        return None
+    out: dict = {}
+    if ctl.get("throughput_ratio"):
+        iv = ctl["throughput_ratio"]
+        gate = speed.control_gate(ctl.get("throughput_ratio_bootstrap"))
+        out.update(
+            band=gate["band"],
+            per_seed=iv["values"],
+            interval=iv,
+            bootstrap=gate["interval"],
+            per_seed_within=all(abs(v - 1) <= gate["band"] for v in iv["values"]),
+            interval_within=gate["within"],
+        )
+    loss = ctl.get("final_eval_loss_difference")
+    if loss:
+        values = loss["values"]
+        out["loss"] = {
+            "difference": loss,
+            "equivalence": ctl.get("final_eval_loss_equivalence"),
+            "noise_floor_nats": math.sqrt(sum(v * v for v in values) / len(values)) if values else None,
+            "meaning": "final held-out loss of layernorm-control − layernorm per seed: the same model and "
+            "initialisation, its own data order and dropout stream",
+        }
+    return out or None

@@ -6,8 +6,10 @@ marks the operational options a ``--resume`` may change; every other option is p
 and must match what DIR recorded.
 
 The defaults size the offline study (``normswap study --out DIR``: the shipped kjv-gpt2
-architecture, randomly initialised, on the embedded corpus, 3 seeds) to finish in under 10 minutes
-on 2 CPU cores; docs/study/ holds that run's output and timing.
+architecture, randomly initialised, on the embedded corpus, 3 seeds first, more while a verdict is
+open and the budget allows) to finish within 15 minutes on 2 idle CPU cores and to train past the
+count-bigram baseline, so that its loss verdicts can be decided; docs/study/ holds that run's
+output and timing.
 
 This module imports neither torch nor click, so that ``--help`` and recipe validation stay fast.
 """
@@ -24,15 +26,20 @@ DEFAULT_MODEL = "normswap:kjv-gpt2"
 RUN_FILE = "study_run.json"
 RESULTS_FILE = "results.json"
 UNITS_DIR = "units"
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16")  # finetune/step.py's, spelled here without importing torch
+LR_SCHEDULES = ("cosine", "linear", "constant")  # finetune/schedule.py's SCHEDULES
 KERNELS = ("best", "torch", "normswap")
 # arm names: what each one is, built in arms.py
 ARMS = {
     "layernorm": "the model as given (its LayerNorms, PyTorch's fused layer_norm)",
     "rmsnorm": "every LayerNorm that reads the residual stream replaced by RMSNorm with γ = 1 (β dropped), "
     "every other weight identical",
-    "layernorm-control": "a second, identical layernorm arm: the null control "
-    "(its differences from layernorm are the noise floor)",
+    "layernorm-control": "a second layernorm arm with the same initial weights but its own data order and "
+    "dropout stream: the null control (its differences from layernorm are the noise floor)",
+    "layernorm-nobias": "LayerNorm without β on the norms the rmsnorm arm replaces (γ kept): with rmsnorm it "
+    "separates mean-centring from the β offset",
+    "dyt": "Dynamic Tanh (Zhu et al. 2025) on the norms the rmsnorm arm replaces: γ·tanh(α·x) + β, one "
+    "learnable scalar α per norm (initially 0.5), γ and β taken from the LayerNorm",
     "rmsnorm-exact": "normswap's exact conversion of a trained checkpoint (the same function at step 0)",
     "rmsnorm-approx": "normswap's approximate conversion of a trained checkpoint, with convert's defaults "
     "(γ and β folded into the layers that read the norm where possible)",
@@ -40,6 +47,8 @@ ARMS = {
 TRAINED_ONLY = ("rmsnorm-exact", "rmsnorm-approx")
 BASELINE = "layernorm"
 CONTROL = "layernorm-control"
+DEFAULT_ARMS = (BASELINE, "rmsnorm", CONTROL, "layernorm-nobias", "dyt")
+LM_EVAL_OFF = "none"
 
 
 # Upper bounds no real study comes near. Each count sizes a list, a file or a buffer before anything
@@ -67,8 +76,14 @@ class StudyConfig:
     )
     arms: list[str] = _opt(
         [],
-        "Arms to train, comma-separated (default: layernorm,rmsnorm,layernorm-control; from a trained "
+        "Arms to train, comma-separated (default: " + ",".join(DEFAULT_ARMS) + "; from a trained "
         "checkpoint also rmsnorm-exact,rmsnorm-approx). " + "; ".join(f"{k}: {v}" for k, v in ARMS.items()) + ".",
+        kind="list[str]",
+    )
+    arm_lr: list[str] = _opt(
+        [],
+        "Per-arm learning-rate multipliers ARM=M, comma-separated (e.g. rmsnorm=2): that arm trains at M × the "
+        "rate of the others (to test a migration rule directly, or to plant a known difference).",
         kind="list[str]",
     )
     from_scratch: bool = _opt(
@@ -78,15 +93,38 @@ class StudyConfig:
     )
     seeds: int = _opt(
         3,
-        "Repeats, each with its own initialisation and data order (shared by all arms).",
+        "Seeds run first (each its own initialisation and data order, shared by all arms); more follow, up to "
+        "--max-seeds, while a verdict is still open and --budget allows.",
         minimum=1,
         maximum=MAX_SEEDS,
     )
-    steps: int = _opt(100, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
-    warmup: int = _opt(
-        20, "Linear warmup steps: η_t = η_max·min(t/T_w, 1), then constant.", minimum=0, maximum=MAX_STEPS
+    max_seeds: int = _opt(
+        8,
+        "The most seeds: after each seed beyond --seeds the verdicts are judged again, and another seed runs "
+        "only while one of them could still be decided by more seeds (never fewer than --seeds).",
+        minimum=1,
+        maximum=MAX_SEEDS,
     )
-    lr: float = _opt(2e-3, "Peak learning rate η_max of every arm.", above=0.0)
+    budget: float = _opt(
+        540.0,
+        "Seconds of training (all seeds, resumes included) after which no further seed starts; 0: no limit "
+        "(--max-seeds alone decides).",
+        minimum=0.0,
+        maximum=1e9,
+    )
+    steps: int = _opt(400, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
+    warmup: int = _opt(
+        40, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
+    )
+    lr: float = _opt(3e-3, "Peak learning rate η_max of every arm.", above=0.0)
+    lr_schedule: str = _opt(
+        "cosine",
+        "After the warmup: cosine or linear decay to --min-lr-ratio × η_max at the last step, or constant.",
+        choices=LR_SCHEDULES,
+    )
+    min_lr_ratio: float = _opt(
+        0.1, "The decayed rate at the last step, as a fraction of η_max (cosine and linear).", minimum=0.0, maximum=1.0
+    )
     lr_sweep: list[str] = _opt(
         [],
         "Learning-rate multipliers, e.g. 0.5,1,2: every arm trains at each --lr × m; the sweep finds each "
@@ -118,13 +156,41 @@ class StudyConfig:
     )
     seq_len: int = _opt(64, "Tokens per sequence.", minimum=2, maximum=MAX_SEQ_LEN)
     eval_every: int = _opt(
-        50,
-        "Held-out loss every K steps (always at step 0 and at the end; 0: only those).",
+        100,
+        "Held-out loss every K steps besides the final evaluations (always at step 0; 0: only those).",
         minimum=0,
         maximum=MAX_STEPS,
     )
     eval_tokens: int = _opt(
-        4096, "Held-out tokens (the same for every arm and seed).", minimum=1, maximum=MAX_EVAL_TOKENS
+        16384,
+        "Held-out tokens: blocks spread evenly over the data's validation split (the same for every arm and seed).",
+        minimum=1,
+        maximum=MAX_EVAL_TOKENS,
+    )
+    final_evals: int = _opt(
+        5,
+        "Final quality = the mean held-out loss of this many evaluations ending at the last step, "
+        "--final-eval-every steps apart.",
+        minimum=1,
+        maximum=1000,
+    )
+    final_eval_every: int = _opt(
+        0, "Steps between the final evaluations (0: a twentieth of --steps, at least 1).", minimum=0, maximum=MAX_STEPS
+    )
+    margin: float = _opt(
+        0.02,
+        "Equivalence margin in nats of held-out loss: equal loss is reproduced only when the whole 90 % interval "
+        "of the paired difference lies within ±margin.",
+        above=0.0,
+    )
+    lm_eval_tasks: list[str] = _opt(
+        ["normswap_kjv"],
+        "lm-eval tasks scored on every arm's final model of the first seed (normswap's own offline tasks, or any "
+        f"lm-eval task by name); {LM_EVAL_OFF}: skip.",
+        kind="list[str]",
+    )
+    lm_eval_limit: int = _opt(
+        16, "Documents (examples) per lm-eval task (0: all of them).", minimum=0, maximum=1_000_000
     )
     weight_decay: float = _opt(0.0, "AdamW weight decay (never on norms or biases).", minimum=0.0)
     clip_grad: float = _opt(
@@ -162,6 +228,8 @@ class StudyConfig:
     def __post_init__(self):
         self.arms = declared.as_list(self.arms)  # "a,b" from the command line, a list from a recipe
         self.lr_sweep = declared.as_list(self.lr_sweep)
+        self.arm_lr = declared.as_list(self.arm_lr)
+        self.lm_eval_tasks = declared.as_list(self.lm_eval_tasks)
 
     def recorded(self) -> dict:
         d = dataclasses.asdict(self)
@@ -169,6 +237,24 @@ class StudyConfig:
 
     def multipliers(self) -> list[float]:
         return [float(m) for m in self.lr_sweep] if self.lr_sweep else [1.0]
+
+    def arm_multipliers(self) -> dict[str, float]:
+        """--arm-lr as {arm: multiplier} (arms not named train at 1 × the rate)."""
+        return {k: float(v) for k, _, v in (item.partition("=") for item in self.arm_lr)}
+
+    def seed_limit(self) -> int:
+        return max(self.seeds, self.max_seeds)
+
+    def final_spacing(self) -> int:
+        return self.final_eval_every or max(1, self.steps // 20)
+
+    def final_eval_steps(self) -> list[int]:
+        """The steps whose held-out losses are averaged into the final quality (the last one last)."""
+        s = self.final_spacing()
+        return sorted({max(1, self.steps - i * s) for i in range(self.final_evals)})
+
+    def lm_eval_task_list(self) -> list[str]:
+        return [] if self.lm_eval_tasks in ([], [LM_EVAL_OFF]) else list(self.lm_eval_tasks)
 
 
 def options() -> list[dataclasses.Field]:
@@ -198,6 +284,25 @@ def option_errors(values: dict) -> list[tuple[str, str]]:
     arms = declared.as_list(values.get("arms"))
     if len(set(arms)) != len(arms):
         errors.append(("arms", "lists an arm twice"))
+    named = []
+    for item in declared.as_list(values.get("arm_lr")):
+        arm, sep, m = str(item).partition("=")
+        try:
+            ok = bool(sep) and 0 < float(m) < float("inf")
+        except ValueError:
+            ok = False
+        if not ok:
+            errors.append(("arm_lr", f"items are ARM=MULTIPLIER such as rmsnorm=2, got {item!r}"))
+        elif arm not in ARMS:
+            errors.append(("arm_lr", f"has no arm {arm!r} (arms: {', '.join(ARMS)})"))
+        elif arm == BASELINE:
+            errors.append(("arm_lr", f"cannot move {BASELINE}: every difference is read against its rate"))
+        named.append(arm)
+    if len(set(named)) != len(named):
+        errors.append(("arm_lr", "names an arm twice"))
+    tasks = declared.as_list(values.get("lm_eval_tasks"))
+    if LM_EVAL_OFF in tasks and len(tasks) > 1:
+        errors.append(("lm_eval_tasks", f"{LM_EVAL_OFF} turns lm-eval off: give it alone"))
     return errors
 
 

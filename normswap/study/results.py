@@ -1,5 +1,10 @@
 """From the finished units to results.json's numbers: per-unit summaries and paired comparisons.
 
+Final quality: a unit's ``final_eval_loss`` is the mean of its final evaluations (trainer.py). A
+seed where an arm diverged keeps its place as an outcome: its final quality is the uniform
+distribution's loss ln V (what a model that has learned nothing scores), so the paired difference
+of that seed shows the divergence instead of vanishing from the interval; ``diverged`` counts them.
+
 Throughput: only a unit's timed steps count (measure.StepPlan: not step 1, not the memory step,
 not the profiled steps); within a seed, step t of an arm and step t of the baseline ran back to
 back, so their time quotient is one paired sample, and the seed's throughput ratio is the median
@@ -44,10 +49,15 @@ def summarize_unit(unit: dict, tokens_per_step: int) -> dict:
         "arm": unit["arm"],
         "seed": unit["seed"],
         "lr_multiplier": unit["lr_multiplier"],
+        "arm_lr_multiplier": unit.get("arm_lr_multiplier", 1.0),
         "lr": unit["lr"],
+        "data_seed": unit.get("data_seed", unit["seed"]),
         "status": unit["status"],
         "steps_done": unit["steps_done"],
         "final_eval_loss": unit["final_eval_loss"],
+        "final_evals": unit.get("final_evals", []),
+        "last_eval_loss": unit.get("last_eval_loss"),
+        "lm_eval": unit.get("lm_eval"),
         "eval": unit["eval"],
         "loss": unit["loss"],
         "grad_norm": unit["grad_norm"],
@@ -81,7 +91,33 @@ def throughput_ratio(unit: dict, base: dict) -> float | None:
     return statistics.median(q) if q else None
 
 
-def compare(units: dict, arm: str, base: str, mult: float) -> dict:
+def final_quality(unit: dict, diverged_loss: float | None) -> float | None:
+    """A unit's final quality: its final held-out loss, or ``diverged_loss`` when it diverged."""
+    if unit.get("nonfinite") or unit.get("status") == "diverged":
+        return diverged_loss
+    return unit["final_eval_loss"]
+
+
+def heldout_standard_error(mine: dict, theirs: dict, seeds: list) -> float | None:
+    """The held-out sampling error of the mean paired difference: per seed, the spread of the
+    per-block differences (arm − base on the same block) over √blocks; over the seeds, the root
+    of the summed squares over n. How much of the difference the choice of held-out blocks
+    alone could move."""
+    per_seed = []
+    for s in seeds:
+        a, b = mine[s].get("final_eval_blocks"), theirs[s].get("final_eval_blocks")
+        if not a or not b or len(a) != len(b) or len(a) < 2:
+            continue
+        d = [x - y for x, y in zip(a, b)]
+        per_seed.append(statistics.stdev(d) / math.sqrt(len(d)))
+    if not per_seed:
+        return None
+    return math.sqrt(sum(v * v for v in per_seed)) / len(per_seed)
+
+
+def compare(
+    units: dict, arm: str, base: str, mult: float, *, margin: float = 0.02, diverged_loss: float | None = None
+) -> dict:
     """The paired intervals of ``arm`` against ``base`` at multiplier ``mult``."""
     mine = {seed: u for (a, seed, m), u in units.items() if a == arm and m == mult}
     theirs = {seed: u for (a, seed, m), u in units.items() if a == base and m == mult}
@@ -90,7 +126,8 @@ def compare(units: dict, arm: str, base: str, mult: float) -> dict:
     def get(fn):
         return {s: fn(mine[s]) for s in seeds}, {s: fn(theirs[s]) for s in seeds}
 
-    loss_a, loss_b = get(lambda u: u["final_eval_loss"])
+    loss_a, loss_b = get(lambda u: final_quality(u, diverged_loss))
+    diffs = [loss_a[s] - loss_b[s] if loss_a[s] is not None and loss_b[s] is not None else None for s in seeds]
     rel = {s: (loss_a[s] / loss_b[s] - 1) if loss_a[s] is not None and loss_b[s] else None for s in seeds}
     tput = {s: throughput_ratio(mine[s], theirs[s]) for s in seeds}
     mem_a, mem_b = get(lambda u: (u["memory"] or {}).get("peak_bytes"))
@@ -99,7 +136,15 @@ def compare(units: dict, arm: str, base: str, mult: float) -> dict:
     return {
         "seeds": seeds,
         "final_eval_loss_difference": stats.paired(loss_a, loss_b),
+        "final_eval_loss_equivalence": stats.tost(diffs, margin),
         "final_eval_loss_relative": stats.interval(list(rel.values())),
+        # over the seeds that finished (a diverged seed has no loss of its own): what the bigram gate reads
+        "final_eval_loss_means": {
+            "arm": _mean([mine[s]["final_eval_loss"] for s in seeds]),
+            "baseline": _mean([theirs[s]["final_eval_loss"] for s in seeds]),
+        },
+        "seed_standard_error": stats.standard_error(diffs),
+        "heldout_standard_error": heldout_standard_error(mine, theirs, seeds),
         "throughput_ratio": stats.interval(list(tput.values()), null=1.0),
         # bootstrap over the timed steps, blocked by seed (study/speed.py)
         "throughput_ratio_bootstrap": speed.bootstrap_ratio(
@@ -115,6 +160,23 @@ def compare(units: dict, arm: str, base: str, mult: float) -> dict:
             "baseline": sum(1 for s in seeds if theirs[s]["nonfinite"]),
         },
     }
+
+
+def _mean(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def lm_eval_table(units: dict, arms: list[str], mult: float) -> dict | None:
+    """{arm: {task: {metric: value}}} of the first seed's final models (None when lm-eval did not run)."""
+    table = {}
+    for arm in arms:
+        scored = sorted(
+            (seed, u["lm_eval"]) for (a, seed, m), u in units.items() if a == arm and m == mult and u.get("lm_eval")
+        )
+        if scored:
+            table[arm] = {"seed": scored[0][0], "scores": scored[0][1]}
+    return table or None
 
 
 def sweep(units: dict, arms: list[str], mults: list[float], base: str) -> dict | None:

@@ -11,6 +11,8 @@ import dataclasses
 import math
 import os
 import platform
+import shlex
+import statistics
 import sys
 import time
 
@@ -18,12 +20,22 @@ import torch
 
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
+from normswap.finetune.step import Schedule
 from normswap.study import claims as claims_mod
 from normswap.study import kernels as study_kernels
 from normswap.study import measure, migration, speed
 from normswap.study import results as res
 from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms, open_source
-from normswap.study.config import BASELINE, CONTROL, TRAINED_ONLY, StudyConfig, flag, option_errors
+from normswap.study.config import (
+    BASELINE,
+    CONTROL,
+    DEFAULT_MODEL,
+    TRAINED_ONLY,
+    StudyConfig,
+    flag,
+    option_errors,
+)
+from normswap.study.heldout import heldout_blocks
 from normswap.study.study_dir import StudyDir, resolve_resume, unit_key
 from normswap.study.trainer import Dist, Group, Hooks
 
@@ -142,10 +154,155 @@ def _load_average() -> list[float] | None:
         return None
 
 
+def _loads(load_start, units: dict) -> list[float]:
+    """The 1-minute load averages recorded so far (at the start, now, and by each unit): speed.py's gate."""
+    loads = [load_start, _load_average()] + [v for u in units.values() for v in (u.get("load") or [])]
+    return [v[0] if isinstance(v, list) else v for v in loads if v is not None]
+
+
+class StudyInterrupted(NormswapError):
+    """Ctrl-C: the finished units are kept in DIR; ``--resume`` continues the study."""
+
+    exit_code = 130
+
+
+def resume_command(cfg: StudyConfig) -> str:
+    model = "" if cfg.model == DEFAULT_MODEL and cfg.from_scratch else f" {shlex.quote(cfg.model)}"
+    return f"normswap study{model} --out {shlex.quote(str(cfg.out))} --resume"
+
+
+def header_lines(cfg: StudyConfig, source, arms: list[str], mults: list[float], dist: Dist) -> list[str]:
+    """What the study is about to do, printed before the first step."""
+    n_params = sum(p.numel() for p in source.start(0).parameters())
+    start = "random initialisation per seed" if source.from_scratch else "its trained weights"
+    arm_mults = cfg.arm_multipliers()
+    moved = "".join(f" ({a} at ×{m:g} lr)" for a, m in arm_mults.items())
+    per_seed = len(arms) * len(mults) * cfg.steps
+    budget = f"a budget of {cfg.budget:g} s of training" if cfg.budget else "no time budget"
+    sweep = f" × lr sweep {', '.join(f'{m:g}' for m in mults)}" if len(mults) > 1 else ""
+    tasks = cfg.lm_eval_task_list()
+    return [
+        f"normswap study: {cfg.model} ({source.config.model_type}, {n_params:,} parameters, {start}) -> {cfg.out}",
+        f"  arms: {', '.join(arms)}{moved}{sweep}",
+        f"  seeds: {cfg.seeds} first, then one at a time up to {cfg.seed_limit()} while a verdict is open; {budget}",
+        f"  each arm: {cfg.steps} steps × {cfg.batch_size} × {cfg.seq_len} tokens, lr {cfg.lr:g} with {cfg.warmup} "
+        f"warmup steps then {cfg.lr_schedule} (to {cfg.min_lr_ratio:g} × peak), precision {cfg.precision}, "
+        f"{dist.device} × {dist.world} process(es)",
+        f"  work: {per_seed:,} arm-steps per seed, {per_seed * cfg.seeds:,} for the first {cfg.seeds} seeds "
+        f"(at most {per_seed * cfg.seed_limit():,}); final quality = mean of {len(cfg.final_eval_steps())} "
+        f"held-out evaluations; equivalence margin ±{cfg.margin:g} nats"
+        + (f"; lm-eval {','.join(tasks)} on the first seed" if tasks else ""),
+        f"  Ctrl-C stops it; `{resume_command(cfg)}` continues",
+    ]
+
+
+def _check_lm_eval_tasks(tasks: list[str]) -> None:
+    """Unknown task names fail now, not after the training."""
+    from normswap.evaluate.lm_eval_adapter import hub_tasks
+
+    other = hub_tasks(tasks)
+    if not other:
+        return
+    from lm_eval.tasks import TaskManager
+
+    from normswap.evaluate.lm_eval_adapter import tasks_path
+
+    unknown = [t for t in other if t not in TaskManager(include_path=tasks_path()).all_tasks]
+    if unknown:
+        raise NormswapError(
+            f"--lm-eval-tasks: unknown lm-eval task(s) {', '.join(unknown)} (see `lm_eval --tasks list`)"
+        )
+
+
+def analyse(
+    cfg: StudyConfig,
+    units: dict,
+    arms: list[str],
+    baselines: dict,
+    precision: dict | None,
+    *,
+    kernel_setup: dict | None = None,
+    loads=(),
+    cpus: int | None = None,
+    stability_sweep: dict | None = None,
+    mults: list[float] | None = None,
+    from_scratch: bool = True,
+) -> dict:
+    """Comparisons (with the Amdahl bound and the throughput gates, speed.py), sweep, migration rule,
+    null control and the claims' verdicts from the units so far (the runner also calls it between
+    seeds to decide whether another one is needed)."""
+    mults = mults or cfg.multipliers()  # the sweep's rates, extended past an edge where one was
+    ref_mult = 1.0 if 1.0 in mults else mults[0]
+    diverged_loss = baselines.get("uniform_loss")
+    comparisons = {
+        a: res.compare(units, a, BASELINE, ref_mult, margin=cfg.margin, diverged_loss=diverged_loss)
+        for a in arms
+        if a != BASELINE
+    }
+    base_units = [u for (a, _, m), u in units.items() if a == BASELINE and m == ref_mult]
+    norm_share = speed.add_amdahl(comparisons, base_units, kernel_setup or {})
+    loads = list(loads)
+    control_boot = (comparisons.get(CONTROL) or {}).get("throughput_ratio_bootstrap")
+    for c in comparisons.values():
+        c["throughput_gates"] = speed.gates(control_boot, c.get("amdahl_bound"), loads, cpus)
+    sw = res.sweep(units, arms, mults, BASELINE)
+    rules = {}
+    if sw is not None:
+        for a in arms:
+            if a not in (BASELINE, CONTROL) and a in claims_mod.RMS_ARMS:
+                seeds = sorted({s for (arm, s, _) in units if arm == a})
+                rules[a] = migration.analyse(units, a, BASELINE, mults, seeds, ref_mult, from_scratch=from_scratch)
+    null = claims_mod.null_control(comparisons.get(CONTROL))
+    ctx = claims_mod.Context(
+        margin=cfg.margin,
+        baselines=baselines,
+        control=comparisons.get(CONTROL),
+        null_control=null,
+        precision=precision,
+        train_precision=cfg.precision,
+        rules=rules,
+        loads=tuple(loads),
+        cpus=cpus,
+        stability_sweep=stability_sweep,
+    )
+    verdicts = claims_mod.judge(comparisons, ctx, CONTROL)
+    return {
+        "reference_multiplier": ref_mult,
+        "comparisons": comparisons,
+        "baseline_norm_share": norm_share,
+        "lr_sweep": sw,
+        "migration_rule": rules or None,
+        "null_control": null,
+        "claims": verdicts,
+        "multiplicity": claims_mod.multiplicity(verdicts),
+    }
+
+
+def seed_decision(
+    cfg: StudyConfig, seed: int, rows: list[dict], spent: float, per_seed: list[float]
+) -> tuple[bool, str]:
+    """Whether seed ``seed`` (0-based, beyond --seeds) should run, and why: while a verdict is still
+    open (claims.open_rows: more seeds could decide it), below --max-seeds, and while the seeds so
+    far (their mean time) say another fits in --budget."""
+    if seed >= cfg.seed_limit():
+        return False, f"--max-seeds {cfg.seed_limit()} reached"
+    pending = claims_mod.open_rows(rows)
+    if not pending:
+        return False, f"every verdict decided after {seed} seeds"
+    estimate = statistics.fmean(per_seed) if per_seed else 0.0
+    if cfg.budget and spent + estimate > cfg.budget:
+        return False, (
+            f"budget: {spent:.0f} s spent, another seed takes ~{estimate:.0f} s of {cfg.budget:g} s "
+            f"({len(pending)} verdict(s) still open)"
+        )
+    names = ", ".join(sorted({f"{r['claim'].split(':')[0]} ({r['arm']})" for r in pending})[:3])
+    return True, f"{len(pending)} verdict(s) open after {seed} seeds, e.g. {names}"
+
+
 def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks | None = None, echo=None) -> dict:
     """Run (or resume) the study of ``cfg`` in ``cfg.out``; return results.json's content."""
     from normswap.data import finetune_splits
-    from normswap.finetune.data import TrainStream, eval_blocks
+    from normswap.finetune.data import TrainStream
 
     echo = echo or (lambda msg: print(msg, file=sys.stderr))
     hooks = hooks or Hooks()
@@ -169,6 +326,9 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     # ---- MODEL, arms, data: every refusal before DIR changes ----
     source = open_source(cfg.model, from_scratch=cfg.from_scratch)
     arms = check_arms(list(cfg.arms) or default_arms(source), source)
+    missing = [a for a in cfg.arm_multipliers() if a not in arms]
+    if missing:
+        raise NormswapError(f"--arm-lr names {missing[0]}, which is not among the arms ({', '.join(arms)})")
     norms_replaced = check_replaceable(source, 0)
     notes = []
     for arm in [a for a in arms if a in TRAINED_ONLY]:
@@ -180,13 +340,20 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
             arms.remove(arm)  # a default arm: left out, and said
             notes.append(f"{arm} left out: {e}")
     _check_sizes(cfg, source, dist.world)
+    tasks = cfg.lm_eval_task_list()
+    if tasks and main:
+        _check_lm_eval_tasks(tasks)
     mults = cfg.multipliers()
-    ref_mult = 1.0 if 1.0 in mults else mults[0]
     train_split, eval_spec, eval_split = finetune_splits(cfg.data)
-    eval_set = eval_blocks(source.tokenizer, eval_spec, cfg.seq_len, cfg.eval_tokens, split=eval_split)
-    TrainStream(source.tokenizer, cfg.data, cfg.seq_len, 0, split=train_split).take(
-        1
-    )  # fails now if the data is too short
+    heldout = heldout_blocks(source.tokenizer, eval_spec, cfg.seq_len, cfg.eval_tokens, split=eval_split)
+    eval_set = heldout["blocks"]
+    TrainStream(source.tokenizer, cfg.data, cfg.seq_len, 0, split=train_split).take(1)  # fails now if too short
+    if cfg.steps < cfg.warmup and main:
+        echo(
+            f"normswap study: warning: --steps {cfg.steps} is below --warmup {cfg.warmup}: the rate never reaches "
+            f"its peak {cfg.lr:g} and never decays (the schedule is all warmup)"
+        )
+    baselines = baseline_losses(source, cfg, train_split, eval_set) if main else {}
 
     # ---- kernels: chosen (and their speed-ups measured) before any training step ----
     kernel_setup = (recorded or {}).get("kernels") or study_kernels.setup(
@@ -204,7 +371,14 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     if main:
         if recorded is None:
             study.start(
-                {"config": cfg.recorded(), "arms": arms, "status": "running", "resumes": 0, "kernels": kernel_setup},
+                {
+                    "config": cfg.recorded(),
+                    "arms": arms,
+                    "status": "running",
+                    "resumes": 0,
+                    "kernels": kernel_setup,
+                    "seeds_started": 0,
+                },
                 replace=cfg.force,
             )
         else:
@@ -217,80 +391,128 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                     kernels=kernel_setup,
                 )
             )
+        for line in header_lines(cfg, source, arms, mults, dist):
+            echo(line)
 
-    # ---- the groups ----
-    keys = [(arm, seed, m) for seed in range(cfg.seeds) for m in mults for arm in arms]
-    done_flags = _agree(dist, [main and study.read_unit(unit_key(*k)) is not None for k in keys])
-    units = {k: study.read_unit(unit_key(*k)) for k, d in zip(keys, done_flags) if d} if main else {}
-    todo = [k for k, d in zip(keys, done_flags) if not d]
-    if main and len(todo) < len(keys):
-        echo(
-            f"normswap study: resuming {cfg.out}: {len(keys) - len(todo)} of {len(keys)} units finished, "
-            f"{len(todo)} to run"
-        )
-    show_bar = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
-    progress = Progress(len(todo) * cfg.steps, bool(show_bar) and main, echo if main else (lambda m: None))
+    # ---- the seeds, one after another ----
+    run_record = (study.read_run() or {}) if main else {}
+    started = int(run_record.get("seeds_started", 0))
+    spent = float(run_record.get("train_seconds", 0.0))
+    per_seed: list[float] = list(run_record.get("seed_seconds", []))
+    units: dict = {}
+    stop_reason = None
     tokens_per_step = cfg.batch_size * cfg.seq_len
     # the migration rule's held-out blocks: validation and a disjoint test set (migration.py)
     held_out = migration.blocks(source.tokenizer, eval_spec, cfg, eval_set) if len(mults) > 1 else None
 
-    def run_group(seed: int, m: float, group_arms: list[str]) -> None:
-        group = Group(source, cfg, group_arms, seed, m, dist, hooks, rms_impl=kernel_setup["rms_impl"])
-        stream = TrainStream(source.tokenizer, cfg.data, cfg.seq_len, seed, split=train_split)
-        where = f"seed {seed + 1}/{cfg.seeds}" + (f" lr ×{m:g}" if len(mults) > 1 else "")
-
-        def save(record):
-            units[(record["arm"], seed, m)] = record
-            if main:
-                study.write_unit(unit_key(record["arm"], seed, m), record)
-
-        def on_step(t, arms_now):
-            progress.step(
-                sum(1 for a in arms_now if a.record["steps_done"] == t),
-                f"{where} step {t}/{cfg.steps}",
-                arms_now,
-            )
-
-        records = group.run(stream, eval_set, on_step=on_step, on_arm_done=save)
-        if held_out is not None:
-            migration.add_block_losses(group.arms, held_out, cfg.precision, dist.device)
-        for record in records:
-            if record["status"] == "finished":
-                save(record)
-        if main:
-            for record in group.arms:
-                if record.record["status"] == "diverged":
-                    nf = record.record["nonfinite"]
-                    echo(
-                        f"normswap study: arm {record.name} (seed {seed}, lr ×{m:g}) "
-                        f"stopped at step {nf['step']}: "
-                        f"{nf['what']} is {nf['value']}; the other arms went on"
-                    )
-
+    show_bar = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+    progress = Progress(
+        len(arms) * len(mults) * cfg.steps * cfg.seeds, bool(show_bar) and main, echo if main else (lambda m: None)
+    )
     try:
-        for seed in range(cfg.seeds):
+        for seed in range(cfg.seed_limit()):
+            keys = [(arm, seed, m) for m in mults for arm in arms]
+            done_flags = _agree(dist, [main and study.read_unit(unit_key(*k)) is not None for k in keys])
+            if main:
+                units.update({k: study.read_unit(unit_key(*k)) for k, d in zip(keys, done_flags) if d})
+            if all(done_flags):
+                continue
+            if seed >= max(cfg.seeds, started):
+                rows = (
+                    analyse(
+                        cfg,
+                        units,
+                        arms,
+                        baselines,
+                        None,
+                        kernel_setup=kernel_setup,
+                        loads=_loads(load_start, units),
+                        cpus=_cpus(),
+                    )["claims"]
+                    if main
+                    else []
+                )
+                go, why = seed_decision(cfg, seed, rows, spent, per_seed) if main else (True, "")
+                go = _agree(dist, [go])[0]
+                if main:
+                    echo(f"normswap study: {'seed ' + str(seed + 1) + ': ' if go else 'stopping: '}{why}")
+                if not go:
+                    stop_reason = why
+                    break
+                progress.total += len(arms) * len(mults) * cfg.steps
+            todo = [k for k, d in zip(keys, done_flags) if not d]
+            if main and len(todo) < len(keys):
+                echo(
+                    f"normswap study: resuming seed {seed + 1}: {len(keys) - len(todo)} of {len(keys)} units finished, "
+                    f"{len(todo)} to run"
+                )
+            if main and seed + 1 > started:
+                started = seed + 1
+                study.write_run(dict(study.read_run() or {}, seeds_started=started))
+            t_seed = time.perf_counter()
             for m in mults:
-                group_arms = [a for a in arms if (a, seed, m) in todo]
-                if group_arms:
-                    run_group(seed, m, group_arms)
+                _run_group(
+                    cfg,
+                    source,
+                    study,
+                    units,
+                    arms,
+                    todo,
+                    seed,
+                    m,
+                    dist,
+                    hooks,
+                    train_split,
+                    eval_set,
+                    progress,
+                    echo,
+                    main,
+                    kernel_setup["rms_impl"],
+                    held_out,
+                )
+            took = time.perf_counter() - t_seed
+            spent += took
+            per_seed.append(took)
+            if main:
+                study.write_run(dict(study.read_run() or {}, train_seconds=spent, seed_seconds=per_seed))
+        else:
+            stop_reason = f"--max-seeds {cfg.seed_limit()} reached"
         # a best rate at the sweep's edge: one more rate past it (at most MAX_EXTENSIONS), decided by process 0
+        seeds_done = sorted({s for (_, s, _) in units}) if main else list(range(cfg.seeds))
         for _ in range(migration.MAX_EXTENSIONS if held_out is not None else 0):
-            new = migration.extension(units, [a for a in arms if a != CONTROL], mults, list(range(cfg.seeds)))
+            new = migration.extension(units, [a for a in arms if a != CONTROL], mults, seeds_done)
             low, high = _agree(dist, [new is not None and new < min(mults), new is not None and new > max(mults)])
             if not (low or high):
                 break
             new = mults[0] ** 2 / mults[1] if low else mults[-1] ** 2 / mults[-2]
             echo(f"normswap study: a best rate sits at the sweep's edge: adding lr ×{new:g}")
             mults = sorted(mults + [new])
-            for seed in range(cfg.seeds):
-                keys += [(arm, seed, new) for arm in arms]
-                done = _agree(dist, [main and study.read_unit(unit_key(a, seed, new)) is not None for a in arms])
-                for arm, d in zip(arms, done):
+            for seed in seeds_done:
+                todo = [(arm, seed, new) for arm in arms]
+                done = _agree(dist, [main and study.read_unit(unit_key(*k)) is not None for k in todo])
+                for k, d in zip(todo, done):
                     if d and main:
-                        units[(arm, seed, new)] = study.read_unit(unit_key(arm, seed, new))
-                group_arms = [a for a, d in zip(arms, done) if not d]
-                if group_arms:
-                    run_group(seed, new, group_arms)
+                        units[k] = study.read_unit(unit_key(*k))
+                todo = [k for k, d in zip(todo, done) if not d]
+                _run_group(
+                    cfg,
+                    source,
+                    study,
+                    units,
+                    arms,
+                    todo,
+                    seed,
+                    new,
+                    dist,
+                    hooks,
+                    train_split,
+                    eval_set,
+                    progress,
+                    echo,
+                    main,
+                    kernel_setup["rms_impl"],
+                    held_out,
+                )
         stab_units = None
         if cfg.stability:
             from normswap.study import stability as stab
@@ -303,10 +525,18 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                     source, c, group_arms, seed, m, dist, hooks, rms_impl=kernel_setup["rms_impl"]
                 ),
                 eval_set=eval_set,
-                make_stream=lambda seed: TrainStream(source.tokenizer, cfg.data, cfg.seq_len, seed, split=train_split),
+                make_stream=lambda seed: stream_factory(source, cfg, train_split),
                 main=main,
                 echo=echo,
             )
+    except KeyboardInterrupt:
+        progress.close()
+        finished = len([p for p in study.units.glob("*.json")]) if main else 0
+        if main:
+            study.write_run(dict(study.read_run() or {}, status="interrupted"))
+        raise StudyInterrupted(
+            f"interrupted: {finished} finished unit(s) kept in {cfg.out}; continue with: {resume_command(cfg)}"
+        ) from None
     finally:
         progress.close()
     if not main:
@@ -315,37 +545,34 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     # ---- analysis, precision table, results.json ----
     from normswap.study import precision as kernel_acc
 
+    loads = _loads(load_start, units)
+    cpus = _cpus()
     unit_list = list(units.values())
     precision = kernel_acc.kernel_accuracy(
         "cpu" if dist.device.type != "cuda" else dist.device,
         kernel_acc.kernels_for(unit_list, cfg.kernels, {a: kernel_acc.arm_kind(a) for a in arms}),
     )
-    comparisons = {a: res.compare(units, a, BASELINE, ref_mult) for a in arms if a != BASELINE}
-    base_units = [u for (a, _, m), u in units.items() if a == BASELINE and m == ref_mult]
-    norm_share = speed.add_amdahl(comparisons, base_units, kernel_setup)
-    loads = [load_start, _load_average()] + [v for u in units.values() for v in (u.get("load") or [])]
-    loads = [v[0] if isinstance(v, list) else v for v in loads if v is not None]
-    cpus = _cpus()
-    control_boot = (comparisons.get(CONTROL) or {}).get("throughput_ratio_bootstrap")
-    for c in comparisons.values():
-        c["throughput_gates"] = speed.gates(control_boot, c.get("amdahl_bound"), loads, cpus)
     stability, stability_sweep = None, None
     if stab_units is not None:
-        seeds = list(range(cfg.seeds))
-        stability = stab.summarize(stab_units, arms, seeds, cfg)
-        stability_sweep = stab.sweep_record(stab_units, arms, seeds, cfg, BASELINE)
-    sw = res.sweep(units, arms, mults, BASELINE)
-    rules = {}
-    if sw is not None:
-        for a in arms:
-            if a not in (BASELINE, CONTROL):
-                rules[a] = migration.analyse(
-                    units, a, BASELINE, mults, list(range(cfg.seeds)), ref_mult, from_scratch=source.from_scratch
-                )
-    verdicts = claims_mod.judge(
-        comparisons, rules, precision, cfg.precision, CONTROL, loads=loads, cpus=cpus, stability_sweep=stability_sweep
+        stab_seeds = list(range(cfg.seeds))
+        stability = stab.summarize(stab_units, arms, stab_seeds, cfg)
+        stability_sweep = stab.sweep_record(stab_units, arms, stab_seeds, cfg, BASELINE)
+    analysis = analyse(
+        cfg,
+        units,
+        arms,
+        baselines,
+        precision,
+        kernel_setup=kernel_setup,
+        loads=loads,
+        cpus=cpus,
+        stability_sweep=stability_sweep,
+        mults=mults,
+        from_scratch=source.from_scratch,
     )
+    seeds_run = sorted({seed for (_, seed, _) in units})
     n_params = sum(p.numel() for p in source.start(0).parameters())  # tied weights counted once
+    order = [(arm, seed, m) for seed in seeds_run for m in mults for arm in arms]
     results = {
         "schema_version": SCHEMA_VERSION,
         "kind": "normswap-study",
@@ -359,11 +586,28 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         "setup": {
             **cfg.recorded(),
             "arms": arms,
-            "seeds_list": list(range(cfg.seeds)),
+            "seeds_list": seeds_run,
+            "seeds_run": len(seeds_run),
+            "seed_limit": cfg.seed_limit(),
+            "stopped_because": stop_reason,
             "multipliers": mults,
-            "reference_multiplier": ref_mult,
+            "arm_lr_multipliers": cfg.arm_multipliers(),
+            "reference_multiplier": analysis["reference_multiplier"],
             "tokens_per_step": tokens_per_step,
+            "margin_nats": cfg.margin,
+            "lr_schedule": cfg.lr_schedule,
+            "schedule": Schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.lr_schedule, cfg.min_lr_ratio).describe(),
+            "final_eval_steps": cfg.final_eval_steps(),
             "eval_tokens_used": int(eval_set.numel()),
+            "heldout": {
+                "blocks": int(eval_set.shape[0]),
+                "tokens": int(eval_set.numel()),
+                "blocks_in_pool": heldout["read"],
+                "stride_blocks": heldout["stride"],
+                "split": eval_split,
+                "rule": "disjoint blocks at an even stride over the validation split (study/heldout.py)",
+            },
+            "control_data": "layernorm-control: own data order and dropout stream (seed + 1000003), same init",
             "device": str(dist.device),
             "world_size": dist.world,
             "torch": torch.__version__,
@@ -385,18 +629,22 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         "notes": notes,
         "baseline": BASELINE,
         "control": CONTROL if CONTROL in arms else None,
-        "units": [res.summarize_unit(units[k], tokens_per_step) for k in keys if k in units],
-        "comparisons": comparisons,
-        "null_control": claims_mod.null_control(comparisons.get(CONTROL)),
-        "baseline_norm_share": norm_share,
-        "lr_sweep": sw,
-        "migration_rule": rules or None,
+        "baselines": baselines,
+        "units": [res.summarize_unit(units[k], tokens_per_step) for k in order if k in units],
+        "comparisons": analysis["comparisons"],
+        "null_control": analysis["null_control"],
+        "baseline_norm_share": analysis["baseline_norm_share"],
+        "lr_sweep": analysis["lr_sweep"],
+        "migration_rule": analysis["migration_rule"],
         "precision": precision,
         "stability": stability,
         "stability_sweep": stability_sweep,
-        "claims": verdicts,
+        "lm_eval": res.lm_eval_table(units, arms, analysis["reference_multiplier"]),
+        "claims": analysis["claims"],
+        "multiplicity": analysis["multiplicity"],
         "timing": {
             "wall_seconds": time.perf_counter() - wall0,
+            "train_seconds": spent,  # every seed's training (resumes included): what --budget counts
             "load_average_start": load_start,
             "load_average_end": _load_average(),
         },
@@ -413,6 +661,83 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     return results
 
 
+def baseline_losses(source, cfg: StudyConfig, train_split: str, eval_set) -> dict:
+    """The count models' held-out losses (study/baselines.py) on the tokens a seed's arms read."""
+    from normswap.study.baselines import ngram_losses, training_blocks
+
+    train = training_blocks(source.tokenizer, cfg.data, cfg.seq_len, cfg.steps * cfg.batch_size, train_split)
+    vocab = int(getattr(source.config, "vocab_size", 0) or len(source.tokenizer))
+    return ngram_losses(train, eval_set, vocab)
+
+
+def stream_factory(source, cfg: StudyConfig, train_split: str):
+    """A data-order seed -> its token stream (made on first use): what ``Group.run`` reads batches from."""
+    from normswap.finetune.data import TrainStream
+
+    streams: dict = {}
+
+    def stream_for(data_seed):
+        if data_seed not in streams:
+            streams[data_seed] = TrainStream(source.tokenizer, cfg.data, cfg.seq_len, data_seed, split=train_split)
+        return streams[data_seed]
+
+    return stream_for
+
+
+def _run_group(
+    cfg, source, study, units, arms, todo, seed, m, dist, hooks, train_split, eval_set, progress, echo, main, rms_impl
+):
+    """One (seed, multiplier): its unfinished arms trained together; each unit written as it ends."""
+    group_arms = [a for a in arms if (a, seed, m) in todo]
+    if not group_arms:
+        return
+    group = Group(source, cfg, group_arms, seed, m, dist, hooks, rms_impl=rms_impl)
+    stream_for = stream_factory(source, cfg, train_split)
+
+    where = f"seed {seed + 1}" + (f" lr ×{m:g}" if len(cfg.multipliers()) > 1 else "")
+
+    def save(record):
+        units[(record["arm"], seed, m)] = record
+        if main:
+            study.write_unit(unit_key(record["arm"], seed, m), record)
+
+    def on_step(t, arms_now):
+        progress.step(
+            sum(1 for a in arms_now if a.record["steps_done"] == t), f"{where} step {t}/{cfg.steps}", arms_now
+        )
+
+    def lm_eval(finished):
+        tasks = cfg.lm_eval_task_list()
+        if not tasks or seed != 0 or not main:
+            return
+        from normswap.evaluate.lm_eval_adapter import run_tasks
+        from normswap.model_facts import context_length
+
+        for arm in finished:
+            arm.record["lm_eval"] = run_tasks(
+                arm.model,
+                source.tokenizer,
+                tasks,
+                batch_size=16,
+                max_length=context_length(source.config),
+                limit=cfg.lm_eval_limit or None,
+                device=dist.device,
+                log_path=study.out / "lm_eval.log",
+            )
+
+    for record in group.run(stream_for, eval_set, on_step=on_step, on_arm_done=save, after_arms=lm_eval):
+        if record["status"] == "finished":
+            save(record)
+    if main:
+        for arm in group.arms:
+            if arm.record["status"] == "diverged":
+                nf = arm.record["nonfinite"]
+                echo(
+                    f"normswap study: arm {arm.name} (seed {seed + 1}, lr ×{m:g}) stopped at step {nf['step']}: "
+                    f"{nf['what']} is {nf['value']}; the other arms went on"
+                )
+
+
 def _finite(obj):
     """JSON has no inf/nan: they become strings ("inf"), so results.json stays standard JSON."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -424,4 +749,4 @@ def _finite(obj):
     return obj
 
 
-__all__ = ["Hooks", "run_study"]
+__all__ = ["Hooks", "StudyInterrupted", "run_study"]

@@ -1,17 +1,32 @@
 """The interleaved trainer: the arms of one (seed, learning-rate multiplier) group, one step each in turn.
 
 One process holds every arm of the group. Step t reads one global batch from the seed's token
-stream and gives it to every arm; the arms' order rotates with t, so no arm always runs first
-after the data is read (or after the held-out evaluation). Whatever else the machine does while
-the group runs lands on every arm alike, so per-step time ratios between arms cancel drift; the
-``layernorm-control`` arm shows how far apart two identical arms still measure (the noise floor).
+stream and gives it to every arm; the arms' order follows a Williams design over the timed
+steps (measure.StepPlan), so no arm always runs first, or after the same arm, after the data is
+read (or after the held-out evaluation). Whatever else the machine
+does while the group runs lands on every arm alike, so per-step time ratios between arms cancel
+drift.
 
 Identical across the arms of a group: the initial weights (arms.py builds each from the seed's
 start), the batches and their order, the dropout masks (the global RNG is re-seeded from
 (seed, t) before each arm's step, so an arm's masks do not depend on which arms run beside it),
-the learning-rate schedule η_t = η_max·min(t/T_w, 1), the precision and the kind of kernel.
-Because nothing an arm computes depends on the other arms, a group that runs only some of its
-arms (a resumed study whose other units are finished) computes exactly what the whole group would.
+the learning-rate schedule (finetune/step.py's: linear warmup, then cosine, linear or constant),
+the precision and the kind of kernel. The step itself — rate, forward and loss under the
+precision, backward, all-reduce, clip, update — is finetune/step.py's ``TrainStep``, the one the
+fine-tune runs.
+
+Two exceptions, both deliberate: ``layernorm-control`` draws its own data order and its own
+dropout stream (``OWN_STREAM``), so its difference from layernorm is the noise floor — how far
+two runs of the same model land apart when only the luck of the data differs; and an arm named in
+``--arm-lr`` trains at its own multiple of the rate. Because nothing an arm computes depends on
+the other arms, a group that runs only some of its arms (a resumed study whose other units are
+finished) computes exactly what the whole group would.
+
+Final quality: the mean held-out loss of the last ``--final-evals`` evaluations
+(``StudyConfig.final_eval_steps``), with the per-block losses averaged the same way (results.py
+pairs them across arms for the held-out sampling error). One evaluation at one step is at the
+mercy of that step's batch; by the last steps the schedule has decayed the rate, and the mean of
+several evaluations smooths what is left.
 
 Several processes (torchrun / accelerate launch): every process reads the same global batch and
 takes its rows; gradients are averaged across processes (all-reduce) before clipping, so each arm
@@ -26,21 +41,24 @@ non-finite gradient is the loss scaler's business: the step is skipped and count
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
+from normswap.finetune.step import Schedule, TrainStep, precision_for
 from normswap.model_facts import norm_modules
 from normswap.study import measure
 from normswap.study.arms import build_arm
+from normswap.study.config import CONTROL
 
 SPIKE_WINDOW = 20  # a spike is judged against the median of this many previous losses
 SPIKE_MIN_HISTORY = 10
 GRAD_SCALE_STEPS = 10  # the gradient scale of the migration rule: mean global grad norm over the first steps
+OWN_STREAM = {CONTROL: 1_000_003}  # arms with their own data order and dropout: their seed offset
 
 
 @dataclass
@@ -89,15 +107,8 @@ class Dist:
 
 
 def autocast_for(precision: str, device: torch.device):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def lr_at(step: int, peak: float, warmup: int) -> float:
-    """η_t = η_max·min(t/T_w, 1) (1-based steps: step T_w is the first at the full rate)."""
-    return peak * (min(step / warmup, 1.0) if warmup > 0 else 1.0)
+    """The forward pass's autocast for ``precision`` (finetune/step.py's precision_for)."""
+    return precision_for(precision, device).autocast()
 
 
 def _param_groups(model, weight_decay: float) -> list[dict]:
@@ -118,27 +129,49 @@ class Arm:
 
     name: str
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scaler: object | None
+    step: TrainStep
     probe: measure.ArmProbe
     norms: list
     record: dict
+    stream_seed: int  # its data order and dropout stream (the group's seed, or the control's own)
     stopped: bool = False
-    params: list = field(default_factory=list)
+    final_blocks: list = field(default_factory=list)  # per-block held-out losses at the final evaluations
+
+    @property
+    def optimizer(self):
+        return self.step.optimizer
+
+    @property
+    def scaler(self):
+        return self.step.scaler
+
+    @property
+    def params(self):
+        return self.step.params
 
 
-def new_record(arm: str, seed: int, multiplier: float, lr: float, norms: list) -> dict:
+def stream_seed(arm: str, seed: int) -> int:
+    return seed + OWN_STREAM.get(arm, 0)
+
+
+def new_record(arm: str, seed: int, multiplier: float, lr: float, norms: list, arm_multiplier: float = 1.0) -> dict:
     return {
         "arm": arm,
         "seed": seed,
         "lr_multiplier": multiplier,
+        "arm_lr_multiplier": arm_multiplier,
         "lr": lr,
+        "data_seed": stream_seed(arm, seed),
         "status": "running",
         "steps_done": 0,
         "loss": [],
         "grad_norm": [],
         "eval": [],
         "final_eval_loss": None,
+        "final_evals": [],
+        "final_eval_blocks": None,
+        "last_eval_loss": None,
+        "lm_eval": None,
         "norm_input_grad_norm": {"layers": [n for n, _ in norms], "per_step": []},
         "nonfinite": None,
         "spikes": [],
@@ -166,68 +199,59 @@ class Group:
     ):
         self.cfg, self.seed, self.multiplier, self.dist, self.hooks = cfg, seed, multiplier, dist, hooks
         self.peak_lr = cfg.lr * multiplier
+        self.final_steps = set(cfg.final_eval_steps())
+        arm_mults = cfg.arm_multipliers()
         self.arms: list[Arm] = []
         self.plan = measure.StepPlan(cfg.steps, arm_names)
         for name in arm_names:
             model = build_arm(source, name, seed, cfg.kernels, precision=cfg.precision, rms_impl=rms_impl)
             model = model.to(dist.device)
-            opt = torch.optim.AdamW(
-                _param_groups(model, cfg.weight_decay), lr=self.peak_lr, betas=(0.9, 0.95), eps=1e-8
+            peak = self.peak_lr * arm_mults.get(name, 1.0)
+            opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=peak, betas=(0.9, 0.95), eps=1e-8)
+            step = TrainStep(
+                model,
+                opt,
+                Schedule(peak, cfg.steps, cfg.warmup, kind=cfg.lr_schedule, min_ratio=cfg.min_lr_ratio),
+                clip_grad=cfg.clip_grad,
+                precision=precision_for(cfg.precision, dist.device),
+                average_grads=dist.average_grads,
+                params=list(model.parameters()),
             )
-            scaler = torch.amp.GradScaler(dist.device.type) if cfg.precision == "fp16" else None
             norms = norm_modules(model)
             self.arms.append(
                 Arm(
                     name,
                     model,
-                    opt,
-                    scaler,
+                    step,
                     measure.ArmProbe(self.plan, model, norms, dist.device),
                     norms,
-                    new_record(name, seed, multiplier, self.peak_lr, norms),
-                    params=list(model.parameters()),
+                    new_record(name, seed, multiplier, peak, norms, arm_mults.get(name, 1.0)),
+                    stream_seed(name, seed),
                 )
             )
 
     # ------------------------------------------------------------------------ one arm's step
     def _step(self, arm: Arm, batch: torch.Tensor, t: int) -> None:
-        cfg, rec = self.cfg, arm.record
-        torch.manual_seed(self.seed * 1_000_003 + t)  # the same dropout masks for every arm at step t
-        lr = lr_at(t, self.peak_lr, cfg.warmup)
-        for g in arm.optimizer.param_groups:
-            g["lr"] = lr
+        rec = arm.record
+        torch.manual_seed(arm.stream_seed * 1_000_003 + t)  # the same dropout masks for every arm at step t
+        arm.step.begin(t)
         with arm.probe.step(t) as probe:  # the whole step: timed, or measured (measure.StepPlan)
             probe.result = self._forward_backward_update(arm, batch, t, rec)
         self._after(arm, t, probe, rec)
 
     def _forward_backward_update(self, arm: Arm, batch: torch.Tensor, t: int, rec: dict) -> tuple:
-        cfg = self.cfg
-        with autocast_for(cfg.precision, self.dist.device):
-            loss = arm.model(input_ids=batch, labels=batch).loss
+        """finetune/step.py's step: loss under the precision, backward, all-reduce, clip, update."""
+        loss = arm.step.loss(lambda: arm.model(input_ids=batch, labels=batch).loss)
         if self.hooks.loss is not None:
             loss = self.hooks.loss(arm.name, t, loss)
-        (arm.scaler.scale(loss) if arm.scaler is not None else loss).backward()
-        self.dist.average_grads(arm.params)
-        if arm.scaler is not None:
-            arm.scaler.unscale_(arm.optimizer)
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(arm.params, cfg.clip_grad if cfg.clip_grad > 0 else float("inf"))
-        )
+        arm.step.backward(loss)
+        grad_norm = arm.step.clip()
         loss_v = float(self.dist.mean_(loss.detach().float().reshape(1))[0])
-        scale = float(arm.scaler.get_scale()) if arm.scaler is not None else 1.0
-        skipped = False
-        if not math.isfinite(loss_v):
-            rec["nonfinite"] = {"step": t, "what": "loss", "value": str(loss_v)}
-        elif arm.scaler is not None:
-            arm.scaler.step(arm.optimizer)
-            arm.scaler.update()
-            skipped = arm.scaler.get_scale() < scale
-        elif not math.isfinite(grad_norm):
-            rec["nonfinite"] = {"step": t, "what": "gradient norm", "value": str(grad_norm)}
-        else:
-            arm.optimizer.step()
-        arm.optimizer.zero_grad(set_to_none=True)
-        return loss_v, grad_norm, scale, skipped
+        update = arm.step.update(loss_v, grad_norm)
+        if update.refused is not None:
+            value = loss_v if update.refused == "loss" else grad_norm
+            rec["nonfinite"] = {"step": t, "what": update.refused, "value": str(value)}
+        return loss_v, grad_norm, update.scale, update.skipped
 
     def _after(self, arm: Arm, t: int, probe, rec: dict) -> None:
         """Record step t (outside its timing): the measurements of its role, loss, spikes, status."""
@@ -254,34 +278,61 @@ class Group:
             rec["status"] = "diverged"
 
     # ------------------------------------------------------------------------ held-out loss
-    def heldout(self, arm: Arm, eval_set: torch.Tensor) -> float:
-        """Mean next-token loss over the held-out blocks (the processes split the blocks)."""
+    def heldout_blocks(self, arm: Arm, eval_set: torch.Tensor) -> torch.Tensor:
+        """Each held-out block's mean next-token loss (float64, [n]; the processes split the blocks)."""
         model, dev = arm.model, self.dist.device
         model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=dev)
-        mine = eval_set[self.dist.rank :: self.dist.world]
-        with torch.no_grad(), autocast_for(self.cfg.precision, dev):
+        per_block = torch.zeros(len(eval_set), dtype=torch.float64, device=dev)
+        mine = list(range(self.dist.rank, len(eval_set), self.dist.world))
+        with torch.no_grad(), arm.step.precision.autocast():
             for i in range(0, len(mine), self.cfg.batch_size):
-                rows = mine[i : i + self.cfg.batch_size].to(dev)
-                loss = model(input_ids=rows, labels=rows).loss.double()
-                total[0] += loss * len(rows)
-                total[1] += len(rows)
+                idx = mine[i : i + self.cfg.batch_size]
+                rows = eval_set[idx].to(dev)
+                logits = model(input_ids=rows, use_cache=False).logits.float()
+                nll = F.cross_entropy(
+                    logits[:, :-1].reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1), reduction="none"
+                )
+                per_block[idx] = nll.view(len(idx), -1).double().mean(1)
         model.train()
-        total = self.dist.sum_(total)
-        v = float(total[0] / total[1])
+        return self.dist.sum_(per_block)
+
+    def heldout(self, arm: Arm, eval_set: torch.Tensor) -> float | None:
+        """Mean next-token loss over the held-out blocks (every block the same length: their mean)."""
+        v = float(self.heldout_blocks(arm, eval_set).mean())
         return v if math.isfinite(v) else None
 
     def _evaluate(self, t: int, eval_set) -> None:
         for arm in self.arms:
-            if not arm.stopped:
-                v = self.heldout(arm, eval_set)
-                arm.record["eval"].append({"step": t, "loss": v})
-                if t == self.cfg.steps:
-                    arm.record["final_eval_loss"] = v
+            if arm.stopped:
+                continue
+            blocks = self.heldout_blocks(arm, eval_set)
+            v = float(blocks.mean())
+            v = v if math.isfinite(v) else None
+            arm.record["eval"].append({"step": t, "loss": v})
+            if t in self.final_steps:
+                arm.record["final_evals"].append({"step": t, "loss": v})
+                arm.final_blocks.append(blocks.cpu())
+            if t == self.cfg.steps:
+                self._final(arm)
+
+    def _final(self, arm: Arm) -> None:
+        """Final quality: the mean of the final evaluations (None if any was not finite)."""
+        rec = arm.record
+        rec["last_eval_loss"] = rec["final_evals"][-1]["loss"] if rec["final_evals"] else None
+        losses = [e["loss"] for e in rec["final_evals"]]
+        if losses and all(v is not None for v in losses):
+            rec["final_eval_loss"] = statistics.fmean(losses)
+            rec["final_eval_blocks"] = torch.stack(arm.final_blocks).mean(0).tolist()
+        arm.final_blocks = []
+
+    def _wants_eval(self, t: int) -> bool:
+        return t in self.final_steps or bool(self.cfg.eval_every and t % self.cfg.eval_every == 0)
 
     # ------------------------------------------------------------------------ the loop
-    def run(self, stream, eval_set, *, on_step=None, on_arm_done=None) -> list[dict]:
-        """Train every arm for cfg.steps (or until it diverges); return their records."""
+    def run(self, streams, eval_set, *, on_step=None, on_arm_done=None, after_arms=None) -> list[dict]:
+        """Train every arm for cfg.steps (or until it diverges); return their records. ``streams``:
+        a data-order seed -> its token stream (``stream_for(seed)`` makes one on first use);
+        ``after_arms(arms)``: runs once training ends, before the records are returned (lm-eval)."""
         cfg, world, rank = self.cfg, self.dist.world, self.dist.rank
         micro = cfg.batch_size // world
         self._evaluate(0, eval_set)
@@ -289,12 +340,14 @@ class Group:
             active = [a for a in self.arms if not a.stopped]
             if not active:
                 break
-            batch = stream.take(cfg.batch_size)[rank * micro : (rank + 1) * micro].to(self.dist.device)
+            batches = {}
+            for key in dict.fromkeys(a.stream_seed for a in self.arms):  # every stream advances every step
+                batches[key] = streams(key).take(cfg.batch_size)[rank * micro : (rank + 1) * micro].to(self.dist.device)
             for arm in self.plan.order(t, active):  # a Williams order over the timed steps
-                self._step(arm, batch, t)
+                self._step(arm, batches[arm.stream_seed], t)
                 if arm.stopped and on_arm_done:
                     on_arm_done(arm.record)
-            if t == cfg.steps or (cfg.eval_every and t % cfg.eval_every == 0):
+            if self._wants_eval(t):
                 self._evaluate(t, eval_set)
             if on_step:
                 on_step(t, self.arms)
@@ -302,6 +355,9 @@ class Group:
                 self.hooks.after_step(self.seed, self.multiplier, t)
         for arm in self.arms:
             arm.probe.remove()
-            if not arm.stopped:
-                arm.record["status"] = "finished"
+        finished = [a for a in self.arms if not a.stopped]
+        if after_arms and finished:
+            after_arms(finished)
+        for arm in finished:
+            arm.record["status"] = "finished"
         return [a.record for a in self.arms]
