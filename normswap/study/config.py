@@ -106,15 +106,15 @@ class StudyConfig:
         maximum=MAX_SEEDS,
     )
     budget: float = _opt(
-        540.0,
+        600.0,
         "Seconds of training (all seeds, resumes included) after which no further seed starts; 0: no limit "
         "(--max-seeds alone decides).",
         minimum=0.0,
         maximum=1e9,
     )
-    steps: int = _opt(400, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
+    steps: int = _opt(200, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
     warmup: int = _opt(
-        40, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
+        20, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
     )
     lr: float = _opt(3e-3, "Peak learning rate η_max of every arm.", above=0.0)
     lr_schedule: str = _opt(
@@ -162,13 +162,13 @@ class StudyConfig:
         maximum=MAX_STEPS,
     )
     eval_tokens: int = _opt(
-        16384,
+        8192,
         "Held-out tokens: blocks spread evenly over the data's validation split (the same for every arm and seed).",
         minimum=1,
         maximum=MAX_EVAL_TOKENS,
     )
     final_evals: int = _opt(
-        5,
+        4,
         "Final quality = the mean held-out loss of this many evaluations ending at the last step, "
         "--final-eval-every steps apart.",
         minimum=1,
