@@ -352,6 +352,8 @@ def test_a_bf16_study_records_bfloat16_for_every_arm_and_what_ran(tmp_path, devi
         precision="bf16",
         steps=4,
         seeds=1,
+        max_seeds=1,
+        lm_eval_tasks=["none"],
         seq_len=16,
         batch_size=2,
         eval_tokens=128,

@@ -30,6 +30,7 @@ TINY = dict(
     attn_pdrop=0.0,
 )
 COMMON = dict(seq_len=16, batch_size=2, eval_tokens=64, eval_every=0, warmup=0, progress=False, device="cpu", threads=1)
+COMMON.update(max_seeds=1, budget=0, lm_eval_tasks=["none"])  # exactly one seed, no lm-eval
 OPTS = dict(arms=["layernorm"], steps=3, seeds=1)  # step 3 is the first profiled one (study/measure.py)
 
 
