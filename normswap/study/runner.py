@@ -400,6 +400,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     spent = float(run_record.get("train_seconds", 0.0))
     per_seed: list[float] = list(run_record.get("seed_seconds", []))
     units: dict = {}
+    seeds_done: list[int] = []  # the seeds run or found finished, the same on every process
     stop_reason = None
     tokens_per_step = cfg.batch_size * cfg.seq_len
     # the migration rule's held-out blocks: validation and a disjoint test set (migration.py)
@@ -416,6 +417,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
             if main:
                 units.update({k: study.read_unit(unit_key(*k)) for k, d in zip(keys, done_flags) if d})
             if all(done_flags):
+                seeds_done.append(seed)
                 continue
             if seed >= max(cfg.seeds, started):
                 rows = (
@@ -449,6 +451,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
             if main and seed + 1 > started:
                 started = seed + 1
                 study.write_run(dict(study.read_run() or {}, seeds_started=started))
+            seeds_done.append(seed)
             t_seed = time.perf_counter()
             for m in mults:
                 _run_group(
@@ -478,7 +481,6 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         else:
             stop_reason = f"--max-seeds {cfg.seed_limit()} reached"
         # a best rate at the sweep's edge: one more rate past it (at most MAX_EXTENSIONS), decided by process 0
-        seeds_done = sorted({s for (_, s, _) in units}) if main else list(range(cfg.seeds))
         for _ in range(migration.MAX_EXTENSIONS if held_out is not None else 0):
             new = migration.extension(units, [a for a in arms if a != CONTROL], mults, seeds_done)
             low, high = _agree(dist, [new is not None and new < min(mults), new is not None and new > max(mults)])
