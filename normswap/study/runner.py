@@ -687,7 +687,23 @@ def stream_factory(source, cfg: StudyConfig, train_split: str):
 
 
 def _run_group(
-    cfg, source, study, units, arms, todo, seed, m, dist, hooks, train_split, eval_set, progress, echo, main, rms_impl
+    cfg,
+    source,
+    study,
+    units,
+    arms,
+    todo,
+    seed,
+    m,
+    dist,
+    hooks,
+    train_split,
+    eval_set,
+    progress,
+    echo,
+    main,
+    rms_impl,
+    held_out=None,
 ):
     """One (seed, multiplier): its unfinished arms trained together; each unit written as it ends."""
     group_arms = [a for a in arms if (a, seed, m) in todo]
@@ -727,7 +743,10 @@ def _run_group(
                 log_path=study.out / "lm_eval.log",
             )
 
-    for record in group.run(stream_for, eval_set, on_step=on_step, on_arm_done=save, after_arms=lm_eval):
+    records = group.run(stream_for, eval_set, on_step=on_step, on_arm_done=save, after_arms=lm_eval)
+    if held_out is not None:  # the migration rule's per-block losses (migration.py)
+        migration.add_block_losses(group.arms, held_out, cfg.precision, dist.device)
+    for record in records:
         if record["status"] == "finished":
             save(record)
     if main:
