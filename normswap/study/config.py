@@ -112,9 +112,9 @@ class StudyConfig:
         minimum=0.0,
         maximum=1e9,
     )
-    steps: int = _opt(200, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
+    steps: int = _opt(150, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
     warmup: int = _opt(
-        20, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
+        15, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
     )
     lr: float = _opt(3e-3, "Peak learning rate η_max of every arm.", above=0.0)
     lr_schedule: str = _opt(
