@@ -11,15 +11,12 @@ the shipped kjv-gpt2 tokenizer (vocabulary 4096) so the embedded corpus can be e
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from normswap.assets.models import MODELS_DIR  # noqa: E402
+from normswap.assets.models import GPT2_SMALL, GPT2_TINY, write_gpt2_shaped  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -30,25 +27,11 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--heads", type=int, default=None)
     args = ap.parse_args(argv)
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    tok_dir = MODELS_DIR / "kjv-gpt2"
-    shape = (
-        dict(n_layer=2, n_embd=64, n_head=4, n_positions=128)
-        if args.tiny
-        else dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
-    )
+    shape = GPT2_TINY if args.tiny else GPT2_SMALL
     if args.layers:
         shape = dict(n_layer=args.layers, n_embd=args.width, n_head=args.heads, n_positions=1024)
-    config = GPT2Config(vocab_size=4096, bos_token_id=0, eos_token_id=0, pad_token_id=0, **shape)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(config)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tok_dir / name, out / name)
-    print(f"{out}: GPT-2 {shape}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    params = write_gpt2_shaped(args.out, shape)
+    print(f"{args.out}: GPT-2 {shape}, {params / 1e6:.1f}M parameters")
     return 0
 
 

@@ -27,7 +27,8 @@ import json, sys
 from normswap.cli.main import COMMANDS, main
 runs = [["--help"]] + [[c, "--help"] for c in COMMANDS] + \
 [["eval", n, "--help"] for n in ("report", "ppl", "speed", "render")] \
-    + [["eval", "tasks-path"], ["bench", "kernels", "--help"], ["bench", "convert", "--help"]]
+    + [["eval", "tasks-path"], ["bench", "kernels", "--help"], ["bench", "convert", "--help"]] \
+    + [["bench", "onnx", "--help"]]
 codes = []
 for argv in runs:
     try:

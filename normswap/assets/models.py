@@ -76,3 +76,29 @@ def describe(name: str) -> dict:
 def list_models() -> list[dict]:
     """Every shipped model, sorted by name."""
     return [describe(n) for n in _names()]
+
+
+# GPT-2 small's shape (12 layers, width 768, 12 heads, 1024 positions); the vocabulary is the shipped
+# kjv-gpt2 tokenizer's (4096), so the model runs on the embedded corpus offline
+GPT2_SMALL = dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
+GPT2_TINY = dict(n_layer=2, n_embd=64, n_head=4, n_positions=128)
+
+
+def write_gpt2_shaped(out, shape: dict | None = None, seed: int = 0) -> int:
+    """Write a randomly initialised GPT-2 (``shape``: GPT2Config fields, default GPT-2 small) with the
+    shipped kjv-gpt2 tokenizer into ``out`` (a fresh directory): a real checkpoint built from a
+    config, no hub. Returns its parameter count."""
+    import shutil
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=4096, bos_token_id=0, eos_token_id=0, pad_token_id=0, **(shape or GPT2_SMALL))
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(MODELS_DIR / "kjv-gpt2" / name, out / name)
+    return sum(p.numel() for p in model.parameters())

@@ -1,4 +1,4 @@
-"""`normswap bench`: benchmark groups (kernels, decode; convert lives in its own module)."""
+"""`normswap bench`: benchmark groups (kernels, decode, onnx; convert lives in its own module)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ import click
 
 @click.group()
 def bench():
-    """Benchmarks: the RMSNorm kernels, and converted models against their originals (decode, convert)."""
+    """Benchmarks: the RMSNorm kernels, and converted models against their originals (decode, convert, onnx)."""
 
 
 def _register():
     from normswap.cli.bench_decode import decode
     from normswap.cli.bench_kernels import kernels
+    from normswap.cli.bench_onnx import onnx
 
     bench.add_command(kernels)
     bench.add_command(decode)
+    bench.add_command(onnx)
     # `bench convert` is owned by another module; absent in some builds, so import it guarded
     try:
         mod = importlib.import_module("normswap.cli.bench_convert")

@@ -43,7 +43,7 @@ from normswap.export import FORMATS
     default="rmsnormalization",
     show_default=True,
     help="onnx: write each RMSNorm as ONNX's RMSNormalization (opset 23) or as onnxruntime's "
-    "SimplifiedLayerNormalization (bench/onnx_speed.py measures both).",
+    "SimplifiedLayerNormalization (`normswap bench onnx` times both).",
 )
 @click.option(
     "--max-shard-size", default="5GB", show_default=True, help="stock: shard the safetensors above this size."

@@ -5,7 +5,7 @@ torch's own ``rms_norm`` while exporting (modules.py), which the exporter writes
 ``RMSNormalization`` node per norm instead of the custom kernel's internals. A stock LayerNorm
 model exports the same way (its norms as ``LayerNormalization``): that is the baseline the
 converted model is timed against. ``norm_op="simplified"`` rewrites each RMSNormalization as
-onnxruntime's contrib ``SimplifiedLayerNormalization`` (the same arithmetic; bench/onnx_speed.py
+onnxruntime's contrib ``SimplifiedLayerNormalization`` (the same arithmetic; `normswap bench onnx`
 measures which one onnxruntime runs faster).
 
 The graph takes ``input_ids`` [batch, sequence] (both dynamic) and returns the model's first
@@ -39,6 +39,16 @@ OPSET = 23
 MODEL_FILE = "model.onnx"
 NORM_OPS = {"rmsnormalization": "RMSNormalization", "simplified": "SimplifiedLayerNormalization"}
 EXTERNAL_DATA_ABOVE = int(1.5e9)  # protobuf's 2 GB limit, with room for the graph
+# onnxruntime's graph optimisation level of every session normswap opens (session())
+OPTIMIZATION_LEVEL = "ORT_ENABLE_ALL"
+# the norm ops a graph may hold before and after onnxruntime's fusions (Skip*: the residual add fused in)
+NORM_OP_TYPES = (
+    "LayerNormalization",
+    "SkipLayerNormalization",
+    "RMSNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+)
 
 
 def require_packages() -> None:
@@ -155,18 +165,38 @@ def use_contrib_norm(proto) -> int:
     return count
 
 
-def session(path, threads: int | None = None):
-    """An onnxruntime CPU session of ``path`` (all graph optimisations; ``threads`` intra-op threads)."""
+def session(path, threads: int | None = None, optimized_path=None):
+    """An onnxruntime CPU session of ``path`` (all graph optimisations; ``threads`` intra-op threads;
+    ``optimized_path``: also write the optimised graph there)."""
     require_packages()
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVEL)
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = int(threads)
         opts.inter_op_num_threads = 1
+    if optimized_path is not None:
+        opts.optimized_model_filepath = str(optimized_path)
+        # the weights beside the graph, so a large model's optimised copy stays under protobuf's 2 GB
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", Path(optimized_path).name + ".data"
+        )
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def optimised_norm_ops(path, scratch) -> dict:
+    """{norm op type: count} in the graph onnxruntime actually runs for ``path`` (after its graph
+    optimisations at OPTIMIZATION_LEVEL, e.g. LayerNormalization + Add fused into
+    SkipLayerNormalization): the optimised graph is written into the directory ``scratch`` and read
+    back. Detected, not assumed: which fusions fire depends on the onnxruntime version."""
+    import onnx
+
+    out = Path(scratch) / (Path(path).parent.name + "-optimised.onnx")
+    session(path, threads=1, optimized_path=out)
+    ops = Counter(n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node)
+    return {op: ops[op] for op in NORM_OP_TYPES if ops[op]}
 
 
 def run_session(sess, input_ids: torch.Tensor) -> torch.Tensor:
@@ -270,6 +300,7 @@ __all__ = [
     "export_graph",
     "use_contrib_norm",
     "session",
+    "optimised_norm_ops",
     "run_session",
     "is_onnx_dir",
     "require_packages",
