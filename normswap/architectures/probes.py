@@ -112,6 +112,12 @@ def model_outputs(model, inputs, *, seed: int = 0) -> dict[str, torch.Tensor]:
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(seed)
         out = model(**inputs)
+    return flat_outputs(out)
+
+
+def flat_outputs(out) -> dict[str, torch.Tensor]:
+    """A forward's floating-point tensors by name (``model_outputs``' names: nested tuples and
+    outputs flattened to ``a.0``, ``vision_model_output.pooler_output``), caches left out."""
     items = out.items() if hasattr(out, "items") else enumerate(out if isinstance(out, (tuple, list)) else (out,))
     flat: dict[str, torch.Tensor] = {}
 

@@ -62,7 +62,14 @@ def render_model_card(manifest: dict, config: dict) -> str:
                 "wherever the norm's output only feeds linears.",
                 "",
             ]
-        else:
+        if block.get("exact_outputs"):
+            lines += [
+                f"Converted with `--exact-outputs pooled`: exact outputs {', '.join(block['exact_outputs'])}. "
+                f"Not exact: {', '.join(block.get('shifted_outputs') or [])} (the raw residual stream, which moves "
+                "by its per-token mean); verification compared the exact outputs only.",
+                "",
+            ]
+        if block.get("mode") != "exact":
             lines += [
                 "Approximate mode: the residual stream was *not* centred, so the model's function changed; "
                 "heal it with `normswap finetune`.",
@@ -76,6 +83,11 @@ def render_model_card(manifest: dict, config: dict) -> str:
             "|---|---|",
             f"| probe tokens | {ver.get('probe_tokens')} |",
             f"| max abs Δ log-prob (float32) | {_fmt(ver.get('max_abs_logprob_diff'))} |",
+            *(
+                [f"| max abs Δ of {', '.join(ver['compared_outputs'])} (float32) | {_fmt(ver.get('max_abs_diff'))} |"]
+                if ver.get("compared_outputs")
+                else []
+            ),
             f"| source float32-vs-float64 noise floor | {_fmt(ver.get('noise_floor'))} |",
             f"| probe perplexity, source | {_fmt(ver.get('probe_perplexity_source'), '.4f')} |",
             f"| probe perplexity, converted | {_fmt(ver.get('probe_perplexity_converted'), '.4f')} |",

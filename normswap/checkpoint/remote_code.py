@@ -7,6 +7,8 @@
 # with no normswap installed. So: standard library, torch and transformers only, outside the
 # guarded import below. normswap itself never imports a checkpoint's copy: it builds the same
 # classes from this file (normswap_classes), so a replaced modeling_normswap.py never runs.
+import warnings
+
 import torch
 from torch import nn
 
@@ -224,6 +226,27 @@ def register_runtime_centering(model, block):
                 module.register_forward_hook(hook)
 
 
+_WARNED_OUTPUTS = set()  # (class, preserved outputs) already warned about: once per process
+
+
+def warn_unpreserved_outputs(model, block):
+    """Warn (once per class and checkpoint kind) when a model converted with ``--exact-outputs pooled``
+    returns at top level an output the conversion does not preserve (the raw residual stream, e.g.
+    ``last_hidden_state``), naming the outputs that are."""
+    shifted = [k for k in block.get("shifted_outputs") or [] if "." not in k]
+    exact = block.get("exact_outputs") or []
+    key = (type(model).__name__, tuple(exact))
+    if not shifted or key in _WARNED_OUTPUTS:
+        return
+    _WARNED_OUTPUTS.add(key)
+    warnings.warn(
+        f"{type(model).__name__} was converted with --exact-outputs pooled: {', '.join(shifted)} is not preserved "
+        f"(it moves by its per-token mean); the exact outputs are {', '.join(exact)}",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 def normswap_classes(model_type, config_name, source_config, sources, weights_variant=None):
     """The converted checkpoint's classes: a config class and, for each ``{class name: source
     model class}``, a subclass that rebuilds the converted tree.
@@ -253,7 +276,10 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
         def from_pretrained(cls, *args, **kwargs):
             if kwargs.get("variant") is None:
                 kwargs["variant"] = weights_variant
-            return source.from_pretrained.__func__(cls, *args, **kwargs)
+            model = source.from_pretrained.__func__(cls, *args, **kwargs)
+            loaded = model[0] if isinstance(model, tuple) else model  # output_loading_info=True
+            warn_unpreserved_outputs(loaded, loaded.config.normswap)
+            return model
 
         def save_pretrained(self, *args, **kwargs):
             if kwargs.get("variant") is None:

@@ -20,6 +20,7 @@ GAMMA_CHOICES = ("fold", "keep", "reset")
 BETA_CHOICES = ("fold", "drop", "keep")
 MODES = ("auto", "exact", "approx")
 OUTPUT_DTYPES = ("auto", "float32", "float16", "bfloat16")
+EXACT_OUTPUTS = ("all", "pooled")
 DEFAULT_TOLERANCE = 1e-4  # max |Δ log-prob| an exact conversion may show
 # the options that decide the plan: recorded in the converted config's `normswap` block
 PLAN_OPTIONS = ("mode", "gamma", "beta", "untie")
@@ -49,6 +50,14 @@ class ConvertOptions:
     )
     untie: bool = option(
         False, "Untie a tied output head so the final norm folds into it (costs vocab x hidden parameters)."
+    )
+    exact_outputs: str = option(
+        "all",
+        "Which outputs an exact conversion must keep: all (default), or pooled: also convert a pre-LN "
+        "architecture whose raw residual stream is an output (CLIP-style towers) when its other outputs "
+        "(pooler_output, image/text embeds, heads reading a final norm) stay exact; last_hidden_state then "
+        "moves by its per-token mean, and verification compares the exact outputs only.",
+        choices=EXACT_OUTPUTS,
     )
     dtype: str = option("auto", "Output dtype (auto: the source's).", choices=OUTPUT_DTYPES)
     max_shard_size: str = option("5GB", "Shard the safetensors above this size.", recipe=False)

@@ -119,6 +119,7 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
         "threshold": threshold,
         "reason": reason,
         "changed_outputs": changed,
+        "outputs": list(ref),
     }
 
 
@@ -144,19 +145,21 @@ def _approx_failure(family, source, seed) -> str:
     return f"makes output {', '.join(broken[:3])} non-finite" if broken else ""
 
 
-def discover_family(config, cls=None, *, name=None) -> tuple[Family, dict]:
-    """Discover on a tiny instance of ``config``, check, and return (family, check result)."""
+def discover_family(config, cls=None, *, name=None, refuse_raw_outputs=True) -> tuple[Family, dict]:
+    """Discover on a tiny instance of ``config``, check, and return (family, check result).
+    ``refuse_raw_outputs=False``: describe a model whose raw stream is an output anyway (``--exact-outputs
+    pooled``); the check then says which outputs moved."""
     dtype = torch.float64
     model = tiny_instance(config, cls, seed=0)
     try:
-        raw = discover(model, name=name)
+        raw = discover(model, name=name, refuse_raw_outputs=refuse_raw_outputs)
     except DiscoveryError as e:
         if "cannot trace" not in str(e):
             raise
         # some modeling code does not run in float64 (XGLM's masking): float32 is enough to see the flow
         dtype = torch.float32
         model = tiny_instance(config, cls, seed=0, dtype=dtype)
-        raw = discover(model, name=name)
+        raw = discover(model, name=name, refuse_raw_outputs=refuse_raw_outputs)
     family = parse_family(raw, f"discovered from {type(model).__name__}")
     check = check_family(family, config, cls, dtype=dtype)
     if check["exact"] is False and any(
@@ -175,6 +178,46 @@ def discover_family(config, cls=None, *, name=None) -> tuple[Family, dict]:
 
 
 _RESOLVED: dict = {}
+# discovery's refusal of a stream that is itself an output (discover.py); --exact-outputs pooled lifts it
+RETURNED_RAW_STREAM = "is returned as a model output without a norm"
+POOLED_HINT = (
+    "if you use only its pooled/projected outputs (pooler_output, image_embeds, text_embeds), "
+    "rerun with --exact-outputs pooled"
+)
+
+
+def resolve_pooled_family(config, cls=None) -> tuple[Family, dict | None]:
+    """``--exact-outputs pooled``: the family for ``config`` and which of its outputs stay exact.
+
+    Curated families keep every output (None). Otherwise discovery describes the model even where
+    its raw stream is an output, a tiny randomised instance is converted, and the plan is used when
+    every output that moved is the raw stream shifted by its per-token mean and at least one output
+    stays exact: returns (family, {"exact_outputs": [...], "shifted_outputs": [...]}), or (family,
+    None) when every output stays exact. Anything else is refused with the reason.
+    """
+    from normswap.architectures.registry import family_for_config, has_family
+
+    if has_family(config):
+        return family_for_config(config), None
+    key = ("pooled", config.to_json_string(use_diff=False), getattr(cls, "__name__", None))
+    if key not in _RESOLVED:
+        what = f"--exact-outputs pooled: model_type={config.model_type!r}"
+        try:
+            family, check = discover_family(config, cls, refuse_raw_outputs=False)
+        except DiscoveryError as e:
+            raise NormswapError(f"{what}: discovery failed: {e}") from None
+        declared = None
+        if check["exact"] is False:
+            changed = check.get("changed_outputs") or []
+            kept = [k for k in check.get("outputs") or [] if k not in changed]
+            if "raw residual stream" not in (check.get("reason") or "") or not kept:
+                raise NormswapError(
+                    f"{what} keeps no output exact on a tiny randomised instance "
+                    f"({check.get('reason') or 'every output moved'}), so it is refused"
+                )
+            declared = {"exact_outputs": kept, "shifted_outputs": changed}
+        _RESOLVED[key] = (family, declared)
+    return _RESOLVED[key]
 
 
 def resolve_family(config, cls=None, family_file=None) -> Family:
@@ -198,9 +241,10 @@ def resolve_family(config, cls=None, family_file=None) -> Family:
         try:
             family, check = discover_family(config, cls)
         except DiscoveryError as e:
+            hint = f"; {POOLED_HINT}" if RETURNED_RAW_STREAM in str(e) else ""
             raise NormswapError(
                 f"unsupported architecture: model_type={config.model_type!r} has no family file, "
-                f"and discovery failed: {e}{known}"
+                f"and discovery failed: {e}{hint}{known}"
             ) from None
         if check["exact"] is False:  # None: post-LN, whose approximate plan converted and ran
             raise NormswapError(

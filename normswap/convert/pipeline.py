@@ -31,7 +31,7 @@ from normswap.convert import verify as verification
 from normswap.convert.apply import check_convertible
 from normswap.convert.config import ConvertOptions, options_from
 from normswap.convert.execute import Conversion, TensorDict, execute, prepare
-from normswap.convert.family_check import resolve_family
+from normswap.convert.family_check import resolve_family, resolve_pooled_family
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import check_output_path, publish_dir, staging_dir
 from normswap.version import __version__
@@ -71,7 +71,11 @@ def convert_checkpoint(
         config.dtype = load_dtype  # from_pretrained(dtype="auto") records it on the config it is given
         model = ckinputs.skeleton(config, load_dtype)
         check_convertible(model, config)
-        family = resolve_family(config, type(model), family_file)
+        declared = None  # which outputs stay exact, where not all do (--exact-outputs pooled)
+        if options.exact_outputs == "pooled" and family_file is None:
+            family, declared = resolve_pooled_family(config, type(model))
+        else:
+            family = resolve_family(config, type(model), family_file)
         if family_file is not None:
             say(f"using the family file {family_file} (checked by converting a tiny randomised instance)")
         elif family.discovered:
@@ -83,6 +87,8 @@ def convert_checkpoint(
         source_config = copy.deepcopy(config)  # prepare() records the conversion on `config`
         out_dtype = None if options.dtype == "auto" else getattr(torch, options.dtype)
         conv = prepare(model, matched, family, options, out_dtype)
+        if declared is not None:
+            record_declared_outputs(conv, declared)
         causal = ckload.is_causal_lm(config)
         if options.verify:
             check_verification_memory(conv, config)
@@ -102,7 +108,14 @@ def convert_checkpoint(
             if options.verify:
                 say("verifying: probe batch through source and converted checkpoint, one module at a time")
                 manifest["verification"] = run_verification(
-                    conv, source_config, resolved, tmp, causal=causal, tolerance=options.tolerance, device=device
+                    conv,
+                    source_config,
+                    resolved,
+                    tmp,
+                    causal=causal,
+                    tolerance=options.tolerance,
+                    device=device,
+                    keys=declared["exact_outputs"] if declared else None,
                 )
             else:
                 manifest["verification"] = {"skipped": True, "reason": "--no-verify"}
@@ -119,6 +132,17 @@ def convert_checkpoint(
         source.close()
     manifest["seconds"] = round(time.perf_counter() - t0, 3)
     return summary(out, manifest)
+
+
+def record_declared_outputs(conv: Conversion, declared: dict) -> None:
+    """Record in the converted config's normswap block (and so the manifest and model card) which
+    outputs the conversion keeps exact and which move: the raw stream, by its per-token mean."""
+    conv.plan.block["exact_outputs"] = list(declared["exact_outputs"])
+    conv.plan.block["shifted_outputs"] = list(declared["shifted_outputs"])
+    conv.plan.notes.append(
+        f"--exact-outputs pooled: exact outputs {', '.join(declared['exact_outputs'])}; "
+        f"{', '.join(declared['shifted_outputs'])} moves by its per-token mean (the raw residual stream)"
+    )
 
 
 def check_verification_memory(conv: Conversion, config) -> None:
@@ -138,8 +162,11 @@ def available_memory() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def run_verification(conv: Conversion, source_config, resolved, staged, *, causal, tolerance, device="cpu") -> dict:
-    """Source (its files) against the staged output (its files), one module at a time."""
+def run_verification(
+    conv: Conversion, source_config, resolved, staged, *, causal, tolerance, device="cpu", keys=None
+) -> dict:
+    """Source (its files) against the staged output (its files), one module at a time; on the outputs
+    named in ``keys`` where given (``--exact-outputs pooled``)."""
     staged_config = ckload.load_config(str(staged))
     staged_files = SafetensorsFiles(staged, weight_files(staged)[1])
     try:
@@ -174,6 +201,7 @@ def run_verification(conv: Conversion, source_config, resolved, staged, *, causa
                 device=device,
                 resident_ok=whole < 0.5 * available_memory(),
                 tolerance=tolerance,
+                keys=keys,
             )
     finally:
         staged_files.close()

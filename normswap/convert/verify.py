@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from normswap.architectures.probes import complete_inputs
+from normswap.architectures.probes import complete_inputs, flat_outputs
 from normswap.checkpoint.tensor_source import numel
 from normswap.convert.inputs import persistent_buffers
 from normswap.convert.memory import release_freed_memory
@@ -198,8 +198,11 @@ class _NotBlockwise(Exception):
     pass
 
 
-def outputs(build, fetch, dtype, inputs, causal, *, device="cpu", resident_ok=False, arena=None) -> torch.Tensor:
-    """Log-probs (causal) or first output of a fresh skeleton from ``build()``, weights from ``fetch``."""
+def outputs(
+    build, fetch, dtype, inputs, causal, *, device="cpu", resident_ok=False, arena=None, keys=None
+) -> torch.Tensor:
+    """Log-probs (causal) or first output of a fresh skeleton from ``build()``, weights from ``fetch``;
+    with ``keys``, the outputs of those names (``probes.flat_outputs``) flattened end to end instead."""
     model = build()
     if getattr(model.config, "use_cache", None):  # one forward, no generation: a key/value cache is copying only
         model.config.use_cache = False
@@ -213,10 +216,24 @@ def outputs(build, fetch, dtype, inputs, causal, *, device="cpu", resident_ok=Fa
                 "module at a time, and the whole model does not fit in memory: rerun with --no-verify"
             ) from None
         out = runner.resident(inputs)
+    if keys:
+        return declared_outputs(out, keys)
     if causal:
         return out.logits.double().log_softmax(-1).cpu()
     first = out[0] if isinstance(out, (tuple, list)) else next(iter(out.values()))
     return first.double().cpu()
+
+
+def declared_outputs(out, keys) -> torch.Tensor:
+    """The outputs named ``keys`` (those ``--exact-outputs pooled`` keeps exact) as one float64 vector;
+    refused when the forward returns none of them (verification would compare nothing)."""
+    flat = flat_outputs(out)
+    kept = [flat[k].double().flatten().cpu() for k in keys if k in flat]
+    if not kept:
+        raise NormswapError(
+            f"verification: the model returned none of the outputs --exact-outputs pooled keeps ({', '.join(keys)})"
+        )
+    return torch.cat(kept)
 
 
 def _perplexity(logprobs, ids) -> float:
@@ -248,7 +265,16 @@ def peak_bytes(model, config, *, rounding: bool, seq_len: int = SEQ_LEN) -> int:
 
 
 def verify(
-    source, converted, *, unrounded=None, tokenizer=None, causal=True, device="cpu", resident_ok=False, tolerance=1e-4
+    source,
+    converted,
+    *,
+    unrounded=None,
+    tokenizer=None,
+    causal=True,
+    device="cpu",
+    resident_ok=False,
+    tolerance=1e-4,
+    keys=None,
 ) -> dict:
     """Compare two checkpoints on the probe; report max |Δ|, the threshold it is held to, and the floors
     that set the threshold.
@@ -264,6 +290,7 @@ def verify(
     is max(tolerance, 4x rounding floor, 4x noise floor), and the difference passes as soon as one
     term covers it. The rounding floor (a float32 pass) comes before the noise floor (a float64
     pass, twice the compute and memory). A floor not measured is reported as null with the reason.
+    ``keys``: compare only the outputs of these names (``--exact-outputs pooled``: the ones that stay exact).
     """
     (build_src, fetch_src), (build_conv, fetch_conv) = source, converted
     arena = Arena()  # one buffer for the weights of every module of every pass
@@ -272,7 +299,15 @@ def verify(
     ids = inputs["input_ids"]
     inputs = complete_inputs(skel, inputs)  # vision / audio / encoder-decoder models need more than ids
     ref = outputs(
-        lambda: skel, fetch_src, torch.float32, inputs, causal, device=device, resident_ok=resident_ok, arena=arena
+        lambda: skel,
+        fetch_src,
+        torch.float32,
+        inputs,
+        causal,
+        device=device,
+        resident_ok=resident_ok,
+        arena=arena,
+        keys=keys,
     )
     conv_skel = build_conv()  # the converted and unrounded passes run the same skeleton (weights come per module)
     got = outputs(
@@ -284,18 +319,21 @@ def verify(
         device=device,
         resident_ok=resident_ok,
         arena=arena,
+        keys=keys,
     )
     if ref.shape != got.shape:
         raise NormswapError(f"verification: output shapes differ ({tuple(ref.shape)} vs {tuple(got.shape)})")
     diff = float((ref - got).abs().max())
     result = {
         "probe_tokens": int(ids.numel()),
-        "metric": "max_abs_logprob_diff" if causal else "max_abs_output_diff",
+        "metric": "max_abs_logprob_diff" if causal and not keys else "max_abs_output_diff",
         "max_abs_diff": diff,
         "noise_floor": None,
         "threshold": tolerance,
     }
-    if causal:
+    if keys:
+        result["compared_outputs"] = list(keys)
+    elif causal:
         result["max_abs_logprob_diff"] = diff
         result["probe_perplexity_source"] = _perplexity(ref, ids)
         result["probe_perplexity_converted"] = _perplexity(got, ids)
@@ -315,6 +353,7 @@ def verify(
                 device=device,
                 resident_ok=resident_ok,
                 arena=arena,
+                keys=keys,
             )
             result["rounding_floor"] = float((exact - got).abs().max())
             result["threshold"] = max(result["threshold"], 4 * result["rounding_floor"])
@@ -324,7 +363,15 @@ def verify(
         return result
     try:
         hi = outputs(
-            build_src, fetch_src, torch.float64, inputs, causal, device=device, resident_ok=resident_ok, arena=arena
+            build_src,
+            fetch_src,
+            torch.float64,
+            inputs,
+            causal,
+            device=device,
+            resident_ok=resident_ok,
+            arena=arena,
+            keys=keys,
         )
         result["noise_floor"] = float((hi - ref).abs().max())
         result["threshold"] = max(result["threshold"], 4 * result["noise_floor"])
