@@ -529,6 +529,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                 eval_set=eval_set,
                 make_stream=lambda seed: stream_factory(source, cfg, train_split),
                 main=main,
+                agree=lambda flags: _agree(dist, flags),
                 echo=echo,
             )
     except KeyboardInterrupt:

@@ -180,10 +180,12 @@ def growth(unit: dict, what: str) -> list[float | None]:
 # ---------------------------------------------------------------------------- the sweep
 
 
-def run_sweep(cfg, arms, *, study, make_group, eval_set, make_stream, main=True, echo=None) -> dict:
+def run_sweep(cfg, arms, *, study, make_group, eval_set, make_stream, main=True, agree=None, echo=None) -> dict:
     """Train every arm at rising rates until it diverges, per seed; return {(arm, seed, m): unit}.
     ``make_group(cfg, arms, seed, multiplier)`` builds the study's trainer group. Finished units already
-    in DIR (a resume) are read, not run again."""
+    in DIR (a resume) are read, not run again. With several processes only process 0 reads DIR, and
+    ``agree(flags)`` sends its decisions (which units to run, which arms stay) to the others."""
+    agree = agree or (lambda flags: flags)
     every = max(1, cfg.steps // EVALS)
     scfg = dataclasses.replace(cfg, eval_every=every)
     mults = multipliers(cfg.stability_rates)
@@ -193,7 +195,8 @@ def run_sweep(cfg, arms, *, study, make_group, eval_set, make_stream, main=True,
         alive = list(arms)
         for m in mults:
             have = {a: study.read_unit(stability_key(a, seed, m)) for a in alive} if main else {}
-            todo = [a for a in alive if have.get(a) is None]
+            done = agree([have.get(a) is not None for a in alive])
+            todo = [a for a, d in zip(alive, done) if not d]
             units.update({(a, seed, m): u for a, u in have.items() if u is not None})
             if todo:
                 group = make_group(scfg, todo, seed, m)
@@ -203,7 +206,8 @@ def run_sweep(cfg, arms, *, study, make_group, eval_set, make_stream, main=True,
                     if main:
                         study.write_unit(stability_key(record["arm"], seed, m), record)
                 del group
-            alive = [a for a in alive if diverged(units[(a, seed, m)]) is None]
+            stable = agree([(a, seed, m) in units and diverged(units[(a, seed, m)]) is None for a in alive])
+            alive = [a for a, ok in zip(alive, stable) if ok]
             if echo and main:
                 echo(
                     f"normswap study: stability seed {seed} lr ×{m:g}: "
