@@ -317,9 +317,9 @@ def _memory(results, arm) -> dict:
     elif mr.get("verdict") in ("higher", "lower"):
         verdict = "measured difference"
         pct = (mr["mean"] - 1) * 100
-        says = (
-            f"{arm} uses {abs(pct):.1f}% {'more' if pct > 0 else 'less'} peak memory than {base} (×{mr['mean']:.3f})."
-        )
+        # a measured change below 0.1 % keeps two significant digits: "0.0 % less" read as none
+        size = f"{abs(pct):.1f}" if abs(pct) >= 0.1 else f"{abs(pct):.2g}"
+        says = f"{arm} uses {size}% {'more' if pct > 0 else 'less'} peak memory than {base} (×{mr['mean']:.4f})."
     else:
         verdict, says = NO_DIFFERENCE, f"no measurable difference in peak memory (×{mr['mean']:.3f})."
     change = (
