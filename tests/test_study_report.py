@@ -1,8 +1,9 @@
 """The study's report answers the question first and fits a terminal: a bottom line (quality, speed,
 memory, stability) with evidence and what would change it, measured differences as verdicts, arms
 that share a verdict said once, terms defined, honest axes, and every terminal line ≤ 100 columns —
-each with a negative control. Rendered from the committed docs/study/results.json (an older
-results.json must keep rendering) and from variants of it carrying the newer keys."""
+each with a negative control. Rendered from the first edition's default study (docs/study/results.json
+as committed before the second edition regenerated it, kept as tests/data/study-first-edition-results.json:
+an older results.json must keep rendering) and from variants of it carrying the newer keys."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-COMMITTED = REPO / "docs" / "study" / "results.json"
+COMMITTED = REPO / "tests" / "data" / "study-first-edition-results.json"
 
 
 @pytest.fixture
