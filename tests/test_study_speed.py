@@ -146,7 +146,8 @@ def _throughput_verdict(units, *, bound=None, loads=(0.3,), cpus=2) -> tuple[str
     cmps = {a: res.compare(units, a, "layernorm", 1.0) for a in ("rmsnorm", "layernorm-control")}
     for c in cmps.values():
         c["amdahl_bound"] = bound
-    rows = claims.judge(cmps, {}, None, "fp32", "layernorm-control", loads=list(loads), cpus=cpus)
+    ctx = claims.Context(margin=0.02, control=cmps["layernorm-control"], loads=tuple(loads), cpus=cpus)
+    rows = claims.judge(cmps, ctx, "layernorm-control")
     row = next(r for r in rows if r["arm"] == "rmsnorm" and "throughput" in r["claim"])
     return row["verdict"], row["decided_by"]
 
@@ -350,6 +351,7 @@ def test_a_bf16_study_records_bfloat16_for_every_arm_and_what_ran(tmp_path, devi
         model=str(cfg_file),
         out=str(tmp_path / "study"),
         precision="bf16",
+        arms=["layernorm", "rmsnorm", "layernorm-control"],
         steps=4,
         seeds=1,
         max_seeds=1,
