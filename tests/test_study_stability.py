@@ -3,9 +3,11 @@ judged from training at rising learning rates, never from the kernel table.
 
 Planted differences: a test hook makes one arm's loss non-finite from the ×2 rate on (an arm made
 unstable); the sweep must find it and the verdict must go its way — RMSNorm "reproduced" when the
-LayerNorm arm is the unstable one, "not reproduced" when RMSNorm is. Negative controls: the same
-measured numbers in an fp32 study, one seed, norms recorded as computing in float32 → never
-"reproduced". Tiny GPT-2 configs on the embedded corpus, a few steps."""
+LayerNorm arm is the unstable one, "not reproduced" when RMSNorm is. Six seeds: the fewest whose
+unanimous difference the exact sign-flip test can call (2/2⁶ = 0.031). Negative controls: the same
+measured numbers in an fp32 study, from two seeds (a zero-width t-interval the old rule took for
+certainty), one seed, norms recorded as computing in float32 → never "reproduced". Tiny GPT-2
+configs on the embedded corpus, a few steps."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 from normswap.report.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from normswap.study import precision as ka
 from normswap.study import stability as stab
+from normswap.study import stats
 
 TINY = dict(
     model_type="gpt2",
@@ -30,6 +33,7 @@ TINY = dict(
     embd_pdrop=0.0,
     attn_pdrop=0.0,
 )
+SEEDS = 6
 CLAIM = "better low-precision stability (RMS ≥ σ)"
 
 
@@ -42,7 +46,7 @@ def one_thread():
 
 
 def _planted_study(root, unstable_arm: str, precision="bf16"):
-    """layernorm and rmsnorm, 2 seeds, rates ×1, ×2, ×4 of a small --lr (nothing diverges on its own);
+    """layernorm and rmsnorm, 6 seeds, rates ×1, ×2, ×4 of a small --lr (nothing diverges on its own);
     ``unstable_arm``'s loss is made non-finite at step 3 of every run at ×2 or above."""
     from normswap.study.config import StudyConfig
     from normswap.study.runner import run_study
@@ -56,7 +60,7 @@ def _planted_study(root, unstable_arm: str, precision="bf16"):
         rate["m"] = m
 
     def loss(arm, t, value):
-        if arm == unstable_arm and rate.get("m", 1.0) >= 2 and t >= 3:
+        if arm == unstable_arm and rate.get("m", 1.0) >= 2 and t >= 2:
             return value * float("nan")
         return value
 
@@ -66,11 +70,11 @@ def _planted_study(root, unstable_arm: str, precision="bf16"):
         arms=["layernorm", "rmsnorm"],
         seq_len=32,
         batch_size=4,
-        eval_tokens=512,
-        warmup=2,
-        steps=6,
-        seeds=2,
-        max_seeds=2,
+        eval_tokens=256,
+        warmup=1,
+        steps=4,
+        seeds=SEEDS,
+        max_seeds=SEEDS,
         lm_eval_tasks=["none"],
         lr=1e-3,
         stability=True,
@@ -96,21 +100,32 @@ def test_a_planted_unstable_layernorm_makes_rmsnorm_more_stable_in_bf16(layernor
     st = r["stability"]
     assert st["layernorm"]["largest_stable_lr"] == pytest.approx(1e-3)  # diverged at ×2 in both seeds
     assert st["rmsnorm"]["largest_stable_lr"] == pytest.approx(4e-3)  # the top rate: a lower bound
-    assert st["rmsnorm"]["censored_seeds"] == 2 and st["layernorm"]["censored_seeds"] == 0
-    assert st["layernorm"]["diverged_runs"] == 4 and st["rmsnorm"]["diverged_runs"] == 0
+    assert st["rmsnorm"]["censored_seeds"] == SEEDS and st["layernorm"]["censored_seeds"] == 0
+    assert st["layernorm"]["diverged_runs"] == 2 * SEEDS and st["rmsnorm"]["diverged_runs"] == 0
     cmp = r["stability_sweep"]["comparisons"]["rmsnorm"]
-    assert cmp["largest_stable_steps_difference"]["values"] == [2, 2]
+    assert cmp["largest_stable_steps_difference"]["values"] == [2] * SEEDS
+    assert cmp["largest_stable_steps_difference"]["p_sign_flip"] == pytest.approx(2 / 2**SEEDS)
     v = _verdict(r)
     assert v["verdict"] == REPRODUCED, v
-    assert "bf16" in v["decided_by"]
+    assert "bf16" in v["decided_by"] and "largest stable rate" in v["decided_by"]
+    assert v["p_value"] == pytest.approx(2 / 2**SEEDS) and v["p_holm"] is not None  # in the Holm family
 
 
 def test_the_same_numbers_from_an_fp32_study_or_one_seed_are_never_reproduced(layernorm_unstable):
     cmp = layernorm_unstable["stability_sweep"]["comparisons"]["rmsnorm"]
     assert stab.judge(cmp, "bf16")[0] == REPRODUCED
-    verdict, text = stab.judge(cmp, "fp32")
+    verdict, text, _ = stab.judge(cmp, "fp32")
     assert verdict == NOT_MEASURABLE and "needs --precision bf16|fp16" in text
     assert stab.judge(cmp, "bf16", ["float32"])[0] == NOT_MEASURABLE  # norms that never ran in bf16
+    for n, why in ((3, "more seeds (≥ 6)"), (2, "needs ≥ 3 seeds")):
+        # the same unanimous difference from fewer seeds: a zero-width t-interval, sign-flip p = 2/2ⁿ
+        few = json.loads(json.dumps(cmp))
+        for k in ("largest_stable_steps_difference", "diverged_runs_difference", "heldout_spike_rate_difference"):
+            few[k] = stats.interval(few[k]["values"][:n], exact=True)
+        few["seeds"] = few["seeds"][:n]
+        assert few["largest_stable_steps_difference"]["low"] == few["largest_stable_steps_difference"]["high"] == 2
+        verdict, text, p = stab.judge(few, "bf16")
+        assert verdict == NOT_MEASURABLE and why in text and p is None, text
     one = json.loads(json.dumps(cmp))
     for k in ("largest_stable_steps_difference", "diverged_runs_difference", "heldout_spike_rate_difference"):
         one[k] = {"mean": one[k]["mean"], "low": None, "high": None, "n": 1, "values": one[k]["values"][:1]}

@@ -364,10 +364,13 @@ def _stability(results, arm) -> dict:
         change = "a --precision bf16 or fp16 study with a --stability sweep."
     elif not st:
         says = "no --stability sweep: learning rates were never raised until an arm diverged."
-        change = "a --stability sweep (rates rising to divergence) with ≥ 2 seeds."
+        change = "a --stability sweep (rates rising to divergence) with ≥ 6 seeds (--seeds 6)."
     else:
         says = "the sweep's intervals do not separate the arms."
-        change = "more seeds, or more rates between the last stable and the first diverged one."
+        change = (
+            "more seeds (a unanimous difference needs ≥ 6: the exact sign-flip test), or more rates between "
+            "the last stable and the first diverged one."
+        )
     return {"topic": "stability", "verdict": verdict, "says": says, "evidence": lines, "change": change}
 
 

@@ -153,7 +153,7 @@ def compare(
         "cost_at_equal_tokens": stats.interval([1 / v if v else None for v in tput.values()], null=1.0),
         "peak_memory_ratio": stats.paired(mem_a, mem_b, ratio=True),
         "peak_memory_difference_bytes": stats.paired(mem_a, mem_b),
-        "instabilities_difference": stats.paired(inst_a, inst_b),
+        "instabilities_difference": stats.paired(inst_a, inst_b, exact=True),  # counts: seeds tie
         "norm_share_difference": stats.paired(share_a, share_b),
         "diverged": {
             "arm": sum(1 for s in seeds if mine[s]["nonfinite"]),

@@ -23,6 +23,15 @@ seed), per seed, the divergence rate, the held-out spike rate, activation growth
 layernorm, paired by seed: the difference in largest stable rate (in sweep steps, log2 when the
 factor is 2), in diverged runs and in held-out spike rate; ``judge`` turns those into the claim's
 verdict (an fp32 study never reproduces low-precision stability).
+
+One number decides, declared before the sweep runs (``DECIDING``): the largest stable rate; the
+held-out spike rate only where the largest stable rate has no number in some seed (both arms
+censored: nothing diverged), and the diverged-run count is reported beside them. One deciding
+number keeps the claim a single test (no best-of-three), and its p-value joins the study's Holm
+family. These are coarse outcomes (whole sweep steps, counts) on which seeds often tie, so a
+difference needs both the t-interval and the exact sign-flip test (stats.interval ``exact``): n
+seeds that all agree give p = 2/2ⁿ, so a verdict takes at least 6 seeds (p = 0.031) — two seeds that
+agree are not evidence, however narrow their t-interval.
 """
 
 from __future__ import annotations
@@ -44,7 +53,8 @@ EVALS = 8  # held-out evaluations per sweep run (spikes are read between consecu
 HELDOUT_JUMP = 0.05  # a held-out spike: +5 % over the previous evaluation
 DIVERGED_RISE = 0.20  # diverged: ends 20 % above the lowest held-out loss of the run
 PROBE_ROWS = 4
-MIN_SEEDS = 2  # a verdict needs an interval across seeds that could have come out the other way
+MIN_SEEDS = 3  # a verdict needs an interval across seeds that could have come out the other way
+DECIDING = ("largest_stable_steps_difference", "heldout_spike_rate_difference")  # in this order
 UNIT_PREFIX = "stability-"
 
 
@@ -345,20 +355,32 @@ def compare(units: dict, arm: str, base: str, seeds: list[int], cfg) -> dict:
     return {
         "seeds": list(seeds),
         "rate_factor": RATE_FACTOR,
-        "largest_stable_steps_difference": stats.interval(list(levels.values())),
-        "diverged_runs_difference": stats.interval(list(divs.values())),
-        "heldout_spike_rate_difference": stats.interval(list(spikes.values())),
+        "largest_stable_steps_difference": stats.interval(list(levels.values()), exact=True),
+        "diverged_runs_difference": stats.interval(list(divs.values()), exact=True),
+        "heldout_spike_rate_difference": stats.interval(list(spikes.values()), exact=True),
     }
 
 
 # ---------------------------------------------------------------------------- the claim
 
 
-def judge(cmp: dict | None, precision: str, norm_dtypes: list[str] | None = None) -> tuple[str, str]:
-    """The verdict of "better low-precision stability" for one arm, from its sweep comparison."""
+def _deciding(cmp: dict) -> tuple[str, dict | None]:
+    """The number that decides (``DECIDING``): the largest stable rate when every seed has one, else
+    the held-out spike rate."""
+    lv = cmp["largest_stable_steps_difference"]
+    if lv and not lv.get("missing") and len(lv["values"]) == len(cmp["seeds"]):
+        return "largest stable rate", lv
+    return "held-out spike rate", cmp["heldout_spike_rate_difference"]
+
+
+def judge(cmp: dict | None, precision: str, norm_dtypes: list[str] | None = None) -> tuple[str, str, float | None]:
+    """The verdict of "better low-precision stability" for one arm, from its sweep comparison, with the
+    deciding test's p-value (None when no test decided)."""
     if cmp is None:
-        return NOT_MEASURABLE, (
-            "needs --stability (learning rates rising until divergence) with --precision bf16 or fp16"
+        return (
+            NOT_MEASURABLE,
+            "needs --stability (learning rates rising until divergence) with --precision bf16 or fp16",
+            None,
         )
     lv, dv, sp = (
         cmp["largest_stable_steps_difference"],
@@ -371,31 +393,47 @@ def judge(cmp: dict | None, precision: str, norm_dtypes: list[str] | None = None
         f"held-out spike rate {stats.fmt(sp, '+.3f')}"
     )
     if precision == "fp32":
-        return NOT_MEASURABLE, (
+        return (
+            NOT_MEASURABLE,
             "the study trained in fp32: low-precision stability is not measurable here "
-            "(needs --precision bf16|fp16); " + text
+            "(needs --precision bf16|fp16); " + text,
+            None,
         )
     low = [d for d in (norm_dtypes or []) if d in ("float32", "torch.float32")]
     if low:
-        return NOT_MEASURABLE, f"the norms computed in float32 under --precision {precision}: " + text
-    n = max((iv["n"] for iv in (lv, dv, sp) if iv), default=0)
-    if n < MIN_SEEDS:
-        return NOT_MEASURABLE, f"needs ≥ {MIN_SEEDS} seeds with a number for an interval; " + text
-    better = (
-        (lv and lv["verdict"] == "higher") or (dv and dv["verdict"] == "lower") or (sp and sp["verdict"] == "lower")
-    )
-    worse = (
-        (lv and lv["verdict"] == "lower") or (dv and dv["verdict"] == "higher") or (sp and sp["verdict"] == "higher")
-    )
-    if worse:
-        return NOT_REPRODUCED, text + ": RMSNorm measurably less stable"
-    if better:
-        return REPRODUCED, text
-    if lv and lv["low"] is not None and lv["low"] == lv["high"] == 0 and lv["n"] >= MIN_SEEDS:
-        return NOT_REPRODUCED, text + f": the same largest stable rate in every seed (to a factor {RATE_FACTOR:g})"
-    if lv is None:
-        return NOT_MEASURABLE, text + ": the sweep did not reach divergence in both arms (raise --stability-rates)"
-    return NOT_MEASURABLE, text + ": the intervals include no difference"
+        return NOT_MEASURABLE, f"the norms computed in float32 under --precision {precision}: " + text, None
+    name, iv = _deciding(cmp)
+    if iv is None:
+        why = ": the sweep did not reach divergence in both arms (raise --stability-rates)"
+        return NOT_MEASURABLE, text + why, None
+    if iv["n"] < MIN_SEEDS:
+        return NOT_MEASURABLE, f"needs ≥ {MIN_SEEDS} seeds with a number for an interval; " + text, None
+    p = iv.get("p_value")
+    decided = f"; decided by the {name} (t-test and exact sign-flip test, p = {p:.3g})"
+    # the spike rate is a rate of trouble (lower is better); the stable rate is headroom (higher is better)
+    better, worse = ("higher", "lower") if name == "largest stable rate" else ("lower", "higher")
+    if iv["verdict"] == worse:
+        return NOT_REPRODUCED, text + decided + ": RMSNorm measurably less stable", p
+    if iv["verdict"] == better:
+        return REPRODUCED, text + decided, p
+    if iv["low"] == iv["high"] == 0 and iv.get("p_sign_flip", 0) >= 1:
+        return (
+            NOT_REPRODUCED,
+            text + f": the same {name} in every seed (to a factor {RATE_FACTOR:g}); no seed favours RMSNorm",
+            None,
+        )
+    flip = iv.get("p_sign_flip")
+    if flip is not None and flip > 1 - iv["level"] and len(set(iv["values"])) == 1:
+        return (
+            NOT_MEASURABLE,
+            text
+            + (
+                f": the {name} differs the same way in all {iv['n']} seeds, but {iv['n']} agreeing seeds give "
+                f"p = {flip:.3g} at best (exact sign-flip test): more seeds (≥ 6) could decide it"
+            ),
+            None,
+        )
+    return NOT_MEASURABLE, text + f": the {name}'s interval includes no difference (p = {p:.3g})", None
 
 
 def sweep_record(units: dict, arms: list[str], seeds: list[int], cfg, base: str) -> dict:

@@ -49,9 +49,16 @@ def _t_sf(x: float, df: int) -> float:
     return float(t.sf(x, df))
 
 
-def interval(values, *, null: float = 0.0, level: float = LEVEL) -> dict | None:
-    """``{mean, low, high, n, values, verdict, level}`` of per-seed values, or None with none. ``verdict``:
-    ``higher`` / ``lower`` than ``null`` when the interval excludes it, else no measurable difference."""
+def interval(values, *, null: float = 0.0, level: float = LEVEL, exact: bool = False) -> dict | None:
+    """``{mean, low, high, n, values, verdict, level, p_value}`` of per-seed values, or None with none.
+    ``verdict``: ``higher`` / ``lower`` than ``null`` when the interval excludes it, else no measurable
+    difference; ``p_value``: the two-sided t-test's.
+
+    ``exact`` (for counts and other coarse outcomes, where seeds often tie and a t-interval of n
+    identical values has zero width): the verdict also needs the exact sign-flip test
+    (``sign_flip_p``, recorded as ``p_sign_flip``) at the same level, and ``p_value`` is the larger of
+    the two. Its smallest p-value with n seeds is 2/2ⁿ, so such a difference decides from 6 seeds on,
+    whatever the t-interval says."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not vals:
         return None
@@ -65,11 +72,45 @@ def interval(values, *, null: float = 0.0, level: float = LEVEL) -> dict | None:
             "values": vals,
             "verdict": NO_DIFFERENCE,
             "level": level,
+            "p_value": None,
         }
-    half = t_quantile(n - 1, level) * statistics.stdev(vals) / math.sqrt(n)
+    sd = statistics.stdev(vals)
+    half = t_quantile(n - 1, level) * sd / math.sqrt(n)
     low, high = mean - half, mean + half
+    if sd > 0:
+        p = min(1.0, 2 * _t_sf(abs(mean - null) / (sd / math.sqrt(n)), n - 1))
+    else:
+        p = 1.0 if mean == null else 0.0
     verdict = NO_DIFFERENCE if low <= null <= high else ("higher" if low > null else "lower")
-    return {"mean": mean, "low": low, "high": high, "n": n, "values": vals, "verdict": verdict, "level": level}
+    out = {"mean": mean, "low": low, "high": high, "n": n, "values": vals, "verdict": verdict, "level": level}
+    if exact:
+        out["p_sign_flip"] = sign_flip_p([v - null for v in vals])
+        p = max(p, out["p_sign_flip"])
+        if out["p_sign_flip"] > 1 - level:
+            out["verdict"] = NO_DIFFERENCE
+    out["p_value"] = p
+    return out
+
+
+def sign_flip_p(diffs: list[float], *, draws: int = 20_000) -> float:
+    """The exact two-sided sign-flip (randomization) test of paired differences against 0: the share
+    of the 2ⁿ sign assignments whose |mean| is at least the observed one. Under "no difference" each
+    seed's difference is as likely negated, whatever its distribution, so ties and coarse counts need
+    no normality; enumerated up to 16 seeds, sampled (fixed seed) above."""
+    import itertools
+    import random
+
+    n = len(diffs)
+    if n == 0:
+        return 1.0
+    observed = abs(sum(diffs)) - 1e-12 * (1 + sum(abs(d) for d in diffs))
+    if n <= 16:
+        signs = itertools.product((1, -1), repeat=n)
+        hits = sum(abs(sum(s * d for s, d in zip(ss, diffs))) >= observed for ss in signs)
+        return hits / 2**n
+    rng = random.Random(0)
+    hits = sum(abs(sum(d if rng.random() < 0.5 else -d for d in diffs)) >= observed for _ in range(draws))
+    return (hits + 1) / (draws + 1)
 
 
 def standard_error(values) -> float | None:
@@ -121,7 +162,7 @@ def holm(p_values: list[float | None], alpha: float = ALPHA) -> list[float | Non
     return out
 
 
-def paired(arm: dict, base: dict, *, ratio: bool = False, level: float = LEVEL) -> dict | None:
+def paired(arm: dict, base: dict, *, ratio: bool = False, level: float = LEVEL, exact: bool = False) -> dict | None:
     """Interval of arm[seed] − base[seed] (or arm/base with ``ratio``) over the seeds both have."""
     seeds = sorted(set(arm) & set(base))
     vals = []
@@ -131,7 +172,7 @@ def paired(arm: dict, base: dict, *, ratio: bool = False, level: float = LEVEL) 
             vals.append(None)
         else:
             vals.append(a / b if ratio else a - b)
-    iv = interval(vals, null=1.0 if ratio else 0.0, level=level)
+    iv = interval(vals, null=1.0 if ratio else 0.0, level=level, exact=exact)
     if iv is not None and len(iv["values"]) < len(seeds):
         iv["missing"] = len(seeds) - len(iv["values"])
     return iv
