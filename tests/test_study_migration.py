@@ -123,7 +123,8 @@ def _study(model, out, **opts):
 
     common = dict(seq_len=32, batch_size=4, eval_tokens=256, warmup=2, progress=False, device="cpu", kernels="torch")
     common.update(max_seeds=opts.get("seeds", 3), budget=0, lm_eval_tasks=["none"])  # exactly --seeds, no lm-eval
-    cfg = StudyConfig(model=str(model), out=str(out), arms=["layernorm", "rmsnorm"], **{**common, **opts})
+    common["arms"] = ["layernorm", "rmsnorm"]
+    cfg = StudyConfig(model=str(model), out=str(out), **{**common, **opts})
     return run_study(cfg, echo=lambda m: None)
 
 
@@ -135,9 +136,9 @@ def one_thread():
     torch.set_num_threads(old)
 
 
-def _ratio(results):
+def _ratio(results, arm="rmsnorm"):
     units = {(u["arm"], u["seed"], u["lr_multiplier"]): u for u in results["units"]}
-    return migration.grad_scale_ratio(units, "rmsnorm", "layernorm", results["setup"]["seeds_list"], 1.0)[0]
+    return migration.grad_scale_ratio(units, arm, "layernorm", results["setup"]["seeds_list"], 1.0)[0]
 
 
 @pytest.mark.slow
@@ -156,10 +157,21 @@ def test_from_a_trained_checkpoint_the_gradient_scale_ratio_is_not_one_by_constr
     shipped = Path(__file__).resolve().parents[1] / "normswap" / "assets" / "models" / "kjv-gpt2"
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(shipped / name, ckpt / name)
-    trained = _ratio(_study(ckpt, tmp_path / "trained", steps=4, seeds=2, lr=1e-3))
+    ablations = ["layernorm", "rmsnorm", "rmsnorm-keep-gamma", "rmsnorm-no-warmup"]
+    r = _study(ckpt, tmp_path / "trained", steps=4, seeds=2, lr=1e-3, arms=ablations)
+    trained = _ratio(r)
     scratch = _ratio(_study(ckpt, tmp_path / "scratch", steps=4, seeds=2, lr=1e-3, from_scratch=True))
     assert abs(math.log(scratch)) < 0.05  # γ = 1, β = 0 in both arms: ~1 by construction
     assert abs(math.log(trained)) > 0.15  # γ reset to 1 changes the gradient scale: measured, not assumed
+    # the rule's two ablations: keeping the trained γ leaves the gradient scale nearer layernorm's than the
+    # reset does (γ is what moved it), and the no-warmup arm is the rmsnorm arm with its rate at peak from step 1
+    kept = _ratio(r, "rmsnorm-keep-gamma")
+    assert abs(math.log(kept)) < abs(math.log(trained)) - 0.1, (kept, trained)
+    warmups = {u["arm"]: u["warmup"] for u in r["units"]}
+    assert warmups == {"layernorm": 2, "rmsnorm": 2, "rmsnorm-keep-gamma": 2, "rmsnorm-no-warmup": 0}
+    rules = r["migration_rule"] or {}
+    assert {c["arm"] for c in r["claims"] if c["claim"].startswith("migration")} == set(ablations[1:])
+    assert rules == {} or set(rules) <= set(ablations[1:])
 
 
 @pytest.mark.slow

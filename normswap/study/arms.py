@@ -17,6 +17,9 @@ initialised per seed. ``build_arm`` turns the starting LayerNorm model into one 
 * ``rmsnorm-exact``: normswap's exact conversion (the same function at step 0; pre-LN only);
 * ``rmsnorm-approx``: normswap's approximate conversion with convert's defaults (γ and β folded
   into the layers that read the norm where possible).
+* the migration rule's ablations: ``rmsnorm-no-warmup`` (built as rmsnorm; the trainer runs it
+  without warmup, config.ARM_SCHEDULE) and ``rmsnorm-keep-gamma`` (trained checkpoints: the trained
+  γ stays on each RMSNorm instead of being reset to 1; from scratch γ = 1 either way).
 
 Kernels and precision (study/kernels.py): every RMSNorm computes with the implementation the
 study chose (``--kernels``: ``torch``'s ``F.rms_norm``, ``normswap``'s module, or under ``best``
@@ -188,6 +191,8 @@ def _convert(model, arm: str):
 
     options = {
         "rmsnorm": dict(mode="approx", gamma="reset", beta="drop"),
+        "rmsnorm-no-warmup": dict(mode="approx", gamma="reset", beta="drop"),
+        "rmsnorm-keep-gamma": dict(mode="approx", gamma="keep", beta="drop"),
         "rmsnorm-exact": dict(mode="exact"),
         "rmsnorm-approx": dict(mode="approx"),
     }[arm]

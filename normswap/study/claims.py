@@ -46,7 +46,7 @@ from normswap.study import stability as stability_mod
 
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
 MIN_SEEDS = 2  # every claim's floor; the stability claim's coarse outcomes need more (stability.py)
-RMS_ARMS = ("rmsnorm", "rmsnorm-exact", "rmsnorm-approx")
+RMS_ARMS = ("rmsnorm", "rmsnorm-exact", "rmsnorm-approx", "rmsnorm-no-warmup", "rmsnorm-keep-gamma")
 
 EQUAL_LOSS = "equal loss at equal tokens"
 THROUGHPUT = "10–30 % higher training throughput"

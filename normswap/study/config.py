@@ -43,8 +43,14 @@ ARMS = {
     "rmsnorm-exact": "normswap's exact conversion of a trained checkpoint (the same function at step 0)",
     "rmsnorm-approx": "normswap's approximate conversion of a trained checkpoint, with convert's defaults "
     "(γ and β folded into the layers that read the norm where possible)",
+    "rmsnorm-no-warmup": "the rmsnorm arm trained without the warmup (the rate at its peak from step 1): "
+    "ablates the migration rule's linear warmup",
+    "rmsnorm-keep-gamma": "from a trained checkpoint, rmsnorm with each LayerNorm's trained γ kept on its "
+    "RMSNorm (β dropped): ablates the migration rule's γ = 1",
 }
-TRAINED_ONLY = ("rmsnorm-exact", "rmsnorm-approx")
+TRAINED_ONLY = ("rmsnorm-exact", "rmsnorm-approx", "rmsnorm-keep-gamma")
+# arms trained on a schedule of their own: {arm: the StudyConfig fields it overrides}
+ARM_SCHEDULE = {"rmsnorm-no-warmup": {"warmup": 0}}
 BASELINE = "layernorm"
 CONTROL = "layernorm-control"
 DEFAULT_ARMS = (BASELINE, "rmsnorm", CONTROL, "layernorm-nobias", "dyt")

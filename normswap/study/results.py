@@ -50,6 +50,7 @@ def summarize_unit(unit: dict, tokens_per_step: int) -> dict:
         "seed": unit["seed"],
         "lr_multiplier": unit["lr_multiplier"],
         "arm_lr_multiplier": unit.get("arm_lr_multiplier", 1.0),
+        "warmup": unit.get("warmup"),
         "lr": unit["lr"],
         "data_seed": unit.get("data_seed", unit["seed"]),
         "status": unit["status"],

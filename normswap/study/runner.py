@@ -27,6 +27,7 @@ from normswap.study import measure, migration, speed
 from normswap.study import results as res
 from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms, open_source
 from normswap.study.config import (
+    ARM_SCHEDULE,
     BASELINE,
     CONTROL,
     DEFAULT_MODEL,
@@ -595,6 +596,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
             "stopped_because": stop_reason,
             "multipliers": mults,
             "arm_lr_multipliers": cfg.arm_multipliers(),
+            "arm_schedules": {a: ARM_SCHEDULE[a] for a in arms if a in ARM_SCHEDULE},
             "reference_multiplier": analysis["reference_multiplier"],
             "tokens_per_step": tokens_per_step,
             "margin_nats": cfg.margin,

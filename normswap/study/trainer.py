@@ -53,7 +53,7 @@ from normswap.finetune.step import Schedule, TrainStep, precision_for
 from normswap.model_facts import norm_modules
 from normswap.study import measure
 from normswap.study.arms import build_arm
-from normswap.study.config import CONTROL
+from normswap.study.config import ARM_SCHEDULE, CONTROL
 
 SPIKE_WINDOW = 20  # a spike is judged against the median of this many previous losses
 SPIKE_MIN_HISTORY = 10
@@ -154,13 +154,22 @@ def stream_seed(arm: str, seed: int) -> int:
     return seed + OWN_STREAM.get(arm, 0)
 
 
-def new_record(arm: str, seed: int, multiplier: float, lr: float, norms: list, arm_multiplier: float = 1.0) -> dict:
+def new_record(
+    arm: str,
+    seed: int,
+    multiplier: float,
+    lr: float,
+    norms: list,
+    arm_multiplier: float = 1.0,
+    warmup: int | None = None,
+) -> dict:
     return {
         "arm": arm,
         "seed": seed,
         "lr_multiplier": multiplier,
         "arm_lr_multiplier": arm_multiplier,
         "lr": lr,
+        "warmup": warmup,
         "data_seed": stream_seed(arm, seed),
         "status": "running",
         "steps_done": 0,
@@ -207,11 +216,12 @@ class Group:
             model = build_arm(source, name, seed, cfg.kernels, precision=cfg.precision, rms_impl=rms_impl)
             model = model.to(dist.device)
             peak = self.peak_lr * arm_mults.get(name, 1.0)
+            warmup = ARM_SCHEDULE.get(name, {}).get("warmup", cfg.warmup)
             opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=peak, betas=(0.9, 0.95), eps=1e-8)
             step = TrainStep(
                 model,
                 opt,
-                Schedule(peak, cfg.steps, cfg.warmup, kind=cfg.lr_schedule, min_ratio=cfg.min_lr_ratio),
+                Schedule(peak, cfg.steps, warmup, kind=cfg.lr_schedule, min_ratio=cfg.min_lr_ratio),
                 clip_grad=cfg.clip_grad,
                 precision=precision_for(cfg.precision, dist.device),
                 average_grads=dist.average_grads,
@@ -225,7 +235,7 @@ class Group:
                     step,
                     measure.ArmProbe(self.plan, model, norms, dist.device),
                     norms,
-                    new_record(name, seed, multiplier, peak, norms, arm_mults.get(name, 1.0)),
+                    new_record(name, seed, multiplier, peak, norms, arm_mults.get(name, 1.0), warmup),
                     stream_seed(name, seed),
                 )
             )
