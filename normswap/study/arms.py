@@ -38,7 +38,7 @@ import torch
 from normswap.errors import NormswapError, first_line
 from normswap.modules import RMSNorm
 from normswap.study import kernels
-from normswap.study.config import ARMS, BASELINE, CONTROL, DEFAULT_ARMS, TRAINED_ONLY
+from normswap.study.config import ARMS, BASELINE, CONTROL, DEFAULT_ARMS, TRAINED_DEFAULT, TRAINED_ONLY
 
 FALLBACK_TOKENIZER = "normswap:kjv-gpt2"  # for a bare config: the shipped model's tokenizer
 DYT_ALPHA_INIT = 0.5  # the paper's default α₀ (its Table 10 lowers it for wide LLMs)
@@ -165,7 +165,7 @@ def open_source(spec: str, *, from_scratch: bool) -> Source:
 
 def default_arms(source: Source) -> list[str]:
     arms = list(DEFAULT_ARMS)
-    return arms if source.from_scratch else arms + list(TRAINED_ONLY)
+    return arms if source.from_scratch else arms + list(TRAINED_DEFAULT)
 
 
 def check_arms(arms: list[str], source: Source) -> list[str]:

@@ -49,6 +49,7 @@ ARMS = {
     "RMSNorm (β dropped): ablates the migration rule's γ = 1",
 }
 TRAINED_ONLY = ("rmsnorm-exact", "rmsnorm-approx", "rmsnorm-keep-gamma")
+TRAINED_DEFAULT = ("rmsnorm-exact", "rmsnorm-approx")  # added to the default arms from a trained checkpoint
 # arms trained on a schedule of their own: {arm: the StudyConfig fields it overrides}
 ARM_SCHEDULE = {"rmsnorm-no-warmup": {"warmup": 0}}
 BASELINE = "layernorm"
