@@ -703,16 +703,18 @@ def test_ctrl_c_says_how_to_resume_and_resume_finishes(tmp_path):
 
 
 def test_lm_eval_scores_every_arm_of_the_first_seed(tmp_path):
+    # in bf16: the norms compute in bfloat16, so lm-eval must run the model as it trained (under autocast)
     res = _study(
         _config(tmp_path),
         tmp_path / "s",
-        arms=["layernorm", "dyt"],
+        arms=["layernorm", "dyt", "rmsnorm"],
         steps=3,
         seeds=1,
+        precision="bf16",
         lm_eval_tasks=["normswap_kjv"],
         lm_eval_limit=2,
     )
     table = res["lm_eval"]
-    assert set(table) == {"layernorm", "dyt"}
+    assert set(table) == {"layernorm", "dyt", "rmsnorm"}
     a, b = (table[k]["scores"]["normswap_kjv"]["word_perplexity"] for k in ("layernorm", "dyt"))
     assert a > 1 and b > 1 and a != b  # each arm's own model was scored

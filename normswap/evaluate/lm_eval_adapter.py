@@ -142,8 +142,12 @@ def run_tasks(
     limit=None,
     device=None,
     log_path: Path | None = None,
+    mixed_precision=None,
 ) -> dict:
     """Scores per task: ``{task: {metric: value}}``.
+
+    ``mixed_precision`` (a torch dtype): run the forward passes under autocast to it, as a model
+    trained that way ran (a study's bf16/fp16 arms, whose norms compute in that dtype).
 
     lm-eval's progress bars, warnings and logging go to ``log_path`` (default: a file in the
     temporary directory), never to the terminal.
@@ -160,7 +164,14 @@ def run_tasks(
     try:
         with routed_to(log_path):
             results = _evaluate(
-                model, tokenizer, names, batch_size=batch_size, max_length=max_length, limit=limit, device=device
+                model,
+                tokenizer,
+                names,
+                batch_size=batch_size,
+                max_length=max_length,
+                limit=limit,
+                device=device,
+                mixed_precision=mixed_precision,
             )
     except NormswapError:
         raise
@@ -173,7 +184,7 @@ def run_tasks(
     return {task: _clean_scores(scores) for task, scores in results["results"].items()}
 
 
-def _evaluate(model, tokenizer, names, *, batch_size, max_length, limit, device) -> dict:
+def _evaluate(model, tokenizer, names, *, batch_size, max_length, limit, device, mixed_precision=None) -> dict:
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -193,6 +204,8 @@ def _evaluate(model, tokenizer, names, *, batch_size, max_length, limit, device)
         kwargs["max_length"] = int(max_length)
     if device is not None:
         kwargs["device"] = str(device)
+    if mixed_precision is not None:  # HFLM runs every forward in its own autocast, off unless told a dtype
+        kwargs["mixed_precision_dtype"] = mixed_precision
     lm = HFLM(pretrained=model, tokenizer=tokenizer, **kwargs)
     return lm_eval.simple_evaluate(
         model=lm,

@@ -20,7 +20,7 @@ import torch
 
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
-from normswap.finetune.step import Schedule
+from normswap.finetune.step import Schedule, precision_for
 from normswap.study import claims as claims_mod
 from normswap.study import kernels as study_kernels
 from normswap.study import measure, migration, speed
@@ -744,6 +744,8 @@ def _run_group(
                 limit=cfg.lm_eval_limit or None,
                 device=dist.device,
                 log_path=study.out / "lm_eval.log",
+                # the model as it trained: under bf16/fp16 its norms compute in that dtype, inside autocast
+                mixed_precision=None if cfg.precision == "fp32" else precision_for(cfg.precision, dist.device).dtype,
             )
 
     records = group.run(stream_for, eval_set, on_step=on_step, on_arm_done=save, after_arms=lm_eval)
