@@ -411,6 +411,22 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     progress = Progress(
         len(arms) * len(mults) * cfg.steps * cfg.seeds, bool(show_bar) and main, echo if main else (lambda m: None)
     )
+    run = _Run(
+        cfg,
+        source,
+        study,
+        units,
+        arms,
+        dist,
+        hooks,
+        train_split,
+        eval_set,
+        progress,
+        echo,
+        main,
+        kernel_setup["rms_impl"],
+        held_out,
+    )
     try:
         for seed in range(cfg.seed_limit()):
             keys = [(arm, seed, m) for m in mults for arm in arms]
@@ -455,25 +471,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
             seeds_done.append(seed)
             t_seed = time.perf_counter()
             for m in mults:
-                _run_group(
-                    cfg,
-                    source,
-                    study,
-                    units,
-                    arms,
-                    todo,
-                    seed,
-                    m,
-                    dist,
-                    hooks,
-                    train_split,
-                    eval_set,
-                    progress,
-                    echo,
-                    main,
-                    kernel_setup["rms_impl"],
-                    held_out,
-                )
+                _run_group(run, todo, seed, m)
             took = time.perf_counter() - t_seed
             spent += took
             per_seed.append(took)
@@ -497,25 +495,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                     if d and main:
                         units[k] = study.read_unit(unit_key(*k))
                 todo = [k for k, d in zip(todo, done) if not d]
-                _run_group(
-                    cfg,
-                    source,
-                    study,
-                    units,
-                    arms,
-                    todo,
-                    seed,
-                    new,
-                    dist,
-                    hooks,
-                    train_split,
-                    eval_set,
-                    progress,
-                    echo,
-                    main,
-                    kernel_setup["rms_impl"],
-                    held_out,
-                )
+                _run_group(run, todo, seed, new)
         stab_units = None
         if cfg.stability:
             from normswap.study import stability as stab
@@ -689,31 +669,35 @@ def stream_factory(source, cfg: StudyConfig, train_split: str):
     return stream_for
 
 
-def _run_group(
-    cfg,
-    source,
-    study,
-    units,
-    arms,
-    todo,
-    seed,
-    m,
-    dist,
-    hooks,
-    train_split,
-    eval_set,
-    progress,
-    echo,
-    main,
-    rms_impl,
-    held_out=None,
-):
+@dataclasses.dataclass
+class _Run:
+    """What every (seed, multiplier) group of one study shares."""
+
+    cfg: StudyConfig
+    source: object
+    study: StudyDir
+    units: dict
+    arms: list
+    dist: Dist
+    hooks: Hooks
+    train_split: object
+    eval_set: object
+    progress: object
+    echo: object
+    main: bool
+    rms_impl: str | None
+    held_out: object = None
+
+
+def _run_group(run: _Run, todo, seed, m):
     """One (seed, multiplier): its unfinished arms trained together; each unit written as it ends."""
+    cfg, source, study, units, dist, main = run.cfg, run.source, run.study, run.units, run.dist, run.main
+    arms, progress, echo, held_out = run.arms, run.progress, run.echo, run.held_out
     group_arms = [a for a in arms if (a, seed, m) in todo]
     if not group_arms:
         return
-    group = Group(source, cfg, group_arms, seed, m, dist, hooks, rms_impl=rms_impl)
-    stream_for = stream_factory(source, cfg, train_split)
+    group = Group(source, cfg, group_arms, seed, m, dist, run.hooks, rms_impl=run.rms_impl)
+    stream_for = stream_factory(source, cfg, run.train_split)
 
     where = f"seed {seed + 1}" + (f" lr ×{m:g}" if len(cfg.multipliers()) > 1 else "")
 
@@ -748,7 +732,7 @@ def _run_group(
                 mixed_precision=None if cfg.precision == "fp32" else precision_for(cfg.precision, dist.device).dtype,
             )
 
-    records = group.run(stream_for, eval_set, on_step=on_step, on_arm_done=save, after_arms=lm_eval)
+    records = group.run(stream_for, run.eval_set, on_step=on_step, on_arm_done=save, after_arms=lm_eval)
     if held_out is not None:  # the migration rule's per-block losses (migration.py)
         migration.add_block_losses(group.arms, held_out, cfg.precision, dist.device)
     for record in records:

@@ -220,7 +220,7 @@ def run_sweep(cfg, arms, *, study, make_group, eval_set, make_stream, main=True,
             alive = [a for a, ok in zip(alive, stable) if ok]
             if echo and main:
                 echo(
-                    f"normswap study: stability seed {seed} lr ×{m:g}: "
+                    f"normswap study: stability seed {seed + 1} lr ×{m:g}: "
                     + (", ".join(alive) + " stable" if alive else "every arm diverged")
                 )
             if not alive:
