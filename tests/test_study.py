@@ -635,6 +635,19 @@ def test_equivalence_verdicts_tost_bigram_gate_and_holm():
     assert alone[0]["verdict"] == "reproduced"
 
 
+def test_the_equal_loss_verdict_says_which_error_keeps_it_from_the_margin():
+    from normswap.study import claims
+
+    ctx = claims.Context(margin=0.02, baselines={"bigram_loss": 5.5})
+    wide = _cmp([0.03, -0.03, 0.01, -0.02])
+    noisy_blocks = claims.equal_loss(dict(wide, seed_standard_error=0.013, heldout_standard_error=0.012), ctx)
+    assert "held-out sampling 0.0120 (more --eval-tokens)" in noisy_blocks.decided_by
+    assert "seed to seed 0.0130 (more seeds)" in noisy_blocks.decided_by
+    # negative control: blocks that sample the text finely enough are not blamed
+    fine_blocks = claims.equal_loss(dict(wide, seed_standard_error=0.013, heldout_standard_error=0.002), ctx)
+    assert "held-out sampling 0.0020 nats" in fine_blocks.decided_by and "--eval-tokens" not in fine_blocks.decided_by
+
+
 def test_sequential_seeds_stop_when_decided_or_out_of_budget():
     from normswap.study.config import StudyConfig
     from normswap.study.runner import seed_decision

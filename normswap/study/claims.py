@@ -96,6 +96,20 @@ def _noise_floor(ctx: Context) -> str:
     return f"; noise floor (layernorm-control, own data order): {stats.fmt(ctl, '+.4f')} nats"
 
 
+def _standard_errors(cmp: dict, margin: float) -> str:
+    """Where the interval's width comes from: seed to seed, and the held-out blocks' sampling alone
+    (the part more --eval-tokens shrinks); each against the margin it must resolve."""
+    seed_se, block_se = cmp.get("seed_standard_error"), cmp.get("heldout_standard_error")
+    if seed_se is None and block_se is None:
+        return ""
+    parts = []
+    if seed_se is not None:
+        parts.append(f"seed to seed {seed_se:.4f}" + (" (more seeds)" if seed_se >= margin / 2 else ""))
+    if block_se is not None:
+        parts.append(f"held-out sampling {block_se:.4f}" + (" (more --eval-tokens)" if block_se >= margin / 2 else ""))
+    return f"; standard error {', '.join(parts)} nats against the margin's half {margin / 2:g}"
+
+
 def equal_loss(cmp: dict, ctx: Context) -> Verdict:
     m = ctx.margin
     eq = cmp.get("final_eval_loss_equivalence")
@@ -124,7 +138,10 @@ def equal_loss(cmp: dict, ctx: Context) -> Verdict:
     iv = eq["interval"]
     text = (
         f"final held-out loss difference {stats.fmt(iv, '+.4f')} nats (margin ±{m:g}; "
-        f"p(equivalent) {eq['p_equivalent']:.3g}, p(beyond margin) {eq['p_beyond']:.3g})" + diverged + _noise_floor(ctx)
+        f"p(equivalent) {eq['p_equivalent']:.3g}, p(beyond margin) {eq['p_beyond']:.3g})"
+        + diverged
+        + _standard_errors(cmp, m)
+        + _noise_floor(ctx)
     )
     if eq["finding"] == "equivalent":
         return Verdict(REPRODUCED, text, "within-margin", eq["p_equivalent"])
