@@ -107,6 +107,7 @@ def test_tolerance_decides(neox_src, tmp_path, run_cli, centring_disabled):
     assert ver["passed"] is True and ver["threshold"] == 1e3 and ver["max_abs_diff"] > 1e-2
     code, _, err = run_cli("convert", neox_src, tmp_path / "tight", "--tolerance", str(ver["max_abs_diff"] * 0.9))
     assert code == 1 and not (tmp_path / "tight").exists()
+    assert "max |Δ log-prob|" in err  # a causal LM: log-probabilities compared
 
 
 def test_verification_that_would_not_fit_is_refused_up_front(neox_src, tmp_path, run_cli, monkeypatch):

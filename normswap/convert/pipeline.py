@@ -123,8 +123,10 @@ def convert_checkpoint(
             write_model_card(tmp, manifest, json.loads((tmp / "config.json").read_text()))
             ver = manifest["verification"]
             if ver.get("passed") is False:
+                # causal LMs compare log-probabilities; other models (and --exact-outputs) their outputs
+                what = "log-prob" if ver.get("metric") == "max_abs_logprob_diff" else "output"
                 raise VerificationError(
-                    f"verification failed: max |Δ log-prob| = {ver['max_abs_diff']:.3g} > {ver['threshold']:.3g} "
+                    f"verification failed: max |Δ {what}| = {ver['max_abs_diff']:.3g} > {ver['threshold']:.3g} "
                     "in exact mode; nothing was written (rerun with --debug for details)"
                 )
             publish_dir(tmp, out, force=force)

@@ -298,29 +298,15 @@ def verify(
     inputs = verification_ids(tokenizer, skel.config)
     ids = inputs["input_ids"]
     inputs = complete_inputs(skel, inputs)  # vision / audio / encoder-decoder models need more than ids
-    ref = outputs(
-        lambda: skel,
-        fetch_src,
-        torch.float32,
-        inputs,
-        causal,
-        device=device,
-        resident_ok=resident_ok,
-        arena=arena,
-        keys=keys,
-    )
+
+    def run(build, fetch, dtype) -> torch.Tensor:  # one pass over the probe inputs; the weights come per module
+        return outputs(
+            build, fetch, dtype, inputs, causal, device=device, resident_ok=resident_ok, arena=arena, keys=keys
+        )
+
+    ref = run(lambda: skel, fetch_src, torch.float32)
     conv_skel = build_conv()  # the converted and unrounded passes run the same skeleton (weights come per module)
-    got = outputs(
-        lambda: conv_skel,
-        fetch_conv,
-        torch.float32,
-        inputs,
-        causal,
-        device=device,
-        resident_ok=resident_ok,
-        arena=arena,
-        keys=keys,
-    )
+    got = run(lambda: conv_skel, fetch_conv, torch.float32)
     if ref.shape != got.shape:
         raise NormswapError(f"verification: output shapes differ ({tuple(ref.shape)} vs {tuple(got.shape)})")
     diff = float((ref - got).abs().max())
@@ -344,17 +330,7 @@ def verify(
             result["rounding_floor_note"] = not_needed.format("--tolerance")
         else:
             # rounding the converted weights to 16 bits moves the outputs by itself; measure that floor
-            exact = outputs(
-                lambda: conv_skel,
-                unrounded,
-                torch.float32,
-                inputs,
-                causal,
-                device=device,
-                resident_ok=resident_ok,
-                arena=arena,
-                keys=keys,
-            )
+            exact = run(lambda: conv_skel, unrounded, torch.float32)
             result["rounding_floor"] = float((exact - got).abs().max())
             result["threshold"] = max(result["threshold"], 4 * result["rounding_floor"])
             del exact
@@ -362,17 +338,7 @@ def verify(
         result["noise_floor_note"] = not_needed.format("the threshold")
         return result
     try:
-        hi = outputs(
-            build_src,
-            fetch_src,
-            torch.float64,
-            inputs,
-            causal,
-            device=device,
-            resident_ok=resident_ok,
-            arena=arena,
-            keys=keys,
-        )
+        hi = run(build_src, fetch_src, torch.float64)
         result["noise_floor"] = float((hi - ref).abs().max())
         result["threshold"] = max(result["threshold"], 4 * result["noise_floor"])
     except (RuntimeError, NotImplementedError):  # some modeling code does not run in float64 (XGLM's masking)
