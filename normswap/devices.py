@@ -25,3 +25,15 @@ def resolve_dtype(dtype: str, device: str):
     if dtype == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     return getattr(torch, dtype)
+
+
+def available_memory(device: str = "cpu") -> int:
+    """Bytes free to allocate now: the GPU's free memory on a CUDA device, else the machine's
+    available memory (psutil: what can be had without swapping)."""
+    import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)

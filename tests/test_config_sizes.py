@@ -158,3 +158,47 @@ def test_hostile_sizes_are_one_line_in_every_command_and_nothing_is_built(tmp_pa
         assert code not in (0, 99) and built == 0 and "Traceback" not in err, (name, code, built, err[-800:])
         assert len(lines) == 1 and needle[case] in lines[0], (name, err[-800:])
     assert not any(p.name.endswith(("-conv", "-exp", "-ft")) for p in tmp_path.iterdir())
+
+
+STUDY_CHILD = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # the config asks for terabytes: refuse within 2 GiB
+from normswap.cli.main import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_config_alone_too_large_to_train_is_refused_before_anything_is_built(tmp_path):
+    """Every size of this GPT-2 config is within its own cap (48 layers, 16,384 wide), but the model
+    it builds has 155 billion parameters: the study counts them on the meta device and refuses in one
+    line, inside a 2 GiB address-space cap, before DIR exists."""
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps(dict(model_type="gpt2", n_layer=48, n_embd=16384, n_head=16, vocab_size=4096)))
+    out = tmp_path / "study"
+    proc = checked_run(
+        [sys.executable, "-c", STUDY_CHILD, "study", str(huge), "--out", str(out), "--steps", "1", "--seeds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "NORMSWAP_CPU_KERNEL": "0", "OMP_NUM_THREADS": "1"},
+    )
+    lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr[-1500:]
+    assert "arms of 154,7" in lines[0] and "nothing was built" in lines[0], lines[0]
+    assert not out.exists()
+
+
+def test_the_meta_count_is_the_built_models_and_a_small_study_fits():
+    """Negative control: the meta-device count equals a real build's, and a small model passes."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from normswap.study.arms import Source
+    from normswap.study.runner import check_memory
+
+    config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=64)
+    real = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    assert sizes.parameter_count(config, AutoModelForCausalLM) == real
+    source = Source(spec="tiny.json", config=config, tokenizer=None, trained=None)
+    assert check_memory(source, ["layernorm", "rmsnorm", "dyt"], "cpu") == real
+    with pytest.raises(NormswapError, match="needs ~.* GiB but 0.0 GiB of memory is available"):
+        sizes.check_fits(real * 52, 1000, "tiny.json", "training 3 arms")

@@ -30,6 +30,9 @@ Some sizes build things no weight backs, and are bounded by a declared cap inste
   config implies (:func:`position_table_bytes`) must fit within the weights' own size or
   :data:`MAX_TABLE_BYTES`, whichever is larger (:func:`check_against_weights`,
   :func:`check_without_weights` for a model built from a config alone).
+* the whole model a config alone builds: its parameters counted on the meta device
+  (:func:`parameter_count`, nothing allocated) and refused before any is built when the copies a
+  command needs would not fit in the memory available (:func:`check_fits`).
 
 The key names are transformers' own config attributes (and their common aliases across
 families); they are the generic vocabulary of configs, not facts about one architecture.
@@ -241,6 +244,27 @@ def check_without_weights(raw: dict, label: str) -> None:
                 f"{MAX_LAYERS_WITHOUT_WEIGHTS:,} layers"
             )
     _check_table(raw, MAX_TABLE_BYTES, label, f"the {MAX_TABLE_BYTES / 2**30:g} GiB normswap builds from a config")
+
+
+def parameter_count(config, model_class) -> int:
+    """The parameters ``model_class.from_config(config)`` would hold, counted on the meta device:
+    every tensor is a shape without storage, so a hostile config costs nothing to measure."""
+    import copy
+
+    import torch
+
+    with torch.device("meta"):
+        model = model_class.from_config(copy.deepcopy(config))
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_fits(need_bytes: int, available_bytes: int, label: str, what: str) -> None:
+    """Refuse, before anything is built, ``what`` needing more than the memory available."""
+    if need_bytes > available_bytes:
+        raise NormswapError(
+            f"{_where(label)}: {what} needs ~{need_bytes / 2**30:,.1f} GiB but {available_bytes / 2**30:,.1f} GiB "
+            "of memory is available; nothing was built"
+        )
 
 
 def check_against_weights(raw: dict, shapes: dict, label: str) -> None:

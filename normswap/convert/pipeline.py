@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from normswap import devices
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import environment, history_entry, write_manifest
@@ -159,9 +160,7 @@ def check_verification_memory(conv: Conversion, config) -> None:
 
 
 def available_memory() -> int:
-    import psutil
-
-    return int(psutil.virtual_memory().available)
+    return devices.available_memory("cpu")
 
 
 def run_verification(

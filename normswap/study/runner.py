@@ -140,6 +140,29 @@ def _check_sizes(cfg: StudyConfig, source, world: int) -> None:
         )
 
 
+BYTES_PER_TRAINED_PARAMETER = 16  # fp32 weight, gradient and AdamW's two moments
+
+
+def check_memory(source, arms: list[str], device: str) -> int:
+    """Refuse, before any model is built, a study whose arms would not fit: a (seed, rate) group trains
+    every arm at once, each with its weights, gradients and AdamW moments, beside the starting model.
+    A config alone is counted on the meta device (checkpoint/sizes.py), so a hostile config.json
+    costs nothing to refuse. Returns the parameter count."""
+    from transformers import AutoModelForCausalLM
+
+    from normswap.checkpoint.sizes import check_fits, parameter_count
+    from normswap.devices import available_memory
+
+    if source.trained is not None:
+        n = sum(p.numel() for p in source.trained.parameters())
+    else:
+        n = parameter_count(source.config, AutoModelForCausalLM)
+    need = n * (BYTES_PER_TRAINED_PARAMETER * len(arms) + 4)
+    what = f"training {len(arms)} arms of {n:,} parameters side by side (weights, gradients, AdamW moments)"
+    check_fits(need, available_memory(device), source.spec, what)
+    return n
+
+
 def _cpus() -> int | None:
     """The CPUs this process may run on (the load gate's yardstick)."""
     try:
@@ -330,6 +353,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     missing = [a for a in cfg.arm_multipliers() if a not in arms]
     if missing:
         raise NormswapError(f"--arm-lr names {missing[0]}, which is not among the arms ({', '.join(arms)})")
+    check_memory(source, arms, device)
     norms_replaced = check_replaceable(source, 0)
     notes = []
     for arm in [a for a in arms if a in TRAINED_ONLY]:
