@@ -54,7 +54,11 @@ HELDOUT_JUMP = 0.05  # a held-out spike: +5 % over the previous evaluation
 DIVERGED_RISE = 0.20  # diverged: ends 20 % above the lowest held-out loss of the run
 PROBE_ROWS = 4
 MIN_SEEDS = 3  # a verdict needs an interval across seeds that could have come out the other way
-DECIDING = ("largest_stable_steps_difference", "heldout_spike_rate_difference")  # in this order
+# the number that decides the claim, and the one used where it has no number in some seed
+DECIDING = {
+    "largest_stable_steps_difference": "largest stable rate",
+    "heldout_spike_rate_difference": "held-out spike rate",
+}
 UNIT_PREFIX = "stability-"
 
 
@@ -367,10 +371,11 @@ def compare(units: dict, arm: str, base: str, seeds: list[int], cfg) -> dict:
 def _deciding(cmp: dict) -> tuple[str, dict | None]:
     """The number that decides (``DECIDING``): the largest stable rate when every seed has one, else
     the held-out spike rate."""
-    lv = cmp["largest_stable_steps_difference"]
-    if lv and not lv.get("missing") and len(lv["values"]) == len(cmp["seeds"]):
-        return "largest stable rate", lv
-    return "held-out spike rate", cmp["heldout_spike_rate_difference"]
+    (first, name), (fallback, fallback_name) = DECIDING.items()
+    iv = cmp[first]
+    if iv and not iv.get("missing") and len(iv["values"]) == len(cmp["seeds"]):
+        return name, iv
+    return fallback_name, cmp[fallback]
 
 
 def judge(cmp: dict | None, precision: str, norm_dtypes: list[str] | None = None) -> tuple[str, str, float | None]:
