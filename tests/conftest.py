@@ -15,6 +15,13 @@ import pytest
 from helpers import assert_no_traceback
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one and a half workers per core (at most --maxprocesses). Many tests wait on the
+    child processes they start (CLI runs, torchrun, kills), so a third worker on two cores keeps them busy."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, (3 * cpus) // 2)
+
+
 @pytest.fixture
 def run_cli(capsys):
     """Run the real `normswap` entry point in-process; return (exit code, stdout, stderr)."""
