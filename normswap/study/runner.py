@@ -195,9 +195,8 @@ def resume_command(cfg: StudyConfig) -> str:
     return f"normswap study{model} --out {shlex.quote(str(cfg.out))} --resume"
 
 
-def header_lines(cfg: StudyConfig, source, arms: list[str], mults: list[float], dist: Dist) -> list[str]:
+def header_lines(cfg: StudyConfig, source, arms: list[str], mults: list[float], dist: Dist, n_params: int) -> list[str]:
     """What the study is about to do, printed before the first step."""
-    n_params = sum(p.numel() for p in source.start(0).parameters())
     start = "random initialisation per seed" if source.from_scratch else "its trained weights"
     arm_mults = cfg.arm_multipliers()
     moved = "".join(f" ({a} at ×{m:g} lr)" for a, m in arm_mults.items())
@@ -353,7 +352,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     missing = [a for a in cfg.arm_multipliers() if a not in arms]
     if missing:
         raise NormswapError(f"--arm-lr names {missing[0]}, which is not among the arms ({', '.join(arms)})")
-    check_memory(source, arms, device)
+    n_params = check_memory(source, arms, device)  # tied weights counted once
     norms_replaced = check_replaceable(source, 0)
     notes = []
     for arm in [a for a in arms if a in TRAINED_ONLY]:
@@ -416,7 +415,7 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                     kernels=kernel_setup,
                 )
             )
-        for line in header_lines(cfg, source, arms, mults, dist):
+        for line in header_lines(cfg, source, arms, mults, dist, n_params):
             echo(line)
 
     # ---- the seeds, one after another ----
@@ -579,7 +578,6 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         from_scratch=source.from_scratch,
     )
     seeds_run = sorted({seed for (_, seed, _) in units})
-    n_params = sum(p.numel() for p in source.start(0).parameters())  # tied weights counted once
     order = [(arm, seed, m) for seed in seeds_run for m in mults for arm in arms]
     results = {
         "schema_version": SCHEMA_VERSION,
