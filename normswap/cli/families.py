@@ -316,10 +316,10 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
         mx.preload()
         t0 = time.perf_counter()
 
-        def save(records):
+        def save(records, meta=None):
             if save_json:
-                partial = mx.meta(command, time.perf_counter() - t0, row_seconds)
-                atomic_write_text(save_json, mx.as_json(records, partial))
+                meta = meta or mx.meta(command, time.perf_counter() - t0, row_seconds)
+                atomic_write_text(save_json, mx.as_json(records, meta))
 
         records = mx.run_matrix(
             rows,
@@ -329,7 +329,7 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
             only_columns=only_columns or None,
         )
         meta = mx.meta(command, time.perf_counter() - t0, row_seconds)
-        save(records)
+        save(records, meta)  # the saved JSON and the markdown state the same duration
     if as_json:
         click.echo(mx.as_json(records, meta), nl=False)
         return
