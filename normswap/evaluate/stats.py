@@ -69,12 +69,7 @@ def judged(iv: dict) -> bool:
 
 def null_is_tight(null_iv: dict | None) -> bool:
     """Whether the null control's interval says the machine was quiet enough to tell (rule 2)."""
-    return (
-        bool(null_iv)
-        and judged(null_iv)
-        and 1 - NULL_DELTA <= null_iv["low"]
-        and null_iv["high"] <= 1 + NULL_DELTA
-    )
+    return bool(null_iv) and judged(null_iv) and 1 - NULL_DELTA <= null_iv["low"] and null_iv["high"] <= 1 + NULL_DELTA
 
 
 def interval(samples, base_samples, null=UNCONTROLLED) -> dict | None:
