@@ -16,16 +16,23 @@ there the cost is the call itself (Python, dispatch, autograd), not memory traff
 The result also lists what `auto` chose on this device for each kind of call, and the
 measurements it chose by (normswap.kernels.autotune).
 
-Timing method:
-- CUDA: CUDA events around a sweep over several distinct input sets whose total size exceeds
-  3× the L2 cache (so no input is served from L2), divided by the sweep length; the device copy
-  bandwidth is measured in the same run so every kernel's share of it can be reported.
-- CPU: time.perf_counter around one call per implementation, implementations interleaved within
-  each repeat so machine noise (other processes, frequency changes) hits all of them equally.
+Timing method: normswap's one timing instrument, normswap/timing.py — every implementation of a
+row against LayerNorm (the row's baseline) in interleaved pairs, order alternating, the median of
+per-pair speed ratios with a bootstrap interval, and a null control (LayerNorm again, with its own
+copy of γ and β) timed in the same rounds; pairs are added until every interval is within
+``target`` or the row's ``budget`` seconds run out (the row records which). ``vs_layer_norm`` is
+time ÷ LayerNorm's (1 / the paired speed ratio; below 1 is faster); ``speed`` holds the paired
+speed ratio itself with its interval and verdict.
+- CUDA: a block is CUDA-graph replays of a sweep over several distinct input sets whose total size
+  exceeds 3× the L2 cache (so no input is served from L2), read by a CUDA-event clock; eager
+  sweeps are timed the same way (``eager_ms``); the device copy bandwidth is measured in the same
+  run so every kernel's share of it can be reported.
+- CPU: time.perf_counter around a block of calls, each on the next input set.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -41,6 +48,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the normswap of this checkout
 
+from normswap import timing  # noqa: E402
 from normswap.kernels import autotune, backend_for, rms_norm  # noqa: E402
 from normswap.modules import RMSNorm  # noqa: E402
 
@@ -52,6 +60,9 @@ CUDA_SHAPES = [(r, h) for r in (4096, 8192, 16384) for h in (768, 2048, 4096, 81
 CUDA_DTYPES = ["bfloat16"]
 QUICK_SHAPES = [(1024, 256), (512, 1024)]
 
+NULL = "null control"
+BLOCK_S = 0.01  # seconds per timed block on the CPU: short, so the host barely changes within a pair
+DEFAULT_BUDGET_S = {"cpu": 4.0, "cuda": 4.0, "quick": 0.5}  # seconds of pairs per row at most
 TINY_ROWS = (1, 4)
 TINY_HIDDEN = (64, 256, 1024)
 
@@ -179,20 +190,92 @@ def _l2_bytes(device) -> int:
     return int(getattr(props, "L2_cache_size", 0) or 60 * 2**20)
 
 
-def time_case(case: Case, device, repeats: int, warmup: int = 2, seed: int = 0) -> dict[str, tuple]:
-    """name -> (median s, min s, eager median s or None, timing mode) per call."""
-    w, b = _params(case, device)
-    fns = _impl_fns(case, w, b)
+def _cycling(run, sets):
+    """A zero-argument call of ``run`` on the next input set, round and round."""
+    it = itertools.cycle(sets)
+    return lambda: run(next(it))
+
+
+def _cuda_clock(device):
+    """Seconds on the device's own timeline: each read records a CUDA event and waits for it."""
+    origin = torch.cuda.Event(enable_timing=True)
+    origin.record()
+    origin.synchronize()
+
+    def clock():
+        now = torch.cuda.Event(enable_timing=True)
+        now.record()
+        now.synchronize()
+        return origin.elapsed_time(now) / 1e3
+
+    return clock
+
+
+def _paired(fns, base, device, *, calls, budget, target, max_pairs, warmup=2):
+    """normswap/timing.py on ``fns`` against ``fns[base]``, with ``fns[NULL]`` its second copy."""
+    cuda = device.type == "cuda"
+    clock = _cuda_clock(device) if cuda else time.perf_counter  # looked up now: tests plant a clock
+    if calls is None:
+        calls = timing.calibrate_calls(fns[base], BLOCK_S, clock=clock)
+    return timing.compare(
+        fns, base, NULL, calls_per_sample=calls, target_halfwidth=target, budget_s=budget,
+        min_pairs=min(20, max_pairs), max_pairs=max_pairs, warmup=warmup, clock=clock,
+    )  # fmt: skip
+
+
+def _timed(cmp, name) -> dict:
+    """One implementation's numbers from a comparison: seconds per call (median, fastest block) and,
+    against the baseline, the paired speed ratio with its interval and verdict."""
+    out = {"median_s": cmp.seconds_per_call[name], "min_s": cmp.fastest_seconds_per_call[name]}
+    out["speed"] = cmp[name].to_json() if name != cmp.baseline else None
+    out["vs_base"] = 1.0 / cmp[name].ratio if name != cmp.baseline else 1.0
+    return out
+
+
+def time_case(case: Case, device, repeats: int, warmup: int = 2, seed: int = 0, *, budget: float, target: float):
+    """(name -> timings per call (:func:`_timed`, plus ``eager_s`` and ``timing``), the comparison)."""
     per_set = case.rows * case.hidden * torch.tensor([], dtype=case.dtype).element_size()
     per_set *= 1 + (case.variant == "residual") + (case.mode == "fwd+bwd") * (1 + (case.variant == "residual"))
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         count = max(2, math.ceil(3 * _l2_bytes(device) / per_set))
     else:
         count = max(1, min(4, math.ceil((64 << 20) / per_set)))
-    count = min(count, 64)
-    sets = _make_inputs(case, device, count, seed)
+    sets = _make_inputs(case, device, min(count, 64), seed)
+    base = "layer_norm" if case.variant == "plain" else "add_layer_norm"
+    runs = _case_runs(case, device, base)
+    for run in runs.values():  # warm up: compile kernels, build the CPU extension, fill allocators
+        for i in range(warmup):
+            run(sets[i % len(sets)])
+    paired = dict(calls=None, budget=budget, target=target, max_pairs=repeats, warmup=0)
+    if not cuda:
+        cmp = _paired({n: _cycling(r, sets) for n, r in runs.items()}, base, device, **paired)
+        return {n: _timed(cmp, n) | {"eager_s": None, "timing": "perf_counter"} for n in runs if n != NULL}, cmp
+    torch.cuda.synchronize(device)
+    # Kernel time without the host: each sweep is also captured in a CUDA graph and replayed.
+    # Eager sweeps are timed too (what an eager training loop sees, launch overhead and all); on
+    # small shapes the two differ because Python, not the GPU, is the bottleneck.
+    eager_fns = {n: (lambda run=r: [run(inp) for inp in sets]) for n, r in runs.items()}
+    graphs = {n: _capture(r, sets, device) for n, r in runs.items()}
+    replays = {n: (g.replay if g is not None else eager_fns[n]) for n, g in graphs.items()}
+    cmp = _paired(replays, base, device, **paired)
+    eager = _paired(eager_fns, base, device, **paired)
+    out = {}
+    for n in runs:
+        if n != NULL:
+            t = {k: v / len(sets) for k, v in _timed(cmp, n).items() if k.endswith("_s")}
+            out[n] = _timed(cmp, n) | t | {"eager_s": eager.seconds_per_call[n] / len(sets)}
+            out[n]["timing"] = "cuda-graph" if graphs[n] is not None else "eager"
+    return out, cmp
 
-    def leaves_of(name):
+
+def _case_runs(case: Case, device, base: str) -> dict:
+    """name -> run(input set) for every implementation of the row, and the null control: the
+    baseline again with its own copy of γ and β (another address, the same values)."""
+    w, b = _params(case, device)
+    w2, b2 = (t.detach().clone().requires_grad_(t.requires_grad) for t in (w, b))
+
+    def leaves_of(name, w, b):
         def f(x, r):
             out = [x] + ([r] if r is not None else [])
             if name != "normswap":  # the weightless variant has no γ to differentiate
@@ -203,44 +286,9 @@ def time_case(case: Case, device, repeats: int, warmup: int = 2, seed: int = 0) 
 
         return f
 
-    runs = {name: _runner(case, fn, leaves_of(name)) for name, fn in fns.items()}
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    eager: dict[str, list[float]] = {name: [] for name in runs}
-    cuda = device.type == "cuda"
-    for _name, run in runs.items():  # warm up: compile kernels, build the CPU extension, fill allocators
-        for i in range(warmup):
-            run(sets[i % count])
-    graphs = {}
-    if cuda:
-        torch.cuda.synchronize(device)
-        # Kernel time without the host: each sweep is also captured in a CUDA graph and replayed.
-        # Eager sweeps are still timed (what an eager training loop sees, launch overhead and
-        # all); on small shapes the two differ because Python, not the GPU, is the bottleneck.
-        for name, run in runs.items():
-            graphs[name] = _capture(run, sets, device)
-    for rep in range(repeats):
-        order = list(runs) if rep % 2 == 0 else list(reversed(runs))  # no impl always goes first
-        for name in order:
-            run = runs[name]
-            if cuda:
-                eager[name].append(_event_time(lambda run=run: [run(inp) for inp in sets]) / count)
-                if graphs[name] is not None:
-                    samples[name].append(_event_time(graphs[name].replay) / count)
-            else:
-                inp = sets[rep % count]
-                t0 = time.perf_counter()
-                run(inp)
-                samples[name].append(time.perf_counter() - t0)
-    out = {}
-    for name in runs:
-        v = samples[name] or eager[name]  # a failed capture falls back to the eager sweep
-        out[name] = (
-            statistics.median(v),
-            min(v),
-            statistics.median(eager[name]) if eager[name] else None,
-            "cuda-graph" if samples[name] else ("eager" if cuda else "perf_counter"),
-        )
-    return out
+    runs = {name: _runner(case, fn, leaves_of(name, w, b)) for name, fn in _impl_fns(case, w, b).items()}
+    runs[NULL] = _runner(case, _impl_fns(case, w2, b2)[base], leaves_of(base, w2, b2))
+    return runs
 
 
 def _event_time(fn) -> float:
@@ -274,27 +322,34 @@ def _capture(run, sets, device):
         return None
 
 
-def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int) -> dict:
-    """Per-call µs of each TINY_IMPLS entry at rows × hidden: (median, min) over repeats, each repeat
-    timing a loop of calls (interleaved across implementations, order reversed every other repeat)."""
+def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int, *, budget: float, target: float):
+    """Per-call µs of each TINY_IMPLS entry at rows × hidden, and the two null controls: modules
+    against nn.LayerNorm and functions against F.layer_norm, each group in its own interleaved
+    pairs (normswap/timing.py) with its baseline's second copy as the null control."""
     grad = mode == "fwd+bwd"
-    ln_mod = torch.nn.LayerNorm(hidden, eps=EPS, device=device, dtype=dtype)
+    ln_mod, ln_again = (torch.nn.LayerNorm(hidden, eps=EPS, device=device, dtype=dtype) for _ in range(2))
     rms_mod = RMSNorm(hidden, eps=EPS, elementwise_affine=False, device=device, dtype=dtype)
     rms_affine = RMSNorm(hidden, eps=EPS, bias=True, device=device, dtype=dtype)
-    ln_mod.requires_grad_(grad)
-    rms_affine.requires_grad_(grad)
-    w = torch.ones(hidden, device=device, dtype=dtype, requires_grad=grad)
-    b = torch.zeros(hidden, device=device, dtype=dtype, requires_grad=grad)
+    for m in (ln_mod, ln_again, rms_affine):
+        m.requires_grad_(grad)
+    w, w2 = (torch.ones(hidden, device=device, dtype=dtype, requires_grad=grad) for _ in range(2))
+    b, b2 = (torch.zeros(hidden, device=device, dtype=dtype, requires_grad=grad) for _ in range(2))
     x = torch.randn(rows, hidden, device=device, dtype=dtype, requires_grad=grad)
     dy = torch.randn(rows, hidden, device=device, dtype=dtype)
     h = (hidden,)
-    fns = {
-        "LayerNorm_module": (lambda: ln_mod(x), [x, ln_mod.weight, ln_mod.bias]),
-        "RMSNorm_module": (lambda: rms_mod(x), [x]),
-        "RMSNorm_affine": (lambda: rms_affine(x), [x, rms_affine.weight, rms_affine.bias]),
-        "layer_norm": (lambda: F.layer_norm(x, h, w, b, EPS), [x, w, b]),
-        "normswap": (lambda: rms_norm(x, None, EPS), [x]),
-        "torch_rms_norm": (lambda: F.rms_norm(x, h, None, EPS), [x]),
+    groups = {
+        "LayerNorm_module": {
+            "LayerNorm_module": (lambda: ln_mod(x), [x, ln_mod.weight, ln_mod.bias]),
+            "RMSNorm_module": (lambda: rms_mod(x), [x]),
+            "RMSNorm_affine": (lambda: rms_affine(x), [x, rms_affine.weight, rms_affine.bias]),
+            NULL: (lambda: ln_again(x), [x, ln_again.weight, ln_again.bias]),
+        },
+        "layer_norm": {
+            "layer_norm": (lambda: F.layer_norm(x, h, w, b, EPS), [x, w, b]),
+            "normswap": (lambda: rms_norm(x, None, EPS), [x]),
+            "torch_rms_norm": (lambda: F.rms_norm(x, h, None, EPS), [x]),
+            NULL: (lambda: F.layer_norm(x, h, w2, b2, EPS), [x, w2, b2]),
+        },
     }
 
     def runner(fn, leaves):
@@ -307,35 +362,26 @@ def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int) ->
 
         return run
 
-    runs = {name: runner(fn, leaves) for name, (fn, leaves) in fns.items()}
-    calls = 200 if not grad else 50
-    cuda = device.type == "cuda"
-    for run in runs.values():  # warm-up: autotune's first measurement, allocator, lazy init
-        for _ in range(10):
-            run()
-    samples = {name: [] for name in runs}
-    for rep in range(repeats):
-        for name in list(runs) if rep % 2 == 0 else list(reversed(runs)):
-            run = runs[name]
-            if cuda:
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            for _ in range(calls):
+    out, nulls = {}, {}
+    for base, fns in groups.items():
+        runs = {name: runner(fn, leaves) for name, (fn, leaves) in fns.items()}
+        for run in runs.values():  # warm-up: autotune's first measurement, allocator, lazy init
+            for _ in range(10):
                 run()
-            if cuda:
-                torch.cuda.synchronize(device)
-            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
-    out = {name: {"median_us": statistics.median(v), "min_us": min(v)} for name, v in samples.items()}
-    for name, base in (
-        ("RMSNorm_module", "LayerNorm_module"),
-        ("RMSNorm_affine", "LayerNorm_module"),
-        ("normswap", "layer_norm"),
-        ("torch_rms_norm", "layer_norm"),
-        ("LayerNorm_module", "LayerNorm_module"),
-        ("layer_norm", "layer_norm"),
-    ):
-        out[name]["vs_layer_norm"] = out[name]["median_us"] / out[base]["median_us"]
-    return out
+        cmp = _paired(runs, base, device, calls=200 if not grad else 50, budget=budget, target=target,
+                      max_pairs=repeats, warmup=0)  # fmt: skip
+        for name in runs:
+            if name != NULL:
+                t = _timed(cmp, name)
+                out[name] = {"median_us": t["median_s"] * 1e6, "min_us": t["min_s"] * 1e6}
+                out[name] |= {"vs_layer_norm": t["vs_base"], "speed": t["speed"]}
+        nulls[base] = _null_facts(cmp)
+    return out, nulls
+
+
+def _null_facts(cmp) -> dict:
+    """The null control and how the stop rule ended, for a row of the tables."""
+    return cmp.null.to_json() | {"stop_reason": cmp.stop_reason, "elapsed_s": round(cmp.elapsed_s, 2)}
 
 
 class _JsonLines:
@@ -367,6 +413,8 @@ def run_benchmark(
     progress=None,
     tiny=True,
     jsonl=None,
+    budget=None,
+    target=0.01,
 ) -> dict:
     """Every table of the benchmark; `jsonl` (a path) also gets each case as one line the moment it
     is measured, `progress(kind, row)` is told too."""
@@ -381,8 +429,10 @@ def run_benchmark(
         shapes = QUICK_SHAPES if quick else (CUDA_SHAPES if cuda else CPU_SHAPES)
     if dtypes is None:
         dtypes = ["float32"] if quick else (CUDA_DTYPES if cuda else CPU_DTYPES)
-    if repeats is None:
-        repeats = 3 if quick else (20 if cuda else 5)
+    if repeats is None:  # the most pairs per row
+        repeats = 20 if quick else 400
+    if budget is None:
+        budget = DEFAULT_BUDGET_S["quick" if quick else device.type if cuda else "cpu"]
     result = {
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
@@ -390,12 +440,14 @@ def run_benchmark(
         "torch": torch.__version__,
         "normswap_backend": backend_for(device),
         "repeats": repeats,
-        "timing": (
-            "CUDA-graph replay of sweeps over L2-exceeding input rotation, timed by CUDA events "
-            "(eager sweeps in eager_ms)"
-        )
-        if cuda
-        else "perf_counter, implementations interleaved",
+        "budget_s": budget,
+        "target_halfwidth": target,
+        "timing": "normswap/timing.py interleaved pairs against LayerNorm with a null control; "
+        + (
+            "CUDA-graph replay of sweeps over L2-exceeding input rotation, CUDA-event clock (eager sweeps in eager_ms)"
+            if cuda
+            else "perf_counter"
+        ),
         "copy_gbps": measure_copy_gbps(device) if cuda else None,
         # CPU timings on a shared machine mean little without the load they were taken under
         "loadavg_before": _loadavg(),
@@ -416,30 +468,10 @@ def run_benchmark(
             for variant in variants:
                 for mode in modes:
                     case = Case(rows, hidden, dtype, variant, mode)
-                    times = time_case(case, device, repeats)
-                    base = times["layer_norm" if variant == "plain" else "add_layer_norm"][0]
-                    nbytes = case.nominal_bytes()
-                    impls = {}
-                    for name, (t, tmin, teager, how) in times.items():
-                        gbps = nbytes / t / 1e9
-                        impls[name] = {
-                            "median_ms": t * 1e3,
-                            "min_ms": tmin * 1e3,
-                            "timing": how,
-                            "eager_ms": teager * 1e3 if teager is not None else None,
-                            "gbps": gbps,
-                            "vs_layer_norm": t / base,
-                            "copy_share": gbps / result["copy_gbps"] if result["copy_gbps"] else None,
-                        }
-                    row = {
-                        "rows": rows,
-                        "hidden": hidden,
-                        "dtype": dt,
-                        "variant": variant,
-                        "mode": mode,
-                        "nominal_bytes": nbytes,
-                        "impls": impls,
-                    }
+                    times, cmp = time_case(case, device, repeats, budget=budget, target=target)
+                    row = {"rows": rows, "hidden": hidden, "dtype": dt, "variant": variant, "mode": mode}
+                    row |= {"nominal_bytes": case.nominal_bytes(), "impls": _impls(times, case, result)}
+                    row["null"] = _null_facts(cmp)
                     result["rows"].append(row)
                     log.write({"kind": "row", **row})
                     if progress:
@@ -449,13 +481,11 @@ def run_benchmark(
         for mode in modes:
             for rows in TINY_ROWS:
                 for hidden in TINY_HIDDEN if not quick else TINY_HIDDEN[:1]:
-                    t = {
-                        "rows": rows,
-                        "hidden": hidden,
-                        "dtype": dtypes[0],
-                        "mode": mode,
-                        "impls": time_tiny(device, rows, hidden, tiny_dtype, mode, max(5, repeats)),
-                    }
+                    impls, nulls = time_tiny(
+                        device, rows, hidden, tiny_dtype, mode, repeats, budget=budget, target=target
+                    )
+                    t = {"rows": rows, "hidden": hidden, "dtype": dtypes[0], "mode": mode}
+                    t |= {"impls": impls, "null": nulls}
                     result["tiny"].append(t)
                     log.write({"kind": "tiny", **t})
                     if progress:
@@ -480,6 +510,24 @@ def run_benchmark(
     if cuda:
         result["goals"] = evaluate_goals(result)
     return result
+
+
+def _impls(times: dict, case: Case, result: dict) -> dict:
+    """A row's per-implementation numbers: ms per call, GB/s, time ÷ LayerNorm's, the paired speed ratio."""
+    impls = {}
+    for name, t in times.items():
+        gbps = case.nominal_bytes() / t["median_s"] / 1e9
+        impls[name] = {
+            "median_ms": t["median_s"] * 1e3,
+            "min_ms": t["min_s"] * 1e3,
+            "timing": t["timing"],
+            "eager_ms": t["eager_s"] * 1e3 if t["eager_s"] is not None else None,
+            "gbps": gbps,
+            "vs_layer_norm": t["vs_base"],
+            "speed": t["speed"],  # speed ÷ LayerNorm's (> 1 faster), interval and verdict; None for LayerNorm
+            "copy_share": gbps / result["copy_gbps"] if result["copy_gbps"] else None,
+        }
+    return impls
 
 
 def _derived_backward(result) -> list[dict]:
@@ -570,6 +618,14 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+def _null_cells(null: dict | None) -> list[str]:
+    """The null control's speed ratio with its interval and verdict, and how the row's pairs ended."""
+    if not null:
+        return ["—", "—"]
+    text = f"{null['ratio']:.3f} [{null['low']:.3f}–{null['high']:.3f}] {null['verdict']}"
+    return [text, f"{null['pairs']}, {null['stop_reason']}"]
+
+
 def format_markdown(result) -> str:
     """One table per variant: rows = shape/dtype/mode, columns = implementations (ms and ×LN)."""
     lines = [
@@ -594,15 +650,19 @@ def format_markdown(result) -> str:
             "time ÷ LayerNorm's)"
         )
         lines.append("")
-        lines.append("| rows × H | dtype | mode | " + " | ".join(impls) + " |")
-        lines.append("|---|---|---|" + "---|" * len(impls))
+        lines.append("| rows × H | dtype | mode | " + " | ".join(impls) + " | null control | pairs, stop |")
+        lines.append("|---|---|---|" + "---|" * (len(impls) + 2))
         for r in rows:
             cells = []
             for name in impls:
                 m = r["impls"][name]
                 share = f", {m['copy_share'] * 100:.0f}%" if m.get("copy_share") else ""
                 flag = " †" if m.get("timing") == "eager" else ""
-                cells.append(f"{m['median_ms']:.3g}{flag} ({m['gbps']:.3g} GB/s{share}; {m['vs_layer_norm']:.2f}×)")
+                word = f"; {m['speed']['verdict']}" if m.get("speed") else ""
+                cells.append(
+                    f"{m['median_ms']:.3g}{flag} ({m['gbps']:.3g} GB/s{share}; {m['vs_layer_norm']:.2f}×{word})"
+                )
+            cells += _null_cells(r.get("null"))
             lines.append(f"| {r['rows']}×{r['hidden']} | {r['dtype']} | {r['mode']} | " + " | ".join(cells) + " |")
     if any(m.get("timing") == "eager" for r in result["rows"] for m in r["impls"].values()):
         lines.append("")
@@ -628,10 +688,12 @@ def format_markdown(result) -> str:
             "functions vs F.layer_norm)"
         )
         lines.append("")
-        lines.append("| rows × H | dtype | mode | " + " | ".join(TINY_IMPLS) + " |")
-        lines.append("|---|---|---|" + "---|" * len(TINY_IMPLS))
+        lines.append("| rows × H | dtype | mode | " + " | ".join(TINY_IMPLS) + " | null: modules | null: functions |")
+        lines.append("|---|---|---|" + "---|" * (len(TINY_IMPLS) + 2))
         for t in result["tiny"]:
             cells = [f"{t['impls'][n]['median_us']:.1f} ({t['impls'][n]['vs_layer_norm']:.2f}×)" for n in TINY_IMPLS]
+            nulls = t.get("null") or {}
+            cells += [_null_cells(nulls.get(b))[0] for b in ("LayerNorm_module", "layer_norm")]
             lines.append(f"| {t['rows']}×{t['hidden']} | {t['dtype']} | {t['mode']} | " + " | ".join(cells) + " |")
     if result.get("auto_choices"):
         lines.append("")

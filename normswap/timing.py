@@ -101,6 +101,8 @@ class Comparison:
     pair_seconds: dict[str, list[tuple[float, float]]]
     # per function: its median seconds per call over all its timed blocks (absolute throughput)
     seconds_per_call: dict[str, float]
+    # per function: its fastest block's seconds per call (what the machine allows at best)
+    fastest_seconds_per_call: dict[str, float]
 
     def __getitem__(self, name: str) -> Ratio:
         return self.null if name == self.null_name else self.candidates[name]
@@ -294,5 +296,6 @@ def _comparison(baseline, null, pair_seconds, blocks, run: dict, *, band, draws,
         null=ratio(null) if null is not None else None,
         pair_seconds=pair_seconds,
         seconds_per_call={k: statistics.median(v) / run["calls_per_sample"] for k, v in blocks.items() if v},
+        fastest_seconds_per_call={k: min(v) / run["calls_per_sample"] for k, v in blocks.items() if v},
         **run,
     )

@@ -109,8 +109,9 @@ def test_measured_times_follow_a_known_slowdown(monkeypatch):
 
     monkeypatch.setattr(_bench, "_impl_fns", with_slow_torch_rms_norm)
     res = run_benchmark(
-        "cpu", dtypes=["float32"], shapes=[(16, 64)], repeats=7, modes=("fwd",), residual=False, tiny=False
-    )
+        "cpu", dtypes=["float32"], shapes=[(16, 64)], repeats=12, modes=("fwd",), residual=False, tiny=False,
+        budget=1e9,  # virtual seconds: the pairs stop at 12, not at the budget
+    )  # fmt: skip
     (row,) = res["rows"]
     impls = row["impls"]
     assert impls["torch_rms_norm"]["min_ms"] == pytest.approx((cost + delay) * 1e3, rel=1e-6)
@@ -120,3 +121,28 @@ def test_measured_times_follow_a_known_slowdown(monkeypatch):
     for name in ("layer_norm", "normswap", "normswap_weight"):
         assert impls[name]["median_ms"] == pytest.approx(cost * 1e3, rel=1e-6), (name, impls[name])
         assert impls[name]["vs_layer_norm"] == pytest.approx(1.0, rel=1e-6), (name, impls[name])
+    # the decision: the paired speed ratio calls the slowed one slower, the null control no difference
+    assert impls["torch_rms_norm"]["speed"]["verdict"] == "slower"
+    assert impls["torch_rms_norm"]["speed"]["ratio"] == pytest.approx(cost / (cost + delay), rel=1e-6)
+    assert impls["normswap"]["speed"]["verdict"] == "no measurable difference"
+    assert row["null"]["verdict"] == "no measurable difference" and row["null"]["pairs"] == 12
+    assert row["null"]["stop_reason"] in ("converged", "max_pairs") and impls["layer_norm"]["speed"] is None
+
+
+def test_bench_kernels_on_its_defaults_reports_every_row_with_its_null_control(tmp_path):
+    """The default dtypes, modes, residual rows and tiny rows, at a budget of 0 s (one round of pairs
+    per row) and one small shape in place of the default large ones (test-sized)."""
+    out = tmp_path / "k.json"
+    r = CliRunner().invoke(bench, ["kernels", "--budget", "0", "--shapes", "64x256", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    assert len(data["rows"]) == len(_bench.CPU_DTYPES) * 2 * 2
+    assert len(data["tiny"]) == 2 * len(_bench.TINY_ROWS) * len(_bench.TINY_HIDDEN)
+    for row in data["rows"]:
+        assert row["null"]["stop_reason"] == "budget" and row["null"]["pairs"] == 1
+        # one pair decides nothing
+        assert all(
+            m["speed"] is None or m["speed"]["verdict"] == "no measurable difference" for m in row["impls"].values()
+        )
+    assert set(data["tiny"][0]["null"]) == {"LayerNorm_module", "layer_norm"}
+    assert "null control" in r.output and "| null control |" in r.stdout

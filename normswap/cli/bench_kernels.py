@@ -70,11 +70,26 @@ def load_bench_script(name: str):
     default=None,
     help="Comma list of ROWSxHIDDEN (default: CPU 16384x256..2048x4096; CUDA 4096-16384 x 768-8192).",
 )
-@click.option("--repeats", type=int, default=None, help="Timed repeats per implementation (median reported).")
+@click.option(
+    "--repeats", type=int, default=None, help="The most interleaved pairs per row (default 400; --quick 20)."
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(0),
+    default=None,
+    help="Seconds of pairs per row at most (default 4; --quick 0.5): the stop rule's time budget.",
+)
+@click.option(
+    "--target",
+    type=click.FloatRange(0, min_open=True),
+    default=0.01,
+    show_default=True,
+    help="Stop a row's pairs once every speed ratio's 95%% interval is within this of its median.",
+)
 @click.option("--modes", type=click.Choice(["fwd", "fwd+bwd", "both"]), default="both", show_default=True)
 @click.option("--no-residual", is_flag=True, help="Skip the fused residual-add rows.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice).")
-@click.option("--quick", is_flag=True, help="Two small shapes, fp32, 3 repeats (a smoke run, seconds).")
+@click.option("--quick", is_flag=True, help="Two small shapes, fp32, short budgets (a smoke run, seconds).")
 @click.option("--out", "out_path", default=None, help="Also write the JSON result to this file.")
 @click.option("--markdown", "md_path", default=None, help="Also write the markdown table to this file.")
 @click.option(
@@ -86,10 +101,12 @@ def load_bench_script(name: str):
 @click.option("--no-tiny", is_flag=True, help="Skip the per-call rows at tiny shapes (1 and 4 rows).")
 @json_option
 def kernels(
-    device, dtypes, shapes, repeats, modes, no_residual, threads, quick, out_path, md_path, jsonl_path, no_tiny, as_json
-):
+    device, dtypes, shapes, repeats, budget, target, modes, no_residual, threads, quick, out_path, md_path,
+    jsonl_path, no_tiny, as_json,
+):  # fmt: skip
     """Median time, GB/s and ratio to LayerNorm for each norm implementation, forward and
-    forward+backward (on CUDA also the share of the measured device copy bandwidth)."""
+    forward+backward (on CUDA also the share of the measured device copy bandwidth), timed in
+    interleaved pairs against LayerNorm with a null control (normswap/timing.py)."""
     bench_kernels = load_bench_script("kernels")
     dev = resolve_device(device)
     if repeats is not None and repeats < 1:
@@ -116,7 +133,9 @@ def kernels(
             )
             click.echo(
                 f"{row['rows']}x{row['hidden']} {row['dtype']} {row['variant']} {row['mode']}: "
-                f"{ln} {row['impls'][ln]['median_ms']:.3f} ms; {parts}",
+                f"{ln} {row['impls'][ln]['median_ms']:.3f} ms; {parts}; null control x{row['null']['ratio']:.3f} "
+                f"[{row['null']['low']:.3f}-{row['null']['high']:.3f}] ({row['null']['verdict']}), "
+                f"{row['null']['pairs']} pairs, stopped: {row['null']['stop_reason']}",
                 err=True,
             )
 
@@ -125,6 +144,8 @@ def kernels(
         dtypes=_parse_dtypes(dtypes),
         shapes=_parse_shapes(shapes),
         repeats=repeats,
+        budget=budget,
+        target=target,
         modes=mode_list,
         residual=not no_residual,
         quick=quick,
