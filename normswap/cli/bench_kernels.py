@@ -70,9 +70,7 @@ def load_bench_script(name: str):
     default=None,
     help="Comma list of ROWSxHIDDEN (default: CPU 16384x256..2048x4096; CUDA 4096-16384 x 768-8192).",
 )
-@click.option(
-    "--repeats", type=int, default=None, help="The most interleaved pairs per row (default 400; --quick 20)."
-)
+@click.option("--repeats", type=int, default=None, help="The most interleaved pairs per row (default 400; --quick 20).")
 @click.option(
     "--budget",
     type=click.FloatRange(0),
