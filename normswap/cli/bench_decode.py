@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from normswap.cli.options import target_option
 from normswap.errors import NormswapError
 
 
@@ -117,13 +118,7 @@ def _line(r: dict) -> str:
 @click.option(
     "--budget", type=click.FloatRange(0), default=110.0, show_default=True, help="Seconds of pairs per model at most."
 )
-@click.option(
-    "--target",
-    type=click.FloatRange(0, min_open=True),
-    default=0.008,
-    show_default=True,
-    help="Stop once every ratio's 95%% interval is within this of its median.",
-)
+@target_option(0.008)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (batch 1 decode).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
 def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, json_out):

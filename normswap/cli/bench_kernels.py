@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from normswap.cli.options import device_option, json_option
+from normswap.cli.options import device_option, json_option, target_option
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
 from normswap.publish import atomic_write_text
@@ -77,13 +77,7 @@ def load_bench_script(name: str):
     default=None,
     help="Seconds of pairs per row at most (default 4; --quick 0.5): the stop rule's time budget.",
 )
-@click.option(
-    "--target",
-    type=click.FloatRange(0, min_open=True),
-    default=0.01,
-    show_default=True,
-    help="Stop a row's pairs once every speed ratio's 95%% interval is within this of its median.",
-)
+@target_option(0.01, "every speed ratio of a row")
 @click.option("--modes", type=click.Choice(["fwd", "fwd+bwd", "both"]), default="both", show_default=True)
 @click.option("--no-residual", is_flag=True, help="Skip the fused residual-add rows.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice).")

@@ -17,6 +17,17 @@ def device_option(default="auto"):
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON summary.")
 
 
+def target_option(default: float, of: str = "every speed ratio"):
+    """``--target``: the timing instrument's stop rule (normswap/timing.py ``target_halfwidth``)."""
+    return click.option(
+        "--target",
+        type=click.FloatRange(0, min_open=True),
+        default=default,
+        show_default=True,
+        help=f"Stop adding pairs once {of}'s 95% interval is within this of its median (normswap/timing.py).",
+    )
+
+
 def force_replaces(what: str):
     """``--force``, saying what it replaces for this command (a user must not fear for their input)."""
     return click.option("--force", is_flag=True, help=f"Replace {what} if it exists.")
