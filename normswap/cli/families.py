@@ -100,7 +100,7 @@ def markdown_table(rows) -> str:
 
 @click.group(invoke_without_command=True)
 @json_option
-@click.option("--markdown", is_flag=True, help="The README's supported-family table.")
+@click.option("--markdown", is_flag=True, help="The supported-family table of docs/convert.md.")
 @click.option(
     "--all",
     "show_all",
