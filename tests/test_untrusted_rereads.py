@@ -109,3 +109,62 @@ def test_a_kernel_cache_table_of_another_user_is_never_read(tmp_path, monkeypatc
     os.chown(theirs, 4242, 4242)
     cache.symlink_to(theirs)
     assert read() is None
+
+
+# --------------------------------------------------------------------- a recipe run's DIR
+RECIPE = """\
+name: tiny
+source: normswap:kjv-gpt2
+device: cpu
+variants:
+  exact: {convert: {mode: exact}}
+eval: {seq_len: 64, stride: 32, max_tokens: 256, speed: false, diagnostics: false}
+report: {title: tiny}
+"""
+
+
+def _run_dir(tmp_path) -> Path:
+    """What a finished recipe run leaves (its shape, not its numbers: the check reads no values)."""
+    out = tmp_path / "run"
+    (out / "models" / "exact").mkdir(parents=True)
+    (out / "report").mkdir()
+    (out / "run.json").write_text(json.dumps({"status": "finished", "steps": {}}))
+    (out / "models" / "exact" / "model.safetensors").write_bytes(b"weights")
+    (out / "models" / "exact" / "normswap_manifest.json").write_text("{}")
+    (out / "report" / "results.json").write_text("{}")
+    return out
+
+
+PLANTS = {
+    "a linked model": lambda out, there: _swap_for_link(out / "models" / "exact", there),
+    "linked weights": lambda out, there: _swap_for_link(out / "models" / "exact" / "model.safetensors", there),
+    "a linked report": lambda out, there: _swap_for_link(out / "report", there),
+    "a run.json others can write": lambda out, there: os.chmod(out / "run.json", 0o666),
+    "a model others can write": lambda out, there: os.chmod(out / "models" / "exact", 0o777),
+}
+
+
+def _swap_for_link(path: Path, there: Path) -> None:
+    path.rename(there)
+    path.symlink_to(there)
+
+
+@needs_posix
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_a_recipe_run_never_reads_back_a_link_or_another_users_file(tmp_path, run_cli, plant):
+    """--resume skips a step found done and reads its output: a model linked in from elsewhere would
+    be evaluated and reported as the run's own. Refused before any step, in one line naming it."""
+    from normswap.recipes.runner import run_dir_problem
+
+    out = _run_dir(tmp_path)
+    assert run_dir_problem(out) is None  # the control: the untouched DIR passes
+    PLANTS[plant](out, tmp_path / "elsewhere")
+    why = run_dir_problem(out)
+    assert why and ("symbolic link" in why or "writable by other users" in why), why
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(RECIPE)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    code, _, err = run_cli("run", recipe, "--out", out, "--resume")
+    line = _one_error_line(err)
+    assert code != 0 and why in line, line
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
