@@ -96,7 +96,7 @@ def _say(kind) -> str:
     if isinstance(kind, dict):
         return "an object"
     if isinstance(kind, tuple) and kind[0] == "object of":
-        return f"an object of {_say(kind[1])} values"
+        return f"an object whose every value is {_say(kind[1])}"
     if isinstance(kind, tuple) and kind[0] == "list of":
         return "a list of objects"
     if isinstance(kind, tuple):
