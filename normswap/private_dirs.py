@@ -392,22 +392,29 @@ def _link_refusal(dir_fd: int, name: str, where, e: OSError) -> NotPrivate | Non
     return NotPrivate(f"{where} is a symbolic link (to {target}); normswap does not follow a link here")
 
 
-def open_dir_at(dir_fd: int, name: str, *, where) -> int:
-    """A handle on the directory ``name`` inside ``dir_fd``: never through a symlink, and refused
-    (:class:`NotPrivate`, one line naming ``where``) unless it is ours and nobody else can write it.
-    Raises FileNotFoundError when it is absent. The caller closes it."""
+def _open_checked(dir_fd: int, name: str, flags: int, *, where, kind: str, verb: str, mode: int = 0o600) -> int:
+    """``openat(dir_fd, name, flags)`` (the caller's flags hold ``O_NOFOLLOW``), then the open
+    descriptor checked (``fstat``): a ``kind`` ("directory" or "file") that is ours and writable by
+    nobody else, else :class:`NotPrivate` naming ``where``; a link is refused by name."""
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, flags, mode, dir_fd=dir_fd)
     except OSError as e:
         raise _link_refusal(dir_fd, name, where, e) or e from None
     try:
-        why = _why_stat_not_private(os.fstat(fd), where, "directory") if _POSIX else None
+        why = _why_stat_not_private(os.fstat(fd), where, kind) if _POSIX else None
         if why:
-            raise NotPrivate(f"refusing {where}: {why}")
+            raise NotPrivate(f"refusing to {verb} {where}: {why}")
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def open_dir_at(dir_fd: int, name: str, *, where) -> int:
+    """A handle on the directory ``name`` inside ``dir_fd``: never through a symlink, and refused
+    (:class:`NotPrivate`, one line naming ``where``) unless it is ours and nobody else can write it.
+    Raises FileNotFoundError when it is absent. The caller closes it."""
+    return _open_checked(dir_fd, name, _DIR_FLAGS, where=where, kind="directory", verb="use")
 
 
 def make_dir_at(dir_fd: int, name: str, *, where, mode: int = 0o755) -> int:
@@ -424,39 +431,20 @@ def open_file_at(dir_fd: int, name: str, *, where) -> int:
     refused, not waited on), not a link, ours, writable by nobody else; refused
     (:class:`NotPrivate`, naming ``where``) otherwise, FileNotFoundError when absent."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
-    except OSError as e:
-        raise _link_refusal(dir_fd, name, where, e) or e from None
-    try:
-        why = _why_stat_not_private(os.fstat(fd), where, "file") if _POSIX else None
-        if why:
-            raise NotPrivate(f"refusing to read {where}: {why}")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
+    fd = _open_checked(dir_fd, name, flags, where=where, kind="file", verb="read")
+    os.set_blocking(fd, True)
     return fd
 
 
 def create_file_at(dir_fd: int, name: str, *, where, append: bool = False, mode: int = 0o644) -> int:
     """``name`` inside ``dir_fd`` opened for writing without following a link: created fresh
     (``O_EXCL``, so nothing planted is written through), or with ``append`` an existing file of ours
-    opened to add to (checked like a read). The caller closes it."""
+    opened to add to (checked like a read). ``mode`` loses any group or other write bit. The
+    caller closes it."""
     nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     flags = os.O_WRONLY | nofollow | (os.O_APPEND | os.O_CREAT if append else os.O_CREAT | os.O_EXCL)
-    try:
-        fd = os.open(name, flags, mode & ~(stat.S_IWGRP | stat.S_IWOTH), dir_fd=dir_fd)
-    except OSError as e:
-        raise _link_refusal(dir_fd, name, where, e) or e from None
-    try:
-        why = _why_stat_not_private(os.fstat(fd), where, "file") if _POSIX else None
-        if why:
-            raise NotPrivate(f"refusing to write {where}: {why}")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    mode &= ~(stat.S_IWGRP | stat.S_IWOTH)
+    return _open_checked(dir_fd, name, flags, where=where, kind="file", verb="write", mode=mode)
 
 
 def replace_at(dir_fd: int, src: str, dst: str) -> None:

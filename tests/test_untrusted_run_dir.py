@@ -30,14 +30,6 @@ needs_posix = pytest.mark.skipif(not hasattr(os, "getuid"), reason="owners and m
 needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving files away needs root")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 class _Stop(Exception):
     pass
 
@@ -45,7 +37,12 @@ class _Stop(Exception):
 def _run(out, *, echo=None, hooks=None, **kw):
     from normswap.finetune import FinetuneConfig, run_finetune
 
-    return run_finetune(FinetuneConfig(model=MODEL, out=str(out), **{**SMALL, **kw}), hooks=hooks, echo=echo)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two shared cores: one thread is faster than two fighting ones
+    try:
+        return run_finetune(FinetuneConfig(model=MODEL, out=str(out), **{**SMALL, **kw}), hooks=hooks, echo=echo)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _final(out) -> dict:
