@@ -163,28 +163,26 @@ def _lines(r: dict) -> list[str]:
     return out
 
 
+def _option(name: str, kind, default, help: str):
+    """A numeric option with its default shown (every tuning knob of this bench has that shape)."""
+    return click.option(name, type=kind, default=default, show_default=True, help=help)
+
+
 @click.command("onnx")
 @click.argument("models", nargs=-1)
-@click.option("--repeats", type=click.IntRange(5), default=30, show_default=True, help="At least this many pairs.")
-@click.option("--budget", type=click.FloatRange(1.0), default=240.0, show_default=True, help="Timing seconds at most.")
-@click.option(
-    "--target", type=click.FloatRange(0.001), default=0.01, show_default=True, help="Stop once each interval's "
-    "half-width (null control's included) is within this.",
-)  # fmt: skip
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="onnxruntime intra-op threads.")
-@click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Sequences per forward.")
-@click.option("--seq-len", type=click.IntRange(1), default=128, show_default=True, help="Tokens per sequence.")
-@click.option(
-    "--min-time", type=click.FloatRange(0.0), default=0.1, show_default=True, help="Seconds per timed block "
-    "(calls per block calibrated from one call; 0: one call).",
-)  # fmt: skip
+@_option("--repeats", click.IntRange(5), 30, "At least this many pairs.")
+@_option("--budget", click.FloatRange(1.0), 240.0, "Timing seconds at most.")
+@_option("--target", click.FloatRange(0.001), 0.01, "Stop once each interval's half-width (null's too) is this.")
+@_option("--threads", click.IntRange(1), 1, "onnxruntime intra-op threads.")
+@_option("--batch", click.IntRange(1), 1, "Sequences per forward.")
+@_option("--seq-len", click.IntRange(1), 128, "Tokens per sequence.")
+@_option("--min-time", click.FloatRange(0.0), 0.1, "Seconds per timed block (calls calibrated from one; 0: one call).")
 @onnx_norm_op_option(multiple=True, default_help="default: both, each timed against the original")
-@click.option(
+@_option(
     "--tolerance",
-    type=click.FloatRange(0.0),
-    default=1e-4,
-    show_default=True,
-    help="Time nothing unless every converted graph matches the original graph to this max |Δ log-prob|.",
+    click.FloatRange(0.0),
+    1e-4,
+    "Time nothing unless every converted graph matches the original graph to this max |Δ log-prob|.",
 )
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
 def onnx(models, repeats, budget, target, threads, batch, seq_len, min_time, norm_ops, tolerance, json_out):

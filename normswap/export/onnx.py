@@ -331,7 +331,13 @@ def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
     wrapper = _FirstOutput(model)
     with torch.no_grad():
         ref = wrapper(ids).double()
-    got = run_session(session(path), ids).double()
+    try:
+        got = run_session(session(path), ids).double()
+    except Exception as e:  # onnxruntime refuses what the exporter wrote (its messages are long: the first line)
+        raise NormswapError(
+            f"onnxruntime cannot run the graph torch.onnx.export wrote for {type(model).__name__}: "
+            f"{str(e).strip().splitlines()[0][:300]}; nothing was written"
+        ) from None
     logits = wrapper.name == "logits"
     if logits:
         ref, got = ref.log_softmax(-1), got.log_softmax(-1)
