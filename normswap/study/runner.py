@@ -557,10 +557,22 @@ def _report_diverged(plan: Plan, units: dict, seed: int, m: float, echo) -> None
             )
 
 
+def _open_questions(plan: Plan, trained: Trained) -> list[dict]:
+    """The claims' rows, and the instrument check's arms still undecided (as open rows): what more
+    seeds could decide. In worker processes speed is the timing phase's, which seeds do not change."""
+    analysis = analyse(plan.cfg, trained.units, plan.arms, plan.baselines, None, kernel_setup=plan.kernel_setup,
+                       cpus=_cpus())  # fmt: skip
+    rows = [r for r in analysis["claims"] if plan.workers == 1 or r["claim"] != claims_mod.THROUGHPUT]
+    for arm, r in ((analysis.get("instrument_check") or {}).get("arms") or {}).items():
+        if r["finding"] == "undecided":
+            rows.append({"claim": f"instrument check: {r['role']}", "arm": arm, "verdict": claims_mod.NOT_MEASURABLE,
+                         "open": True})  # fmt: skip
+    return rows
+
+
 def _next_seed(plan: Plan, trained: Trained, seed: int, per_seed: list, echo) -> bool:
     """Beyond --seeds: whether seed ``seed`` runs (process 0 decides from the verdicts so far)."""
-    rows = analyse(plan.cfg, trained.units, plan.arms, plan.baselines, None, kernel_setup=plan.kernel_setup,
-                   cpus=_cpus())["claims"] if plan.main else []  # fmt: skip
+    rows = _open_questions(plan, trained) if plan.main else []
     go, why = seed_decision(plan.cfg, seed, rows, trained.spent, per_seed) if plan.main else (True, "")
     go = _agree(plan.dist, [go])[0]
     if plan.main:
