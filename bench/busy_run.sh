@@ -9,7 +9,7 @@ out=$1; shift
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=$here
-echo "$* (beside one CPU burner, under flock -x /tmp/ns-cpu.lock; $(date -u +%FT%TZ); $(git -C "$here" rev-parse --short HEAD))" > "$out/command.txt"
+echo "$* (beside one CPU burner, under flock -x /tmp/ns-cpu.lock; $(date -u +%FT%TZ); commit ${NS_COMMIT:-$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)})" > "$out/command.txt"
 echo "before: $(uptime)" > "$out/load.txt"
 python3 -c 'while True: pass' &
 burner=$!
