@@ -16,28 +16,11 @@ from normswap.evaluate.stats import (
     undecided,
 )
 from normswap.report import encoders
+from normswap.report import page as kit
 from normswap.report.claims import claims
 from normswap.report.glossary import glossary
 from normswap.report.intervals import change_interval, difference_resolved
-from normswap.report.page import (
-    CLAIMS_TABLE,
-    CLAIMS_TABLE_END,
-    claims_table_header,
-    claims_table_row,
-    escape,
-    html_alert,
-    html_end,
-    html_figure,
-    html_meta,
-    html_notes,
-    html_start,
-    html_terms,
-    html_warnings,
-    md_alert,
-    md_figure,
-    md_terms,
-    md_warnings,
-)
+from normswap.report.page import escape
 from normswap.report.tables import html_table, markdown_table, signed_percent
 
 UNDECIDED = (NO_DIFFERENCE, TOO_NOISY)
@@ -127,6 +110,13 @@ KIND_WORDS = {
 }
 
 
+def load_averages(noise: dict) -> tuple[float, float] | None:
+    """The 1-minute load average before and after the timing, when the run recorded both."""
+    if noise.get("load_before") and noise.get("load_after"):
+        return noise["load_before"][0], noise["load_after"][0]
+    return None
+
+
 def noise_banner(results) -> str | None:
     """The one prominent line a report shows when its null control says the machine was too busy to
     tell a speed difference from noise (evaluate/stats.py: the rule), else None."""
@@ -140,12 +130,13 @@ def noise_banner(results) -> str | None:
     parts = [f"{KIND_WORDS.get(k, k)} {fmt_interval(spread.get(k)) or '(not measured)'}" for k in noisy]
     every = set(noisy) >= set(spread)
     which = "no speed ratio" if every else "no " + ", ".join(KIND_WORDS.get(k, k) for k in noisy) + " ratio"
-    load = ""
-    if noise.get("load_before") and noise.get("load_after"):
-        load = (
-            f" Load average {noise['load_before'][0]:.1f} before and {noise['load_after'][0]:.1f} after the timing, "
-            f"on {noise.get('usable_cpus') or noise.get('cpu_count')} CPUs."
-        )
+    loads = load_averages(noise)
+    load = (
+        f" Load average {loads[0]:.1f} before and {loads[1]:.1f} after the timing, "
+        f"on {noise.get('usable_cpus') or noise.get('cpu_count')} CPUs."
+        if loads
+        else ""
+    )
     return (
         f"This machine was too noisy to tell speed differences: the null control ({null_name}, timed like the others) "
         f"ranged {'; '.join(parts)} against the baseline, outside ±{NULL_DELTA * 100:.0f} %, "
@@ -326,12 +317,8 @@ def null_control_note(results) -> str:
         )
     spread = noise.get("null_spread") or {}
     shown = "; ".join(f"{KIND_WORDS.get(k, k)} {fmt_interval(iv)}" for k, iv in spread.items())
-    load = ""
-    if noise.get("load_before") and noise.get("load_after"):
-        load = (
-            f" Load average {noise['load_before'][0]:.1f} → {noise['load_after'][0]:.1f} "
-            f"on {noise.get('usable_cpus')} CPUs."
-        )
+    loads = load_averages(noise)
+    load = f" Load average {loads[0]:.1f} → {loads[1]:.1f} on {noise.get('usable_cpus')} CPUs." if loads else ""
     return (
         f"Null control: {null['name']} against {null['of']}: {shown}. "
         "A ratio is coloured only when this range stays within "
@@ -423,7 +410,7 @@ def eval_terms(results) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------- markdown
 def markdown(results, figures: dict[str, Path]) -> str:
-    out = [f"# {report_title(results)}", ""] + md_warnings(results.get("warnings"))  # thin evidence first
+    out = [f"# {report_title(results)}", ""] + kit.md_warnings(results.get("warnings"))  # thin evidence first
     out += [f"- {line}" for line in _setup_lines(results)]
     if results.get("baseline"):
         out.append(
@@ -433,7 +420,7 @@ def markdown(results, figures: dict[str, Path]) -> str:
     out.append("")
     banner = noise_banner(results)
     if banner:
-        out += md_alert(TOO_NOISY.capitalize(), banner)
+        out += kit.md_alert(TOO_NOISY.capitalize(), banner)
     cards = headlines(results)
     if cards:
         out += ["## Headline", ""]
@@ -488,8 +475,8 @@ def markdown(results, figures: dict[str, Path]) -> str:
     if figures:
         out += ["## Figures", ""]
         for key, path in figures.items():
-            out += md_figure(FIGURE_TEXT.get(key, (key, ""))[0], path)
-    out += md_terms(eval_terms(results))
+            out += kit.md_figure(FIGURE_TEXT.get(key, (key, ""))[0], path)
+    out += kit.md_terms(eval_terms(results))
     out += ["---", "Method: docs/results-schema.md (perplexity windows, speed interleaving, memory, diagnostics).", ""]
     return "\n".join(out)
 
@@ -520,10 +507,10 @@ def html_top(results) -> list[str]:
     """Title, the compared models, thin-evidence warnings, the setup box and the too-noisy banner."""
     names = ", ".join(m["name"] for m in results["models"])
     parts = [f"<h1>{escape(report_title(results))}</h1><p class='sub'>{escape(names)}</p>"]
-    parts += html_warnings(results.get("warnings"))  # thin evidence is said first, before any number
-    parts.append(html_meta(_setup_lines(results)))
+    parts += kit.html_warnings(results.get("warnings"))  # thin evidence is said first, before any number
+    parts.append(kit.html_meta(_setup_lines(results)))
     banner = noise_banner(results)
-    return parts + ([html_alert(TOO_NOISY.capitalize(), banner)] if banner else [])
+    return parts + ([kit.html_alert(TOO_NOISY.capitalize(), banner)] if banner else [])
 
 
 def html_headline_cards(results) -> list[str]:
@@ -577,17 +564,19 @@ def html_side_by_side(results) -> list[str]:
     parts += ["<tr>" + "".join(_html_cell(*cell) for cell in row) + "</tr>" for row in rows]
     parts.append("</tbody></table></div>")
     notes = table_notes(results)
-    return parts + ([html_notes(notes)] if notes else [])
+    return parts + ([kit.html_notes(notes)] if notes else [])
 
 
 def html_claims(results) -> list[str]:
-    parts = ["<h2>Claims vs measured</h2>" + CLAIMS_TABLE + claims_table_header("claim", "this run")]
+    parts = ["<h2>Claims vs measured</h2>" + kit.CLAIMS_TABLE + kit.claims_table_header("claim", "this run")]
     for c in claims(results):
         items = "".join(f"<li>{escape(line)}</li>" for line in c["measured"])
         parts.append(
-            claims_table_row(c["claim"], c["verdict"], f"<ul>{items}</ul><div class='why'>{escape(c['meaning'])}</div>")
+            kit.claims_table_row(
+                c["claim"], c["verdict"], f"<ul>{items}</ul><div class='why'>{escape(c['meaning'])}</div>"
+            )
         )
-    return parts + [CLAIMS_TABLE_END]
+    return parts + [kit.CLAIMS_TABLE_END]
 
 
 def html_tasks(results) -> list[str]:
@@ -600,7 +589,7 @@ def html_tasks(results) -> list[str]:
         + "</tr></thead><tbody>",
         *("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in trows),
         "</tbody></table></div>",
-        html_notes(task_notes(results)),
+        kit.html_notes(task_notes(results)),
     ]
 
 
@@ -650,12 +639,12 @@ def html_diagnostics(results) -> list[str]:
 def html_report(results, figures: dict[str, Path]) -> str:
     """The self-contained report.html: the page kit's head, then the sections in reading order."""
     figure_parts = [
-        html_figure(heading, path, caption)
+        kit.html_figure(heading, path, caption)
         for key, path in figures.items()
         for heading, caption in [FIGURE_TEXT.get(key, (key, ""))]
     ]
     parts = (
-        html_start(report_title(results))
+        kit.html_start(report_title(results))
         + html_top(results)
         + html_headline_cards(results)
         + html_side_by_side(results)
@@ -664,10 +653,10 @@ def html_report(results, figures: dict[str, Path]) -> str:
         + figure_parts
         + html_tasks(results)
         + html_diagnostics(results)
-        + [html_terms(eval_terms(results))]
+        + [kit.html_terms(eval_terms(results))]
     )
     parts.append(
-        html_end(
+        kit.html_end(
             f"Generated by normswap {escape((results.get('versions') or {}).get('normswap', ''))} "
             f"on {escape(results['created'])}. Definitions: docs/results-schema.md. Raw numbers: results.json."
         )
