@@ -427,7 +427,15 @@ def sweep_lines(results) -> list[str]:
 
 def null_control_line(results) -> str | None:
     nc = results.get("null_control")
-    if not nc:
+    phase = results.get("speed_phase")
+    if phase:  # the timing phase's null control: layernorm against its second copy
+        n = phase["null"]
+        return (
+            f"throughput null control (layernorm ÷ its second copy, timing phase): {n['ratio']:.3f} "
+            f"[{n['low']:.3f}, {n['high']:.3f}] over {n['pairs']} pairs — {n['verdict']}; "
+            f"stopped: {phase['stop_reason']}"
+        )
+    if not nc or "per_seed" not in nc:
         return None
     vals = ", ".join(f"{v:.3f}" for v in nc["per_seed"])
     b = nc.get("bootstrap")
