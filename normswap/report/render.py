@@ -287,11 +287,16 @@ def headlines(results) -> list[dict]:
     return cards
 
 
+def speed_compared(results) -> bool:
+    """True when the run timed models against a baseline (so its ratios and null control need saying)."""
+    return bool(results.get("baseline")) and any(m.get("tokens_per_second") for m in results["models"])
+
+
 def table_notes(results) -> list[str]:
     """What the side-by-side table needs said beside it: how sure its speed ratios are, and why a
     column is empty."""
     notes = []
-    if results.get("baseline") and any((m.get("tokens_per_second") or {}) for m in results["models"]):
+    if speed_compared(results):
         s = results.get("speed_setup") or {}
         notes.append(
             f"Speed ratios: ratio of medians, [min–max] of the per-repeat paired ratios over {s.get('repeats', '?')} "
