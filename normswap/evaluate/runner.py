@@ -1,8 +1,8 @@
 """Evaluate several models side by side and assemble ``results.json`` (docs/results-schema.md).
 
 Check what can be checked without weights (evaluate/preflight.py: options, kinds, the text),
-load every model (:func:`plan_entries`, then :func:`load_planned`), then :func:`evaluate`: run each selected measurement of
-evaluate/measurements.py over all models, and add the ratios to the baseline.
+load every model (:func:`plan_entries`, then :func:`load_planned`), then :func:`evaluate`: run each
+selected measurement of evaluate/measurements.py over all models, and add the ratios to the baseline.
 """
 
 from __future__ import annotations
