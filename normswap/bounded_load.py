@@ -50,24 +50,23 @@ class BoundedLoadError(NormswapError):
         self.syntax = syntax
 
 
+# the kinds of file that are not regular files, in words, in the order st_mode is tested
+NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
 def file_kind(mode: int) -> str | None:
     """What a file that is not a regular file is, in words ("a FIFO (named pipe)"), from its
     ``st_mode``; None for a regular file."""
     if stat.S_ISREG(mode):
         return None
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    return "not a regular file"
+    return next((words for test, words in NOT_REGULAR if test(mode)), "not a regular file")
 
 
 def _refuse_kind(path: Path, what: str, kind: str) -> BoundedLoadError:

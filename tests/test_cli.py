@@ -97,7 +97,7 @@ def test_hub_task_offline_fails_before_perplexity(run_cli, tmp_path, monkeypatch
         raise ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr(socket, "create_connection", refused)
-    _forbid(monkeypatch, "normswap.evaluate.runner.load_entries", "loading the models")
+    _forbid(monkeypatch, "normswap.evaluate.runner.load_planned", "loading the models")
     code, _, err = run_cli(
         "eval", "report", "normswap:kjv-gpt2", "--out", tmp_path / "rep", "--tasks", "normswap_kjv,hellaswag"
     )

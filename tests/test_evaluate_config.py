@@ -123,7 +123,7 @@ def test_a_wrong_cli_value_is_refused_in_one_line_before_any_model_loads(run_cli
     def boom(*a, **k):
         raise AssertionError("models loaded although the options were wrong")
 
-    monkeypatch.setattr("normswap.evaluate.runner.load_entries", boom)
+    monkeypatch.setattr("normswap.evaluate.runner.load_planned", boom)
     code, _, err = run_cli("eval", "report", "normswap:kjv-gpt2", "--out", tmp_path / "rep", *args)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "rep").exists()

@@ -44,12 +44,13 @@ def test_intervals_resolve_a_real_difference_and_not_noise():
 
 def test_an_eval_on_thirty_short_paragraphs_warns_and_records_what_it_scored(tmp_path):
     from normswap.evaluate.config import EvalConfig
-    from normswap.evaluate.runner import evaluate, load_entries
+    from normswap.evaluate.runner import evaluate, load_planned, plan_entries
 
     text = tmp_path / "thirty.txt"
     text.write_text(_paragraphs(30))
     src = str(model_path("kjv-gpt2"))
-    entries, base = load_entries([f"original={src}", f"again={src}"], baseline="original")
+    planned, base = plan_entries([f"original={src}", f"again={src}"], "original")
+    entries = load_planned(planned)
     cfg = EvalConfig(speed=False, memory=False, diagnostics=False, max_tokens=65536)
     results = evaluate(entries, cfg, data=str(text), baseline_name=base)
     assert results["warnings"] and "held-out tokens were scored" in results["warnings"][0]

@@ -14,12 +14,9 @@ def _fmt(x, spec=".3g"):
 
 
 def render_model_card(manifest: dict, config: dict) -> str:
-    block = config.get("normswap") or {}
+    """The card: what was converted and how, its verification, its fine-tune, and how to load it."""
     conv = manifest.get("conversion") or {}
-    ver = manifest.get("verification") or {}
-    ft = manifest.get("finetune") or {}
     source = conv.get("source") or manifest.get("source") or "unknown source"
-    auto = next((k for k in (config.get("auto_map") or {}) if k != "AutoConfig"), "AutoModelForCausalLM")
     lines = [
         "---",
         "library_name: transformers",
@@ -28,93 +25,117 @@ def render_model_card(manifest: dict, config: dict) -> str:
         f"# {source} with RMSNorm (normswap)",
         "",
     ]
-    if block:
-        norms = block.get("norms", {})
-        gam = {}
-        bet = {}
-        for rec in norms.values():
-            gam[rec["gamma"]] = gam.get(rec["gamma"], 0) + 1
-            bet[rec["beta"]] = bet.get(rec["beta"], 0) + 1
-        head = (
-            "untied (folded)"
-            if block.get("untied")
-            else ("tied, kept exact" if block.get("tied") else "untied in the source")
-        )
+    lines += conversion_section(config.get("normswap") or {}, source)
+    lines += verification_section(manifest.get("verification") or {})
+    lines += finetune_section(manifest.get("finetune") or {})
+    lines += load_section(config)
+    return "\n".join(lines)
+
+
+def conversion_section(block: dict, source: str) -> list[str]:
+    """The converted config's ``normswap`` block as a table, and what its mode means."""
+    if not block:
+        return []
+    norms = block.get("norms", {})
+    gam = {}
+    bet = {}
+    for rec in norms.values():
+        gam[rec["gamma"]] = gam.get(rec["gamma"], 0) + 1
+        bet[rec["beta"]] = bet.get(rec["beta"], 0) + 1
+    head = (
+        "untied (folded)"
+        if block.get("untied")
+        else ("tied, kept exact" if block.get("tied") else "untied in the source")
+    )
+    lines = [
+        f"Converted from **{source}** ({block.get('source_class', '')}, family `{block.get('family')}`) by "
+        f"normswap {block.get('normswap_version')} in **{block.get('mode')}** mode.",
+        "",
+        "| what | value |",
+        "|---|---|",
+        f"| norms replaced by RMSNorm | {len(norms)} |",
+        f"| γ (weight) | {', '.join(f'{k}: {v}' for k, v in sorted(gam.items()))} |",
+        f"| β (bias) | {', '.join(f'{k}: {v}' for k, v in sorted(bet.items()))} |",
+        f"| biases created in reading linears | {len(block.get('added_biases', {}))} |",
+        f"| outputs centred at run time | {', '.join(block.get('centered_outputs', [])) or 'none'} |",
+        f"| output head | {head} |",
+        f"| left alone | {', '.join(x['module'] for x in block.get('left_alone', [])) or 'none'} |",
+        "",
+    ]
+    if block.get("mode") == "exact":
         lines += [
-            f"Converted from **{source}** ({block.get('source_class', '')}, family `{block.get('family')}`) by "
-            f"normswap {block.get('normswap_version')} in **{block.get('mode')}** mode.",
-            "",
-            "| what | value |",
-            "|---|---|",
-            f"| norms replaced by RMSNorm | {len(norms)} |",
-            f"| γ (weight) | {', '.join(f'{k}: {v}' for k, v in sorted(gam.items()))} |",
-            f"| β (bias) | {', '.join(f'{k}: {v}' for k, v in sorted(bet.items()))} |",
-            f"| biases created in reading linears | {len(block.get('added_biases', {}))} |",
-            f"| outputs centred at run time | {', '.join(block.get('centered_outputs', [])) or 'none'} |",
-            f"| output head | {head} |",
-            f"| left alone | {', '.join(x['module'] for x in block.get('left_alone', [])) or 'none'} |",
+            "Exact mode: every write into the residual stream was made zero-mean, so each RMSNorm computes "
+            "what the LayerNorm it replaced computed (same ε); γ and β were folded into the reading linears "
+            "wherever the norm's output only feeds linears.",
             "",
         ]
-        if block.get("mode") == "exact":
-            lines += [
-                "Exact mode: every write into the residual stream was made zero-mean, so each RMSNorm computes "
-                "what the LayerNorm it replaced computed (same ε); γ and β were folded into the reading linears "
-                "wherever the norm's output only feeds linears.",
-                "",
-            ]
-        if block.get("exact_outputs"):
-            lines += [
-                f"Converted with `--exact-outputs pooled`: exact outputs {', '.join(block['exact_outputs'])}. "
-                f"Not exact: {', '.join(block.get('shifted_outputs') or [])} (the raw residual stream, which moves "
-                "by its per-token mean); verification compared the exact outputs only.",
-                "",
-            ]
-        if block.get("mode") != "exact":
-            lines += [
-                "Approximate mode: the residual stream was *not* centred, so the model's function changed; "
-                "heal it with `normswap finetune`.",
-                "",
-            ]
-    if ver:
+    if block.get("exact_outputs"):
         lines += [
-            "## Verification",
-            "",
-            "| measure | value |",
-            "|---|---|",
-            f"| probe tokens | {ver.get('probe_tokens')} |",
-            f"| max abs Δ log-prob (float32) | {_fmt(ver.get('max_abs_logprob_diff'))} |",
-            *(
-                [f"| max abs Δ of {', '.join(ver['compared_outputs'])} (float32) | {_fmt(ver.get('max_abs_diff'))} |"]
-                if ver.get("compared_outputs")
-                else []
-            ),
-            f"| source float32-vs-float64 noise floor | {_fmt(ver.get('noise_floor'))} |",
-            f"| probe perplexity, source | {_fmt(ver.get('probe_perplexity_source'), '.4f')} |",
-            f"| probe perplexity, converted | {_fmt(ver.get('probe_perplexity_converted'), '.4f')} |",
-            f"| threshold / passed | {_fmt(ver.get('threshold'))} / {ver.get('passed')} |",
+            f"Converted with `--exact-outputs pooled`: exact outputs {', '.join(block['exact_outputs'])}. "
+            f"Not exact: {', '.join(block.get('shifted_outputs') or [])} (the raw residual stream, which moves "
+            "by its per-token mean); verification compared the exact outputs only.",
             "",
         ]
-    if ft:
-        fm = ft.get("final_metrics") or {}
-        lines += ["## Fine-tune", "", "| setting | value |", "|---|---|"]
-        for k in (
-            "data",
-            "steps",
-            "lr",
-            "warmup_steps",
-            "schedule",
-            "seq_len",
-            "batch_size",
-            "trainable",
-            "distill_from",
-            "seed",
-        ):
-            if k in ft:
-                lines.append(f"| {k} | {ft[k]} |")
-        for k, v in fm.items():
-            lines.append(f"| {k} | {_fmt(v, '.4f') if isinstance(v, float) else v} |")
-        lines.append("")
-    lines += [
+    if block.get("mode") != "exact":
+        lines += [
+            "Approximate mode: the residual stream was *not* centred, so the model's function changed; "
+            "heal it with `normswap finetune`.",
+            "",
+        ]
+    return lines
+
+
+def verification_section(ver: dict) -> list[str]:
+    if not ver:
+        return []
+    return [
+        "## Verification",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| probe tokens | {ver.get('probe_tokens')} |",
+        f"| max abs Δ log-prob (float32) | {_fmt(ver.get('max_abs_logprob_diff'))} |",
+        *(
+            [f"| max abs Δ of {', '.join(ver['compared_outputs'])} (float32) | {_fmt(ver.get('max_abs_diff'))} |"]
+            if ver.get("compared_outputs")
+            else []
+        ),
+        f"| source float32-vs-float64 noise floor | {_fmt(ver.get('noise_floor'))} |",
+        f"| probe perplexity, source | {_fmt(ver.get('probe_perplexity_source'), '.4f')} |",
+        f"| probe perplexity, converted | {_fmt(ver.get('probe_perplexity_converted'), '.4f')} |",
+        f"| threshold / passed | {_fmt(ver.get('threshold'))} / {ver.get('passed')} |",
+        "",
+    ]
+
+
+FINETUNE_SETTINGS = (
+    "data",
+    "steps",
+    "lr",
+    "warmup_steps",
+    "schedule",
+    "seq_len",
+    "batch_size",
+    "trainable",
+    "distill_from",
+    "seed",
+)
+
+
+def finetune_section(ft: dict) -> list[str]:
+    if not ft:
+        return []
+    lines = ["## Fine-tune", "", "| setting | value |", "|---|---|"]
+    lines += [f"| {k} | {ft[k]} |" for k in FINETUNE_SETTINGS if k in ft]
+    for k, v in (ft.get("final_metrics") or {}).items():
+        lines.append(f"| {k} | {_fmt(v, '.4f') if isinstance(v, float) else v} |")
+    return lines + [""]
+
+
+def load_section(config: dict) -> list[str]:
+    """How to load it: the Auto class its ``auto_map`` names first (else the causal LM one)."""
+    auto = next((k for k in (config.get("auto_map") or {}) if k != "AutoConfig"), "AutoModelForCausalLM")
+    return [
         "## Load",
         "",
         "```python",
@@ -131,7 +152,6 @@ def render_model_card(manifest: dict, config: dict) -> str:
         "Details: `normswap_manifest.json`.",
         "",
     ]
-    return "\n".join(lines)
 
 
 def write_model_card(directory, manifest: dict, config: dict) -> Path:

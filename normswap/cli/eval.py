@@ -341,10 +341,10 @@ def _fmt_tps(m, key, results):
 
 def _ratio_legend(results):
     from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
-    from normswap.report.render import noise_banner, null_control_note
+    from normswap.report.render import noise_banner, null_control_note, speed_compared
     from normswap.timing import MIN_PAIRS
 
-    if results.get("baseline") and any(m.get("tokens_per_second") for m in results["models"]):
+    if speed_compared(results):
         click.echo(
             f"x: ratio to {results['baseline']}; [95% interval of the median per-pair ratio, normswap/timing.py]; "
             f"n.d. = {NO_DIFFERENCE} (range contains 1 or the null control's, or fewer than {MIN_PAIRS} pairs); "

@@ -1,8 +1,8 @@
 """Evaluate several models side by side and assemble ``results.json`` (docs/results-schema.md).
 
 Check what can be checked without weights (evaluate/preflight.py: options, kinds, the text),
-load every model (:func:`load_entries`), then :func:`evaluate`: run each selected measurement of
-evaluate/measurements.py over all models, and add the ratios to the baseline.
+load every model (:func:`plan_entries`, then :func:`load_planned`), then :func:`evaluate`: run each
+selected measurement of evaluate/measurements.py over all models, and add the ratios to the baseline.
 """
 
 from __future__ import annotations
@@ -147,14 +147,6 @@ def plan_entries(specs, baseline=None) -> tuple[list[tuple[str, str]], str | Non
                 f"two models are named {name!r} ({first} and {labelled[i][1]}); give each its own label as NAME=SPEC"
             )
     return [(name, spec) for name, (_, spec) in zip(names, labelled)], baseline_name
-
-
-def load_entries(
-    specs, *, baseline=None, device="cpu", dtype=torch.float32, progress=None
-) -> tuple[list[ModelEntry], str | None]:
-    """Load ``specs`` (``SPEC`` or ``NAME=SPEC``); add ``baseline`` when it is not one of them."""
-    planned, baseline_name = plan_entries(specs, baseline)
-    return load_planned(planned, device=device, dtype=dtype, progress=progress), baseline_name
 
 
 def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -> list[ModelEntry]:

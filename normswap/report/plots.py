@@ -228,68 +228,7 @@ def throughput_plot(results, out: Path) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     ax = axes[0]
     width = 0.8 / len(shown)
-    hatched = False
-    if has_ratio:
-        bars, top = throughput_bars(results)
-        for b in bars:
-            color = c[b.model]
-            hatched |= not b.clear
-            ax.bar(
-                [b.x],
-                [b.value],
-                width=width * 0.92,
-                color=color,
-                alpha=1.0 if b.clear else 0.45,
-                hatch=None if b.clear else "///",
-                edgecolor="white" if b.clear else color,
-                linewidth=0,
-            )
-            if b.low is not None:
-                high = min(b.high, top)
-                ax.errorbar(
-                    [b.x],
-                    [b.value],
-                    yerr=[[max(b.value - b.low, 0)], [max(high - b.value, 0)]],
-                    fmt="none",
-                    ecolor="#343a40",
-                    elinewidth=1,
-                    capsize=0 if b.clipped else 2,
-                )
-            if b.clipped:  # the whisker leaves the axis: an arrow at the edge and the value it reached
-                ax.annotate(
-                    f"↑{b.high:.2f}",
-                    (b.x, top),
-                    ha="left",
-                    va="top",
-                    fontsize=7,
-                    color="#c92a2a",
-                    xytext=(3, -1),
-                    textcoords="offset points",
-                )
-            ax.annotate(
-                b.label,
-                (b.x, b.label_y),
-                ha="center",
-                va="top",
-                fontsize=7,
-                xytext=(0, -3),
-                textcoords="offset points",
-                color="white" if b.clear else "#212529",
-                fontweight="bold",
-            )
-        ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
-        ax.set_ylim(0, top)
-        ax.set_ylabel(f"tokens/s relative to {results.get('baseline')}")
-        ax.set_title("throughput ratio, bars: ratio of medians, whiskers: per-repeat range", fontsize=10)
-    else:
-        for i, m in enumerate(shown):
-            tps = m["tokens_per_second"]
-            for j, (key, _) in enumerate(METRICS):
-                if tps.get(key) is not None:
-                    ax.bar([j + (i - (len(shown) - 1) / 2) * width], [tps[key]], width=width * 0.92, color=c[m["name"]])
-        ax.set_yscale("log")
-        ax.set_ylabel("tokens/s")
-        ax.set_title("throughput (higher is better)", fontsize=10)
+    hatched = draw_ratio_bars(ax, results, c, width) if has_ratio else draw_tokens_per_second(ax, shown, c, width)
     ax.set_xticks(range(len(METRICS)), [label for _, label in METRICS])
     handles = [Patch(color=c[m["name"]], label=m["name"]) for m in shown]
     if hatched:
@@ -305,7 +244,83 @@ def throughput_plot(results, out: Path) -> Path | None:
         ncol=min(len(handles), 3),
     )
     style_axes(ax)
-    ax = axes[1]
+    draw_norm_share(axes[1], results)
+    return save_figure(fig, out / "throughput.png")
+
+
+def draw_ratio_bars(ax, results, c: dict, width: float) -> bool:
+    """The ratio chart (throughput_bars): solid bars for measured differences, hatched otherwise, each
+    with its whisker and value. True when any bar is hatched (the legend then says what hatching means)."""
+    bars, top = throughput_bars(results)
+    for b in bars:
+        _draw_ratio_bar(ax, b, c[b.model], width, top)
+    ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
+    ax.set_ylim(0, top)
+    ax.set_ylabel(f"tokens/s relative to {results.get('baseline')}")
+    ax.set_title("throughput ratio, bars: ratio of medians, whiskers: per-repeat range", fontsize=10)
+    return any(not b.clear for b in bars)
+
+
+def _draw_ratio_bar(ax, b: Bar, color, width: float, top: float) -> None:
+    ax.bar(
+        [b.x],
+        [b.value],
+        width=width * 0.92,
+        color=color,
+        alpha=1.0 if b.clear else 0.45,
+        hatch=None if b.clear else "///",
+        edgecolor="white" if b.clear else color,
+        linewidth=0,
+    )
+    if b.low is not None:
+        high = min(b.high, top)
+        ax.errorbar(
+            [b.x],
+            [b.value],
+            yerr=[[max(b.value - b.low, 0)], [max(high - b.value, 0)]],
+            fmt="none",
+            ecolor="#343a40",
+            elinewidth=1,
+            capsize=0 if b.clipped else 2,
+        )
+    if b.clipped:  # the whisker leaves the axis: an arrow at the edge and the value it reached
+        ax.annotate(
+            f"↑{b.high:.2f}",
+            (b.x, top),
+            ha="left",
+            va="top",
+            fontsize=7,
+            color="#c92a2a",
+            xytext=(3, -1),
+            textcoords="offset points",
+        )
+    ax.annotate(
+        b.label,
+        (b.x, b.label_y),
+        ha="center",
+        va="top",
+        fontsize=7,
+        xytext=(0, -3),
+        textcoords="offset points",
+        color="white" if b.clear else "#212529",
+        fontweight="bold",
+    )
+
+
+def draw_tokens_per_second(ax, shown, c: dict, width: float) -> bool:
+    """Without a baseline: absolute tokens/s per model on a log axis (nothing is hatched)."""
+    for i, m in enumerate(shown):
+        tps = m["tokens_per_second"]
+        for j, (key, _) in enumerate(METRICS):
+            if tps.get(key) is not None:
+                ax.bar([j + (i - (len(shown) - 1) / 2) * width], [tps[key]], width=width * 0.92, color=c[m["name"]])
+    ax.set_yscale("log")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("throughput (higher is better)", fontsize=10)
+    return False
+
+
+def draw_norm_share(ax, results) -> None:
     rows = norm_share_rows(results)
     if rows:
         range_bars(ax, [(r.name, r.value, r.low, r.high, r.color, r.solid) for r in rows], ylabel="% of forward time")
@@ -313,7 +328,6 @@ def throughput_plot(results, out: Path) -> Path | None:
     else:
         ax.axis("off")
         style_axes(ax)
-    return save_figure(fig, out / "throughput.png")
 
 
 @dataclass

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import html
 from pathlib import Path
 
 from normswap.evaluate.stats import (
@@ -18,9 +16,11 @@ from normswap.evaluate.stats import (
     undecided,
 )
 from normswap.report import encoders
+from normswap.report import page as kit
 from normswap.report.claims import claims
 from normswap.report.glossary import glossary
 from normswap.report.intervals import change_interval, difference_resolved
+from normswap.report.page import escape
 from normswap.report.tables import html_table, markdown_table, signed_percent
 
 UNDECIDED = (NO_DIFFERENCE, TOO_NOISY)
@@ -110,6 +110,13 @@ KIND_WORDS = {
 }
 
 
+def load_averages(noise: dict) -> tuple[float, float] | None:
+    """The 1-minute load average before and after the timing, when the run recorded both."""
+    if noise.get("load_before") and noise.get("load_after"):
+        return noise["load_before"][0], noise["load_after"][0]
+    return None
+
+
 def noise_banner(results) -> str | None:
     """The one prominent line a report shows when its null control says the machine was too busy to
     tell a speed difference from noise (evaluate/stats.py: the rule), else None."""
@@ -123,12 +130,13 @@ def noise_banner(results) -> str | None:
     parts = [f"{KIND_WORDS.get(k, k)} {fmt_interval(spread.get(k)) or '(not measured)'}" for k in noisy]
     every = set(noisy) >= set(spread)
     which = "no speed ratio" if every else "no " + ", ".join(KIND_WORDS.get(k, k) for k in noisy) + " ratio"
-    load = ""
-    if noise.get("load_before") and noise.get("load_after"):
-        load = (
-            f" Load average {noise['load_before'][0]:.1f} before and {noise['load_after'][0]:.1f} after the timing, "
-            f"on {noise.get('usable_cpus') or noise.get('cpu_count')} CPUs."
-        )
+    loads = load_averages(noise)
+    load = (
+        f" Load average {loads[0]:.1f} before and {loads[1]:.1f} after the timing, "
+        f"on {noise.get('usable_cpus') or noise.get('cpu_count')} CPUs."
+        if loads
+        else ""
+    )
     return (
         f"This machine was too noisy to tell speed differences: the null control ({null_name}, timed like the others) "
         f"ranged {'; '.join(parts)} against the baseline, outside ±{NULL_DELTA * 100:.0f} %, "
@@ -279,11 +287,16 @@ def headlines(results) -> list[dict]:
     return cards
 
 
+def speed_compared(results) -> bool:
+    """True when the run timed models against a baseline (so its ratios and null control need saying)."""
+    return bool(results.get("baseline")) and any(m.get("tokens_per_second") for m in results["models"])
+
+
 def table_notes(results) -> list[str]:
     """What the side-by-side table needs said beside it: how sure its speed ratios are, and why a
     column is empty."""
     notes = []
-    if results.get("baseline") and any((m.get("tokens_per_second") or {}) for m in results["models"]):
+    if speed_compared(results):
         s = results.get("speed_setup") or {}
         notes.append(
             f"Speed ratios: ratio of medians, [min–max] of the per-repeat paired ratios over {s.get('repeats', '?')} "
@@ -309,12 +322,8 @@ def null_control_note(results) -> str:
         )
     spread = noise.get("null_spread") or {}
     shown = "; ".join(f"{KIND_WORDS.get(k, k)} {fmt_interval(iv)}" for k, iv in spread.items())
-    load = ""
-    if noise.get("load_before") and noise.get("load_after"):
-        load = (
-            f" Load average {noise['load_before'][0]:.1f} → {noise['load_after'][0]:.1f} "
-            f"on {noise.get('usable_cpus')} CPUs."
-        )
+    loads = load_averages(noise)
+    load = f" Load average {loads[0]:.1f} → {loads[1]:.1f} on {noise.get('usable_cpus')} CPUs." if loads else ""
     return (
         f"Null control: {null['name']} against {null['of']}: {shown}. "
         "A ratio is coloured only when this range stays within "
@@ -406,9 +415,7 @@ def eval_terms(results) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------- markdown
 def markdown(results, figures: dict[str, Path]) -> str:
-    out = [f"# {report_title(results)}", ""]
-    for w in results.get("warnings") or []:  # thin evidence is said first, before any number
-        out += [f"> **Warning.** {w}", ""]
+    out = [f"# {report_title(results)}", ""] + kit.md_warnings(results.get("warnings"))  # thin evidence first
     out += [f"- {line}" for line in _setup_lines(results)]
     if results.get("baseline"):
         out.append(
@@ -418,7 +425,7 @@ def markdown(results, figures: dict[str, Path]) -> str:
     out.append("")
     banner = noise_banner(results)
     if banner:
-        out += [f"> **{TOO_NOISY.capitalize()}.** {banner}", ""]
+        out += kit.md_alert(TOO_NOISY.capitalize(), banner)
     cards = headlines(results)
     if cards:
         out += ["## Headline", ""]
@@ -470,206 +477,130 @@ def markdown(results, figures: dict[str, Path]) -> str:
         ["model", "loss", "grad norm", "norm layers", "mean input RMS", "max abs(per-token mean)"], drows
     )
     out.append("")
-    titles = {
-        "perplexity": "Perplexity",
-        "fidelity": "Fidelity to the reference",
-        "throughput": "Throughput",
-        "finetune_loss": "Fine-tune loss",
-        "activations": "Activations entering each norm",
-    }
     if figures:
         out += ["## Figures", ""]
         for key, path in figures.items():
-            out += [f"### {titles.get(key, key)}", "", f"![{titles.get(key, key)}]({Path(path).name})", ""]
-    out += ["## Terms", ""] + [f"- **{t}**: {d}" for t, d in eval_terms(results)] + [""]
+            out += kit.md_figure(FIGURE_TEXT.get(key, (key, ""))[0], path)
+    out += kit.md_terms(eval_terms(results))
     out += ["---", "Method: docs/results-schema.md (perplexity windows, speed interleaving, memory, diagnostics).", ""]
     return "\n".join(out)
 
 
 # ---------------------------------------------------------------- html
-CSS = """
-:root{--fg:#1f2328;--muted:#656d76;--line:#d8dee4;--bg:#f6f8fa;--accent:#4c6ef5;--good:#1a7f37;--bad:#cf222e}
-*{box-sizing:border-box}
-body{margin:0;font:15px/1.5 -apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;\
-color:var(--fg);background:#fff}
-main{max-width:1120px;margin:0 auto;padding:32px 28px 64px}
-h1{font-size:28px;margin:0 0 4px}
-h2{font-size:20px;margin:36px 0 12px;padding-bottom:6px;border-bottom:1px solid var(--line)}
-.sub{color:var(--muted);margin:0 0 20px}
-.meta{background:var(--bg);border:1px solid var(--line);border-radius:8px;padding:12px 16px;\
-font-size:13px;color:var(--muted)}
-.meta div{margin:2px 0}
-.noisy{margin:16px 0 0;padding:12px 16px;border:2px solid #bf8700;border-radius:8px;background:#fff8c5;font-size:14px}
-.cards{display:flex;flex-wrap:wrap;gap:14px}
-.card{flex:1 1 300px;border:1px solid var(--line);border-radius:10px;padding:14px 16px;\
-box-shadow:0 1px 2px rgba(0,0,0,.04)}
-.card h3{margin:0 0 2px;font-size:16px}
-.card .kind{color:var(--muted);font-size:12px;margin-bottom:10px}
-.card .items{display:grid;grid-template-columns:repeat(auto-fill,minmax(110px,1fr));gap:10px}
-.card .v{font-size:22px;font-weight:600;font-variant-numeric:tabular-nums}
-.card .l{font-size:12px;color:var(--muted)}
-.card .v.words{font-size:14px;font-weight:500;color:var(--muted);font-style:italic}
-.good{color:var(--good)}.bad{color:var(--bad)}
-.tablewrap{overflow-x:auto}
-table{border-collapse:collapse;width:100%;font-size:13.5px;font-variant-numeric:tabular-nums}
-th,td{padding:7px 10px;border-bottom:1px solid var(--line);text-align:right;vertical-align:top}
-th{background:var(--bg);font-weight:600;white-space:nowrap}
-th:first-child,td:first-child,table.text2 th:nth-child(2),table.text2 td:nth-child(2){text-align:left}
-tr:hover td{background:#fafbfc}
-td{white-space:nowrap}
-td .r{display:block;font-size:11.5px;color:var(--muted)}
-td .nd{display:block;font-size:11px;color:var(--muted);font-style:italic}
-td .r.same{color:var(--muted)}
-.card .n{font-size:11px;color:var(--muted)}
-.notes{font-size:13px;color:var(--muted);margin:8px 0 0;padding-left:18px}
-.verdict{display:table;margin-top:6px;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;\
-background:var(--bg);border:1px solid var(--line)}
-.v-yes{color:var(--good);border-color:var(--good)}.v-no{color:var(--bad);border-color:var(--bad)}
-.claims td,.claims th{text-align:left;white-space:normal}
-.claims td:first-child{font-weight:600;width:28%}
-.claims ul{margin:0;padding-left:18px}
-.claims .why{color:var(--muted);font-size:12.5px;margin-top:4px}
-figure{margin:18px 0;border:1px solid var(--line);border-radius:8px;padding:10px;background:#fff}
-figure img{max-width:100%;display:block;margin:0 auto}
-figcaption{color:var(--muted);font-size:13px;margin-top:6px;text-align:center}
-details{margin:8px 0}
-summary{cursor:pointer;color:var(--accent)}
-footer{margin-top:40px;color:var(--muted);font-size:12px}
-dt{font-weight:600;margin-top:10px}dd{margin:2px 0 0 18px;color:var(--muted);font-size:14px}
-"""
+FIGURE_TEXT = {  # key -> (heading, caption) on the HTML page; the markdown page uses the heading only
+    "perplexity": (
+        "Perplexity",
+        "Token perplexity and bits per byte on the held-out text; bits per byte compares across tokenizers.",
+    ),
+    "fidelity": ("Fidelity to the reference", encoders.CAPTION),
+    "throughput": (
+        "Throughput",
+        "Tokens per second (medians of interleaved repeats) and the share of forward time inside norm layers.",
+    ),
+    "finetune_loss": (
+        "Fine-tune loss",
+        "From train_log.jsonl next to each fine-tuned model: training loss per step, held-out loss at its eval steps.",
+    ),
+    "activations": (
+        "Activations entering each norm",
+        "Per norm layer, on one fixed batch: RMS of the input, and how far each token's vector is from zero-mean.",
+    ),
+}
 
 
-def escape(x) -> str:
-    return html.escape(str(x))
-
-
-def image_data_uri(path: Path) -> str:
-    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    return f"data:image/png;base64,{data}"
-
-
-def html_report(results, figures: dict[str, Path]) -> str:
-    parts = [
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-        "<meta name='viewport' content='width=device-width,initial-scale=1'>",
-        f"<title>{escape(report_title(results))}</title>",
-        f"<style>{CSS}</style></head><body><main>",
-    ]
+def html_top(results) -> list[str]:
+    """Title, the compared models, thin-evidence warnings, the setup box and the too-noisy banner."""
     names = ", ".join(m["name"] for m in results["models"])
-    parts.append(f"<h1>{escape(report_title(results))}</h1><p class='sub'>{escape(names)}</p>")
-    for w in results.get("warnings") or []:  # thin evidence is said first, before any number
-        parts.append(f"<div class='noisy' role='alert'><strong>Warning.</strong> {escape(w)}</div>")
-    parts.append(
-        "<div class='meta'>" + "".join(f"<div>{escape(line)}</div>" for line in _setup_lines(results)) + "</div>"
-    )
+    parts = [f"<h1>{escape(report_title(results))}</h1><p class='sub'>{escape(names)}</p>"]
+    parts += kit.html_warnings(results.get("warnings"))  # thin evidence is said first, before any number
+    parts.append(kit.html_meta(_setup_lines(results)))
     banner = noise_banner(results)
-    if banner:
-        parts.append(
-            f"<div class='noisy' role='alert'><strong>{escape(TOO_NOISY.capitalize())}.</strong> {escape(banner)}</div>"
-        )
+    return parts + ([kit.html_alert(TOO_NOISY.capitalize(), banner)] if banner else [])
 
+
+def html_headline_cards(results) -> list[str]:
     cards = headlines(results)
-    if cards:
-        against = results.get("baseline") or (results.get("fidelity_setup") or {}).get("reference") or ""
-        parts.append(
-            "<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>"
-            f"against {escape(against)}</small></h2><div class='cards'>"
+    if not cards:
+        return []
+    against = results.get("baseline") or (results.get("fidelity_setup") or {}).get("reference") or ""
+    parts = [
+        "<h2>Headline <small style='font-weight:400;color:var(--muted);font-size:14px'>"
+        f"against {escape(against)}</small></h2><div class='cards'>"
+    ]
+    for c in cards:
+        items = "".join(
+            f"<div><div class='v {state}{' words' if val in UNDECIDED else ''}'>{escape(val)}</div>"
+            f"<div class='l'>{escape(label)}</div>"
+            + (f"<div class='n'>{escape(note)}</div>" if note else "")
+            + "</div>"
+            for label, val, state, note in c["items"]
         )
-        for c in cards:
-            items = "".join(
-                f"<div><div class='v {state}{' words' if val in UNDECIDED else ''}'>{escape(val)}</div>"
-                f"<div class='l'>{escape(label)}</div>"
-                + (f"<div class='n'>{escape(note)}</div>" if note else "")
-                + "</div>"
-                for label, val, state, note in c["items"]
-            )
-            parts.append(
-                f"<div class='card'><h3>{escape(c['name'])}</h3><div class='kind'>{escape(c['kind'])}</div>"
-                f"<div class='items'>{items}</div></div>"
-            )
-        parts.append("</div>")
+        parts.append(
+            f"<div class='card'><h3>{escape(c['name'])}</h3><div class='kind'>{escape(c['kind'])}</div>"
+            f"<div class='items'>{items}</div></div>"
+        )
+    return parts + ["</div>"]
 
+
+def _html_cell(value: str, ratio: str, state: str) -> str:
+    """A side-by-side cell: the value, its ratio beneath, and the undecided words on a line of their own
+    (numbers never wrap)."""
+    note = ""
+    for words in (NO_DIFFERENCE, TOO_NOISY):
+        if ratio.endswith(words):
+            ratio, note = ratio[: -len(words)].strip(), words
+    return (
+        f"<td>{escape(value)}"
+        + (f"<span class='r {state}'>{escape(ratio)}</span>" if ratio else "")
+        + (f"<span class='nd'>{escape(note)}</span>" if note else "")
+        + "</td>"
+    )
+
+
+def html_side_by_side(results) -> list[str]:
     header, rows = table_rows(results)
     # the kind goes under the model's name: one column less to fit
     header, rows = [header[0]] + header[2:], [[(row[0][0], row[1][0], "")] + row[2:] for row in rows]
-    parts.append(
+    parts = [
         "<h2>Side by side</h2><div class='tablewrap'><table><thead><tr>"
         + "".join(f"<th>{escape(h)}</th>" for h in header)
         + "</tr></thead><tbody>"
-    )
-    for row in rows:
-        cells = []
-        for v, r, state in row:
-            note = ""
-            for words in (NO_DIFFERENCE, TOO_NOISY):
-                if r.endswith(words):  # the words go on their own line; numbers never wrap
-                    r, note = r[: -len(words)].strip(), words
-            cells.append(
-                f"<td>{escape(v)}"
-                + (f"<span class='r {state}'>{escape(r)}</span>" if r else "")
-                + (f"<span class='nd'>{escape(note)}</span>" if note else "")
-                + "</td>"
-            )
-        parts.append("<tr>" + "".join(cells) + "</tr>")
+    ]
+    parts += ["<tr>" + "".join(_html_cell(*cell) for cell in row) + "</tr>" for row in rows]
     parts.append("</tbody></table></div>")
     notes = table_notes(results)
-    if notes:
-        parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
-    parts.append(encoders.html_section(results))
+    return parts + ([kit.html_notes(notes)] if notes else [])
 
-    parts.append(
-        "<h2>Claims vs measured</h2><div class='tablewrap'><table class='claims'>"
-        "<thead><tr><th>claim</th><th>this run</th></tr></thead><tbody>"
-    )
+
+def html_claims(results) -> list[str]:
+    parts = ["<h2>Claims vs measured</h2>" + kit.CLAIMS_TABLE + kit.claims_table_header("claim", "this run")]
     for c in claims(results):
         items = "".join(f"<li>{escape(line)}</li>" for line in c["measured"])
-        cls = {"reproduced": "v-yes", "not reproduced": "v-no"}.get(c["verdict"], "v-na")
-        verdict = f"<div class='verdict {cls}'>{escape(c['verdict'])}</div>"
         parts.append(
-            f"<tr><td>{escape(c['claim'])}{verdict}</td>"
-            f"<td><ul>{items}</ul><div class='why'>{escape(c['meaning'])}</div></td></tr>"
+            kit.claims_table_row(
+                c["claim"], c["verdict"], f"<ul>{items}</ul><div class='why'>{escape(c['meaning'])}</div>"
+            )
         )
-    parts.append("</tbody></table></div>")
+    return parts + [kit.CLAIMS_TABLE_END]
 
-    titles = {
-        "perplexity": (
-            "Perplexity",
-            "Token perplexity and bits per byte on the held-out text; bits per byte compares across tokenizers.",
-        ),
-        "fidelity": ("Fidelity to the reference", encoders.CAPTION),
-        "throughput": (
-            "Throughput",
-            "Tokens per second (medians of interleaved repeats) and the share of forward time inside norm layers.",
-        ),
-        "finetune_loss": (
-            "Fine-tune loss",
-            "From train_log.jsonl next to each fine-tuned model: training loss per step, "
-            "held-out loss at its eval steps.",
-        ),
-        "activations": (
-            "Activations entering each norm",
-            "Per norm layer, on one fixed batch: RMS of the input, and how far each token's vector is from zero-mean.",
-        ),
-    }
-    for key, path in figures.items():
-        title, caption = titles.get(key, (key, ""))
-        parts.append(
-            f"<h2>{escape(title)}</h2><figure><img alt='{escape(title)}' src='{image_data_uri(path)}'>"
-            f"<figcaption>{escape(caption)}</figcaption></figure>"
-        )
 
+def html_tasks(results) -> list[str]:
     cols, trows = task_table(results)
-    if cols:
-        parts.append(
-            "<h2>lm-eval tasks</h2><div class='tablewrap'><table><thead><tr><th>model</th>"
-            + "".join(f"<th>{escape(t)}<br><small>{escape(k)}</small></th>" for t, k in cols)
-            + "</tr></thead><tbody>"
-        )
-        parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in trows]
-        parts.append("</tbody></table></div>")
-        parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in task_notes(results)) + "</ul>")
+    if not cols:
+        return []
+    return [
+        "<h2>lm-eval tasks</h2><div class='tablewrap'><table><thead><tr><th>model</th>"
+        + "".join(f"<th>{escape(t)}<br><small>{escape(k)}</small></th>" for t, k in cols)
+        + "</tr></thead><tbody>",
+        *("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in trows),
+        "</tbody></table></div>",
+        kit.html_notes(task_notes(results)),
+    ]
 
-    parts.append(
+
+def html_diagnostics(results) -> list[str]:
+    """The one-batch diagnostics table, then each model's per-layer statistics folded away."""
+    parts = [
         "<h2>Training diagnostics</h2><p class='sub'>One fixed batch of the evaluation text, dropout off.</p>"
         + html_table(
             ["model", "kind", "loss", "grad norm", "norm layers", "norm classes"],
@@ -685,7 +616,7 @@ def html_report(results, figures: dict[str, Path]) -> str:
                 for m in results["models"]
             ],
         )
-    )
+    ]
     for m in results["models"]:
         layers = (m.get("diagnostics") or {}).get("layers") or []
         if not layers:
@@ -707,14 +638,32 @@ def html_report(results, figures: dict[str, Path]) -> str:
             )
             + "</details>"
         )
-    parts.append(
-        "<h2>Terms</h2><dl>"
-        + "".join(f"<dt>{escape(t)}</dt><dd>{escape(d)}</dd>" for t, d in eval_terms(results))
-        + "</dl>"
+    return parts
+
+
+def html_report(results, figures: dict[str, Path]) -> str:
+    """The self-contained report.html: the page kit's head, then the sections in reading order."""
+    figure_parts = [
+        kit.html_figure(heading, path, caption)
+        for key, path in figures.items()
+        for heading, caption in [FIGURE_TEXT.get(key, (key, ""))]
+    ]
+    parts = (
+        kit.html_start(report_title(results))
+        + html_top(results)
+        + html_headline_cards(results)
+        + html_side_by_side(results)
+        + [encoders.html_section(results)]
+        + html_claims(results)
+        + figure_parts
+        + html_tasks(results)
+        + html_diagnostics(results)
+        + [kit.html_terms(eval_terms(results))]
     )
     parts.append(
-        f"<footer>Generated by normswap {escape((results.get('versions') or {}).get('normswap', ''))} "
-        f"on {escape(results['created'])}. "
-        "Definitions: docs/results-schema.md. Raw numbers: results.json.</footer></main></body></html>"
+        kit.html_end(
+            f"Generated by normswap {escape((results.get('versions') or {}).get('normswap', ''))} "
+            f"on {escape(results['created'])}. Definitions: docs/results-schema.md. Raw numbers: results.json."
+        )
     )
     return "\n".join(parts)
