@@ -289,3 +289,30 @@ def test_an_untampered_optimizer_state_passes_its_check(out):
     assert ckpt.optimizer_problem(stored, stored) is None
     bad = dict(stored, param_groups=stored["param_groups"][:1])
     assert "parameter groups" in ckpt.optimizer_problem(bad, stored)
+
+
+# ------------------------------------------------------------------------------- the primitive
+def test_a_tree_removed_through_handles_removes_links_never_what_they_point_to(tmp_path):
+    """private_dirs.remove_tree_at, which rotation and clean-up use: a link at any depth is removed as
+    a link. Control: shutil.rmtree of a path that goes *through* a link (what a path-based delete of
+    OUT/checkpoints/step-1 did in case 1) empties the target."""
+    from normswap import private_dirs as pd
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep")
+    top = tmp_path / "top"
+    (top / "step-1" / "deeper").mkdir(parents=True)
+    (top / "step-1" / "model.safetensors").write_text("ours")
+    (top / "step-1" / "deeper" / "link").symlink_to(outside)
+    (top / "step-1" / "file-link").symlink_to(outside / "precious")
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        pd.remove_tree_at(fd, "step-1", where=top / "step-1")
+    finally:
+        os.close(fd)
+    assert not (top / "step-1").exists() and (outside / "precious").read_text() == "keep"
+    (outside / "step-1").mkdir()
+    (top / "checkpoints").symlink_to(outside)
+    shutil.rmtree(top / "checkpoints" / "step-1")  # the control: a path through a link
+    assert not (outside / "step-1").exists()

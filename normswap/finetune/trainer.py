@@ -431,6 +431,8 @@ class Trainer:
                     )
             except (ckpt.CheckpointError, NotPrivate) as e:  # a link or a loose directory: skipped, named
                 error = str(e)
+            except OSError as e:  # e.g. removed or unreadable since it was listed: named like a broken one
+                error = f"{path}: {e.strerror or e}"
             if not self.any_process(error is not None):
                 try:
                     ckpt.apply(loaded, model=self.model, optimizer=self.optimizer)
