@@ -20,7 +20,7 @@ def _fused(ops: dict) -> int:
 
 @pytest.mark.slow  # builds, converts and exports three graphs of a tiny GPT-2 (about a minute)
 def test_bench_onnx_on_its_own_defaults(tmp_path, run_cli, monkeypatch):
-    """No MODEL: the GPT-2-small-shaped default (here at GPT-2-tiny shape, the only change), both norm ops,
+    """No MODEL: the GPT-2-small-shaped default (here at GPT-2-tiny shape and short), both norm ops,
     every verdict the instrument's own, the converted norms fused at least as often as the original's."""
     from normswap import timing
     from normswap.assets import models
@@ -28,8 +28,9 @@ def test_bench_onnx_on_its_own_defaults(tmp_path, run_cli, monkeypatch):
     monkeypatch.setattr(models, "GPT2_SMALL", models.GPT2_TINY)  # test-sized: the same path, a smaller config
     out = tmp_path / "onnx.json"
     code, stdout, stderr = run_cli(
-        "bench", "onnx", "--budget", "2", "--repeats", "5", "--seq-len", "16", "--min-time", "0", "--json", out
-    )
+        "bench", "onnx", "--budget", "2", "--repeats", "5", "--seq-len", "16", "--min-time", "0", "--json", out,
+        "--onnx-norm-op", "simplified", "--onnx-norm-op", "rmsnormalization",
+    )  # fmt: skip
     assert code == 0, stderr
     assert "building a GPT-2-small-shaped model" in stderr and "null control" in stdout
     doc = json.loads(out.read_text())

@@ -131,6 +131,7 @@ def build_original(row: Row, directory: Path, *, seed: int = 0):
 
     from normswap.architectures.probes import forward_parameters
     from normswap.architectures.tiny import tiny_instance
+    from normswap.model_facts import input_embeddings
 
     config = row_config(row)
     model = tiny_instance(config, getattr(transformers, row.class_name), seed=seed, shrink=False, dtype=torch.float32)
@@ -145,7 +146,9 @@ def build_original(row: Row, directory: Path, *, seed: int = 0):
         and getattr(model, "main_input_name", "input_ids") == "input_ids"
     ):
         corpus_tokenizer(vocab).save_pretrained(directory)
-        write_sentence_transformers_files(directory, model.get_input_embeddings().weight.shape[1])
+        table = input_embeddings(model)  # None for a model of two towers (CLIPModel): no sentence-transformers
+        if table is not None:
+            write_sentence_transformers_files(directory, table.weight.shape[1])
     processor = _processor(config, model)
     if processor is not None:
         processor.save_pretrained(directory)
