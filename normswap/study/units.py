@@ -118,7 +118,7 @@ def _worker_unit(key: tuple[str, int, float]) -> str:
     arm, seed, m = key
 
     def save(record):
-        record.pop("timed_steps", None)  # not paired with the baseline's steps: no throughput sample
+        record["timed_steps"] = []  # not paired with the baseline's steps: no throughput sample
         record["timing_paired"] = False
         trainer.study.write_unit(unit_key(arm, seed, m), record)
 
