@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from normswap.finetune.step import Schedule, TrainStep, precision_for
+from normswap.finetune.step import Schedule, TrainStep, param_groups, precision_for
 from normswap.model_facts import norm_modules
 from normswap.study import measure
 from normswap.study.arms import build_arm
@@ -109,18 +109,6 @@ class Dist:
 def autocast_for(precision: str, device: torch.device):
     """The forward pass's autocast for ``precision`` (finetune/step.py's precision_for)."""
     return precision_for(precision, device).autocast()
-
-
-def _param_groups(model, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices (and embeddings) only, never on norms or biases (vectors)."""
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        (no_decay if p.ndim < 2 else decay).append(p)
-    return [
-        g
-        for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})
-        if g["params"]
-    ]
 
 
 @dataclass
@@ -217,7 +205,7 @@ class Group:
             model = model.to(dist.device)
             peak = self.peak_lr * arm_mults.get(name, 1.0)
             warmup = ARM_SCHEDULE.get(name, {}).get("warmup", cfg.warmup)
-            opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=peak, betas=(0.9, 0.95), eps=1e-8)
+            opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=peak, betas=(0.9, 0.95), eps=1e-8)
             step = TrainStep(
                 model,
                 opt,
