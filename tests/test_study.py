@@ -460,8 +460,7 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
         "layernorm",
         "rmsnorm",
         "layernorm-control",
-        "layernorm-nobias",
-        "dyt",
+        "layernorm-planted-lr0.5",
         "rmsnorm-exact",
         "rmsnorm-approx",
     ]
@@ -520,8 +519,7 @@ def test_post_ln_checkpoint_exact_arm_refused_before_dir_or_left_out_by_default(
         "layernorm",
         "rmsnorm",
         "layernorm-control",
-        "layernorm-nobias",
-        "dyt",
+        "layernorm-planted-lr0.5",
         "rmsnorm-approx",
     ]
     assert any(n.startswith("rmsnorm-exact left out") for n in res["notes"])
@@ -618,7 +616,7 @@ def test_schedule_decays_and_final_quality_is_the_mean_of_the_last_evaluations(t
         echo=lines.append,
     )
     s = res["setup"]
-    assert s["lr_schedule"] == "cosine" and s["margin_nats"] == 0.02
+    assert s["lr_schedule"] == "cosine" and s["margin_nats"] == 0.03
     assert s["schedule"]["final_lr"] <= 0.1 * s["schedule"]["peak_lr"] + 1e-12
     u = res["units"][0]
     assert [e["step"] for e in u["final_evals"]] == [6, 8, 10] == s["final_eval_steps"]
