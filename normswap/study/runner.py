@@ -549,7 +549,7 @@ def _train_keys(plan: Plan, trainer: Trainer, keys: list, units: dict, hooks: Ho
 
 def _report_diverged(plan: Plan, units: dict, seed: int, m: float, echo) -> None:
     for (arm, s, mm), rec in units.items():
-        if plan.main and s == seed and mm == m and rec.get("status") == "diverged" and not rec.get("_said"):
+        if plan.main and s == seed and mm == m and rec.get("status") == "diverged":
             nf = rec["nonfinite"]
             echo(
                 f"normswap study: arm {arm} (seed {seed + 1}, lr ×{m:g}) stopped at step {nf['step']}: "
