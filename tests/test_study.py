@@ -28,9 +28,8 @@ TINY = dict(
     embd_pdrop=0.0,
     attn_pdrop=0.0,
 )
-COMMON = dict(
-    seq_len=32, batch_size=4, eval_tokens=512, eval_every=5, warmup=2, progress=False, device="cpu", workers=1
-)
+COMMON = dict(seq_len=32, batch_size=4, eval_tokens=512, eval_every=5, warmup=2, progress=False, device="cpu")
+COMMON.update(workers=1, speed_seconds=0)  # one process, no timing phase, unless a test asks
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -242,6 +241,8 @@ def test_torchrun_two_processes_reproduce_one_process(tmp_path):
         "1",
         "--lm-eval-tasks",
         "none",
+        "--speed-seconds",
+        "0",
     ]
     two = tmp_path / "two"
     r = subprocess.run(
@@ -444,6 +445,8 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
                     "eval_tokens": 256,
                     "warmup": 1,
                     "lm_eval_tasks": "none",
+                    "speed_seconds": 0,
+                    "workers": 1,
                 },
             }
         )
