@@ -26,9 +26,10 @@ class PlantedHost:
     """A fake machine: ``clock()`` reads its time, ``fn(cost)`` returns a function that spends
     ``cost`` seconds per call scaled by the host's current slowness and a per-call jitter."""
 
-    def __init__(self, *, swing=0.5, period=0.4, jitter=0.005, seed=0):
+    def __init__(self, *, swing=0.5, period=0.4, jitter=0.005, seed=0, cold=0.0):
         self.now = 0.0
         self.swing, self.period, self.jitter = swing, period, jitter
+        self.cold = cold  # extra cost of a call right after another function's (its cache was evicted)
         self.rng = random.Random(seed)
         self.calls: list[str] = []
 
@@ -40,8 +41,10 @@ class PlantedHost:
 
     def fn(self, name: str, cost: float):
         def call():
+            switched = bool(self.calls) and self.calls[-1] != name
             self.calls.append(name)
-            self.now += cost * self.slowness() * self.rng.lognormvariate(0.0, self.jitter)
+            cold = 1.0 + (self.cold if switched else 0.0)
+            self.now += cost * cold * self.slowness() * self.rng.lognormvariate(0.0, self.jitter)
 
         return call
 
@@ -124,10 +127,11 @@ def test_stop_rule_says_converged_budget_or_max_pairs():
 def test_pairs_interleave_and_alternate_their_order_after_a_warm_up():
     host = PlantedHost()
     c = _compare(host, {"original": 1 * MS, "null control": 1 * MS}, warmup=2, min_pairs=4, max_pairs=4)
-    blocks = [host.calls[i] for i in range(0, len(host.calls), 5)]  # one name per 5-call block
-    assert blocks[:4] == ["original", "original", "null control", "null control"]  # warm-up
-    timed = blocks[4:]
-    assert timed == ["original", "null control", "null control", "original"] * 2
+    warm, timed = host.calls[:20], host.calls[20:]
+    assert warm == ["original"] * 10 + ["null control"] * 10  # 2 warm-up blocks of 5 calls each
+    blocks = [timed[i] for i in range(0, len(timed), 6)]  # 1 untimed lead-in call + 5 timed per block
+    assert all(len(set(timed[i : i + 6])) == 1 for i in range(0, len(timed), 6))
+    assert blocks == ["original", "null control", "null control", "original"] * 2
     assert c.rounds == 4 and len(c.pair_seconds["null control"]) == 4
 
 
@@ -141,3 +145,16 @@ def test_verdict_rule_and_json():
     assert j["stop_reason"] == c.stop_reason and j["null"]["pairs"] == c.rounds
     with pytest.raises(ValueError):
         timing.compare({"a": lambda: None}, "a", "a")
+
+
+def test_the_baseline_in_every_pair_gets_no_warm_cache_advantage_over_its_copy():
+    """The baseline runs in every pair, so it often follows itself; on a host where a call after
+    another function's costs more (a cold cache), only the untimed lead-in call keeps its copy
+    (the null control) level with it. Negative control: without it the null control is off."""
+    costs = {"original": 1 * MS, "null control": 1 * MS, "converted": 1 * MS}
+    fair = _compare(PlantedHost(cold=5.0), costs)
+    for r in (fair.null, fair.candidates["converted"]):
+        assert r.verdict == timing.NO_DIFFERENCE and r.low <= 1.0 <= r.high
+    unfair = _compare(PlantedHost(cold=5.0), costs, lead_in=0)
+    # both copies of the same cost read slower than the baseline: the instrument's own bias
+    assert unfair.null.high < 1.0 and unfair.candidates["converted"].high < 1.0

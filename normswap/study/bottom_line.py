@@ -13,11 +13,10 @@ import math
 import statistics
 
 from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
+from normswap.report.claims import THROUGHPUT_CLAIM as THROUGHPUT_THRESHOLD  # "10–30 % faster": its lower end
 from normswap.report.tables import grouped
+from normswap.report.verdicts import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from normswap.study import stats
-
-REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
-THROUGHPUT_THRESHOLD = 1.10  # the claim's "10–30 % faster": its lower end
 
 
 def _num(v):
