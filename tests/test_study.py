@@ -832,16 +832,9 @@ def test_units_in_worker_processes_compute_what_one_process_does_and_speed_comes
     verdict reads the timing phase (normswap.timing.compare, layernorm's second copy as null)."""
     res, out, _ = instrument_study
     root = out.parent
+    same = dict(steps=16, lr=3e-3, eval_every=0)  # the instrument study's, one seed
     par = _study(
-        _config(root),
-        root / "par",
-        arms=["layernorm", "rmsnorm"],
-        steps=16,
-        seeds=1,
-        lr=3e-3,
-        eval_every=0,
-        workers=2,
-        speed_seconds=2,
+        _config(root), root / "par", arms=["layernorm", "rmsnorm"], seeds=1, workers=2, speed_seconds=2, **same
     )
     one = {(u["arm"], u["seed"]): u for u in res["units"]}[("layernorm", 0)]
     two = {(u["arm"], u["seed"]): u for u in par["units"]}[("layernorm", 0)]
