@@ -328,18 +328,19 @@ class Group:
     # ------------------------------------------------------------------------ the loop
     def run(self, streams, eval_set, *, on_step=None, on_arm_done=None, after_arms=None) -> list[dict]:
         """Train every arm for cfg.steps (or until it diverges); return their records. ``streams``:
-        a data-order seed -> its token stream (``stream_for(seed)`` makes one on first use);
+        a data-order seed -> its batches (``take(n)``; asked once per seed, here);
         ``after_arms(arms)``: runs once training ends, before the records are returned (lm-eval)."""
         cfg, world, rank = self.cfg, self.dist.world, self.dist.rank
         micro = cfg.batch_size // world
+        sources = {key: streams(key) for key in dict.fromkeys(a.stream_seed for a in self.arms)}
         self._evaluate(0, eval_set)
         for t in range(1, cfg.steps + 1):
             active = [a for a in self.arms if not a.stopped]
             if not active:
                 break
             batches = {}
-            for key in dict.fromkeys(a.stream_seed for a in self.arms):  # every stream advances every step
-                batches[key] = streams(key).take(cfg.batch_size)[rank * micro : (rank + 1) * micro].to(self.dist.device)
+            for key, source in sources.items():  # every stream advances every step
+                batches[key] = source.take(cfg.batch_size)[rank * micro : (rank + 1) * micro].to(self.dist.device)
             for arm in self.plan.order(t, active):  # a Williams order over the timed steps
                 self._step(arm, batches[arm.stream_seed], t)
                 if arm.stopped and on_arm_done:
