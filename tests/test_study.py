@@ -28,9 +28,8 @@ TINY = dict(
     embd_pdrop=0.0,
     attn_pdrop=0.0,
 )
-COMMON = dict(
-    seq_len=32, batch_size=4, eval_tokens=512, eval_every=5, warmup=2, progress=False, device="cpu", workers=1
-)
+COMMON = dict(seq_len=32, batch_size=4, eval_tokens=512, eval_every=5, warmup=2, progress=False, device="cpu")
+COMMON.update(workers=1, speed_seconds=0)  # one process, no timing phase, unless a test asks
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -242,6 +241,8 @@ def test_torchrun_two_processes_reproduce_one_process(tmp_path):
         "1",
         "--lm-eval-tasks",
         "none",
+        "--speed-seconds",
+        "0",
     ]
     two = tmp_path / "two"
     r = subprocess.run(
@@ -444,6 +445,8 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
                     "eval_tokens": 256,
                     "warmup": 1,
                     "lm_eval_tasks": "none",
+                    "speed_seconds": 0,
+                    "workers": 1,
                 },
             }
         )
@@ -460,8 +463,7 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
         "layernorm",
         "rmsnorm",
         "layernorm-control",
-        "layernorm-nobias",
-        "dyt",
+        "layernorm-planted-lr0.5",
         "rmsnorm-exact",
         "rmsnorm-approx",
     ]
@@ -520,8 +522,7 @@ def test_post_ln_checkpoint_exact_arm_refused_before_dir_or_left_out_by_default(
         "layernorm",
         "rmsnorm",
         "layernorm-control",
-        "layernorm-nobias",
-        "dyt",
+        "layernorm-planted-lr0.5",
         "rmsnorm-approx",
     ]
     assert any(n.startswith("rmsnorm-exact left out") for n in res["notes"])
@@ -538,7 +539,7 @@ def instrument_study(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("instrument")
     arms = ["layernorm", "layernorm-control", PLANTED]
-    res = _study(_config(root), root / "s", arms=arms, steps=16, seeds=3, lr=3e-3, margin=0.15)
+    res = _study(_config(root), root / "s", arms=arms, steps=16, seeds=3, lr=3e-3, margin=0.15, eval_every=0)
     return res, root / "s", arms
 
 
@@ -602,6 +603,7 @@ def test_power_says_what_the_seeds_detect_and_how_many_would_decide(instrument_s
     row = res["power"]["arms"]["layernorm-control"]
     assert row["n"] == 3 and row["sd"] > 0 and row["seeds_for_equivalence_at_zero"] >= 2
     assert res["setup"]["design"]["power_plan"]["sd_max_by_seeds"]["3"] == pytest.approx(power.sd_max(3, 0.15))
+    assert res["setup"]["design"]["planted"]["layernorm-planted-lr0.5"]["expected"] == "different"
 
 
 def test_schedule_decays_and_final_quality_is_the_mean_of_the_last_evaluations(tmp_path):
@@ -617,7 +619,7 @@ def test_schedule_decays_and_final_quality_is_the_mean_of_the_last_evaluations(t
         echo=lines.append,
     )
     s = res["setup"]
-    assert s["lr_schedule"] == "cosine" and s["margin_nats"] == 0.02
+    assert s["lr_schedule"] == "cosine" and s["margin_nats"] == 0.03
     assert s["schedule"]["final_lr"] <= 0.1 * s["schedule"]["peak_lr"] + 1e-12
     u = res["units"][0]
     assert [e["step"] for e in u["final_evals"]] == [6, 8, 10] == s["final_eval_steps"]
@@ -798,3 +800,47 @@ def test_lm_eval_scores_every_arm_of_every_seed_paired(tmp_path):
         table[k]["per_seed"][s]["normswap_kjv"]["word_perplexity"] for s in ("0", "1") for k in ("dyt", "layernorm")
     ]
     assert diff["n"] == 2 and diff["values"] == pytest.approx([per_seed[0] - per_seed[1], per_seed[2] - per_seed[3]])
+
+
+def test_the_default_study_reads_bytes_and_records_why(tmp_path):
+    """The default (no MODEL): kjv-gpt2's architecture over the byte vocabulary — token id = byte, any
+    text round-trips — and the design recorded in results.json's setup; --tokens model keeps the
+    BPE model; bytes on trained weights is refused in one line."""
+    from normswap.errors import NormswapError
+    from normswap.study import bytes_model
+    from normswap.study.config import DEFAULT_ARMS, PLANTED, StudyConfig
+    from normswap.study.runner import open_study_source
+
+    src = open_study_source(StudyConfig(out=str(tmp_path / "a"), from_scratch=True))
+    text = "In the beginning God créated\n the heaven."
+    ids = src.tokenizer(text)["input_ids"]
+    assert ids == list(text.encode()) and src.tokenizer.decode(ids) == text
+    assert src.config.vocab_size == 257 and src.config.n_layer == 4 and src.config.n_embd == 128
+    assert bytes_model.describe(src.config)["why"]
+    bpe = open_study_source(StudyConfig(out=str(tmp_path / "b"), from_scratch=True, tokens="model"))
+    assert bpe.config.vocab_size == 4096  # negative control: the shipped BPE model as it is
+    with pytest.raises(NormswapError, match="--tokens bytes .* --from-scratch"):
+        open_study_source(StudyConfig(out=str(tmp_path / "c"), tokens="bytes"))
+    assert PLANTED in DEFAULT_ARMS and "layernorm-control" in DEFAULT_ARMS
+
+
+def test_units_in_worker_processes_compute_what_one_process_does_and_speed_comes_from_the_timing_phase(
+    instrument_study,
+):
+    """--workers 2: the units trained in two spawned processes equal the one-process study's (same
+    seed, same arm: the same losses), keep no throughput samples of their own, and the throughput
+    verdict reads the timing phase (normswap.timing.compare, layernorm's second copy as null)."""
+    res, out, _ = instrument_study
+    root = out.parent
+    same = dict(steps=16, lr=3e-3, eval_every=0)  # the instrument study's, one seed
+    par = _study(
+        _config(root), root / "par", arms=["layernorm", "rmsnorm"], seeds=1, workers=2, speed_seconds=2, **same
+    )
+    one = {(u["arm"], u["seed"]): u for u in res["units"]}[("layernorm", 0)]
+    two = {(u["arm"], u["seed"]): u for u in par["units"]}[("layernorm", 0)]
+    assert two["loss"] == one["loss"] and two["final_eval_loss"] == one["final_eval_loss"]
+    assert par["setup"]["workers"] == 2 and two["timing"]["timed_steps"] == 0
+    phase = par["speed_phase"]
+    assert phase["instrument"] == "normswap.timing.compare" and set(phase["candidates"]) == {"rmsnorm"}
+    boot = par["comparisons"]["rmsnorm"]["throughput_ratio_bootstrap"]
+    assert boot["pairs"] == phase["candidates"]["rmsnorm"]["pairs"] > 0

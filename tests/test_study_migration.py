@@ -122,6 +122,7 @@ def _study(model, out, **opts):
     from normswap.study.runner import run_study
 
     common = dict(seq_len=32, batch_size=4, eval_tokens=256, warmup=2, progress=False, device="cpu", kernels="torch")
+    common.update(speed_seconds=0, workers=1)
     common.update(max_seeds=opts.get("seeds", 3), budget=0, lm_eval_tasks=["none"])  # exactly --seeds, no lm-eval
     common["arms"] = ["layernorm", "rmsnorm"]
     cfg = StudyConfig(model=str(model), out=str(out), **{**common, **opts})

@@ -362,6 +362,8 @@ def test_a_bf16_study_records_bfloat16_for_every_arm_and_what_ran(tmp_path, devi
         eval_every=0,
         warmup=1,
         progress=False,
+        speed_seconds=0,
+        workers=1,
         device=device,
     )
     results = run_study(cfg, echo=lambda m: None)

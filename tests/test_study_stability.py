@@ -81,6 +81,8 @@ def _planted_study(root, unstable_arm: str, precision="bf16"):
         stability_rates=3,
         precision=precision,
         progress=False,
+        speed_seconds=0,
+        workers=1,
         device="cpu",
     )
     return run_study(cfg, hooks=Hooks(loss=loss, after_step=after_step), echo=lambda m: None)

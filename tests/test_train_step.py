@@ -61,3 +61,29 @@ def test_fp16_overflow_is_skipped_by_the_scaler_not_applied():
         p.grad.fill_(float("inf"))
     up = step.update(float(loss), step.clip())
     assert up.skipped and not up.applied and torch.equal(model.weight, before) and math.isfinite(float(loss))
+
+
+def test_param_groups_decay_matrices_only_for_finetune_and_study():
+    """One rule for both callers: matrices and embeddings decay; norms, biases and scalars never."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from normswap.finetune.step import param_groups
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=8, vocab_size=16))
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim < 2 for p in no_decay["params"])
+    named = dict(model.named_parameters())
+    assert any(p is named["transformer.ln_f.weight"] for p in no_decay["params"])
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == sum(p.numel() for p in named.values())
+
+
+def test_run_is_the_whole_step_and_its_loss_hook_can_refuse_it():
+    model, step = _step()
+    x = torch.randn(8, 4)
+    before = model.weight.detach().clone()
+    loss, norm, up = step.run(lambda: model(x).pow(2).mean(), 1)
+    assert up.applied and math.isfinite(loss) and norm > 0 and not torch.equal(model.weight, before)
+    after = model.weight.detach().clone()
+    loss, _, up = step.run(lambda: model(x).pow(2).mean(), 2, loss_hook=lambda v: v * float("inf"))
+    assert up.refused == "loss" and torch.equal(model.weight, after)  # negative control: nothing applied

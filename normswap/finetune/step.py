@@ -93,6 +93,24 @@ def precision_for(name: str, device: torch.device | str) -> Precision:
     return Precision(name, autocast, scaler, dtype)
 
 
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay on matrices (and embeddings) only, never on norms or biases —
+    the same for the fine-tune and every study arm."""
+    from normswap.model_facts import norm_modules
+
+    norm_params = {id(p) for _, m in norm_modules(model) for p in m.parameters(recurse=False)}
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():  # named_parameters de-duplicates tied weights
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in norm_params else decay).append(p)
+    return [
+        g
+        for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})
+        if g["params"]
+    ]
+
+
 @dataclass
 class Update:
     """What ``TrainStep.update`` did: ``applied`` (the weights changed), ``skipped`` (fp16: the

@@ -49,7 +49,7 @@ from normswap.finetune.data import TrainStream, corpus_header, eval_blocks, fing
 from normswap.finetune.encoder_objectives import Encoder
 from normswap.finetune.objectives import CausalLM
 from normswap.finetune.run_dir import RunDir, check_out_overlap
-from normswap.finetune.step import Schedule, TrainStep
+from normswap.finetune.step import Schedule, TrainStep, param_groups
 from normswap.model_facts import context_length, norm_modules
 from normswap.private_dirs import NotPrivate
 
@@ -200,21 +200,6 @@ def _select_trainable(model, trainable: str) -> int:
         p.requires_grad_(train)
         n += p.numel() if train else 0
     return n
-
-
-def _param_groups(model, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay on matrices (and embeddings) only, never on norms or biases."""
-    norm_params = {id(p) for _, m in norm_modules(model) for p in m.parameters(recurse=False)}
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():  # named_parameters de-duplicates tied weights
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or id(p) in norm_params else decay).append(p)
-    return [
-        g
-        for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})
-        if g["params"]
-    ]
 
 
 def _source_dtype(config):
@@ -609,7 +594,7 @@ def _start_out(run: RunDir, cfg: FinetuneConfig, accelerator) -> None:
 
 def _trainer(cfg: FinetuneConfig, accelerator, job: _Job, run: RunDir, hooks: Hooks) -> Trainer:
     optimizer = torch.optim.AdamW(
-        _param_groups(job.model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps
+        param_groups(job.model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps
     )
     if job.centring is not None:
         optimizer.register_step_post_hook(lambda *_: job.centring())

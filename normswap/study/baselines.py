@@ -31,10 +31,10 @@ METHOD = (
 
 
 def training_blocks(tokenizer, data_spec: str, seq_len: int, blocks: int, split: str) -> torch.Tensor:
-    """The first ``blocks`` blocks of seed 0's training stream (what every seed-0 arm reads)."""
-    from normswap.finetune.data import TrainStream
+    """The first ``blocks`` blocks seed 0's arms read (study/sampler.py's draws, in order)."""
+    from normswap.study.sampler import BlockSampler, training_blocks_all
 
-    return TrainStream(tokenizer, data_spec, seq_len, 0, split=split).take(blocks)
+    return BlockSampler(training_blocks_all(tokenizer, data_spec, seq_len, split), 0).take(blocks)
 
 
 def ngram_losses(train: torch.Tensor, heldout: torch.Tensor, vocab_size: int) -> dict:

@@ -225,7 +225,7 @@ class StudyConfig:
     data: str = _opt("embedded", "training and held-out corpus", recipe=False)
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto", resume="free", recipe=False)
     speed_seconds: float = _opt(
-        45.0,
+        30.0,
         "Seconds of the timing phase after training (normswap.timing: interleaved pairs of one training step, "
         "each arm against layernorm, layernorm's second copy as the null control); 0: no timing phase.",
         minimum=0.0,

@@ -35,7 +35,7 @@ from normswap.errors import NormswapError
 from normswap.finetune.step import Schedule
 from normswap.study import claims as claims_mod
 from normswap.study import kernels as study_kernels
-from normswap.study import measure, migration, speed, speed_phase
+from normswap.study import measure, migration, sampler, speed, speed_phase
 from normswap.study import results as res
 from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms, open_source
 from normswap.study.config import (
@@ -549,7 +549,7 @@ def _train_keys(plan: Plan, trainer: Trainer, keys: list, units: dict, hooks: Ho
 
 def _report_diverged(plan: Plan, units: dict, seed: int, m: float, echo) -> None:
     for (arm, s, mm), rec in units.items():
-        if plan.main and s == seed and mm == m and rec.get("status") == "diverged" and not rec.get("_said"):
+        if plan.main and s == seed and mm == m and rec.get("status") == "diverged":
             nf = rec["nonfinite"]
             echo(
                 f"normswap study: arm {arm} (seed {seed + 1}, lr ×{m:g}) stopped at step {nf['step']}: "
@@ -750,6 +750,7 @@ def _setup_record(plan: Plan, trained: Trained, analysis: dict) -> dict:
             "rule": "disjoint blocks at an even stride over the validation split (study/heldout.py)",
         },
         "control_data": "layernorm-control: own data order and dropout stream (seed + 1000003), same init",
+        "data_order": sampler.METHOD,
         "design": design_record(plan),
         "device": str(dist.device),
         "world_size": dist.world,

@@ -148,14 +148,16 @@ def control_gate(control_iv: dict | None) -> dict:
 
 def use_speed_phase(comparisons: dict, phase: dict) -> dict:
     """The timing phase's intervals as each comparison's throughput (speed_phase.py): the timed arms'
-    ratios; arms with layernorm's own step (the control, a planted arm) take the null's. Returns the
-    null's interval: the throughput verdicts' control."""
+    ratios; arms with layernorm's own step (the control, a planted arm) get none. Returns the null's
+    interval: the throughput verdicts' control."""
     from normswap.study import speed_phase
 
     null = speed_phase.interval(phase["null"])
     for arm, cmp in comparisons.items():
         ratio = phase["candidates"].get(arm)
-        cmp["throughput_ratio_bootstrap"] = speed_phase.interval(ratio) if ratio else dict(null, same_step=True)
+        # an arm with layernorm's own step (the control, a planted arm) is not timed again: no ratio of its own
+        cmp["throughput_ratio_bootstrap"] = speed_phase.interval(ratio) if ratio else None
+        cmp["throughput_same_step_as_baseline"] = ratio is None
         cmp["throughput_ratio"] = None  # the units' own step times (unpaired in workers) are not used
     return null
 

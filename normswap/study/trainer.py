@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from normswap.finetune.step import Schedule, TrainStep, precision_for
+from normswap.finetune.step import Schedule, TrainStep, param_groups, precision_for
 from normswap.model_facts import norm_modules
 from normswap.study import measure
 from normswap.study.arms import build_arm
@@ -109,18 +109,6 @@ class Dist:
 def autocast_for(precision: str, device: torch.device):
     """The forward pass's autocast for ``precision`` (finetune/step.py's precision_for)."""
     return precision_for(precision, device).autocast()
-
-
-def _param_groups(model, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices (and embeddings) only, never on norms or biases (vectors)."""
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        (no_decay if p.ndim < 2 else decay).append(p)
-    return [
-        g
-        for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})
-        if g["params"]
-    ]
 
 
 @dataclass
@@ -217,7 +205,7 @@ class Group:
             model = model.to(dist.device)
             peak = self.peak_lr * arm_mults.get(name, 1.0)
             warmup = ARM_SCHEDULE.get(name, {}).get("warmup", cfg.warmup)
-            opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=peak, betas=(0.9, 0.95), eps=1e-8)
+            opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=peak, betas=(0.9, 0.95), eps=1e-8)
             step = TrainStep(
                 model,
                 opt,
@@ -340,18 +328,19 @@ class Group:
     # ------------------------------------------------------------------------ the loop
     def run(self, streams, eval_set, *, on_step=None, on_arm_done=None, after_arms=None) -> list[dict]:
         """Train every arm for cfg.steps (or until it diverges); return their records. ``streams``:
-        a data-order seed -> its token stream (``stream_for(seed)`` makes one on first use);
+        a data-order seed -> its batches (``take(n)``; asked once per seed, here);
         ``after_arms(arms)``: runs once training ends, before the records are returned (lm-eval)."""
         cfg, world, rank = self.cfg, self.dist.world, self.dist.rank
         micro = cfg.batch_size // world
+        sources = {key: streams(key) for key in dict.fromkeys(a.stream_seed for a in self.arms)}
         self._evaluate(0, eval_set)
         for t in range(1, cfg.steps + 1):
             active = [a for a in self.arms if not a.stopped]
             if not active:
                 break
             batches = {}
-            for key in dict.fromkeys(a.stream_seed for a in self.arms):  # every stream advances every step
-                batches[key] = streams(key).take(cfg.batch_size)[rank * micro : (rank + 1) * micro].to(self.dist.device)
+            for key, source in sources.items():  # every stream advances every step
+                batches[key] = source.take(cfg.batch_size)[rank * micro : (rank + 1) * micro].to(self.dist.device)
             for arm in self.plan.order(t, active):  # a Williams order over the timed steps
                 self._step(arm, batches[arm.stream_seed], t)
                 if arm.stopped and on_arm_done:

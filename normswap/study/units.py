@@ -38,17 +38,16 @@ class Trainer:
     rms_impl: str | None
     held_out: dict | None = None  # the migration rule's validation/test blocks (an lr sweep only)
     main: bool = True
-    streams: dict = dataclasses.field(default_factory=dict)
+    blocks: torch.Tensor | None = None  # the packed training split, made on first use
 
     def stream_for(self, data_seed: int):
-        """A data-order seed -> its token stream (made on first use): what ``Group.run`` reads."""
-        from normswap.finetune.data import TrainStream
+        """A data-order seed -> a fresh sampler of its batches (sampler.py): what ``Group.run`` reads.
+        Fresh per call, so every unit of that seed reads the same batches whatever ran before."""
+        from normswap.study.sampler import BlockSampler, training_blocks_all
 
-        if data_seed not in self.streams:
-            self.streams[data_seed] = TrainStream(
-                self.source.tokenizer, self.cfg.data, self.cfg.seq_len, data_seed, split=self.train_split
-            )
-        return self.streams[data_seed]
+        if self.blocks is None:
+            self.blocks = training_blocks_all(self.source.tokenizer, self.cfg.data, self.cfg.seq_len, self.train_split)
+        return BlockSampler(self.blocks, data_seed)
 
     def lm_eval(self, finished) -> None:
         """lm-eval on every finished arm of every seed (paired by seed in results.py)."""
@@ -118,7 +117,7 @@ def _worker_unit(key: tuple[str, int, float]) -> str:
     arm, seed, m = key
 
     def save(record):
-        record.pop("timed_steps", None)  # not paired with the baseline's steps: no throughput sample
+        record["timed_steps"] = []  # not paired with the baseline's steps: no throughput sample
         record["timing_paired"] = False
         trainer.study.write_unit(unit_key(arm, seed, m), record)
 
