@@ -50,8 +50,8 @@ def built_once(tmp_path_factory):
     pytest-xdist gives every worker its own session, so a session fixture alone is still built once
     per worker (three times on `-n 3`), and a module fixture once per worker that runs a test of the
     module. The workers' temporary roots share a parent (the controller's basetemp): the first worker
-    to ask builds there under a file lock, in a staging directory renamed into place when complete,
-    and the others wait for it and read the same files. Callers must not modify what they get."""
+    to ask builds there under a file lock, and the others wait for it and read the same files.
+    Callers must not modify what they get."""
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp()
@@ -61,14 +61,15 @@ def built_once(tmp_path_factory):
     root.mkdir(exist_ok=True)
 
     def get(name: str, build) -> Path:
-        done = root / name
+        path, done = root / name, root / f"{name}.done"
         with FileLock(str(root / f"{name}.lock")):
-            if not done.is_dir():
-                staging = root / f"{name}.building"
-                shutil.rmtree(staging, ignore_errors=True)  # a worker that died part-way
-                staging.mkdir()
-                build(staging)
-                staging.rename(done)
-        return done
+            if not done.exists():
+                # built in place (checkpoints record their own and their source's paths), marked
+                # complete afterwards; a build that failed part-way is started again from nothing
+                shutil.rmtree(path, ignore_errors=True)
+                path.mkdir()
+                build(path)
+                done.touch()
+        return path
 
     return get
