@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates docs/raw-stream-outputs.{md,json}: for each architecture the committed survey refuses because
-# its raw residual stream leaves the model, which outputs an exact conversion keeps (tiny instances).
+# its raw residual stream leaves the model, which outputs an exact conversion keeps (tiny instances); the same
+# rows go into the package (normswap/architectures/data/raw_stream_outputs.json: the matrix's pooled-exact rows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 - <<'PY'
@@ -13,6 +14,7 @@ rows = []
 for model_type in raw_stream_refusals():
     rows.append(declared_outputs_one(model_type))
     print(model_type, rows[-1]["status"], rows[-1].get("exact_outputs"), flush=True)
-Path("docs/raw-stream-outputs.json").write_text(json.dumps(rows, indent=1) + "\n")
+for path in ("docs/raw-stream-outputs.json", "normswap/architectures/data/raw_stream_outputs.json"):
+    Path(path).write_text(json.dumps(rows, indent=1) + "\n")
 Path("docs/raw-stream-outputs.md").write_text(declared_outputs_markdown(rows, "bash docs/raw-stream-outputs.sh"))
 PY

@@ -365,3 +365,156 @@ def write_private_text(path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+# ------------------------------------------------------------------ a tree read through handles
+# A directory normswap wrote and reads back later (a fine-tune's OUT: its checkpoints, log and run
+# record) is walked through directory handles, never by path: every name is opened relative to the
+# handle of the directory holding it (``openat``) with ``O_NOFOLLOW``, and what was opened is checked
+# (``fstat``: a real directory or regular file, ours, writable by nobody else). A link planted
+# anywhere inside (``OUT/checkpoints -> elsewhere``) is therefore refused by name instead of
+# followed, and since every later read, write, rename or delete goes through the same handle, no
+# rename between the check and the use can redirect it (no TOCTOU). Deletes never follow a link
+# either: :func:`remove_tree_at` walks with ``os.scandir`` on a handle and unlinks by ``dir_fd``.
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _link_refusal(dir_fd: int, name: str, where, e: OSError) -> NotPrivate | None:
+    """The refusal for an ``openat(O_NOFOLLOW)`` that met a symlink (ELOOP, or ENOTDIR for a link
+    opened with O_DIRECTORY) or a file where a directory belongs; None for another error."""
+    if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        return None
+    try:
+        target = os.readlink(name, dir_fd=dir_fd)
+    except OSError:
+        return NotPrivate(f"{where} is not a directory")
+    return NotPrivate(f"{where} is a symbolic link (to {target}); normswap does not follow a link here")
+
+
+def _open_checked(dir_fd: int, name: str, flags: int, *, where, kind: str, verb: str, mode: int = 0o600) -> int:
+    """``openat(dir_fd, name, flags)`` (the caller's flags hold ``O_NOFOLLOW``), then the open
+    descriptor checked (``fstat``): a ``kind`` ("directory" or "file") that is ours and writable by
+    nobody else, else :class:`NotPrivate` naming ``where``; a link is refused by name."""
+    try:
+        fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    except OSError as e:
+        raise _link_refusal(dir_fd, name, where, e) or e from None
+    try:
+        why = _why_stat_not_private(os.fstat(fd), where, kind) if _POSIX else None
+        if why:
+            raise NotPrivate(f"refusing to {verb} {where}: {why}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_dir_at(dir_fd: int, name: str, *, where) -> int:
+    """A handle on the directory ``name`` inside ``dir_fd``: never through a symlink, and refused
+    (:class:`NotPrivate`, one line naming ``where``) unless it is ours and nobody else can write it.
+    Raises FileNotFoundError when it is absent. The caller closes it."""
+    return _open_checked(dir_fd, name, _DIR_FLAGS, where=where, kind="directory", verb="use")
+
+
+def make_dir_at(dir_fd: int, name: str, *, where, mode: int = 0o755) -> int:
+    """Create the directory ``name`` inside ``dir_fd`` (or take the one there, under
+    :func:`open_dir_at`'s check) and return a handle on it. ``mode`` has no group or other write
+    bit, whatever the umask, so that what normswap writes passes its own check when read back."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, mode & ~(stat.S_IWGRP | stat.S_IWOTH), dir_fd=dir_fd)
+    return open_dir_at(dir_fd, name, where=where)
+
+
+def open_file_at(dir_fd: int, name: str, *, where) -> int:
+    """``name`` inside ``dir_fd`` opened for reading: a regular file (``O_NONBLOCK``: a FIFO is
+    refused, not waited on), not a link, ours, writable by nobody else; refused
+    (:class:`NotPrivate`, naming ``where``) otherwise, FileNotFoundError when absent."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = _open_checked(dir_fd, name, flags, where=where, kind="file", verb="read")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def create_file_at(dir_fd: int, name: str, *, where, append: bool = False, mode: int = 0o644) -> int:
+    """``name`` inside ``dir_fd`` opened for writing without following a link: created fresh
+    (``O_EXCL``, so nothing planted is written through), or with ``append`` an existing file of ours
+    opened to add to (checked like a read). ``mode`` loses any group or other write bit. The
+    caller closes it."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_WRONLY | nofollow | (os.O_APPEND | os.O_CREAT if append else os.O_CREAT | os.O_EXCL)
+    mode &= ~(stat.S_IWGRP | stat.S_IWOTH)
+    return _open_checked(dir_fd, name, flags, where=where, kind="file", verb="write", mode=mode)
+
+
+def replace_at(dir_fd: int, src: str, dst: str) -> None:
+    """Rename ``src`` over ``dst``, both inside ``dir_fd``: a link at ``dst`` is replaced, never followed."""
+    os.replace(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def write_file_at(dir_fd: int, name: str, data: bytes, *, where) -> None:
+    """Replace ``name`` inside ``dir_fd`` atomically: a fresh private sibling, fsynced, renamed over it."""
+    import secrets
+
+    tmp = f".{name}.normswap-tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = create_file_at(dir_fd, tmp, where=where)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        replace_at(dir_fd, tmp, name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def fd_path(fd: int, name: str | None = None) -> str:
+    """A path that reaches the open file or directory ``fd`` (and ``name`` in it) without resolving
+    any name above it again, for libraries that take only a path (safetensors): Linux's
+    ``/proc/self/fd/N``. Where there is no /proc the caller must not need it (see has_fd_paths)."""
+    base = f"/proc/self/fd/{fd}"
+    return base if name is None else f"{base}/{name}"
+
+
+def has_fd_paths() -> bool:
+    return os.path.isdir("/proc/self/fd")
+
+
+def list_dir_at(dir_fd: int) -> list[os.DirEntry]:
+    """The entries of the directory ``dir_fd`` (``os.scandir`` on a handle: the names are the
+    directory's, whatever a path to it now leads to)."""
+    with os.scandir(os.dup(dir_fd)) as it:  # scandir closes the descriptor it was given
+        return list(it)
+
+
+def remove_tree_at(dir_fd: int, name: str, *, where) -> None:
+    """Delete ``name`` inside ``dir_fd`` and, when it is a directory, all it holds: every level
+    opened through the handle of the level above with ``O_NOFOLLOW`` and emptied through its own
+    handle, so a link (planted before, or swapped in meanwhile) is removed as a link and nothing it
+    points to is touched. A directory that is not ours is refused (:class:`NotPrivate`), never emptied."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    if _POSIX and st.st_uid != _uid():
+        raise NotPrivate(f"refusing to remove {where}: it belongs to uid {st.st_uid}, not to you (uid {_uid()})")
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a link or a file after the stat
+            os.unlink(name, dir_fd=dir_fd)
+            return
+        raise
+    try:
+        if not os.path.samestat(st, os.fstat(fd)):
+            raise NotPrivate(f"refusing to remove {where}: it was replaced while it was being removed")
+        for entry in list_dir_at(fd):
+            remove_tree_at(fd, entry.name, where=os.path.join(str(where), entry.name))
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)

@@ -124,18 +124,24 @@ def test_reported_failures_load_and_match(name, auto, bare, tmp_path_factory):
     assert cell.parts[auto] <= 1e-5 and cell.parts["AutoModel"] <= 1e-5
 
 
-def test_a_check_fails_on_a_damaged_conversion(neox, tmp_path):
-    """Control for every check built on side_by_side: one changed weight is a ✗ with the number."""
+def _damaged(converted, tmp_path, weight="attention.dense.weight"):
+    """A copy of the converted checkpoint with one attention weight 1 % off."""
     from safetensors.torch import load_file, save_file
 
-    original, converted = neox
     damaged = tmp_path / "damaged"
     shutil.copytree(converted, damaged)
     weights = next(damaged.glob("*.safetensors"))
     tensors = load_file(weights)
-    key = next(k for k in tensors if k.endswith("attention.dense.weight"))
+    key = next(k for k in tensors if k.endswith(weight))
     tensors[key] = tensors[key] * 1.01
     save_file(tensors, weights, metadata={"format": "pt"})
+    return damaged
+
+
+def test_a_check_fails_on_a_damaged_conversion(neox, tmp_path):
+    """Control for every check built on side_by_side: one changed weight is a ✗ with the number."""
+    original, converted = neox
+    damaged = _damaged(converted, tmp_path)
     cell = checks.check_auto_classes(original, damaged, ROWS["gpt_neox"])
     assert cell.status == "fail" and "relative difference" in cell.detail
     assert checks.check_round_trip(original, damaged, ROWS["gpt_neox"]).status == "fail"
@@ -208,31 +214,30 @@ def test_matrix_command_writes_markdown_and_json(tmp_path, run_cli):
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "normswap",
-            "families",
-            "matrix",
-            "--only",
-            "gpt_neox",
-            "--column",
-            "auto classes",
+    env["NORMSWAP_CACHE_DIR"] = str(tmp_path / "cache")  # the row cache: this test's own
+
+    def matrix(name):
+        args = ["families", "matrix", "--only", "gpt_neox", "--column", "auto classes"]
+        args += [
             "--column",
             "save/load round trip",
             "--out",
-            str(tmp_path / "m.md"),
+            tmp_path / f"{name}.md",
             "--save-json",
-            str(tmp_path / "m.json"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+            tmp_path / f"{name}.json",
+        ]
+        proc = subprocess.run(
+            [sys.executable, "-m", "normswap", *map(str, args)], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stderr
+
+    assert "from the cache" not in matrix("m")
     saved = json.loads((tmp_path / "m.json").read_text())
+    # a rerun with nothing changed reads the row back instead of running it: the same cells
+    assert "gpt_neox: from the cache" in matrix("again")
+    again = json.loads((tmp_path / "again.json").read_text())["rows"][0]
+    assert again.pop("cached") is True and again == saved["rows"][0]
     assert saved["summary"]["cells_original_works"] == 2 and saved["summary"]["cells_converted_matches"] == 2
     cells = saved["rows"][0]["cells"]
     assert set(cells) == {"auto classes", "save/load round trip"} and all(c["status"] == "ok" for c in cells.values())
@@ -242,3 +247,137 @@ def test_matrix_command_writes_markdown_and_json(tmp_path, run_cli):
     assert code == 0 and out == md
     code, _, err = run_cli("families", "matrix", "--only", "no_such_model")
     assert code == 2 and "no matrix row named 'no_such_model'" in err and "Traceback" not in err
+
+
+# -------------------------------------------------------------------------------- the row cache
+def _record(row):
+    from normswap.compat.matrix import columns
+
+    cells = {c: {"status": "ok", "detail": "x", "max_rel_diff": 0.0, "parts": {}, "seconds": 1.0} for c in columns()}
+    return {**row.as_dict(), "cells": cells, "convert": {"mode": "exact", "verification": 0.0}, "seconds": 3.0}
+
+
+def test_row_cache_reuses_only_its_own_untampered_records(tmp_path):
+    """#37/#39: a cached row is read back only from a private directory, through no link, from a file nobody
+    else can write, as schema-valid JSON under the row's current key; anything else is ignored with a line
+    saying which file and why (and the row runs again). Control: the untouched entry is reused."""
+    import os
+
+    from normswap.compat.cache import RowCache, row_key
+    from normswap.compat.matrix import columns
+
+    row, lines = ROWS["gpt_neox"], []
+    cache = RowCache(tmp_path / "cache", say=lines.append)
+    key, cols = row_key(row, columns()), columns()
+    cache.put(row, key, _record(row))
+    entry = cache.directory / "gpt_neox.json"
+    assert cache.get(row, key, cols) == _record(row) and not lines  # control: reused, silently
+    assert row_key(row, columns()[:2]) != key and row_key(ROWS["opt"], cols) != key  # columns and row are in the key
+    assert cache.get(row, row_key(row, cols[:2]), cols[:2]) is None and "computed for other inputs" in lines.pop()
+
+    good = entry.read_text()
+    # a planted link (to an identical, valid entry elsewhere) is not followed
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(good)
+    entry.unlink()
+    entry.symlink_to(elsewhere)
+    assert cache.get(row, key, cols) is None and "symbolic link" in lines[-1] and str(entry) in lines[-1]
+    # an entry another user can write
+    entry.unlink()
+    entry.write_text(good)
+    os.chmod(entry, 0o646)
+    assert cache.get(row, key, cols) is None and "writable by other users" in lines[-1]
+    os.chmod(entry, 0o600)
+    # the cache directory itself writable by others: nothing in it is read
+    os.chmod(cache.directory, 0o777)
+    assert cache.get(row, key, cols) is None and "writable by other users" in lines[-1]
+    os.chmod(cache.directory, 0o700)
+    # not the schema: a wrong status, a record of another row, not JSON at all
+    for bad, why in (
+        (good.replace('"status": "ok"', '"status": "passed"', 1), "malformed"),
+        (good.replace('"name": "gpt_neox"', '"name": "opt"', 1), "not this row's"),
+        ("\x80\x04pickle", "not JSON"),
+    ):
+        entry.write_text(bad)
+        assert cache.get(row, key, cols) is None and why in lines[-1], (why, lines[-1])
+    entry.write_text(good)
+    assert cache.get(row, key, cols) == _record(row)  # control again: the restored entry is reused
+    assert all("ignoring" in line and "cache" in line for line in lines) and len(lines) == 6
+
+
+def test_a_cached_row_is_not_run_again(tmp_path, monkeypatch):
+    from normswap.compat import matrix as mx
+    from normswap.compat.cache import RowCache, row_key
+
+    row = ROWS["gpt_neox"]
+    cache = RowCache(tmp_path / "cache")
+    cache.put(row, row_key(row, mx.columns()), _record(row))
+    monkeypatch.setattr(mx, "_child", lambda *a: (_ for _ in ()).throw(AssertionError("the row ran")))
+    (record,) = mx.run_matrix([row], cache=cache)
+    assert record["cached"] is True and record["cells"] == _record(row)["cells"] and cache.reused == 1
+
+
+# ------------------------------------------------------------------- pooled rows, CLIP, ONNX column
+def test_matrix_rows_cover_the_pooled_exact_architectures():
+    pooled = [r for r in ROWS.values() if r.pooled]
+    assert len(ROWS) >= 80 and {r.name for r in pooled} >= {"clip", "clip_vision_model", "owlvit"}
+    assert all(r.exact and r.moved_outputs for r in pooled)
+
+
+def test_a_pooled_row_is_compared_on_the_outputs_it_keeps(tmp_path):
+    """clip_vision_model, converted with --exact-outputs pooled: pooler_output matches, last_hidden_state
+    (the raw stream) moves by design and is left out; control: compared on everything, the cell fails."""
+    import dataclasses
+
+    row = ROWS["clip_vision_model"]
+    build_original(row, tmp_path / "original")
+    convert(tmp_path / "original", tmp_path / "converted", pooled=True)
+    cell = checks.check_auto_classes(tmp_path / "original", tmp_path / "converted", row)
+    assert cell.status == "ok" and "AutoModel" in cell.detail, cell.detail
+    everything = dataclasses.replace(row, moved_outputs=())
+    cell = checks.check_auto_classes(tmp_path / "original", tmp_path / "converted", everything)
+    assert cell.status == "fail" and "relative difference" in cell.detail
+
+
+def test_automodel_of_a_converted_clip_vision_model_with_projection_is_the_bare_tower(tmp_path):
+    """#37: AutoModel.from_pretrained on a CLIPVisionModelWithProjection checkpoint gives the bare tower
+    (CLIPVisionModel, with pooler_output); on its conversion it must give the same, not the projection
+    class. Both ways: normswap's own loader still gives the converted class (image_embeds)."""
+    import normswap
+    from normswap.checkpoint.write import _unwrap
+
+    cfg = transformers.CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+        patch_size=8, projection_dim=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.CLIPVisionModelWithProjection(cfg).save_pretrained(tmp_path / "original")
+    convert(tmp_path / "original", tmp_path / "converted", pooled=True)
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    original = _load("AutoModel", tmp_path / "original")
+    conv = _load("AutoModel", tmp_path / "converted", remote=True)
+    assert type(original) is transformers.CLIPVisionModel  # what the original gives: the bare tower
+    assert _unwrap(type(conv)) is transformers.CLIPVisionModel
+    with torch.no_grad():
+        assert _rel(original(pixel_values=pixels).pooler_output, conv(pixel_values=pixels).pooler_output) <= 1e-5
+    auto_map = json.loads((tmp_path / "converted" / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModel"].endswith(".NormswapCLIPVisionModel")
+    # the other way: the class that was converted, as normswap loads it, with its projection
+    proj = normswap.load_model(str(tmp_path / "converted")).eval()
+    ref = _load("CLIPVisionModelWithProjection", tmp_path / "original")
+    assert _unwrap(type(proj)) is transformers.CLIPVisionModelWithProjection
+    with torch.no_grad():
+        assert _rel(ref(pixel_values=pixels).image_embeds, proj(pixel_values=pixels).image_embeds) <= 1e-5
+
+
+def test_the_onnx_column_exports_both_and_compares_onnxruntime_outputs(tmp_path_factory, tmp_path):
+    """The ONNX column: both exported, run in onnxruntime, outputs compared; control: a damaged conversion
+    fails it (the export's own onnxruntime-vs-PyTorch check passes: the damage is in the model)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    original, converted = _pair(tmp_path_factory, "opt")
+    cell = checks.check_export_onnx(original, converted, ROWS["opt"])
+    assert cell.status == "ok" and cell.max_rel_diff <= 1e-5, cell.detail
+    damaged = _damaged(converted, tmp_path, weight="self_attn.out_proj.weight")
+    cell = checks.check_export_onnx(original, damaged, ROWS["opt"])
+    assert cell.status == "fail" and "relative difference" in cell.detail

@@ -394,18 +394,21 @@ def test_verse_per_line_file_becomes_runs_of_lines_split_three_ways(tmp_path):
 
 
 def _readme_command(start: str) -> list[str]:
-    """The README's command line that begins with ``start`` (continuations joined, comment cut)."""
+    """The documented command line (README.md or docs/*.md) that begins with ``start`` (continuations
+    joined, comment cut)."""
     import shlex
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text().replace("\\\n", " ")
+    root = Path(__file__).resolve().parent.parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages).replace("\\\n", " ")
     line = next(ln.strip() for ln in text.splitlines() if ln.strip().startswith(start))
     return shlex.split(line, comments=True)[1:]  # without the leading `normswap`
 
 
 def test_readme_finetune_and_eval_examples_work_on_a_verse_per_line_file(tmp_path, run_cli, monkeypatch):
-    """The README's convert, fine-tune and eval lines, unchanged but for `--data verses.txt` (18,582
-    lines, no blank line) and `--steps 2`; read from README.md, so an edited example is what runs."""
+    """The documented convert, fine-tune and eval lines, unchanged but for `--data verses.txt` (18,582
+    lines, no blank line) and `--steps 2`; read from docs/, so an edited example is what runs."""
     path = tmp_path / "verses.txt"
     path.write_text("\n".join(list(kjv.verses("train"))[:18582]) + "\n")
     monkeypatch.chdir(tmp_path)

@@ -139,7 +139,9 @@ def test_compiled_models_each_get_their_own_recompile_budget(monkeypatch):
 
     seen = []
     monkeypatch.setattr(
-        speed, "_measure", lambda benches, cfg, progress: seen.append(torch._dynamo.config.recompile_limit) or {}
+        speed,
+        "_measure",
+        lambda benches, cfg, *_: seen.append(torch._dynamo.config.recompile_limit) or ({}, {}),
     )
     default = torch._dynamo.config.recompile_limit
     a = tiny_gpt2(seed=0)

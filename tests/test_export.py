@@ -305,9 +305,12 @@ def onnx_exports(converted, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("onnx")
     src, out = converted("kjv-gpt2")
-    return {
+    exports = {
         name: (path, run_export(path, root / name, "onnx")) for name, path in (("original", src), ("converted", out))
     }
+    # the portable form: ONNX's own RMSNormalization, which onnxruntime does not fuse with the residual Add
+    exports["converted-rms"] = (out, run_export(out, root / "converted-rms", "onnx", norm_op="rmsnormalization"))
+    return exports
 
 
 def _set_rms_epsilon(path, eps):
@@ -326,22 +329,76 @@ def test_onnx_export_runs_the_original_function_with_rmsnormalization(onnx_expor
     from normswap.export.onnx import is_onnx_dir, run_session, session
 
     (src, original), (_, converted) = onnx_exports["original"], onnx_exports["converted"]
-    assert converted["verification"]["passed"] and converted["verification"]["max_abs_diff"] <= 1e-4
-    # one opset-23 RMSNormalization per RMSNorm, nothing left of the custom kernel; the original keeps
-    # LayerNormalization
+    _, portable = onnx_exports["converted-rms"]
+    # one norm node per RMSNorm, nothing left of the custom kernel: by default onnxruntime's
+    # SkipSimplifiedLayerNormalization (every pre-LN norm here follows a residual Add), in the portable
+    # form ONNX's opset-23 RMSNormalization; the original keeps LayerNormalization
     norms = 2 * json.loads((src / "config.json").read_text())["n_layer"] + 1
-    assert converted["norm_nodes"] == {"RMSNormalization": norms} and converted["opset"] == 23
+    assert converted["norm_nodes"] == {"SkipSimplifiedLayerNormalization": norms} and converted["opset"] == 23
+    assert portable["norm_nodes"] == {"RMSNormalization": norms}
     assert original["norm_nodes"] == {"LayerNormalization": norms}
     assert is_onnx_dir(converted["out"]) and (Path(converted["out"]) / "tokenizer.json").is_file()
 
-    # what a user compares: onnxruntime on the converted graph against PyTorch on the original model
+    # what a user compares: onnxruntime on each converted graph against PyTorch on the original model
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     ids = _ids(model.config.vocab_size)
-    got = run_session(session(Path(converted["out"]) / "model.onnx"), ids).double().log_softmax(-1)
-    assert float((got - _logprobs(model, ids)).abs().max()) <= 1e-4
-    # dynamic shapes: another batch and length than the trace's
     longer = _ids(model.config.vocab_size, seed=2)[:1, :17]
-    assert run_session(session(Path(converted["out"]) / "model.onnx"), longer).shape == (1, 17, model.config.vocab_size)
+    for export in (converted, portable):
+        assert export["verification"]["passed"] and export["verification"]["max_abs_diff"] <= 1e-4
+        got = run_session(session(Path(export["out"]) / "model.onnx"), ids).double().log_softmax(-1)
+        assert float((got - _logprobs(model, ids)).abs().max()) <= 1e-4
+        # dynamic shapes: another batch and length than the trace's
+        shape = run_session(session(Path(export["out"]) / "model.onnx"), longer).shape
+        assert shape == (1, 17, model.config.vocab_size)
+
+
+def test_onnxruntime_runs_the_converted_norms_fused_at_least_as_often_as_the_original(onnx_exports, tmp_path):
+    """#37: in the graph onnxruntime actually runs (its optimised graph, written by the session), the
+    converted export holds at least as many fused norm ops (Add folded in: Skip*) as the original.
+    Negative controls: the export patterns used before (ONNX's RMSNormalization; the contrib
+    SimplifiedLayerNormalization without the Add folded in) fuse fewer than the original."""
+    import onnx
+
+    from normswap.export.onnx import fuse_residual_adds, optimised_norm_ops
+
+    def fused(graph, name):
+        ops = optimised_norm_ops(graph, tmp_path, name)
+        return sum(n for op, n in ops.items() if op.startswith("Skip"))
+
+    counts = {name: fused(Path(rec["out"]) / "model.onnx", name) for name, (_, rec) in onnx_exports.items()}
+    assert counts["original"] >= 1  # onnxruntime fuses some of the original's LayerNorms (the final one)
+    assert counts["converted"] >= counts["original"]
+    assert counts["converted-rms"] < counts["original"]
+    # the old "simplified" export: the same graph with each Skip op split back into Add + norm
+    proto = onnx.load(str(Path(onnx_exports["converted"][1]["out"]) / "model.onnx"))
+    _unfuse(proto)
+    unfused = tmp_path / "unfused.onnx"
+    onnx.save(proto, str(unfused))
+    assert fused(unfused, "unfused") < counts["original"]
+    # and the pass itself fuses it again
+    assert fuse_residual_adds(proto) == onnx_exports["converted"][1]["norm_nodes"]["SkipSimplifiedLayerNormalization"]
+
+
+def _unfuse(proto):
+    """Each SkipSimplifiedLayerNormalization back into Add + SimplifiedLayerNormalization (the pattern
+    `export --onnx-norm-op simplified` wrote before #37)."""
+    from onnx import helper
+
+    nodes = []
+    for node in proto.graph.node:
+        if node.op_type == "SkipSimplifiedLayerNormalization":
+            total = node.output[3] if len(node.output) > 3 and node.output[3] else node.name + "_sum"
+            eps = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon")
+            nodes.append(helper.make_node("Add", [node.input[0], node.input[1]], [total]))
+            nodes.append(
+                helper.make_node(
+                    "SimplifiedLayerNormalization", [total, node.input[2]], [node.output[0]], axis=-1, epsilon=eps
+                )
+            )
+        else:
+            nodes.append(node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
 
 
 def test_onnx_validation_catches_a_wrong_epsilon(onnx_exports, tmp_path, monkeypatch):
@@ -354,7 +411,7 @@ def test_onnx_validation_catches_a_wrong_epsilon(onnx_exports, tmp_path, monkeyp
     from normswap.export import onnx as onnx_export
     from normswap.export import run_export
 
-    _, converted = onnx_exports["converted"]
+    _, converted = onnx_exports["converted-rms"]
     bad = tmp_path / "bad.onnx"
     shutil.copy(Path(converted["out"]) / "model.onnx", bad)
     _set_rms_epsilon(bad, 1.0)
@@ -371,7 +428,7 @@ def test_onnx_validation_catches_a_wrong_epsilon(onnx_exports, tmp_path, monkeyp
 
     monkeypatch.setattr(onnx_export, "export_graph", wrong_eps)
     with pytest.raises(VerificationError, match="ONNX validation failed"):
-        run_export(converted["source"], tmp_path / "dest", "onnx")
+        run_export(converted["source"], tmp_path / "dest", "onnx", norm_op="rmsnormalization")
     assert not (tmp_path / "dest").exists()
 
 
@@ -457,7 +514,7 @@ def test_onnx_export_prints_no_exporter_chatter(converted, tmp_path, capfd):
         stdout, stderr = capfd.readouterr()
         assert not [line for line in seen.lines if "torchvision" in line], seen.lines
         assert all(line.startswith("normswap: ") for line in stderr.strip().splitlines()), stderr
-        assert "norm nodes: 9 RMSNormalization" in stdout and "{" not in stdout, stdout
+        assert "norm nodes: 9 SkipSimplifiedLayerNormalization" in stdout and "{" not in stdout, stdout
 
         # the silencer itself, and its control: the same log line and warning outside it do come out
         registry = logging.getLogger("torch.onnx._internal.exporter._registration")

@@ -33,16 +33,16 @@ def test_forward_speed_follows_a_known_slowdown(monkeypatch):
     for model in (base, twin, slowed):
         model.register_forward_pre_hook(lambda module, args: clock.advance(COST))
     slowed.register_forward_pre_hook(lambda module, args: clock.advance(DELAY))
-    # min_time 2.5 ms: the fast models are timed over 3 calls per measurement, the slowed one over 1,
-    # so the per-call division is exercised too
+    # min_time 2.5 ms: a block is 3 calls of the base (the baseline sets the block for every model,
+    # so that each pair compares the same work), so the per-call division is exercised too
     cfg = SpeedConfig(
-        batch_size=2, seq_len=16, repeats=5, warmup=1, min_time=2.5 * COST, max_calls=3, kinds=("forward",)
+        batch_size=2, seq_len=16, repeats=25, warmup=1, min_time=2.5 * COST, max_calls=3, kinds=("forward",)
     )
     out = measure_speed([("base", base), ("twin", twin), ("slowed", slowed)], cfg)
     assert {name: out[name]["speed_setup"]["calls_per_measurement"]["forward"] for name in out} == {
         "base": 3,
         "twin": 3,
-        "slowed": 1,
+        "slowed": 3,
     }
     tokens = cfg.batch_size * cfg.seq_len
     per_call = {name: tokens / out[name]["tokens_per_second"]["forward"] for name in out}
@@ -50,3 +50,8 @@ def test_forward_speed_follows_a_known_slowdown(monkeypatch):
     assert per_call["base"] == pytest.approx(COST, rel=1e-9), per_call
     # null control: the identical, untouched twin measures exactly like the base
     assert per_call["twin"] == pytest.approx(per_call["base"], rel=1e-9), per_call
+    # the paired ratios credit the slowdown to the slowed model, and the twin is no difference
+    paired = {name: out[name]["speed_setup"]["paired"]["forward"] for name in ("twin", "slowed")}
+    assert paired["slowed"]["ratio"] == pytest.approx(COST / (COST + DELAY), rel=1e-9)
+    assert paired["slowed"]["verdict"] == "slower" and paired["twin"]["verdict"] == "no measurable difference"
+    assert "paired" in out["base"]["speed_setup"] and not out["base"]["speed_setup"]["paired"]

@@ -28,7 +28,9 @@ TINY = dict(
     embd_pdrop=0.0,
     attn_pdrop=0.0,
 )
-COMMON = dict(seq_len=32, batch_size=4, eval_tokens=512, eval_every=5, warmup=2, progress=False, device="cpu")
+COMMON = dict(
+    seq_len=32, batch_size=4, eval_tokens=512, eval_every=5, warmup=2, progress=False, device="cpu", workers=1
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -528,20 +530,78 @@ def test_post_ln_checkpoint_exact_arm_refused_before_dir_or_left_out_by_default(
 # --- the second edition: protocol, baselines, equivalence, planted difference, sequential seeds ------
 
 
-def test_planted_learning_rate_difference_is_found_and_identical_arms_are_not(tmp_path):
-    """An arm trained at ×4 the rate (the control: same init, its own data order) differs from layernorm
-    with an interval excluding 0; negative control: the same study without the ×4 finds no difference."""
-    cfg = _config(tmp_path)
-    opts = dict(arms=["layernorm", "layernorm-control"], steps=16, seeds=3, lr=1e-3)
-    planted = _study(cfg, tmp_path / "planted", arm_lr=["layernorm-control=4"], **opts)
-    diff = planted["comparisons"]["layernorm-control"]["final_eval_loss_difference"]
-    assert diff["n"] == 3 and diff["verdict"] != "no measurable difference"
-    assert diff["high"] < 0 or diff["low"] > 0  # the whole interval on one side of 0
-    units = {(u["arm"], u["seed"]): u for u in planted["units"]}
-    assert units[("layernorm-control", 0)]["lr"] == pytest.approx(4 * units[("layernorm", 0)]["lr"])
-    same = _study(cfg, tmp_path / "same", **opts)
-    iv = same["comparisons"]["layernorm-control"]["final_eval_loss_difference"]
-    assert iv["n"] == 3 and iv["verdict"] == "no measurable difference" and iv["low"] < 0 < iv["high"]
+@pytest.fixture(scope="module")
+def instrument_study(tmp_path_factory):
+    """The default study's three layernorm arms on a tiny model, 3 seeds, trained once: layernorm, its
+    null control (own data order) and the planted handicap (layernorm at half the rate)."""
+    from normswap.study.config import PLANTED
+
+    root = tmp_path_factory.mktemp("instrument")
+    arms = ["layernorm", "layernorm-control", PLANTED]
+    res = _study(_config(root), root / "s", arms=arms, steps=16, seeds=3, lr=3e-3, margin=0.15)
+    return res, root / "s", arms
+
+
+def _instrument_check(out, arms, margin):
+    """The equal-loss test of every arm, from the units in DIR, without the bigram gate (the claim's
+    own gate, tested in test_equivalence_verdicts_tost_bigram_gate_and_holm: a 16-step model has not
+    learned past a bigram; the test itself is what is checked here)."""
+    from normswap.study.config import StudyConfig
+    from normswap.study.runner import analyse
+    from normswap.study.study_dir import StudyDir, unit_key
+
+    study = StudyDir(out)
+    units = {(a, s, 1.0): study.read_unit(unit_key(a, s, 1.0)) for a in arms for s in range(3)}
+    cfg = StudyConfig(out=str(out), margin=margin, arms=arms)
+    return analyse(cfg, units, arms, {}, None)["instrument_check"]
+
+
+def test_planted_arm_is_different_and_the_null_control_equivalent(instrument_study, monkeypatch):
+    """The same run shows its equal-loss test going both ways: the planted handicap comes out
+    "different" (its whole 90 % interval past the margin), the null control "equivalent". Negative
+    control: a wrong TOST that always says "equivalent" makes the planted arm equivalent too, and the
+    check says the test did not go both ways."""
+    from normswap.study import stats
+    from normswap.study.config import PLANTED
+
+    res, out, arms = instrument_study
+    units = {(u["arm"], u["seed"]): u for u in res["units"]}
+    assert units[(PLANTED, 0)]["lr"] == pytest.approx(0.5 * units[("layernorm", 0)]["lr"])
+    assert units[(PLANTED, 0)]["data_seed"] == units[("layernorm", 0)]["data_seed"]  # same data: only the rate
+    check = _instrument_check(out, arms, 0.15)
+    assert check["arms"][PLANTED]["finding"] == "different", check
+    assert check["arms"]["layernorm-control"]["finding"] == "equivalent", check
+    assert check["ok"] is True
+    assert not [r for r in res["claims"] if r["arm"] in (PLANTED, "layernorm-control")]  # checks, not claims
+
+    real = stats.tost
+
+    def always_equivalent(values, margin):
+        out = real(values, margin)
+        return dict(out, finding="equivalent") if out else out
+
+    monkeypatch.setattr(stats, "tost", always_equivalent)
+    wrong = _instrument_check(out, arms, 0.15)
+    assert wrong["arms"][PLANTED]["finding"] == "equivalent" and wrong["ok"] is False
+
+
+def test_power_says_what_the_seeds_detect_and_how_many_would_decide(instrument_study):
+    """study/power.py against a direct simulation of the TOST it describes, and its use in the run."""
+    import random
+
+    from normswap.study import power, stats
+
+    sd, margin, n = 0.01, 0.02, 6
+    rng = random.Random(0)
+    hits = sum(stats.tost([rng.gauss(0, sd) for _ in range(n)], margin)["finding"] == "equivalent" for _ in range(2000))
+    assert power.equivalence_power(n, sd, margin) == pytest.approx(hits / 2000, abs=0.04)
+    assert power.equivalence_power(n, sd, margin, true_difference=0.05) < 0.01  # past the margin: never
+    need = power.seeds_needed(sd, margin)
+    assert power.equivalence_power(need, sd, margin) >= 0.8 > power.equivalence_power(need - 1, sd, margin)
+    res = instrument_study[0]
+    row = res["power"]["arms"]["layernorm-control"]
+    assert row["n"] == 3 and row["sd"] > 0 and row["seeds_for_equivalence_at_zero"] >= 2
+    assert res["setup"]["design"]["power_plan"]["sd_max_by_seeds"]["3"] == pytest.approx(power.sd_max(3, 0.15))
 
 
 def test_schedule_decays_and_final_quality_is_the_mean_of_the_last_evaluations(tmp_path):
@@ -715,19 +775,26 @@ def test_ctrl_c_says_how_to_resume_and_resume_finishes(tmp_path):
     assert res["setup"]["seeds_run"] == 2 and len(res["units"]) == 4
 
 
-def test_lm_eval_scores_every_arm_of_the_first_seed(tmp_path):
+def test_lm_eval_scores_every_arm_of_every_seed_paired(tmp_path):
     # in bf16: the norms compute in bfloat16, so lm-eval must run the model as it trained (under autocast)
     res = _study(
         _config(tmp_path),
         tmp_path / "s",
-        arms=["layernorm", "dyt", "rmsnorm"],
+        arms=["layernorm", "dyt"],
         steps=3,
-        seeds=1,
+        seeds=2,
         precision="bf16",
         lm_eval_tasks=["normswap_kjv"],
         lm_eval_limit=2,
     )
+    assert {u["arm"]: u["norm_compute_dtype"] for u in res["units"]} == {"layernorm": "bfloat16", "dyt": "bfloat16"}
     table = res["lm_eval"]
-    assert set(table) == {"layernorm", "dyt", "rmsnorm"}
+    assert set(table) == {"layernorm", "dyt"}
+    assert set(table["dyt"]["per_seed"]) == {"0", "1"}  # every seed, not only the first
     a, b = (table[k]["scores"]["normswap_kjv"]["word_perplexity"] for k in ("layernorm", "dyt"))
     assert a > 1 and b > 1 and a != b  # each arm's own model was scored
+    diff = table["dyt"]["differences"]["normswap_kjv word_perplexity"]
+    per_seed = [
+        table[k]["per_seed"][s]["normswap_kjv"]["word_perplexity"] for s in ("0", "1") for k in ("dyt", "layernorm")
+    ]
+    assert diff["n"] == 2 and diff["values"] == pytest.approx([per_seed[0] - per_seed[1], per_seed[2] - per_seed[3]])

@@ -30,7 +30,7 @@ TINY = dict(
     attn_pdrop=0.0,
 )
 COMMON = dict(seq_len=16, batch_size=2, eval_tokens=64, eval_every=0, warmup=0, progress=False, device="cpu", threads=1)
-COMMON.update(max_seeds=1, budget=0, lm_eval_tasks=["none"])  # exactly one seed, no lm-eval
+COMMON.update(max_seeds=1, budget=0, lm_eval_tasks=["none"], workers=1, speed_seconds=0)  # one seed, no lm-eval
 OPTS = dict(arms=["layernorm"], steps=3, seeds=1)  # step 3 is the first profiled one (study/measure.py)
 
 
@@ -221,3 +221,18 @@ def test_planted_unit_link_to_a_device_is_refused_not_read(tmp_path, finished):
     os.mkfifo(fifo_dir / "units" / "seed0-x1-layernorm.json")
     with pytest.raises(NormswapError, match=r"is a FIFO \(named pipe\)"):
         _study(finished[0], fifo_dir, resume=True)
+
+
+def test_a_unit_another_user_could_have_written_is_refused_in_one_line(tmp_path, finished):
+    """A unit file writable by group or others (anyone could have planted its numbers) is refused on
+    --resume, naming the file and why; the same unit made private again resumes (the control)."""
+    out = _copy(finished, tmp_path)
+    unit = out / "units" / "seed0-x1-layernorm.json"
+    os.chmod(unit, 0o666)
+    with pytest.raises(
+        NormswapError, match=r"refusing a study's unit file .*seed0-x1-layernorm.json: .*writable by other"
+    ):
+        _study(finished[0], out, resume=True)
+    os.chmod(unit, 0o600)
+    res = _study(finished[0], out, resume=True)
+    assert res["units"] and res["units"][0]["arm"] == "layernorm"

@@ -100,9 +100,15 @@ def local_name(model, name):
     prefix and none of the head's, and a head class holds a converted bare model's modules
     under the prefix. Returns None for a module this model does not have."""
     prefix = getattr(model, "base_model_prefix", "")
+    # the class that was converted may wrap this one under its own prefix (CLIPVisionModelWithProjection
+    # holds CLIPVisionModel's modules under vision_model., whatever CLIPVisionModel's own prefix is)
+    converted = getattr(__import__("transformers"), str(_block_of(model).get("source_class")), None)
+    wrapper = getattr(converted, "base_model_prefix", "")
     candidates = [name]
     if prefix and not hasattr(model, prefix) and name.startswith(prefix + "."):
         candidates = [name[len(prefix) + 1 :]]
+    elif wrapper and wrapper != prefix and not hasattr(model, wrapper) and name.startswith(wrapper + "."):
+        candidates = [name[len(wrapper) + 1 :]]
     elif prefix and isinstance(getattr(model, prefix, None), nn.Module) and not name.startswith(prefix + "."):
         candidates.append(f"{prefix}.{name}")
     for candidate in candidates:
@@ -112,6 +118,11 @@ def local_name(model, name):
             continue
         return candidate
     return None
+
+
+def _block_of(model) -> dict:
+    block = getattr(getattr(model, "config", None), "normswap", None)
+    return block if isinstance(block, dict) else {}
 
 
 def _parent_and_attr(model, name):
@@ -299,4 +310,23 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
             },
         )
 
+    for name, source in sources.items():
+        _share_key_renaming(name, source)
     return config_cls, {name: make(name, source) for name, source in sources.items()}
+
+
+def _share_key_renaming(name, source):
+    """transformers (5.x) renames checkpoint keys by the loading class's name: CLIPVisionModel drops the
+    ``vision_model.`` prefix that a CLIPVisionModelWithProjection checkpoint has. The converted class
+    answers to another name (Normswap...), so it is given its source class's renaming, else loading the
+    bare tower from the converted projection checkpoint would find none of its weights."""
+    try:
+        from transformers.conversion_mapping import (
+            get_checkpoint_conversion_mapping,
+            register_checkpoint_conversion_mapping,
+        )
+    except ImportError:  # an older transformers: no renaming by class name
+        return
+    mapping = get_checkpoint_conversion_mapping(source.__name__)
+    if mapping and get_checkpoint_conversion_mapping(name) is None:
+        register_checkpoint_conversion_mapping(name, mapping)

@@ -113,7 +113,12 @@ def checkpoint_classes(model) -> dict:
     own = _unwrap(type(model))
     classes = registered_classes(model_type)
     if own not in classes.values():
-        classes[auto_class_for(own.__name__)] = own
+        auto = auto_class_for(own.__name__)
+        # an Auto name the model type already gives another class keeps that class, as it does for the
+        # original: AutoModel of a CLIPVisionModelWithProjection checkpoint is the bare CLIPVisionModel
+        # tower (with pooler_output). The converted class is then listed under its own name, which
+        # transformers' Auto classes never read and normswap's loader does (architectures names it)
+        classes[own.__name__ if auto in classes else auto] = own
     return classes
 
 

@@ -3,14 +3,15 @@
 Each MODEL is a source (converted here, exact mode, into a temporary directory) or
 ``SOURCE=CONVERTED`` (a conversion you already have); without MODEL, the shipped models. For
 each, the original, the converted model and the original loaded a second time (the null control)
-decode greedily through the KV cache, one sequence, interleaved repeats (evaluate/speed.py); the
-ratio is converted ÷ original tokens per second with its interval and verdict under the rule of
-evaluate/stats.py, beside the null control's own interval.
+are timed by normswap/timing.py: one decode step at batch 1 through a short KV cache
+(``--cache-tokens``, cut back before every step so every step costs the same), ``--new-tokens``
+steps per block, in interleaved pairs until every interval is within ``--target`` or ``--budget``
+runs out. The ratio is converted ÷ original decode speed (> 1: faster) with its 95 % interval and
+verdict, beside the null control's own ratio; the line says how the stop rule ended.
 """
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -18,7 +19,12 @@ import click
 
 from normswap.errors import NormswapError
 
-SHIPPED = ("normswap:kjv-gpt2", "normswap:kjv-neox")
+
+def shipped() -> list[str]:
+    """Every model `normswap models` lists, as a spec."""
+    from normswap.assets.models import SPEC_PREFIX, list_models
+
+    return [SPEC_PREFIX + m["name"] for m in list_models()]
 
 
 def _pair(spec: str, scratch: Path, say) -> tuple[str, str]:
@@ -33,36 +39,55 @@ def _pair(spec: str, scratch: Path, say) -> tuple[str, str]:
     return spec, str(out)
 
 
-def measure_decode(source: str, converted: str, *, repeats: int, new_tokens: int, progress=None) -> dict:
-    """One pair's decode benchmark: tokens/s medians, the converted ÷ original ratio and the null
-    control's, each an interval of per-repeat paired ratios (evaluate/stats.py)."""
+def measure_decode(
+    source: str,
+    converted: str,
+    *,
+    steps: int,
+    cache_tokens: int,
+    budget: float,
+    target: float,
+    max_pairs: int,
+    min_pairs: int = 20,
+    progress=None,
+) -> dict:
+    """One pair's decode benchmark: the instrument's converted ÷ original and null control ÷
+    original decode-speed ratios (normswap/timing.py), decode tokens/s of each, the machine's load."""
     from normswap.checkpoint.load import load_model
     from normswap.evaluate.config import SpeedConfig
-    from normswap.evaluate.speed import measure_speed_run
-    from normswap.evaluate.stats import interval
+    from normswap.evaluate.speed import ModelBench, compare_kind, machine_load
 
-    original = load_model(source).eval()
-    again = load_model(source).eval()
-    conv = load_model(converted).eval()
-    cfg = SpeedConfig(repeats=repeats, warmup=2, new_tokens=new_tokens, prompt_len=8, kinds=("generate",))
-    run = measure_speed_run(
-        [("original", original), ("converted", conv)], cfg, progress, null_control=("null control", again)
+    models = {"original": load_model(source), "converted": load_model(converted)}
+    models["null control"] = load_model(source)  # the same weights again, at another address
+    cfg = SpeedConfig(
+        repeats=max_pairs,
+        warmup=3,
+        prompt_len=cache_tokens,
+        new_tokens=2,
+        kinds=("generate",),
+        speed_budget=budget,
+        target_halfwidth=target,
     )
-    samples = {name: row["speed_setup"]["samples"]["decode"] for name, row in run["models"].items()}
-    samples["null control"] = run["null_control"]["speed_setup"]["samples"]["decode"]
-    null = interval(samples["null control"], samples["original"])
+    benches = [ModelBench(name, model.eval(), cfg) for name, model in models.items()]
+    before = machine_load()
+    cmp = compare_kind(benches, "decode", cfg, "original", "null control", progress, calls=steps)
+    after = machine_load()
+    conv, null = cmp["converted"], cmp.null
     return {
         "source": source,
         "converted": converted,
         "batch": 1,
-        "prompt_tokens": 8,
-        "decode_tokens": new_tokens - 1,
-        "repeats": repeats,
-        "machine": run["machine"],
-        "decode_tokens_per_second": {k: statistics.median(v) for k, v in samples.items()},
-        "converted_over_original": interval(samples["converted"], samples["original"], null),
-        "null_control_over_original": null,
-        "samples": samples,
+        "cache_tokens": benches[0].prompt_len,
+        "decode_steps_per_block": steps,
+        "pairs": cmp.rounds,
+        "stop_reason": cmp.stop_reason,
+        "elapsed_s": round(cmp.elapsed_s, 1),
+        "machine": {"load_before": before["load_average"], "load_after": after["load_average"]}
+        | {k: before[k] for k in ("cpu_count", "usable_cpus")},
+        "decode_tokens_per_second": {k: 1.0 / v for k, v in cmp.seconds_per_call.items()},
+        "converted_over_original": conv.to_json() | {"median": conv.ratio},
+        "null_control_over_original": null.to_json() | {"median": null.ratio},
+        "timing": cmp.to_json(samples=True),
     }
 
 
@@ -71,41 +96,57 @@ def _line(r: dict) -> str:
     tps = r["decode_tokens_per_second"]
     return (
         f"{r['source']}: decode {tps['original']:.1f} -> {tps['converted']:.1f} tokens/s, converted/original "
-        f"x{c['median']:.3f} [{c['low']:.3f}-{c['high']:.3f}] ({c['verdict']}); null control x{n['median']:.3f} "
-        f"[{n['low']:.3f}-{n['high']:.3f}]; load {r['machine']['load_before']} -> {r['machine']['load_after']}"
+        f"x{c['ratio']:.3f} [{c['low']:.3f}-{c['high']:.3f}] ({c['verdict']}); null control x{n['ratio']:.3f} "
+        f"[{n['low']:.3f}-{n['high']:.3f}] ({n['verdict']}); {r['pairs']} pairs of {r['decode_steps_per_block']} "
+        f"steps, stopped: {r['stop_reason']} after {r['elapsed_s']:.0f} s; "
+        f"load {r['machine']['load_before']} -> {r['machine']['load_after']}"
     )
 
 
 @click.command("decode")
 @click.argument("models", nargs=-1)
-@click.option("--repeats", type=click.IntRange(5), default=30, show_default=True, help="Interleaved repeats per model.")
 @click.option(
-    "--new-tokens", type=click.IntRange(2), default=64, show_default=True, help="Tokens generated per repeat."
+    "--repeats", type=click.IntRange(5), default=5000, show_default=True, help="The most interleaved pairs per model."
+)
+@click.option(
+    "--new-tokens", type=click.IntRange(1), default=5, show_default=True, help="Decode steps per timed block."
+)
+@click.option(
+    "--cache-tokens", type=click.IntRange(1), default=32, show_default=True, help="KV cache length every step sees."
+)
+@click.option(
+    "--budget", type=click.FloatRange(0), default=110.0, show_default=True, help="Seconds of pairs per model at most."
+)
+@click.option(
+    "--target",
+    type=click.FloatRange(0, min_open=True),
+    default=0.008,
+    show_default=True,
+    help="Stop once every ratio's 95%% interval is within this of its median.",
 )
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (batch 1 decode).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def decode(models, repeats, new_tokens, threads, json_out):
-    """Decode speed at batch 1, converted ÷ original, with a null control (MODEL: a source to convert,
-    or SOURCE=CONVERTED; default: the shipped models)."""
+def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, json_out):
+    """Decode speed at batch 1, converted ÷ original, with a null control, timed in interleaved pairs
+    (MODEL: a source to convert, or SOURCE=CONVERTED; default: the shipped models)."""
     import torch  # not at import time: `normswap bench --help` must not load torch
 
     from normswap.progress import Heartbeat, stderr_lines
 
     torch.set_num_threads(threads)
+    settings = {"steps": new_tokens, "cache_tokens": cache_tokens, "budget": budget, "target": target}
     results = []
     with (
         tempfile.TemporaryDirectory(prefix="normswap-bench-decode-") as tmp,
         Heartbeat(stderr_lines("[normswap bench decode] ")) as beat,
     ):
-        for spec in models or SHIPPED:
+        for spec in models or shipped():
             source, converted = _pair(spec, Path(tmp), beat.say)
             if not Path(converted).is_dir() and not converted.startswith("normswap:"):
                 raise NormswapError(f"bench decode: converted model {converted!r} is not a directory")
-            results.append(
-                measure_decode(source, converted, repeats=repeats, new_tokens=new_tokens, progress=beat.update)
-            )
+            results.append(measure_decode(source, converted, max_pairs=repeats, progress=beat.update, **settings))
             click.echo(_line(results[-1]))
     if json_out:
         from normswap.publish import atomic_write_json
 
-        atomic_write_json(Path(json_out), {"decode": results, "threads": threads}, indent=1)
+        atomic_write_json(Path(json_out), {"decode": results, "threads": threads} | settings, indent=1)

@@ -1,43 +1,51 @@
 """`normswap bench onnx`: the ONNX export of a converted model against the exported original, in
-onnxruntime on CPU, converted ÷ original forward tokens/s, with a null control.
+onnxruntime on CPU, converted ÷ original forward speed, with a null control.
 
 Each MODEL is a source checkpoint (converted here, exact mode, then both exported with
 ``normswap export --format onnx``, all in a temporary directory) or ``ORIGINAL=CONVERTED``: two
-directories ``normswap export --format onnx`` already wrote. Without MODEL: a GPT-2-small-shaped
-model built from its config (random init, the shipped kjv-gpt2 tokenizer; no hub).
+directories ``normswap export --format onnx`` already wrote, each read under the rule for
+directories read back (export/onnx.py ``read_export``: refused in one line when another user could
+have written the graph). Without MODEL: a GPT-2-small-shaped model built from its config (random
+init, the shipped kjv-gpt2 tokenizer; no hub).
 
 Before anything is timed, every converted graph must give the original graph's outputs on the same
 token ids (max |Δ log-prob| <= --tolerance), else the command stops with one line. The graphs run
-in onnxruntime CPU sessions (evaluate/onnx_model.py) timed interleaved by evaluate/speed.py, with
-the original's graph loaded a second time as the null control; each ratio's interval and verdict
-follow evaluate/stats.py ("too noisy to tell" when the null control misses its band). The JSON
-also records the load average before and after, onnxruntime's graph optimisation level and which
-norm ops onnxruntime's optimised graph holds (whether it fused the norms; detected, not assumed).
+in onnxruntime CPU sessions timed by normswap's one timing instrument (normswap/timing.py:
+interleaved pairs, the median of per-pair ratios with a bootstrap interval, the original's graph
+loaded a second time as the null control, a stop rule), so the verdict words are the instrument's.
+The JSON also records the load average before and after, onnxruntime's graph optimisation level
+and which norm ops onnxruntime's optimised graph holds (whether the norms were fused; detected,
+not assumed).
 """
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from pathlib import Path
 
 import click
 
+from normswap.cli.options import onnx_norm_op_option
 from normswap.errors import NormswapError
+from normswap.export import ONNX_NORM_OPS
 
-NORM_OP_CHOICES = ("rmsnormalization", "simplified")
+
+def _exported_pair(spec: str) -> dict:
+    """{"original", "converted"}: the two export directories of ORIGINAL=CONVERTED, each checked."""
+    from normswap.export.onnx import is_onnx_dir, read_export
+
+    original, converted = spec.split("=", 1)
+    for path in (original, converted):
+        read_export(path)  # before anything in it is read: one line if another user could have written it
+        if not is_onnx_dir(path):
+            raise NormswapError(f"bench onnx: {path!r} is not a directory `normswap export --format onnx` wrote")
+    return {"original": Path(original), "converted": Path(converted)}
 
 
 def _graphs(spec: str | None, scratch: Path, norm_ops, say) -> tuple[str, dict]:
     """(what was measured, {graph name: ONNX directory}) for one MODEL; "original" first."""
-    from normswap.export.onnx import is_onnx_dir
-
-    if "=" in spec:
-        original, converted = spec.split("=", 1)
-        for path in (original, converted):
-            if not is_onnx_dir(path):
-                raise NormswapError(f"bench onnx: {path!r} is not a directory `normswap export --format onnx` wrote")
-        return spec, {"original": Path(original), "converted": Path(converted)}
+    if spec is not None and "=" in spec:
+        return spec, _exported_pair(spec)
     from normswap.convert.pipeline import convert_checkpoint
     from normswap.export import run_export
 
@@ -76,30 +84,34 @@ def _match(models: dict, ids, tolerance: float) -> dict:
     return diffs
 
 
-def measure_onnx(spec, dirs: dict, *, repeats, threads, batch, seq_len, min_time, tolerance, scratch, progress):
+def measure_onnx(spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq_len, tolerance, scratch, progress):
+    """One MODEL's graphs checked against the original, then timed pairwise by timing.compare
+    (``timing``: its stop-rule arguments; ``block_s``: seconds per timed block, 0 for one call)."""
     import torch
 
-    from normswap.evaluate.config import SpeedConfig
+    from normswap import timing as instrument
     from normswap.evaluate.onnx_model import OnnxModel
-    from normswap.evaluate.speed import measure_speed_run
-    from normswap.evaluate.stats import interval
+    from normswap.evaluate.speed import machine_load
     from normswap.export.onnx import OPTIMIZATION_LEVEL, optimised_norm_ops
     from normswap.model_facts import context_length
 
     models = {name: OnnxModel(d, threads=threads) for name, d in dirs.items()}
-    again = OnnxModel(dirs["original"], threads=threads)  # the null control: the same graph, a second session
+    models["null control"] = OnnxModel(dirs["original"], threads=threads)  # the same graph, a second session
     vocab = int(models["original"].config.vocab_size)
-    seq_len = min(seq_len, context_length(models["original"]) or seq_len)  # as speed.py clamps it
+    seq_len = min(seq_len, context_length(models["original"]) or seq_len)
     ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
-    diffs = _match(models, ids, tolerance)
-    fused = {name: optimised_norm_ops(Path(d) / "model.onnx", scratch) for name, d in dirs.items()}
-    cfg = SpeedConfig(
-        repeats=repeats, warmup=2, min_time=min_time, batch_size=batch, seq_len=seq_len, kinds=("forward",)
-    )
-    run = measure_speed_run(list(models.items()), cfg, progress, null_control=("null control", again))
-    samples = {name: row["speed_setup"]["samples"]["forward"] for name, row in run["models"].items()}
-    samples["null control"] = run["null_control"]["speed_setup"]["samples"]["forward"]
-    null = interval(samples["null control"], samples["original"])
+    diffs = _match({k: m for k, m in models.items() if k != "null control"}, ids, tolerance)
+    fused = {name: optimised_norm_ops(models[name].graph, scratch, f"graph{i}") for i, name in enumerate(dirs)}
+    feed = {"input_ids": ids.numpy().astype("int64")}
+
+    def call(sess):
+        return lambda: sess.run(None, feed)  # the session alone: no tensor conversion inside the timed block
+
+    fns = {name: call(m.session) for name, m in models.items()}
+    calls = instrument.calibrate_calls(fns["original"], block_s) if block_s else 1
+    before = machine_load()
+    cmp = instrument.compare(fns, "original", "null control", calls_per_sample=calls, progress=progress, **timing)
+    after = machine_load()
     return {
         "model": spec,
         "graphs": {
@@ -113,24 +125,27 @@ def measure_onnx(spec, dirs: dict, *, repeats, threads, batch, seq_len, min_time
         },
         "batch": batch,
         "seq_len": seq_len,
-        "repeats": repeats,
         "threads": threads,
         "graph_optimization_level": OPTIMIZATION_LEVEL,
-        "machine": run["machine"],
-        "forward_tokens_per_second": {k: statistics.median(v) for k, v in samples.items()},
-        "over_original": {
-            name: interval(samples[name], samples["original"], null) for name in samples if name != "original"
+        "machine": {
+            "load_before": before["load_average"],
+            "load_after": after["load_average"],
+            "cpu_count": before["cpu_count"],
+            "usable_cpus": before["usable_cpus"],
         },
-        "null_control_over_original": null,
-        "samples": samples,
+        "forward_tokens_per_second": {k: batch * seq_len / s for k, s in cmp.seconds_per_call.items()},
+        "over_original": {name: r.to_json() for name, r in cmp.candidates.items()},
+        "null_control_over_original": cmp.null.to_json(),
+        "timing": cmp.to_json(samples=True),
     }
 
 
 def _lines(r: dict) -> list[str]:
-    tps = r["forward_tokens_per_second"]
+    tps, t = r["forward_tokens_per_second"], r["timing"]
     out = [
-        f"{r['model']}: onnxruntime CPU, {r['threads']} threads, {r['graph_optimization_level']}, "
-        f"batch {r['batch']} x {r['seq_len']} tokens, {r['repeats']} repeats; load "
+        f"{r['model']}: onnxruntime CPU, {r['threads']} thread(s), {r['graph_optimization_level']}, "
+        f"batch {r['batch']} x {r['seq_len']} tokens; {t['rounds']} interleaved pairs of {t['calls_per_sample']} "
+        f"call(s) in {t['elapsed_s']:.0f} s (stopped: {t['stop_reason']}); load "
         f"{r['machine']['load_before']} -> {r['machine']['load_after']}"
     ]
     for name, g in r["graphs"].items():
@@ -139,39 +154,38 @@ def _lines(r: dict) -> list[str]:
         if name != "original":
             c = r["over_original"][name]
             line += (
-                f"; /original x{c['median']:.3f} [{c['low']:.3f}-{c['high']:.3f}] ({c['verdict']}); "
+                f"; /original x{c['ratio']:.3f} [{c['low']:.3f}-{c['high']:.3f}] ({c['verdict']}); "
                 f"max |Δ log-prob| {g['max_abs_logprob_diff_vs_original']:.2g}"
             )
         out.append(line)
     n = r["null_control_over_original"]
-    out.append(f"  null control: x{n['median']:.3f} [{n['low']:.3f}-{n['high']:.3f}]")
+    out.append(f"  null control: x{n['ratio']:.3f} [{n['low']:.3f}-{n['high']:.3f}] ({n['verdict']})")
     return out
+
+
+def _option(name: str, kind, default, help: str):
+    """A numeric option with its default shown (every tuning knob of this bench has that shape)."""
+    return click.option(name, type=kind, default=default, show_default=True, help=help)
 
 
 @click.command("onnx")
 @click.argument("models", nargs=-1)
-@click.option("--repeats", type=click.IntRange(5), default=15, show_default=True, help="Interleaved repeats.")
-@click.option("--threads", type=click.IntRange(1), default=2, show_default=True, help="onnxruntime intra-op threads.")
-@click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Sequences per forward.")
-@click.option("--seq-len", type=click.IntRange(1), default=128, show_default=True, help="Tokens per sequence.")
-@click.option("--min-time", type=click.FloatRange(0.0), default=1.0, show_default=True, help="Seconds per measurement.")
-@click.option(
-    "--onnx-norm-op",
-    "norm_ops",
-    type=click.Choice(NORM_OP_CHOICES),
-    multiple=True,
-    help="How the converted model's norms are exported (as `normswap export --onnx-norm-op`); repeatable; "
-    "default: both, each timed against the original.",
-)
-@click.option(
+@_option("--repeats", click.IntRange(5), 30, "At least this many pairs.")
+@_option("--budget", click.FloatRange(1.0), 240.0, "Timing seconds at most.")
+@_option("--target", click.FloatRange(0.001), 0.01, "Stop once each interval's half-width (null's too) is this.")
+@_option("--threads", click.IntRange(1), 1, "onnxruntime intra-op threads.")
+@_option("--batch", click.IntRange(1), 1, "Sequences per forward.")
+@_option("--seq-len", click.IntRange(1), 128, "Tokens per sequence.")
+@_option("--min-time", click.FloatRange(0.0), 0.1, "Seconds per timed block (calls calibrated from one; 0: one call).")
+@onnx_norm_op_option(multiple=True, default_help="default: both, each timed against the original")
+@_option(
     "--tolerance",
-    type=click.FloatRange(0.0),
-    default=1e-4,
-    show_default=True,
-    help="Time nothing unless every converted graph matches the original graph to this max |Δ log-prob|.",
+    click.FloatRange(0.0),
+    1e-4,
+    "Time nothing unless every converted graph matches the original graph to this max |Δ log-prob|.",
 )
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def onnx(models, repeats, threads, batch, seq_len, min_time, norm_ops, tolerance, json_out):
+def onnx(models, repeats, budget, target, threads, batch, seq_len, min_time, norm_ops, tolerance, json_out):
     """ONNX forward speed in onnxruntime (CPU), exported converted ÷ exported original, with a null control
     (MODEL: a source to convert and export, or ORIGINAL_ONNX=CONVERTED_ONNX; default: a GPT-2-small-shaped
     model built from its config)."""
@@ -192,15 +206,15 @@ def onnx(models, repeats, threads, batch, seq_len, min_time, norm_ops, tolerance
         for i, spec in enumerate(models or (None,)):
             scratch = Path(tmp) / str(i)
             scratch.mkdir()
-            name, dirs = _graphs(spec, scratch, norm_ops or NORM_OP_CHOICES, beat.say)
+            name, dirs = _graphs(spec, scratch, norm_ops or tuple(ONNX_NORM_OPS), beat.say)
             r = measure_onnx(
                 name,
                 dirs,
-                repeats=repeats,
+                timing={"min_pairs": repeats, "budget_s": budget, "target_halfwidth": target},
+                block_s=min_time,
                 threads=threads,
                 batch=batch,
                 seq_len=seq_len,
-                min_time=min_time,
                 tolerance=tolerance,
                 scratch=scratch,
                 progress=beat.update,

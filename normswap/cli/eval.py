@@ -40,6 +40,8 @@ SPEED_OPTIONS = (
     "repeats",
     "warmup",
     "min_time",
+    "speed_budget",
+    "target_halfwidth",
     "new_tokens",
     "compile",
     "null_control",
@@ -338,13 +340,15 @@ def _fmt_tps(m, key, results):
 
 
 def _ratio_legend(results):
-    from normswap.evaluate.stats import MIN_REPEATS, NO_DIFFERENCE, TOO_NOISY
+    from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
     from normswap.report.render import noise_banner, null_control_note
+    from normswap.timing import MIN_PAIRS
 
     if results.get("baseline") and any(m.get("tokens_per_second") for m in results["models"]):
         click.echo(
-            f"x: ratio to {results['baseline']}; [min-max] of the per-repeat paired ratios; n.d. = {NO_DIFFERENCE} "
-            f"(range contains 1 or the null control's, or fewer than {MIN_REPEATS} repeats); noisy = {TOO_NOISY}"
+            f"x: ratio to {results['baseline']}; [95% interval of the median per-pair ratio, normswap/timing.py]; "
+            f"n.d. = {NO_DIFFERENCE} (range contains 1 or the null control's, or fewer than {MIN_PAIRS} pairs); "
+            f"noisy = {TOO_NOISY}"
         )
         click.echo(null_control_note(results))
         banner = noise_banner(results)

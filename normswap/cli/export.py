@@ -6,7 +6,7 @@ import json
 
 import click
 
-from normswap.cli.options import force_replaces, json_option
+from normswap.cli.options import force_replaces, json_option, onnx_norm_op_option
 from normswap.convert.config import DEFAULT_TOLERANCE
 from normswap.export import FORMATS
 
@@ -36,15 +36,7 @@ from normswap.export import FORMATS
     help="Publish only if the export and MODEL differ by at most this max |Δ log-prob| "
     "(first output for other models).",
 )
-@click.option(
-    "--onnx-norm-op",
-    "norm_op",
-    type=click.Choice(("rmsnormalization", "simplified")),
-    default="rmsnormalization",
-    show_default=True,
-    help="onnx: write each RMSNorm as ONNX's RMSNormalization (opset 23) or as onnxruntime's "
-    "SimplifiedLayerNormalization (`normswap bench onnx` times both).",
-)
+@onnx_norm_op_option(multiple=False)
 @click.option(
     "--max-shard-size", default="5GB", show_default=True, help="stock: shard the safetensors above this size."
 )

@@ -100,7 +100,7 @@ def markdown_table(rows) -> str:
 
 @click.group(invoke_without_command=True)
 @json_option
-@click.option("--markdown", is_flag=True, help="The README's supported-family table.")
+@click.option("--markdown", is_flag=True, help="The supported-family table of docs/convert.md.")
 @click.option(
     "--all",
     "show_all",
@@ -256,9 +256,17 @@ def survey(out, only, jobs, save_json, shard, from_json, update, force, as_json)
     ),
 )
 @click.option("--list-rows", is_flag=True, help="Print the row names (one a line) and exit.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep each finished row here and reuse it while its inputs are unchanged (default: normswap's private "
+    "cache, compat-matrix/; must be yours alone).",
+)
+@click.option("--no-cache", is_flag=True, help="Run every row; read and keep nothing.")
 @force_file_option
 @json_option
-def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows, force, as_json):
+def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows, cache_dir, no_cache, force, as_json):
     """Compatibility matrix: every curated family and every architecture discovery converts exactly
     (tiny randomised models), against every entry point users load a model with (Auto classes,
     pipeline(), Trainer, PEFT LoRA, sentence-transformers, generate with a KV cache, torch.compile,
@@ -267,6 +275,7 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
     import time
 
     from normswap.compat import matrix as mx
+    from normswap.compat.cache import RowCache
     from normswap.compat.rows import all_rows
     from normswap.errors import NormswapError
     from normswap.publish import atomic_write_text
@@ -321,12 +330,15 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
                 meta = meta or mx.meta(command, time.perf_counter() - t0, row_seconds)
                 atomic_write_text(save_json, mx.as_json(records, meta))
 
+        say = lambda m: click.echo(m, err=True)  # noqa: E731
+        cache = None if no_cache else RowCache(cache_dir, say=say)
         records = mx.run_matrix(
             rows,
             row_seconds=row_seconds,
-            progress=lambda m: click.echo(m, err=True),
+            progress=say,
             on_record=save,
             only_columns=only_columns or None,
+            cache=cache,
         )
         meta = mx.meta(command, time.perf_counter() - t0, row_seconds)
         save(records, meta)  # the saved JSON and the markdown state the same duration

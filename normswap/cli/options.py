@@ -94,3 +94,24 @@ def config_options(fields, shared=None):
         return command
 
     return decorate
+
+
+ONNX_NORM_OP_HELP = (
+    "How each RMSNorm is written in the ONNX graph: simplified: onnxruntime's SimplifiedLayerNormalization, the "
+    "residual Add before it folded in (SkipSimplifiedLayerNormalization: what onnxruntime runs fused); "
+    "rmsnormalization: ONNX's own RMSNormalization (opset 23; portable, not fused)."
+)
+
+
+def onnx_norm_op_option(*, multiple: bool, default_help: str = ""):
+    """``--onnx-norm-op``, for `export` (one choice) and `bench onnx` (repeatable: each one timed)."""
+    from normswap.export import DEFAULT_ONNX_NORM_OP, ONNX_NORM_OPS
+
+    extra = {"multiple": True} if multiple else {"default": DEFAULT_ONNX_NORM_OP, "show_default": True}
+    return click.option(
+        "--onnx-norm-op",
+        "norm_ops" if multiple else "norm_op",
+        type=click.Choice(tuple(ONNX_NORM_OPS)),
+        help=ONNX_NORM_OP_HELP + (f" Repeatable; {default_help}." if multiple else ""),
+        **extra,
+    )

@@ -38,8 +38,9 @@ SHARED = {"data": data_option, "device": device_option(), "force": force_replace
 @json_option
 @click.pass_context
 def study(ctx, model, out, as_json, **opts):
-    """Train arms of MODEL (default: normswap:kjv-gpt2's architecture, randomly initialised) side by side —
-    layernorm, rmsnorm (γ = 1), a layernorm null control and, from a trained checkpoint, normswap's exact
+    """Train arms of MODEL (default: normswap:kjv-gpt2's architecture over bytes, randomly initialised)
+    side by side — layernorm, rmsnorm (γ = 1), a layernorm null control, a planted handicap (layernorm
+    at half the rate: the test must call it different) and, from a trained checkpoint, normswap's exact
     and approximate conversions — and report the paired differences with 95 % intervals.
 
     MODEL is a checkpoint (continued training from its weights), a config.json or a directory holding
@@ -71,7 +72,21 @@ def study(ctx, model, out, as_json, **opts):
     if as_json:
         click.echo(
             json.dumps(
-                {k: results[k] for k in ("model", "setup", "comparisons", "null_control", "claims", "timing")}, indent=2
+                {
+                    k: results.get(k)
+                    for k in (
+                        "model",
+                        "setup",
+                        "comparisons",
+                        "null_control",
+                        "claims",
+                        "instrument_check",
+                        "power",
+                        "speed_phase",
+                        "timing",
+                    )
+                },
+                indent=2,
             )
         )
         return

@@ -1,10 +1,12 @@
 """The matrix's rows: a tiny randomised original of each architecture, saved the way users get
 models (weights, a real tokenizer or processor, sentence-transformers files), and its conversion.
 
-Rows are every curated family (its first test config) and every architecture the committed survey
-converts exactly through discovery (its shrunk default config). Text rows get a BPE tokenizer
-trained on the embedded corpus with exactly the model's vocabulary size; image and audio rows get
-their model type's own processor sized to the tiny config.
+Rows are every curated family (its first test config), every architecture the committed survey
+converts exactly through discovery (its shrunk default config), and every architecture it converts
+exactly on its pooled outputs (``--exact-outputs pooled``: the raw stream it returns moves by its
+per-token mean, which the matrix then leaves out of its comparisons; data/raw_stream_outputs.json).
+Text rows get a BPE tokenizer trained on the embedded corpus with exactly the model's vocabulary
+size; image and audio rows get their model type's own processor sized to the tiny config.
 """
 
 from __future__ import annotations
@@ -31,15 +33,24 @@ class Row:
     class_name: str  # the class converted (the family's causal/masked LM or the survey's class)
     curated: bool
     exact: bool  # the conversion is exact (pre-LN); approximate rows are compared, not required to match
+    # converted with --exact-outputs pooled: these outputs (the raw stream) move by design and are not compared
+    moved_outputs: tuple[str, ...] = ()
+
+    @property
+    def pooled(self) -> bool:
+        return bool(self.moved_outputs)
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "name": self.name,
             "model_type": self.model_type,
             "class": self.class_name,
             "curated": self.curated,
             "exact": self.exact,
         }
+        if self.pooled:
+            out["moved_outputs"] = list(self.moved_outputs)
+        return out
 
 
 def all_rows() -> list[Row]:
@@ -59,7 +70,18 @@ def all_rows() -> list[Row]:
         if r.get("curated") or r.get("status") != "exact":
             continue
         rows.append(Row(r["model_type"], r["model_type"], _discovered_class(r), False, True))
+    for r in pooled_rows():
+        rows.append(Row(r["model_type"], r["model_type"], r["class"], False, True, tuple(r["changed_outputs"])))
     return rows
+
+
+def pooled_rows() -> list[dict]:
+    """The committed raw-stream survey's rows that convert exactly on their pooled outputs
+    (docs/raw-stream-outputs.sh writes data/raw_stream_outputs.json)."""
+    from importlib import resources
+
+    path = resources.files("normswap.architectures").joinpath("data", "raw_stream_outputs.json")
+    return [r for r in json.loads(path.read_text()) if r.get("status") == "exact-on-pooled"]
 
 
 def _discovered_class(survey_row) -> str:
@@ -203,10 +225,12 @@ def _processor(config, model):
     return None
 
 
-def convert(original_dir: Path, out_dir: Path, *, verify: bool = True) -> dict:
+def convert(original_dir: Path, out_dir: Path, *, verify: bool = True, pooled: bool = False) -> dict:
     """`normswap convert` (auto mode: exact where the architecture allows), verification included
     unless ``verify`` is off (the matrix's approximate rows: measuring how far an approximate
-    conversion is from its original is `normswap eval`'s job, and costs minutes)."""
+    conversion is from its original is `normswap eval`'s job, and costs minutes); ``pooled``:
+    ``--exact-outputs pooled``."""
     from normswap.convert.pipeline import convert_checkpoint
 
-    return convert_checkpoint(str(original_dir), str(out_dir), verify=verify)
+    extra = {"exact_outputs": "pooled"} if pooled else {}
+    return convert_checkpoint(str(original_dir), str(out_dir), verify=verify, **extra)

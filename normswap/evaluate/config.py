@@ -23,9 +23,22 @@ SPEED_KINDS = ("forward", "train_step", "generate", "norm_share")
 
 @dataclass
 class SpeedConfig:
-    repeats: int = option(5, "Interleaved speed repeats (medians).", minimum=1)
-    warmup: int = option(1, "Unmeasured warm-up runs per model.", minimum=0)
-    min_time: float = option(0.2, "Seconds per speed measurement (short calls are repeated).", minimum=0.0)
+    repeats: int = option(
+        400,
+        "The most interleaved pairs per measured kind (normswap/timing.py; fewer when every interval reaches "
+        "--target-halfwidth first or --speed-budget runs out); also the hooked time-in-norms repeats (at most 5).",
+        minimum=1,
+    )
+    warmup: int = option(1, "Unmeasured warm-up blocks per model and kind.", minimum=0)
+    min_time: float = option(
+        0.02, "Seconds per timed block (short calls are repeated within a block; pairs of short blocks).", minimum=0.0
+    )
+    speed_budget: float = option(
+        15.0, "Seconds of interleaved pairs per measured kind at most (the stop rule's time budget).", minimum=0.0
+    )
+    target_halfwidth: float = option(
+        0.01, "Stop adding pairs once every speed ratio's 95% interval is within this of its median.", above=0.0
+    )
     new_tokens: int = option(32, "Tokens generated per generation measurement.", minimum=1)
     compile: bool = option(
         False, "Measure speed with every model under torch.compile (Inductor): compiled original vs compiled converted."

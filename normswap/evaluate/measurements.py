@@ -187,11 +187,12 @@ def measure_speed(run: Run):
         control = (base.name + NULL_CONTROL_SUFFIX, null_control_model(run, base))
     run.say("speed: interleaved over models" + (" and the null control" if control else ""))
     measured = measure_speed_run(
-        [(e.name, e.model) for e in run.entries], setup, progress=run.say, null_control=control
+        [(e.name, e.model) for e in run.entries], setup, progress=run.say, null_control=control, baseline=run.baseline
     )
     top = {
         "speed_setup": setup.to_dict(),
         "speed_noise": measured["machine"],
+        "speed_timing": measured["timing"],  # per kind: the instrument's stop reason, pairs, seconds
     }  # runner.py adds the null control's verdict
     if control is not None:
         top["null_control"] = {"name": control[0], "of": base.name, **measured["null_control"]}

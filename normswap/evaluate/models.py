@@ -85,12 +85,12 @@ def onnx_info(model) -> dict:
 
 def finetune_curve(model_dir, max_points: int = 400) -> dict | None:
     """Loss curve from ``normswap finetune``'s log in ``model_dir``, thinned to ``max_points``."""
-    from normswap.finetune.run_dir import RunDir
+    from normswap.finetune.run_dir import RunDir, read_log_rows
 
     run = RunDir(model_dir)
     if not run.log_file.is_file():
         return None
-    rows = run.rows()
+    rows = read_log_rows(run.log_file)  # a model handed to eval, maybe another user's: not a run being resumed
     train = [(r["step"], r["loss"]) for r in rows if "step" in r and r.get("loss") is not None]
     evals = [(r["step"], r["eval_loss"]) for r in rows if "step" in r and r.get("eval_loss") is not None]
     every = max(1, len(train) // max_points)

@@ -34,12 +34,13 @@ class OnnxModel:
     def __init__(self, path, threads: int | None = None):
         from normswap.checkpoint.load import load_config
         from normswap.checkpoint.manifest import read_manifest
-        from normswap.export.onnx import MODEL_FILE, session
+        from normswap.export.onnx import read_export, session
 
         self.path = Path(path)
+        self.graph = read_export(self.path)  # refused in one line when another user could have written it
         self.config = load_config(str(self.path))
         self.export = (read_manifest(self.path) or {}).get("export") or {}
-        self.session = session(self.path / MODEL_FILE, threads=threads or torch.get_num_threads())
+        self.session = session(self.graph, threads=threads or torch.get_num_threads())
         self.output = (self.export.get("outputs") or ["logits"])[0]
 
     def forward(self, input_ids=None, use_cache=False, **unused):

@@ -21,7 +21,7 @@ from normswap.evaluate.kinds import PROBE_INPUT, common_group, model_kind
 from normswap.evaluate.measurements import MEASUREMENTS, Run
 from normswap.evaluate.models import model_info
 from normswap.evaluate.stats import METHOD as RATIO_METHOD
-from normswap.evaluate.stats import null_intervals, ratio_intervals
+from normswap.evaluate.stats import SAMPLED, null_intervals, ratio_intervals
 
 _LABEL = re.compile(r"^[A-Za-z0-9_.\- ]+$")
 
@@ -92,13 +92,15 @@ def ratios(model: dict, base: dict) -> dict:
     """model / baseline for every number that has one (>1: higher than the baseline)."""
     tps_m = model.get("tokens_per_second") or {}
     tps_b = base.get("tokens_per_second") or {}
+    # a throughput timed in pairs (normswap/timing.py): the median of its per-pair ratios, the
+    # number its interval and verdict are about, rather than a ratio of two separate medians
+    paired = (model.get("speed_setup") or {}).get("paired") or {}
+    speed = {k: paired[k]["ratio"] if k in paired else _ratio(tps_m.get(k), tps_b.get(k)) for k in SAMPLED}
     return {
         "perplexity": _ratio(model.get("perplexity"), base.get("perplexity")),
         "bits_per_byte": _ratio(model.get("bits_per_byte"), base.get("bits_per_byte")),
         "word_perplexity": _ratio(model.get("word_perplexity"), base.get("word_perplexity")),
-        "tokens_per_second": {
-            k: _ratio(tps_m.get(k), tps_b.get(k)) for k in ("forward", "train_step", "generate", "prefill", "decode")
-        },
+        "tokens_per_second": speed,
         "peak_memory_bytes": _ratio(model.get("peak_memory_bytes"), base.get("peak_memory_bytes")),
         "norm_time_share": _ratio(model.get("norm_time_share"), base.get("norm_time_share")),
     }
@@ -293,7 +295,7 @@ def evaluate(
 def speed_noise(null: dict | None, machine: dict | None) -> dict:
     """results.json's ``speed_noise``: how busy the machine was and whether the null control says a
     speed ratio can be told from noise, per measured kind (evaluate/stats.py states the rule)."""
-    from normswap.evaluate.stats import MIN_REPEATS, NULL_DELTA, null_is_tight
+    from normswap.evaluate.stats import MIN_REPEATS, NULL_DELTA, judged, null_is_tight
 
     spreads = {}
     if null is not None:
@@ -305,9 +307,10 @@ def speed_noise(null: dict | None, machine: dict | None) -> dict:
         "delta": NULL_DELTA,
         "min_repeats": MIN_REPEATS,
         "null_spread": {
-            k: {"low": iv["low"], "high": iv["high"], "repeats": iv["repeats"]} for k, iv in spreads.items()
+            k: {key: iv[key] for key in ("low", "high", "repeats", "pairs", "stop_reason") if key in iv}
+            for k, iv in spreads.items()
         },
         # None: fewer repeats than a verdict needs, so nothing is judged either way
-        "tight": {k: null_is_tight(iv) if iv["repeats"] >= MIN_REPEATS else None for k, iv in spreads.items()},
+        "tight": {k: null_is_tight(iv) if judged(iv) else None for k, iv in spreads.items()},
         **(machine or {}),
     }

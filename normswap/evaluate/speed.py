@@ -35,17 +35,22 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import os
 import statistics
 import time
 
 import torch
 
+from normswap import timing
 from normswap.evaluate.config import SpeedConfig
 from normswap.evaluate.kinds import training_loss
 from normswap.evaluate.perplexity import model_device
 from normswap.model_facts import context_length, norm_modules
+
+# the first check of the stop rule: fewer pairs than this are never called converged
+MIN_PAIRS = 20
+# hooked forwards per model for the time-in-norms share
+NORM_REPEATS = 5
 
 
 def _cache_of(out):
@@ -53,12 +58,26 @@ def _cache_of(out):
     return cache if cache is not None else out.past_key_values
 
 
+_REFILL = 64
+
+
+def _cut(cache, length: int) -> None:
+    """Drop the cache's tokens past ``length`` where the cache allows it (transformers 5: ``crop``
+    takes the number of tokens to remove, negated)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        try:
+            cache.crop(-extra)
+        except (RuntimeError, ValueError, NotImplementedError):
+            pass  # speed.py refills it instead
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-class _Bench:
+class ModelBench:
     """One model's prepared inputs and measurement functions."""
 
     def __init__(self, name, model, cfg: SpeedConfig):
@@ -84,10 +103,8 @@ class _Bench:
         params = inspect.signature(model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.optimizer = None
-        self.calls: dict[str, int] = {}
-        self.samples: dict[str, list] = {
-            k: [] for k in ("forward", "train_step", "prefill", "decode", "norm_share", "norm_ms")
-        }
+        self._decode = None  # (cache, token) after the prompt, made on the first decode step
+        self.samples: dict[str, list] = {"norm_share": [], "norm_ms": []}
 
     # -- single operations -------------------------------------------------------------------
     def _forward(self):
@@ -106,24 +123,6 @@ class _Bench:
             self.optimizer.zero_grad(set_to_none=True)
         finally:
             self.model.eval()
-
-    def _generate(self) -> tuple[float, float]:
-        """(prefill seconds, decode seconds) of one greedy generation."""
-        with torch.inference_mode():
-            _sync(self.device)
-            t0 = time.perf_counter()
-            out = self.run(input_ids=self.prompt, use_cache=True)
-            token = out.logits[:, -1:].argmax(-1)
-            _sync(self.device)
-            t1 = time.perf_counter()
-            past = _cache_of(out)
-            for _ in range(self.new_tokens - 1):
-                out = self.run(input_ids=token, use_cache=True, **{self.cache_arg: past})
-                past = _cache_of(out)
-                token = out.logits[:, -1:].argmax(-1)
-            _sync(self.device)
-            t2 = time.perf_counter()
-        return t1 - t0, t2 - t1
 
     def _norm_share(self) -> tuple[float, float, float]:
         """(share of forward time in norm layers, norm ms, forward ms) of one hooked forward."""
@@ -171,69 +170,72 @@ class _Bench:
             norm_ms = sum(marks[i + 1] - marks[i] for i in range(0, len(marks) - 1, 2)) * 1e3
         return (norm_ms / total_ms if total_ms > 0 else 0.0), norm_ms, total_ms
 
-    # -- timed measurements ------------------------------------------------------------------
-    def _timed(self, fn, calls: int) -> float:
-        _sync(self.device)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        _sync(self.device)
-        return time.perf_counter() - t0
+    # -- what the timing instrument calls: one operation each -----------------------------------
+    def _prefill(self):
+        with torch.inference_mode():
+            self.run(input_ids=self.prompt, use_cache=True)
 
-    def warm_up(self):
-        cfg = self.cfg
-        for kind, fn in (("forward", self._forward), ("train_step", self._train_step)):
-            if kind not in self.kinds:
-                continue
-            for _ in range(max(cfg.warmup, 1)):
-                elapsed = self._timed(fn, 1)
-            self.calls[kind] = max(1, min(cfg.max_calls, math.ceil(cfg.min_time / max(elapsed, 1e-9))))
-        if "generate" in self.kinds:
-            for _ in range(max(cfg.warmup, 1)):
-                self._generate()
+    def _decode_step(self):
+        """One greedy decode step at a short, fixed KV cache (the prompt's ``prompt_len`` tokens):
+        the cache is cut back to the prompt before every step, so every step costs the same however
+        many ran (a growing cache would make later blocks slower than earlier ones, whichever model
+        ran them). A cache that cannot be cut (some layer kinds refuse) is prefilled again once it
+        has grown by ``_REFILL`` tokens, in whichever block that falls: rare, and alike for every model."""
+        with torch.inference_mode():
+            if self._decode is None or self._decode[0].get_seq_length() >= self.prompt_len + _REFILL:
+                out = self.run(input_ids=self.prompt, use_cache=True)
+                self._decode = (_cache_of(out), out.logits[:, -1:].argmax(-1))
+            cache, token = self._decode
+            _cut(cache, self.prompt_len)
+            self.run(input_ids=token, use_cache=True, **{self.cache_arg: cache})
+
+    def _generate(self):
+        """One whole greedy generation of ``new_tokens`` tokens after the prompt."""
+        with torch.inference_mode():
+            out = self.run(input_ids=self.prompt, use_cache=True)
+            for _ in range(self.new_tokens - 1):
+                token = out.logits[:, -1:].argmax(-1)
+                out = self.run(input_ids=token, use_cache=True, **{self.cache_arg: _cache_of(out)})
+
+    def operation(self, kind: str):
+        """The zero-argument callable timed for ``kind``, and the tokens one call processes."""
+        tokens = self.batch.numel()
+        return {
+            "forward": (self._forward, tokens),
+            "train_step": (self._train_step, tokens),
+            "prefill": (self._prefill, self.prompt_len),
+            "decode": (self._decode_step, 1),
+            "generate": (self._generate, self.new_tokens),
+        }[kind]
+
+    def timed_kinds(self) -> tuple[str, ...]:
+        """The instrument's kinds for this model: ``generate`` stands for prefill, decode and generate."""
+        expand = {"generate": ("prefill", "decode", "generate"), "norm_share": ()}
+        return tuple(k for kind in self.kinds for k in expand.get(kind, (kind,)))
+
+    def warm_up_norm_share(self):
         if "norm_share" in self.kinds:
             self._norm_share()
 
-    def measure_once(self):
-        tokens = self.batch.numel()
-        if "forward" in self.kinds:
-            n = self.calls["forward"]
-            self.samples["forward"].append(tokens * n / self._timed(self._forward, n))
-        if "train_step" in self.kinds:
-            n = self.calls["train_step"]
-            self.samples["train_step"].append(tokens * n / self._timed(self._train_step, n))
-        if "generate" in self.kinds:
-            prefill, decode = self._generate()
-            self.samples["prefill"].append((prefill, decode))
+    def measure_norm_share(self):
         if "norm_share" in self.kinds:
             share, norm_ms, _ = self._norm_share()
             self.samples["norm_share"].append(share)
             self.samples["norm_ms"].append(norm_ms)
 
-    def _generation_samples(self) -> dict:
-        """Per-repeat tokens/s of generation (stats.py pairs them across models by repeat)."""
-        pairs = self.samples["prefill"]
-        if not pairs:
-            return {}
-        return {
-            "generate": [self.new_tokens / (p + d) for p, d in pairs],
-            "prefill": [self.prompt_len / p if p > 0 else None for p, _ in pairs],
-            "decode": [(self.new_tokens - 1) / d if d > 0 and self.new_tokens > 1 else None for _, d in pairs],
-        }
-
-    def summary(self) -> dict:
+    def summary(self, comparisons: dict, baseline: str) -> dict:
+        """This model's results.json speed fields from the run's comparisons (one per timed kind)."""
         s = self.samples
-        tps: dict = {}
-        if s["forward"]:
-            tps["forward"] = statistics.median(s["forward"])
-        if s["train_step"]:
-            tps["train_step"] = statistics.median(s["train_step"])
-        if s["prefill"]:
-            pre = statistics.median(p for p, _ in s["prefill"])
-            dec = statistics.median(d for _, d in s["prefill"])
-            tps["generate"] = statistics.median(self.new_tokens / (p + d) for p, d in s["prefill"])
-            tps["prefill"] = self.prompt_len / pre if pre > 0 else None
-            tps["decode"] = (self.new_tokens - 1) / dec if dec > 0 and self.new_tokens > 1 else None
+        tps, paired, calls = {}, {}, {}
+        for kind, cmp in comparisons.items():
+            if self.name not in cmp.seconds_per_call:
+                continue
+            tps[kind] = self.operation(kind)[1] / cmp.seconds_per_call[self.name]
+            calls[kind] = cmp.calls_per_sample
+            if self.name != baseline:
+                paired[kind] = cmp[self.name].to_json() | {"stop_reason": cmp.stop_reason}
+        if "decode" in tps and self.new_tokens <= 1:
+            tps["decode"] = None
         out = {
             "tokens_per_second": tps,
             "norm_time_share": statistics.median(s["norm_share"]) if s["norm_share"] else None,
@@ -243,12 +245,12 @@ class _Bench:
                 "seq_len": self.seq_len,
                 "prompt_len": self.prompt_len,
                 "new_tokens": self.new_tokens,
-                "repeats": len(s["forward"] or s["train_step"] or s["prefill"] or s["norm_share"]),
-                "calls_per_measurement": dict(self.calls),
-                "samples": {k: v for k, v in (("forward", s["forward"]), ("train_step", s["train_step"])) if v}
-                | self._generation_samples()
-                | ({"norm_ms": list(s["norm_ms"])} if s["norm_ms"] else {})
-                # per-repeat shares: the report draws their range on the "time in norms" bars
+                "repeats": len(s["norm_share"]),
+                "calls_per_measurement": calls,
+                # per kind, against the baseline: {ratio, low, high, pairs, verdict, stop_reason}
+                "paired": paired,
+                # the hooked norm-time measurements, per repeat (the report's whiskers on "time in norms")
+                "samples": ({"norm_ms": list(s["norm_ms"])} if s["norm_ms"] else {})
                 | ({"norm_share": list(s["norm_share"])} if s["norm_share"] else {}),
             },
         }
@@ -278,21 +280,27 @@ def machine_load() -> dict:
     return {"load_average": load, "cpu_count": os.cpu_count(), "usable_cpus": cpus}
 
 
-def measure_speed_run(models, config: SpeedConfig | None = None, progress=None, *, null_control=None) -> dict:
-    """Measure ``models`` and the optional ``null_control`` (name, model) interleaved.
+def measure_speed_run(
+    models, config: SpeedConfig | None = None, progress=None, *, null_control=None, baseline=None
+) -> dict:
+    """Measure ``models`` and the optional ``null_control`` (name, model) in interleaved pairs.
 
-    ``{"models": {name: summary}, "null_control": summary or None, "machine": {...}}``: ``machine``
-    holds :func:`machine_load` before and after the timed repeats (``load_before``,
-    ``load_after``), the CPU counts and the torch threads used.
+    ``baseline``: the name every ratio is against (default: the first model). ``{"models": {name:
+    summary}, "null_control": summary or None, "machine": {...}, "timing": {kind: the instrument's
+    run}}``: ``machine`` holds :func:`machine_load` before and after the timed pairs
+    (``load_before``, ``load_after``), the CPU counts and the torch threads used; ``timing`` each
+    kind's stop reason, pairs, seconds and calls per block (normswap/timing.py).
     """
     cfg = config or SpeedConfig()
     if cfg.compile:
         cfg = dataclasses.replace(cfg, kinds=tuple(k for k in cfg.kinds if k != "norm_share"))
     named = list(models) + ([null_control] if null_control is not None else [])
-    benches = [_Bench(name, model, cfg) for name, model in named]
+    benches = [ModelBench(name, model, cfg) for name, model in named]
+    baseline = baseline or benches[0].name
+    null_name = null_control[0] if null_control is not None else None
     before = machine_load()
     if not cfg.compile:
-        summaries = _measure(benches, cfg, progress)
+        summaries, comparisons = _measure(benches, cfg, progress, baseline, null_name)
     else:
         # Models of one class share their forward's code object, and Dynamo caps the graphs per code
         # object (recompile_limit, 8): past it the *later* models silently run eager, which measured
@@ -300,9 +308,9 @@ def measure_speed_run(models, config: SpeedConfig | None = None, progress=None, 
         from torch import _dynamo
 
         with _dynamo.config.patch(recompile_limit=_dynamo.config.recompile_limit * len(benches)):
-            summaries = _measure(benches, cfg, progress)
+            summaries, comparisons = _measure(benches, cfg, progress, baseline, null_name)
     after = machine_load()
-    control = summaries.pop(null_control[0]) if null_control is not None else None
+    control = summaries.pop(null_name) if null_name is not None else None
     machine = {
         "load_before": before["load_average"],
         "load_after": after["load_average"],
@@ -310,18 +318,70 @@ def measure_speed_run(models, config: SpeedConfig | None = None, progress=None, 
         "usable_cpus": before["usable_cpus"],
         "torch_threads": torch.get_num_threads(),
     }
-    return {"models": summaries, "null_control": control, "machine": machine}
+    timing_runs = {kind: _run_facts(cmp) for kind, cmp in comparisons.items()}
+    return {"models": summaries, "null_control": control, "machine": machine, "timing": timing_runs}
 
 
-def _measure(benches, cfg: SpeedConfig, progress) -> dict[str, dict]:
+def _run_facts(cmp: timing.Comparison) -> dict:
+    keep = ("baseline", "stop_reason", "elapsed_s", "rounds", "calls_per_sample", "target_halfwidth", "null_band")
+    return {k: v for k, v in cmp.to_json().items() if k in keep}
+
+
+def _syncer(benches):
+    devices = {b.device for b in benches if b.device.type == "cuda"}
+    return (lambda: [torch.cuda.synchronize(d) for d in devices]) if devices else None
+
+
+def compare_kind(
+    benches, kind: str, cfg: SpeedConfig, baseline: str, null_name, progress=None, *, calls: int | None = None
+) -> timing.Comparison:
+    """One kind (forward, decode, ...) of every bench that has it, timed by normswap/timing.py.
+
+    A block is ``calls`` calls, by default as many as make ``cfg.min_time`` seconds on the baseline
+    (one whole generation for ``generate``); ``cfg.repeats`` pairs at most, ``cfg.speed_budget``
+    seconds at most."""
+    taking = [b for b in benches if kind in b.timed_kinds()]
+    fns = {b.name: b.operation(kind)[0] for b in taking}
+    base = baseline if baseline in fns else taking[0].name  # a kind the baseline cannot run: absolute only
+    sync = _syncer(taking)
+    fns[base]()  # the first call pays lazy initialisation (the optimizer, the cache): not a calibration
+    if calls is None and kind == "generate":
+        calls = 1
+    elif calls is None:
+        calls = timing.calibrate_calls(
+            fns[base], cfg.min_time, max_calls=cfg.max_calls, clock=time.perf_counter, sync=sync
+        )
+    if progress:
+        progress(f"speed: {kind}, {len(fns)} models in interleaved pairs of {calls} call(s)")
+    return timing.compare(
+        fns,
+        base,
+        null_name if base == baseline and null_name in fns else None,
+        calls_per_sample=calls,
+        target_halfwidth=cfg.target_halfwidth,
+        budget_s=cfg.speed_budget,
+        min_pairs=min(MIN_PAIRS, cfg.repeats),
+        max_pairs=cfg.repeats,
+        warmup=max(cfg.warmup, 1),
+        seed=cfg.seed,
+        clock=time.perf_counter,  # looked up now: tests plant a virtual clock as speed.time
+        sync=sync,
+        progress=progress,
+    )
+
+
+def _measure(benches, cfg: SpeedConfig, progress, baseline: str, null_name) -> tuple[dict, dict]:
+    kinds = dict.fromkeys(k for b in benches for k in b.timed_kinds())
+    comparisons = {kind: compare_kind(benches, kind, cfg, baseline, null_name, progress) for kind in kinds}
+    # time in norms: hooked forwards, a few rotated repeats (a share of one forward, not a speed ratio)
     for b in benches:
-        if progress:
-            progress(f"warm-up {b.name}")
-        b.warm_up()
-    for r in range(cfg.repeats):
+        b.warm_up_norm_share()
+    for r in range(min(cfg.repeats, NORM_REPEATS)):
         k = r % len(benches)
         for b in benches[k:] + benches[:k]:
-            if progress:
-                progress(f"repeat {r + 1}/{cfg.repeats}: {b.name}")
-            b.measure_once()
-    return {b.name: b.summary() for b in benches}
+            b.measure_norm_share()
+    summaries = {}
+    for b in benches:
+        mine = {kind: cmp for kind, cmp in comparisons.items() if cmp.baseline == baseline or b.name == cmp.baseline}
+        summaries[b.name] = b.summary(mine, baseline)
+    return summaries, comparisons

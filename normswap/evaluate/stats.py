@@ -1,53 +1,59 @@
-"""How sure a speed ratio is: intervals from the interleaved repeats, and the verdict they allow.
+"""How sure a speed ratio is, and the verdict it allows, as results.json stores them.
 
-Speed is measured interleaved (speed.py): repeat r visits every model once, so a model's r-th
-sample and the baseline's r-th sample saw the same state of the machine. Their quotient is one
-*paired ratio*; a shared machine's drift (other jobs, clock, heat) cancels in it. The interval of
-a ratio is [min, max] of its per-repeat paired ratios.
+Throughput ratios (forward, train step, prefill, decode, generate) come from normswap's one timing
+instrument, normswap/timing.py: interleaved pairs, the median of per-pair ratios with a bootstrap
+interval, a null control (the baseline loaded a second time) timed in the same rounds, and a stop
+rule. evaluate/speed.py stores each model's result per kind under ``speed_setup.paired``; this
+module turns it into results.json's ``ratio_intervals`` entries ``{low, high, median, repeats,
+pairs, stop_reason, verdict}`` (``repeats`` = ``pairs``; verdict ``higher`` / ``lower`` for the
+instrument's faster / slower, the words the results schema has always used for a number above or
+below the baseline's).
 
-Why min/max and what it can tell: if the two models were equally fast, each paired ratio would be
-as likely above 1 as below, so all n of them landing on one side has probability 2 · 0.5ⁿ (n = 5:
-6 %). Pairing cancels a drift that is slow against one repeat, not a machine whose load changes
-*within* a repeat (another job starting between two models' turns): that moves single paired
-ratios by tens of per cent, and min/max then straddles or misses 1 by chance. So every speed run
-also times a **null control**: the baseline loaded a second time, interleaved like the rest. Its
-paired ratios to the baseline show what "no difference" looks like on this machine during this run.
+The time in norm layers (``norm_ms_per_forward``) is not a throughput: hooked forwards, a few
+interleaved repeats, and its interval is [min, max] of the per-repeat paired ratios, under the rule
+this module kept from before the instrument (also how results.json files written before it are
+read, :func:`interval`): a difference needs at least ``MIN_REPEATS`` repeats, an interval that
+excludes 1 and the null control's, and the null control within [1 − ``NULL_DELTA``, 1 +
+``NULL_DELTA``] (else "too noisy to tell").
 
-The rule (:func:`interval`, :func:`null_is_tight`), per measured kind (forward, decode, ...):
-a ratio is a difference only when
-  1. it rests on at least ``MIN_REPEATS`` repeats and its interval excludes 1, and
-  2. the null control's interval for that kind lies within [1 − ``NULL_DELTA``, 1 + ``NULL_DELTA``]
-     (the machine was quiet enough to tell), and
-  3. the ratio's interval does not overlap the null control's (it is outside what noise did).
-Otherwise it is "no measurable difference" (2 failed: "too noisy to tell"), whatever the median
-ratio says; a report says once, at the top, which kinds were too noisy, and colours none of them.
-
-``NULL_DELTA`` = 0.05: on the project's quiet 2-core machine two models of identical cost (the
-demo's original and its exact conversion) pair within 0.98–1.02 on forward and train step
-(docs/demo/results.json); ±5 % leaves room for that spread and still refuses a machine whose load
-moved by more than the few-per-cent differences a norm swap can make (the busy runs this guards
-against pair at 0.13–0.90). Results written before the null control (no ``null_control``) keep
-the rule of 1. alone.
+``NULL_DELTA`` is the instrument's ``NULL_BAND`` (±2 %): one band for every verdict normswap prints.
 """
 
 from __future__ import annotations
 
 import statistics
 
+from normswap import timing
+
 MIN_REPEATS = 5
-NULL_DELTA = 0.05
+NULL_DELTA = timing.NULL_BAND
 METHOD = (
-    "min-max of per-repeat paired ratios (interleaved repeats); a difference needs "
-    f">= {MIN_REPEATS} repeats, an interval "
-    "that excludes 1 and the null control's (the baseline loaded twice), and a null control within "
-    f"[{1 - NULL_DELTA:.2f}, {1 + NULL_DELTA:.2f}] (else: too noisy to tell)"
+    f"throughput: {timing.METHOD}; time in norms: min-max of per-repeat paired ratios of hooked forwards, "
+    f">= {MIN_REPEATS} repeats, an interval that excludes 1 and the null control's"
 )
-NO_DIFFERENCE = "no measurable difference"
-TOO_NOISY = "too noisy to tell"
+NO_DIFFERENCE = timing.NO_DIFFERENCE
+TOO_NOISY = timing.TOO_NOISY
 # ``null`` of interval(): no null control in this run (results from before it existed)
 UNCONTROLLED = None
-# speed.py's raw samples (per repeat) behind each ratio; norm_ms is time, so lower is better.
+# the throughput kinds (speed.py's ``paired``, or the raw per-repeat samples of older results)
 SAMPLED = ("forward", "train_step", "generate", "prefill", "decode")
+# the instrument's words for a speed ratio, in the results schema's words for a ratio to the baseline
+_SCHEMA_WORD = {timing.FASTER: "higher", timing.SLOWER: "lower"}
+
+
+def paired_interval(entry: dict | None) -> dict | None:
+    """results.json's interval for one of the instrument's ratios (speed.py's ``paired[kind]``)."""
+    if not entry:
+        return None
+    return {
+        "low": entry["low"],
+        "high": entry["high"],
+        "median": entry["ratio"],
+        "repeats": entry["pairs"],
+        "pairs": entry["pairs"],
+        "stop_reason": entry.get("stop_reason"),
+        "verdict": _SCHEMA_WORD.get(entry["verdict"], entry["verdict"]),
+    }
 
 
 def paired_ratios(samples, base_samples) -> list[float]:
@@ -55,14 +61,15 @@ def paired_ratios(samples, base_samples) -> list[float]:
     return [a / b for a, b in zip(samples or [], base_samples or []) if a is not None and b]
 
 
+def judged(iv: dict) -> bool:
+    """Whether an interval rests on enough samples to judge anything: an interval of the timing
+    instrument (it has ``pairs``) needs the instrument's ``MIN_PAIRS``, a per-repeat one ``MIN_REPEATS``."""
+    return iv.get("repeats", 0) >= (timing.MIN_PAIRS if "pairs" in iv else MIN_REPEATS)
+
+
 def null_is_tight(null_iv: dict | None) -> bool:
     """Whether the null control's interval says the machine was quiet enough to tell (rule 2)."""
-    return (
-        bool(null_iv)
-        and null_iv.get("repeats", 0) >= MIN_REPEATS
-        and 1 - NULL_DELTA <= null_iv["low"]
-        and null_iv["high"] <= 1 + NULL_DELTA
-    )
+    return bool(null_iv) and judged(null_iv) and 1 - NULL_DELTA <= null_iv["low"] and null_iv["high"] <= 1 + NULL_DELTA
 
 
 def interval(samples, base_samples, null=UNCONTROLLED) -> dict | None:
@@ -103,18 +110,23 @@ def null_intervals(null_row: dict | None, base: dict) -> dict | None:
 def ratio_intervals(model: dict, base: dict, null: dict | None = None) -> dict:
     """Intervals for every sampled speed ratio of ``model`` against ``base`` (results.json rows).
 
-    ``{"tokens_per_second": {kind: interval}, "norm_ms_per_forward": interval}``; a kind without
-    samples (older results, speed not measured) is None. ``null``: :func:`null_intervals` of the
-    run's null control (None: a run without one, judged by rule 1 alone).
+    ``{"tokens_per_second": {kind: interval}, "norm_ms_per_forward": interval}``; a kind not
+    measured is None. Throughput: the instrument's ``paired`` results; results written before it:
+    intervals of the raw per-repeat samples. ``null``: :func:`null_intervals` of the run's null
+    control (None: a run without one, judged by rule 1 alone), the yardstick of the per-repeat rule.
     """
     mine, theirs = _samples(model), _samples(base)
     same = model is base or model.get("name") == base.get("name")
+    paired = (model.get("speed_setup") or {}).get("paired")
 
     def yardstick(iv):
         return UNCONTROLLED if null is None else (iv or {})
 
     out = {"tokens_per_second": {}, "norm_ms_per_forward": None}
     for kind in SAMPLED:
+        if paired is not None:  # measured by normswap/timing.py: its interval and verdict as they are
+            out["tokens_per_second"][kind] = None if same else paired_interval(paired.get(kind))
+            continue
         yard = yardstick(((null or {}).get("tokens_per_second") or {}).get(kind))
         out["tokens_per_second"][kind] = None if same else interval(mine.get(kind), theirs.get(kind), yard)
     if not same:

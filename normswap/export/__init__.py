@@ -5,7 +5,8 @@
     verify_export(src, dest, fmt) -> dict               # the publishing check again, on an existing DEST
 
 Formats: ``stock`` (stock.py: the source's own architecture, LayerNorm with γ = 1, β = 0) and
-``onnx`` (onnx.py: an ONNX graph whose norms are RMSNormalization, validated by onnxruntime; a
+``onnx`` (onnx.py: an ONNX graph whose norms are onnxruntime's fused (Skip)SimplifiedLayerNormalization
+or ONNX's RMSNormalization, validated by onnxruntime; a
 stock LayerNorm checkpoint exports too, as the baseline).
 """
 
@@ -17,6 +18,10 @@ from normswap.convert.config import DEFAULT_TOLERANCE
 from normswap.errors import NormswapError
 
 FORMATS = ("stock", "onnx")
+# --onnx-norm-op: what each RMSNorm becomes in an ONNX graph (onnx.py); here so the CLI can offer the
+# choices without importing torch
+ONNX_NORM_OPS = {"simplified": "SimplifiedLayerNormalization", "rmsnormalization": "RMSNormalization"}
+DEFAULT_ONNX_NORM_OP = "simplified"
 
 
 def run_export(
@@ -28,7 +33,7 @@ def run_export(
     untie=False,
     tolerance=DEFAULT_TOLERANCE,
     max_shard_size="5GB",
-    norm_op="rmsnormalization",
+    norm_op=DEFAULT_ONNX_NORM_OP,
     progress=None,
 ) -> dict:
     """Export the checkpoint ``src`` to ``dest`` in ``fmt``; published only when verified. Returns

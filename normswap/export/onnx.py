@@ -4,9 +4,15 @@ torch's ONNX exporter (dynamo, opset 23) traces the model; normswap's RMSNorm mo
 torch's own ``rms_norm`` while exporting (modules.py), which the exporter writes as one
 ``RMSNormalization`` node per norm instead of the custom kernel's internals. A stock LayerNorm
 model exports the same way (its norms as ``LayerNormalization``): that is the baseline the
-converted model is timed against. ``norm_op="simplified"`` rewrites each RMSNormalization as
-onnxruntime's contrib ``SimplifiedLayerNormalization`` (the same arithmetic; `normswap bench onnx`
-measures which one onnxruntime runs faster).
+converted model is timed against. ``norm_op="simplified"`` (the default) writes the graph
+onnxruntime runs fused: each RMSNormalization becomes onnxruntime's contrib
+``SimplifiedLayerNormalization`` (the same arithmetic), and each one fed by a residual ``Add``
+becomes ``SkipSimplifiedLayerNormalization``, the Add folded in (its sum kept as the op's fourth
+output where the residual stream goes on). Why here and not left to onnxruntime: its own
+session-time fusion (skip_layer_norm_fusion.cc) matches only LayerNormalization, and only an Add
+whose output has a single consumer and whose sequence length is a fixed number, so in a
+pre-LN model it fuses just the final norm (GPT-2: 1 of 25 LayerNorms). ``norm_op="rmsnormalization"``
+keeps ONNX's own op, for runtimes other than onnxruntime, which no runtime fuses with the Add.
 
 The graph takes ``input_ids`` [batch, sequence] (both dynamic) and returns the model's first
 output: ``logits`` for language models, else that output (e.g. ``last_hidden_state``); no
@@ -34,10 +40,14 @@ from normswap.checkpoint.manifest import MANIFEST_NAME, history_entry, read_mani
 from normswap.checkpoint.side_files import read_json_inside
 from normswap.checkpoint.write import copy_side_files
 from normswap.errors import NormswapError, VerificationError
+from normswap.export import DEFAULT_ONNX_NORM_OP, ONNX_NORM_OPS
 
 OPSET = 23
 MODEL_FILE = "model.onnx"
-NORM_OPS = {"rmsnormalization": "RMSNormalization", "simplified": "SimplifiedLayerNormalization"}
+NORM_OPS, DEFAULT_NORM_OP = ONNX_NORM_OPS, DEFAULT_ONNX_NORM_OP
+# a norm that has absorbed the residual Add before it: what each norm op becomes (onnxruntime contrib ops)
+SKIP_OPS = {"SimplifiedLayerNormalization": "SkipSimplifiedLayerNormalization"}
+MS_DOMAIN = "com.microsoft"
 EXTERNAL_DATA_ABOVE = int(1.5e9)  # protobuf's 2 GB limit, with room for the graph
 # onnxruntime's graph optimisation level of every session normswap opens (session())
 OPTIMIZATION_LEVEL = "ORT_ENABLE_ALL"
@@ -105,7 +115,7 @@ def _exporter_quiet():
         logger.setLevel(level)
 
 
-def export_graph(model, path: Path, *, opset: int = OPSET, norm_op: str = "rmsnormalization") -> dict:
+def export_graph(model, path: Path, *, opset: int = OPSET, norm_op: str = DEFAULT_NORM_OP) -> dict:
     """Trace ``model`` (float32, eval) into ``path``; returns {op type: count} of the graph."""
     require_packages()
     import onnx
@@ -132,6 +142,7 @@ def export_graph(model, path: Path, *, opset: int = OPSET, norm_op: str = "rmsno
     proto = program.model_proto
     if norm_op == "simplified":
         use_contrib_norm(proto)
+        fuse_residual_adds(proto)
     elif norm_op not in NORM_OPS:
         raise NormswapError(f"unknown ONNX norm op {norm_op!r}; choose one of {', '.join(NORM_OPS)}")
     big = sum(t.ByteSize() for t in proto.graph.initializer) > EXTERNAL_DATA_ABOVE
@@ -165,9 +176,115 @@ def use_contrib_norm(proto) -> int:
     return count
 
 
+def _shapes(graph) -> dict:
+    """{value name: [dim (int or symbolic name)]} from the graph's inputs, outputs and value_info."""
+    out = {}
+    for v in (*graph.input, *graph.output, *graph.value_info):
+        t = v.type.tensor_type
+        if t.HasField("shape"):
+            out[v.name] = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in t.shape.dim]
+    return out
+
+
+def _skip_operands(add, shapes) -> tuple[str, str] | None:
+    """(input, skip) of a residual Add that SkipSimplifiedLayerNormalization can absorb, else None:
+    two activations of the same shape (or the skip one row shared by the batch, [1, sequence,
+    hidden], as a position embedding is), known from the exporter's shapes, never guessed."""
+    a, b = (shapes.get(name) for name in add.input)
+    if not a or not b or len(a) != 3 or len(b) != 3 or None in a or None in b:
+        return None
+    if a == b or (b[0] == 1 and a[1:] == b[1:]):
+        return add.input[0], add.input[1]
+    if a[0] == 1 and a[1:] == b[1:]:
+        return add.input[1], add.input[0]
+    return None
+
+
+def fuse_residual_adds(proto) -> int:
+    """Fold each residual Add that feeds a SimplifiedLayerNormalization into it, as onnxruntime's
+    SkipSimplifiedLayerNormalization (output = norm(input + skip) * scale; its fourth output is the
+    sum itself, wired to the Add's other consumers so the residual stream goes on unchanged).
+    Returns how many norms absorbed their Add. The export's validation checks the result against
+    PyTorch like any other graph."""
+    from onnx import helper
+
+    graph = proto.graph
+    shapes = _shapes(graph)
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers = Counter(name for node in graph.node for name in node.input)
+    outputs = {o.name for o in graph.output}
+    fused, drop = 0, set()
+    for node in graph.node:
+        add = producer.get(node.input[0]) if node.op_type in SKIP_OPS and node.domain == "" else None
+        if add is None or add.op_type != "Add" or add.domain != "" or id(add) in drop:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        operands = _skip_operands(add, shapes)
+        if operands is None or attrs.get("axis", -1) not in (-1, 2):  # the Skip op normalises the last axis only
+            continue
+        total = add.output[0]
+        # the sum is still needed by others (the next residual Add) or is a graph output: keep it as output 3
+        keep_sum = consumers[total] > 1 or total in outputs
+        node.op_type, node.domain = SKIP_OPS[node.op_type], MS_DOMAIN
+        node.input[:] = [*operands, node.input[1]]
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("epsilon", float(attrs.get("epsilon", 1e-5))))
+        node.output[:] = [node.output[0], "", "", total] if keep_sum else [node.output[0]]
+        drop.add(id(add))
+        fused += 1
+    if fused:
+        kept = [n for n in graph.node if id(n) not in drop]
+        del graph.node[:]
+        graph.node.extend(kept)
+        if not any(o.domain == MS_DOMAIN for o in proto.opset_import):
+            proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return fused
+
+
+def read_export(directory) -> bytes | Path:
+    """The graph of the export in ``directory``, read by the rule for every directory normswap reads
+    back (private_dirs): the directory must be this user's, nothing on the way to it replaceable by
+    another user, and ``model.onnx`` (and its weights file, if any) a regular file in it that is
+    not a link and that nobody else can write. A graph another user can write could compute
+    anything while `bench onnx` reports it as the user's own export. Returns the graph's bytes,
+    read through the checked handle (so a file swapped after the check is not the one read), or,
+    for a graph with external weights, its checked path (onnxruntime reads those weights by name).
+    Raises NotPrivate (one line: which path, why)."""
+    import os
+
+    from normswap.private_dirs import NotPrivate, open_private_dir, open_private_file
+
+    directory = Path(directory)
+    try:
+        dir_fd = open_private_dir(directory)
+    except FileNotFoundError:
+        raise NotPrivate(f"{directory} does not exist") from None
+    try:
+        names = [MODEL_FILE] + ([MODEL_FILE + ".data"] if os.path.lexists(directory / (MODEL_FILE + ".data")) else [])
+        fds = []
+        try:
+            for name in names:
+                try:
+                    fds.append(open_private_file(dir_fd, name, where=directory))
+                except FileNotFoundError:
+                    raise NormswapError(
+                        f"{directory} holds no {name}: not a directory `normswap export --format onnx` wrote"
+                    ) from None
+            if len(fds) > 1:
+                return directory / MODEL_FILE
+            with os.fdopen(os.dup(fds[0]), "rb") as f:
+                return f.read()
+        finally:
+            for fd in fds:
+                os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
 def session(path, threads: int | None = None, optimized_path=None):
-    """An onnxruntime CPU session of ``path`` (all graph optimisations; ``threads`` intra-op threads;
-    ``optimized_path``: also write the optimised graph there)."""
+    """An onnxruntime CPU session of ``path`` (a graph file, or a graph's bytes from read_export; all
+    graph optimisations; ``threads`` intra-op threads; ``optimized_path``: also write the optimised
+    graph there)."""
     require_packages()
     import onnxruntime as ort
 
@@ -183,18 +300,20 @@ def session(path, threads: int | None = None, optimized_path=None):
         opts.add_session_config_entry(
             "session.optimized_model_external_initializers_file_name", Path(optimized_path).name + ".data"
         )
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
-def optimised_norm_ops(path, scratch) -> dict:
-    """{norm op type: count} in the graph onnxruntime actually runs for ``path`` (after its graph
-    optimisations at OPTIMIZATION_LEVEL, e.g. LayerNormalization + Add fused into
-    SkipLayerNormalization): the optimised graph is written into the directory ``scratch`` and read
-    back. Detected, not assumed: which fusions fire depends on the onnxruntime version."""
+def optimised_norm_ops(graph, scratch, name: str = "graph") -> dict:
+    """{norm op type: count} in the graph onnxruntime actually runs for ``graph`` (a path or bytes;
+    after its graph optimisations at OPTIMIZATION_LEVEL, e.g. LayerNormalization + Add fused into
+    SkipLayerNormalization): the optimised graph is written into the directory ``scratch`` as
+    ``name``-optimised.onnx and read back. Detected, not assumed: which fusions fire depends on the
+    onnxruntime version."""
     import onnx
 
-    out = Path(scratch) / (Path(path).parent.name + "-optimised.onnx")
-    session(path, threads=1, optimized_path=out)
+    out = Path(scratch) / f"{name}-optimised.onnx"
+    session(graph, threads=1, optimized_path=out)
     ops = Counter(n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node)
     return {op: ops[op] for op in NORM_OP_TYPES if ops[op]}
 
@@ -212,7 +331,13 @@ def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
     wrapper = _FirstOutput(model)
     with torch.no_grad():
         ref = wrapper(ids).double()
-    got = run_session(session(path), ids).double()
+    try:
+        got = run_session(session(path), ids).double()
+    except Exception as e:  # onnxruntime refuses what the exporter wrote (its messages are long: the first line)
+        raise NormswapError(
+            f"onnxruntime cannot run the graph torch.onnx.export wrote for {type(model).__name__}: "
+            f"{str(e).strip().splitlines()[0][:300]}; nothing was written"
+        ) from None
     logits = wrapper.name == "logits"
     if logits:
         ref, got = ref.log_softmax(-1), got.log_softmax(-1)
@@ -228,7 +353,7 @@ def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
     }
 
 
-def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalization", say=None) -> dict:
+def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP, say=None) -> dict:
     """Export the checkpoint ``src`` (converted or not) into the empty directory ``tmp`` and validate it."""
     from normswap.architectures.probes import takes_text_only
     from normswap.checkpoint.load import load_model, load_tokenizer
@@ -247,14 +372,11 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op="rmsnormalizatio
     ops = export_graph(model, tmp / MODEL_FILE, norm_op=norm_op)
     norms = norm_modules(model)
     rms = sum(1 for _, m in norms if "RMSNorm" in type(m).__name__)
-    norm_nodes = {
-        op: ops.get(op, 0) for op in ("RMSNormalization", "SimplifiedLayerNormalization", "LayerNormalization")
-    }
+    norm_nodes = {op: ops.get(op, 0) for op in NORM_OP_TYPES}
     expected = NORM_OPS[norm_op]
-    if rms and norm_nodes[expected] != rms:  # the kernel traced into its internals (or a norm was missed)
-        raise NormswapError(
-            f"internal error: the graph has {norm_nodes[expected]} {expected} nodes for {rms} RMSNorm modules"
-        )
+    written = norm_nodes[expected] + norm_nodes.get(SKIP_OPS.get(expected), 0)  # a fused norm is still one norm
+    if rms and written != rms:  # the kernel traced into its internals (or a norm was missed)
+        raise NormswapError(f"internal error: the graph has {written} {expected} nodes for {rms} RMSNorm modules")
     say("validating: onnxruntime (CPU) against PyTorch on the probe batch")
     try:
         tokenizer = load_tokenizer(str(src))
@@ -299,7 +421,9 @@ __all__ = [
     "write_onnx",
     "export_graph",
     "use_contrib_norm",
+    "fuse_residual_adds",
     "session",
+    "read_export",
     "optimised_norm_ops",
     "run_session",
     "is_onnx_dir",

@@ -164,6 +164,22 @@ class TrainStep:
         norm = self.clip_fn(self.params, self.clip_grad if self.clip_grad > 0 else float("inf"))
         return float(norm) if norm is not None else float("nan")
 
+    def run(self, loss_fn: Callable[[], torch.Tensor], step: int, *, loss_hook=None, reduce_loss=None):
+        """The whole step on one batch: ``begin(step)``, the loss under the precision (``loss_hook``
+        may replace it: fault injection), backward, clip, update. ``reduce_loss(value)`` turns this
+        process's loss into the global one (the study's mean across processes). Returns
+        ``(loss value, gradient norm before clipping, Update)``."""
+        self.begin(step)
+        loss = self.loss(loss_fn)
+        if loss_hook is not None:
+            loss = loss_hook(loss)
+        self.backward(loss)
+        grad_norm = self.clip()
+        value = float(loss.detach().float())
+        if reduce_loss is not None:
+            value = reduce_loss(value)
+        return value, grad_norm, self.update(value, grad_norm)
+
     def update(self, loss_value: float, grad_norm: float) -> Update:
         """Apply the optimizer step unless the loss (or, without a loss scaler, the gradient norm)
         is not finite; clear the gradients either way."""

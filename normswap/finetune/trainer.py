@@ -51,6 +51,7 @@ from normswap.finetune.objectives import CausalLM
 from normswap.finetune.run_dir import RunDir, check_out_overlap
 from normswap.finetune.step import Schedule, TrainStep
 from normswap.model_facts import context_length, norm_modules
+from normswap.private_dirs import NotPrivate
 
 
 class TrainingDiverged(NormswapError):
@@ -121,6 +122,7 @@ def resolve_options(cfg: FinetuneConfig, run: RunDir, given: set[str] | None) ->
         raise NormswapError(
             f"cannot resume: {cfg.out} is not a normswap finetune run (no {run.run_file.name}); choose another OUT"
         )
+    run.check()  # a link or another user's directory in OUT is refused before anything loads
     recorded = recorded_run["config"]
     mine = dataclasses.asdict(cfg)
     if given is None:
@@ -397,15 +399,17 @@ class Trainer:
             "epoch": self.stream.epoch,
             "world_size": self.world,
         }
-        ckpt.save(
-            tmp,
-            model=self.model,
-            optimizer=self.optimizer,
-            weights=weights,
-            trainer_state=trainer_state,
-            rank=self.rank,
-            main=self.main,
-        )
+        with self.run.checkpoint_at(tmp.name) as dir_fd:  # written through the handle: no link followed
+            ckpt.save(
+                dir_fd,
+                tmp,
+                model=self.model,
+                optimizer=self.optimizer,
+                weights=weights,
+                trainer_state=trainer_state,
+                rank=self.rank,
+                main=self.main,
+            )
         acc.wait_for_everyone()
         final = self.run.publish_checkpoint(tmp, step, self.cfg.keep_checkpoints) if self.main else None
         acc.wait_for_everyone()
@@ -415,12 +419,17 @@ class Trainer:
         """Load the newest intact checkpoint (falling back past broken ones, naming them); return its
         step, or 0 when OUT has no checkpoint yet. Every process takes the same decision."""
         broken = []
-        for step, path in reversed(self.run.checkpoints()):
+        checkpoints = self.run.checkpoints()
+        like = ckpt.optimizer_template(self.model, self.optimizer) if checkpoints else None
+        for step, path in reversed(checkpoints):
             # read and check every file first, then apply: each stage agreed by all processes
             loaded, error = None, None
             try:
-                loaded = ckpt.read(path, rank=self.rank, world=self.world, start=self.start_weights)
-            except ckpt.CheckpointError as e:
+                with self.run.checkpoint_at(path.name) as dir_fd:
+                    loaded = ckpt.read(
+                        dir_fd, path, rank=self.rank, world=self.world, start=self.start_weights, optimizer_like=like
+                    )
+            except (ckpt.CheckpointError, NotPrivate) as e:  # a link or a loose directory: skipped, named
                 error = str(e)
             if not self.any_process(error is not None):
                 try:
@@ -625,7 +634,7 @@ def _resume(trainer: Trainer, job: _Job, overrides: dict, echo) -> int:
         if start_step:
             run.truncate_log(start_step)
         else:
-            run.log_file.write_text("")
+            run.reset_log()
     return start_step
 
 
@@ -639,6 +648,7 @@ def _continue_finished(trainer: Trainer, job: _Job, echo) -> int:
 
     run, cfg = trainer.run, trainer.cfg
     done = int(run.read_run()["config"]["steps"])
+    run.check_final_weights()  # the loader follows links (hub snapshots); weights in OUT may not
     final = load_model(str(run.out), dtype=job.param_dtype, device="cpu", task=job.objective_kind.task)
     trainer.accelerator.unwrap_model(trainer.model).load_state_dict(final.state_dict())
     del final

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from typing import ClassVar
 from normswap import bounded_load
 from normswap.errors import NormswapError
 from normswap.overlap import check_disjoint
-from normswap.private_dirs import why_not_private
+from normswap.private_dirs import why_not_private, why_replaceable
 from normswap.progress import Heartbeat, stderr_lines
 from normswap.publish import atomic_write_text
 from normswap.recipes.loader import LoadedRecipe, dump_recipe
@@ -393,6 +394,37 @@ def check_evaluation(recipe: dict) -> None:
     )
 
 
+def run_dir_problem(out: Path) -> str | None:
+    """Why DIR may not be run into or resumed, or None (issue #39: a run reads back what it wrote).
+
+    DIR must be ours alone, with no directory above it another user can replace; each name a run
+    writes (OWNED), each model under models/ and each file directly in a model or in report/ must
+    be no link and ours alone. A step found done is skipped and its output read (a model evaluated,
+    results.json summarised), so a link there would make the run report another directory's model
+    as its own. Checked by path: nobody else can rename anything inside a DIR that is ours alone."""
+    if not (out.exists() or out.is_symlink()):
+        return why_replaceable(out)
+    why = why_not_private(out) or why_replaceable(out)
+    if why or not out.is_dir():
+        return why
+    inside = [out / name for name in OWNED]
+    folders = [out / REPORT, out / MODELS]
+    while folders:  # report/, models/ and each model in it: what a done step is read back from
+        folder = folders.pop()
+        if folder.is_dir() and not folder.is_symlink():
+            entries = sorted(folder.iterdir())
+            inside += entries
+            folders += entries if folder == out / MODELS else []
+    for p in inside:
+        if p.is_symlink():
+            return f"{p} is a symbolic link (to {os.readlink(p)}); a run never follows a link inside its directory"
+        if p.exists():
+            why = why_not_private(p, kind="directory" if p.is_dir() else "file")
+            if why:
+                return why
+    return None
+
+
 class Runner:
     def __init__(self, loaded: LoadedRecipe, out, *, resume=False, force=False, progress: Progress | None = None):
         self.loaded = loaded
@@ -410,13 +442,12 @@ class Runner:
         if out.exists() and not out.is_dir():
             raise NormswapError(f"--out {out} is a file; give a directory for the run")
         previous = out / RUN_FILE
-        for d in (out, out / MODELS):  # one that exists must be ours alone: nobody else plants links in it
-            why = why_not_private(d) if d.exists() or d.is_symlink() else None
-            if why:
-                raise NormswapError(
-                    f"--out {out}: {why}; a run writes only into a directory that is yours alone "
-                    "(choose another, or fix its owner and mode)"
-                )
+        why = run_dir_problem(out)
+        if why:
+            raise NormswapError(
+                f"--out {out}: {why}; a run writes only into a directory that is yours alone and reads back "
+                "only what is inside it (choose another, or fix its owner and mode, or remove the link)"
+            )
         if out.is_dir() and any(out.iterdir()):
             if not previous.is_file():
                 raise NormswapError(
@@ -425,10 +456,10 @@ class Runner:
             if self.force and not self.resume:
                 for name in OWNED:  # only what a run writes: never a user's other files
                     p = out / name
-                    if p.is_dir():
-                        shutil.rmtree(p)
-                    elif p.exists():
-                        p.unlink()
+                    if p.is_dir() and not p.is_symlink():
+                        shutil.rmtree(p)  # fd-based where the platform has it: no link inside is followed
+                    elif p.exists() or p.is_symlink():
+                        p.unlink()  # a link is removed, never followed
             elif not self.resume:
                 raise NormswapError(
                     f"--out {out} holds a previous run: pass --resume to continue it (finished steps are kept) "

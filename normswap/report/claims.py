@@ -12,8 +12,8 @@ decides a report's colours).
 from __future__ import annotations
 
 from normswap.evaluate.stats import TOO_NOISY, claim_verdict, fmt_interval, intervals_of, measurable, undecided
+from normswap.report.verdicts import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 
-REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
 # The quoted figures: at least 10 % more tokens/s; at least 7 % less time inside the norms.
 THROUGHPUT_CLAIM = 1.10
 NORM_TIME_CLAIM = 1 - 0.07

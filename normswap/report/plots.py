@@ -6,6 +6,7 @@ nothing to plot for it (e.g. no fine-tuned model, speed not measured).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def colors(results) -> dict:
 def perplexity_plot(results, out: Path) -> Path | None:
     """Perplexity as the change from the baseline (a 1.8 % gap is invisible on bars from 0), and
     the absolute values on an axis zoomed to them."""
-    models = [m for m in results["models"] if m.get("perplexity") is not None]
+    # an infinite perplexity (text the model cannot predict) stays in the table; no axis can hold it
+    models = [m for m in results["models"] if m.get("perplexity") is not None and math.isfinite(m["perplexity"])]
     if not models:
         return None
     c = colors(results)

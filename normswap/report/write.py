@@ -22,6 +22,7 @@ from pathlib import Path
 
 from normswap.errors import NormswapError
 from normswap.publish import check_output_path, output_lock, publish_dir, publish_files, staging_dir
+from normswap.report.schema import check_results
 
 RESULTS, MARKDOWN, HTML = "results.json", "report.md", "report.html"
 
@@ -160,8 +161,7 @@ def rerender(results_path, out=None, *, force: bool = False, say=None) -> dict[s
         results = json.loads(results_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise NormswapError(f"cannot read {results_path}: {e}") from None
-    if not isinstance(results, dict):
-        raise NormswapError(f"{results_path} is not a normswap results.json (not a JSON object)")
+    check_results(results, results_path)  # a received file: a wrong type is one line, not a traceback
     directory = results_path.parent
     log = _log_beside(results, directory, say)
     try:

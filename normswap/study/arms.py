@@ -5,7 +5,8 @@
 initialised per seed. ``build_arm`` turns the starting LayerNorm model into one arm:
 
 * ``layernorm`` / ``layernorm-control``: the model as it is (the control differs in its data
-  order and dropout stream, trainer.py, not in its weights);
+  order and dropout stream, trainer.py, not in its weights); ``layernorm-planted-lr0.5`` too (it
+  differs in its rate: config.PLANTED_LR, the study's known handicap);
 * ``rmsnorm``: normswap's approximate conversion with ``gamma="reset", beta="drop"`` — every
   LayerNorm that reads the residual stream (the family's norms, see normswap/architectures)
   becomes an RMSNorm with γ = 1, every other weight stays identical;
@@ -38,7 +39,7 @@ import torch
 from normswap.errors import NormswapError, first_line
 from normswap.modules import RMSNorm
 from normswap.study import kernels
-from normswap.study.config import ARMS, BASELINE, CONTROL, DEFAULT_ARMS, TRAINED_DEFAULT, TRAINED_ONLY
+from normswap.study.config import ARMS, BASELINE, CONTROL, DEFAULT_ARMS, PLANTED_LR, TRAINED_DEFAULT, TRAINED_ONLY
 
 FALLBACK_TOKENIZER = "normswap:kjv-gpt2"  # for a bare config: the shipped model's tokenizer
 DYT_ALPHA_INIT = 0.5  # the paper's default α₀ (its Table 10 lowers it for wide LLMs)
@@ -251,7 +252,7 @@ def build_arm(
         _without_bias(model, replaced_norms(source))
     elif arm == "dyt":
         _with_dyt(model, replaced_norms(source))
-    elif arm not in (BASELINE, CONTROL):
+    elif arm not in (BASELINE, CONTROL, *PLANTED_LR):  # a planted arm is layernorm at another rate
         _convert(model, arm)
         kernels.use_rms_impl(model, rms_impl or kernels.rms_impl_of(kernel_choice, None))
     kernels.compute_in(model, precision)

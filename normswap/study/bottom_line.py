@@ -13,11 +13,10 @@ import math
 import statistics
 
 from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
+from normswap.report.claims import THROUGHPUT_CLAIM as THROUGHPUT_THRESHOLD  # "10–30 % faster": its lower end
 from normswap.report.tables import grouped
+from normswap.report.verdicts import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from normswap.study import stats
-
-REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
-THROUGHPUT_THRESHOLD = 1.10  # the claim's "10–30 % faster": its lower end
 
 
 def _num(v):
@@ -108,6 +107,8 @@ def throughput_interval(cmp: dict) -> tuple[dict | None, str]:
         verdict = "higher" if b["low"] > 1 else "lower" if b["high"] < 1 else NO_DIFFERENCE
         n = b.get("seeds")
         iv = {"mean": b["median"], "low": b["low"], "high": b["high"], "n": n, "verdict": verdict}
+        if b.get("pairs") is not None:  # the timing phase (speed_phase.py)
+            return iv, f"timing phase: median of {b['pairs']} interleaved pairs of one training step, bootstrap"
         return iv, f"median of step-time quotients, bootstrap blocked by seed ({b.get('repeats', '?')} steps)"
     return cmp.get("throughput_ratio"), "mean of per-seed medians, t-interval"
 
@@ -182,11 +183,12 @@ def _quality(results, arm) -> dict:
         by = {r[0]: r for r in rows}
         if base in by and arm in by and len(header) > 2:
             lines.append(
-                "lm-eval (one seed): "
+                f"lm-eval (seed {rows[0][1]} shown; paired over seeds in results lm_eval): "
                 + "; ".join(f"{h} {base} {by[base][i]}, {arm} {by[arm][i]}" for i, h in enumerate(header) if i >= 2)
             )
     if claim:
         lines.append(f"equivalence (margin {margin_words}): {claim['decided_by']}")
+    lines += how_we_know(results, arm)
     learned = not (bi is not None and base_loss is not None and margin is not None and base_loss > bi - margin)
     if verdict == REPRODUCED:
         says = f"{arm} reaches the same held-out loss as {base}, within {margin_words}."
@@ -208,6 +210,36 @@ def _quality(results, arm) -> dict:
             "more seeds (--max-seeds / --budget) or more held-out tokens, to narrow the interval inside the margin."
         )
     return {"topic": "quality", "verdict": verdict, "says": says, "evidence": lines, "change": change}
+
+
+def how_we_know(results, arm) -> list[str]:
+    """The equal-loss test checked in the same run: the null control must come out equivalent and
+    the planted handicap different (claims.instrument_check); and what this run's seeds can detect."""
+    lines = []
+    check = results.get("instrument_check") or {}
+    for name, r in (check.get("arms") or {}).items():
+        d = (results["comparisons"].get(name) or {}).get("final_eval_loss_difference")
+        lines.append(
+            f"how we know: {r['role']} {name} − layernorm {_iv(d, '+.4f', ' nats')}: {r['finding']} "
+            f"(expected {r['expected']}{'' if r['as_expected'] else ' — NOT as expected'})"
+        )
+    if check:
+        lines.append(
+            "how we know: the test went both ways in this run"
+            if check.get("ok")
+            else "how we know: the test did NOT show both outcomes in this run: read the verdict with that in mind"
+        )
+    row = ((results.get("power") or {}).get("arms") or {}).get(arm) or {}
+    if row.get("sd") is not None:
+        det = row["detects_with_80_power"]
+        need = row.get("seeds_for_equivalence_at_zero")
+        lines.append(
+            f"power: {row['n']} seeds, paired sd {row['sd']:.4f} nats: 90 % half-width {row['half_width_90']:.4f}; "
+            f"detects a difference of {det['difference_from_zero']:.4f} nats from 0 (α 0.05, 80 % power); "
+            f"equivalence power at a true 0: {row['equivalence_power_at_zero']:.0%}"
+            + (f"; {need} seeds would give it 80 %" if need else "")
+        )
+    return lines
 
 
 def _speed(results, arm) -> dict:

@@ -83,6 +83,7 @@ class Context:
     loads: tuple = ()  # the machine's recorded load averages (speed.py's gate)
     cpus: int | None = None
     stability_sweep: dict | None = None
+    throughput_null: dict | None = None  # the speed verdicts' null control (the timing phase's, or the control's)
 
 
 def _pct(x):
@@ -161,7 +162,7 @@ def throughput(cmp: dict, ctx: Context) -> Verdict:
     straddling interval or too few seeds is open: more seeds change neither the bound nor the load."""
     verdict, text = speed.throughput_verdict(
         cmp.get("throughput_ratio_bootstrap"),
-        (ctx.control or {}).get("throughput_ratio_bootstrap"),
+        ctx.throughput_null or (ctx.control or {}).get("throughput_ratio_bootstrap"),
         cmp.get("amdahl_bound"),
         list(ctx.loads),
         ctx.cpus,
@@ -229,10 +230,13 @@ def _row(claim: str, arm: str, v: Verdict) -> dict:
 
 
 def judge(comparisons: dict, ctx: Context, control: str) -> list[dict]:
-    """One row per (claim, arm the claim applies to), Holm-adjusted over the rows a test decided."""
+    """One row per (claim, arm the claim applies to), Holm-adjusted over the rows a test decided. The
+    null control and the planted arms are not claims: they check the test (``instrument_check``)."""
+    from normswap.study.config import PLANTED_LR
+
     rows = []
     for arm, cmp in comparisons.items():
-        if arm == control:
+        if arm == control or arm in PLANTED_LR:
             continue
         for claim in CLAIMS:
             if not claim.applies(arm):
@@ -310,3 +314,39 @@ def null_control(ctl: dict | None) -> dict | None:
             "initialisation, its own data order and dropout stream",
         }
     return out or None
+
+
+# The equal-loss test's two outcomes, in the words of the instrument check (stats.tost's findings).
+FINDINGS = {"equivalent": "equivalent", "beyond margin": "different", "undecided": "undecided"}
+
+
+def _finding(cmp: dict | None, ctx: Context) -> tuple[str, str]:
+    """(equivalent / different / undecided / not measurable here, the text): the equal-loss test
+    of one arm, with the bigram gate and the seeds floor every claim has."""
+    if not cmp:
+        return NOT_MEASURABLE, "not run"
+    v = equal_loss(cmp, ctx)
+    eq = cmp.get("final_eval_loss_equivalence")
+    if v.reason in ("too-few-seeds", "not-below-bigram") or eq is None or len(cmp.get("seeds") or []) < MIN_SEEDS:
+        return NOT_MEASURABLE, v.decided_by
+    return FINDINGS[eq["finding"]], v.decided_by
+
+
+def instrument_check(comparisons: dict, ctx: Context, control: str, planted: list[str]) -> dict | None:
+    """Can this run's equal-loss test go both ways? The null control (layernorm against itself, own
+    data order) must come out "equivalent" and every planted arm (a known handicap) "different":
+    ``ok`` only when both happened in this same run. Not a claim: the bottom line's "how we know"."""
+    rows = {}
+    if control in comparisons:
+        found, text = _finding(comparisons.get(control), ctx)
+        rows[control] = {"role": "null control", "expected": "equivalent", "finding": found, "decided_by": text}
+    for arm in planted:
+        if arm in comparisons:
+            found, text = _finding(comparisons.get(arm), ctx)
+            rows[arm] = {"role": "planted difference", "expected": "different", "finding": found, "decided_by": text}
+    if not rows:
+        return None
+    for r in rows.values():
+        r["as_expected"] = r["finding"] == r["expected"]
+    both = control in rows and any(r["role"] == "planted difference" for r in rows.values())
+    return {"arms": rows, "ok": both and all(r["as_expected"] for r in rows.values()), "margin_nats": ctx.margin}

@@ -47,6 +47,9 @@ ARMS = {
     "ablates the migration rule's linear warmup",
     "rmsnorm-keep-gamma": "from a trained checkpoint, rmsnorm with each LayerNorm's trained γ kept on its "
     "RMSNorm (β dropped): ablates the migration rule's γ = 1",
+    "layernorm-planted-lr0.5": "a planted difference: layernorm itself (same initialisation, same data) at half "
+    "the learning rate. It is not a claim but the study's positive control: its equal-loss test must come out "
+    "'different' while layernorm-control's comes out 'equivalent', showing the test can go both ways",
 }
 TRAINED_ONLY = ("rmsnorm-exact", "rmsnorm-approx", "rmsnorm-keep-gamma")
 TRAINED_DEFAULT = ("rmsnorm-exact", "rmsnorm-approx")  # added to the default arms from a trained checkpoint
@@ -54,7 +57,13 @@ TRAINED_DEFAULT = ("rmsnorm-exact", "rmsnorm-approx")  # added to the default ar
 ARM_SCHEDULE = {"rmsnorm-no-warmup": {"warmup": 0}}
 BASELINE = "layernorm"
 CONTROL = "layernorm-control"
-DEFAULT_ARMS = (BASELINE, "rmsnorm", CONTROL, "layernorm-nobias", "dyt")
+PLANTED = "layernorm-planted-lr0.5"
+PLANTED_LR = {PLANTED: 0.5}  # planted arms: layernorm at this multiple of the rate (a known handicap)
+# The default: the question (rmsnorm against layernorm) and the two arms that show the test works — the
+# null control (must come out equivalent) and the planted handicap (must come out different). dyt and
+# layernorm-nobias stay one --arms away: four arms × three seeds is what 15 minutes on 2 cores holds.
+DEFAULT_ARMS = (BASELINE, "rmsnorm", CONTROL, PLANTED)
+TOKENS = ("auto", "bytes", "model")  # study/bytes_model.py
 LM_EVAL_OFF = "none"
 
 
@@ -75,28 +84,38 @@ def _opt(default, help, *, resume="match", **declaration):
     return option(default, help, resume=resume, **declaration)
 
 
+def _list_opt(help, default=(), **declaration):
+    """A comma-separated list option (a list in a recipe)."""
+    return _opt(list(default), help, kind="list[str]", **declaration)
+
+
 @dataclass
 class StudyConfig:
     out: str = _opt(dataclasses.MISSING, "the study directory", kind="str", recipe=False, cli=False, resume="free")
     model: str = _opt(
         DEFAULT_MODEL, "the model (trained checkpoint) or config to study", kind="str", cli=False, recipe=False
     )
-    arms: list[str] = _opt(
-        [],
+    arms: list[str] = _list_opt(
         "Arms to train, comma-separated (default: " + ",".join(DEFAULT_ARMS) + "; from a trained "
         "checkpoint also rmsnorm-exact,rmsnorm-approx). " + "; ".join(f"{k}: {v}" for k, v in ARMS.items()) + ".",
-        kind="list[str]",
     )
-    arm_lr: list[str] = _opt(
-        [],
+    arm_lr: list[str] = _list_opt(
         "Per-arm learning-rate multipliers ARM=M, comma-separated (e.g. rmsnorm=2): that arm trains at M × the "
         "rate of the others (to test a migration rule directly, or to plant a known difference).",
-        kind="list[str]",
     )
     from_scratch: bool = _opt(
         False,
         "Randomly initialise from MODEL's config instead of training on from its weights "
         "(a bare config is always from scratch).",
+    )
+    tokens: str = _opt(
+        "auto",
+        "What the model reads. bytes: MODEL's architecture over a 257-entry byte vocabulary (each UTF-8 byte a "
+        "token, plus end-of-text; random initialisation), the default study's design: at this budget the "
+        "BPE-4096 model never trains past the count bigram, the byte model does (study/bytes_model.py); "
+        "model: MODEL's own tokenizer (e.g. the shipped BPE-4096); auto: bytes for the default study "
+        "(no MODEL given), model otherwise.",
+        choices=TOKENS,
     )
     seeds: int = _opt(
         3,
@@ -113,15 +132,15 @@ class StudyConfig:
         maximum=MAX_SEEDS,
     )
     budget: float = _opt(
-        600.0,
+        780.0,
         "Seconds of training (all seeds, resumes included) after which no further seed starts; 0: no limit "
         "(--max-seeds alone decides).",
         minimum=0.0,
         maximum=1e9,
     )
-    steps: int = _opt(150, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
+    steps: int = _opt(400, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
     warmup: int = _opt(
-        15, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
+        40, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
     )
     lr: float = _opt(3e-3, "Peak learning rate η_max of every arm.", above=0.0)
     lr_schedule: str = _opt(
@@ -132,11 +151,9 @@ class StudyConfig:
     min_lr_ratio: float = _opt(
         0.1, "The decayed rate at the last step, as a fraction of η_max (cosine and linear).", minimum=0.0, maximum=1.0
     )
-    lr_sweep: list[str] = _opt(
-        [],
+    lr_sweep: list[str] = _list_opt(
         "Learning-rate multipliers, e.g. 0.5,1,2: every arm trains at each --lr × m; the sweep finds each "
         "arm's best rate and tests the gradient-scale migration rule.",
-        kind="list[str]",
     )
     stability: bool = _opt(
         False,
@@ -159,9 +176,9 @@ class StudyConfig:
         choices=KERNELS,
     )
     batch_size: int = _opt(
-        8, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1, maximum=MAX_BATCH
+        16, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1, maximum=MAX_BATCH
     )
-    seq_len: int = _opt(64, "Tokens per sequence.", minimum=2, maximum=MAX_SEQ_LEN)
+    seq_len: int = _opt(128, "Tokens per sequence.", minimum=2, maximum=MAX_SEQ_LEN)
     eval_every: int = _opt(
         100,
         "Held-out loss every K steps besides the final evaluations (always at step 0; 0: only those).",
@@ -185,16 +202,15 @@ class StudyConfig:
         0, "Steps between the final evaluations (0: a twentieth of --steps, at least 1).", minimum=0, maximum=MAX_STEPS
     )
     margin: float = _opt(
-        0.02,
+        0.03,
         "Equivalence margin in nats of held-out loss: equal loss is reproduced only when the whole 90 % interval "
         "of the paired difference lies within ±margin.",
         above=0.0,
     )
-    lm_eval_tasks: list[str] = _opt(
-        ["normswap_kjv"],
-        "lm-eval tasks scored on every arm's final model of the first seed (normswap's own offline tasks, or any "
-        f"lm-eval task by name); {LM_EVAL_OFF}: skip.",
-        kind="list[str]",
+    lm_eval_tasks: list[str] = _list_opt(
+        "lm-eval tasks scored on every arm's final model of every seed (normswap's own offline tasks, or any "
+        f"lm-eval task by name; paired by seed like the held-out loss); {LM_EVAL_OFF}: skip.",
+        default=["normswap_kjv"],
     )
     lm_eval_limit: int = _opt(
         16, "Documents (examples) per lm-eval task (0: all of them).", minimum=0, maximum=1_000_000
@@ -208,6 +224,22 @@ class StudyConfig:
     )
     data: str = _opt("embedded", "training and held-out corpus", recipe=False)
     device: str = _opt("auto", "cpu, cuda, cuda:N or auto", resume="free", recipe=False)
+    speed_seconds: float = _opt(
+        45.0,
+        "Seconds of the timing phase after training (normswap.timing: interleaved pairs of one training step, "
+        "each arm against layernorm, layernorm's second copy as the null control); 0: no timing phase.",
+        minimum=0.0,
+        maximum=1e6,
+    )
+    workers: int = _opt(
+        0,
+        "Training processes: the units (arm × seed × rate) are spread over N processes, each on --threads "
+        "thread(s) (0: one per CPU core this process may use, at most the units of a round). Speed is not "
+        "read from these runs but from a separate timing phase (study/speed_phase.py).",
+        minimum=0,
+        maximum=MAX_THREADS,
+        resume="free",
+    )
     threads: int = _opt(
         1,
         "CPU threads for torch (0: torch's default). One by default: the arms are timed against each other, and "

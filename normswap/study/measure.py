@@ -6,7 +6,8 @@ Every step of a unit has one role (:class:`StepPlan`), the same for every arm:
   are observed (study/kernels.py ``observe``: labels detected from the autograd graph).
 * ``memory`` (step 2): the steady-state peak (:class:`PeakMemory`), AdamW's state already there,
   so it is counted once, in ``static_bytes``.
-* ``profile`` (every ``PROFILE_EVERY``-th step from step 3): the norms' share of the step
+* ``profile`` (``PROFILE_SAMPLES`` steps spread evenly from step 3, at most one in ``PROFILE_EVERY``):
+  the norms' share of the step
   (:class:`NormTimer`: synchronising hooks around every norm's forward and backward) and the
   gradient norm arriving at each norm's input (:class:`NormInputGrads`), accumulated on the
   device and read once after the step. Over many steps, spread through training, not one.
@@ -42,7 +43,11 @@ import torch
 FIRST, MEMORY, PROFILE, TIMED = "first", "memory", "profile", "timed"
 MEMORY_STEP = 2
 PROFILE_START = 3
-PROFILE_EVERY = 5  # one step in five profiled: 20 % of the steps, spread over the whole run
+PROFILE_EVERY = 5  # at most one step in five profiled
+# profiled steps per unit: the norms' share and the norm-input gradients are sampled on this many
+# steps spread over the run, not measured on every step — their synchronising hooks cost more than
+# the norms themselves, and a few samples give the share to the precision the Amdahl bound needs
+PROFILE_SAMPLES = 8
 
 
 def synchronize(device) -> None:
@@ -75,15 +80,19 @@ class StepPlan:
         self.steps = steps
         self.arm_names = list(arm_names)
         self.rows = williams_rows(len(arm_names))
+        self.profile_every = max(PROFILE_EVERY, (steps - PROFILE_START) // PROFILE_SAMPLES + 1)
 
     def role(self, t: int) -> str:
         if t == 1:
             return FIRST
         if t == MEMORY_STEP:
             return MEMORY
-        if t >= PROFILE_START and (t - PROFILE_START) % PROFILE_EVERY == 0:
+        if t >= PROFILE_START and (t - PROFILE_START) % self.profile_every == 0:
             return PROFILE
         return TIMED
+
+    def profiled_steps(self) -> list[int]:
+        return [t for t in range(1, self.steps + 1) if self.role(t) == PROFILE]
 
     def timed_index(self, t: int) -> int:
         """How many timed steps come before step t (the Williams rows are walked over timed steps)."""

@@ -15,8 +15,24 @@ from pathlib import Path
 
 from normswap.publish import atomic_write_text
 from normswap.report.glossary import glossary
+from normswap.report.page import (
+    CLAIMS_TABLE,
+    CLAIMS_TABLE_END,
+    claims_table_header,
+    claims_table_row,
+    escape,
+    html_end,
+    html_figure,
+    html_meta,
+    html_notes,
+    html_start,
+    html_terms,
+    html_warnings,
+    md_figure,
+    md_terms,
+    md_warnings,
+)
 from normswap.report.plots import interval_dots, log_if_wide, palette, plt, range_bars, save_figure, style_axes
-from normswap.report.render import CSS, escape, image_data_uri
 from normswap.report.tables import TERMINAL_WIDTH, html_table, markdown_table, text_table
 from normswap.study import migration, stats
 from normswap.study.bottom_line import (
@@ -411,7 +427,15 @@ def sweep_lines(results) -> list[str]:
 
 def null_control_line(results) -> str | None:
     nc = results.get("null_control")
-    if not nc:
+    phase = results.get("speed_phase")
+    if phase:  # the timing phase's null control: layernorm against its second copy
+        n = phase["null"]
+        return (
+            f"throughput null control (layernorm ÷ its second copy, timing phase): {n['ratio']:.3f} "
+            f"[{n['low']:.3f}, {n['high']:.3f}] over {n['pairs']} pairs — {n['verdict']}; "
+            f"stopped: {phase['stop_reason']}"
+        )
+    if not nc or "per_seed" not in nc:
         return None
     vals = ", ".join(f"{v:.3f}" for v in nc["per_seed"])
     b = nc.get("bootstrap")
@@ -499,9 +523,7 @@ NO_ARM = (
 
 
 def markdown(results, figures: dict) -> str:
-    out = [f"# {title(results)}", ""]
-    for w in results.get("warnings") or []:
-        out += [f"> **Warning.** {w}", ""]
+    out = [f"# {title(results)}", ""] + md_warnings(results.get("warnings"))
     bl = bottom_line(results)
     out += [f"## {bottom_line_heading(results)}", ""] + ([] if bl else [NO_ARM, ""])
     if bl:
@@ -543,41 +565,26 @@ def markdown(results, figures: dict) -> str:
         out += ["## Figures", ""]
         for key, _, t, caption in FIGURES:
             if key in figures:
-                out += [f"### {t}", "", f"![{t}]({Path(figures[key]).name})", "", caption, ""]
-    out += ["## Terms", ""] + [f"- **{t}**: {d}" for t, d in terms(results)] + [""]
+                out += md_figure(t, figures[key], caption)
+    out += md_terms(terms(results))
     out += ["---", "Schema and definitions: docs/study-schema.md. Curves per unit: units/*.json.", ""]
     return "\n".join(out)
 
 
-VERDICT_CLASS = {"reproduced": "v-yes", "not reproduced": "v-no"}
-
-
 def html_report(results, figures: dict) -> str:
-    parts = [
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-        "<meta name='viewport' content='width=device-width,initial-scale=1'>",
-        f"<title>{escape(title(results))}</title>",
-        f"<style>{CSS}</style></head><body><main>",
-        f"<h1>{escape(title(results))}</h1>",
-    ]
-    for w in results.get("warnings") or []:
-        parts.append(f"<div class='noisy' role='alert'><strong>Warning.</strong> {escape(w)}</div>")
+    parts = html_start(title(results)) + [f"<h1>{escape(title(results))}</h1>"] + html_warnings(results.get("warnings"))
     bl = bottom_line(results)
     parts.append(f"<h2>{escape(bottom_line_heading(results))}</h2>" + ("" if bl else f"<p>{escape(NO_ARM)}</p>"))
     if bl:
-        parts.append("<div class='tablewrap'><table class='claims'>")
-        parts.append(
-            "<thead><tr><th>question</th><th>answer, evidence, and what would change it</th></tr></thead><tbody>"
-        )
+        parts += [CLAIMS_TABLE, claims_table_header("question", "answer, evidence, and what would change it")]
         for item in bl:
-            cls = VERDICT_CLASS.get(item["verdict"], "v-na")
-            parts.append(
-                f"<tr><td>{escape(item['topic'])}<div class='verdict {cls}'>{escape(item['verdict'])}</div></td>"
-                f"<td><strong>{escape(item['says'])}</strong><ul>"
+            body = (
+                f"<strong>{escape(item['says'])}</strong><ul>"
                 + "".join(f"<li>{escape(e)}</li>" for e in item["evidence"])
-                + f"</ul><div class='why'>What would change it: {escape(item['change'])}</div></td></tr>"
+                + f"</ul><div class='why'>What would change it: {escape(item['change'])}</div>"
             )
-        parts.append("</tbody></table></div>")
+            parts.append(claims_table_row(item["topic"], item["verdict"], body))
+        parts.append(CLAIMS_TABLE_END)
     diffs = differences(results)
     if diffs:
         parts.append(f"<h2>What was measured (every arm against {escape(results.get('baseline', 'layernorm'))})</h2>")
@@ -593,63 +600,36 @@ def html_report(results, figures: dict) -> str:
             )
             + "</ul><p class='sub'>Bold: a measured difference (the 95 % paired interval excludes no change).</p>"
         )
-    parts.append(
-        "<h2>Claims</h2><div class='tablewrap'><table class='claims'>"
-        "<thead><tr><th>claim</th><th>this study</th></tr></thead><tbody>"
-    )
-    for c in claim_groups(results):
-        cls = VERDICT_CLASS.get(c["verdict"], "v-na")
-        parts.append(
-            f"<tr><td>{escape(c['claim'])}<div class='verdict {cls}'>{escape(c['verdict'])}</div></td>"
-            f"<td>{escape(', '.join(c['arm']))}: {escape(decided_text(c))}</td></tr>"
-        )
-    parts.append(
-        "</tbody></table></div><ul class='notes'>"
-        + "".join(f"<li>{escape(m)}</li>" for m in MEANING + [multiplicity_line(results)] if m)
-        + "</ul>"
-    )
-    parts.append(
-        "<h2>Setup</h2><div class='meta'>"
-        + "".join(f"<div>{escape(line)}</div>" for line in setup_lines(results))
-        + "</div>"
-    )
+    parts.append("<h2>Claims</h2>" + CLAIMS_TABLE + claims_table_header("claim", "this study"))
+    parts += [
+        claims_table_row(c["claim"], c["verdict"], f"{escape(', '.join(c['arm']))}: {escape(decided_text(c))}")
+        for c in claim_groups(results)
+    ]
+    parts.append(CLAIMS_TABLE_END + html_notes(m for m in MEANING + [multiplicity_line(results)] if m))
+    parts.append("<h2>Setup</h2>" + html_meta(setup_lines(results)))
     header, rows = comparison_rows(results)
     parts.append("<h2>Differences from the baseline</h2>" + html_table(header, rows))
     notes = [
         n for n in (null_control_line(results), "statistics: " + results["setup"].get("statistics", stats.METHOD)) if n
     ]
-    parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
+    parts.append(html_notes(notes))
     lm = lm_eval_rows(results)
     if lm:
         parts.append("<h2>Downstream (lm-eval, one seed's final model per arm)</h2>" + html_table(*lm))
-    parts.append(
-        "<h2>Learning rate</h2><ul class='notes'>"
-        + "".join(f"<li>{escape(n)}</li>" for n in sweep_lines(results))
-        + "</ul>"
-    )
+    parts.append("<h2>Learning rate</h2>" + html_notes(sweep_lines(results)))
     heading = precision_heading(results)
     if heading:
         header, rows = precision_rows(results)
         note = precision_note(results)
-        parts.append(
-            f"<h2>{escape(heading)}</h2>"
-            + html_table(header, rows)
-            + (f"<ul class='notes'><li>{escape(note)}</li></ul>" if note else "")
-        )
+        parts.append(f"<h2>{escape(heading)}</h2>" + html_table(header, rows) + (html_notes([note]) if note else ""))
     for key, _, t, caption in FIGURES:
         if key in figures:
-            parts.append(
-                f"<h2>{escape(t)}</h2><figure><img alt='{escape(t)}' src='{image_data_uri(figures[key])}'>"
-                f"<figcaption>{escape(caption)}</figcaption></figure>"
-            )
+            parts.append(html_figure(t, figures[key], caption))
     header, rows = unit_rows(results)
     parts.append("<h2>Units</h2>" + html_table(header, rows))
+    parts.append(html_terms(terms(results)))
     parts.append(
-        "<h2>Terms</h2><dl>" + "".join(f"<dt>{escape(t)}</dt><dd>{escape(d)}</dd>" for t, d in terms(results)) + "</dl>"
-    )
-    parts.append(
-        "<footer>Schema and definitions: docs/study-schema.md. Raw numbers: results.json; "
-        "curves: units/*.json.</footer></main></body></html>"
+        html_end("Schema and definitions: docs/study-schema.md. Raw numbers: results.json; curves: units/*.json.")
     )
     return "\n".join(parts)
 

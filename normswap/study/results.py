@@ -168,15 +168,40 @@ def _mean(values) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def lm_eval_table(units: dict, arms: list[str], mult: float) -> dict | None:
-    """{arm: {task: {metric: value}}} of the first seed's final models (None when lm-eval did not run)."""
+def _metrics(scores: dict) -> dict[str, float]:
+    """{"task metric": value} of one unit's lm-eval scores (numbers only, no standard errors)."""
+    return {
+        f"{task} {metric}": float(v)
+        for task, row in (scores or {}).items()
+        for metric, v in (row or {}).items()
+        if isinstance(v, (int, float)) and not metric.endswith("_stderr")
+    }
+
+
+def lm_eval_table(units: dict, arms: list[str], mult: float, base: str = "layernorm") -> dict | None:
+    """{arm: {seed, scores (the first seed's), per_seed: {seed: scores}, differences}} of every seed's
+    final models (None when lm-eval did not run). ``differences``: each metric's arm − base, paired by
+    seed with a 95 % t-interval, as the held-out loss is."""
     table = {}
     for arm in arms:
         scored = sorted(
             (seed, u["lm_eval"]) for (a, seed, m), u in units.items() if a == arm and m == mult and u.get("lm_eval")
         )
         if scored:
-            table[arm] = {"seed": scored[0][0], "scores": scored[0][1]}
+            table[arm] = {"seed": scored[0][0], "scores": scored[0][1], "per_seed": {str(s): v for s, v in scored}}
+    if base in table:
+        base_metrics = {int(s): _metrics(v) for s, v in table[base]["per_seed"].items()}
+        for arm, row in table.items():
+            if arm == base:
+                continue
+            mine = {int(s): _metrics(v) for s, v in row["per_seed"].items()}
+            names = sorted({k for v in mine.values() for k in v})
+            row["differences"] = {
+                name: stats.paired(
+                    {s: v.get(name) for s, v in mine.items()}, {s: v.get(name) for s, v in base_metrics.items()}
+                )
+                for name in names
+            }
     return table or None
 
 

@@ -1,8 +1,20 @@
-"""``run_study``: options, MODEL, DIR, the groups (seed × rate, arms interleaved), the analysis.
+"""``run_study``: five named stages, read top to bottom at the end of this file.
 
-Reads top to bottom. Everything that can fail on bad input (options, arm names, MODEL without a
-LayerNorm to replace, DIR that is not a study or overlaps an input, data too short) fails before
-DIR is touched. Only process 0 writes; every process trains its rows of every group.
+1. ``plan_study``: options, MODEL (over bytes by default, study/bytes_model.py), arms, data, the count
+   baselines and the kernel choice; everything that can fail on bad input (options, arm names, MODEL
+   without a LayerNorm to replace, DIR that is not a study or overlaps an input, data too short)
+   fails before DIR is touched.
+2. ``train_units``: --seeds seeds in one round, spread over worker processes (study/units.py), then
+   one seed a round while a verdict is still open and --budget allows; plain steps, memory and the
+   norms' share measured on a few sampled steps (study/measure.py).
+3. ``speed_phase.measure``: after training, alone on the machine, the one timing instrument
+   (normswap/timing.py): interleaved pairs of short train steps, each arm against layernorm, with
+   layernorm's second copy as the null control.
+4. ``decide``: comparisons, the power of the equal-loss test (study/power.py), the instrument check
+   (planted arm different, null control equivalent), the claims' verdicts.
+5. ``write_results``: results.json, the report, the run file.
+
+Only process 0 writes; under torchrun every process trains its rows of every group.
 """
 
 from __future__ import annotations
@@ -20,10 +32,10 @@ import torch
 
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
-from normswap.finetune.step import Schedule, precision_for
+from normswap.finetune.step import Schedule
 from normswap.study import claims as claims_mod
 from normswap.study import kernels as study_kernels
-from normswap.study import measure, migration, speed
+from normswap.study import measure, migration, speed, speed_phase
 from normswap.study import results as res
 from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms, open_source
 from normswap.study.config import (
@@ -31,6 +43,7 @@ from normswap.study.config import (
     BASELINE,
     CONTROL,
     DEFAULT_MODEL,
+    PLANTED_LR,
     TRAINED_ONLY,
     StudyConfig,
     flag,
@@ -39,6 +52,7 @@ from normswap.study.config import (
 from normswap.study.heldout import heldout_blocks
 from normswap.study.study_dir import StudyDir, resolve_resume, unit_key
 from normswap.study.trainer import Dist, Group, Hooks
+from normswap.study.units import Trainer, run_in_workers
 
 SCHEMA_VERSION = 1
 PROGRESS_EVERY = 30.0  # seconds between progress lines when stderr is not a terminal
@@ -195,11 +209,13 @@ def resume_command(cfg: StudyConfig) -> str:
     return f"normswap study{model} --out {shlex.quote(str(cfg.out))} --resume"
 
 
-def header_lines(cfg: StudyConfig, source, arms: list[str], mults: list[float], dist: Dist, n_params: int) -> list[str]:
+def header_lines(
+    cfg: StudyConfig, source, arms: list[str], mults: list[float], dist: Dist, n_params: int, workers: int = 1
+) -> list[str]:
     """What the study is about to do, printed before the first step."""
     start = "random initialisation per seed" if source.from_scratch else "its trained weights"
     arm_mults = cfg.arm_multipliers()
-    moved = "".join(f" ({a} at ×{m:g} lr)" for a, m in arm_mults.items())
+    moved = "".join(f" ({a} at ×{m:g} lr)" for a, m in {**PLANTED_LR, **arm_mults}.items() if a in arms)
     per_seed = len(arms) * len(mults) * cfg.steps
     budget = f"a budget of {cfg.budget:g} s of training" if cfg.budget else "no time budget"
     sweep = f" × lr sweep {', '.join(f'{m:g}' for m in mults)}" if len(mults) > 1 else ""
@@ -210,11 +226,12 @@ def header_lines(cfg: StudyConfig, source, arms: list[str], mults: list[float], 
         f"  seeds: {cfg.seeds} first, then one at a time up to {cfg.seed_limit()} while a verdict is open; {budget}",
         f"  each arm: {cfg.steps} steps × {cfg.batch_size} × {cfg.seq_len} tokens, lr {cfg.lr:g} with {cfg.warmup} "
         f"warmup steps then {cfg.lr_schedule} (to {cfg.min_lr_ratio:g} × peak), precision {cfg.precision}, "
-        f"{dist.device} × {dist.world} process(es)",
+        f"{dist.device} × {dist.world} process(es)"
+        + (f", units spread over {workers} worker processes" if workers > 1 else ""),
         f"  work: {per_seed:,} arm-steps per seed, {per_seed * cfg.seeds:,} for the first {cfg.seeds} seeds "
         f"(at most {per_seed * cfg.seed_limit():,}); final quality = mean of {len(cfg.final_eval_steps())} "
         f"held-out evaluations; equivalence margin ±{cfg.margin:g} nats"
-        + (f"; lm-eval {','.join(tasks)} on the first seed" if tasks else ""),
+        + (f"; lm-eval {','.join(tasks)} on every seed" if tasks else ""),
         f"  Ctrl-C stops it; `{resume_command(cfg)}` continues",
     ]
 
@@ -250,6 +267,7 @@ def analyse(
     stability_sweep: dict | None = None,
     mults: list[float] | None = None,
     from_scratch: bool = True,
+    speed_phase: dict | None = None,
 ) -> dict:
     """Comparisons (with the Amdahl bound and the throughput gates, speed.py), sweep, migration rule,
     null control and the claims' verdicts from the units so far (the runner also calls it between
@@ -262,10 +280,13 @@ def analyse(
         for a in arms
         if a != BASELINE
     }
+    control_boot = None
+    if speed_phase is not None:  # the timing phase's ratios replace the units' (unpaired in workers)
+        control_boot = speed.use_speed_phase(comparisons, speed_phase)
     base_units = [u for (a, _, m), u in units.items() if a == BASELINE and m == ref_mult]
     norm_share = speed.add_amdahl(comparisons, base_units, kernel_setup or {})
     loads = list(loads)
-    control_boot = (comparisons.get(CONTROL) or {}).get("throughput_ratio_bootstrap")
+    control_boot = control_boot or (comparisons.get(CONTROL) or {}).get("throughput_ratio_bootstrap")
     for c in comparisons.values():
         c["throughput_gates"] = speed.gates(control_boot, c.get("amdahl_bound"), loads, cpus)
     sw = res.sweep(units, arms, mults, BASELINE)
@@ -287,9 +308,14 @@ def analyse(
         loads=tuple(loads),
         cpus=cpus,
         stability_sweep=stability_sweep,
+        throughput_null=control_boot,
     )
     verdicts = claims_mod.judge(comparisons, ctx, CONTROL)
+    from normswap.study import power
+
     return {
+        "power": power.achieved(comparisons, cfg.margin, CONTROL),
+        "instrument_check": claims_mod.instrument_check(comparisons, ctx, CONTROL, list(PLANTED_LR)),
         "reference_multiplier": ref_mult,
         "comparisons": comparisons,
         "baseline_norm_share": norm_share,
@@ -322,17 +348,77 @@ def seed_decision(
     return True, f"{len(pending)} verdict(s) open after {seed} seeds, e.g. {names}"
 
 
-def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks | None = None, echo=None) -> dict:
-    """Run (or resume) the study of ``cfg`` in ``cfg.out``; return results.json's content."""
+# ---------------------------------------------------------------------------- the stages
+@dataclasses.dataclass
+class Plan:
+    """What the study will do, fixed before DIR changes (stage 1: ``plan_study``)."""
+
+    cfg: StudyConfig
+    study: StudyDir
+    recorded: dict | None
+    source: object
+    arms: list[str]
+    notes: list[str]
+    n_params: int
+    norms_replaced: int
+    dist: Dist
+    data: dict
+    baselines: dict
+    kernel_setup: dict
+    workers: int
+
+    @property
+    def main(self) -> bool:
+        return self.dist.rank == 0
+
+
+@dataclasses.dataclass
+class Trained:
+    """What training left (stage 2: ``train_units``)."""
+
+    units: dict
+    seeds_done: list[int]
+    mults: list[float]
+    stop_reason: str | None = None
+    spent: float = 0.0
+    stab_units: dict | None = None
+
+
+def open_study_source(cfg: StudyConfig):
+    """MODEL as the study reads it: with ``--tokens bytes``, its architecture over the byte vocabulary."""
+    from normswap.study import bytes_model
+
+    source = open_source(cfg.model, from_scratch=cfg.from_scratch)
+    if cfg.tokens == "model" or (cfg.tokens == "auto" and not (cfg.model == DEFAULT_MODEL and cfg.from_scratch)):
+        return source
+    if not source.from_scratch:
+        raise NormswapError(
+            "--tokens bytes trains MODEL's architecture over bytes from random weights: add --from-scratch, "
+            "or --tokens model to train on from its weights with its own tokenizer"
+        )
+    return dataclasses.replace(
+        source, config=bytes_model.byte_config(source.config), tokenizer=bytes_model.byte_tokenizer()
+    )
+
+
+def study_data(cfg: StudyConfig, source) -> dict:
+    """The splits, the held-out blocks (and the migration rule's), fixed by the options alone."""
     from normswap.data import finetune_splits
-    from normswap.finetune.data import TrainStream
 
-    echo = echo or (lambda msg: print(msg, file=sys.stderr))
-    hooks = hooks or Hooks()
-    wall0 = time.perf_counter()
-    load_start = _load_average()
+    train_split, eval_spec, eval_split = finetune_splits(cfg.data)
+    heldout = heldout_blocks(source.tokenizer, eval_spec, cfg.seq_len, cfg.eval_tokens, split=eval_split)
+    eval_set = heldout["blocks"]
+    held_out = migration.blocks(source.tokenizer, eval_spec, cfg, eval_set) if len(cfg.multipliers()) > 1 else None
+    return {
+        "train_split": train_split,
+        "eval_split": eval_split,
+        "heldout": heldout,
+        "eval_set": eval_set,
+        "held_out": held_out,
+    }
 
-    # ---- options (a resume takes DIR's) ----
+
+def _check_options(cfg: StudyConfig, given):
     problems = [f"{flag(n)} {why}" for n, why in option_errors(dataclasses.asdict(cfg))]
     if problems:
         raise NormswapError("; ".join(problems))
@@ -340,21 +426,14 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
     recorded = study.check(reads=[("MODEL", cfg.model), ("the data", cfg.data)], resume=cfg.resume, force=cfg.force)
     if recorded is not None:
         cfg = resolve_resume(cfg, recorded.get("config"), given, where=str(study.run_file))
-    device = resolve_device(cfg.device)
-    if cfg.threads and not device.startswith("cuda"):
-        torch.set_num_threads(cfg.threads)
-    dist = _init_dist(device)
-    main = dist.rank == 0
+    return cfg, study, recorded
 
-    # ---- MODEL, arms, data: every refusal before DIR changes ----
-    source = open_source(cfg.model, from_scratch=cfg.from_scratch)
+
+def _arms_for(cfg: StudyConfig, source, notes: list[str]) -> list[str]:
     arms = check_arms(list(cfg.arms) or default_arms(source), source)
     missing = [a for a in cfg.arm_multipliers() if a not in arms]
     if missing:
         raise NormswapError(f"--arm-lr names {missing[0]}, which is not among the arms ({', '.join(arms)})")
-    n_params = check_memory(source, arms, device)  # tied weights counted once
-    norms_replaced = check_replaceable(source, 0)
-    notes = []
     for arm in [a for a in arms if a in TRAINED_ONLY]:
         try:  # a conversion the architecture cannot have (exact needs pre-LN) fails here, not mid-study
             build_arm(source, arm, 0, cfg.kernels, precision=cfg.precision)
@@ -363,23 +442,42 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
                 raise
             arms.remove(arm)  # a default arm: left out, and said
             notes.append(f"{arm} left out: {e}")
+    return arms
+
+
+def _workers(cfg: StudyConfig, dist: Dist, hooks: Hooks) -> int:
+    """Processes to train units in: one (this one) under torchrun, with test hooks, or on CUDA."""
+    if dist.world > 1 or hooks != Hooks() or dist.device.type == "cuda":
+        return 1
+    return cfg.workers or max(1, _cpus() or 1)
+
+
+def plan_study(cfg: StudyConfig, given, hooks: Hooks, echo) -> Plan:
+    """Stage 1: every refusal (options, MODEL, arms, data, DIR) before DIR changes; the baselines and
+    the kernel choice measured; DIR started and the header printed."""
+    cfg, study, recorded = _check_options(cfg, given)
+    device = resolve_device(cfg.device)
+    if cfg.threads and not device.startswith("cuda"):
+        torch.set_num_threads(cfg.threads)
+    dist = _init_dist(device)
+    source = open_study_source(cfg)
+    notes: list[str] = []
+    arms = _arms_for(cfg, source, notes)
+    n_params = check_memory(source, arms, device)  # tied weights counted once
+    norms_replaced = check_replaceable(source, 0)
     _check_sizes(cfg, source, dist.world)
-    tasks = cfg.lm_eval_task_list()
-    if tasks and main:
-        _check_lm_eval_tasks(tasks)
-    mults = cfg.multipliers()
-    train_split, eval_spec, eval_split = finetune_splits(cfg.data)
-    heldout = heldout_blocks(source.tokenizer, eval_spec, cfg.seq_len, cfg.eval_tokens, split=eval_split)
-    eval_set = heldout["blocks"]
-    TrainStream(source.tokenizer, cfg.data, cfg.seq_len, 0, split=train_split).take(1)  # fails now if too short
-    if cfg.steps < cfg.warmup and main:
+    if cfg.lm_eval_task_list() and dist.rank == 0:
+        _check_lm_eval_tasks(cfg.lm_eval_task_list())
+    data = study_data(cfg, source)
+    from normswap.finetune.data import TrainStream
+
+    TrainStream(source.tokenizer, cfg.data, cfg.seq_len, 0, split=data["train_split"]).take(1)  # too short: now
+    if cfg.steps < cfg.warmup and dist.rank == 0:
         echo(
             f"normswap study: warning: --steps {cfg.steps} is below --warmup {cfg.warmup}: the rate never reaches "
             f"its peak {cfg.lr:g} and never decays (the schedule is all warmup)"
         )
-    baselines = baseline_losses(source, cfg, train_split, eval_set) if main else {}
-
-    # ---- kernels: chosen (and their speed-ups measured) before any training step ----
+    baselines = baseline_losses(source, cfg, data["train_split"], data["eval_set"]) if dist.rank == 0 else {}
     kernel_setup = (recorded or {}).get("kernels") or study_kernels.setup(
         lambda arm, impl: build_arm(source, arm, 0, cfg.kernels, precision=cfg.precision, rms_impl=impl),
         arms,
@@ -390,282 +488,367 @@ def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks |
         rows=(cfg.batch_size // dist.world) * cfg.seq_len,
     )
     kernel_setup = dict(kernel_setup, rms_impl=_agree_choice(dist, kernel_setup["rms_impl"]))
+    plan = Plan(cfg, study, recorded, source, arms, notes, n_params, norms_replaced, dist, data, baselines,
+                kernel_setup, _workers(cfg, dist, hooks))  # fmt: skip
+    if plan.main:
+        _start_dir(plan, echo)
+    return plan
 
-    # ---- DIR ----
-    if main:
-        if recorded is None:
-            study.start(
-                {
-                    "config": cfg.recorded(),
-                    "arms": arms,
-                    "status": "running",
-                    "resumes": 0,
-                    "kernels": kernel_setup,
-                    "seeds_started": 0,
-                },
-                replace=cfg.force,
+
+def _start_dir(plan: Plan, echo) -> None:
+    cfg, study, recorded = plan.cfg, plan.study, plan.recorded
+    if recorded is None:
+        first = {"config": cfg.recorded(), "arms": plan.arms, "status": "running", "resumes": 0, "seeds_started": 0}
+        study.start(dict(first, kernels=plan.kernel_setup), replace=cfg.force)
+    else:
+        resumes = recorded.get("resumes", 0) + 1
+        study.write_run(
+            dict(recorded, config=cfg.recorded(), status="running", resumes=resumes, kernels=plan.kernel_setup)
+        )
+    for line in header_lines(cfg, plan.source, plan.arms, cfg.multipliers(), plan.dist, plan.n_params, plan.workers):
+        echo(line)
+
+
+def _read_done(plan: Plan, keys: list, units: dict) -> list:
+    """The keys not finished yet; the finished ones read from DIR into ``units`` (process 0 reads,
+    every process learns which)."""
+    done = _agree(plan.dist, [plan.main and plan.study.read_unit(unit_key(*k)) is not None for k in keys])
+    if plan.main:
+        units.update({k: plan.study.read_unit(unit_key(*k)) for k, d in zip(keys, done) if d})
+    return [k for k, d in zip(keys, done) if not d]
+
+
+def _train_keys(plan: Plan, trainer: Trainer, keys: list, units: dict, hooks: Hooks, progress, echo) -> None:
+    """Train the units ``keys``: in worker processes, or here one (seed, rate) group at a time."""
+    if not keys:
+        return
+    if plan.workers > 1:
+        workers = min(plan.workers, len(keys))
+
+        def landed(key, record):
+            if record is not None:
+                units[key] = record
+
+        return run_in_workers(trainer, keys, workers, echo, landed)
+    for seed, m in dict.fromkeys((s, m) for _, s, m in keys):
+        arms = [a for a in plan.arms if (a, seed, m) in keys]
+        where = f"seed {seed + 1}" + (f" lr ×{m:g}" if len(plan.cfg.multipliers()) > 1 else "")
+
+        def save(record, seed=seed, m=m):
+            units[(record["arm"], seed, m)] = record
+            if plan.main:
+                plan.study.write_unit(unit_key(record["arm"], seed, m), record)
+
+        def on_step(t, arms_now, where=where):
+            n = sum(1 for a in arms_now if a.record["steps_done"] == t)
+            progress.step(n, f"{where} step {t}/{plan.cfg.steps}", arms_now)
+
+        trainer.group(arms, seed, m, hooks, on_step=on_step, save=save)
+        _report_diverged(plan, units, seed, m, echo)
+
+
+def _report_diverged(plan: Plan, units: dict, seed: int, m: float, echo) -> None:
+    for (arm, s, mm), rec in units.items():
+        if plan.main and s == seed and mm == m and rec.get("status") == "diverged" and not rec.get("_said"):
+            nf = rec["nonfinite"]
+            echo(
+                f"normswap study: arm {arm} (seed {seed + 1}, lr ×{m:g}) stopped at step {nf['step']}: "
+                f"{nf['what']} is {nf['value']}; the other arms went on"
             )
-        else:
-            study.write_run(
-                dict(
-                    recorded,
-                    config=cfg.recorded(),
-                    status="running",
-                    resumes=recorded.get("resumes", 0) + 1,
-                    kernels=kernel_setup,
-                )
-            )
-        for line in header_lines(cfg, source, arms, mults, dist, n_params):
-            echo(line)
 
-    # ---- the seeds, one after another ----
-    run_record = (study.read_run() or {}) if main else {}
-    started = int(run_record.get("seeds_started", 0))
-    spent = float(run_record.get("train_seconds", 0.0))
-    per_seed: list[float] = list(run_record.get("seed_seconds", []))
-    units: dict = {}
-    seeds_done: list[int] = []  # the seeds run or found finished, the same on every process
-    stop_reason = None
-    tokens_per_step = cfg.batch_size * cfg.seq_len
-    # the migration rule's held-out blocks: validation and a disjoint test set (migration.py)
-    held_out = migration.blocks(source.tokenizer, eval_spec, cfg, eval_set) if len(mults) > 1 else None
 
-    show_bar = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
-    progress = Progress(
-        len(arms) * len(mults) * cfg.steps * cfg.seeds, bool(show_bar) and main, echo if main else (lambda m: None)
-    )
-    run = _Run(
-        cfg,
-        source,
-        study,
-        units,
-        arms,
-        dist,
-        hooks,
-        train_split,
-        eval_set,
-        progress,
-        echo,
-        main,
-        kernel_setup["rms_impl"],
-        held_out,
-    )
+def _open_questions(plan: Plan, trained: Trained) -> list[dict]:
+    """The claims' rows, and the instrument check's arms still undecided (as open rows): what more
+    seeds could decide. In worker processes speed is the timing phase's, which seeds do not change."""
+    analysis = analyse(plan.cfg, trained.units, plan.arms, plan.baselines, None, kernel_setup=plan.kernel_setup,
+                       cpus=_cpus())  # fmt: skip
+    rows = [r for r in analysis["claims"] if plan.workers == 1 or r["claim"] != claims_mod.THROUGHPUT]
+    for arm, r in ((analysis.get("instrument_check") or {}).get("arms") or {}).items():
+        if r["finding"] == "undecided":
+            rows.append({"claim": f"instrument check: {r['role']}", "arm": arm, "verdict": claims_mod.NOT_MEASURABLE,
+                         "open": True})  # fmt: skip
+    return rows
+
+
+def _next_seed(plan: Plan, trained: Trained, seed: int, per_seed: list, echo) -> bool:
+    """Beyond --seeds: whether seed ``seed`` runs (process 0 decides from the verdicts so far)."""
+    rows = _open_questions(plan, trained) if plan.main else []
+    go, why = seed_decision(plan.cfg, seed, rows, trained.spent, per_seed) if plan.main else (True, "")
+    go = _agree(plan.dist, [go])[0]
+    if plan.main:
+        echo(f"normswap study: {'seed ' + str(seed + 1) + ': ' if go else 'stopping: '}{why}")
+    if not go:
+        trained.stop_reason = why
+    return go
+
+
+def _train_seeds(plan: Plan, trainer: Trainer, trained: Trained, hooks: Hooks, progress, echo) -> None:
+    """--seeds seeds first (one round: every worker busy), then one seed a round while a verdict is open."""
+    cfg, study = plan.cfg, plan.study
+    run = (study.read_run() or {}) if plan.main else {}
+    started, trained.spent = int(run.get("seeds_started", 0)), float(run.get("train_seconds", 0.0))
+    per_seed: list[float] = list(run.get("seed_seconds", []))
+    seed = 0
+    while seed < cfg.seed_limit():
+        seeds = list(range(seed, max(cfg.seeds, started))) if seed < max(cfg.seeds, started) else [seed]
+        keys = [(arm, s, m) for s in seeds for m in trained.mults for arm in plan.arms]
+        todo = _read_done(plan, keys, trained.units)
+        if todo and seed >= max(cfg.seeds, started) and not _next_seed(plan, trained, seed, per_seed, echo):
+            return
+        if plan.main and len(keys) > len(todo) > 0:
+            echo(f"normswap study: resuming: {len(keys) - len(todo)} of {len(keys)} units finished, {len(todo)} to run")
+        if plan.main and seeds[-1] + 1 > started:
+            started = seeds[-1] + 1
+            study.write_run(dict(study.read_run() or {}, seeds_started=started))
+        t0 = time.perf_counter()
+        _train_keys(plan, trainer, todo, trained.units, hooks, progress, echo)
+        took = time.perf_counter() - t0
+        trained.seeds_done += seeds
+        if todo:
+            trained.spent += took
+            per_seed += [took / len(seeds)] * len(seeds)
+            if plan.main:
+                study.write_run(dict(study.read_run() or {}, train_seconds=trained.spent, seed_seconds=per_seed))
+        seed = seeds[-1] + 1
+    trained.stop_reason = f"--max-seeds {cfg.seed_limit()} reached"
+
+
+def _extend_sweep(plan: Plan, trainer: Trainer, trained: Trained, hooks, progress, echo) -> None:
+    """A best rate at the sweep's edge: one more rate past it (at most MAX_EXTENSIONS), decided by process 0."""
+    for _ in range(migration.MAX_EXTENSIONS if trainer.held_out is not None else 0):
+        mults = trained.mults
+        new = migration.extension(trained.units, [a for a in plan.arms if a != CONTROL], mults, trained.seeds_done)
+        low, high = _agree(plan.dist, [new is not None and new < min(mults), new is not None and new > max(mults)])
+        if not (low or high):
+            break
+        new = mults[0] ** 2 / mults[1] if low else mults[-1] ** 2 / mults[-2]
+        echo(f"normswap study: a best rate sits at the sweep's edge: adding lr ×{new:g}")
+        trained.mults = sorted(mults + [new])
+        keys = [(arm, seed, new) for seed in trained.seeds_done for arm in plan.arms]
+        _train_keys(plan, trainer, _read_done(plan, keys, trained.units), trained.units, hooks, progress, echo)
+
+
+def train_units(plan: Plan, hooks: Hooks, echo) -> Trained:
+    """Stage 2: the seeds (sequentially decided), the sweep's extensions, the stability sweep."""
+    cfg, dist = plan.cfg, plan.dist
+    trainer = Trainer(cfg, plan.source, plan.study, dist, plan.data["train_split"], plan.data["eval_set"],
+                      plan.kernel_setup["rms_impl"], held_out=plan.data["held_out"], main=plan.main)  # fmt: skip
+    trained = Trained(units={}, seeds_done=[], mults=cfg.multipliers())
+    show_bar = (cfg.progress if cfg.progress is not None else sys.stderr.isatty()) and plan.workers == 1
+    total = len(plan.arms) * len(trained.mults) * cfg.steps * cfg.seeds
+    progress = Progress(total, bool(show_bar) and plan.main, echo if plan.main else (lambda m: None))
     try:
-        for seed in range(cfg.seed_limit()):
-            keys = [(arm, seed, m) for m in mults for arm in arms]
-            done_flags = _agree(dist, [main and study.read_unit(unit_key(*k)) is not None for k in keys])
-            if main:
-                units.update({k: study.read_unit(unit_key(*k)) for k, d in zip(keys, done_flags) if d})
-            if all(done_flags):
-                seeds_done.append(seed)
-                continue
-            if seed >= max(cfg.seeds, started):
-                rows = (
-                    analyse(
-                        cfg,
-                        units,
-                        arms,
-                        baselines,
-                        None,
-                        kernel_setup=kernel_setup,
-                        loads=_loads(load_start, units),
-                        cpus=_cpus(),
-                    )["claims"]
-                    if main
-                    else []
-                )
-                go, why = seed_decision(cfg, seed, rows, spent, per_seed) if main else (True, "")
-                go = _agree(dist, [go])[0]
-                if main:
-                    echo(f"normswap study: {'seed ' + str(seed + 1) + ': ' if go else 'stopping: '}{why}")
-                if not go:
-                    stop_reason = why
-                    break
-                progress.total += len(arms) * len(mults) * cfg.steps
-            todo = [k for k, d in zip(keys, done_flags) if not d]
-            if main and len(todo) < len(keys):
-                echo(
-                    f"normswap study: resuming seed {seed + 1}: {len(keys) - len(todo)} of {len(keys)} units finished, "
-                    f"{len(todo)} to run"
-                )
-            if main and seed + 1 > started:
-                started = seed + 1
-                study.write_run(dict(study.read_run() or {}, seeds_started=started))
-            seeds_done.append(seed)
-            t_seed = time.perf_counter()
-            for m in mults:
-                _run_group(run, todo, seed, m)
-            took = time.perf_counter() - t_seed
-            spent += took
-            per_seed.append(took)
-            if main:
-                study.write_run(dict(study.read_run() or {}, train_seconds=spent, seed_seconds=per_seed))
-        else:
-            stop_reason = f"--max-seeds {cfg.seed_limit()} reached"
-        # a best rate at the sweep's edge: one more rate past it (at most MAX_EXTENSIONS), decided by process 0
-        for _ in range(migration.MAX_EXTENSIONS if held_out is not None else 0):
-            new = migration.extension(units, [a for a in arms if a != CONTROL], mults, seeds_done)
-            low, high = _agree(dist, [new is not None and new < min(mults), new is not None and new > max(mults)])
-            if not (low or high):
-                break
-            new = mults[0] ** 2 / mults[1] if low else mults[-1] ** 2 / mults[-2]
-            echo(f"normswap study: a best rate sits at the sweep's edge: adding lr ×{new:g}")
-            mults = sorted(mults + [new])
-            for seed in seeds_done:
-                todo = [(arm, seed, new) for arm in arms]
-                done = _agree(dist, [main and study.read_unit(unit_key(*k)) is not None for k in todo])
-                for k, d in zip(todo, done):
-                    if d and main:
-                        units[k] = study.read_unit(unit_key(*k))
-                todo = [k for k, d in zip(todo, done) if not d]
-                _run_group(run, todo, seed, new)
-        stab_units = None
+        _train_seeds(plan, trainer, trained, hooks, progress, echo)
+        _extend_sweep(plan, trainer, trained, hooks, progress, echo)
         if cfg.stability:
             from normswap.study import stability as stab
 
-            stab_units = stab.run_sweep(
+            trained.stab_units = stab.run_sweep(
                 cfg,
-                arms,
-                study=study,
+                plan.arms,
+                study=plan.study,
                 make_group=lambda c, group_arms, seed, m: Group(
-                    source, c, group_arms, seed, m, dist, hooks, rms_impl=kernel_setup["rms_impl"]
+                    plan.source, c, group_arms, seed, m, dist, hooks, rms_impl=plan.kernel_setup["rms_impl"]
                 ),
-                eval_set=eval_set,
-                make_stream=lambda seed: stream_factory(source, cfg, train_split),
-                main=main,
+                eval_set=plan.data["eval_set"],
+                make_stream=lambda seed: trainer.stream_for,
+                main=plan.main,
                 agree=lambda flags: _agree(dist, flags),
                 echo=echo,
             )
     except KeyboardInterrupt:
         progress.close()
-        finished = len([p for p in study.units.glob("*.json")]) if main else 0
-        if main:
-            study.write_run(dict(study.read_run() or {}, status="interrupted"))
+        finished = len(list(plan.study.units.glob("*.json"))) if plan.main else 0
+        if plan.main:
+            plan.study.write_run(dict(plan.study.read_run() or {}, status="interrupted"))
         raise StudyInterrupted(
             f"interrupted: {finished} finished unit(s) kept in {cfg.out}; continue with: {resume_command(cfg)}"
         ) from None
     finally:
         progress.close()
-    if not main:
-        return {}
+    return trained
 
-    # ---- analysis, precision table, results.json ----
+
+def decide(plan: Plan, trained: Trained, speed_record: dict | None, loads: list) -> dict:
+    """Stage 4: the kernels' accuracy, the stability summary, the comparisons and the verdicts."""
     from normswap.study import precision as kernel_acc
 
-    loads = _loads(load_start, units)
-    cpus = _cpus()
-    unit_list = list(units.values())
-    precision = kernel_acc.kernel_accuracy(
-        "cpu" if dist.device.type != "cuda" else dist.device,
-        kernel_acc.kernels_for(unit_list, cfg.kernels, {a: kernel_acc.arm_kind(a) for a in arms}),
-    )
+    cfg, arms, units = plan.cfg, plan.arms, trained.units
+    dev = "cpu" if plan.dist.device.type != "cuda" else plan.dist.device
+    kinds = {a: kernel_acc.arm_kind(a) for a in arms}
+    precision = kernel_acc.kernel_accuracy(dev, kernel_acc.kernels_for(list(units.values()), cfg.kernels, kinds))
     stability, stability_sweep = None, None
-    if stab_units is not None:
+    if trained.stab_units is not None:
+        from normswap.study import stability as stab
+
         stab_seeds = list(range(cfg.seeds))
-        stability = stab.summarize(stab_units, arms, stab_seeds, cfg)
-        stability_sweep = stab.sweep_record(stab_units, arms, stab_seeds, cfg, BASELINE)
+        stability = stab.summarize(trained.stab_units, arms, stab_seeds, cfg)
+        stability_sweep = stab.sweep_record(trained.stab_units, arms, stab_seeds, cfg, BASELINE)
     analysis = analyse(
         cfg,
         units,
         arms,
-        baselines,
+        plan.baselines,
         precision,
-        kernel_setup=kernel_setup,
+        kernel_setup=plan.kernel_setup,
         loads=loads,
-        cpus=cpus,
+        cpus=_cpus(),
         stability_sweep=stability_sweep,
-        mults=mults,
-        from_scratch=source.from_scratch,
+        mults=trained.mults,
+        from_scratch=plan.source.from_scratch,
+        speed_phase=speed_record,
     )
+    return dict(analysis, precision=precision, stability=stability, stability_sweep=stability_sweep)
+
+
+def run_study(cfg: StudyConfig, *, given: set[str] | None = None, hooks: Hooks | None = None, echo=None) -> dict:
+    """Run (or resume) the study of ``cfg`` in ``cfg.out``; return results.json's content.
+
+    plan (every refusal before DIR changes) → train units (seeds in worker processes) → measure
+    speed (a protected timing phase) → decide (comparisons, verdicts) → write (results, report)."""
+    echo = echo or (lambda msg: print(msg, file=sys.stderr))
+    hooks = hooks or Hooks()
+    clock = {"wall0": time.perf_counter(), "load_start": _load_average()}
+    plan = plan_study(cfg, given, hooks, echo)
+    trained = train_units(plan, hooks, echo)
+    if not plan.main:
+        return {}
+    speed_record = speed_phase.measure(plan, echo) if plan.cfg.speed_seconds > 0 else None
+    loads = _loads(clock["load_start"], trained.units)
+    analysis = decide(plan, trained, speed_record, loads)
+    return write_results(plan, trained, analysis, speed_record, clock)
+
+
+def _setup_record(plan: Plan, trained: Trained, analysis: dict) -> dict:
+    """results.json ``setup``: every option and the design behind them."""
+    cfg, data, dist = plan.cfg, plan.data, plan.dist
+    seeds_run = sorted({seed for (_, seed, _) in trained.units})
+    heldout = data["heldout"]
+    return {
+        **cfg.recorded(),
+        "arms": plan.arms,
+        "seeds_list": seeds_run,
+        "seeds_run": len(seeds_run),
+        "seed_limit": cfg.seed_limit(),
+        "stopped_because": trained.stop_reason,
+        "multipliers": trained.mults,
+        "arm_lr_multipliers": {**PLANTED_LR, **cfg.arm_multipliers()},
+        "arm_schedules": {a: ARM_SCHEDULE[a] for a in plan.arms if a in ARM_SCHEDULE},
+        "reference_multiplier": analysis["reference_multiplier"],
+        "tokens_per_step": cfg.batch_size * cfg.seq_len,
+        "margin_nats": cfg.margin,
+        "lr_schedule": cfg.lr_schedule,
+        "schedule": Schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.lr_schedule, cfg.min_lr_ratio).describe(),
+        "final_eval_steps": cfg.final_eval_steps(),
+        "eval_tokens_used": int(data["eval_set"].numel()),
+        "heldout": {
+            "blocks": int(data["eval_set"].shape[0]),
+            "tokens": int(data["eval_set"].numel()),
+            "blocks_in_pool": heldout["read"],
+            "stride_blocks": heldout["stride"],
+            "split": data["eval_split"],
+            "rule": "disjoint blocks at an even stride over the validation split (study/heldout.py)",
+        },
+        "control_data": "layernorm-control: own data order and dropout stream (seed + 1000003), same init",
+        "design": design_record(plan),
+        "device": str(dist.device),
+        "world_size": dist.world,
+        "workers": plan.workers,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "spike_rule": f"loss > {cfg.spike_factor:g} × median of the previous {20} steps (after 10)",
+        "statistics": res.stats.METHOD,
+        "cpus": _cpus(),
+        "kernels": plan.kernel_setup,
+        "memory_method": measure.memory_method(dist.device),
+        "step_plan": {
+            "memory_step": measure.MEMORY_STEP,
+            "profiled_steps": f"{len(measure.StepPlan(cfg.steps, plan.arms).profiled_steps())} steps, every "
+            f"{measure.StepPlan(cfg.steps, plan.arms).profile_every}th from step {measure.PROFILE_START}",
+            "timed_steps": len(measure.StepPlan(cfg.steps, plan.arms).timed_steps()) if plan.workers == 1 else 0,
+            "arm_order": "Williams design over the timed steps" if plan.workers == 1 else "units in worker processes",
+        },
+        "throughput_method": speed_phase.METHOD if plan.cfg.speed_seconds > 0 else speed.METHOD,
+    }
+
+
+def design_record(plan: Plan) -> dict:
+    """Why the study is shaped as it is: the model it reads, the arms that check the test, the power."""
+    from normswap.study import bytes_model
+    from normswap.study import power as power_mod
+
+    cfg = plan.cfg
+    byte_level = getattr(plan.source.config, "vocab_size", None) == bytes_model.VOCAB
+    return {
+        "model": bytes_model.describe(plan.source.config)
+        if byte_level
+        else {"tokens": "model", "vocab_size": getattr(plan.source.config, "vocab_size", None)},
+        "planted": {a: {"lr_multiplier": PLANTED_LR[a], "expected": "different"} for a in plan.arms if a in PLANTED_LR},
+        "null_control": {"arm": CONTROL, "expected": "equivalent"} if CONTROL in plan.arms else None,
+        "power_plan": power_mod.plan(cfg.margin, cfg.seeds, cfg.seed_limit()),
+    }
+
+
+def write_results(plan: Plan, trained: Trained, analysis: dict, speed_record: dict | None, clock: dict) -> dict:
+    """Stage 5: results.json (atomic), the report, the run file marked finished."""
+    cfg, units, arms = plan.cfg, trained.units, plan.arms
     seeds_run = sorted({seed for (_, seed, _) in units})
-    order = [(arm, seed, m) for seed in seeds_run for m in mults for arm in arms]
+    order = [(arm, seed, m) for seed in seeds_run for m in trained.mults for arm in arms]
+    tokens_per_step = cfg.batch_size * cfg.seq_len
     results = {
         "schema_version": SCHEMA_VERSION,
         "kind": "normswap-study",
         "model": cfg.model,
-        "from_scratch": source.from_scratch,
+        "from_scratch": plan.source.from_scratch,
         "architecture": {
-            "model_type": source.config.model_type,
-            "parameters": n_params,
-            "norms_replaced": norms_replaced,
+            "model_type": plan.source.config.model_type,
+            "parameters": plan.n_params,
+            "norms_replaced": plan.norms_replaced,
+            "vocab_size": getattr(plan.source.config, "vocab_size", None),
         },
-        "setup": {
-            **cfg.recorded(),
-            "arms": arms,
-            "seeds_list": seeds_run,
-            "seeds_run": len(seeds_run),
-            "seed_limit": cfg.seed_limit(),
-            "stopped_because": stop_reason,
-            "multipliers": mults,
-            "arm_lr_multipliers": cfg.arm_multipliers(),
-            "arm_schedules": {a: ARM_SCHEDULE[a] for a in arms if a in ARM_SCHEDULE},
-            "reference_multiplier": analysis["reference_multiplier"],
-            "tokens_per_step": tokens_per_step,
-            "margin_nats": cfg.margin,
-            "lr_schedule": cfg.lr_schedule,
-            "schedule": Schedule(cfg.lr, cfg.steps, cfg.warmup, cfg.lr_schedule, cfg.min_lr_ratio).describe(),
-            "final_eval_steps": cfg.final_eval_steps(),
-            "eval_tokens_used": int(eval_set.numel()),
-            "heldout": {
-                "blocks": int(eval_set.shape[0]),
-                "tokens": int(eval_set.numel()),
-                "blocks_in_pool": heldout["read"],
-                "stride_blocks": heldout["stride"],
-                "split": eval_split,
-                "rule": "disjoint blocks at an even stride over the validation split (study/heldout.py)",
-            },
-            "control_data": "layernorm-control: own data order and dropout stream (seed + 1000003), same init",
-            "device": str(dist.device),
-            "world_size": dist.world,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "threads": torch.get_num_threads(),
-            "spike_rule": f"loss > {cfg.spike_factor:g} × median of the previous {20} steps (after 10)",
-            "statistics": res.stats.METHOD,
-            "cpus": cpus,
-            "kernels": kernel_setup,
-            "memory_method": measure.memory_method(dist.device),
-            "step_plan": {
-                "memory_step": measure.MEMORY_STEP,
-                "profiled_steps": f"every {measure.PROFILE_EVERY}th from step {measure.PROFILE_START}",
-                "timed_steps": len(measure.StepPlan(cfg.steps, arms).timed_steps()),
-                "arm_order": "Williams design over the timed steps",
-            },
-            "throughput_method": speed.METHOD,
-        },
-        "notes": notes,
+        "setup": _setup_record(plan, trained, analysis),
+        "notes": plan.notes + analysis.get("notes", []),
         "baseline": BASELINE,
         "control": CONTROL if CONTROL in arms else None,
-        "baselines": baselines,
+        "baselines": plan.baselines,
         "units": [res.summarize_unit(units[k], tokens_per_step) for k in order if k in units],
-        "comparisons": analysis["comparisons"],
-        "null_control": analysis["null_control"],
-        "baseline_norm_share": analysis["baseline_norm_share"],
-        "lr_sweep": analysis["lr_sweep"],
-        "migration_rule": analysis["migration_rule"],
-        "precision": precision,
-        "stability": stability,
-        "stability_sweep": stability_sweep,
+        **{k: analysis[k] for k in ANALYSIS_KEYS},
+        "speed_phase": speed_record,
         "lm_eval": res.lm_eval_table(units, arms, analysis["reference_multiplier"]),
-        "claims": analysis["claims"],
-        "multiplicity": analysis["multiplicity"],
         "timing": {
-            "wall_seconds": time.perf_counter() - wall0,
-            "train_seconds": spent,  # every seed's training (resumes included): what --budget counts
-            "load_average_start": load_start,
+            "wall_seconds": time.perf_counter() - clock["wall0"],
+            "train_seconds": trained.spent,  # every seed's training (resumes included): what --budget counts
+            "speed_phase_seconds": (speed_record or {}).get("elapsed_s"),
+            "load_average_start": clock["load_start"],
             "load_average_end": _load_average(),
         },
     }
     results = _finite(results)
     from normswap.publish import atomic_write_json
 
-    atomic_write_json(study.results_file, results)
+    atomic_write_json(plan.study.results_file, results)
     from normswap.study.report import write_report
 
-    write_report(results, study.out)
-    run = study.read_run() or {}
-    study.write_run(dict(run, status="finished"))
+    write_report(results, plan.study.out)
+    plan.study.write_run(dict(plan.study.read_run() or {}, status="finished"))
     return results
+
+
+ANALYSIS_KEYS = (
+    "comparisons",
+    "null_control",
+    "baseline_norm_share",
+    "lr_sweep",
+    "migration_rule",
+    "precision",
+    "stability",
+    "stability_sweep",
+    "claims",
+    "multiplicity",
+    "power",
+    "instrument_check",
+)
 
 
 def baseline_losses(source, cfg: StudyConfig, train_split: str, eval_set) -> dict:
@@ -675,99 +858,6 @@ def baseline_losses(source, cfg: StudyConfig, train_split: str, eval_set) -> dic
     train = training_blocks(source.tokenizer, cfg.data, cfg.seq_len, cfg.steps * cfg.batch_size, train_split)
     vocab = int(getattr(source.config, "vocab_size", 0) or len(source.tokenizer))
     return ngram_losses(train, eval_set, vocab)
-
-
-def stream_factory(source, cfg: StudyConfig, train_split: str):
-    """A data-order seed -> its token stream (made on first use): what ``Group.run`` reads batches from."""
-    from normswap.finetune.data import TrainStream
-
-    streams: dict = {}
-
-    def stream_for(data_seed):
-        if data_seed not in streams:
-            streams[data_seed] = TrainStream(source.tokenizer, cfg.data, cfg.seq_len, data_seed, split=train_split)
-        return streams[data_seed]
-
-    return stream_for
-
-
-@dataclasses.dataclass
-class _Run:
-    """What every (seed, multiplier) group of one study shares."""
-
-    cfg: StudyConfig
-    source: object
-    study: StudyDir
-    units: dict
-    arms: list
-    dist: Dist
-    hooks: Hooks
-    train_split: object
-    eval_set: object
-    progress: object
-    echo: object
-    main: bool
-    rms_impl: str | None
-    held_out: object = None
-
-
-def _run_group(run: _Run, todo, seed, m):
-    """One (seed, multiplier): its unfinished arms trained together; each unit written as it ends."""
-    cfg, source, study, units, dist, main = run.cfg, run.source, run.study, run.units, run.dist, run.main
-    arms, progress, echo, held_out = run.arms, run.progress, run.echo, run.held_out
-    group_arms = [a for a in arms if (a, seed, m) in todo]
-    if not group_arms:
-        return
-    group = Group(source, cfg, group_arms, seed, m, dist, run.hooks, rms_impl=run.rms_impl)
-    stream_for = stream_factory(source, cfg, run.train_split)
-
-    where = f"seed {seed + 1}" + (f" lr ×{m:g}" if len(cfg.multipliers()) > 1 else "")
-
-    def save(record):
-        units[(record["arm"], seed, m)] = record
-        if main:
-            study.write_unit(unit_key(record["arm"], seed, m), record)
-
-    def on_step(t, arms_now):
-        progress.step(
-            sum(1 for a in arms_now if a.record["steps_done"] == t), f"{where} step {t}/{cfg.steps}", arms_now
-        )
-
-    def lm_eval(finished):
-        tasks = cfg.lm_eval_task_list()
-        if not tasks or seed != 0 or not main:
-            return
-        from normswap.evaluate.lm_eval_adapter import run_tasks
-        from normswap.model_facts import context_length
-
-        for arm in finished:
-            arm.record["lm_eval"] = run_tasks(
-                arm.model,
-                source.tokenizer,
-                tasks,
-                batch_size=16,
-                max_length=context_length(source.config),
-                limit=cfg.lm_eval_limit or None,
-                device=dist.device,
-                log_path=study.out / "lm_eval.log",
-                # the model as it trained: under bf16/fp16 its norms compute in that dtype, inside autocast
-                mixed_precision=None if cfg.precision == "fp32" else precision_for(cfg.precision, dist.device).dtype,
-            )
-
-    records = group.run(stream_for, run.eval_set, on_step=on_step, on_arm_done=save, after_arms=lm_eval)
-    if held_out is not None:  # the migration rule's per-block losses (migration.py)
-        migration.add_block_losses(group.arms, held_out, cfg.precision, dist.device)
-    for record in records:
-        if record["status"] == "finished":
-            save(record)
-    if main:
-        for arm in group.arms:
-            if arm.record["status"] == "diverged":
-                nf = arm.record["nonfinite"]
-                echo(
-                    f"normswap study: arm {arm.name} (seed {seed + 1}, lr ×{m:g}) stopped at step {nf['step']}: "
-                    f"{nf['what']} is {nf['value']}; the other arms went on"
-                )
 
 
 def _finite(obj):

@@ -123,9 +123,41 @@ def busy(loads: list, cpus: int | None) -> float | None:
     return worst if worst > cpus else None
 
 
+def _null_within(control_iv: dict | None) -> bool:
+    """The null rule of the instrument that measured ``control_iv``: normswap.timing's band for the
+    timing phase, evaluate/stats.py's for the interleaved steps of one process."""
+    if control_iv and control_iv.get("instrument") == "normswap.timing.compare":
+        from normswap import timing
+
+        return timing.null_within_band(control_iv["low"], control_iv["high"])
+    return null_is_tight(control_iv)
+
+
+def _null_band(control_iv: dict | None) -> float:
+    if control_iv and control_iv.get("instrument") == "normswap.timing.compare":
+        from normswap import timing
+
+        return timing.NULL_BAND
+    return NULL_DELTA
+
+
 def control_gate(control_iv: dict | None) -> dict:
-    """Whether the null control says this machine could tell (normswap's one null rule)."""
-    return {"band": NULL_DELTA, "interval": control_iv, "within": null_is_tight(control_iv)}
+    """Whether the null control says this machine could tell (the measuring instrument's null rule)."""
+    return {"band": _null_band(control_iv), "interval": control_iv, "within": _null_within(control_iv)}
+
+
+def use_speed_phase(comparisons: dict, phase: dict) -> dict:
+    """The timing phase's intervals as each comparison's throughput (speed_phase.py): the timed arms'
+    ratios; arms with layernorm's own step (the control, a planted arm) take the null's. Returns the
+    null's interval: the throughput verdicts' control."""
+    from normswap.study import speed_phase
+
+    null = speed_phase.interval(phase["null"])
+    for arm, cmp in comparisons.items():
+        ratio = phase["candidates"].get(arm)
+        cmp["throughput_ratio_bootstrap"] = speed_phase.interval(ratio) if ratio else dict(null, same_step=True)
+        cmp["throughput_ratio"] = None  # the units' own step times (unpaired in workers) are not used
+    return null
 
 
 def _fmt(iv: dict | None) -> str:
@@ -142,7 +174,7 @@ def gates(
         "amdahl_below_claim": bound is not None and bound < threshold,
         "busy_load": busy(loads, cpus),
         "cpus": cpus,
-        "control_within": None if control_iv is None else null_is_tight(control_iv),
+        "control_within": None if control_iv is None else _null_within(control_iv),
     }
 
 
@@ -166,7 +198,7 @@ def throughput_verdict(
     if g["busy_load"] is not None:
         noise.append(f"load average {g['busy_load']:.2f} on {cpus} CPUs")
     if g["control_within"] is False:
-        noise.append(f"the null control is not within ±{NULL_DELTA:.0%} of 1")
+        noise.append(f"the null control is not within ±{_null_band(control_iv):.0%} of 1")
     reasons = []
     if g["amdahl_below_claim"]:
         reasons.append(f"even the measured norm share at the measured kernel speed-up cannot give ×{threshold:.2f}")
@@ -178,7 +210,7 @@ def throughput_verdict(
         return NOT_MEASURABLE, f"{reasons[0]}; {text}"
     if control_iv is None:
         return NOT_MEASURABLE, f"{text}: no null control (layernorm-control) to tell noise from a difference"
-    if ratio_iv is None or ratio_iv.get("seeds", 0) < 2:
+    if ratio_iv is None or (ratio_iv.get("pairs") is None and ratio_iv.get("seeds", 0) < 2):
         return NOT_MEASURABLE, f"{text}: needs ≥ 2 seeds"
     if ratio_iv["low"] >= threshold:
         return REPRODUCED, text

@@ -106,6 +106,14 @@ def _read_json(path: Path, what: str, max_bytes: int):
     A link, a FIFO, a device or an oversized file is refused in one line, never read."""
     if not (path.exists() or path.is_symlink()):
         return None
+    # links, FIFOs and devices are bounded_load's to refuse; a regular file must be ours alone
+    if path.is_file() and not path.is_symlink():
+        why = why_not_private(path, kind="file")
+        if why:
+            raise NormswapError(
+                f"refusing {what} {path}: {why} — a study reads back only what you alone could have written "
+                "(remove it, or start again with --force)"
+            )
     try:
         return bounded_load.load_json(path, what=what, max_bytes=max_bytes)
     except bounded_load.BoundedLoadError as e:

@@ -53,7 +53,7 @@ from normswap.finetune.step import Schedule, TrainStep, precision_for
 from normswap.model_facts import norm_modules
 from normswap.study import measure
 from normswap.study.arms import build_arm
-from normswap.study.config import ARM_SCHEDULE, CONTROL
+from normswap.study.config import ARM_SCHEDULE, CONTROL, PLANTED_LR
 
 SPIKE_WINDOW = 20  # a spike is judged against the median of this many previous losses
 SPIKE_MIN_HISTORY = 10
@@ -209,7 +209,7 @@ class Group:
         self.cfg, self.seed, self.multiplier, self.dist, self.hooks = cfg, seed, multiplier, dist, hooks
         self.peak_lr = cfg.lr * multiplier
         self.final_steps = set(cfg.final_eval_steps())
-        arm_mults = cfg.arm_multipliers()
+        arm_mults = {**PLANTED_LR, **cfg.arm_multipliers()}  # a planted arm's handicap is its rate
         self.arms: list[Arm] = []
         self.plan = measure.StepPlan(cfg.steps, arm_names)
         for name in arm_names:
@@ -244,20 +244,19 @@ class Group:
     def _step(self, arm: Arm, batch: torch.Tensor, t: int) -> None:
         rec = arm.record
         torch.manual_seed(arm.stream_seed * 1_000_003 + t)  # the same dropout masks for every arm at step t
-        arm.step.begin(t)
         with arm.probe.step(t) as probe:  # the whole step: timed, or measured (measure.StepPlan)
             probe.result = self._forward_backward_update(arm, batch, t, rec)
         self._after(arm, t, probe, rec)
 
     def _forward_backward_update(self, arm: Arm, batch: torch.Tensor, t: int, rec: dict) -> tuple:
-        """finetune/step.py's step: loss under the precision, backward, all-reduce, clip, update."""
-        loss = arm.step.loss(lambda: arm.model(input_ids=batch, labels=batch).loss)
-        if self.hooks.loss is not None:
-            loss = self.hooks.loss(arm.name, t, loss)
-        arm.step.backward(loss)
-        grad_norm = arm.step.clip()
-        loss_v = float(self.dist.mean_(loss.detach().float().reshape(1))[0])
-        update = arm.step.update(loss_v, grad_norm)
+        """finetune/step.py's whole step: rate, loss under the precision, backward, all-reduce, clip, update."""
+        hook = self.hooks.loss
+        loss_v, grad_norm, update = arm.step.run(
+            lambda: arm.model(input_ids=batch, labels=batch).loss,
+            t,
+            loss_hook=None if hook is None else (lambda loss: hook(arm.name, t, loss)),
+            reduce_loss=lambda v: float(self.dist.mean_(torch.tensor([v], device=self.dist.device))[0]),
+        )
         if update.refused is not None:
             value = loss_v if update.refused == "loss" else grad_norm
             rec["nonfinite"] = {"step": t, "what": update.refused, "value": str(value)}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A committed timed run beside one CPU-bound burner process (#37: decided on a busy machine).
+#   flock -x /tmp/ns-cpu.lock bench/busy_run.sh OUT_DIR normswap bench decode [ARGS...]
+# OUT_DIR gets command.txt, stdout.txt, stderr.txt, result.json (the command's --json / --out) and
+# load.txt (uptime before, with the burner running, and after). The burner is `python3 -c 'while
+# True: pass'`, started just before the command and stopped (by its pid) right after it.
+set -euo pipefail
+out=$1; shift
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH=$here
+echo "$* (beside one CPU burner, under flock -x /tmp/ns-cpu.lock; $(date -u +%FT%TZ); $(git -C "$here" rev-parse --short HEAD))" > "$out/command.txt"
+echo "before: $(uptime)" > "$out/load.txt"
+python3 -c 'while True: pass' &
+burner=$!
+trap 'kill "$burner" 2>/dev/null || true' EXIT
+sleep 5
+echo "burner started (pid $burner): $(uptime)" >> "$out/load.txt"
+start=$(date +%s)
+case "$3" in
+  kernels) extra=(--out "$out/result.json" --markdown "$out/result.md") ;;
+  *) extra=(--json "$out/result.json") ;;
+esac
+set +e
+python3 -m normswap.cli.main "${@:2}" "${extra[@]}" > "$out/stdout.txt" 2> "$out/stderr.txt"
+rc=$?
+set -e
+echo "after ($(( $(date +%s) - start )) s, exit $rc): $(uptime)" >> "$out/load.txt"
+kill "$burner"
+exit $rc

@@ -1,0 +1,298 @@
+"""normswap's one timing instrument: paired, interleaved speed ratios with a null control.
+
+Why pairs. On this project's shared 2-core machine the host's own speed swings by ×2 within
+seconds (other jobs, frequency, caches): the same decode step measured 212 to 417 tokens/s in
+five whole-generation repeats. No timing of one function alone can tell a 3 % difference through
+that, and neither can comparing two functions' timings taken at different moments. What does work
+is to time the two functions back to back, many times, over blocks short enough that the host
+barely changes within one pair: the *ratio within a pair* cancels whatever the host was doing,
+and the median of many such ratios is stable (docs/speed.md; ../shared/reference/probes/noise2.py
+and noise3.py measured it).
+
+How (:func:`compare`):
+- warm-up: every function runs ``warmup`` untimed blocks first (allocator, lazy init, caches);
+- a *round* pairs the baseline with every other function once, in a shuffled order; a pair runs
+  one block (``calls_per_sample`` calls) of each, A then B in one round and B then A in the next,
+  so neither side always enjoys the warmer position; each block starts with ``lead_in`` untimed
+  calls of its own function, so that no block inherits a cache another function left (the
+  baseline, in every pair, would otherwise often follow itself and look faster than its copy);
+- each pair's ratio is ``baseline seconds / candidate seconds`` — the candidate's speed over the
+  baseline's, above 1 when the candidate is faster (normswap's convention for every speed ratio);
+- the estimate is the median of the per-pair ratios, its interval a percentile bootstrap of that
+  median (pairs resampled whole, so the pairing survives the resampling);
+- the **null control** is the baseline against a second copy of itself (the caller supplies it:
+  the same model loaded again, at another address), timed the same way in the same rounds. It is
+  what "no difference" looks like during this run; two identical copies can differ by ~1 %;
+- the **stop rule**: rounds continue until every interval, the null's included, is narrower than
+  ``target_halfwidth`` on each side ("converged"), or the time budget ("budget") or the pair cap
+  ("max_pairs") runs out; the result says which.
+
+Verdicts (:func:`verdict`), in the project's words: "too noisy to tell" when the null control's
+interval is not inside [1 − ``NULL_BAND``, 1 + ``NULL_BAND``]; else "faster" / "slower" when the
+candidate's interval excludes 1 and the null's interval; else "no measurable difference".
+
+The clock is injectable (``clock=``), so the tests plant timings with a fake clock and never
+depend on how fast the machine running them is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Mapping
+
+FASTER = "faster"
+SLOWER = "slower"
+NO_DIFFERENCE = "no measurable difference"
+TOO_NOISY = "too noisy to tell"
+VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE, TOO_NOISY)
+
+# The null control must land within ±NULL_BAND of 1 for any verdict: a machine where two identical
+# copies differ by more than 2 % cannot be trusted with the few-per-cent differences a norm swap
+# makes (issue 37: "null control within ±2 %").
+NULL_BAND = 0.02
+# below this many pairs a bootstrap interval is too coarse to call anything (a ratio of 2 pairs can
+# exclude 1 by chance): "no measurable difference", whatever it reads
+MIN_PAIRS = 10
+LEVEL = 0.95
+BOOTSTRAP_DRAWS = 1000
+CONVERGED, BUDGET, MAX_PAIRS = "converged", "budget", "max_pairs"
+METHOD = (
+    "median of per-pair speed ratios (baseline seconds / candidate seconds; interleaved pairs, order "
+    f"alternating), {LEVEL:.0%} percentile bootstrap over pairs; a verdict needs the null control (the "
+    f"baseline against a second copy of itself) within [{1 - NULL_BAND:.2f}, {1 + NULL_BAND:.2f}] "
+    "(else: too noisy to tell) and an interval that excludes 1 and the null's"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """One function's speed over the baseline's: the median per-pair ratio and its interval."""
+
+    ratio: float
+    low: float
+    high: float
+    pairs: int
+    verdict: str
+
+    @property
+    def halfwidth(self) -> float:
+        return (self.high - self.low) / 2
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Comparison:
+    """What :func:`compare` measured: ``candidates[name]`` and ``null`` against ``baseline``."""
+
+    baseline: str
+    null_name: str | None
+    candidates: dict[str, Ratio]
+    null: Ratio | None
+    stop_reason: str
+    elapsed_s: float
+    rounds: int
+    calls_per_sample: int
+    target_halfwidth: float
+    # per function: [(baseline seconds, its seconds)] of every pair, in the order they ran
+    pair_seconds: dict[str, list[tuple[float, float]]]
+    # per function: its median seconds per call over all its timed blocks (absolute throughput)
+    seconds_per_call: dict[str, float]
+
+    def __getitem__(self, name: str) -> Ratio:
+        return self.null if name == self.null_name else self.candidates[name]
+
+    def to_json(self, samples: bool = False) -> dict:
+        out = {
+            "baseline": self.baseline,
+            "null_name": self.null_name,
+            "candidates": {k: v.to_json() for k, v in self.candidates.items()},
+            "null": self.null.to_json() if self.null else None,
+            "stop_reason": self.stop_reason,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "rounds": self.rounds,
+            "calls_per_sample": self.calls_per_sample,
+            "target_halfwidth": self.target_halfwidth,
+            "null_band": NULL_BAND,
+            "seconds_per_call": dict(self.seconds_per_call),
+            "method": METHOD,
+        }
+        if samples:
+            out["pair_seconds"] = {k: [list(p) for p in v] for k, v in self.pair_seconds.items()}
+        return out
+
+
+def null_within_band(null_low: float, null_high: float, band: float = NULL_BAND) -> bool:
+    """Whether the null control says this run could tell differences (its interval inside the band)."""
+    return 1 - band <= null_low and null_high <= 1 + band
+
+
+def verdict(
+    low: float, high: float, null_low: float | None, null_high: float | None, band: float = NULL_BAND, pairs=None
+) -> str:
+    """The project's verdict on a speed-ratio interval [low, high], given the null control's
+    (None, None: a run without one, judged on 1 alone); fewer than ``MIN_PAIRS`` pairs decide nothing."""
+    if pairs is not None and pairs < MIN_PAIRS:
+        return NO_DIFFERENCE
+    if null_low is None:
+        null_low = null_high = 1.0
+    elif not null_within_band(null_low, null_high, band):
+        return TOO_NOISY
+    if low > 1.0 and low > null_high:
+        return FASTER
+    if high < 1.0 and high < null_low:
+        return SLOWER
+    return NO_DIFFERENCE
+
+
+def median_interval(ratios: list[float], *, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high): the median of ``ratios`` and its percentile-bootstrap interval.
+
+    Each ratio is one whole pair, so resampling ratios resamples pairs: the two halves of a pair
+    are never separated, which is what keeps the host's swings out of the interval."""
+    import numpy as np
+
+    r = np.asarray(ratios, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    meds = np.median(r[rng.integers(len(r), size=(draws, len(r)))], axis=1)
+    tail = 50 * (1 - LEVEL)
+    low, high = np.percentile(meds, [tail, 100 - tail])
+    return float(np.median(r)), float(low), float(high)
+
+
+def calibrate_calls(
+    fn: Callable[[], object], block_s: float, *, max_calls: int = 1000, clock=time.perf_counter, sync=None
+) -> int:
+    """How many calls of ``fn`` make one block of about ``block_s`` seconds (one timed call decides)."""
+    seconds = _block(fn, 1, clock, sync)
+    return max(1, min(max_calls, round(block_s / max(seconds, 1e-9))))
+
+
+def _block(fn, calls: int, clock, sync, lead_in: int = 0) -> float:
+    for _ in range(lead_in):
+        fn()
+    if sync:
+        sync()
+    t0 = clock()
+    for _ in range(calls):
+        fn()
+    if sync:
+        sync()
+    return clock() - t0
+
+
+def _ratios(pairs: list[tuple[float, float]]) -> list[float]:
+    return [base / other for base, other in pairs if other > 0]
+
+
+def _estimates(pair_seconds, draws: int, seed: int) -> dict[str, tuple[float, float, float]]:
+    return {name: median_interval(_ratios(p), draws=draws, seed=seed) for name, p in pair_seconds.items() if p}
+
+
+def _converged(estimates, target_halfwidth: float) -> bool:
+    return all((high - low) / 2 <= target_halfwidth for _, low, high in estimates.values())
+
+
+def compare(
+    fns: Mapping[str, Callable[[], object]],
+    baseline: str,
+    null: str | None,
+    *,
+    calls_per_sample: int = 5,
+    target_halfwidth: float = 0.01,
+    budget_s: float = 60.0,
+    min_pairs: int = 30,
+    max_pairs: int = 5000,
+    warmup: int = 3,
+    lead_in: int = 1,
+    seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], object] | None = None,
+    check_every: int = 20,
+    draws: int = BOOTSTRAP_DRAWS,
+    band: float = NULL_BAND,
+    progress: Callable[[str], object] | None = None,
+) -> Comparison:
+    """Time every function in ``fns`` against ``fns[baseline]`` in interleaved pairs (module doc).
+
+    ``fns[null]`` is the null control: the baseline's second copy (None: a run without one, whose
+    verdicts rest on 1 alone). Every other entry is a candidate. Rounds run until all intervals are
+    within ``target_halfwidth`` ("converged", checked every ``check_every`` rounds once
+    ``min_pairs`` are in), ``budget_s`` seconds of ``clock`` have passed ("budget") or
+    ``max_pairs`` rounds ran ("max_pairs"). ``sync`` (e.g. torch.cuda.synchronize) runs before
+    every clock read. Ratios: candidate speed / baseline speed (> 1: faster). With the baseline
+    alone, each round times it once (its absolute speed, no ratio).
+
+    ``lead_in`` untimed calls of a block's own function come right before it: the baseline runs in
+    every pair, so without them it would often follow itself, its weights still in the CPU's caches,
+    while its copy always follows another model — measured: the null control read 0.93 on kjv-gpt2
+    decode. With them every timed block starts from its own function's warm state."""
+    if baseline not in fns or (null is not None and null not in fns) or null == baseline:
+        raise ValueError(f"compare: baseline {baseline!r} and null {null!r} must be two different keys of fns")
+    for name in fns:
+        for _ in range(warmup):
+            _block(fns[name], calls_per_sample, clock, sync)
+    others = [name for name in fns if name != baseline]
+    pair_seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in others}
+    blocks: dict[str, list[float]] = {name: [] for name in fns}
+
+    def one_round(rounds: int, rng: random.Random) -> None:
+        rng.shuffle(others)
+        for name in others or [baseline]:
+            order = (baseline, name) if rounds % 2 == 0 else (name, baseline)
+            seconds = {k: _block(fns[k], calls_per_sample, clock, sync, lead_in) for k in dict.fromkeys(order)}
+            if name != baseline:
+                pair_seconds[name].append((seconds[baseline], seconds[name]))
+            for k, sec in seconds.items():
+                blocks[k].append(sec)
+
+    def converged(rounds: int) -> bool:
+        estimates = _estimates(pair_seconds, draws, seed)
+        if progress and estimates:
+            widest = max((h - lo) / 2 for _, lo, h in estimates.values())
+            progress(f"{rounds} pairs, widest half-width {widest:.4f} (target {target_halfwidth})")
+        return _converged(estimates, target_halfwidth)
+
+    rng, start = random.Random(seed), clock()
+    rounds, stop_reason = 0, MAX_PAIRS
+    while rounds < max_pairs:
+        one_round(rounds, rng)
+        rounds += 1
+        if clock() - start >= budget_s:
+            stop_reason = BUDGET
+            break
+        if rounds >= min(min_pairs, max_pairs) and rounds % check_every == 0 and converged(rounds):
+            stop_reason = CONVERGED
+            break
+    run = {"stop_reason": stop_reason, "elapsed_s": clock() - start, "rounds": rounds}
+    run |= {"calls_per_sample": calls_per_sample, "target_halfwidth": target_halfwidth}
+    return _comparison(baseline, null, pair_seconds, blocks, run, band=band, draws=draws, seed=seed)
+
+
+def _comparison(baseline, null, pair_seconds, blocks, run: dict, *, band, draws, seed) -> Comparison:
+    import statistics
+
+    estimates = _estimates(pair_seconds, draws, seed)
+    null_low, null_high = estimates[null][1:] if null is not None else (None, None)
+
+    def ratio(name):
+        med, low, high = estimates[name]
+        pairs = len(pair_seconds[name])
+        if name == null:  # the yardstick: within its band it is "no difference" by construction
+            word = NO_DIFFERENCE if pairs >= MIN_PAIRS and null_within_band(low, high, band) else TOO_NOISY
+        else:
+            word = verdict(low, high, null_low, null_high, band, pairs=pairs)
+        return Ratio(med, low, high, pairs, word)
+
+    return Comparison(
+        baseline=baseline,
+        null_name=null,
+        candidates={name: ratio(name) for name in estimates if name != null},
+        null=ratio(null) if null is not None else None,
+        pair_seconds=pair_seconds,
+        seconds_per_call={k: statistics.median(v) / run["calls_per_sample"] for k, v in blocks.items() if v},
+        **run,
+    )
