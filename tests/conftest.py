@@ -11,6 +11,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+import shutil
+from pathlib import Path
+
 import pytest
 from helpers import assert_no_traceback
 
@@ -38,3 +41,35 @@ def run_cli(capsys):
         return code, out, err
 
     return _run
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory):
+    """``built_once(name, build)`` -> a directory that ``build(path)`` filled, once per test run.
+
+    pytest-xdist gives every worker its own session, so a session fixture alone is still built once
+    per worker (three times on `-n 3`), and a module fixture once per worker that runs a test of the
+    module. The workers' temporary roots share a parent (the controller's basetemp): the first worker
+    to ask builds there under a file lock, and the others wait for it and read the same files.
+    Callers must not modify what they get."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    root = root / "built-once"
+    root.mkdir(exist_ok=True)
+
+    def get(name: str, build) -> Path:
+        path, done = root / name, root / f"{name}.done"
+        with FileLock(str(root / f"{name}.lock")):
+            if not done.exists():
+                # built in place (checkpoints record their own and their source's paths), marked
+                # complete afterwards; a build that failed part-way is started again from nothing
+                shutil.rmtree(path, ignore_errors=True)
+                path.mkdir()
+                build(path)
+                done.touch()
+        return path
+
+    return get

@@ -41,10 +41,19 @@ def _env(**extra):
     return env
 
 
+MODEL_NAMES = ("source", "approx", "exact")
+
+
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(built_once):
     """A small trained LayerNorm GPT-2 (source) and its approximate (β dropped, γ kept) and exact
-    conversions, as checkpoint directories."""
+    conversions, as checkpoint directories: trained once per test run, whichever xdist worker
+    asks first (tests/conftest.py built_once); no test writes into them."""
+    root = built_once("finetune-models", _train_and_convert)
+    return {name: root / name for name in MODEL_NAMES}
+
+
+def _train_and_convert(root):
     from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
     from tokenizers import models as tmodels
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -54,7 +63,7 @@ def models(tmp_path_factory):
     from normswap.convert import convert_model
     from normswap.data import load_documents, pack_tokens
 
-    root = tmp_path_factory.mktemp("ft-models")
+    torch.set_num_threads(1)  # the numbers of a one-thread run, whichever module's worker builds it
     tk = Tokenizer(tmodels.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
@@ -99,13 +108,10 @@ def models(tmp_path_factory):
     model.save_pretrained(src)
     tok.save_pretrained(src)
 
-    out = {"source": src}
     for name, kw in {"approx": dict(mode="approx", gamma="keep", beta="drop"), "exact": dict(mode="exact")}.items():
         m = normswap.load_model(src)
         convert_model(m, **kw)
         save_checkpoint(m, root / name, tokenizer=tok)
-        out[name] = root / name
-    return out
 
 
 def _eval_set(path):
@@ -688,10 +694,10 @@ def _cli_args(model, out, **kw):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(models, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ft-resume") / "straight"
-    _run(models["approx"], out, **RESUME_ARGS)
-    return out
+def uninterrupted(models, built_once):
+    """The reference trajectory of the three kill/resume tests: one uninterrupted run, once per test run."""
+    root = built_once("finetune-uninterrupted", lambda d: _run(models["approx"], d / "straight", **RESUME_ARGS))
+    return root / "straight"
 
 
 def _start_and_wait_for_checkpoint(models, out, step=3):

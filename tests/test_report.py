@@ -29,12 +29,18 @@ CONTRACT_MODEL = (
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(built_once):
+    """original, exact conversion and a 'fine-tuned' copy with its train log: built once per test run
+    (tests/conftest.py built_once), whichever xdist worker asks first; no test writes into them."""
+    root = built_once("report-checkpoints", _build_checkpoints)
+    return {name: str(root / name) for name in ("orig", "conv", "ft")}
+
+
+def _build_checkpoints(root):
     import normswap
     from normswap.checkpoint.write import save_checkpoint
     from normswap.convert import convert_model
 
-    root = tmp_path_factory.mktemp("models")
     orig = save_tiny(root / "orig", seed=7)
     model = normswap.load_model(orig)
     convert_model(model, mode="exact")
@@ -55,14 +61,18 @@ def checkpoints(tmp_path_factory):
                 row["eval_loss"] = 6.1 - step * 0.04
             f.write(json.dumps(row) + "\n")
         f.write('{"step": 41, "loss": ')  # a run killed mid-line must not break the report
-    return {"orig": str(orig), "conv": str(conv), "ft": str(ft)}
 
 
 @pytest.fixture(scope="module")
-def report_dir(checkpoints, tmp_path_factory):
+def report_dir(checkpoints, built_once):
+    """One `eval report` of the three checkpoints (lm-eval task, speed, diagnostics), run once per
+    test run; the tests below read it and never write into it."""
+    return built_once("report-rep", lambda root: _report(checkpoints, root / "rep")) / "rep"
+
+
+def _report(checkpoints, out):
     from normswap.cli.main import main
 
-    out = tmp_path_factory.mktemp("reports") / "rep"
     args = [
         "eval",
         "report",
@@ -99,7 +109,6 @@ def report_dir(checkpoints, tmp_path_factory):
         main(args)
     except SystemExit as e:
         assert not e.code, f"eval report exited {e.code}"
-    return out
 
 
 @pytest.mark.slow

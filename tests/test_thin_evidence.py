@@ -75,6 +75,38 @@ def test_finetune_header_counts_passes_and_warns_past_a_few(tmp_path):
     assert passes < 1 and not any(line.startswith("warning") for line in lines)  # control: one short step
 
 
+def test_the_embedded_count_is_kept_per_tokenizer_and_a_local_file_is_read_again(tmp_path, monkeypatch):
+    """The header's token count of the embedded corpus is taken once per tokenizer in a process
+    (finetune/data.py _split_counts); another tokenizer, or a local file (it may change), is counted again."""
+    import normswap
+    import normswap.data
+    from normswap.finetune import data
+
+    monkeypatch.setattr(data, "HEADER_TOKENISED_CHARS", 20_000)  # a short count: the rule, not the corpus
+    monkeypatch.setattr(data, "_EMBEDDED_COUNTS", {})
+    reads, real = [], normswap.data.load_documents
+
+    def load_documents(spec, split, **kw):
+        reads.append((str(spec), split))
+        return real(spec, split, **kw)
+
+    monkeypatch.setattr(normswap.data, "load_documents", load_documents)
+    tok = normswap.load_tokenizer(model_path("kjv-gpt2"))
+    first = data.corpus_header(tok, "embedded", "train", 1024, "embedded", "validation", 4096)
+    assert data.corpus_header(tok, "embedded", "train", 1024, "embedded", "validation", 4096) == first
+    assert reads.count(("embedded", "train")) == 1  # the second header did not read the training split
+    # negative control: a tokenizer with one more token is another count, taken afresh
+    other = normswap.load_tokenizer(model_path("kjv-gpt2"))
+    other.add_tokens(["qqzzyx"])
+    data.corpus_header(other, "embedded", "train", 1024, "embedded", "validation", 4096)
+    assert reads.count(("embedded", "train")) == 2
+    text = tmp_path / "t.txt"
+    text.write_text(_paragraphs(30, words=400))
+    for _ in range(2):
+        data.corpus_header(tok, str(text), "train", 64, str(text), "validation", 64)
+    assert reads.count((str(text), "train")) == 2
+
+
 def test_the_split_rule_recorded_is_the_one_applied(tmp_path, capsys):
     from normswap.data.sources import HASH_RULE
     from normswap.finetune.data import training_data_record

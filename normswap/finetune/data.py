@@ -199,17 +199,12 @@ def corpus_header(tokenizer, data_spec: str, split: str, eval_tokens: int, eval_
     tokens of the training split and of the held-out set, and how many passes over the training
     text the run makes (a warning line when that is more than MANY_PASSES). ``eval_tokens``: the
     held-out tokens the run scores; ``tokens_needed``: steps × batch × seq-len."""
-    from normswap.data import load_documents, token_stream
+    from normswap.data import load_documents
     from normswap.network import data_needs_hub
 
     if data_needs_hub(data_spec):
         return [f"data: {data_spec} ({split} split; a hub dataset is not counted ahead)"], None
-    docs = chars = tokens = counted_chars = 0
-    for doc in load_documents(data_spec, split):
-        docs, chars = docs + 1, chars + len(doc)
-        if counted_chars < HEADER_TOKENISED_CHARS:
-            tokens += sum(len(ids) for ids in token_stream(tokenizer, [doc], add_eos=True))
-            counted_chars += len(doc)
+    docs, chars, tokens, counted_chars = _split_counts(tokenizer, data_spec, split)
     exact = counted_chars >= chars
     train_tokens = tokens if exact else round(tokens * chars / max(counted_chars, 1))
     held_docs = sum(1 for _ in load_documents(eval_docs_spec, eval_split))
@@ -227,6 +222,43 @@ def corpus_header(tokenizer, data_spec: str, split: str, eval_tokens: int, eval_
             "evidence of healing; give more text (--data) or fewer --steps"
         )
     return lines, passes
+
+
+def _split_counts(tokenizer, data_spec: str, split: str) -> tuple[int, int, int, int]:
+    """(documents, characters, tokens, tokenised characters) of a split, for the header. The
+    embedded corpus is package data that never changes, so its count is kept for the process (keyed
+    by the tokenizer's full definition): tokenising 2 M characters costs seconds, and a process
+    running several fine-tunes on it (the recipe runner, the test suite) pays that once."""
+    from normswap.data import load_documents, token_stream
+
+    key = _embedded_key(tokenizer, split) if str(data_spec) == "embedded" else None
+    if key is not None and key in _EMBEDDED_COUNTS:
+        return _EMBEDDED_COUNTS[key]
+    docs = chars = tokens = counted_chars = 0
+    for doc in load_documents(data_spec, split):
+        docs, chars = docs + 1, chars + len(doc)
+        if counted_chars < HEADER_TOKENISED_CHARS:
+            tokens += sum(len(ids) for ids in token_stream(tokenizer, [doc], add_eos=True))
+            counted_chars += len(doc)
+    if key is not None:
+        _EMBEDDED_COUNTS[key] = (docs, chars, tokens, counted_chars)
+    return docs, chars, tokens, counted_chars
+
+
+_EMBEDDED_COUNTS: dict[tuple, tuple[int, int, int, int]] = {}
+
+
+def _embedded_key(tokenizer, split: str):
+    """What the embedded split's token count depends on: the fast tokenizer's whole definition
+    (vocabulary, merges, normaliser, added tokens) and its EOS id; None (no caching) for a tokenizer
+    without one to fingerprint."""
+    import hashlib
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    digest = hashlib.sha256(backend.to_str().encode()).hexdigest()
+    return (type(tokenizer).__name__, digest, tokenizer.eos_token_id, split, HEADER_TOKENISED_CHARS)
 
 
 def _docs(n: int) -> str:
