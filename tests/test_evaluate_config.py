@@ -47,8 +47,10 @@ def test_every_option_is_a_cli_option_and_a_recipe_key_with_one_default():
     # the one recipe default that differs is declared at the field, with its reason
     assert EVAL["split"].default == "test" and cli["split"].default is None
     # speed defaults: written once, read by the command, the recipe and the measurement itself
-    assert cli["repeats"].default == EVAL["repeats"].default == SpeedConfig().repeats == 5
+    assert cli["repeats"].default == EVAL["repeats"].default == SpeedConfig().repeats == 400  # the most pairs
     assert cli["min_time"].default == EVAL["min_time"].default == SpeedConfig().min_time
+    for name in ("speed_budget", "target_halfwidth"):  # the timing instrument's stop rule
+        assert cli[name].default == EVAL[name].default == getattr(SpeedConfig(), name)
 
 
 def test_ppl_and_speed_offer_subsets_of_the_same_declaration():
