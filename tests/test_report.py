@@ -158,7 +158,7 @@ def test_report_files_and_contract_keys(report_dir, checkpoints):
         assert check["bits_per_byte"] == pytest.approx(m["tasks"]["normswap_kjv"]["bits_per_byte"], rel=1e-5)
     assert r["lm_eval_log"] == "lm_eval.log" and (report_dir / "lm_eval.log").stat().st_size > 0
     # every speed ratio carries its per-repeat interval; one repeat can never be a measured difference
-    assert r["ratio_method"].startswith("min-max of per-repeat paired ratios")
+    assert r["ratio_method"].startswith("throughput: median of per-pair speed ratios")
     for key in ("forward", "train_step", "generate", "prefill", "decode"):
         iv = by["conv"]["ratio_intervals"]["tokens_per_second"][key]
         assert iv["repeats"] == 1 and iv["low"] <= iv["high"] and iv["verdict"] == "no measurable difference"
@@ -283,7 +283,9 @@ def test_speed_json_with_a_baseline_not_in_the_list(checkpoints, run_cli):
     orig, conv = got["models"]
     assert orig["ratios"]["tokens_per_second"]["forward"] == 1.0
     assert conv["ratios"]["tokens_per_second"]["forward"] == pytest.approx(
-        conv["tokens_per_second"]["forward"] / orig["tokens_per_second"]["forward"]
+        # a median of paired ratios (normswap/timing.py), not the quotient of two medians: close, not equal
+        conv["tokens_per_second"]["forward"] / orig["tokens_per_second"]["forward"],
+        rel=0.05,
     )
     assert conv["norm_time"]["classes"] == ["RMSNorm"] and orig["norm_time"]["classes"] == ["LayerNorm"]
 
