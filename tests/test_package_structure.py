@@ -41,6 +41,7 @@ LAYERS = [
     "private_dirs",  # cache and lock directories no other user can write
     "network",  # the offline rule and the Hub reachability check
     "progress",  # progress lines at a steady interval for every long command
+    "timing",  # the one speed instrument: interleaved pairs, paired ratios, a null control
     "declared",  # options declared once as dataclass fields
     "devices",  # --device / --dtype auto, resolved once
     "kernels",  # the RMSNorm kernels

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from normswap.timing import NULL_BAND
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(
     model_type="gpt2",
@@ -156,7 +158,7 @@ def test_throughput_null_control_structure(sweep_study):
     results, out = sweep_study
     nc = results["null_control"]
     assert len(nc["per_seed"]) == 3 and all(v > 0 for v in nc["per_seed"])
-    assert nc["band"] == 0.05 and isinstance(nc["per_seed_within"], bool)
+    assert nc["band"] == NULL_BAND and isinstance(nc["per_seed_within"], bool)
     timed = len(StepPlan(12, ["layernorm", "layernorm-control"]).timed_steps())
     for u in results["units"]:
         assert u["timing"]["timed_steps"] == timed and u["timing"]["tokens_per_second"] > 0

@@ -232,7 +232,7 @@ class ModelBench:
                 continue
             tps[kind] = self.operation(kind)[1] / cmp.seconds_per_call[self.name]
             calls[kind] = cmp.calls_per_sample
-            if self.name != baseline:
+            if self.name != cmp.baseline:  # a kind the baseline cannot run has a baseline of its own
                 paired[kind] = cmp[self.name].to_json() | {"stop_reason": cmp.stop_reason}
         if "decode" in tps and self.new_tokens <= 1:
             tps["decode"] = None

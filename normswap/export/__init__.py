@@ -16,12 +16,9 @@ from pathlib import Path
 
 from normswap.convert.config import DEFAULT_TOLERANCE
 from normswap.errors import NormswapError
+from normswap.export.norm_ops import DEFAULT_ONNX_NORM_OP, ONNX_NORM_OPS  # noqa: F401  (re-exported for the CLI)
 
 FORMATS = ("stock", "onnx")
-# --onnx-norm-op: what each RMSNorm becomes in an ONNX graph (onnx.py); here so the CLI can offer the
-# choices without importing torch
-ONNX_NORM_OPS = {"simplified": "SimplifiedLayerNormalization", "rmsnormalization": "RMSNormalization"}
-DEFAULT_ONNX_NORM_OP = "simplified"
 
 
 def run_export(

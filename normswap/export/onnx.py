@@ -40,7 +40,7 @@ from normswap.checkpoint.manifest import MANIFEST_NAME, history_entry, read_mani
 from normswap.checkpoint.side_files import read_json_inside
 from normswap.checkpoint.write import copy_side_files
 from normswap.errors import NormswapError, VerificationError
-from normswap.export import DEFAULT_ONNX_NORM_OP, ONNX_NORM_OPS
+from normswap.export.norm_ops import DEFAULT_ONNX_NORM_OP, ONNX_NORM_OPS
 
 OPSET = 23
 MODEL_FILE = "model.onnx"

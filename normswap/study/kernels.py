@@ -144,7 +144,9 @@ class _ComputeIn:
 
 @functools.cache
 def _low_precision_class(cls: type, dtype: torch.dtype) -> type:
-    name = f"{cls.__name__}In{DTYPE_NAMES[dtype].capitalize()}"
+    # the dtype goes in front: model_facts.norm_kind reads a class's name by its ending (…Norm,
+    # …LayerNorm), and a DyTNorm renamed DyTNormInBfloat16 would stop being a norm
+    name = f"{DTYPE_NAMES[dtype].capitalize()}{cls.__name__}"
     return type(name, (_ComputeIn, cls), {"_compute_dtype": dtype, "__module__": __name__})
 
 

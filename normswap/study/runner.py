@@ -37,7 +37,7 @@ from normswap.study import claims as claims_mod
 from normswap.study import kernels as study_kernels
 from normswap.study import measure, migration, sampler, speed, speed_phase
 from normswap.study import results as res
-from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms, open_source
+from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms
 from normswap.study.config import (
     ARM_SCHEDULE,
     BASELINE,
@@ -49,7 +49,7 @@ from normswap.study.config import (
     flag,
     option_errors,
 )
-from normswap.study.heldout import heldout_blocks
+from normswap.study.inputs import open_study_source, study_data
 from normswap.study.study_dir import StudyDir, resolve_resume, unit_key
 from normswap.study.trainer import Dist, Group, Hooks
 from normswap.study.units import Trainer, run_in_workers
@@ -382,40 +382,6 @@ class Trained:
     stop_reason: str | None = None
     spent: float = 0.0
     stab_units: dict | None = None
-
-
-def open_study_source(cfg: StudyConfig):
-    """MODEL as the study reads it: with ``--tokens bytes``, its architecture over the byte vocabulary."""
-    from normswap.study import bytes_model
-
-    source = open_source(cfg.model, from_scratch=cfg.from_scratch)
-    if cfg.tokens == "model" or (cfg.tokens == "auto" and not (cfg.model == DEFAULT_MODEL and cfg.from_scratch)):
-        return source
-    if not source.from_scratch:
-        raise NormswapError(
-            "--tokens bytes trains MODEL's architecture over bytes from random weights: add --from-scratch, "
-            "or --tokens model to train on from its weights with its own tokenizer"
-        )
-    return dataclasses.replace(
-        source, config=bytes_model.byte_config(source.config), tokenizer=bytes_model.byte_tokenizer()
-    )
-
-
-def study_data(cfg: StudyConfig, source) -> dict:
-    """The splits, the held-out blocks (and the migration rule's), fixed by the options alone."""
-    from normswap.data import finetune_splits
-
-    train_split, eval_spec, eval_split = finetune_splits(cfg.data)
-    heldout = heldout_blocks(source.tokenizer, eval_spec, cfg.seq_len, cfg.eval_tokens, split=eval_split)
-    eval_set = heldout["blocks"]
-    held_out = migration.blocks(source.tokenizer, eval_spec, cfg, eval_set) if len(cfg.multipliers()) > 1 else None
-    return {
-        "train_split": train_split,
-        "eval_split": eval_split,
-        "heldout": heldout,
-        "eval_set": eval_set,
-        "held_out": held_out,
-    }
 
 
 def _check_options(cfg: StudyConfig, given):

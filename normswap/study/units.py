@@ -94,7 +94,7 @@ def _worker_init(cfg_fields: dict, rms_impl: str | None, threads: int) -> None:
     """A worker's one-time setup: its thread count, then MODEL, data and held-out blocks rebuilt."""
     torch.set_num_threads(max(1, threads))
     from normswap.study.config import StudyConfig
-    from normswap.study.runner import open_study_source, study_data
+    from normswap.study.inputs import open_study_source, study_data
 
     cfg = StudyConfig(**cfg_fields)
     source = open_study_source(cfg)
