@@ -739,6 +739,31 @@ def test_sequential_seeds_run_while_a_verdict_is_open(tmp_path):
     assert two["setup"]["seeds_run"] == 2
 
 
+@pytest.mark.parametrize("open_arm", ["rmsnorm", "layernorm-planted-lr0.5"])
+def test_a_seed_beyond_seeds_trains_the_baseline_and_the_open_arms_only(tmp_path, monkeypatch, open_arm):
+    """A decided arm's interval needs no more seeds: the extra seed trains layernorm and the arm whose
+    verdict is open, and the open arm's comparison gains the seed. Negative control (the other
+    parametrisation): which arm trains follows the open verdict, not a fixed list."""
+    from normswap.study import runner
+
+    seen_before = []
+
+    def one_open(plan, trained, before):
+        seen_before.append((before, sorted({k[1] for k in trained.units})))
+        return [{"claim": "equal loss at equal tokens", "arm": open_arm, "verdict": "not measurable here", "open": True}]
+
+    monkeypatch.setattr(runner, "_open_questions", one_open)
+    arms = ["layernorm", "rmsnorm", "layernorm-planted-lr0.5"]
+    lines = []
+    res = _study(_config(tmp_path), tmp_path / "s", echo=lines.append, arms=arms, steps=2, seeds=1, max_seeds=2)
+    trained = {(u["arm"], u["seed"]) for u in res["units"]}
+    assert trained == {(a, 0) for a in arms} | {("layernorm", 1), (open_arm, 1)}
+    closed = next(a for a in arms[1:] if a != open_arm)
+    assert res["comparisons"][open_arm]["seeds"] == [0, 1] and res["comparisons"][closed]["seeds"] == [0]
+    assert any(f"(training layernorm, {open_arm})" in line for line in lines)
+    assert seen_before[0][0] == 1
+
+
 def test_nobias_and_dyt_arms_change_only_the_replaced_norms(tmp_path):
     from normswap.study.arms import DyTNorm, build_arm, open_source, replaced_norms
 

@@ -523,10 +523,13 @@ def _report_diverged(plan: Plan, units: dict, seed: int, m: float, echo) -> None
             )
 
 
-def _open_questions(plan: Plan, trained: Trained) -> list[dict]:
+def _open_questions(plan: Plan, trained: Trained, before: int) -> list[dict]:
     """The claims' rows, and the instrument check's arms still undecided (as open rows): what more
-    seeds could decide. In worker processes speed is the timing phase's, which seeds do not change."""
-    analysis = analyse(plan.cfg, trained.units, plan.arms, plan.baselines, None, kernel_setup=plan.kernel_setup,
+    seeds could decide, from the seeds before ``before`` (a resumed run decides as the first did,
+    whatever of seed ``before`` it had finished). In worker processes speed is the timing phase's,
+    which seeds do not change."""
+    units = {k: u for k, u in trained.units.items() if k[1] < before}
+    analysis = analyse(plan.cfg, units, plan.arms, plan.baselines, None, kernel_setup=plan.kernel_setup,
                        cpus=_cpus())  # fmt: skip
     rows = [r for r in analysis["claims"] if plan.workers == 1 or r["claim"] != claims_mod.THROUGHPUT]
     for arm, r in ((analysis.get("instrument_check") or {}).get("arms") or {}).items():
@@ -536,16 +539,35 @@ def _open_questions(plan: Plan, trained: Trained) -> list[dict]:
     return rows
 
 
-def _next_seed(plan: Plan, trained: Trained, seed: int, per_seed: list, echo) -> bool:
-    """Beyond --seeds: whether seed ``seed`` runs (process 0 decides from the verdicts so far)."""
-    rows = _open_questions(plan, trained) if plan.main else []
-    go, why = seed_decision(plan.cfg, seed, rows, trained.spent, per_seed) if plan.main else (True, "")
-    go = _agree(plan.dist, [go])[0]
+def _next_seed(plan: Plan, trained: Trained, seed: int, per_seed: list, echo) -> list[str]:
+    """Beyond --seeds: the arms seed ``seed`` trains (none: it does not run), decided by process 0
+    from the verdicts so far. Only the baseline and the arms with a verdict still open: a decided
+    arm's interval needs no more seeds, and its units would only cost the open ones their budget."""
+    rows = _open_questions(plan, trained, seed) if plan.main else []
+    open_arms = {r.get("arm") for r in claims_mod.open_rows(rows)}
+    wanted = [a for a in plan.arms if a == BASELINE or a in open_arms] if plan.main else list(plan.arms)
+    # per_seed holds whole seeds' seconds: a seed of fewer arms takes fewer rounds of the workers
+    share = _rounds(plan, len(wanted)) / _rounds(plan, len(plan.arms))
+    estimate = [x * share for x in per_seed]
+    go, why = seed_decision(plan.cfg, seed, rows, trained.spent, estimate) if plan.main else (True, "")
+    flags = _agree(plan.dist, [go, *(a in wanted for a in plan.arms)])
+    go, wanted = flags[0], [a for a, w in zip(plan.arms, flags[1:]) if w]
     if plan.main:
-        echo(f"normswap study: {'seed ' + str(seed + 1) + ': ' if go else 'stopping: '}{why}")
+        also = f" (training {', '.join(wanted)})" if go and len(wanted) < len(plan.arms) else ""
+        echo(f"normswap study: {'seed ' + str(seed + 1) + ': ' if go else 'stopping: '}{why}{also}")
     if not go:
         trained.stop_reason = why
-    return go
+        return []
+    return wanted
+
+
+def _rounds(plan: Plan, units: int) -> int:
+    """Rounds of the worker processes ``units`` units take (each worker trains one at a time)."""
+    return max(1, math.ceil(units / max(1, plan.workers)))
+
+
+def _keys(arms: list[str], seeds: list[int], mults: list[float]) -> list[tuple]:
+    return [(arm, s, m) for s in seeds for m in mults for arm in arms]
 
 
 def _train_seeds(plan: Plan, trainer: Trainer, trained: Trained, hooks: Hooks, progress, echo) -> None:
@@ -557,10 +579,13 @@ def _train_seeds(plan: Plan, trainer: Trainer, trained: Trained, hooks: Hooks, p
     seed = 0
     while seed < cfg.seed_limit():
         seeds = list(range(seed, max(cfg.seeds, started))) if seed < max(cfg.seeds, started) else [seed]
-        keys = [(arm, s, m) for s in seeds for m in trained.mults for arm in plan.arms]
+        arms = plan.arms
+        if seed >= max(cfg.seeds, started) and _read_done(plan, _keys(arms, seeds, trained.mults), trained.units):
+            arms = _next_seed(plan, trained, seed, per_seed, echo)
+            if not arms:
+                return
+        keys = _keys(arms, seeds, trained.mults)
         todo = _read_done(plan, keys, trained.units)
-        if todo and seed >= max(cfg.seeds, started) and not _next_seed(plan, trained, seed, per_seed, echo):
-            return
         if plan.main and len(keys) > len(todo) > 0:
             echo(f"normswap study: resuming: {len(keys) - len(todo)} of {len(keys)} units finished, {len(todo)} to run")
         if plan.main and seeds[-1] + 1 > started:
@@ -572,7 +597,8 @@ def _train_seeds(plan: Plan, trainer: Trainer, trained: Trained, hooks: Hooks, p
         trained.seeds_done += seeds
         if todo:
             trained.spent += took
-            per_seed += [took / len(seeds)] * len(seeds)
+            whole = _rounds(plan, len(plan.arms) * len(seeds) * len(trained.mults)) / _rounds(plan, len(todo))
+            per_seed += [took * whole / len(seeds)] * len(seeds)  # as if every arm had trained
             if plan.main:
                 study.write_run(dict(study.read_run() or {}, train_seconds=trained.spent, seed_seconds=per_seed))
         seed = seeds[-1] + 1
