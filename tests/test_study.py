@@ -750,7 +750,8 @@ def test_a_seed_beyond_seeds_trains_the_baseline_and_the_open_arms_only(tmp_path
 
     def one_open(plan, trained, before):
         seen_before.append((before, sorted({k[1] for k in trained.units})))
-        return [{"claim": "equal loss at equal tokens", "arm": open_arm, "verdict": "not measurable here", "open": True}]
+        row = {"claim": "equal loss at equal tokens", "arm": open_arm, "verdict": "not measurable here"}
+        return [dict(row, open=True)]
 
     monkeypatch.setattr(runner, "_open_questions", one_open)
     arms = ["layernorm", "rmsnorm", "layernorm-planted-lr0.5"]
