@@ -19,6 +19,7 @@ import torch
 from normswap.timing import NULL_BAND
 
 REPO = Path(__file__).resolve().parents[1]
+PLANTED = "layernorm-planted-lr0.5"  # the larger planted handicap: visible on a tiny model in a few steps
 TINY = dict(
     model_type="gpt2",
     n_layer=2,
@@ -536,9 +537,8 @@ def test_post_ln_checkpoint_exact_arm_refused_before_dir_or_left_out_by_default(
 @pytest.fixture(scope="module")
 def instrument_study(tmp_path_factory):
     """The default study's three layernorm arms on a tiny model, 3 seeds, trained once: layernorm, its
-    null control (own data order) and the planted handicap (layernorm at half the rate)."""
-    from normswap.study.config import PLANTED
-
+    null control (own data order) and the larger planted handicap (layernorm at half the rate: a
+    16-step tiny model shows it at this margin)."""
     root = tmp_path_factory.mktemp("instrument")
     arms = ["layernorm", "layernorm-control", PLANTED]
     res = _study(_config(root), root / "s", arms=arms, steps=16, seeds=3, lr=3e-3, margin=0.15, eval_every=0)
@@ -565,11 +565,11 @@ def test_planted_arm_is_different_and_the_null_control_equivalent(instrument_stu
     control: a wrong TOST that always says "equivalent" makes the planted arm equivalent too, and the
     check says the test did not go both ways."""
     from normswap.study import stats
-    from normswap.study.config import PLANTED
+    from normswap.study.config import PLANTED_LR
 
     res, out, arms = instrument_study
     units = {(u["arm"], u["seed"]): u for u in res["units"]}
-    assert units[(PLANTED, 0)]["lr"] == pytest.approx(0.5 * units[("layernorm", 0)]["lr"])
+    assert units[(PLANTED, 0)]["lr"] == pytest.approx(PLANTED_LR[PLANTED] * units[("layernorm", 0)]["lr"])
     assert units[(PLANTED, 0)]["data_seed"] == units[("layernorm", 0)]["data_seed"]  # same data: only the rate
     check = _instrument_check(out, arms, 0.15)
     assert check["arms"][PLANTED]["finding"] == "different", check
@@ -836,7 +836,8 @@ def test_the_default_study_reads_bytes_and_records_why(tmp_path):
     BPE model; bytes on trained weights is refused in one line."""
     from normswap.errors import NormswapError
     from normswap.study import bytes_model
-    from normswap.study.config import DEFAULT_ARMS, PLANTED, StudyConfig
+    from normswap.study.config import DEFAULT_ARMS, StudyConfig
+    from normswap.study.config import PLANTED as DEFAULT_PLANTED
     from normswap.study.runner import open_study_source
 
     src = open_study_source(StudyConfig(out=str(tmp_path / "a"), from_scratch=True))
@@ -849,7 +850,7 @@ def test_the_default_study_reads_bytes_and_records_why(tmp_path):
     assert bpe.config.vocab_size == 4096  # negative control: the shipped BPE model as it is
     with pytest.raises(NormswapError, match="--tokens bytes .* --from-scratch"):
         open_study_source(StudyConfig(out=str(tmp_path / "c"), tokens="bytes"))
-    assert PLANTED in DEFAULT_ARMS and "layernorm-control" in DEFAULT_ARMS
+    assert DEFAULT_PLANTED in DEFAULT_ARMS and "layernorm-control" in DEFAULT_ARMS
 
 
 def test_units_in_worker_processes_compute_what_one_process_does_and_speed_comes_from_the_timing_phase(

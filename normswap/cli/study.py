@@ -40,7 +40,7 @@ SHARED = {"data": data_option, "device": device_option(), "force": force_replace
 def study(ctx, model, out, as_json, **opts):
     """Train arms of MODEL (default: normswap:kjv-gpt2's architecture over bytes, randomly initialised)
     side by side — layernorm, rmsnorm (γ = 1), a layernorm null control, a planted handicap (layernorm
-    at half the rate: the test must call it different) and, from a trained checkpoint, normswap's exact
+    at 0.7 × the rate: the test must call it different) and, from a trained checkpoint, normswap's exact
     and approximate conversions — and report the paired differences with 95 % intervals.
 
     MODEL is a checkpoint (continued training from its weights), a config.json or a directory holding

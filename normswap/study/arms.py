@@ -5,8 +5,9 @@
 initialised per seed. ``build_arm`` turns the starting LayerNorm model into one arm:
 
 * ``layernorm`` / ``layernorm-control``: the model as it is (the control differs in its data
-  order and dropout stream, trainer.py, not in its weights); ``layernorm-planted-lr0.5`` too (it
-  differs in its rate: config.PLANTED_LR, the study's known handicap);
+  order and dropout stream, trainer.py, not in its weights); the planted arms
+  ``layernorm-planted-lr0.7`` and ``-lr0.5`` too (they differ in their rate: config.PLANTED_LR, the
+  study's known handicap);
 * ``rmsnorm``: normswap's approximate conversion with ``gamma="reset", beta="drop"`` — every
   LayerNorm that reads the residual stream (the family's norms, see normswap/architectures)
   becomes an RMSNorm with γ = 1, every other weight stays identical;
