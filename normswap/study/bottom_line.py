@@ -446,7 +446,7 @@ def scope(results) -> str:
     load = (results.get("timing") or {}).get("load_average_start")
     load_words = f", load {load[0]:g}" if isinstance(load, list) and load else ""
     return (
-        f"{results['model']}, {s.get('data', '?')} text, {s.get('steps', '?')} steps × {s.get('seeds', '?')} seeds, "
+        f"{results['model']}, {s.get('data', '?')} text, {s.get('steps', '?')} steps × {s.get('seeds_run', s.get('seeds', '?'))} seeds, "
         f"{s.get('precision', '?')} on {s.get('device', '?')} ({s.get('threads', '?')} thread(s){load_words})"
     )
 
