@@ -184,8 +184,8 @@ class StudyConfig:
         32, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1, maximum=MAX_BATCH
     )
     # 32 × 64 rather than 16 × 128: the same 2,048 tokens a step, twice the independent windows; the
-    # byte model then leaves the bigram plateau by step ~150 instead of ~300 (measured at 400 steps,
-    # seed 0: 1.729 against 1.940 nats, the bigram 2.28-2.30), so 300 steps learn past it with room
+    # byte model is then at 1.94 nats by step 200 instead of 2.23 (seed 0, 400 steps: 1.729 against
+    # 1.940 at the end; the bigram 2.28-2.30; docs/study-design/), so 300 steps learn past it with room
     seq_len: int = _opt(64, "Tokens per sequence.", minimum=2, maximum=MAX_SEQ_LEN)
     eval_every: int = _opt(
         75,

@@ -1,7 +1,7 @@
 """The study's training batches: every row an independent draw of one block of the training split.
 
 Why not the fine-tune's TrainStream. A TrainStream batch is ``batch_size`` *consecutive* blocks of
-one shuffled stream of chapters, so the 16 rows of a step come from one or two chapters. For a
+one shuffled stream of chapters, so the rows of a step come from one or two chapters. For a
 fine-tune that is harmless; for a study of a few hundred steps from random weights it is not:
 measured on the default byte model (400 steps × 16 × 128, one core each, the probe's optimizer),
 consecutive blocks left the held-out loss at 2.441 nats after 100 steps where independent draws
