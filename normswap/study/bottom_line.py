@@ -445,8 +445,9 @@ def scope(results) -> str:
     s = results["setup"]
     load = (results.get("timing") or {}).get("load_average_start")
     load_words = f", load {load[0]:g}" if isinstance(load, list) and load else ""
+    seeds = s.get("seeds_run", s.get("seeds", "?"))  # the seeds run (more than --seeds when one was open)
     return (
-        f"{results['model']}, {s.get('data', '?')} text, {s.get('steps', '?')} steps × {s.get('seeds_run', s.get('seeds', '?'))} seeds, "
+        f"{results['model']}, {s.get('data', '?')} text, {s.get('steps', '?')} steps × {seeds} seeds, "
         f"{s.get('precision', '?')} on {s.get('device', '?')} ({s.get('threads', '?')} thread(s){load_words})"
     )
 

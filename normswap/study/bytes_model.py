@@ -73,7 +73,8 @@ def describe(config) -> dict:
         "vocab_size": VOCAB,
         "layers": getattr(config, "n_layer", None) or getattr(config, "num_hidden_layers", None),
         "width": getattr(config, "n_embd", None) or getattr(config, "hidden_size", None),
-        "why": "kjv-gpt2's 4 × 128 architecture over bytes (32 windows of 64 bytes a step): at this budget the BPE-4096 model stays behind the "
+        "why": "kjv-gpt2's 4 × 128 architecture over bytes (32 windows of 64 bytes a step): at this budget "
+        "the BPE-4096 model stays behind the "
         "count bigram (most of its parameters are an embedding too large to train on ~0.8 M tokens); over bytes "
         "the same layers learn past the byte bigram, where the norm has work to do (study/bytes_model.py)",
     }
