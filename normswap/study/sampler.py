@@ -16,21 +16,43 @@ in any process, on a resume, beside any other arm.
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from normswap.errors import NormswapError
 
+# The embedded corpus ships with the package and never changes, so its packed blocks are kept per
+# process: tokenizing it takes ~1.5 s, which the runner, the baselines and every worker would
+# otherwise pay again (and a test session many times). Keyed by the tokenizer's full serialisation.
+_EMBEDDED_BLOCKS: dict[tuple, torch.Tensor] = {}
+EMBEDDED = "embedded"
+
+
+def _tokenizer_key(tokenizer) -> str | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    return hashlib.sha256(backend.to_str().encode()).hexdigest()
+
 
 def training_blocks_all(tokenizer, data_spec: str, seq_len: int, split: str) -> torch.Tensor:
-    """Every block of the packed training split, [n, seq_len]."""
+    """Every block of the packed training split, [n, seq_len] (callers read it, never write it)."""
     from normswap.data import load_documents, pack_tokens
 
+    tok = _tokenizer_key(tokenizer) if data_spec == EMBEDDED else None
+    key = (tok, seq_len, split)
+    if tok is not None and key in _EMBEDDED_BLOCKS:
+        return _EMBEDDED_BLOCKS[key]
     blocks = list(pack_tokens(tokenizer, load_documents(data_spec, split), seq_len))
     if not blocks:
         raise NormswapError(
             f"the {split} split of {data_spec} holds fewer than {seq_len} tokens: lower --seq-len or give more data"
         )
-    return torch.stack(blocks)
+    out = torch.stack(blocks)
+    if tok is not None:
+        _EMBEDDED_BLOCKS[key] = out
+    return out
 
 
 class BlockSampler:
