@@ -317,6 +317,8 @@ def bench_convert(
     """Build the synthetic checkpoint, then time cp / convert --no-verify / convert, interleaved in rounds."""
     say = progress or (lambda m: None)
     load_at_start = [round(x, 2) for x in os.getloadavg()]
+    if workdir is not None and not Path(workdir).is_dir():
+        raise NormswapError(f"--workdir {workdir}: no such directory (the checkpoint goes in a new one inside it)")
     root = Path(tempfile.mkdtemp(prefix="normswap-bench-convert-", dir=workdir))
     # the RMSNorm's torch implementation: a first build of the compiled CPU kernel (about a minute)
     # would otherwise land in whichever step runs first; norms are a sliver of the probe's compute

@@ -466,7 +466,7 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
         "layernorm",
         "rmsnorm",
         "layernorm-control",
-        "layernorm-planted-lr0.5",
+        "layernorm-planted-lr0.7",  # the default planted arm
         "rmsnorm-exact",
         "rmsnorm-approx",
     ]
@@ -525,7 +525,7 @@ def test_post_ln_checkpoint_exact_arm_refused_before_dir_or_left_out_by_default(
         "layernorm",
         "rmsnorm",
         "layernorm-control",
-        "layernorm-planted-lr0.5",
+        "layernorm-planted-lr0.7",
         "rmsnorm-approx",
     ]
     assert any(n.startswith("rmsnorm-exact left out") for n in res["notes"])
