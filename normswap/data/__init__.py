@@ -8,7 +8,7 @@ Public API (see docs/architecture.md):
     pack_tokens(tokenizer, documents, seq_len, *, add_eos=True, skip_blocks=0) -> Iterator[LongTensor]
 """
 
-from normswap.data.packing import pack_tokens, token_stream
+from normswap.data.packing import pack_tokens, token_stream, tokenizer_fingerprint
 from normswap.data.sources import (
     SPLITS,
     default_eval_split,
@@ -29,4 +29,5 @@ __all__ = [
     "load_text",
     "pack_tokens",
     "token_stream",
+    "tokenizer_fingerprint",
 ]

@@ -9,6 +9,7 @@ tensors).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -29,6 +30,18 @@ def _eos_id(tokenizer) -> int:
         if value is not None:
             return int(value)
     raise NormswapError("the tokenizer defines no EOS token to separate documents; pack with add_eos=False")
+
+
+def tokenizer_fingerprint(tokenizer) -> tuple | None:
+    """What packing a fixed text with ``tokenizer`` depends on: the fast tokenizer's whole definition
+    (vocabulary, merges, normaliser, added tokens) and the ids that separate documents. The key of
+    the per-process caches of the embedded corpus (it never changes); None, no caching, for a
+    tokenizer without a definition to fingerprint."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    digest = hashlib.sha256(backend.to_str().encode()).hexdigest()
+    return (type(tokenizer).__name__, digest, tokenizer.eos_token_id, getattr(tokenizer, "sep_token_id", None))
 
 
 def _pieces(doc: str) -> Iterator[str]:

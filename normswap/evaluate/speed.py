@@ -223,8 +223,9 @@ class ModelBench:
             self.samples["norm_share"].append(share)
             self.samples["norm_ms"].append(norm_ms)
 
-    def summary(self, comparisons: dict, baseline: str) -> dict:
-        """This model's results.json speed fields from the run's comparisons (one per timed kind)."""
+    def summary(self, comparisons: dict) -> dict:
+        """This model's results.json speed fields from the run's comparisons (one per timed kind;
+        each against its own baseline: the run's, or the model's own for a kind the run's cannot run)."""
         s = self.samples
         tps, paired, calls = {}, {}, {}
         for kind, cmp in comparisons.items():
@@ -383,5 +384,5 @@ def _measure(benches, cfg: SpeedConfig, progress, baseline: str, null_name) -> t
     summaries = {}
     for b in benches:
         mine = {kind: cmp for kind, cmp in comparisons.items() if cmp.baseline == baseline or b.name == cmp.baseline}
-        summaries[b.name] = b.summary(mine, baseline)
+        summaries[b.name] = b.summary(mine)
     return summaries, comparisons

@@ -249,16 +249,12 @@ _EMBEDDED_COUNTS: dict[tuple, tuple[int, int, int, int]] = {}
 
 
 def _embedded_key(tokenizer, split: str):
-    """What the embedded split's token count depends on: the fast tokenizer's whole definition
-    (vocabulary, merges, normaliser, added tokens) and its EOS id; None (no caching) for a tokenizer
-    without one to fingerprint."""
-    import hashlib
+    """What the embedded split's token count depends on (normswap.data.tokenizer_fingerprint) and
+    how much of it is counted; None (no caching) for a tokenizer without one to fingerprint."""
+    from normswap.data import tokenizer_fingerprint
 
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    digest = hashlib.sha256(backend.to_str().encode()).hexdigest()
-    return (type(tokenizer).__name__, digest, tokenizer.eos_token_id, split, HEADER_TOKENISED_CHARS)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    return None if fingerprint is None else (*fingerprint, split, HEADER_TOKENISED_CHARS)
 
 
 def _docs(n: int) -> str:

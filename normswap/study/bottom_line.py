@@ -440,14 +440,18 @@ def bottom_line(results) -> list[dict]:
     return [f(results, arm) for f in (_quality, _speed, _memory, _stability)]
 
 
+def seeds_run(setup: dict):
+    """The seeds a study ran (more than --seeds when a verdict was open; older results: --seeds)."""
+    return setup.get("seeds_run", setup.get("seeds", "?"))
+
+
 def scope(results) -> str:
     """ "on this model, data and machine": the words the bottom line is scoped by."""
     s = results["setup"]
     load = (results.get("timing") or {}).get("load_average_start")
     load_words = f", load {load[0]:g}" if isinstance(load, list) and load else ""
-    seeds = s.get("seeds_run", s.get("seeds", "?"))  # the seeds run (more than --seeds when one was open)
     return (
-        f"{results['model']}, {s.get('data', '?')} text, {s.get('steps', '?')} steps × {seeds} seeds, "
+        f"{results['model']}, {s.get('data', '?')} text, {s.get('steps', '?')} steps × {seeds_run(s)} seeds, "
         f"{s.get('precision', '?')} on {s.get('device', '?')} ({s.get('threads', '?')} thread(s){load_words})"
     )
 

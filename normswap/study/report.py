@@ -45,6 +45,7 @@ from normswap.study.bottom_line import (
     primary_arm,
     ref_units,
     scope,
+    seeds_run,
     share_range,
     throughput_interval,
 )
@@ -258,7 +259,7 @@ def setup_lines(results) -> list[str]:
         f"model: {results['model']} ({arch.get('model_type', '?')}, "
         + (f"{arch['parameters']:,} parameters, " if arch.get("parameters") else "")
         + f"{arch.get('norms_replaced', '?')} norms reading the residual stream), from {start}",
-        f"arms: {', '.join(s['arms'])}; {s.get('seeds_run', s.get('seeds', '?'))} seed(s); "
+        f"arms: {', '.join(s['arms'])}; {seeds_run(s)} seed(s); "
         f"{s.get('steps', '?')} steps × {s.get('batch_size', '?')} × {s.get('seq_len', '?')} tokens"
         + (f" ({s['tokens_per_step']:,} tokens/step)" if s.get("tokens_per_step") else "")
         + f"; warmup {s.get('warmup', '?')}; lr {s.get('lr', 0):g}"

@@ -566,10 +566,6 @@ def _rounds(plan: Plan, units: int) -> int:
     return max(1, math.ceil(units / max(1, plan.workers)))
 
 
-def _keys(arms: list[str], seeds: list[int], mults: list[float]) -> list[tuple]:
-    return [(arm, s, m) for s in seeds for m in mults for arm in arms]
-
-
 def _train_seeds(plan: Plan, trainer: Trainer, trained: Trained, hooks: Hooks, progress, echo) -> None:
     """--seeds seeds first (one round: every worker busy), then one seed a round while a verdict is open."""
     cfg, study = plan.cfg, plan.study
@@ -579,13 +575,13 @@ def _train_seeds(plan: Plan, trainer: Trainer, trained: Trained, hooks: Hooks, p
     seed = 0
     while seed < cfg.seed_limit():
         seeds = list(range(seed, max(cfg.seeds, started))) if seed < max(cfg.seeds, started) else [seed]
-        arms = plan.arms
-        if seed >= max(cfg.seeds, started) and _read_done(plan, _keys(arms, seeds, trained.mults), trained.units):
+        keys = [(arm, s, m) for s in seeds for m in trained.mults for arm in plan.arms]
+        todo = _read_done(plan, keys, trained.units)
+        if todo and seed >= max(cfg.seeds, started):
             arms = _next_seed(plan, trained, seed, per_seed, echo)
             if not arms:
                 return
-        keys = _keys(arms, seeds, trained.mults)
-        todo = _read_done(plan, keys, trained.units)
+            keys, todo = [k for k in keys if k[0] in arms], [k for k in todo if k[0] in arms]
         if plan.main and len(keys) > len(todo) > 0:
             echo(f"normswap study: resuming: {len(keys) - len(todo)} of {len(keys)} units finished, {len(todo)} to run")
         if plan.main and seeds[-1] + 1 > started:

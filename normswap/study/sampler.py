@@ -16,31 +16,22 @@ in any process, on a resume, beside any other arm.
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from normswap.errors import NormswapError
 
 # The embedded corpus ships with the package and never changes, so its packed blocks are kept per
 # process: tokenizing it takes ~1.5 s, which the runner, the baselines and every worker would
-# otherwise pay again (and a test session many times). Keyed by the tokenizer's full serialisation.
+# otherwise pay again (and a test session many times). Keyed by normswap.data.tokenizer_fingerprint.
 _EMBEDDED_BLOCKS: dict[tuple, torch.Tensor] = {}
 EMBEDDED = "embedded"
 
 
-def _tokenizer_key(tokenizer) -> str | None:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    return hashlib.sha256(backend.to_str().encode()).hexdigest()
-
-
 def training_blocks_all(tokenizer, data_spec: str, seq_len: int, split: str) -> torch.Tensor:
     """Every block of the packed training split, [n, seq_len] (callers read it, never write it)."""
-    from normswap.data import load_documents, pack_tokens
+    from normswap.data import load_documents, pack_tokens, tokenizer_fingerprint
 
-    tok = _tokenizer_key(tokenizer) if data_spec == EMBEDDED else None
+    tok = tokenizer_fingerprint(tokenizer) if data_spec == EMBEDDED else None
     key = (tok, seq_len, split)
     if tok is not None and key in _EMBEDDED_BLOCKS:
         return _EMBEDDED_BLOCKS[key]
