@@ -23,6 +23,13 @@ How (:func:`compare`):
 - the **null control** is the baseline against a second copy of itself (the caller supplies it:
   the same model loaded again, at another address), timed the same way in the same rounds. It is
   what "no difference" looks like during this run; two identical copies can differ by ~1 %;
+- **replicas**: a function may be given as several copies (a list: the same model loaded several
+  times), and its blocks then rotate through them. Two onnxruntime sessions of one graph differ by
+  ~1 % idle and ~2 % beside a busy process, steadily over a whole run (each session's buffers land
+  somewhere else in memory): with one copy a side that placement is a fixed bias no number of pairs
+  removes, and the null control (a second copy) reads it as noise outside its band. Rotating through
+  N copies a side pairs every copy with every other, so the median sees the spread of placements
+  instead of one draw of it;
 - the **stop rule**: rounds continue until every interval, the null's included, is narrower than
   ``target_halfwidth`` on each side ("converged"), or the time budget ("budget") or the pair cap
   ("max_pairs") runs out; the result says which.
@@ -40,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 FASTER = "faster"
 SLOWER = "slower"
@@ -103,6 +110,8 @@ class Comparison:
     seconds_per_call: dict[str, float]
     # per function: its fastest block's seconds per call (what the machine allows at best)
     fastest_seconds_per_call: dict[str, float]
+    # per function: how many copies its blocks rotated through (1: one)
+    replicas: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Ratio:
         return self.null if name == self.null_name else self.candidates[name]
@@ -120,6 +129,7 @@ class Comparison:
             "target_halfwidth": self.target_halfwidth,
             "null_band": NULL_BAND,
             "seconds_per_call": dict(self.seconds_per_call),
+            "replicas": dict(self.replicas),
             "method": METHOD,
         }
         if samples:
@@ -198,8 +208,19 @@ def _converged(estimates, target_halfwidth: float) -> bool:
     return all((high - low) / 2 <= target_halfwidth for _, low, high in estimates.values())
 
 
+def _copies_for_pair(copies: dict[str, list], baseline: str, name: str, k: int) -> dict[str, Callable]:
+    """The copies the k-th pair of ``name`` against the baseline runs: the baseline's copy k mod nb and
+    ``name``'s copy (k div nb) mod nc, so every nb x nc pairs walk every combination once. (One cycle
+    a function, read as blocks come, would alias: the baseline runs twice a round, so a null copy
+    could meet only some of its copies.)"""
+    nb, nc = len(copies[baseline]), len(copies[name])
+    if name == baseline:  # the baseline timed alone
+        return {baseline: copies[baseline][k % nb]}
+    return {baseline: copies[baseline][k % nb], name: copies[name][(k // nb) % nc]}
+
+
 def compare(
-    fns: Mapping[str, Callable[[], object]],
+    fns: Mapping[str, Callable[[], object] | Sequence[Callable[[], object]]],
     baseline: str,
     null: str | None,
     *,
@@ -220,7 +241,8 @@ def compare(
 ) -> Comparison:
     """Time every function in ``fns`` against ``fns[baseline]`` in interleaved pairs (module doc).
 
-    ``fns[null]`` is the null control: the baseline's second copy (None: a run without one, whose
+    A value of ``fns`` may be a list of copies of one function (replicas, module doc): its blocks
+    rotate through them. ``fns[null]`` is the null control: the baseline's second copy (None: a run without one, whose
     verdicts rest on 1 alone). Every other entry is a candidate. Rounds run until all intervals are
     within ``target_halfwidth`` ("converged", checked every ``check_every`` rounds once
     ``min_pairs`` are in), ``budget_s`` seconds of ``clock`` have passed ("budget") or
@@ -234,9 +256,13 @@ def compare(
     decode. With them every timed block starts from its own function's warm state."""
     if baseline not in fns or (null is not None and null not in fns) or null == baseline:
         raise ValueError(f"compare: baseline {baseline!r} and null {null!r} must be two different keys of fns")
-    for name in fns:
-        for _ in range(warmup):
-            _block(fns[name], calls_per_sample, clock, sync)
+    copies = {name: list(f) if isinstance(f, Sequence) else [f] for name, f in fns.items()}
+    if not all(copies.values()):
+        raise ValueError("compare: a function given as a list needs at least one copy")
+    for fs in copies.values():
+        for f in fs:  # every copy warmed
+            for _ in range(warmup):
+                _block(f, calls_per_sample, clock, sync)
     others = [name for name in fns if name != baseline]
     pair_seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in others}
     blocks: dict[str, list[float]] = {name: [] for name in fns}
@@ -245,7 +271,9 @@ def compare(
         rng.shuffle(others)
         for name in others or [baseline]:
             order = (baseline, name) if rounds % 2 == 0 else (name, baseline)
-            seconds = {k: _block(fns[k], calls_per_sample, clock, sync, lead_in) for k in dict.fromkeys(order)}
+            k = len(pair_seconds[name]) if name != baseline else rounds  # this pair's number
+            pick = _copies_for_pair(copies, baseline, name, k)
+            seconds = {k: _block(pick[k], calls_per_sample, clock, sync, lead_in) for k in dict.fromkeys(order)}
             if name != baseline:
                 pair_seconds[name].append((seconds[baseline], seconds[name]))
             for k, sec in seconds.items():
@@ -271,6 +299,7 @@ def compare(
             break
     run = {"stop_reason": stop_reason, "elapsed_s": clock() - start, "rounds": rounds}
     run |= {"calls_per_sample": calls_per_sample, "target_halfwidth": target_halfwidth}
+    run["replicas"] = {name: len(fs) for name, fs in copies.items()}
     return _comparison(baseline, null, pair_seconds, blocks, run, band=band, draws=draws, seed=seed)
 
 

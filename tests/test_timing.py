@@ -158,3 +158,41 @@ def test_the_baseline_in_every_pair_gets_no_warm_cache_advantage_over_its_copy()
     unfair = _compare(PlantedHost(cold=5.0), costs, lead_in=0)
     # both copies of the same cost read slower than the baseline: the instrument's own bias
     assert unfair.null.high < 1.0 and unfair.candidates["converted"].high < 1.0
+
+
+def _placed_copies(host, name: str, cost: float, biases):
+    """Copies of one function, each with its own steady bias (where its buffers landed in memory)."""
+    return [host.fn(name, cost * b) for b in biases]
+
+
+def test_copies_rotated_average_out_a_steady_placement_bias_that_one_copy_a_side_cannot():
+    """Two sessions of one onnxruntime graph differ by ~2 % for a whole run. Planted: every copy of a
+    function is steadily off by one of ±2.5 %, drawn alike for every side. With one copy a side the null
+    control reads the two copies' bias (outside ±2 %: too noisy); rotated through four copies a side,
+    the same instrument sees the spread of placements and decides — and a 4 % slower function is
+    still called slower (its copies drawn from the same biases)."""
+    biases = {"original": (1.0, 1.025, 0.975, 1.0), "null control": (1.025, 0.975, 1.025, 0.975)}
+    biases["slower"] = (0.975, 1.0, 1.025, 1.025)
+    cost = {"original": 1 * MS, "null control": 1 * MS, "slower": 1.04 * MS}
+    kw = {"calls_per_sample": 5, "budget_s": 120.0, "min_pairs": 40, "max_pairs": 3000}
+
+    host = PlantedHost(jitter=0.002)
+    one = {name: host.fn(name, cost[name] * b[1]) for name, b in biases.items()}  # copy 1 of each
+    c1 = timing.compare(one, "original", "null control", clock=host.clock, **kw)
+    assert c1.null.verdict == timing.TOO_NOISY and c1.null.low > 1.02  # the one bias, read as noise
+    assert c1.candidates["slower"].verdict == timing.TOO_NOISY
+
+    host = PlantedHost(jitter=0.002)
+    many = {name: _placed_copies(host, name, cost[name], b) for name, b in biases.items()}
+    c4 = timing.compare(many, "original", "null control", clock=host.clock, **kw)
+    assert c4.replicas == {"original": 4, "null control": 4, "slower": 4}
+    assert c4.null.verdict == timing.NO_DIFFERENCE and 0.98 <= c4.null.low <= c4.null.high <= 1.02
+    assert c4.candidates["slower"].verdict == timing.SLOWER
+    assert c4.candidates["slower"].ratio == pytest.approx(1 / 1.04, abs=0.015)
+
+
+def test_every_pair_of_copies_meets_equally_often():
+    copies = {"a": ["a0", "a1", "a2"], "b": ["b0", "b1"]}
+    met = [tuple(timing._copies_for_pair(copies, "a", "b", k).values()) for k in range(12)]
+    assert {m: met.count(m) for m in set(met)} == {(f"a{i}", f"b{j}"): 2 for i in range(3) for j in range(2)}
+    assert timing._copies_for_pair(copies, "a", "a", 4) == {"a": "a1"}  # the baseline alone rotates too

@@ -84,9 +84,12 @@ def _match(models: dict, ids, tolerance: float) -> dict:
     return diffs
 
 
-def measure_onnx(spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq_len, tolerance, scratch, progress):
+def measure_onnx(
+    spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq_len, tolerance, scratch, progress, sessions=1
+):
     """One MODEL's graphs checked against the original, then timed pairwise by timing.compare
-    (``timing``: its stop-rule arguments; ``block_s``: seconds per timed block, 0 for one call)."""
+    (``timing``: its stop-rule arguments; ``block_s``: seconds per timed block, 0 for one call;
+    ``sessions``: onnxruntime sessions per graph, the null control's its own, rotated by the instrument)."""
     import torch
 
     from normswap import timing as instrument
@@ -107,8 +110,11 @@ def measure_onnx(spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq
     def call(sess):
         return lambda: sess.run(None, feed)  # the session alone: no tensor conversion inside the timed block
 
-    fns = {name: call(m.session) for name, m in models.items()}
-    calls = instrument.calibrate_calls(fns["original"], block_s) if block_s else 1
+    def copies(m):  # the checked session and sessions-1 more of the same graph, each loaded anew
+        return [call(m.session)] + [call(OnnxModel(m.path, threads=threads).session) for _ in range(sessions - 1)]
+
+    fns = {name: copies(m) for name, m in models.items()}
+    calls = instrument.calibrate_calls(fns["original"][0], block_s) if block_s else 1
     before = machine_load()
     cmp = instrument.compare(fns, "original", "null control", calls_per_sample=calls, progress=progress, **timing)
     after = machine_load()
@@ -126,6 +132,7 @@ def measure_onnx(spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq
         "batch": batch,
         "seq_len": seq_len,
         "threads": threads,
+        "sessions_per_graph": sessions,
         "graph_optimization_level": OPTIMIZATION_LEVEL,
         "machine": {
             "load_before": before["load_average"],
@@ -143,7 +150,8 @@ def measure_onnx(spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq
 def _lines(r: dict) -> list[str]:
     tps, t = r["forward_tokens_per_second"], r["timing"]
     out = [
-        f"{r['model']}: onnxruntime CPU, {r['threads']} thread(s), {r['graph_optimization_level']}, "
+        f"{r['model']}: onnxruntime CPU, {r['threads']} thread(s), {r.get('sessions_per_graph', 1)} session(s) "
+        f"a graph, {r['graph_optimization_level']}, "
         f"batch {r['batch']} x {r['seq_len']} tokens; {t['rounds']} interleaved pairs of {t['calls_per_sample']} "
         f"call(s) in {t['elapsed_s']:.0f} s (stopped: {t['stop_reason']}); load "
         f"{r['machine']['load_before']} -> {r['machine']['load_after']}"
@@ -182,6 +190,13 @@ def _option(name: str, kind, default, help: str):
 @_option("--budget", click.FloatRange(1.0), 300.0, "Timing seconds at most.")
 @_option("--target", click.FloatRange(0.001), 0.01, "Stop once each interval's half-width (null's too) is this.")
 @_option("--threads", click.IntRange(1), 1, "onnxruntime intra-op threads.")
+@_option(
+    "--sessions",
+    click.IntRange(1, 8),
+    3,
+    "onnxruntime sessions per graph (the null control's its own), timed in rotation: one session's memory "
+    "placement is a steady bias of ~1-2 %, which N sessions a side average out.",
+)
 @_option("--batch", click.IntRange(1), 1, "Sequences per forward.")
 @_option("--seq-len", click.IntRange(1), 32, "Tokens per sequence.")
 @_option("--min-time", click.FloatRange(0.0), 0.1, "Seconds per timed block (calls calibrated from one; 0: one call).")
@@ -193,7 +208,7 @@ def _option(name: str, kind, default, help: str):
     "Time nothing unless every converted graph matches the original graph to this max |Δ log-prob|.",
 )
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def onnx(models, repeats, budget, target, threads, batch, seq_len, min_time, norm_ops, tolerance, json_out):
+def onnx(models, repeats, budget, target, threads, sessions, batch, seq_len, min_time, norm_ops, tolerance, json_out):
     """ONNX forward speed in onnxruntime (CPU), exported converted ÷ exported original, with a null control
     (MODEL: a source to convert and export, or ORIGINAL_ONNX=CONVERTED_ONNX; default: a GPT-2-small-shaped
     model built from its config)."""
@@ -221,6 +236,7 @@ def onnx(models, repeats, budget, target, threads, batch, seq_len, min_time, nor
                 timing={"min_pairs": repeats, "budget_s": budget, "target_halfwidth": target},
                 block_s=min_time,
                 threads=threads,
+                sessions=sessions,
                 batch=batch,
                 seq_len=seq_len,
                 tolerance=tolerance,

@@ -22,18 +22,14 @@ often — walked over the timed steps, so no arm always follows another (or the 
     transient_bytes = the highest allocation during the step above what was allocated before it
     peak_bytes = static_bytes + transient_bytes
 where "allocated" is, on CUDA, ``torch.cuda.memory_allocated`` with ``max_memory_allocated``
-after ``reset_peak_memory_stats``; on CPU the C allocator's bytes in use (glibc ``mallinfo2``,
-read after every ATen op of the step through a dispatch mode: the allocator's peak at op
-granularity), or, without glibc, the process's peak resident set (``VmHWM`` after resetting it
-through /proc/self/clear_refs) above its resident set before the step.
+after ``reset_peak_memory_stats``; on CPU the same quantity counted in Python: the bytes of the
+tensor storages the step's ATen ops allocated and have not freed, summed after every op through a
+dispatch mode (:class:`_StoragePeak`; what the C allocator rounds up or keeps for itself is not in it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import functools
 import math
 import os
 import time
@@ -149,72 +145,34 @@ def param_bytes(model, optimizer) -> int:
     return n
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (n, ctypes.c_size_t)
-        for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
-    ]
-
-
-@functools.cache
-def _mallinfo2():
-    """glibc's mallinfo2 (2.33+), or None."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
-    return fn
-
-
-def malloc_in_use() -> int | None:
-    """Bytes the C allocator has handed out and not had back (heap chunks in use + mmapped)."""
-    fn = _mallinfo2()
-    if fn is None:
-        return None
-    m = fn()
-    return int(m.uordblks + m.hblkhd)
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _reset_rss_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS (Linux ≥ 4.0)
-        return True
-    except OSError:
-        return False
-
-
-def cpu_memory_method() -> str | None:
-    if malloc_in_use() is not None:
-        return "cpu: glibc mallinfo2 bytes in use, read after every ATen op of the step (dispatch mode)"
-    if _status_kib("VmHWM") is not None and _reset_rss_peak():
-        return "cpu: process peak RSS (VmHWM after /proc/self/clear_refs) above the RSS before the step"
-    return None
-
-
+CPU_MEMORY_METHOD = (
+    "cpu: bytes of the tensor storages the step's ATen ops allocated and still held, "
+    "summed after every op (dispatch mode; the CPU counterpart of max_memory_allocated)"
+)
 CUDA_MEMORY_METHOD = "cuda: max_memory_allocated after reset_peak_memory_stats, above memory_allocated before the step"
 
 
 def memory_method(device) -> str | None:
-    """How :class:`PeakMemory` measures on ``device`` (None: it cannot here)."""
-    return CUDA_MEMORY_METHOD if torch.device(device).type == "cuda" else cpu_memory_method()
+    """How :class:`PeakMemory` measures on ``device``."""
+    return CUDA_MEMORY_METHOD if torch.device(device).type == "cuda" else CPU_MEMORY_METHOD
 
 
-class _AllocatorPeak:
-    """Dispatch mode: the C allocator's bytes in use after every op; the highest rise kept."""
+def _storages(tree) -> list:
+    from torch.utils._pytree import tree_leaves
+
+    return [t.untyped_storage() for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.layout == torch.strided]
+
+
+class _StoragePeak:
+    """Dispatch mode: the bytes of the storages created inside it that are still alive, after every
+    op; the highest kept.
+
+    A storage counts when an op returns it and none of the op's inputs held it (an in-place op or a
+    view hands back what existed before). It stops counting when it is freed: each is held by a weak
+    reference, and the expired ones are swept only when the running total (which still includes the
+    freed) passes the peak, so a sweep happens only where a new peak is possible. Why not the C
+    allocator's own count (glibc mallinfo2): it walks every free chunk of the heap, so in a long-lived,
+    fragmented process one read costs milliseconds, and a step runs a thousand ops."""
 
     def __init__(self):
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -223,17 +181,40 @@ class _AllocatorPeak:
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                outer.peak = max(outer.peak, malloc_in_use() - outer.base)
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                outer._saw(out, (args, kwargs))
                 return out
 
         self.mode = Mode()
-        self.base = 0
+        self.live: dict[int, tuple] = {}  # storage address -> (weak reference, bytes)
+        self.total = 0  # bytes of self.live, the freed among them included until swept
         self.peak = 0
 
+    def _saw(self, out, inputs) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        held = {st.data_ptr() for st in _storages(inputs)}
+        for st in _storages(out):
+            key = st.data_ptr()
+            if key in held or st.nbytes() == 0:
+                continue
+            old = self.live.get(key)
+            if old is not None and not old[0].expired():
+                continue  # already counted (an op returning a tensor it made earlier)
+            if old is not None:
+                self.total -= old[1]  # the address of a freed storage, given to a new one
+            self.live[key] = (StorageWeakRef(st), st.nbytes())
+            self.total += st.nbytes()
+        if self.total > self.peak:
+            self._sweep()
+            self.peak = max(self.peak, self.total)
+
+    def _sweep(self) -> None:
+        for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+            self.total -= self.live.pop(key)[1]
+
     def __enter__(self):
-        self.base = malloc_in_use()
-        self.peak = 0
         self.mode.__enter__()
         return self
 
@@ -255,23 +236,17 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
-        elif self.method and self.method.startswith("cpu: glibc"):
-            self._inner = _AllocatorPeak().__enter__()
-        elif self.method:
-            _reset_rss_peak()
-            self._base = _status_kib("VmRSS")
+        else:
+            self._inner = _StoragePeak().__enter__()
         return self
 
     def __exit__(self, *exc):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.transient_bytes = max(0, torch.cuda.max_memory_allocated(self.device) - self._base)
-        elif self._inner is not None:
+        else:
             self._inner.__exit__(*exc)
-            self.transient_bytes = max(0, self._inner.peak)
-        elif self.method:
-            hwm = _status_kib("VmHWM")
-            self.transient_bytes = None if hwm is None or self._base is None else max(0, hwm - self._base)
+            self.transient_bytes = self._inner.peak
         return False
 
 
