@@ -242,7 +242,8 @@ def compare(
     """Time every function in ``fns`` against ``fns[baseline]`` in interleaved pairs (module doc).
 
     A value of ``fns`` may be a list of copies of one function (replicas, module doc): its blocks
-    rotate through them. ``fns[null]`` is the null control: the baseline's second copy (None: a run without one, whose
+    rotate through them, and "converged" waits until every copy has met every baseline copy.
+    ``fns[null]`` is the null control: the baseline's second copy (None: a run without one, whose
     verdicts rest on 1 alone). Every other entry is a candidate. Rounds run until all intervals are
     within ``target_halfwidth`` ("converged", checked every ``check_every`` rounds once
     ``min_pairs`` are in), ``budget_s`` seconds of ``clock`` have passed ("budget") or
@@ -259,6 +260,8 @@ def compare(
     copies = {name: list(f) if isinstance(f, Sequence) else [f] for name, f in fns.items()}
     if not all(copies.values()):
         raise ValueError("compare: a function given as a list needs at least one copy")
+    # with copies, no "converged" before every combination of copies has met once
+    min_pairs = max([min_pairs] + [len(copies[baseline]) * len(fs) for name, fs in copies.items() if name != baseline])
     for fs in copies.values():
         for f in fs:  # every copy warmed
             for _ in range(warmup):

@@ -57,6 +57,25 @@ def test_bench_onnx_on_its_own_defaults(tmp_path, run_cli, monkeypatch):
     assert set(pairs) == {"null control", "converted (simplified)", "converted (rmsnormalization)"}
     assert all(any(a != b for a, b in p) for p in pairs.values())
     assert len(r["machine"]["load_before"]) == 3 and len(r["machine"]["load_after"]) == 3
+    # every graph (the null control's too) timed in its own sessions, rotated
+    assert r["sessions_per_graph"] == 5 and set(t["replicas"].values()) == {5} and len(t["replicas"]) == 4
+
+
+def test_sessions_are_fewer_when_they_would_not_fit_in_half_the_free_memory(tmp_path, monkeypatch):
+    from normswap import devices
+    from normswap.cli.bench_onnx import _sessions_that_fit
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.onnx").write_bytes(b"x" * 1000)
+    dirs = {"original": tmp_path / "a", "converted": tmp_path / "b"}
+    said = []
+    monkeypatch.setattr(devices, "available_memory", lambda device="cpu": 2 * 1.7 * 1000 * 3 * 5)
+    assert _sessions_that_fit(5, dirs, 3, said.append) == 5 and not said  # 5 a graph fit exactly
+    monkeypatch.setattr(devices, "available_memory", lambda device="cpu": 2 * 1.7 * 1000 * 3 * 2)
+    assert _sessions_that_fit(5, dirs, 3, said.append) == 2 and "timing 2" in said[0]
+    monkeypatch.setattr(devices, "available_memory", lambda device="cpu": 10)
+    assert _sessions_that_fit(5, dirs, 3, said.append) == 1  # never none
 
 
 @pytest.fixture(scope="module")

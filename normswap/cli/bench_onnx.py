@@ -13,6 +13,10 @@ token ids (max |Δ log-prob| <= --tolerance), else the command stops with one li
 in onnxruntime CPU sessions timed by normswap's one timing instrument (normswap/timing.py:
 interleaved pairs, the median of per-pair ratios with a bootstrap interval, the original's graph
 loaded a second time as the null control, a stop rule), so the verdict words are the instrument's.
+Each graph runs in ``--sessions`` sessions (the null control in as many of its own), loaded
+round-robin and timed in rotation: a session's speed depends on where its buffers landed, a steady
+bias of 1-3 % beside a busy process that one session a side turns into a null control outside its
+band (bench/results/onnx-20261203T133453Z and …152500Z, per-copy medians in bench/README.md).
 The JSON also records the load average before and after, onnxruntime's graph optimisation level
 and which norm ops onnxruntime's optimised graph holds (whether the norms were fused; detected,
 not assumed).
@@ -84,12 +88,31 @@ def _match(models: dict, ids, tolerance: float) -> dict:
     return diffs
 
 
-def measure_onnx(
-    spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq_len, tolerance, scratch, progress, sessions=1
-):
+# an onnxruntime CPU session of a graph held 1.7x the graph's bytes (GPT-2-small: 15 sessions, 12.7 GB
+# peak resident; bench/results/onnx-20261203T152804Z)
+SESSION_BYTES_PER_GRAPH_BYTE = 1.7
+
+
+def _sessions_that_fit(sessions: int, dirs: dict, graphs: int, say) -> int:
+    """``sessions`` a graph, or fewer when that many would not fit in half the memory available now."""
+    from normswap.devices import available_memory
+
+    size = max(sum(f.stat().st_size for f in Path(d).iterdir() if f.is_file()) for d in dirs.values())
+    fit = int(available_memory() / 2 // max(1.0, SESSION_BYTES_PER_GRAPH_BYTE * size * graphs))
+    if fit >= sessions:
+        return sessions
+    fewer = max(1, fit)
+    if say:
+        say(f"{sessions} sessions a graph would not fit in half the free memory: timing {fewer}")
+    return fewer
+
+
+def measure_onnx(spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq_len, tolerance, scratch, **how):
     """One MODEL's graphs checked against the original, then timed pairwise by timing.compare
     (``timing``: its stop-rule arguments; ``block_s``: seconds per timed block, 0 for one call;
-    ``sessions``: onnxruntime sessions per graph, the null control's its own, rotated by the instrument)."""
+    ``how``: ``progress`` and ``say`` (callbacks) and ``sessions``, onnxruntime sessions a graph, the null
+    control's its own, rotated by the instrument)."""
+    progress, say = how.get("progress"), how.get("say")
     import torch
 
     from normswap import timing as instrument
@@ -110,10 +133,14 @@ def measure_onnx(
     def call(sess):
         return lambda: sess.run(None, feed)  # the session alone: no tensor conversion inside the timed block
 
-    def copies(m):  # the checked session and sessions-1 more of the same graph, each loaded anew
-        return [call(m.session)] + [call(OnnxModel(m.path, threads=threads).session) for _ in range(sessions - 1)]
-
-    fns = {name: copies(m) for name, m in models.items()}
+    # the checked session and sessions-1 more of each graph, loaded round-robin across the graphs: a
+    # session's speed depends on where its buffers landed, so no graph may have all its sessions made
+    # first or last
+    sessions = _sessions_that_fit(how.get("sessions", 1), dirs, len(models), say)
+    fns = {name: [call(m.session)] for name, m in models.items()}
+    for _ in range(sessions - 1):
+        for name, m in models.items():
+            fns[name].append(call(OnnxModel(m.path, threads=threads).session))
     calls = instrument.calibrate_calls(fns["original"][0], block_s) if block_s else 1
     before = machine_load()
     cmp = instrument.compare(fns, "original", "null control", calls_per_sample=calls, progress=progress, **timing)
@@ -193,9 +220,10 @@ def _option(name: str, kind, default, help: str):
 @_option(
     "--sessions",
     click.IntRange(1, 8),
-    3,
+    5,
     "onnxruntime sessions per graph (the null control's its own), timed in rotation: one session's memory "
-    "placement is a steady bias of ~1-2 %, which N sessions a side average out.",
+    "placement is a steady bias of ~1-3 %, which N sessions a side average out (fewer when they would not fit "
+    "in half the free memory; a GPT-2-small session holds ~0.85 GB).",
 )
 @_option("--batch", click.IntRange(1), 1, "Sequences per forward.")
 @_option("--seq-len", click.IntRange(1), 32, "Tokens per sequence.")
@@ -237,6 +265,7 @@ def onnx(models, repeats, budget, target, threads, sessions, batch, seq_len, min
                 block_s=min_time,
                 threads=threads,
                 sessions=sessions,
+                say=beat.say,
                 batch=batch,
                 seq_len=seq_len,
                 tolerance=tolerance,
