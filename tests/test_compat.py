@@ -384,3 +384,19 @@ def test_the_onnx_column_exports_both_and_compares_onnxruntime_outputs(tmp_path_
     damaged = _damaged(converted, tmp_path, weight="self_attn.out_proj.weight")
     cell = checks.check_export_onnx(original, damaged, ROWS["opt"])
     assert cell.status == "fail" and "relative difference" in cell.detail
+
+
+def test_merged_header_names_each_row_once_and_the_span_of_dates():
+    """A table whose few rows were re-run later (--from-json ALL --from-json RERUN): the rows re-run are
+    named once, the times add up and the header says when the first and the last run were."""
+    from normswap.compat.matrix import merge_meta
+
+    base = {"normswap_version": "0", "row_seconds": 600}
+    first = base | {"command": "normswap families matrix --only a --only b --row-seconds 600", "seconds": 10,
+                    "date": "2026-12-03 09:39 UTC"}  # fmt: skip
+    rerun = base | {"command": "normswap families matrix --only b --row-seconds 600", "seconds": 2,
+                    "date": "2026-12-03 15:40 UTC"}  # fmt: skip
+    m = merge_meta([first, rerun])
+    assert m["command"] == "normswap families matrix --only a --only b --row-seconds 600"
+    assert m["seconds"] == 12 and m["date"] == "2026-12-03 09:39 UTC to 2026-12-03 15:40 UTC"
+    assert merge_meta([first, first | {"seconds": 1}])["date"] == "2026-12-03 09:39 UTC"  # one date: as it was

@@ -295,9 +295,10 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
         for path in from_json:
             try:
                 saved = bounded_load.load_json(path, what="a saved matrix", max_bytes=64 << 20, follow=True)
-                # a row in a later file replaces the same row in an earlier one (a re-run of a few rows)
-                names = {r["name"] for r in saved["rows"]}
-                records = [r for r in records if r["name"] not in names] + saved["rows"]
+                # a row in a later file replaces the same row in an earlier one, where it stood (a re-run
+                # of a few rows leaves the table in its order); new rows go at the end
+                later = {r["name"]: r for r in saved["rows"]}
+                records = [later.pop(r["name"], r) for r in records] + list(later.values())
                 metas.append(saved["meta"])
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise NormswapError(

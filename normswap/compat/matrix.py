@@ -301,20 +301,22 @@ def meta(command: str, seconds: float, row_seconds: float) -> dict:
 
 
 def merge_meta(metas: list[dict]) -> dict:
-    """One header for runs of a few rows each (docs/compat-matrix.sh runs one row a process): the first's,
-    one command naming every row when the runs differ only in their rows (else the commands joined),
-    their times summed."""
+    """One header for runs of a few rows each (docs/compat-matrix.sh runs one row a process; a table
+    whose few rows were re-run later): the first's, one command naming every row once when the runs
+    differ only in their rows (else the commands joined), their times summed, the span of their dates."""
     if len(metas) == 1:
         return metas[0]
     only = re.compile(r" --only \S+")
     rest = {only.sub("", m["command"]) for m in metas}
     if len(rest) == 1:
         head, _, tail = rest.pop().partition(" --")
-        rows = "".join(part for m in metas for part in only.findall(m["command"]))
+        rows = "".join(dict.fromkeys(part for m in metas for part in only.findall(m["command"])))
         command = f"{head}{rows}" + (f" --{tail}" if tail else "")
     else:
         command = " & ".join(m["command"] for m in metas)
-    return {**metas[0], "command": command, "seconds": sum(m["seconds"] for m in metas)}
+    dates = sorted({m["date"] for m in metas})
+    date = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    return {**metas[0], "command": command, "seconds": sum(m["seconds"] for m in metas), "date": date}
 
 
 def as_json(records, meta: dict) -> str:
