@@ -68,7 +68,7 @@ def test_demo_quick_end_to_end(tmp_path):
     table = p.stdout.split("report:")[0]
     for n in models:
         assert n in table
-    assert "Δ vs original" in table and "forward tok/s" in table and "ratio [per-repeat range]" in table
+    assert "Δ vs original" in table and "forward tok/s" in table and "ratio [95% interval]" in table
     # --quick measures 2 repeats: too few for any speed ratio to count as a difference
     for n in ("exact", "approx", "approx-healed"):
         line = next(ln for ln in table.splitlines() if ln.startswith(n + " "))

@@ -203,3 +203,34 @@ def test_evaluate_times_a_null_control_and_records_the_machine():
     )
     assert "null_control" not in off and off["speed_noise"]["null_control"] is False
     assert null_control_note(off).startswith("No null control")
+
+
+def test_the_report_says_how_its_throughput_brackets_were_made():
+    """A report of the instrument's pairs names the median per-pair ratio and its bootstrap interval over
+    the pairs actually run; control: results written before the instrument (raw per-repeat samples, no
+    pairs) keep the per-repeat words they were judged by."""
+    from helpers import tiny_model
+
+    from normswap.evaluate.config import EvalConfig, SpeedConfig
+    from normswap.evaluate.runner import ModelEntry, evaluate
+    from normswap.evaluate.stats import throughput_method
+    from normswap.report.claims import claims
+    from normswap.report.render import table_notes
+    from normswap.report.tables import summary_rows, summary_table
+
+    entries = [ModelEntry("orig", model=tiny_model("gpt2")), ModelEntry("copy", model=tiny_model("gpt2"))]
+    cfg = EvalConfig(
+        perplexity=False, diagnostics=False, memory=False, fidelity=False, seq_len=16, batch_size=2,
+        speed_setup=SpeedConfig(repeats=12, warmup=0, min_time=0.0, new_tokens=3),
+    )  # fmt: skip
+    results = evaluate(entries, cfg, baseline_name="orig")
+    pairs = results["models"][1]["ratio_intervals"]["tokens_per_second"]["forward"]["pairs"]
+    words = throughput_method(results)
+    assert "per-pair ratios" in words and f"{pairs}" in words and "bootstrap" in words
+    assert words in " ".join(table_notes(results)) and "per-repeat" not in " ".join(table_notes(results))
+    assert words in claims(results)[2]["meaning"]
+    assert summary_table(summary_rows(results))[0][-2] == "ratio [95% interval]"
+
+    old = synthetic({"clear": CLEAR}, QUIET_NULL)  # raw per-repeat samples, as before the instrument
+    assert "per-repeat" in throughput_method(old) and "per-pair" not in throughput_method(old)
+    assert "ratio [per-repeat range]" in summary_table(summary_rows(old))[0]

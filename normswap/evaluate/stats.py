@@ -172,11 +172,36 @@ def fmt_interval(iv: dict | None) -> str:
     return f"[{iv['low']:.{digits}f}–{iv['high']:.{digits}f}]"
 
 
+def throughput_pairs(results: dict) -> list[int]:
+    """The pair counts of this run's throughput intervals (empty: results from before the instrument)."""
+    return sorted(
+        {
+            iv["pairs"]
+            for m in results.get("models", [])
+            for iv in (((m.get("ratio_intervals") or {}).get("tokens_per_second")) or {}).values()
+            if iv and iv.get("pairs")
+        }
+    )
+
+
+def throughput_method(results: dict) -> str:
+    """How this run's throughput ratios and their brackets were made, as a report says it."""
+    pairs = throughput_pairs(results)
+    if not pairs:  # written before the instrument: the rule it was written under
+        s = results.get("speed_setup") or {}
+        return f"ratio of medians, [min–max] of the per-repeat paired ratios over {s.get('repeats', '?')} repeats"
+    span = str(pairs[0]) if len(pairs) == 1 else f"{pairs[0]}–{pairs[-1]}"
+    return (
+        f"median of the per-pair ratios over {span} interleaved pairs, "
+        f"[its {timing.LEVEL:.0%} bootstrap interval] (normswap/timing.py)"
+    )
+
+
 def claim_verdict(iv: dict | None, *, at_least: float | None = None, at_most: float | None = None) -> str:
     """Verdict on a quoted claim "ratio >= at_least" (or "<= at_most") from an interval.
 
-    reproduced: every repeat meets the claim; not reproduced: no repeat does; else (or with too
-    few repeats, or a null control that says the machine was too noisy) not measurable here.
+    reproduced: the whole interval meets the claim; not reproduced: none of it does; else (or with
+    too few repeats, or a null control that says the machine was too noisy) not measurable here.
     """
     if not iv or iv["repeats"] < MIN_REPEATS or iv["verdict"] == TOO_NOISY:
         return "not measurable here"

@@ -3,15 +3,23 @@
 Each row: the claim, a verdict (reproduced / not reproduced / not measurable here), the lines
 measured for each compared model against the baseline, and what they mean — so a user sees what
 the swap buys on *their* model and hardware (often: little end to end, because norms are a small
-share of the work). Timed verdicts come from the per-repeat intervals (normswap/evaluate/stats.py):
-a claim is reproduced only when every repeat meets it, and refuted only when none does, and
+share of the work). Timed verdicts come from the ratios' intervals (normswap/evaluate/stats.py):
+a claim is reproduced only when its whole interval meets it, and refuted only when none of it does, and
 neither when the run's null control says the machine was too noisy to tell (the same rule that
 decides a report's colours).
 """
 
 from __future__ import annotations
 
-from normswap.evaluate.stats import TOO_NOISY, claim_verdict, fmt_interval, intervals_of, measurable, undecided
+from normswap.evaluate.stats import (
+    TOO_NOISY,
+    claim_verdict,
+    fmt_interval,
+    intervals_of,
+    measurable,
+    throughput_method,
+    undecided,
+)
 from normswap.report.verdicts import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 
 # The quoted figures: at least 10 % more tokens/s; at least 7 % less time inside the norms.
@@ -107,9 +115,9 @@ def _amdahl_note(name, ratio, iv, bound) -> str | None:
             "repeat-to-repeat noise of this machine, not a gain"
         )
     return (
-        f"{head} in every repeat {fmt_interval(iv)}: making the norms free could not explain it, so the difference "
-        "comes from outside the norm layers (the conversion also changes the linears' biases and the code path; "
-        "on a model this small, per-call overheads dominate)"
+        f"{head} over its whole bracket {fmt_interval(iv)}: making the norms free could not explain it, so the "
+        "difference comes from outside the norm layers (the conversion also changes the linears' biases and the "
+        "code path; on a model this small, per-call overheads dominate)"
     )
 
 
@@ -147,9 +155,8 @@ def _throughput_claim(results, base, others):
         "claim": "10-30% higher throughput after the swap",
         "verdict": overall(verdicts),
         "measured": lines or ["needs --baseline and speed measurements"],
-        "meaning": "End-to-end tokens/s against the baseline: ratio of medians, [min–max] of the per-repeat "
-        "paired ratios. "
-        "Reproduced when every repeat is at least ×1.10, not reproduced when none is.",
+        "meaning": f"End-to-end tokens/s against the baseline: {throughput_method(results)}. "
+        "Reproduced when the whole bracket is at least ×1.10, not reproduced when all of it is below.",
     }
 
 

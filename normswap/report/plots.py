@@ -257,7 +257,14 @@ def draw_ratio_bars(ax, results, c: dict, width: float) -> bool:
     ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
     ax.set_ylim(0, top)
     ax.set_ylabel(f"tokens/s relative to {results.get('baseline')}")
-    ax.set_title("throughput ratio, bars: ratio of medians, whiskers: per-repeat range", fontsize=10)
+    from normswap.evaluate.stats import throughput_pairs
+
+    how = (
+        "median per-pair ratio, whiskers: 95% interval"
+        if throughput_pairs(results)
+        else "ratio of medians, whiskers: per-repeat range"
+    )
+    ax.set_title(f"throughput ratio, bars: {how}", fontsize=10)
     return any(not b.clear for b in bars)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from normswap import timing
 from normswap.evaluate.stats import (
     MIN_REPEATS,
     NO_DIFFERENCE,
@@ -13,6 +14,8 @@ from normswap.evaluate.stats import (
     intervals_of,
     measurable,
     noisy_kinds,
+    throughput_method,
+    throughput_pairs,
     undecided,
 )
 from normswap.report import encoders
@@ -297,11 +300,10 @@ def table_notes(results) -> list[str]:
     column is empty."""
     notes = []
     if speed_compared(results):
-        s = results.get("speed_setup") or {}
+        few = f"{timing.MIN_PAIRS} pairs" if throughput_pairs(results) else f"{MIN_REPEATS} repeats"
         notes.append(
-            f"Speed ratios: ratio of medians, [min–max] of the per-repeat paired ratios over {s.get('repeats', '?')} "
-            f"interleaved repeats; a ratio whose range contains 1, or that rests on fewer than {MIN_REPEATS} repeats, "
-            f'is "{NO_DIFFERENCE}" and is not coloured.'
+            f"Speed ratios: {throughput_method(results)}; a ratio whose bracket contains 1 or the null control's, "
+            f'or that rests on fewer than {few}, is "{NO_DIFFERENCE}" and is not coloured.'
         )
         notes.append(null_control_note(results))
     note = memory_note(results)
@@ -399,8 +401,14 @@ def _setup_lines(results) -> list[str]:
     lines.append("Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "platform"))
     s = results.get("speed_setup")
     if s:
+        timed = (
+            f"interleaved pairs until every interval is within ±{s['target_halfwidth']:g} or "
+            f"{s['speed_budget']:g} s a kind are spent (at most {s['repeats']})"
+            if throughput_pairs(results) and s.get("speed_budget") is not None
+            else f"{s['repeats']} interleaved repeats (medians)"
+        )
         lines.append(
-            f"Speed: batch {s['batch_size']} × {s['seq_len']} tokens, {s['repeats']} interleaved repeats (medians), "
+            f"Speed: batch {s['batch_size']} × {s['seq_len']} tokens, {timed}, "
             f"warm-up {s['warmup']}, generation {s['prompt_len']}-token prompt + {s['new_tokens']} new tokens"
         )
     return lines

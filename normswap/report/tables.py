@@ -132,6 +132,7 @@ def summary_rows(results: dict) -> list[dict]:
                 "forward_ratio": fwd,
                 "forward_ratio_range": [fwd_iv["low"], fwd_iv["high"]] if fwd_iv else None,
                 "forward_verdict": fwd_iv["verdict"] if fwd_iv else None,
+                "forward_ratio_pairs": fwd_iv.get("pairs") if fwd_iv else None,  # None: a per-repeat range
                 "hidden_cosine": fid.get("hidden_cosine"),
                 "embedding_cosine": fid.get("embedding_cosine"),
                 "masked_perplexity": fid.get("masked_perplexity"),
@@ -166,7 +167,8 @@ def summary_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         header += ["perplexity", "Δ vs original"]
     if fidelity:
         header += ["hidden cosine", "embedding cosine", "masked ppl", "top-1 agree"]
-    header += ["forward tok/s"] + (["ratio [per-repeat range]", "forward speed"] if speed else [])
+    bracket = "95% interval" if any(r.get("forward_ratio_pairs") for r in rows) else "per-repeat range"
+    header += ["forward tok/s"] + ([f"ratio [{bracket}]", "forward speed"] if speed else [])
     cells = []
     for r in rows:
         line = [r["model"]]
