@@ -12,11 +12,13 @@ and noise3.py measured it).
 How (:func:`compare`):
 - warm-up: every function runs ``warmup`` untimed blocks first (allocator, lazy init, caches);
 - a *round* pairs the baseline with every other function once, in a shuffled order; a pair runs
-  one block (``calls_per_sample`` calls) of each, A then B in one round and B then A in the next,
+  one block (``calls_per_sample`` calls; one number, or one a function, so that a function ten times
+  slower than the baseline does not spend a round on ten times the calls) of each, A then B in one
+  round and B then A in the next,
   so neither side always enjoys the warmer position; each block starts with ``lead_in`` untimed
   calls of its own function, so that no block inherits a cache another function left (the
   baseline, in every pair, would otherwise often follow itself and look faster than its copy);
-- each pair's ratio is ``baseline seconds / candidate seconds`` — the candidate's speed over the
+- each pair's ratio is ``baseline seconds a call / candidate seconds a call`` — the candidate's speed over the
   baseline's, above 1 when the candidate is faster (normswap's convention for every speed ratio);
 - the estimate is the median of the per-pair ratios, its interval a percentile bootstrap of that
   median (pairs resampled whole, so the pairing survives the resampling);
@@ -102,9 +104,9 @@ class Comparison:
     stop_reason: str
     elapsed_s: float
     rounds: int
-    calls_per_sample: int
+    calls_per_sample: int  # the baseline's calls a block
     target_halfwidth: float
-    # per function: [(baseline seconds, its seconds)] of every pair, in the order they ran
+    # per function: [(baseline seconds a call, its seconds a call)] of every pair, in the order they ran
     pair_seconds: dict[str, list[tuple[float, float]]]
     # per function: its median seconds per call over all its timed blocks (absolute throughput)
     seconds_per_call: dict[str, float]
@@ -112,6 +114,8 @@ class Comparison:
     fastest_seconds_per_call: dict[str, float]
     # per function: how many copies its blocks rotated through (1: one)
     replicas: dict[str, int] = dataclasses.field(default_factory=dict)
+    # per function: its calls a block
+    calls_per_function: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Ratio:
         return self.null if name == self.null_name else self.candidates[name]
@@ -126,6 +130,7 @@ class Comparison:
             "elapsed_s": round(self.elapsed_s, 3),
             "rounds": self.rounds,
             "calls_per_sample": self.calls_per_sample,
+            "calls_per_function": dict(self.calls_per_function),
             "target_halfwidth": self.target_halfwidth,
             "null_band": NULL_BAND,
             "seconds_per_call": dict(self.seconds_per_call),
@@ -224,7 +229,7 @@ def compare(
     baseline: str,
     null: str | None,
     *,
-    calls_per_sample: int = 5,
+    calls_per_sample: int | Mapping[str, int] = 5,
     target_halfwidth: float = 0.01,
     budget_s: float = 60.0,
     min_pairs: int = 30,
@@ -262,10 +267,13 @@ def compare(
         raise ValueError("compare: a function given as a list needs at least one copy")
     # with copies, no "converged" before every combination of copies has met once
     min_pairs = max([min_pairs] + [len(copies[baseline]) * len(fs) for name, fs in copies.items() if name != baseline])
-    for fs in copies.values():
+    calls = {n: calls_per_sample if isinstance(calls_per_sample, int) else int(calls_per_sample[n]) for n in fns}
+    if min(calls.values()) < 1:
+        raise ValueError("compare: every function needs at least one call a block")
+    for name, fs in copies.items():
         for f in fs:  # every copy warmed
             for _ in range(warmup):
-                _block(f, calls_per_sample, clock, sync)
+                _block(f, calls[name], clock, sync)
     others = [name for name in fns if name != baseline]
     pair_seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in others}
     blocks: dict[str, list[float]] = {name: [] for name in fns}
@@ -276,7 +284,9 @@ def compare(
             order = (baseline, name) if rounds % 2 == 0 else (name, baseline)
             k = len(pair_seconds[name]) if name != baseline else rounds  # this pair's number
             pick = _copies_for_pair(copies, baseline, name, k)
-            seconds = {k: _block(pick[k], calls_per_sample, clock, sync, lead_in) for k in dict.fromkeys(order)}
+            seconds = {  # seconds a call: blocks of different lengths compare
+                k: _block(pick[k], calls[k], clock, sync, lead_in) / calls[k] for k in dict.fromkeys(order)
+            }
             if name != baseline:
                 pair_seconds[name].append((seconds[baseline], seconds[name]))
             for k, sec in seconds.items():
@@ -301,7 +311,7 @@ def compare(
             stop_reason = CONVERGED
             break
     run = {"stop_reason": stop_reason, "elapsed_s": clock() - start, "rounds": rounds}
-    run |= {"calls_per_sample": calls_per_sample, "target_halfwidth": target_halfwidth}
+    run |= {"calls_per_sample": calls[baseline], "calls_per_function": calls, "target_halfwidth": target_halfwidth}
     run["replicas"] = {name: len(fs) for name, fs in copies.items()}
     return _comparison(baseline, null, pair_seconds, blocks, run, band=band, draws=draws, seed=seed)
 
@@ -327,7 +337,7 @@ def _comparison(baseline, null, pair_seconds, blocks, run: dict, *, band, draws,
         candidates={name: ratio(name) for name in estimates if name != null},
         null=ratio(null) if null is not None else None,
         pair_seconds=pair_seconds,
-        seconds_per_call={k: statistics.median(v) / run["calls_per_sample"] for k, v in blocks.items() if v},
-        fastest_seconds_per_call={k: min(v) / run["calls_per_sample"] for k, v in blocks.items() if v},
+        seconds_per_call={k: statistics.median(v) for k, v in blocks.items() if v},
+        fastest_seconds_per_call={k: min(v) for k, v in blocks.items() if v},
         **run,
     )

@@ -196,3 +196,24 @@ def test_every_pair_of_copies_meets_equally_often():
     met = [tuple(timing._copies_for_pair(copies, "a", "b", k).values()) for k in range(12)]
     assert {m: met.count(m) for m in set(met)} == {(f"a{i}", f"b{j}"): 2 for i in range(3) for j in range(2)}
     assert timing._copies_for_pair(copies, "a", "a", 4) == {"a": "a1"}  # the baseline alone rotates too
+
+
+def test_calls_a_block_per_function_keep_the_ratio_per_call_and_the_rounds_short():
+    """A composite ten times slower than the baseline, run 1 call a block against the baseline's 10:
+    the ratio is still per call (×0.1; an instrument that compared whole blocks would read ×1), and
+    the same budget holds several times the rounds that 10 calls of it a block allow."""
+    kw = {"budget_s": 1.0, "min_pairs": 10_000, "max_pairs": 10_000}  # the budget decides the rounds
+
+    host = PlantedHost(swing=0.1, jitter=0.002)
+    fns = {"original": host.fn("o", 1 * MS), "null control": host.fn("n", 1 * MS), "slow": host.fn("s", 10 * MS)}
+    calls = {"original": 10, "null control": 10, "slow": 1}
+    mixed = timing.compare(fns, "original", "null control", calls_per_sample=calls, clock=host.clock, **kw)
+    assert mixed.candidates["slow"].ratio == pytest.approx(0.1, rel=0.02)
+    assert mixed.calls_per_function == calls and mixed.calls_per_sample == 10
+    assert mixed.seconds_per_call["slow"] == pytest.approx(10 * MS, rel=0.15)
+
+    host = PlantedHost(swing=0.1, jitter=0.002)
+    fns = {"original": host.fn("o", 1 * MS), "null control": host.fn("n", 1 * MS), "slow": host.fn("s", 10 * MS)}
+    same = timing.compare(fns, "original", "null control", calls_per_sample=10, clock=host.clock, **kw)
+    assert same.candidates["slow"].ratio == pytest.approx(0.1, rel=0.02)
+    assert mixed.rounds > 2.5 * same.rounds
