@@ -18,8 +18,9 @@ How (:func:`compare`):
   so neither side always enjoys the warmer position; each block starts with ``lead_in`` untimed
   calls of its own function, so that no block inherits a cache another function left (the
   baseline, in every pair, would otherwise often follow itself and look faster than its copy);
-- each pair's ratio is ``baseline seconds a call / candidate seconds a call`` — the candidate's speed over the
-  baseline's, above 1 when the candidate is faster (normswap's convention for every speed ratio);
+- each pair's ratio is ``baseline seconds a call / candidate seconds a call`` — the candidate's
+  speed over the baseline's, above 1 when the candidate is faster (normswap's convention for every
+  speed ratio);
 - the estimate is the median of the per-pair ratios, its interval a percentile bootstrap of that
   median (pairs resampled whole, so the pairing survives the resampling);
 - the **null control** is the baseline against a second copy of itself (the caller supplies it:
@@ -282,8 +283,8 @@ def compare(
         rng.shuffle(others)
         for name in others or [baseline]:
             order = (baseline, name) if rounds % 2 == 0 else (name, baseline)
-            k = len(pair_seconds[name]) if name != baseline else rounds  # this pair's number
-            pick = _copies_for_pair(copies, baseline, name, k)
+            nth = len(pair_seconds[name]) if name != baseline else rounds  # this pair's number
+            pick = _copies_for_pair(copies, baseline, name, nth)
             seconds = {  # seconds a call: blocks of different lengths compare
                 k: _block(pick[k], calls[k], clock, sync, lead_in) / calls[k] for k in dict.fromkeys(order)
             }

@@ -93,11 +93,19 @@ def _match(models: dict, ids, tolerance: float) -> dict:
 SESSION_BYTES_PER_GRAPH_BYTE = 1.7
 
 
+def _graph_bytes(directory) -> int:
+    """The bytes of the regular files directly in an export directory (a link is not followed)."""
+    import os
+
+    with os.scandir(directory) as entries:
+        return sum(e.stat(follow_symlinks=False).st_size for e in entries if e.is_file(follow_symlinks=False))
+
+
 def _sessions_that_fit(sessions: int, dirs: dict, graphs: int, say) -> int:
     """``sessions`` a graph, or fewer when that many would not fit in half the memory available now."""
     from normswap.devices import available_memory
 
-    size = max(sum(f.stat().st_size for f in Path(d).iterdir() if f.is_file()) for d in dirs.values())
+    size = max(_graph_bytes(d) for d in dirs.values())
     fit = int(available_memory() / 2 // max(1.0, SESSION_BYTES_PER_GRAPH_BYTE * size * graphs))
     if fit >= sessions:
         return sessions
