@@ -217,3 +217,15 @@ def test_calls_a_block_per_function_keep_the_ratio_per_call_and_the_rounds_short
     same = timing.compare(fns, "original", "null control", calls_per_sample=10, clock=host.clock, **kw)
     assert same.candidates["slow"].ratio == pytest.approx(0.1, rel=0.02)
     assert mixed.rounds > 2.5 * same.rounds
+
+
+def test_a_difference_must_outreach_the_null_control_on_either_side():
+    """bench decode, kjv-neox, beside a burner: converted 1.001–1.013 with the null control at
+    0.981–0.995. Two identical copies differed by up to 1.9 % in that run, so 0.1–1.3 % is not a
+    difference; the rule that compared the candidate with the null's near end only called it faster."""
+    assert timing.verdict(1.001, 1.013, 0.981, 0.995) == timing.NO_DIFFERENCE
+    assert timing.verdict(1.020, 1.030, 0.981, 0.995) == timing.FASTER  # beyond the null's 1.9 % reach
+    assert timing.verdict(0.987, 0.999, 1.005, 1.019) == timing.NO_DIFFERENCE  # the mirror image
+    assert timing.verdict(0.970, 0.980, 1.005, 1.019) == timing.SLOWER
+    assert timing.verdict(1.006, 1.013, 0.995, 1.000) == timing.FASTER  # the null's 0.5 %, outreached
+    assert timing.verdict(1.001, 1.013, 1.0, 1.0) == timing.FASTER  # no null (1, 1): 1 is the yardstick
