@@ -115,12 +115,14 @@ def _sessions_that_fit(sessions: int, dirs: dict, graphs: int, say) -> int:
     return fewer
 
 
-def measure_onnx(spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq_len, tolerance, scratch, **how):
+def measure_onnx(
+    spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq_len, tolerance, scratch, progress=None, say=None,
+    sessions: int = 1,
+):  # fmt: skip
     """One MODEL's graphs checked against the original, then timed pairwise by timing.compare
     (``timing``: its stop-rule arguments; ``block_s``: seconds per timed block, 0 for one call;
-    ``how``: ``progress`` and ``say`` (callbacks) and ``sessions``, onnxruntime sessions a graph, the null
-    control's its own, rotated by the instrument)."""
-    progress, say = how.get("progress"), how.get("say")
+    ``sessions``: onnxruntime sessions a graph, the null control's its own, rotated by the instrument;
+    ``progress``, ``say``: callbacks)."""
     import torch
 
     from normswap import timing as instrument
@@ -144,7 +146,7 @@ def measure_onnx(spec, dirs: dict, *, timing: dict, block_s, threads, batch, seq
     # the checked session and sessions-1 more of each graph, loaded round-robin across the graphs: a
     # session's speed depends on where its buffers landed, so no graph may have all its sessions made
     # first or last
-    sessions = _sessions_that_fit(how.get("sessions", 1), dirs, len(models), say)
+    sessions = _sessions_that_fit(sessions, dirs, len(models), say)
     fns = {name: [call(m.session)] for name, m in models.items()}
     for _ in range(sessions - 1):
         for name, m in models.items():

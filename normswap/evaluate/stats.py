@@ -172,6 +172,10 @@ def fmt_interval(iv: dict | None) -> str:
     return f"[{iv['low']:.{digits}f}–{iv['high']:.{digits}f}]"
 
 
+# what the instrument's bracket is, as tables and figures label it
+INTERVAL_WORDS = f"{timing.LEVEL:.0%} interval"
+
+
 def throughput_pairs(results: dict) -> list[int]:
     """The pair counts of this run's throughput intervals (empty: results from before the instrument)."""
     return sorted(
@@ -193,7 +197,7 @@ def throughput_method(results: dict) -> str:
     span = str(pairs[0]) if len(pairs) == 1 else f"{pairs[0]}–{pairs[-1]}"
     return (
         f"median of the per-pair ratios over {span} interleaved pairs, "
-        f"[its {timing.LEVEL:.0%} bootstrap interval] (normswap/timing.py)"
+        f"[its {INTERVAL_WORDS}, bootstrapped] (normswap/timing.py)"
     )
 
 

@@ -257,10 +257,10 @@ def draw_ratio_bars(ax, results, c: dict, width: float) -> bool:
     ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
     ax.set_ylim(0, top)
     ax.set_ylabel(f"tokens/s relative to {results.get('baseline')}")
-    from normswap.evaluate.stats import throughput_pairs
+    from normswap.evaluate.stats import INTERVAL_WORDS, throughput_pairs
 
     how = (
-        "median per-pair ratio, whiskers: 95% interval"
+        f"median per-pair ratio, whiskers: {INTERVAL_WORDS}"
         if throughput_pairs(results)
         else "ratio of medians, whiskers: per-repeat range"
     )

@@ -300,11 +300,14 @@ def table_notes(results) -> list[str]:
     column is empty."""
     notes = []
     if speed_compared(results):
-        few = f"{timing.MIN_PAIRS} pairs" if throughput_pairs(results) else f"{MIN_REPEATS} repeats"
-        notes.append(
-            f"Speed ratios: {throughput_method(results)}; a ratio whose bracket contains 1 or the null control's, "
-            f'or that rests on fewer than {few}, is "{NO_DIFFERENCE}" and is not coloured.'
+        rule = (  # the rule each kind of result was judged by (normswap/timing.py verdict; stats.interval)
+            f"a ratio whose bracket does not lie further from 1 than the null control's reaches, or that rests "
+            f"on fewer than {timing.MIN_PAIRS} pairs"
+            if throughput_pairs(results)
+            else f"a ratio whose range contains 1 or the null control's, or that rests on fewer than "
+            f"{MIN_REPEATS} repeats"
         )
+        notes.append(f'Speed ratios: {throughput_method(results)}; {rule}, is "{NO_DIFFERENCE}" and is not coloured.')
         notes.append(null_control_note(results))
     note = memory_note(results)
     if note:

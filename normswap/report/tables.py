@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import textwrap
 
-from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
+from normswap.evaluate.stats import INTERVAL_WORDS, NO_DIFFERENCE, TOO_NOISY
 
 # A terminal's width: tables printed on one wrap their widest cells to fit it (an 80-column
 # terminal still wraps whole lines, but never a 312-character row into unreadable shards).
@@ -167,7 +167,7 @@ def summary_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         header += ["perplexity", "Δ vs original"]
     if fidelity:
         header += ["hidden cosine", "embedding cosine", "masked ppl", "top-1 agree"]
-    bracket = "95% interval" if any(r.get("forward_ratio_pairs") for r in rows) else "per-repeat range"
+    bracket = INTERVAL_WORDS if any(r.get("forward_ratio_pairs") for r in rows) else "per-repeat range"
     header += ["forward tok/s"] + ([f"ratio [{bracket}]", "forward speed"] if speed else [])
     cells = []
     for r in rows:

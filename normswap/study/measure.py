@@ -35,6 +35,8 @@ import os
 import time
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
 
 FIRST, MEMORY, PROFILE, TIMED = "first", "memory", "profile", "timed"
 MEMORY_STEP = 2
@@ -158,8 +160,6 @@ def memory_method(device) -> str | None:
 
 
 def _storages(tree) -> list:
-    from torch.utils._pytree import tree_leaves
-
     return [t.untyped_storage() for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.layout == torch.strided]
 
 
@@ -191,9 +191,7 @@ class _StoragePeak:
         self.total = 0  # bytes of self.live, the freed among them included until swept
         self.peak = 0
 
-    def _saw(self, out, inputs) -> None:
-        from torch.multiprocessing.reductions import StorageWeakRef
-
+    def _saw(self, out, inputs) -> None:  # after every op of the step: imports at module level
         held = {st.data_ptr() for st in _storages(inputs)}
         for st in _storages(out):
             key = st.data_ptr()
