@@ -128,3 +128,40 @@ class VirtualClock:
         import time
 
         return getattr(time, name)
+
+
+def tiny_wordpiece():
+    """A 256-piece lowercase BERT WordPiece tokenizer trained on 30 embedded documents; the same ids every run."""
+    import itertools
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from normswap.data import load_documents
+
+    specials = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.train_from_iterator(
+        itertools.islice(load_documents("embedded", "train"), 30),
+        trainers.WordPieceTrainer(vocab_size=256, special_tokens=list(specials)),
+    )
+    # the trainer finds the same 256 pieces every time but numbers its ties in hash order, which
+    # changes per process: renumber them (specials first, then by spelling) so that every run, on
+    # every machine, builds the same model on the same token ids
+    pieces = sorted(set(tk.get_vocab()) - set(specials))
+    tk.model = models.WordPiece({p: i for i, p in enumerate([*specials, *pieces])}, unk_token="[UNK]")
+    tk.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", tk.token_to_id("[CLS]")), ("[SEP]", tk.token_to_id("[SEP]"))],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )

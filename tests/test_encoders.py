@@ -6,7 +6,6 @@ WordPiece vocabulary trained here on the embedded corpus; conversion is the real
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 
@@ -17,43 +16,15 @@ from normswap.checkpoint.shards import SINGLE_NAME
 from normswap.errors import NormswapError
 
 
-def _wordpiece():
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from normswap.data import load_documents
-
-    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tk.train_from_iterator(
-        itertools.islice(load_documents("embedded", "train"), 30),
-        trainers.WordPieceTrainer(vocab_size=256, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
-    )
-    tk.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", tk.token_to_id("[CLS]")), ("[SEP]", tk.token_to_id("[SEP]"))],
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tk,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
-
-
 @pytest.fixture(scope="module")
 def encoders(tmp_path_factory):
     """{name: dir}: a masked-LM BERT and a bare BertModel, each with its approximate conversion."""
-    from helpers import tiny_model
+    from helpers import tiny_model, tiny_wordpiece
 
     from normswap.convert.pipeline import convert_checkpoint
 
     root = tmp_path_factory.mktemp("encoders")
-    tok = _wordpiece()
+    tok = tiny_wordpiece()
     dirs = {}
     for task, name in (("masked-lm", "mlm"), ("base", "enc")):
         src = root / name

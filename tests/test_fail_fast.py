@@ -5,18 +5,17 @@ it. Ordering, not wall clock: the model loader records whether it was called."""
 from __future__ import annotations
 
 import pytest
-from test_encoders import _wordpiece
 from test_evaluate_fixtures import save_tiny
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    from helpers import tiny_model
+    from helpers import tiny_model, tiny_wordpiece
 
     root = tmp_path_factory.mktemp("failfast")
     enc = root / "enc"
     tiny_model("bert", task="masked-lm", randomize=False, seed=1).save_pretrained(enc)
-    _wordpiece().save_pretrained(enc)
+    tiny_wordpiece().save_pretrained(enc)
     short = root / "short.txt"
     short.write_text("In the beginning God created the heaven and the earth.\n")  # ~12 tokens
     return {"gpt2": save_tiny(root / "gpt2", seed=3), "enc": str(enc), "short": str(short), "root": root}

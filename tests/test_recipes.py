@@ -316,29 +316,9 @@ def test_run_never_deletes_a_directory_it_did_not_write(tmp_path, run_cli):
 @pytest.mark.slow
 def test_masked_lm_recipe_reports_fidelity_against_the_source(tmp_path, run_cli):
     """The BERT recipe's path on a tiny real BertForMaskedLM with its own WordPiece vocabulary."""
-    import itertools
+    from helpers import tiny_model, tiny_wordpiece
 
-    from helpers import tiny_model
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from normswap.data import load_documents
-
-    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tk.train_from_iterator(
-        itertools.islice(load_documents("embedded", "train"), 30),
-        trainers.WordPieceTrainer(vocab_size=256, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
-    )
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
+    tok = tiny_wordpiece()
     src = tmp_path / "tinybert"
     tiny_model("bert", task="masked-lm").save_pretrained(src)
     tok.save_pretrained(src)
