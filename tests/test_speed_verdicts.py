@@ -182,11 +182,14 @@ def test_evaluate_times_a_null_control_and_records_the_machine():
     assert noise["null_control"] and noise["delta"] == pytest.approx(0.02)
     assert set(noise["null_spread"]) >= {"forward", "train_step", "decode"}
     assert len(noise["load_before"]) == 3 and noise["usable_cpus"] >= 1
+    assert "norm_ms_per_forward" in noise["null_spread"]  # time in norms has a null control too
     for kind, iv in noise["null_spread"].items():
-        within = 0.98 <= iv["low"] and iv["high"] <= 1.02
+        # time in norms is the instrument's speed interval turned over: the band is judged on that
+        low, high = (1 / iv["high"], 1 / iv["low"]) if kind == "norm_ms_per_forward" else (iv["low"], iv["high"])
+        within = 0.98 <= low and high <= 1.02
         assert noise["tight"][kind] == (within if judged(iv) else None)  # None: too few pairs to judge
-        if kind != "norm_ms_per_forward":  # time in norms: hooked repeats, not the instrument's pairs
-            assert results["speed_timing"][kind]["stop_reason"] in ("converged", "budget", "max_pairs")
+        timed = "norms" if kind == "norm_ms_per_forward" else kind
+        assert results["speed_timing"][timed]["stop_reason"] in ("converged", "budget", "max_pairs")
     # a noisy kind's ratio is never a difference
     for kind, iv in results["models"][1]["ratio_intervals"]["tokens_per_second"].items():
         if iv and noise["tight"].get(kind) is False:

@@ -25,8 +25,8 @@ SPEED_KINDS = ("forward", "train_step", "generate", "norm_share")
 class SpeedConfig:
     repeats: int = option(
         400,
-        "The most interleaved pairs per measured kind (normswap/timing.py; fewer when every interval reaches "
-        "--target-halfwidth first or --speed-budget runs out); also the hooked time-in-norms repeats (at most 5).",
+        "The most interleaved pairs per measured kind, time in norms included (normswap/timing.py; fewer when "
+        "every interval reaches --target-halfwidth first or --speed-budget runs out).",
         minimum=1,
     )
     warmup: int = option(1, "Unmeasured warm-up blocks per model and kind.", minimum=0)

@@ -1,9 +1,9 @@
 """Throughput, memory and time-in-norm-layers, measured for several models in one run.
 
 Fairness rules (every model sees the same conditions):
-- all models are measured in the same process, interleaved: each repeat visits every model once
-  (in a rotated order, so no model always runs right after another), and a result is the median
-  over repeats, so drifts of the machine (clock, thermal, other processes) spread over all models;
+- all models are timed in the same process by normswap/timing.py: short blocks in interleaved
+  pairs against the baseline, in alternating order, a ratio per pair, so drifts of the machine
+  (clock, thermal, other processes) cancel within each pair;
 - warm-up runs (allocator, kernels' first calls, lazy init) come first and are not measured;
   they also pick how many calls one measurement makes so that each lasts at least ``min_time``;
 - the device is synchronised before every clock read.
@@ -14,9 +14,15 @@ Measurements, on random token ids (throughput does not depend on the values):
   optimizer operation still runs), in train mode;
 - generate: greedy generation with the KV cache, one sequence; prefill (the prompt) and decode
   (one token per step) timed separately; generate = new tokens / (prefill + decode time);
-- norm_time_share: share of the inference forward spent inside the norm layers, timed by
-  forward hooks (CUDA events on GPU, perf_counter on CPU) in separate, hooked calls so the
-  hooks never slow the throughput numbers.
+- norms (the ``norm_share`` kind): the time in norm layers. One untimed, hooked forward records
+  every call the forward makes into a norm layer with the inputs it received; the timed function
+  replays those calls, in order, on those inputs, so the instrument times one forward's worth of
+  norm work as it times everything else (pairs against the baseline's norms, the null control's
+  norms beside them, an interval and a verdict). The hooks never run in a timed block. share =
+  norm seconds per call ÷ forward seconds per call, both this run's medians for the model. The
+  replayed norms find their inputs where the previous replayed call left the cache, not where the
+  forward's matmuls left it: on a model whose activations outgrow the cache, the replay may run
+  faster than the same norms do inside the forward.
 Peak memory is measured by :mod:`normswap.evaluate.memory`.
 
 A null control (``null_control=``: the baseline loaded a second time) is measured like any other
@@ -28,7 +34,8 @@ With ``compile=True`` every model is wrapped in ``torch.compile`` (Inductor; dec
 growing KV cache makes Dynamo recompile once with dynamic shapes) before the warm-up, which then
 also pays the compilation; the original and the converted model are both compiled, so the ratio
 compares compiled with compiled. Norm time is
-not measured then: per-module hooks would break the compiled graph that fuses the norms.
+not measured then: a compiled graph fuses the norms into their neighbours, so they have no time of
+their own to replay.
 """
 
 from __future__ import annotations
@@ -36,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import statistics
 import time
 
 import torch
@@ -49,8 +55,6 @@ from normswap.model_facts import context_length, norm_modules
 
 # the first check of the stop rule: fewer pairs than this are never called converged
 MIN_PAIRS = 20
-# hooked forwards per model for the time-in-norms share
-NORM_REPEATS = 5
 
 
 def _cache_of(out):
@@ -104,7 +108,7 @@ class ModelBench:
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.optimizer = None
         self._decode = None  # (cache, token) after the prompt, made on the first decode step
-        self.samples: dict[str, list] = {"norm_share": [], "norm_ms": []}
+        self._norm_inputs = None  # what _norms replays, recorded on its first call
 
     # -- single operations -------------------------------------------------------------------
     def _forward(self):
@@ -124,51 +128,35 @@ class ModelBench:
         finally:
             self.model.eval()
 
-    def _norm_share(self) -> tuple[float, float, float]:
-        """(share of forward time in norm layers, norm ms, forward ms) of one hooked forward."""
-        norms = norm_modules(self.model)
-        cuda = self.device.type == "cuda"
-        marks: list = []
+    def _norm_calls(self) -> list:
+        """Every call the forward makes into a norm layer, as (module, args, kwargs) with the inputs
+        that call received: one untimed forward with hooks records them (kept on the model's device)."""
+        calls: list = []
 
-        def pre(_m, _a):
-            if cuda:
-                ev = torch.cuda.Event(enable_timing=True)
-                ev.record()
-                marks.append(ev)
-            else:
-                marks.append(time.perf_counter())
+        def keep(x):  # a copy: a later in-place op of the forward must not change what is replayed
+            return x.clone() if isinstance(x, torch.Tensor) else x
 
-        def post(_m, _a, _o):
-            pre(_m, _a)
+        def record(module, args, kwargs):
+            calls.append((module, tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}))
 
-        handles = []
-        for _, m in norms:
-            handles.append(m.register_forward_pre_hook(pre))
-            handles.append(m.register_forward_hook(post))
+        handles = [m.register_forward_pre_hook(record, with_kwargs=True) for _, m in norm_modules(self.model)]
         try:
             with torch.inference_mode():
-                _sync(self.device)
-                if cuda:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    t0 = None
-                else:
-                    t0 = time.perf_counter()
                 self.model(input_ids=self.batch, use_cache=False)
-                if cuda:
-                    end.record()
-                _sync(self.device)
-                t1 = time.perf_counter()
         finally:
             for h in handles:
                 h.remove()
-        if cuda:
-            total_ms = start.elapsed_time(end)
-            norm_ms = sum(marks[i].elapsed_time(marks[i + 1]) for i in range(0, len(marks) - 1, 2))
-        else:
-            total_ms = (t1 - t0) * 1e3
-            norm_ms = sum(marks[i + 1] - marks[i] for i in range(0, len(marks) - 1, 2)) * 1e3
-        return (norm_ms / total_ms if total_ms > 0 else 0.0), norm_ms, total_ms
+        return calls
+
+    def _norms(self):
+        """One forward's worth of norm-layer work: each norm layer run on the inputs it had in a forward
+        of ``batch``, in the forward's order. Timed by the instrument against the baseline's, so the
+        time in norms gets pairs, an interval and a null control like every throughput."""
+        if self._norm_inputs is None:
+            self._norm_inputs = self._norm_calls()
+        with torch.inference_mode():
+            for module, args, kwargs in self._norm_inputs:
+                module(*args, **kwargs)
 
     # -- what the timing instrument calls: one operation each -----------------------------------
     def _prefill(self):
@@ -206,64 +194,62 @@ class ModelBench:
             "prefill": (self._prefill, self.prompt_len),
             "decode": (self._decode_step, 1),
             "generate": (self._generate, self.new_tokens),
+            "norms": (self._norms, tokens),
         }[kind]
 
     def timed_kinds(self) -> tuple[str, ...]:
-        """The instrument's kinds for this model: ``generate`` stands for prefill, decode and generate."""
-        expand = {"generate": ("prefill", "decode", "generate"), "norm_share": ()}
-        return tuple(k for kind in self.kinds for k in expand.get(kind, (kind,)))
-
-    def warm_up_norm_share(self):
-        if "norm_share" in self.kinds:
-            self._norm_share()
-
-    def measure_norm_share(self):
-        if "norm_share" in self.kinds:
-            share, norm_ms, _ = self._norm_share()
-            self.samples["norm_share"].append(share)
-            self.samples["norm_ms"].append(norm_ms)
+        """The instrument's kinds for this model: ``generate`` stands for prefill, decode and generate;
+        ``norm_share`` for ``norms`` (the norm layers' replayed work) and the ``forward`` it is a share of."""
+        expand = {"generate": ("prefill", "decode", "generate"), "norm_share": ("forward", "norms")}
+        return tuple(dict.fromkeys(k for kind in self.kinds for k in expand.get(kind, (kind,))))
 
     def summary(self, comparisons: dict) -> dict:
         """This model's results.json speed fields from the run's comparisons (one per timed kind;
         each against its own baseline: the run's, or the model's own for a kind the run's cannot run)."""
-        s = self.samples
         tps, paired, calls = {}, {}, {}
         for kind, cmp in comparisons.items():
             if self.name not in cmp.seconds_per_call:
                 continue
-            tps[kind] = self.operation(kind)[1] / cmp.seconds_per_call[self.name]
+            if kind != "norms":
+                tps[kind] = self.operation(kind)[1] / cmp.seconds_per_call[self.name]
             calls[kind] = cmp.calls_per_sample
             if self.name != cmp.baseline:  # a kind the baseline cannot run has a baseline of its own
                 paired[kind] = cmp[self.name].to_json() | {"stop_reason": cmp.stop_reason}
         if "decode" in tps and self.new_tokens <= 1:
             tps["decode"] = None
-        out = {
+        norm_time = self._norm_time(comparisons)
+        return {
             "tokens_per_second": tps,
-            "norm_time_share": statistics.median(s["norm_share"]) if s["norm_share"] else None,
-            "norm_time": None,
+            "norm_time_share": norm_time["share_of_forward"] if norm_time else None,
+            "norm_time": norm_time,
             "speed_setup": {
                 "batch_size": self.cfg.batch_size,
                 "seq_len": self.seq_len,
                 "prompt_len": self.prompt_len,
                 "new_tokens": self.new_tokens,
-                "repeats": len(s["norm_share"]),
                 "calls_per_measurement": calls,
-                # per kind, against the baseline: {ratio, low, high, pairs, verdict, stop_reason}
+                # per kind, against the baseline: {ratio, low, high, pairs, verdict, stop_reason};
+                # ``norms`` is the norm layers' speed (evaluate/stats.py turns it into a time ratio)
                 "paired": paired,
-                # the hooked norm-time measurements, per repeat (the report's whiskers on "time in norms")
-                "samples": ({"norm_ms": list(s["norm_ms"])} if s["norm_ms"] else {})
-                | ({"norm_share": list(s["norm_share"])} if s["norm_share"] else {}),
             },
         }
-        if s["norm_share"]:
-            norms = norm_modules(self.model)
-            out["norm_time"] = {
-                "share_of_forward": out["norm_time_share"],
-                "norm_ms_per_forward": statistics.median(s["norm_ms"]),
-                "layers": len(norms),
-                "classes": sorted({type(m).__name__ for _, m in norms}),
-            }
-        return out
+
+    def _norm_time(self, comparisons: dict) -> dict | None:
+        """results.json's ``norm_time``: the replayed norm layers' seconds per call over the forward's,
+        both the instrument's medians for this model in this run; None when the norms were not timed."""
+        norms, forward = comparisons.get("norms"), comparisons.get("forward")
+        if norms is None or self.name not in norms.seconds_per_call:
+            return None
+        norm_s = norms.seconds_per_call[self.name]
+        forward_s = forward.seconds_per_call.get(self.name) if forward is not None else None
+        layers = norm_modules(self.model)
+        return {
+            "share_of_forward": norm_s / forward_s if forward_s else None,
+            "norm_ms_per_forward": norm_s * 1e3,
+            "layers": len(layers),
+            "calls_per_forward": len(self._norm_inputs or ()),
+            "classes": sorted({type(m).__name__ for _, m in layers}),
+        }
 
 
 def measure_speed(models, config: SpeedConfig | None = None, progress=None) -> dict[str, dict]:
@@ -374,13 +360,6 @@ def compare_kind(
 def _measure(benches, cfg: SpeedConfig, progress, baseline: str, null_name) -> tuple[dict, dict]:
     kinds = dict.fromkeys(k for b in benches for k in b.timed_kinds())
     comparisons = {kind: compare_kind(benches, kind, cfg, baseline, null_name, progress) for kind in kinds}
-    # time in norms: hooked forwards, a few rotated repeats (a share of one forward, not a speed ratio)
-    for b in benches:
-        b.warm_up_norm_share()
-    for r in range(min(cfg.repeats, NORM_REPEATS)):
-        k = r % len(benches)
-        for b in benches[k:] + benches[:k]:
-            b.measure_norm_share()
     summaries = {}
     for b in benches:
         mine = {kind: cmp for kind, cmp in comparisons.items() if cmp.baseline == baseline or b.name == cmp.baseline}

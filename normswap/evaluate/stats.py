@@ -9,12 +9,15 @@ pairs, stop_reason, verdict}`` (``repeats`` = ``pairs``; verdict ``higher`` / ``
 instrument's faster / slower, the words the results schema has always used for a number above or
 below the baseline's).
 
-The time in norm layers (``norm_ms_per_forward``) is not a throughput: hooked forwards, a few
-interleaved repeats, and its interval is [min, max] of the per-repeat paired ratios, under the rule
-this module kept from before the instrument (also how results.json files written before it are
-read, :func:`interval`): a difference needs at least ``MIN_REPEATS`` repeats, an interval that
-excludes 1 and the null control's, and the null control within [1 − ``NULL_DELTA``, 1 +
-``NULL_DELTA``] (else "too noisy to tell").
+The time in norm layers (``norm_ms_per_forward``) is timed by the same instrument (speed.py's
+``norms``: the norm layers replaying one forward's calls), but it is a time, not a speed: its
+interval is the instrument's speed interval turned over (time ratio = 1 / speed ratio, so lower is
+less time; verdict ``lower`` for the instrument's faster). Results written before that have
+per-repeat samples of hooked forwards instead, and are read under the rule this module kept from
+before the instrument (also how results.json files written before the instrument are read,
+:func:`interval`): a difference needs at least ``MIN_REPEATS`` repeats, an interval that excludes 1
+and the null control's, and the null control within [1 − ``NULL_DELTA``, 1 + ``NULL_DELTA``]
+(else "too noisy to tell").
 
 ``NULL_DELTA`` is the instrument's ``NULL_BAND`` (±2 %): one band for every verdict normswap prints.
 """
@@ -28,8 +31,8 @@ from normswap import timing
 MIN_REPEATS = 5
 NULL_DELTA = timing.NULL_BAND
 METHOD = (
-    f"throughput: {timing.METHOD}; time in norms: min-max of per-repeat paired ratios of hooked forwards, "
-    f">= {MIN_REPEATS} repeats, an interval that excludes 1 and the null control's"
+    f"throughput: {timing.METHOD}; time in norms: the same instrument on the norm layers replaying one "
+    "forward's calls, as a time ratio (the speed ratio turned over)"
 )
 NO_DIFFERENCE = timing.NO_DIFFERENCE
 TOO_NOISY = timing.TOO_NOISY
@@ -56,6 +59,20 @@ def paired_interval(entry: dict | None) -> dict | None:
     }
 
 
+# the instrument's words for a speed ratio, in the words for the time ratio it turns into
+_TIME_WORD = {timing.FASTER: "lower", timing.SLOWER: "higher"}
+
+
+def paired_time_interval(entry: dict | None) -> dict | None:
+    """results.json's interval for a *time* ratio the instrument measured as a speed ratio (speed.py's
+    ``paired["norms"]``): the candidate's seconds over the baseline's, so lower is less time."""
+    iv = paired_interval(entry)
+    if iv is None:
+        return None
+    low, high, median = 1 / iv["high"], 1 / iv["low"], 1 / iv["median"]
+    return iv | {"low": low, "high": high, "median": median, "verdict": _TIME_WORD.get(entry["verdict"], iv["verdict"])}
+
+
 def paired_ratios(samples, base_samples) -> list[float]:
     """Per-repeat ratios sample[r] / base[r] over the repeats both have."""
     return [a / b for a, b in zip(samples or [], base_samples or []) if a is not None and b]
@@ -68,8 +85,14 @@ def judged(iv: dict) -> bool:
 
 
 def null_is_tight(null_iv: dict | None) -> bool:
-    """Whether the null control's interval says the machine was quiet enough to tell (rule 2)."""
-    return bool(null_iv) and judged(null_iv) and 1 - NULL_DELTA <= null_iv["low"] and null_iv["high"] <= 1 + NULL_DELTA
+    """Whether the null control's interval says the machine was quiet enough to tell (rule 2). The
+    instrument's own intervals carry its word on that (a turned-over time interval is judged on the
+    speed interval it came from, so the banner and the verdicts never disagree at the band's edge)."""
+    if not null_iv or not judged(null_iv):
+        return False
+    if "pairs" in null_iv:
+        return null_iv["verdict"] != TOO_NOISY
+    return 1 - NULL_DELTA <= null_iv["low"] and null_iv["high"] <= 1 + NULL_DELTA
 
 
 def interval(samples, base_samples, null=UNCONTROLLED) -> dict | None:
@@ -129,7 +152,11 @@ def ratio_intervals(model: dict, base: dict, null: dict | None = None) -> dict:
             continue
         yard = yardstick(((null or {}).get("tokens_per_second") or {}).get(kind))
         out["tokens_per_second"][kind] = None if same else interval(mine.get(kind), theirs.get(kind), yard)
-    if not same:
+    if same:
+        return out
+    if paired is not None and "norms" in paired:  # the instrument's, turned into a time ratio
+        out["norm_ms_per_forward"] = paired_time_interval(paired["norms"])
+    else:  # hooked forwards' per-repeat samples, as results from before that were written
         out["norm_ms_per_forward"] = interval(
             mine.get("norm_ms"), theirs.get("norm_ms"), yardstick((null or {}).get("norm_ms_per_forward"))
         )

@@ -97,8 +97,9 @@ def _norm_time_claim(results, base, others):
         "claim": "RMSNorm takes 7-64% less time than LayerNorm",
         "verdict": overall(verdicts),
         "measured": lines or ["not measured in this run"],
-        "meaning": "Kernel-level gains, measured here inside the whole model (forward hooks; inference forward). "
-        "Reproduced when every repeat shows at least 7% less time, not reproduced when none does.",
+        "meaning": "Kernel-level gains, measured here on the whole model's norm layers (each replaying the inputs "
+        "it had in one inference forward; results from before that: hooked forwards). Reproduced when the whole "
+        "interval of the time ratio shows at least 7% less time, not reproduced when none of it does.",
     }
 
 

@@ -339,7 +339,8 @@ def draw_norm_share(ax, results) -> None:
 
 @dataclass
 class ShareBar:
-    """One bar of the "time in norms" chart: the median share and its per-repeat range, in %."""
+    """One bar of the "time in norms" chart: the share, in %, with its per-repeat range where the run
+    recorded one (hooked forwards, before the norms were timed by the instrument)."""
 
     name: str
     value: float
@@ -387,9 +388,13 @@ def norm_share_title(results) -> str:
 
     spread = ((results.get("speed_noise") or {}).get("null_spread") or {}).get("norm_ms_per_forward")
     ranged = any(r.low is not None for r in norm_share_rows(results))
-    title = "time in norm layers\n" + (
-        "bar: median, whisker: per-repeat range" if ranged else "median (per-repeat range not recorded in this run)"
-    )
+    if ranged:
+        how = "bar: median, whisker: per-repeat range"
+    elif spread and spread.get("pairs"):
+        how = "bar: norm layers' time ÷ forward time (medians of the instrument's blocks)"
+    else:
+        how = "median (per-repeat range not recorded in this run)"
+    title = "time in norm layers\n" + how
     if spread:
         title += f"\nnull control ÷ baseline {fmt_interval(spread)}"
         if "norm_ms_per_forward" in _noisy(results):
