@@ -237,3 +237,43 @@ def test_the_report_says_how_its_throughput_brackets_were_made():
     old = synthetic({"clear": CLEAR}, QUIET_NULL)  # raw per-repeat samples, as before the instrument
     assert "per-repeat" in throughput_method(old) and "per-pair" not in throughput_method(old)
     assert "ratio [per-repeat range]" in summary_table(summary_rows(old))[0]
+
+
+def test_time_in_norms_claim_quotes_the_ratio_its_interval_brackets():
+    """The instrument's norm-time ratio is the median of per-pair ratios; the two models' median ms can
+    give another number (0.38 here against a per-pair 0.41 [0.40-0.42]), which printed beside the
+    interval read as a ratio outside its own bracket. The claim quotes the paired median, and decides
+    both ways: 59 % less time reproduces "7-64 % less", 1 % less does not."""
+    from normswap.evaluate.runner import speed_noise
+    from normswap.evaluate.stats import null_intervals, ratio_intervals
+    from normswap.report.claims import claims
+
+    def row(name, ms, speed=None):
+        paired = {} if speed is None else {"norms": {**speed, "pairs": 60, "stop_reason": "budget"}}
+        return {
+            "name": name,
+            "kind": "original" if speed is None else "converted (exact)",
+            "tokens_per_second": {"forward": 1000.0},
+            "norm_time_share": ms / 40,
+            "norm_time": {"share_of_forward": ms / 40, "norm_ms_per_forward": ms, "layers": 9, "classes": ["X"]},
+            "speed_setup": {"paired": paired},
+        }
+
+    base = row("base", 0.60)
+    # the instrument's *speed* ratios (base seconds / model seconds): 1/0.41 = 2.44, interval 1/0.42-1/0.40
+    lighter = row("lighter", 0.228, {"ratio": 1 / 0.41, "low": 1 / 0.42, "high": 1 / 0.40, "verdict": "faster"})
+    alike = "no measurable difference"
+    same = row("same", 0.594, {"ratio": 1 / 0.99, "low": 1 / 1.0, "high": 1 / 0.98, "verdict": alike})
+    null = row("base (null control)", 0.60, {"ratio": 1.0, "low": 0.995, "high": 1.006, "verdict": alike})
+    null_ivs = null_intervals(null, base)
+    results = {"baseline": "base", "models": [base, lighter, same], "null_control": null}
+    for m in results["models"]:
+        m["ratio_intervals"] = ratio_intervals(m, base, null_ivs)
+    results["speed_noise"] = speed_noise(null_ivs, {})
+    iv = lighter["ratio_intervals"]["norm_ms_per_forward"]
+    assert (iv["low"], iv["median"], iv["high"]) == pytest.approx((0.40, 0.41, 0.42)) and iv["verdict"] == "lower"
+    claim = next(c for c in claims(results) if c["claim"].startswith("RMSNorm takes 7-64% less time"))
+    line = {text.split(":")[0]: text for text in claim["measured"]}
+    assert "ratio ×0.41 [0.40–0.42]" in line["lighter"] and "×0.38" not in line["lighter"], line["lighter"]
+    assert "59.0% less time" in line["lighter"] and line["lighter"].endswith(": reproduced")
+    assert line["same"].endswith(": not reproduced"), line["same"]

@@ -38,7 +38,9 @@ TERMS: dict[str, str] = {
         "too busy during the run to tell a speed difference from noise, so no speed verdict is given."
     ),
     "norm share": (
-        "The fraction of a step's (or a forward's) time spent inside the norm layers, profiled outside the timed steps."
+        "The fraction of a step's (or a forward's) time spent inside the norm layers, measured apart from the "
+        "timed steps (a study profiles a few steps; an eval replays one forward's norm calls, timed in pairs "
+        "like the rest)."
     ),
     "Amdahl bound": (
         "The largest speed-up a faster norm can give a whole step: 1 / (1 − share × (1 − 1/s)) for a norm share "
