@@ -277,3 +277,12 @@ def test_time_in_norms_claim_quotes_the_ratio_its_interval_brackets():
     assert "ratio ×0.41 [0.40–0.42]" in line["lighter"] and "×0.38" not in line["lighter"], line["lighter"]
     assert "59.0% less time" in line["lighter"] and line["lighter"].endswith(": reproduced")
     assert line["same"].endswith(": not reproduced"), line["same"]
+    # the table's time-in-norms cell: the share, the time ratio with its interval, green only when less time
+    from normswap.report.render import table_rows
+
+    header, rows = table_rows(results)
+    col = header.index("time in norms")
+    cells = {row[0][0]: row[col] for row in rows}
+    assert cells["lighter"] == ("0.6%", "×0.41 [0.40–0.42]", "good")
+    assert cells["same"][2] == "same" and "no measurable difference" in cells["same"][1]
+    assert cells["base (baseline)"] == ("1.5%", "", "")

@@ -216,12 +216,23 @@ def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
                     (fmt_num(tps.get(key), 0), timed_ratio_text(tr[key], ivs.get(key)), timed_state(ivs.get(key)))
                 )
         row.append(exact("peak_memory_bytes", 0, value=fmt_bytes(m.get("peak_memory_bytes")), tol=0.005))
-        row.append(("–" if m.get("norm_time_share") is None else f"{m['norm_time_share'] * 100:.1f}%", "", ""))
+        row.append(_norm_time_cell(m, (intervals_of(m, results) or {}).get("norm_ms_per_forward"), is_base))
         rows.append(row)
     # a column no model has a number in does not apply to these models (an encoder's perplexity and
     # decode, speed in a perplexity-only run): left out rather than shown empty
     keep = [i for i in range(len(header)) if i < 2 or any(row[i][0] not in ("–", "") for row in rows)]
     return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
+def _norm_time_cell(m, iv, is_base) -> tuple[str, str, str]:
+    """The share of the forward in norm layers, and against the baseline the norm-time ratio with its
+    interval (a time: lower is less time, so ``lower`` is the good colour)."""
+    share = m.get("norm_time_share")
+    value = "–" if share is None else f"{share * 100:.1f}%"
+    if is_base or not iv:
+        return (value, "", "")
+    state = "same" if not measurable(iv) else ("good" if iv["verdict"] == "lower" else "bad")
+    return (value, timed_ratio_text(iv["median"], iv), state)
 
 
 def fidelity_items(f: dict, reference: str) -> list[tuple[str, str, str, str]]:
