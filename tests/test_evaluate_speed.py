@@ -153,3 +153,19 @@ def test_compiled_models_each_get_their_own_recompile_budget(monkeypatch):
     speed.measure_speed(models, SpeedConfig(repeats=1, compile=False))
     assert seen == [3 * default, default]  # control: eager measurement leaves the cap alone
     assert torch._dynamo.config.recompile_limit == default  # restored afterwards
+
+
+def test_a_model_without_norm_layers_has_no_norm_time_rather_than_a_zero_one():
+    """Nothing to replay: the norms are not timed (an empty replay would time the loop alone and call
+    the model's norms free), and the forward it would be a share of is not timed for it either."""
+    a = tiny_gpt2(seed=0)
+    b = copy.deepcopy(a)
+    for block in b.transformer.h:
+        block.ln_1, block.ln_2 = torch.nn.Identity(), torch.nn.Identity()
+    b.transformer.ln_f = torch.nn.Identity()
+    assert not norm_modules(b) and norm_modules(a)
+    cfg = SpeedConfig(batch_size=2, seq_len=16, repeats=3, min_time=0.0, kinds=("norm_share",))
+    out = measure_speed([("a", a), ("b", b)], cfg)
+    assert out["a"]["norm_time"]["calls_per_forward"] == 5 and out["a"]["norm_time_share"] > 0
+    assert out["b"]["norm_time"] is None and out["b"]["norm_time_share"] is None
+    assert not out["b"]["speed_setup"]["paired"] and out["b"]["tokens_per_second"] == {}

@@ -76,11 +76,6 @@ def _cut(cache, length: int) -> None:
             pass  # speed.py refills it instead
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class ModelBench:
     """One model's prepared inputs and measurement functions."""
 
@@ -112,6 +107,8 @@ class ModelBench:
         # (for a 7B model at 8 × 512 tokens in bf16, ~2 GB), dropped once the norms are timed
         self._norm_inputs = None
         self.norm_calls_per_forward = None
+        # a model without norm layers has nothing to replay: no norm time, not a zero one
+        self.has_norms = "norm_share" in self.kinds and bool(norm_modules(model))
 
     # -- single operations -------------------------------------------------------------------
     def _forward(self):
@@ -207,7 +204,8 @@ class ModelBench:
     def timed_kinds(self) -> tuple[str, ...]:
         """The instrument's kinds for this model: ``generate`` stands for prefill, decode and generate;
         ``norm_share`` for ``norms`` (the norm layers' replayed work) and the ``forward`` it is a share of."""
-        expand = {"generate": ("prefill", "decode", "generate"), "norm_share": ("forward", "norms")}
+        norms = ("forward", "norms") if self.has_norms else ()
+        expand = {"generate": ("prefill", "decode", "generate"), "norm_share": norms}
         return tuple(dict.fromkeys(k for kind in self.kinds for k in expand.get(kind, (kind,))))
 
     def summary(self, comparisons: dict) -> dict:
