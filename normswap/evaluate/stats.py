@@ -67,8 +67,8 @@ def paired_time_interval(entry: dict | None) -> dict | None:
     """results.json's interval for a *time* ratio the instrument measured as a speed ratio (speed.py's
     ``paired["norms"]``): the candidate's seconds over the baseline's, so lower is less time."""
     iv = paired_interval(entry)
-    if iv is None:
-        return None
+    if iv is None or not all(isinstance(iv[k], int | float) and iv[k] > 0 for k in ("low", "high", "median")):
+        return None  # a speed ratio is positive: anything else (a hand-edited file) has no time ratio
     low, high, median = 1 / iv["high"], 1 / iv["low"], 1 / iv["median"]
     return iv | {"low": low, "high": high, "median": median, "verdict": _TIME_WORD.get(entry["verdict"], iv["verdict"])}
 
