@@ -71,6 +71,24 @@ def test_render_of_the_untouched_results_json_and_of_an_infinite_perplexity_work
     assert (tmp_path / "report.html").is_file() and (tmp_path / "perplexity.png").is_file()
 
 
+def test_render_of_a_norm_timing_with_a_zero_speed_ratio_reads_no_interval(tmp_path, run_cli):
+    """The time-in-norms interval is the stored speed ratio turned over; a file whose stored intervals
+    are gone and whose speed ratio reads 0 (edited by hand) renders without that interval rather than
+    dividing by zero. Control: the same file with its ratio intact shows the interval."""
+    results = copy.deepcopy(DEMO)
+    for m in results["models"]:
+        m["ratio_intervals"] = None
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    assert run_cli("eval", "render", path)[0] == 0
+    assert "×0.41 [0.40–0.42]" in (tmp_path / "report.md").read_text()  # recomputed from the paired ratios
+    results["models"][1]["speed_setup"]["paired"]["norms"]["low"] = 0
+    path.write_text(json.dumps(results))
+    code, _, err = run_cli("eval", "render", path)
+    assert code == 0, err
+    assert "exact: 0.26 ms" in (tmp_path / "report.md").read_text()
+
+
 # --------------------------------------------------------------------- the kernel choice cache
 @needs_posix
 def test_a_kernel_cache_table_of_another_user_is_never_read(tmp_path, monkeypatch):
