@@ -339,6 +339,21 @@ def _fmt_tps(m, key, results):
     return f"{v:,.0f} ×{r:.2f} {fmt_interval(iv)}".rstrip() + tag
 
 
+def _fmt_norms(m, results):
+    """``0.7% ×0.41 [0.40–0.42]``: the share of a forward in norm layers and, against the baseline, the
+    norm-time ratio (a time: below 1 is less) with its interval, tagged like :func:`_fmt_tps`."""
+    from normswap.evaluate.stats import TOO_NOISY, fmt_interval, intervals_of, measurable
+
+    share = m.get("norm_time_share")
+    if share is None:
+        return "-"
+    iv = (intervals_of(m, results) or {}).get("norm_ms_per_forward")
+    if not iv or m["name"] == results.get("baseline"):
+        return f"{share * 100:.1f}%"
+    tag = "" if measurable(iv) else " noisy" if iv["verdict"] == TOO_NOISY else " n.d."
+    return f"{share * 100:.1f}% ×{iv['median']:.2f} {fmt_interval(iv)}" + tag
+
+
 def _ratio_legend(results):
     from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
     from normswap.report.render import noise_banner, null_control_note, speed_compared
@@ -363,7 +378,6 @@ def _print_speed(results):
     rows = []
     for m in results["models"]:
         mr = (m.get("ratios") or {}).get("peak_memory_bytes")
-        share = m.get("norm_time_share")
         rows.append(
             (
                 m["name"],
@@ -372,7 +386,7 @@ def _print_speed(results):
                 _fmt_tps(m, "generate", results),
                 _fmt_tps(m, "decode", results),
                 fmt_bytes(m.get("peak_memory_bytes")) + (f" (×{mr:.2f})" if mr is not None else ""),
-                "-" if share is None else f"{share * 100:.1f}%",
+                _fmt_norms(m, results),
             )
         )
     click.echo(
@@ -384,7 +398,7 @@ def _print_speed(results):
                 "generate tok/s",
                 "decode tok/s",
                 "peak memory",
-                "norm share",
+                "norm share, time ×",
             ),
             rows,
         )
