@@ -326,7 +326,7 @@ def _fmt_tps(m, key, results):
     """``25,023 ×1.03 [0.95–1.12] n.d.``: tokens/s, ratio, per-repeat range, and n.d. when that range
     says the ratio is no measurable difference (stats.py; "noisy" when the null control says the
     machine was too noisy to tell); the baseline gets no ratio."""
-    from normswap.evaluate.stats import TOO_NOISY, fmt_interval, intervals_of, measurable
+    from normswap.evaluate.stats import fmt_interval, intervals_of
 
     v = (m.get("tokens_per_second") or {}).get(key)
     r = ((m.get("ratios") or {}).get("tokens_per_second") or {}).get(key)
@@ -335,14 +335,21 @@ def _fmt_tps(m, key, results):
     if r is None or m["name"] == results.get("baseline"):
         return f"{v:,.0f}"
     iv = ((intervals_of(m, results) or {}).get("tokens_per_second") or {}).get(key)
-    tag = "" if measurable(iv) else " noisy" if iv and iv["verdict"] == TOO_NOISY else " n.d."
-    return f"{v:,.0f} ×{r:.2f} {fmt_interval(iv)}".rstrip() + tag
+    return f"{v:,.0f} ×{r:.2f} {fmt_interval(iv)}".rstrip() + _undecided_tag(iv)
+
+
+def _undecided_tag(iv) -> str:
+    """`` n.d.`` for a ratio that is no measurable difference, `` noisy`` when the null control said
+    too noisy to tell, nothing for a decided one."""
+    from normswap.evaluate.stats import TOO_NOISY, measurable
+
+    return "" if measurable(iv) else " noisy" if iv and iv["verdict"] == TOO_NOISY else " n.d."
 
 
 def _fmt_norms(m, results):
     """``0.7% ×0.41 [0.40–0.42]``: the share of a forward in norm layers and, against the baseline, the
     norm-time ratio (a time: below 1 is less) with its interval, tagged like :func:`_fmt_tps`."""
-    from normswap.evaluate.stats import TOO_NOISY, fmt_interval, intervals_of, measurable
+    from normswap.evaluate.stats import fmt_interval, intervals_of
 
     share = m.get("norm_time_share")
     if share is None:
@@ -350,8 +357,7 @@ def _fmt_norms(m, results):
     iv = (intervals_of(m, results) or {}).get("norm_ms_per_forward")
     if not iv or m["name"] == results.get("baseline"):
         return f"{share * 100:.1f}%"
-    tag = "" if measurable(iv) else " noisy" if iv["verdict"] == TOO_NOISY else " n.d."
-    return f"{share * 100:.1f}% ×{iv['median']:.2f} {fmt_interval(iv)}" + tag
+    return f"{share * 100:.1f}% ×{iv['median']:.2f} {fmt_interval(iv)}" + _undecided_tag(iv)
 
 
 def _ratio_legend(results):

@@ -107,8 +107,9 @@ class ModelBench:
         # (for a 7B model at 8 × 512 tokens in bf16, ~2 GB), dropped once the norms are timed
         self._norm_inputs = None
         self.norm_calls_per_forward = None
-        # a model without norm layers has nothing to replay: no norm time, not a zero one
-        self.has_norms = "norm_share" in self.kinds and bool(norm_modules(model))
+        # the norm layers whose time is measured (found once); a model without any has nothing to
+        # replay: no norm time, not a zero one
+        self.norms = norm_modules(model) if "norm_share" in self.kinds else []
 
     # -- single operations -------------------------------------------------------------------
     def _forward(self):
@@ -139,7 +140,7 @@ class ModelBench:
         def record(module, args, kwargs):
             calls.append((module, tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}))
 
-        handles = [m.register_forward_pre_hook(record, with_kwargs=True) for _, m in norm_modules(self.model)]
+        handles = [m.register_forward_pre_hook(record, with_kwargs=True) for _, m in self.norms]
         try:
             with torch.inference_mode():
                 self.model(input_ids=self.batch, use_cache=False)
@@ -204,7 +205,7 @@ class ModelBench:
     def timed_kinds(self) -> tuple[str, ...]:
         """The instrument's kinds for this model: ``generate`` stands for prefill, decode and generate;
         ``norm_share`` for ``norms`` (the norm layers' replayed work) and the ``forward`` it is a share of."""
-        norms = ("forward", "norms") if self.has_norms else ()
+        norms = ("forward", "norms") if self.norms else ()
         expand = {"generate": ("prefill", "decode", "generate"), "norm_share": norms}
         return tuple(dict.fromkeys(k for kind in self.kinds for k in expand.get(kind, (kind,))))
 
@@ -247,7 +248,7 @@ class ModelBench:
             return None
         norm_s = norms.seconds_per_call[self.name]
         forward_s = forward.seconds_per_call.get(self.name) if forward is not None else None
-        layers = norm_modules(self.model)
+        layers = self.norms
         return {
             "share_of_forward": norm_s / forward_s if forward_s else None,
             "norm_ms_per_forward": norm_s * 1e3,
