@@ -11,7 +11,7 @@ from helpers import VirtualClock
 from normswap.cli.bench import bench
 from normswap.cli.bench_kernels import load_bench_script
 
-_bench = load_bench_script("kernels")
+_bench = load_bench_script("norm_kernels")
 Case, format_markdown, run_benchmark = _bench.Case, _bench.format_markdown, _bench.run_benchmark
 
 

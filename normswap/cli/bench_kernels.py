@@ -1,6 +1,6 @@
 """`normswap bench kernels`: time LayerNorm, torch's RMSNorm and normswap's RMSNorm side by side.
 
-A thin entry point: the benchmark itself is bench/kernels.py of the source checkout this normswap
+A thin entry point: the benchmark itself is bench/norm_kernels.py of the source checkout this normswap
 was imported from (benchmarks are not part of the installed package)."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def kernels(
     """Median time, GB/s and ratio to LayerNorm for each norm implementation, forward and
     forward+backward (on CUDA also the share of the measured device copy bandwidth), timed in
     interleaved pairs against LayerNorm with a null control (normswap/timing.py)."""
-    bench_kernels = load_bench_script("kernels")
+    bench_kernels = load_bench_script("norm_kernels")
     dev = resolve_device(device)
     if repeats is not None and repeats < 1:
         raise NormswapError("--repeats must be at least 1")
