@@ -3,6 +3,13 @@
 Parameter names (`weight`, `bias`) match nn.LayerNorm's so that a converted checkpoint keeps the
 source's state-dict keys; `weight` is None when γ was folded into the readers (it is then 1),
 `bias` is None unless β was kept on the norm.
+
+The eager call is the hot path (a decode step is a few microseconds of work per norm, so host-side
+Python decides its cost): the kernel a kind of call runs is decided once (normswap.kernels.bind:
+NORMSWAP_KERNEL, `auto`'s measured ranking at the call's own shape) and kept on the module, one
+per dtype, CUDA or not, few or many rows and gradient mode; every later call of that kind goes
+straight to the kept function. `_apply` (``.to()``, ``.cuda()``, ``.half()``) and a changed
+decision (normswap.kernels.autotune.drop_decisions) drop what was kept.
 """
 
 from __future__ import annotations
@@ -10,10 +17,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from normswap.kernels import rms_norm
+from normswap.kernels import FEW_ROWS, autotune, bind, call_kind, describe, rms_norm
 
 _is_compiling = torch.compiler.is_compiling
 _is_exporting = torch.compiler.is_exporting
+_grad_enabled = torch.is_grad_enabled
+
+
+def _empty_binds():
+    # [is CUDA][gradient enabled][few rows] -> {dtype: fn}: list indexing by bool costs less than
+    # building a tuple key for every call
+    return [[[{}, {}], [{}, {}]], [[{}, {}], [{}, {}]]]
 
 
 class RMSNorm(nn.Module):
@@ -28,23 +42,57 @@ class RMSNorm(nn.Module):
             "weight", nn.Parameter(torch.ones(self.hidden_size, **factory)) if elementwise_affine else None
         )
         self.register_parameter("bias", nn.Parameter(torch.zeros(self.hidden_size, **factory)) if bias else None)
+        # kind of call in words -> the implementation it ran (eval's results.json records these);
+        # kept when the decisions are dropped: it says what ran, not what will
+        self.kernels_ran = {}
+        self.unbind()
 
     def forward(self, x, residual=None):
         """y = RMSNorm(x) (+ bias); with `residual`, returns (RMSNorm(x + residual), x + residual)."""
-        # `self.weight` on a module is a Python-level __getattr__ (~2.5 µs a parameter measured
-        # here, a quarter of a decode-sized norm's cost); the dict behind it is read directly.
-        # A parametrized or otherwise replaced attribute, or Dynamo, takes the ordinary lookup.
-        params = self._parameters
-        if "weight" in params and "bias" in params and not _is_compiling():
-            weight, bias = params["weight"], params["bias"]
-        else:
-            # torch.onnx.export traces through torch.export (is_compiling and is_exporting are true):
-            # asked only here, so eager calls pay nothing for it (is_in_onnx_export costs microseconds)
-            if _is_exporting() and torch.onnx.is_in_onnx_export():
-                return self._onnx_forward(x, residual)
-            weight, bias = self.weight, self.bias
-        # one call: on CPU the bias is added inside the C++ kernel (normswap.kernels, per-call cost)
-        return rms_norm(x, weight, self.eps, residual, bias=bias)
+        if residual is None and not _is_compiling():
+            # `self.weight` on a module is a Python-level __getattr__ (~2.5 µs a parameter measured
+            # here, a quarter of a decode-sized norm's cost); the dict behind it is read directly.
+            # A parametrized or otherwise replaced attribute (FSDP's views) takes the ordinary lookup.
+            params = self._parameters
+            try:
+                weight, bias = params["weight"], params["bias"]
+            except KeyError:
+                weight, bias = self.weight, self.bias
+            fn = self._binds[x.is_cuda][_grad_enabled()][x.numel() <= self._few].get(x.dtype)
+            if fn is None:
+                fn = self._bind(x, weight, bias)
+            return fn(x, weight, bias, self.eps)
+        # torch.onnx.export traces through torch.export (is_compiling and is_exporting are true):
+        # asked only here, so eager calls pay nothing for it (is_in_onnx_export costs microseconds)
+        if _is_exporting() and torch.onnx.is_in_onnx_export():
+            return self._onnx_forward(x, residual)
+        return rms_norm(x, self.weight, self.eps, residual, bias=self.bias)
+
+    def _bind(self, x, weight, bias):
+        """Decide, once, what calls of x's kind run (normswap.kernels.bind), keep it, and record it."""
+        grad = _grad_enabled()  # decided per gradient mode, as the calls look it up
+        kind = call_kind(x, weight, bias, grad=grad)
+        bound = bind(x, weight, bias, grad=grad)
+        self._binds[x.is_cuda][grad][x.numel() <= self._few][x.dtype] = bound.fn
+        self.kernels_ran[describe(kind)] = bound.name
+        autotune.binders.add(self)
+        return bound.fn
+
+    def unbind(self):
+        """Forget the kept decisions: the next call of each kind decides again."""
+        self._binds = _empty_binds()
+        self._few = FEW_ROWS * self.hidden_size
+
+    def __getstate__(self):
+        # kept decisions are this process's (closures, a loaded extension): a copy decides again
+        state = dict(super().__getstate__())
+        state["_binds"], state["kernels_ran"] = _empty_binds(), {}
+        return state
+
+    def _apply(self, fn, recurse=True):
+        # a new device or dtype for the parameters: decisions taken for the old ones no longer hold
+        self.unbind()
+        return super()._apply(fn, recurse)
 
     def _onnx_forward(self, x, residual):
         """What `torch.onnx.export` traces: torch's own rms_norm, which its exporter writes as one ONNX

@@ -154,13 +154,15 @@ def test_a_cache_in_a_directory_others_can_swap_is_refused(tmp_path):
 
 
 def _table(ranking):
-    key = ("cpu", "float32", 64, "few", False)
+    key = ("cpu", "float32", 64, "few", False, True, False)
     entry = {
         "device": key[0],
         "dtype": key[1],
         "width_bucket": key[2],
         "rows": key[3],
         "grad": key[4],
+        "weight": key[5],
+        "residual": key[6],
         "ranking": ranking,
         "measured": True,
         "why": "planted",

@@ -104,8 +104,8 @@ def test_a_kernel_cache_table_of_another_user_is_never_read(tmp_path, monkeypatc
     cache.mkdir(mode=0o700)
     monkeypatch.setenv("NORMSWAP_CACHE_DIR", str(cache))
     monkeypatch.setattr(autotune, "_machine_id", lambda: "this machine")
-    key = ("cpu", "float32", 64, "16", False)
-    entry = dict(zip(("device", "dtype", "width_bucket", "rows", "grad"), key), ranking=["composite"], measured=True)
+    key = ("cpu", "float32", 64, "16", False, True, False)
+    entry = dict(zip(autotune.KEY_FIELDS, key), ranking=["composite"], measured=True)
     (cache / "autotune.json").write_text(
         json.dumps({"version": autotune.FILE_VERSION, "machines": {"this machine": [entry]}})
     )

@@ -1,11 +1,14 @@
 """Which implementation `auto` runs, chosen by measuring the candidates on this machine.
 
-A choice is made per (device, dtype, width bucket, row bucket, with/without gradient): the first
-call that needs one times every candidate on a small input of that shape (interleaved repeats,
-median; a few milliseconds in all), checks each candidate's output against the reference formula
-(a candidate that computes in lower precision is dropped, however fast), and keeps the ranking:
-in memory for the process, and in a JSON file in the normswap cache directory so the next
-process on the same machine, torch and kernel build starts with it.
+A choice is made per shape class (device, dtype, width bucket, few/many rows, with/without
+gradient, with/without γ, with/without a fused residual add): the first call of a class times every
+candidate at that call's own shape (rows × width, capped at a few million elements; blocks of
+back-to-back calls long enough that a GPU's own time counts where it is the bound and host cost
+where that is; interleaved repeats, median; a few milliseconds in all), checks each candidate's
+output against the reference formula (a candidate that computes in lower precision is dropped,
+however fast), and keeps the ranking: in memory for the process, and in a JSON file in the
+normswap cache directory so the next process on the same machine, torch and kernel build starts
+with it.
 
 Candidates:
 - ``cpu``: normswap's compiled C++ kernel (normswap.kernels.cpu), CPU only, when it builds;
@@ -25,6 +28,7 @@ import os
 import statistics
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -33,11 +37,12 @@ from normswap.errors import first_line
 
 _lock = threading.Lock()
 _memory: dict = {}  # key tuple -> ranking (list of impl names, best first)
-chosen: dict = {}  # the API's per-call memo (see normswap.kernels._auto_impl), cleared with the rest
-direct: dict = {}  # (dtype, width, few rows, γ dtype) -> the CPU extension when `auto` calls it directly, else False
+chosen: dict = {}  # the functional API's memo, kind of call -> implementation (normswap.kernels.rms_norm)
+# whatever keeps bound decisions of its own (normswap.modules.RMSNorm): told to drop them with the rest
+binders: weakref.WeakSet = weakref.WeakSet()
 _details: dict = {}  # key tuple -> what was measured (for `normswap bench kernels`)
 _disk_loaded = False
-FILE_VERSION = 1
+FILE_VERSION = 2  # 2: shape classes have γ and residual (1 had neither)
 
 
 def width_bucket(h: int) -> int:
@@ -67,9 +72,20 @@ def candidates(device: torch.device, dtype: torch.dtype) -> list:
     return out
 
 
-def ranking(device: torch.device, dtype: torch.dtype, h: int, rows: int, grad: bool) -> list:
-    """Implementation names, fastest first, for a call of this kind."""
-    key = (_device_key(device), str(dtype).replace("torch.", ""), width_bucket(h), rows_bucket(rows), bool(grad))
+def ranking(
+    device: torch.device,
+    dtype: torch.dtype,
+    h: int,
+    rows: int,
+    grad: bool,
+    *,
+    weight: bool = True,
+    residual: bool = False,
+) -> list:
+    """Implementation names, fastest first, for a call of this kind: ``rows`` × ``h`` (the call's
+    own shape, measured at it the first time its class is asked), with or without γ and a fused
+    residual add, forward or forward+backward."""
+    key = _key(device, dtype, h, rows, grad, weight, residual)
     found = _memory.get(key)
     if found is not None:
         return found
@@ -89,7 +105,7 @@ def ranking(device: torch.device, dtype: torch.dtype, h: int, rows: int, grad: b
             # the first call of a kind may come from inside no_grad or inference_mode: the
             # measurement needs ordinary tensors and autograd either way
             with torch.inference_mode(False), torch.enable_grad():
-                detail = measure(device, getattr(torch, key[1]), key[2], key[3], grad, cands)
+                detail = measure(device, dtype, h, key[3], grad, cands, n_rows=rows, weight=weight, residual=residual)
             found = detail["ranking"]
             _memory[key] = found
             _details[key] = detail
@@ -97,13 +113,28 @@ def ranking(device: torch.device, dtype: torch.dtype, h: int, rows: int, grad: b
         return found
 
 
+def _key(device, dtype, h, rows, grad, weight=True, residual=False) -> tuple:
+    """A shape class: device, dtype, width bucket, few/many rows, gradient, γ, fused residual."""
+    return (
+        _device_key(device),
+        str(dtype).replace("torch.", ""),
+        width_bucket(h),
+        rows_bucket(rows),
+        bool(grad),
+        bool(weight),
+        bool(residual),
+    )
+
+
 def choices() -> list:
     """Every choice made or loaded in this process, with its measurements (for reports)."""
     out = []
     for key, detail in sorted(_details.items(), key=lambda kv: str(kv[0])):
-        device, dtype, width, rows, grad = key
-        out.append({"device": device, "dtype": dtype, "width_bucket": width, "rows": rows, "grad": grad, **detail})
+        out.append(dict(zip(KEY_FIELDS, key)) | detail)
     return out
+
+
+KEY_FIELDS = ("device", "dtype", "width_bucket", "rows", "grad", "weight", "residual")
 
 
 def forget() -> None:
@@ -112,9 +143,15 @@ def forget() -> None:
     with _lock:
         _memory.clear()
         _details.clear()
-        chosen.clear()
-        direct.clear()
         _disk_loaded = False
+    drop_decisions()
+
+
+def drop_decisions() -> None:
+    """Forget every decision taken from the rankings (they are asked again on the next call)."""
+    chosen.clear()
+    for b in list(binders):
+        b.unbind()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,32 +159,45 @@ def forget() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _shape(device: torch.device, width: int, rows: str) -> tuple:
-    if rows == "few":
-        return 4, width
-    elements = (1 << 22) if device.type == "cuda" else (1 << 17)
-    return max(32, elements // width), width
+# the most elements a measurement's input holds: its candidates are timed at the call's own shape up
+# to this (a CPU measurement stays within tens of milliseconds, a GPU one within a few)
+_MAX_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 21}
+# how long one timed block of back-to-back calls lasts at least: long enough that a GPU's own time
+# decides where it is the bound, and the host's (launches, Python) where that is, as in a model
+# whose calls are queued one after another; synchronising after every call would let host cost decide
+_BLOCK_S = {"cuda": 1e-3, "cpu": 2e-4}
 
 
-def measure(device, dtype, width, rows, grad, cands, repeats: int = 7) -> dict:
-    """Time each candidate (forward, or forward+backward) and rank the ones whose output agrees
-    with the reference formula."""
+def _shape(device: torch.device, width: int, rows: str, n_rows: int | None = None) -> tuple:
+    if n_rows is None:  # no call to copy: a typical shape of the class
+        n_rows = 4 if rows == "few" else max(32, (1 << (22 if device.type == "cuda" else 17)) // width)
+    cap = _MAX_ELEMENTS.get(device.type, 1 << 21) // max(1, width)
+    return max(1, min(int(n_rows), cap)), width
+
+
+def measure(
+    device, dtype, width, rows, grad, cands, repeats: int = 7, *, n_rows=None, weight=True, residual=False
+) -> dict:
+    """Time each candidate (forward, or forward+backward) on a call of this kind and rank the ones
+    whose output agrees with the reference formula."""
     from normswap.kernels.dispatch import call_impl
     from normswap.kernels.reference import normalize
 
-    n, h = _shape(device, width, rows)
+    n, h = _shape(device, width, rows, n_rows)
     g = torch.Generator(device="cpu").manual_seed(0)
     x = (torch.randn(n, h, generator=g) * 2).to(device=device, dtype=dtype)
-    w = (torch.rand(h, generator=g) + 0.5).to(device=device, dtype=dtype)
+    w = (torch.rand(h, generator=g) + 0.5).to(device=device, dtype=dtype) if weight else None
+    r = torch.randn(n, h, generator=g).to(device=device, dtype=dtype) if residual else None
     dy = torch.randn(n, h, generator=g).to(device=device, dtype=dtype)
-    ref = normalize(x, w, 1e-5)[0].double()
+    ref = normalize(x, w, 1e-5, r)[0].double()
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-5)
     scale = ref.abs().max().item()
     usable, rejected = [], {}
     for c in cands:
         try:
             with torch.no_grad():
-                y = call_impl(c, x, w, None, 1e-5)
+                y = call_impl(c, x, w, r, 1e-5)
+            y = y[0] if residual else y
             err = (y.double() - ref).abs().max().item() / scale
         except Exception as e:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
             rejected[c] = f"failed: {type(e).__name__}: {first_line(e, 120)}"
@@ -156,44 +206,53 @@ def measure(device, dtype, width, rows, grad, cands, repeats: int = 7) -> dict:
             rejected[c] = f"output differs from the reference by {err:.2g} (> {tol:.2g} relative)"
             continue
         usable.append(c)
+    xg = x.detach().requires_grad_()
+    wg = w.detach().requires_grad_() if weight else None
+    inputs = tuple(t for t in (xg, wg) if t is not None)
 
     def run(c):
         if grad:
-            xg = x.detach().requires_grad_()
-            wg = w.detach().requires_grad_()
-            y = call_impl(c, xg, wg, None, 1e-5)
-            torch.autograd.grad(y, (xg, wg), dy)
+            y = call_impl(c, xg, wg, r, 1e-5)
+            torch.autograd.grad(y[0] if residual else y, inputs, dy)
         else:
             with torch.no_grad():
-                call_impl(c, x, w, None, 1e-5)
+                call_impl(c, x, w, r, 1e-5)
 
-    calls = 20 if rows == "few" else 3
-    samples = {c: [] for c in usable}
-    for c in usable:  # warm-up: Triton compiles, caches fill
-        run(c)
     cuda = device.type == "cuda"
+
+    def block(c, calls):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run(c)
+        if cuda:
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    calls = {}
+    for c in usable:  # warm-up (Triton compiles, caches fill), then calls enough for a block's length
+        run(c)
+        once = max(block(c, 1), 1e-7)
+        calls[c] = max(3, min(1000, int(_BLOCK_S.get(device.type, 2e-4) / once) + 1))
+    samples = {c: [] for c in usable}
     for rep in range(repeats):
         order = usable if rep % 2 == 0 else usable[::-1]
         for c in order:
-            if cuda:
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                run(c)
-            if cuda:
-                torch.cuda.synchronize(device)
-            samples[c].append((time.perf_counter() - t0) / calls)
+            samples[c].append(block(c, calls[c]) / calls[c])
     medians = {c: statistics.median(v) * 1e6 for c, v in samples.items()}
     order = sorted(usable, key=lambda c: medians[c]) + [c for c in cands if c not in usable]
     best = order[0]
     others = ", ".join(f"{c} {medians[c]:.1f} µs" for c in order[1:] if c in medians)
+    what = ("fwd+bwd" if grad else "fwd") + (", γ" if weight else "") + (", +residual" if residual else "")
     return {
         "ranking": order,
         "measured": True,
         "shape": [n, h],
+        "calls_per_block": calls,
         "us": {c: round(v, 2) for c, v in medians.items()},
         "rejected": rejected,
-        "why": f"{best} {medians[best]:.1f} µs a call at {n}×{h}"
+        "why": f"{best} {medians[best]:.1f} µs a call at {n}×{h} ({what})"
         + (f" (vs {others})" if others else "")
         + "".join(f"; {c} {why}" for c, why in rejected.items()),
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -256,10 +315,18 @@ def _load_disk() -> None:
         return
     for entry in data.get("machines", {}).get(_machine_id(), []):
         try:
-            key = (entry["device"], entry["dtype"], int(entry["width_bucket"]), entry["rows"], bool(entry["grad"]))
+            key = (
+                entry["device"],
+                entry["dtype"],
+                int(entry["width_bucket"]),
+                entry["rows"],
+                bool(entry["grad"]),
+                bool(entry["weight"]),
+                bool(entry["residual"]),
+            )
         except (KeyError, TypeError, ValueError):
             continue
-        detail = {k: v for k, v in entry.items() if k not in ("device", "dtype", "width_bucket", "rows", "grad")}
+        detail = {k: v for k, v in entry.items() if k not in KEY_FIELDS}
         if isinstance(detail.get("ranking"), list) and detail["ranking"]:
             _memory.setdefault(key, detail["ranking"])
             _details.setdefault(key, {**detail, "why": "cached: " + str(detail.get("why", ""))})
@@ -283,22 +350,11 @@ def _save_disk() -> None:
         except ValueError:
             data = {}
         machines = data.setdefault("machines", {})
-        mine = {
-            (e.get("device"), e.get("dtype"), e.get("width_bucket"), e.get("rows"), e.get("grad")): e
-            for e in machines.get(_machine_id(), [])
-            if isinstance(e, dict)
-        }
+        mine = {tuple(e.get(f) for f in KEY_FIELDS): e for e in machines.get(_machine_id(), []) if isinstance(e, dict)}
         for key, detail in _details.items():
             if detail.get("measured"):
                 d = {k: v for k, v in detail.items() if k != "why" or not str(v).startswith("cached: ")}
-                mine[key] = {
-                    "device": key[0],
-                    "dtype": key[1],
-                    "width_bucket": key[2],
-                    "rows": key[3],
-                    "grad": key[4],
-                    **d,
-                }
+                mine[key] = dict(zip(KEY_FIELDS, key)) | d
         machines[_machine_id()] = list(mine.values())
         data["version"] = FILE_VERSION
         write_private_text(path, json.dumps(data, indent=1))

@@ -277,7 +277,12 @@ def _bwd_warps(elements: int) -> int:
 
 
 def _settings(n_cols: int, device: torch.device, max_fused_n: int, backward: bool = False):
-    """(looped, BLOCK_M, BLOCK_N, num_warps) for a row width."""
+    """(looped, BLOCK_M, BLOCK_N, num_warps) for a row width (memoised: asked on every call)."""
+    return _settings_of(n_cols, device.type, max_fused_n, backward)
+
+
+@functools.cache
+def _settings_of(n_cols: int, device_type: str, max_fused_n: int, backward: bool):
     warps = _bwd_warps if backward else _fwd_warps
     if backward:
         max_fused_n = min(max_fused_n, MAX_FUSED_N_BWD)
@@ -287,20 +292,32 @@ def _settings(n_cols: int, device: torch.device, max_fused_n: int, backward: boo
     block_n = triton.next_power_of_2(n_cols)
     # GPU: ≥ ~2k elements per program so small rows still move enough bytes per launch slot.
     # Interpreter: far more per program, because every program instance costs Python time.
-    target = FWD_TARGET_ELEMENTS if device.type == "cuda" else 16384
+    target = FWD_TARGET_ELEMENTS if device_type == "cuda" else 16384
     block_m = max(1, min(64, target // block_n))
     return False, block_m, block_n, warps(block_m * block_n)
 
 
+_NO_CONTEXT = contextlib.nullcontext()
+
+
 def _on(device: torch.device):
-    """Triton launches on the *current* CUDA device: make that the tensor's own."""
-    if device.type == "cuda":
+    """Triton launches on the *current* CUDA device: make that the tensor's own (entering
+    torch.cuda.device costs microseconds a call, so only where it is another device)."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    return _NO_CONTEXT
+
+
+_interpreting: bool | None = None
 
 
 def _check(x: torch.Tensor):
-    if x.device.type != "cuda" and not interpreter_active():
+    global _interpreting
+    if x.is_cuda:
+        return
+    if _interpreting is None:
+        _interpreting = interpreter_active()
+    if not _interpreting:
         from normswap.errors import NormswapError
 
         raise NormswapError(
