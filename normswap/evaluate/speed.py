@@ -76,6 +76,33 @@ def _cut(cache, length: int) -> None:
             pass  # speed.py refills it instead
 
 
+def own_memory(model) -> int:
+    """Move every CPU parameter and buffer of ``model`` into freshly allocated memory of its own;
+    returns the bytes moved.
+
+    Why: a checkpoint's weights are memory-mapped from its file, and a file loaded twice (the
+    baseline and its null control) is mapped twice onto the *same* physical pages. Caches are
+    physically indexed, so each of the two warms the other's, while a candidate loaded from another
+    file has pages of its own: identical copies then read a few per cent apart and the null control
+    no longer measures what the candidate faces (a role swap showed it: whichever model was not the
+    baseline read "slower"). With every model on memory of its own, all share alike. Tensors that
+    share a storage (tied weights, views) keep sharing one new storage. Device memory (CUDA) is each
+    model's own already and is left alone."""
+    moved = 0
+    fresh: dict = {}
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.device.type != "cpu" or t.numel() == 0:
+                continue
+            storage = t.untyped_storage()
+            new = fresh.get(storage.data_ptr())
+            if new is None:
+                new = fresh[storage.data_ptr()] = storage.clone()
+                moved += storage.nbytes()
+            t.set_(new, t.storage_offset(), t.size(), t.stride())
+    return moved
+
+
 class ModelBench:
     """One model's prepared inputs and measurement functions."""
 
@@ -83,6 +110,8 @@ class ModelBench:
         self.name = name
         self.model = model
         self.cfg = cfg
+        if not getattr(model, "is_onnx", False):
+            own_memory(model)  # every timed model, the null control included (see own_memory)
         # what this model can be timed on: an ONNX graph (evaluate/onnx_model.py) only runs forward
         self.kinds = tuple(k for k in cfg.kinds if k in getattr(model, "speed_kinds", cfg.kinds))
         onnx = getattr(model, "is_onnx", False)
@@ -255,7 +284,22 @@ class ModelBench:
             "layers": len(layers),
             "calls_per_forward": self.norm_calls_per_forward,
             "classes": sorted({type(m).__name__ for _, m in layers}),
+            "implementations": implementations(layers),
         }
+
+
+def implementations(layers) -> dict:
+    """What each kind of norm call ran, over a model's norm layers: ``{kind of call: {implementation:
+    layers}}``. A converted norm says what normswap.kernels decided for it (``kernels_ran``, e.g.
+    ``{"cpu float32 ×128, many rows, inference": {"cpu": 9}}``); any other norm layer ran its own
+    forward (``{"own forward": {"LayerNorm": 9}}``)."""
+    out: dict = {}
+    for _, module in layers:
+        ran = getattr(module, "kernels_ran", None)
+        for kind, impl in (ran or {"own forward": type(module).__name__}).items():
+            out.setdefault(kind, {}).setdefault(impl, 0)
+            out[kind][impl] += 1
+    return out
 
 
 def measure_speed(models, config: SpeedConfig | None = None, progress=None) -> dict[str, dict]:

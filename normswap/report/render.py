@@ -320,10 +320,28 @@ def table_notes(results) -> list[str]:
         )
         notes.append(f'Speed ratios: {throughput_method(results)}; {rule}, is "{NO_DIFFERENCE}" and is not coloured.')
         notes.append(null_control_note(results))
+        note = kernels_note(results)
+        if note:
+            notes.append(note)
     note = memory_note(results)
     if note:
         notes.append(note)
     return notes
+
+
+def kernels_note(results) -> str | None:
+    """Which implementation each model's norm layers ran, per kind of call (results.json
+    ``norm_time.implementations``), or None for results that do not say."""
+    parts = []
+    for m in results["models"]:
+        impls = (m.get("norm_time") or {}).get("implementations")
+        if impls:
+            said = "; ".join(
+                ", ".join(f"{impl} ×{n}" for impl, n in ran.items()) + ("" if kind == "own forward" else f" ({kind})")
+                for kind, ran in impls.items()
+            )
+            parts.append(f"{m['name']}: {said}")
+    return ("Norm kernels that ran (layers): " + " · ".join(parts) + ".") if parts else None
 
 
 def null_control_note(results) -> str:

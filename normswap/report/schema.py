@@ -49,6 +49,7 @@ MODEL = {
         "layers": "int",
         "calls_per_forward": "int",
         "classes": "list",
+        "implementations": ("object of", "object"),
     },
     "speed_setup": "object",
     "peak_memory_bytes": "int",
