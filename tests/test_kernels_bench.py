@@ -145,4 +145,10 @@ def test_bench_kernels_on_its_defaults_reports_every_row_with_its_null_control(t
             m["speed"] is None or m["speed"]["verdict"] == "no measurable difference" for m in row["impls"].values()
         )
     assert set(data["tiny"][0]["null"]) == {"LayerNorm_module", "layer_norm"}
+    # the CUDA path's host work, kernel stubbed: every tiny shape, the modules bound as on CUDA
+    assert len(data["host_path"]) == len(_bench.TINY_ROWS) * len(_bench.TINY_HIDDEN)
+    for t in data["host_path"]:
+        assert set(t["impls"]) == set(_bench.HOST_IMPLS) and t["null"]["pairs"] == 1
+        assert t["impls"]["RMSNorm_module"]["ran"] == ["native"]
+    assert "host path of a CUDA call" in r.stdout
     assert "null control" in r.output and "| null control |" in r.stdout

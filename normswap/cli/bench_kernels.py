@@ -112,10 +112,11 @@ def kernels(
         torch.set_num_threads(threads)
 
     def progress(kind, row):
-        if kind == "tiny" and not as_json:
+        if kind in ("tiny", "host_path") and not as_json:
+            what = f"{row['mode']} per call" if kind == "tiny" else "host path of a CUDA call (kernel stubbed)"
             click.echo(
-                f"{row['rows']}x{row['hidden']} {row['dtype']} {row['mode']} per call: "
-                + ", ".join(f"{k} {v['median_us']:.1f} µs" for k, v in row["impls"].items()),
+                f"{row['rows']}x{row['hidden']} {row['dtype']} {what}: "
+                + ", ".join(f"{k} {v['median_us']:.2f} µs" for k, v in row["impls"].items()),
                 err=True,
             )
         elif not as_json:
