@@ -19,6 +19,7 @@ echo "burner started (pid $burner): $(uptime)" >> "$out/load.txt"
 start=$(date +%s)
 case "$3" in
   kernels) extra=(--out "$out/result.json" --markdown "$out/result.md") ;;
+  speed) extra=(--json) ;;  # eval speed prints its JSON summary on stdout (copied to result.json below)
   *) extra=(--json "$out/result.json") ;;
 esac
 set +e
@@ -26,5 +27,6 @@ python3 -m normswap.cli.main "${@:2}" "${extra[@]}" > "$out/stdout.txt" 2> "$out
 rc=$?
 set -e
 echo "after ($(( $(date +%s) - start )) s, exit $rc): $(uptime)" >> "$out/load.txt"
+if [[ "$3" == speed && $rc -eq 0 ]]; then cp "$out/stdout.txt" "$out/result.json"; fi
 kill "$burner"
 exit $rc
