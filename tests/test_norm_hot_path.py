@@ -318,3 +318,25 @@ def test_triton_weighted_backward_and_fused_residual_through_the_module(monkeypa
     torch.testing.assert_close(yf.double().cpu(), rms_norm_reference(summed, w64) + b64, rtol=1e-5, atol=1e-5)
     # control: a wrong weight would be seen at these tolerances
     assert not torch.allclose(y.double().cpu(), rms_norm_reference(x64, w64 * 1.01) + b64, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ serving: compiled the same way
+def test_eval_speed_compiles_every_model_the_same_way_in_the_mode_asked(monkeypatch, run_cli):
+    """`eval speed --compile --compile-mode reduce-overhead` (CUDA graphs on a GPU: how models are
+    served) hands every model, the null control included, to torch.compile in that mode; a mode
+    torch does not know is click's usage error (exit 2) before anything loads."""
+    from test_evaluate_fixtures import tiny_gpt2
+
+    from normswap.evaluate import speed
+    from normswap.evaluate.config import SpeedConfig
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    cfg = SpeedConfig(compile=True, compile_mode="reduce-overhead", kinds=("forward",))
+    for name in ("original", "converted", "null control"):
+        speed.ModelBench(name, tiny_gpt2(seed=0), cfg)
+    assert seen == [{"mode": "reduce-overhead"}] * 3
+    speed.ModelBench("eager", tiny_gpt2(seed=0), SpeedConfig(kinds=("forward",)))
+    assert len(seen) == 3  # control: without --compile nothing is compiled
+    code, _, err = run_cli("eval", "speed", "normswap:kjv-gpt2", "--compile", "--compile-mode", "fastest")
+    assert code == 2 and "Invalid value for '--compile-mode': 'fastest'" in err, err

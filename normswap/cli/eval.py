@@ -44,6 +44,7 @@ SPEED_OPTIONS = (
     "target_halfwidth",
     "new_tokens",
     "compile",
+    "compile_mode",
     "null_control",
     "memory",
 )

@@ -19,6 +19,7 @@ from normswap.declared import option
 SPLITS = ("test", "validation", "train", "all")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 SPEED_KINDS = ("forward", "train_step", "generate", "norm_share")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -42,6 +43,13 @@ class SpeedConfig:
     new_tokens: int = option(32, "Tokens generated per generation measurement.", minimum=1)
     compile: bool = option(
         False, "Measure speed with every model under torch.compile (Inductor): compiled original vs compiled converted."
+    )
+    compile_mode: str = option(
+        "default",
+        "torch.compile's mode with --compile, the same for every model: reduce-overhead captures each step in CUDA "
+        "graphs (a served decode step: the decode's KV cache is cut back to the same length before every step, so "
+        "every step replays one graph); max-autotune also tunes Inductor's kernels.",
+        choices=COMPILE_MODES,
     )
     null_control: bool = option(
         True,
