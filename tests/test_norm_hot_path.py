@@ -340,3 +340,24 @@ def test_eval_speed_compiles_every_model_the_same_way_in_the_mode_asked(monkeypa
     assert len(seen) == 3  # control: without --compile nothing is compiled
     code, _, err = run_cli("eval", "speed", "normswap:kjv-gpt2", "--compile", "--compile-mode", "fastest")
     assert code == 2 and "Invalid value for '--compile-mode': 'fastest'" in err, err
+
+
+def test_the_report_says_which_kernel_each_models_norms_ran():
+    """results.json's norm_time.implementations (what each kind of norm call ran) reaches the report's
+    table notes; results from before it (the committed demo) render without the note."""
+    import json
+    from pathlib import Path
+
+    from normswap.report.render import table_notes
+
+    demo = json.loads((Path(__file__).resolve().parents[1] / "docs" / "demo" / "results.json").read_text())
+    assert not any("Norm kernels that ran" in n for n in table_notes(demo))  # the control: nothing recorded
+    for m in demo["models"]:
+        if m.get("norm_time"):
+            m["norm_time"]["implementations"] = (
+                {"own forward": {"LayerNorm": 9}}
+                if m["name"] == demo["baseline"]
+                else {"cpu float32 ×128, many rows, inference": {"cpu": 9}}
+            )
+    (note,) = [n for n in table_notes(demo) if "Norm kernels that ran" in n]
+    assert f"{demo['baseline']}: LayerNorm ×9" in note and "cpu ×9 (cpu float32 ×128, many rows, inference)" in note

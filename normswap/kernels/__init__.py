@@ -166,12 +166,9 @@ def choose(x, weight, bias=None, residual=None, backend=None, grad=None) -> str:
         # Inductor fuses the plain formula (and the residual add) itself; a named backend stays one
         # opaque custom op
         return "torch" if requested == "auto" else requested
-    if requested == "triton" and backend is None and x.device.type != "cuda":
-        from normswap.kernels import _ops
-
-        if not (_ops.triton_importable() and _triton_interpreting()):
-            _warn_triton_on_cpu()
-            requested = "auto"
+    if requested == "triton" and backend is None and x.device.type != "cuda" and not _triton_interpreting():
+        _warn_triton_on_cpu()
+        requested = "auto"
     if requested != "auto":
         return requested
     if grad is None:
@@ -188,6 +185,11 @@ def choose(x, weight, bias=None, residual=None, backend=None, grad=None) -> str:
 
 
 def _triton_interpreting() -> bool:
+    """Whether Triton kernels run on CPU tensors in this process (TRITON_INTERPRET=1: the tests)."""
+    from normswap.kernels import _ops
+
+    if not _ops.triton_importable():
+        return False
     from normswap.kernels.triton_kernels import interpreter_active
 
     return interpreter_active()
