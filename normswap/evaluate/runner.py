@@ -237,7 +237,8 @@ def evaluate(
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "versions": versions(),
         "baseline": baseline_name,
-        "warnings": [],  # thin evidence said out loud (evaluate/quality_intervals.py); the report shows them first
+        # thin evidence said out loud (evaluate/quality_intervals.py) and what was skipped; the report shows them first
+        "warnings": list(prepared.notes),
         "models": [],
     }
     run = Run(
