@@ -766,3 +766,9 @@ def format_markdown(result) -> str:
             v = f"{v * 100:.1f}%" if isinstance(v, float) else (", ".join(v) if isinstance(v, list) and v else "—")
             lines.append(f"| {g['goal']} | {v} | {'yes' if g['passed'] else 'NO'} |")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # run directly: the same as `normswap bench kernels` (its options, its --help)
+    from normswap.cli.bench_kernels import kernels
+
+    kernels(prog_name="bench/norm_kernels.py")
