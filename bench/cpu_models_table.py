@@ -83,4 +83,8 @@ def main(run_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", help="a bench/cpu_models.sh output directory (bench/results/cpu-models-*)")
+    sys.exit(main(ap.parse_args().run_dir))

@@ -16,3 +16,14 @@ def decode_seconds(model, prompt: torch.Tensor, steps: int) -> float:
             out = model(input_ids=token, use_cache=True, past_key_values=cache)
             token, cache = out.logits[:, -1:].argmax(-1), out.past_key_values
         return time.perf_counter() - t0
+
+
+if __name__ == "__main__":  # a module, not a script: --help says so, anything else is refused in one line
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Imported by bench/cpu_models_attribution.py and bench/weights_alignment.py.",
+    )
+    ap.parse_args()
+    ap.error("a module for other bench scripts: nothing to run")

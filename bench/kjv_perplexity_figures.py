@@ -26,7 +26,10 @@ from normswap.finetune.objectives import heldout_loss
 MODEL = "normswap:kjv-gpt2"
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     torch.set_num_threads(1)
     model, tok = normswap.load_model(MODEL), normswap.load_tokenizer(MODEL)
     print(f"{MODEL}, normswap {normswap.__version__}, torch {torch.__version__}")

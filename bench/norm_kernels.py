@@ -487,10 +487,14 @@ def run_benchmark(
     jsonl=None,
     budget=None,
     target=0.01,
+    deadline=None,
 ) -> dict:
     """Every table of the benchmark; `jsonl` (a path) also gets each case as one line the moment it
-    is measured, `progress(kind, row)` is told too."""
+    is measured, `progress(kind, row)` is told too. `deadline`: seconds for the whole benchmark; a row
+    that would end past it (judged by the longest row so far) is not started but listed in
+    ``skipped``, and the tables of the rows done are still written (a GPU run's step limit)."""
     log = _JsonLines(jsonl)
+    due = _Deadline(deadline)
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         from normswap.errors import NormswapError
@@ -523,11 +527,15 @@ def run_benchmark(
         "copy_gbps": measure_copy_gbps(device) if cuda else None,
         # CPU timings on a shared machine mean little without the load they were taken under
         "loadavg_before": _loadavg(),
+        "deadline_s": deadline,
         "rows": [],
         "tiny": [],
         "host_path": [],
+        "skipped": [],
     }
-    log.write({"kind": "setup", **{k: v for k, v in result.items() if k not in ("rows", "tiny", "host_path")}})
+    log.write(
+        {"kind": "setup", **{k: v for k, v in result.items() if k not in ("rows", "tiny", "host_path", "skipped")}}
+    )
     try:
         import triton
 
@@ -540,6 +548,8 @@ def run_benchmark(
             dtype = getattr(torch, dt)
             for variant in variants:
                 for mode in modes:
+                    if not due.fits(result, "row", f"{rows}x{hidden} {dt} {variant} {mode}"):
+                        continue
                     case = Case(rows, hidden, dtype, variant, mode)
                     times, cmp = time_case(case, device, repeats, budget=budget, target=target)
                     row = {"rows": rows, "hidden": hidden, "dtype": dt, "variant": variant, "mode": mode}
@@ -554,6 +564,8 @@ def run_benchmark(
         for mode in modes:
             for rows in TINY_ROWS:
                 for hidden in TINY_HIDDEN if not quick else TINY_HIDDEN[:1]:
+                    if not due.fits(result, "tiny", f"tiny {rows}x{hidden} {mode}"):
+                        continue
                     impls, nulls = time_tiny(
                         device, rows, hidden, tiny_dtype, mode, repeats, budget=budget, target=target
                     )
@@ -566,6 +578,8 @@ def run_benchmark(
         if not cuda:  # the CUDA path's host work, its kernel stubbed (on a GPU the tiny rows above say it)
             for rows in TINY_ROWS:
                 for hidden in TINY_HIDDEN if not quick else TINY_HIDDEN[:1]:
+                    if not due.fits(result, "host_path", f"host path {rows}x{hidden}"):
+                        continue
                     impls, null = time_host_path(rows, hidden, tiny_dtype, repeats, budget=budget, target=target)
                     t = {"rows": rows, "hidden": hidden, "dtype": dtypes[0], "impls": impls, "null": null}
                     result["host_path"].append(t)
@@ -606,6 +620,28 @@ def run_benchmark(
     if cuda:
         result["goals"] = evaluate_goals(result)
     return result
+
+
+class _Deadline:
+    """Whether the next row of a kind ("row", "tiny") still fits the benchmark's ``deadline`` seconds:
+    it would start now and take as long as the longest row of its kind so far."""
+
+    def __init__(self, seconds):
+        self.seconds, self.start = seconds, time.perf_counter()
+        self.longest: dict[str, float] = {}
+        self.running = None  # (kind, start) of the row the last True let start
+
+    def fits(self, result: dict, kind: str, label: str) -> bool:
+        now = time.perf_counter()
+        if self.running is not None:
+            ran, began = self.running
+            self.longest[ran] = max(self.longest.get(ran, 0.0), now - began)
+        self.running = None
+        if self.seconds is None or now - self.start + self.longest.get(kind, 0.0) <= self.seconds:
+            self.running = (kind, now)
+            return True
+        result["skipped"].append(label)
+        return False
 
 
 def _impls(times: dict, case: Case, result: dict) -> dict:
@@ -826,6 +862,12 @@ def format_markdown(result) -> str:
                 f"{yes[c['grad']]} | {yes[c.get('weight')]} | {yes[c.get('residual')]} | "
                 f"{' > '.join(c['ranking'])} | {c.get('why', '')} |"
             )
+    if result.get("skipped"):
+        lines.append("")
+        lines.append(
+            f"not measured (they would have ended past the {result['deadline_s']:g} s deadline): "
+            + ", ".join(result["skipped"])
+        )
     goals = list(result.get("goals") or []) + [result[k] for k in ("tiny_goal", "host_goal") if result.get(k)]
     if goals:
         lines.append("")
@@ -836,3 +878,9 @@ def format_markdown(result) -> str:
             v = f"{v * 100:.1f}%" if isinstance(v, float) else (", ".join(v) if isinstance(v, list) and v else "—")
             lines.append(f"| {g['goal']} | {v} | {'yes' if g['passed'] else 'NO'} |")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # run directly: the same as `normswap bench kernels` (its options, its --help)
+    from normswap.cli.bench_kernels import kernels
+
+    kernels(prog_name="bench/norm_kernels.py")

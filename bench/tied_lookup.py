@@ -20,16 +20,6 @@ from normswap.checkpoint.remote_code import _CenteredEmbedding  # noqa: E402
 from normswap.modules import RMSNorm  # noqa: E402
 from normswap.testing import kernel_backend  # noqa: E402
 
-torch.set_num_threads(1)
-V, D = 8192, 96
-torch.manual_seed(0)
-plain = nn.Embedding(V, D)
-centred = nn.Embedding(V, D)
-centred.load_state_dict(plain.state_dict())
-centred.__class__ = _CenteredEmbedding
-ln, rms = nn.LayerNorm(D), RMSNorm(D, elementwise_affine=False)
-ids, x = torch.tensor([[5]]), torch.randn(1, 1, D)
-
 
 def per_call(f, n=2000):
     t0 = time.perf_counter_ns()
@@ -50,16 +40,34 @@ def run(cases):
         print(f"{k:34s} median {statistics.median(v):7.2f} us  min {min(v):7.2f} us")
 
 
-print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} load {os.getloadavg()}")
-run(
-    {
-        "nn.Embedding lookup": lambda: plain(ids),
-        "nn.Embedding lookup (null control)": lambda: plain(ids),
-        "centred lookup (one compiled call)": lambda: centred(ids),
-        "nn.LayerNorm": lambda: ln(x),
-        "normswap RMSNorm (no gamma)": lambda: rms(x),
-    }
-)
-with kernel_backend("torch"):  # the path before #32's compiled call: lookup, cached means, subtraction
-    run({"centred lookup (three ATen ops)": lambda: centred(ids), "nn.Embedding lookup": lambda: plain(ids)})
-print(f"# load after {os.getloadavg()}")
+def main(argv=None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    torch.set_num_threads(1)
+    V, D = 8192, 96
+    torch.manual_seed(0)
+    plain = nn.Embedding(V, D)
+    centred = nn.Embedding(V, D)
+    centred.load_state_dict(plain.state_dict())
+    centred.__class__ = _CenteredEmbedding
+    ln, rms = nn.LayerNorm(D), RMSNorm(D, elementwise_affine=False)
+    ids, x = torch.tensor([[5]]), torch.randn(1, 1, D)
+    print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} load {os.getloadavg()}")
+    run(
+        {
+            "nn.Embedding lookup": lambda: plain(ids),
+            "nn.Embedding lookup (null control)": lambda: plain(ids),
+            "centred lookup (one compiled call)": lambda: centred(ids),
+            "nn.LayerNorm": lambda: ln(x),
+            "normswap RMSNorm (no gamma)": lambda: rms(x),
+        }
+    )
+    with kernel_backend("torch"):  # the path before #32's compiled call: lookup, cached means, subtraction
+        run({"centred lookup (three ATen ops)": lambda: centred(ids), "nn.Embedding lookup": lambda: plain(ids)})
+    print(f"# load after {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

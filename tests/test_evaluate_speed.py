@@ -4,6 +4,7 @@ properties the report relies on."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -169,3 +170,28 @@ def test_a_model_without_norm_layers_has_no_norm_time_rather_than_a_zero_one():
     assert out["a"]["norm_time"]["calls_per_forward"] == 5 and out["a"]["norm_time_share"] > 0
     assert out["b"]["norm_time"] is None and out["b"]["norm_time_share"] is None
     assert not out["b"]["speed_setup"]["paired"] and out["b"]["tokens_per_second"] == {}
+
+
+def test_generate_fits_its_speed_budget_warm_up_included(monkeypatch):
+    """A block of `generate` is one whole generation (a second or more for a large model decoding
+    eagerly) and the instrument checks its budget only between rounds, so on the GPU the kind ran past
+    --speed-budget. Counted beforehand from one timed generation, the pairs and the warm-up fit the
+    budget. A virtual clock: each generation takes 1 s of it, nothing else any time."""
+    from types import SimpleNamespace
+
+    from normswap.evaluate import speed
+
+    now = [0.0]
+    monkeypatch.setattr(speed, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(speed.ModelBench, "_generate", lambda self: now.__setitem__(0, now[0] + 1.0))
+    a = tiny_gpt2(seed=0)
+    cfg = SpeedConfig(batch_size=1, seq_len=8, prompt_len=4, new_tokens=2, speed_budget=40.0, warmup=1)
+    benches = [speed.ModelBench(n, m, cfg) for n, m in (("a", a), ("b", copy.deepcopy(a)), ("null", copy.deepcopy(a)))]
+    cmp = speed.compare_kind(benches, "generate", cfg, "a", "null")
+    spent = now[0] - 1.0  # after the first call, which pays lazy initialisation and is no measurement
+    # 1 timed + 3 warm-up + 4 rounds x 2 pairs x 2 blocks x 2 generations = 36 s of a 40 s budget
+    assert cmp.stop_reason == "max_pairs" and cmp["b"].pairs == 4 and spent == 36.0
+    # negative control: a budget that fits no round still gets one pair, not none
+    now[0] = 0.0
+    small = speed.compare_kind(benches, "generate", dataclasses.replace(cfg, speed_budget=2.0), "a", "null")
+    assert small["b"].pairs == 1

@@ -152,3 +152,40 @@ def test_bench_kernels_on_its_defaults_reports_every_row_with_its_null_control(t
         assert t["impls"]["RMSNorm_module"]["ran"] == ["native"]
     assert "host path of a CUDA call" in r.stdout
     assert "null control" in r.output and "| null control |" in r.stdout
+
+
+def test_deadline_skips_the_rows_that_would_end_past_it_and_still_writes_the_tables(monkeypatch):
+    """--deadline (a GPU run's step limit): on a virtual clock every big row costs 10 s and every tiny row
+    2 s; with 25 s, two big rows run (the third would end at 30 s), then the tiny rows that still fit
+    (judged by their own kind's length); the rest are listed, and the tables and `auto`'s choices are
+    written as usual. Negative control: without a deadline every row runs."""
+    clock = VirtualClock()
+    monkeypatch.setattr(_bench, "time", clock)
+    real_case, real_fns = _bench.time_case, _bench._impl_fns
+
+    def big_row(*args, **kwargs):  # measured for real, on the virtual clock: 0.1 ms a call
+        clock.advance(10.0)
+        return real_case(*args, **kwargs)
+
+    def tiny_row(*args, **kwargs):  # a stand-in: what a tiny row holds is test_bench_kernels_on_its_defaults'
+        clock.advance(2.0)
+        return {
+            n: {"median_us": 1.0, "min_us": 1.0, "vs_layer_norm": 1.0, "speed": None} for n in _bench.TINY_IMPLS
+        }, {}
+
+    def costed(case, w, b):
+        return {n: (lambda x, r, fn=fn: (clock.advance(1e-4), fn(x, r))[1]) for n, fn in real_fns(case, w, b).items()}
+
+    monkeypatch.setattr(_bench, "time_case", big_row)
+    monkeypatch.setattr(_bench, "time_tiny", tiny_row)
+    monkeypatch.setattr(_bench, "_impl_fns", costed)
+    kw = dict(dtypes=["float32"], shapes=[(16, 32), (16, 64)], repeats=1, modes=("fwd",), budget=0, quick=True)
+    res = run_benchmark("cpu", deadline=25.0, **kw)
+    assert [(r["hidden"], r["variant"]) for r in res["rows"]] == [(32, "plain"), (32, "residual")]
+    assert res["skipped"] == ["16x64 float32 plain fwd", "16x64 float32 residual fwd"]
+    assert len(res["tiny"]) == 2 and "auto_choices" in res  # 20 s + 2 x 2 s; the tiny rows had room
+    assert "not measured (they would have ended past the 25 s deadline): 16x64 float32 plain fwd" in format_markdown(
+        res
+    )
+    whole = run_benchmark("cpu", **kw)
+    assert len(whole["rows"]) == 4 and whole["skipped"] == [] and "not measured" not in format_markdown(whole)

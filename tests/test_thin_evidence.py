@@ -146,3 +146,24 @@ def test_finetune_says_what_it_reads_before_the_model_loads(tmp_path, run_cli, m
     code, _, err = run_cli(*args, "--lr", "0")  # bad input: one line, no header
     assert code == 2 and [line for line in err.splitlines() if line.strip()] == [err.strip()]
     assert "--lr must be > 0" in err
+
+
+def test_a_run_capped_at_the_threshold_is_not_called_thin(tmp_path):
+    """Seen on the GPU (bench/results/gpu-h200-20261204-evidence/): a run capped at 16,384 tokens warned
+    "only 16,383 held-out tokens were scored (fewer than 16,384)". The cause: the cap cuts the text on a
+    word boundary (truncate_text drops the word it split), so the text holds fewer tokens than the cap
+    and the threshold compared them as if the text had run out. Negative controls: the same count
+    uncapped, and a cap below the threshold, still warn."""
+    from normswap.evaluate.config import EvalConfig
+    from normswap.evaluate.quality_intervals import THIN_TOKENS, thin_evidence
+    from normswap.evaluate.runner import evaluate, load_planned, plan_entries
+
+    entries = load_planned(plan_entries([f"original={model_path('kjv-gpt2')}"], "original")[0])
+    cfg = EvalConfig(speed=False, memory=False, diagnostics=False, max_tokens=THIN_TOKENS, seq_len=128)
+    results = evaluate(entries, cfg, data="embedded", baseline_name="original")
+    assert results["data"]["truncated"] and results["data"]["eval_tokens"] < THIN_TOKENS  # the word boundary
+    assert not any("held-out tokens were scored" in w for w in results["warnings"])
+    rows = [{"name": "original"}]
+    assert thin_evidence(rows, "original", THIN_TOKENS - 1, capped_at=THIN_TOKENS) == []
+    assert thin_evidence(rows, "original", THIN_TOKENS - 1)  # the same count, not cut by a cap
+    assert thin_evidence(rows, "original", 8189, capped_at=8192)  # a cap below the threshold is thin

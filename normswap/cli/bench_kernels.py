@@ -77,6 +77,13 @@ def load_bench_script(name: str):
     default=None,
     help="Seconds of pairs per row at most (default 4; --quick 0.5): the stop rule's time budget.",
 )
+@click.option(
+    "--deadline",
+    type=click.FloatRange(0),
+    default=None,
+    help="Seconds for the whole benchmark: a row that would end past it (judged by the longest of its "
+    "kind so far) is skipped and listed, and the tables of the rows done are written.",
+)
 @target_option(0.01, "every speed ratio of a row")
 @click.option("--modes", type=click.Choice(["fwd", "fwd+bwd", "both"]), default="both", show_default=True)
 @click.option("--no-residual", is_flag=True, help="Skip the fused residual-add rows.")
@@ -93,8 +100,8 @@ def load_bench_script(name: str):
 @click.option("--no-tiny", is_flag=True, help="Skip the per-call rows at tiny shapes (1 and 4 rows).")
 @json_option
 def kernels(
-    device, dtypes, shapes, repeats, budget, target, modes, no_residual, threads, quick, out_path, md_path,
-    jsonl_path, no_tiny, as_json,
+    device, dtypes, shapes, repeats, budget, deadline, target, modes, no_residual, threads, quick, out_path,
+    md_path, jsonl_path, no_tiny, as_json,
 ):  # fmt: skip
     """Median time, GB/s and ratio to LayerNorm for each norm implementation, forward and
     forward+backward (on CUDA also the share of the measured device copy bandwidth), timed in
@@ -138,6 +145,7 @@ def kernels(
         shapes=_parse_shapes(shapes),
         repeats=repeats,
         budget=budget,
+        deadline=deadline,
         target=target,
         modes=mode_list,
         residual=not no_residual,

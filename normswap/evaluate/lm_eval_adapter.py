@@ -8,6 +8,7 @@ who are online, exactly as with ``lm_eval`` itself.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import sys
@@ -17,6 +18,25 @@ from pathlib import Path
 from normswap.errors import NormswapError, first_line
 
 TASK_DIR = Path(__file__).resolve().parent.parent / "assets" / "lm_eval_tasks"
+
+
+# lm-eval and the package it reads every task's documents with; neither is needed by anything else,
+# and some machines (the project's GPU machine) have neither
+NEEDS = ("lm_eval", "datasets")
+
+
+def unavailable() -> str | None:
+    """Why lm-eval tasks cannot run in this environment (one line), or None when they can. Found
+    without importing lm-eval (its import of ``datasets`` takes seconds), so a command can skip its
+    optional tasks with a note before any work instead of failing after it."""
+    for name in NEEDS:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package that fails, or an import blocked on purpose
+            found = False
+        if not found:
+            return f"lm-eval cannot run here: the {name!r} package is not installed (pip install lm-eval)"
+    return None
 
 
 def tasks_path() -> str:

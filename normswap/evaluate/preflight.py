@@ -40,6 +40,7 @@ class Prepared:
     text: str
     data: dict | None  # results.json's data block (None: no text read)
     kinds: dict  # {name: kind} the choice was made from
+    notes: list = dataclasses.field(default_factory=list)  # what was asked for but skipped, and why
 
 
 def _skeleton_kind(config, task: str) -> str | None:
@@ -126,6 +127,7 @@ def prepare(
         "fidelity": cfg.fidelity,
     }
     chosen = measurements_for(group, wanted, list(kinds) or [f.name for f in facts])
+    notes = _skip_lm_eval(chosen, cfg, say)
     contexts = [c for c in (context_length(f.config) for f in facts) if c]
     max_ctx = min(contexts) if contexts else None
     seq_len = cfg.seq_len or min(max_ctx or 512, 512)
@@ -134,10 +136,24 @@ def prepare(
     cfg = dataclasses.replace(cfg, seq_len=seq_len, stride=cfg.stride or max(seq_len // 2, 1))
     need_text = READS_TEXT[group] and any(m.reads_text for m in MEASUREMENTS if m.name in chosen)
     if not need_text:
-        return Prepared(cfg, group, chosen, "", None, kinds)
+        return Prepared(cfg, group, chosen, "", None, kinds, notes)
     text, block = read_text(facts, cfg, data, baseline_name, say)
     check_text(facts, cfg, chosen, text, block, baseline_name)
-    return Prepared(cfg, group, chosen, text, block, kinds)
+    return Prepared(cfg, group, chosen, text, block, kinds, notes)
+
+
+def _skip_lm_eval(chosen: list[str], cfg: EvalConfig, say) -> list[str]:
+    """lm-eval is optional: where it cannot run, the tasks leave ``chosen`` and a one-line note says so
+    (shown with the report's warnings) instead of the evaluation failing once the models are loaded."""
+    from normswap.evaluate.lm_eval_adapter import unavailable
+
+    missing = unavailable() if "tasks" in chosen else None
+    if missing is None:
+        return []
+    chosen.remove("tasks")
+    note = f"lm-eval tasks {', '.join(cfg.tasks)} not scored: {missing}"
+    say(note)
+    return [note]
 
 
 def read_text(facts, cfg: EvalConfig, data, baseline_name, say) -> tuple[str, dict]:

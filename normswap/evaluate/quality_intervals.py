@@ -57,11 +57,16 @@ def ratio_intervals(nll: torch.Tensor, base: torch.Tensor, *, n_bytes: int) -> d
     return out
 
 
-def thin_evidence(rows: list[dict], baseline: str | None, tokens: int) -> list[str]:
+def thin_evidence(rows: list[dict], baseline: str | None, tokens: int, *, capped_at: int | None = None) -> list[str]:
     """results.json ``warnings`` about the perplexity evidence: too few held-out tokens for any
-    difference, and each shown difference that its interval does not resolve."""
+    difference, and each shown difference that its interval does not resolve.
+
+    ``capped_at``: the ``--max-tokens`` cap when it cut the text. The cut lands on a word boundary
+    (perplexity.truncate_text drops a word the cap split), so a text cut at 16,384 tokens scores up to
+    a word fewer (16,383 on the embedded test split): that is the cap the user chose, not thin text,
+    and the scored count is judged as the cap."""
     warnings = []
-    if tokens < THIN_TOKENS:
+    if max(tokens, capped_at or 0) < THIN_TOKENS:
         warnings.append(
             f"only {tokens:,} held-out tokens were scored (fewer than {THIN_TOKENS:,}): perplexity differences "
             "carry wide intervals and are coloured only where the interval excludes no change; "

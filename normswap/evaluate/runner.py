@@ -237,7 +237,8 @@ def evaluate(
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "versions": versions(),
         "baseline": baseline_name,
-        "warnings": [],  # thin evidence said out loud (evaluate/quality_intervals.py); the report shows them first
+        # thin evidence said out loud (evaluate/quality_intervals.py) and what was skipped; the report shows them first
+        "warnings": list(prepared.notes),
         "models": [],
     }
     run = Run(
@@ -278,9 +279,13 @@ def evaluate(
         from normswap.evaluate.quality_intervals import thin_evidence
 
         tokens = int(scored["perplexity_detail"]["tokens"])
-        if results.get("data") is not None:
-            results["data"]["eval_tokens"] = tokens  # what was really scored, whatever --max-tokens allowed
-        results["warnings"] += thin_evidence(rows, baseline_name, tokens)
+        data_block = results.get("data") or {}
+        if data_block:
+            data_block["eval_tokens"] = tokens  # what was really scored, whatever --max-tokens allowed
+        # the cap counts only in the tokens it was counted in (the model whose tokenizer cut the text)
+        cut_by_scored = data_block.get("truncated") and data_block.get("cap_tokenizer_of") == scored["name"]
+        cap = data_block.get("max_tokens") if cut_by_scored else None
+        results["warnings"] += thin_evidence(rows, baseline_name, tokens, capped_at=cap)
     return results
 
 

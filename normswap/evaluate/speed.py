@@ -378,14 +378,16 @@ def compare_kind(
 
     A block is ``calls`` calls, by default as many as make ``cfg.min_time`` seconds on the baseline
     (one whole generation for ``generate``); ``cfg.repeats`` pairs at most, ``cfg.speed_budget``
-    seconds at most."""
+    seconds at most (for ``generate``, warm-up included: as many pairs as fit, counted beforehand)."""
     taking = [b for b in benches if kind in b.timed_kinds()]
     fns = {b.name: b.operation(kind)[0] for b in taking}
     base = baseline if baseline in fns else taking[0].name  # a kind the baseline cannot run: absolute only
     sync = _syncer(taking)
     fns[base]()  # the first call pays lazy initialisation (the optimizer, the cache): not a calibration
+    max_pairs, warmup = cfg.repeats, max(cfg.warmup, 1)
     if calls is None and kind == "generate":
         calls = 1
+        max_pairs = min(max_pairs, _generations_within(cfg.speed_budget, fns[base], len(fns), warmup, sync))
     elif calls is None:
         calls = timing.calibrate_calls(
             fns[base], cfg.min_time, max_calls=cfg.max_calls, clock=time.perf_counter, sync=sync
@@ -399,14 +401,38 @@ def compare_kind(
         calls_per_sample=calls,
         target_halfwidth=cfg.target_halfwidth,
         budget_s=cfg.speed_budget,
-        min_pairs=min(MIN_PAIRS, cfg.repeats),
-        max_pairs=cfg.repeats,
-        warmup=max(cfg.warmup, 1),
+        min_pairs=min(MIN_PAIRS, max_pairs),
+        max_pairs=max_pairs,
+        warmup=warmup,
+        lead_in=_LEAD_IN,
         seed=cfg.seed,
         clock=time.perf_counter,  # looked up now: tests plant a virtual clock as speed.time
         sync=sync,
         progress=progress,
     )
+
+
+# untimed calls before each timed block (timing.compare's lead_in): a block of one whole generation costs two
+_LEAD_IN = 1
+
+
+def _generations_within(budget_s: float, generate, functions: int, warmup: int, sync) -> int:
+    """The pairs of ``generate`` blocks that fit ``budget_s`` with the warm-up (at least one).
+
+    A block is one whole generation (a second or more on a large model decoding eagerly), and the
+    instrument checks its budget only after each round of pairs, so rounds are counted beforehand from
+    one timed generation: the warm-up runs ``warmup`` one-generation blocks of every function, and each
+    round pairs the baseline with every other function, two blocks of ``_LEAD_IN`` + 1 generations a pair."""
+    if sync:
+        sync()
+    start = time.perf_counter()
+    generate()
+    if sync:
+        sync()
+    seconds = time.perf_counter() - start
+    blocks_a_round = 2 * max(functions - 1, 1) * (_LEAD_IN + 1)
+    left = budget_s - seconds - functions * warmup * seconds  # this timed generation counts too
+    return max(1, int(left // max(blocks_a_round * seconds, 1e-9)))
 
 
 def _measure(benches, cfg: SpeedConfig, progress, baseline: str, null_name) -> tuple[dict, dict]:

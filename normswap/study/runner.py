@@ -32,6 +32,7 @@ import torch
 
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
+from normswap.evaluate.lm_eval_adapter import unavailable as lm_eval_unavailable
 from normswap.finetune.step import Schedule
 from normswap.study import claims as claims_mod
 from normswap.study import kernels as study_kernels
@@ -231,9 +232,24 @@ def header_lines(
         f"  work: {per_seed:,} arm-steps per seed, {per_seed * cfg.seeds:,} for the first {cfg.seeds} seeds "
         f"(at most {per_seed * cfg.seed_limit():,}); final quality = mean of {len(cfg.final_eval_steps())} "
         f"held-out evaluations; equivalence margin ±{cfg.margin:g} nats"
-        + (f"; lm-eval {','.join(tasks)} on every seed" if tasks else ""),
+        + (f"; lm-eval {','.join(tasks)} on every seed" if tasks and lm_eval_unavailable() is None else ""),
         f"  Ctrl-C stops it; `{resume_command(cfg)}` continues",
     ]
+
+
+def _lm_eval_or_note(cfg: StudyConfig, dist: Dist, notes: list[str], echo) -> None:
+    """lm-eval is optional: where it cannot run, its tasks are skipped with a note (said now and kept in
+    results.json ``notes``) rather than failing after the training; where it can, unknown task names
+    fail now."""
+    tasks = cfg.lm_eval_task_list()
+    if not tasks or dist.rank != 0:
+        return
+    missing = lm_eval_unavailable()
+    if missing is None:
+        _check_lm_eval_tasks(tasks)
+        return
+    notes.append(f"lm-eval tasks {', '.join(tasks)} not scored: {missing}")
+    echo(f"normswap study: note: {notes[-1]}")
 
 
 def _check_lm_eval_tasks(tasks: list[str]) -> None:
@@ -432,8 +448,7 @@ def plan_study(cfg: StudyConfig, given, hooks: Hooks, echo) -> Plan:
     n_params = check_memory(source, arms, device)  # tied weights counted once
     norms_replaced = check_replaceable(source, 0)
     _check_sizes(cfg, source, dist.world)
-    if cfg.lm_eval_task_list() and dist.rank == 0:
-        _check_lm_eval_tasks(cfg.lm_eval_task_list())
+    _lm_eval_or_note(cfg, dist, notes, echo)
     data = study_data(cfg, source)
     from normswap.finetune.data import TrainStream
 

@@ -51,10 +51,11 @@ class Trainer:
 
     def lm_eval(self, finished) -> None:
         """lm-eval on every finished arm of every seed (paired by seed in results.py)."""
+        from normswap.evaluate.lm_eval_adapter import run_tasks, unavailable
+
         tasks = self.cfg.lm_eval_task_list()
-        if not tasks or not self.main:
+        if not tasks or not self.main or unavailable() is not None:  # skipped: the plan's notes say why
             return
-        from normswap.evaluate.lm_eval_adapter import run_tasks
         from normswap.finetune.step import precision_for
         from normswap.model_facts import context_length
 
