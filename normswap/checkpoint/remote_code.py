@@ -150,6 +150,55 @@ def _restore_folded_hook(module, args, output):
     return (y,) + tuple(output[1:]) if isinstance(output, tuple) else y
 
 
+class _LogitsBiasHead(nn.Linear):
+    """A tied output head whose bias holds W·β, β being the final norm's (convert folded it there:
+    (n·γ + β)·Wᵀ = (n·γ)·Wᵀ + W·β), so the bias add rides in the head's matmul and the last norm
+    runs without one.
+
+    The bias is derived, not learnt: the norm keeps β as a parameter (``folded_bias``, what the
+    bare model and every other head add), and training (train mode, with a gradient) computes W·β in
+    the graph, so β and the tied W get the gradients they get in the original. The stored bias is
+    refreshed from them (float64, in row blocks) before the next forward without a gradient and
+    before a state dict is taken, so a save always holds W·β. The module keeps nn.Linear's forward
+    signature and state-dict keys (only its class changes, and ``bias`` is a persistent buffer)."""
+
+    _beta_of = None  # the norm whose ``folded_bias`` is β (a plain attribute, not a submodule)
+    _stale = False  # W or β changed in training since the bias was derived
+
+    def forward(self, input):
+        beta = self._beta_of.folded_bias
+        if self.training and torch.is_grad_enabled():
+            self._stale = True
+            return torch.nn.functional.linear(input, self.weight, torch.nn.functional.linear(beta, self.weight))
+        if self._stale:
+            self.derive_bias()
+        return torch.nn.functional.linear(input, self.weight, self.bias)
+
+    @torch.no_grad()
+    def derive_bias(self):
+        w, beta = self.weight, self._beta_of.folded_bias.to(torch.float64)
+        step = max(1, (1 << 20) // max(1, w.shape[1]))  # ~8 MB of float64 rows at a time
+        for a in range(0, w.shape[0], step):
+            self.bias[a : a + step] = w[a : a + step].to(torch.float64) @ beta
+        self._stale = False
+
+
+def _derive_before_saving(module, prefix, keep_vars):
+    if module._stale:
+        module.derive_bias()
+
+
+def _head_takes_beta(model, head_name, norm):
+    """The head (LM class) turned into a _LogitsBiasHead reading β from ``norm``; its bias a buffer."""
+    head = model.get_submodule(head_name)
+    factory = {"device": head.weight.device, "dtype": head.weight.dtype}
+    head.__class__ = _LogitsBiasHead
+    head._parameters.pop("bias", None)
+    head.register_buffer("bias", torch.zeros(head.weight.shape[0], **factory), persistent=True)
+    object.__setattr__(head, "_beta_of", norm)  # not a submodule: the norm already is one, elsewhere
+    head.register_state_dict_pre_hook(_derive_before_saving)
+
+
 def carried_keys(block):
     """State-dict keys of the γ/β copies the folding class only carries (``restore``): not part of
     its function, so an export of that class leaves them out."""
@@ -161,16 +210,20 @@ def _carry_folded_affine(model, norm, rec, factory):
 
     The class holding that head (every reader present) carries them as persistent buffers, unused,
     so a save keeps them; any other class (AutoModel, a new task head) owns them as parameters,
-    trainable like the original's γ/β, and applies them to the norm's output."""
+    trainable like the original's γ/β, and applies them to the norm's output. A β the tied head
+    holds as its logits bias (``logits_bias``) is a parameter in the head's class too: that head
+    derives its bias from it (_LogitsBiasHead)."""
     folding = all(local_name(model, r) is not None for r in rec.get("readers", []))
     for attr in rec["restore"]:
         value = torch.zeros(int(rec["hidden_size"]), **factory)
-        if folding:
+        if folding and not (attr == "bias" and rec.get("logits_bias")):
             norm.register_buffer(f"folded_{attr}", value, persistent=True)
         else:
             norm.register_parameter(f"folded_{attr}", nn.Parameter(value))
     if not folding:
         norm.register_forward_hook(_restore_folded_hook)
+    elif rec.get("logits_bias"):
+        _head_takes_beta(model, local_name(model, rec["logits_bias"]), norm)
 
 
 def apply_normswap_structure(model, block):
