@@ -156,20 +156,21 @@ class _LogitsBiasHead(nn.Linear):
     runs without one.
 
     The bias is derived, not learnt: the norm keeps β as a parameter (``folded_bias``, what the
-    bare model and every other head add), and training (train mode, with a gradient) computes W·β in
-    the graph, so β and the tied W get the gradients they get in the original. The stored bias is
-    refreshed from them (float64, in row blocks) before the next forward without a gradient and
-    before a state dict is taken, so a save always holds W·β. The module keeps nn.Linear's forward
-    signature and state-dict keys (only its class changes, and ``bias`` is a persistent buffer)."""
+    bare model and every other head add), and training (train mode, with a gradient) adds β to the
+    head's input as the original did, so β and the tied W get the original's gradients at the
+    original's cost (one add; W·β in the graph would cost passes over the vocab x hidden matrix).
+    The stored bias is derived again from them (float64, in row blocks) before the next forward
+    without a gradient and before a state dict is taken, so a save always holds W·β. The module
+    keeps nn.Linear's forward signature and state-dict keys (only its class changes, and ``bias``
+    is a persistent buffer)."""
 
     _beta_of = None  # the norm whose ``folded_bias`` is β (a plain attribute, not a submodule)
-    _stale = False  # W or β changed in training since the bias was derived
+    _stale = False  # W or β may have changed in training since the bias was derived
 
     def forward(self, input):
-        beta = self._beta_of.folded_bias
         if self.training and torch.is_grad_enabled():
             self._stale = True
-            return torch.nn.functional.linear(input, self.weight, torch.nn.functional.linear(beta, self.weight))
+            return torch.nn.functional.linear(input + self._beta_of.folded_bias, self.weight)
         if self._stale:
             self.derive_bias()
         return torch.nn.functional.linear(input, self.weight, self.bias)
@@ -332,9 +333,13 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
             apply_normswap_structure(self, config.normswap)
 
         def resize_token_embeddings(self, *args, **kwargs):
-            # resizing replaces the embedding module and with it the output-centring hook
+            # resizing replaces the embedding module and with it the output-centring hook, and pads a
+            # tied head's logits bias with zeros where the new rows' W·β is not zero
             out = source.resize_token_embeddings(self, *args, **kwargs)
             register_runtime_centering(self, self.config.normswap)
+            for module in self.modules():
+                if isinstance(module, _LogitsBiasHead):
+                    module.derive_bias()
             return out
 
         def from_pretrained(cls, *args, **kwargs):
