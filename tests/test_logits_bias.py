@@ -115,6 +115,7 @@ def test_tied_final_beta_becomes_the_logits_bias_and_the_conversion_stays_exact(
     rec = block["norms"][norm_name]
     assert rec["gamma"] == "keep" and rec["beta"] == "fold" and rec["bias"] is False and rec["restore"] == ["bias"]
     assert any("logits bias" in n for n in conversion["notes"])
+    assert f"lm_head.bias = W·β of {norm_name}" in (out / "README.md").read_text()  # the model card
 
     original, converted = _load("AutoModelForCausalLM", src, remote=False), _load("AutoModelForCausalLM", out)
     ids = _ids(model.config.vocab_size)
