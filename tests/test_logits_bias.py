@@ -180,19 +180,35 @@ def test_a_wrong_fold_fails_verification_and_nothing_is_published(pair, tmp_path
     assert not (tmp_path / "out").exists()
 
 
-def test_bare_model_and_every_other_head_read_the_original_hidden_states(tmp_path_factory):
-    """The compat matrix's GPT-2 row: every Auto class of the converted checkpoint gives the original's
-    outputs (new heads initialised alike), the bare model's hidden states included; control: without the
-    record telling the bare model to add β, its hidden states are wrong."""
-    row: Row = {r.name: r for r in all_rows()}["gpt2"]
-    root = tmp_path_factory.mktemp("compat-gpt2")
+COMPAT_ROWS = {"gpt2": "transformer.ln_f", "mbart": "model.decoder.layer_norm"}
+
+
+@pytest.mark.parametrize("name", list(COMPAT_ROWS))
+def test_bare_model_and_every_other_head_read_the_original_hidden_states(tmp_path_factory, name):
+    """The compat matrix's GPT-2 and MBart rows: every Auto class of the converted checkpoint gives the
+    original's outputs (new heads initialised alike), the bare model's hidden states included. MBart's
+    causal LM, loaded from the seq2seq checkpoint, initialises its tied matrix anew: its head derives
+    W·β of that matrix at load, not the stored one. Control: without the record telling the bare
+    model to add β, its hidden states are wrong."""
+    from safetensors.torch import load_file
+
+    row: Row = {r.name: r for r in all_rows()}[name]
+    norm = COMPAT_ROWS[name]
+    root = tmp_path_factory.mktemp(f"compat-{name}")
     build_original(row, root / "original")
     compat_convert(root / "original", root / "converted")
     cfg = json.loads((root / "converted" / "config.json").read_text())
-    assert cfg["normswap"]["logits_bias"] == {"lm_head": "transformer.ln_f"}
+    assert cfg["normswap"]["logits_bias"] == {"lm_head": norm}
     cell = checks.check_auto_classes(root / "original", root / "converted", row)
     assert cell.status == "ok", cell.detail
-    assert "AutoModel" in cell.parts and max(cell.parts.values()) <= 1e-5
+    assert {"AutoModel", "AutoModelForCausalLM"} <= set(cell.parts) and max(cell.parts.values()) <= 1e-5
+
+    lm = _load("AutoModelForCausalLM", root / "converted")
+    derived = (lm.lm_head.weight @ lm.get_submodule(norm).folded_bias).detach()
+    assert torch.allclose(lm.lm_head.bias, derived, atol=1e-12)
+    stored = load_file(str(next((root / "converted").glob("*.safetensors"))))["lm_head.bias"].double()
+    if name == "mbart":  # the stored W·β is another matrix's: deriving it at load is what makes the cell ok
+        assert float((stored - derived).abs().max()) > 1e-2
 
     ids = _ids(200)
     with torch.no_grad():
@@ -201,7 +217,7 @@ def test_bare_model_and_every_other_head_read_the_original_hidden_states(tmp_pat
     assert float((ref - got).abs().max()) <= TOL * float(ref.abs().max())
     broken = root / "broken"
     shutil.copytree(root / "converted", broken)
-    cfg["normswap"]["norms"]["transformer.ln_f"].pop("restore")
+    cfg["normswap"]["norms"][norm].pop("restore")
     (broken / "config.json").write_text(json.dumps(cfg))
     with torch.no_grad():
         wrong = _load("AutoModel", broken)(input_ids=ids).last_hidden_state
