@@ -173,7 +173,8 @@ class _LogitsBiasHead(nn.Linear):
     _stored = False  # run the stored bias as it is (convert's verification checks the stored values)
 
     def _source(self):
-        w, beta = self.weight, self._beta_of.folded_bias
+        # the parameter dicts read directly: a module attribute costs a Python-level __getattr__
+        w, beta = self._parameters["weight"], self._beta_of._parameters["folded_bias"]
         return (w._version, w.data_ptr(), w.device, beta._version, beta.data_ptr())
 
     def forward(self, input):
