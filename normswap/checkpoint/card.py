@@ -47,6 +47,12 @@ def conversion_section(block: dict, source: str) -> list[str]:
         if block.get("untied")
         else ("tied, kept exact" if block.get("tied") else "untied in the source")
     )
+    if block.get("logits_bias"):
+        head += (
+            "; its bias holds the final norm's β ("
+            + ", ".join(f"{h}.bias = W·β of {n}" for h, n in block["logits_bias"].items())
+            + ")"
+        )
     lines = [
         f"Converted from **{source}** ({block.get('source_class', '')}, family `{block.get('family')}`) by "
         f"normswap {block.get('normswap_version')} in **{block.get('mode')}** mode.",

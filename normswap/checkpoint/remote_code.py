@@ -150,6 +150,88 @@ def _restore_folded_hook(module, args, output):
     return (y,) + tuple(output[1:]) if isinstance(output, tuple) else y
 
 
+class _LogitsBiasHead(nn.Linear):
+    """A tied output head whose bias holds W·β, β being the final norm's (convert folded it there:
+    (n·γ + β)·Wᵀ = (n·γ)·Wᵀ + W·β), so the bias add rides in the head's matmul and the last norm
+    runs without one.
+
+    The bias is derived state, not a parameter: the norm keeps β as one (``folded_bias``, what the
+    bare model and every other head add). Training (train mode, with a gradient) adds β to the
+    head's input as the original did, so β and the tied W get the original's gradients at the
+    original's cost (one add; W·β in the graph would cost passes over the vocab x hidden matrix).
+    Otherwise the stored bias runs, derived again (float64, in row blocks) whenever W or β is no
+    longer what it was derived from: their version counters and storages, read per forward (eager),
+    catch a load, an optimizer step, an in-place edit, a resize or a move; a training forward marks
+    it stale for compiled code; loading and every state dict (so every save) derive it first. Only a
+    change through ``.data``, which autograd does not count, goes unseen until a save or a reload.
+    The module keeps nn.Linear's forward signature and state-dict keys (only its class changes, and
+    ``bias`` is a persistent buffer)."""
+
+    _beta_of = None  # the norm whose ``folded_bias`` is β (a plain attribute, not a submodule)
+    _stale = False  # a training forward ran since the bias was derived (what compiled code checks)
+    _derived_from = None  # _source() of the W and β the bias was derived from
+    _stored = False  # run the stored bias as it is (convert's verification checks the stored values)
+
+    def _source(self):
+        # the parameter dicts read directly: a module attribute costs a Python-level __getattr__
+        w, beta = self._parameters["weight"], self._beta_of._parameters["folded_bias"]
+        return (w._version, w.data_ptr(), w.device, beta._version, beta.data_ptr())
+
+    def forward(self, input):
+        if self.training and torch.is_grad_enabled():
+            self._stale = True
+            return torch.nn.functional.linear(input + self._beta_of.folded_bias, self.weight)
+        if not self._stored and (
+            self._stale or (not torch.compiler.is_compiling() and self._derived_from != self._source())
+        ):
+            self.derive_bias()
+        return torch.nn.functional.linear(input, self.weight, self.bias)
+
+    @torch.compiler.disable
+    @torch.no_grad()
+    def derive_bias(self):
+        w, beta = self.weight, self._beta_of.folded_bias.to(torch.float64)
+        step = max(1, (1 << 20) // max(1, w.shape[1]))  # ~8 MB of float64 rows at a time
+        for a in range(0, w.shape[0], step):
+            self.bias[a : a + step] = w[a : a + step].to(torch.float64) @ beta
+        self._stale, self._derived_from = False, self._source()
+
+
+def _derive_before_saving(module, prefix, keep_vars):
+    if not module._stored and (module._stale or module._derived_from != module._source()):
+        module.derive_bias()
+
+
+def derive_logits_biases(model):
+    """Derive every _LogitsBiasHead's bias from the W and β the model holds now (after loading: a class
+    may initialise the head's matrix anew, as MBartForCausalLM does from an MBartForConditionalGeneration
+    checkpoint, whose stored W·β belongs to another W). Weights not materialised yet (the meta device)
+    are left for the first forward."""
+    for module in model.modules():
+        if isinstance(module, _LogitsBiasHead) and not (module.weight.is_meta or module.bias.is_meta):
+            module.derive_bias()
+
+
+def run_stored_logits_biases(model):
+    """Make every _LogitsBiasHead run its bias as stored, never derived: for a model whose weights are
+    swapped in per module (convert/verify.py), where β is not resident when the head runs and what
+    must be checked is the stored W·β itself."""
+    for module in model.modules():
+        if isinstance(module, _LogitsBiasHead):
+            module._stored = True
+
+
+def _head_takes_beta(model, head_name, norm):
+    """The head (LM class) turned into a _LogitsBiasHead reading β from ``norm``; its bias a buffer."""
+    head = model.get_submodule(head_name)
+    factory = {"device": head.weight.device, "dtype": head.weight.dtype}
+    head.__class__ = _LogitsBiasHead
+    head._parameters.pop("bias", None)
+    head.register_buffer("bias", torch.zeros(head.weight.shape[0], **factory), persistent=True)
+    object.__setattr__(head, "_beta_of", norm)  # not a submodule: the norm already is one, elsewhere
+    head.register_state_dict_pre_hook(_derive_before_saving)
+
+
 def carried_keys(block):
     """State-dict keys of the γ/β copies the folding class only carries (``restore``): not part of
     its function, so an export of that class leaves them out."""
@@ -161,16 +243,20 @@ def _carry_folded_affine(model, norm, rec, factory):
 
     The class holding that head (every reader present) carries them as persistent buffers, unused,
     so a save keeps them; any other class (AutoModel, a new task head) owns them as parameters,
-    trainable like the original's γ/β, and applies them to the norm's output."""
+    trainable like the original's γ/β, and applies them to the norm's output. A β the tied head
+    holds as its logits bias (``logits_bias``) is a parameter in the head's class too: that head
+    derives its bias from it (_LogitsBiasHead)."""
     folding = all(local_name(model, r) is not None for r in rec.get("readers", []))
     for attr in rec["restore"]:
         value = torch.zeros(int(rec["hidden_size"]), **factory)
-        if folding:
+        if folding and not (attr == "bias" and rec.get("logits_bias")):
             norm.register_buffer(f"folded_{attr}", value, persistent=True)
         else:
             norm.register_parameter(f"folded_{attr}", nn.Parameter(value))
     if not folding:
         norm.register_forward_hook(_restore_folded_hook)
+    elif rec.get("logits_bias"):
+        _head_takes_beta(model, local_name(model, rec["logits_bias"]), norm)
 
 
 def apply_normswap_structure(model, block):
@@ -279,9 +365,11 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
             apply_normswap_structure(self, config.normswap)
 
         def resize_token_embeddings(self, *args, **kwargs):
-            # resizing replaces the embedding module and with it the output-centring hook
+            # resizing replaces the embedding module and with it the output-centring hook, and pads a
+            # tied head's logits bias with zeros where the new rows' W·β is not zero
             out = source.resize_token_embeddings(self, *args, **kwargs)
             register_runtime_centering(self, self.config.normswap)
+            derive_logits_biases(self)
             return out
 
         def from_pretrained(cls, *args, **kwargs):
@@ -289,6 +377,7 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
                 kwargs["variant"] = weights_variant
             model = source.from_pretrained.__func__(cls, *args, **kwargs)
             loaded = model[0] if isinstance(model, tuple) else model  # output_loading_info=True
+            derive_logits_biases(loaded)
             warn_unpreserved_outputs(loaded, loaded.config.normswap)
             return model
 

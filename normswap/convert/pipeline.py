@@ -287,6 +287,7 @@ def summary(out, manifest) -> dict:
         "added_biases": conv["summary"]["added_biases"],
         "centered_at_runtime": conv["summary"]["centered_at_runtime"],
         "untied": conv["summary"]["untied"],
+        "logits_bias": conv["summary"].get("logits_bias", {}),
         "left_alone": conv["summary"]["left_alone"],
         "parameters_before": conv["parameters_before"],
         "parameters_after": conv["parameters_after"],

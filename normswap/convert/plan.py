@@ -47,6 +47,7 @@ class Plan:
             "added_biases": len(self.block["added_biases"]),
             "centered_at_runtime": list(self.block["centered_outputs"]),
             "untied": self.block["untied"],
+            "logits_bias": dict(self.block.get("logits_bias", {})),
             "left_alone": self.block["left_alone"],
         }
 
@@ -172,6 +173,7 @@ def build_plan(family: Family, model, config, options: ConvertOptions, tied: boo
     scale_of = _stream_biases_and_scales(plan, family, res, writer_names) if mode == "exact" else {}
     _centre_embeddings(plan, res, embedding_names, ties)
     _fold_readers_and_centre_writers(plan, res, reader_ops, writer_names, scale_of, ties)
+    _fold_beta_into_logits_bias(plan, ties)
     if mode == "exact":
         plan.block["stream_writers"] = _stream_writer_record(plan, scale_of)
     return plan
@@ -267,6 +269,7 @@ def _empty_plan(
             "centered_outputs": [],
             "untied": ties.untie,
             "tied": ties.kept,
+            "logits_bias": {},  # tied head -> the norm whose β it holds as W·β (_fold_beta_into_logits_bias)
             "left_alone": [],
         },
     )
@@ -356,7 +359,7 @@ def _decide_gamma_and_beta(
         has_b = getattr(module, "bias", None) is not None
         reader_mods = [(r, res.module(r, optional=True)) for r in readers]
         missing = [r for r, m in reader_mods if m is None]
-        foldable, why = True, ""
+        foldable, why, through_head = True, "", False
         if placement == "post" and role != "final":
             foldable, why = False, "its output is also the residual skip path (post-LN)"
         elif role == "embedding":
@@ -368,13 +371,16 @@ def _decide_gamma_and_beta(
             )
         elif ties.kept and ties.head_name in readers:
             foldable, why = False, "it feeds the tied output head (use --untie to fold)"
+            through_head = has_b and options.beta in (None, "fold") and _beta_fits_logits_bias(res, ties, name, readers)
+            if through_head:
+                why = "it feeds the tied output head: γ kept (use --untie to fold it), β folded into the logits bias"
         gamma = options.gamma or ("fold" if foldable else "keep")
-        beta = options.beta or ("fold" if foldable else "keep")
+        beta = options.beta or ("fold" if foldable or through_head else "keep")
         if not foldable:
             if gamma == "fold":
                 gamma = "keep"
                 plan.notes.append(f"γ of {name} kept, not folded: {why}")
-            if beta == "fold":
+            if beta == "fold" and not through_head:
                 beta = "keep"
                 plan.notes.append(f"β of {name} kept, not folded: {why}")
         if not has_w:
@@ -395,6 +401,8 @@ def _decide_gamma_and_beta(
         }
         if why:
             rec["why"] = why
+        if through_head:
+            rec["logits_bias"] = ties.head_name  # β becomes the head's bias W·β (_fold_beta_into_logits_bias)
         plan.block["norms"][name] = rec
 
         wkey, bkey = _param_key(name, "weight"), _param_key(name, "bias")
@@ -424,7 +432,7 @@ def _decide_gamma_and_beta(
                         {"op": "add_constant", "src": key, "add": offset} if offset else {"op": "copy", "src": key}
                     )
                     rec.setdefault("restore", []).append(attr)
-        if gamma == "fold" or beta == "fold":
+        if gamma == "fold" or (beta == "fold" and not through_head):
             for r, _ in reader_mods:
                 ops = reader_ops.setdefault(r, {"gamma": None, "beta": None})
                 if ops["gamma"] or ops["beta"]:
@@ -435,6 +443,46 @@ def _decide_gamma_and_beta(
         if plan.mode == "exact" and role == "embedding":
             plan.block["centered_outputs"].append(name)
     return reader_ops
+
+
+def _beta_fits_logits_bias(res: _Resolver, ties: _Ties, name: str, readers: list[str]) -> bool:
+    """Whether the β of norm ``name``, which feeds the tied head, can become that head's bias: the
+    norm's only reader is the head, an nn.Linear without a bias of its own (so the logits bias is
+    W·β alone), and the norm sits in the base model while the head does not, so that the bare model
+    and every other head can apply β themselves (``folded_bias``, remote_code.py)."""
+    head = ties.head_module
+    return (
+        readers == [ties.head_name]
+        and isinstance(head, nn.Linear)
+        and head.bias is None
+        and bool(res.base)
+        and name.startswith(res.base)
+        and not ties.head_name.startswith(res.base)
+    )
+
+
+def _fold_beta_into_logits_bias(plan: Plan, ties: _Ties) -> None:
+    """β of a final norm that feeds the tied head, folded through the head into a logits bias:
+    (n·γ + β)·Wᵀ = (n·γ)·Wᵀ + W·β. The head's matrix stays the embedding's, γ stays on the norm
+    (inside the norm's kernel), and W·β (float64, ops.py) rides in the head's matmul as its bias, so
+    the causal LM runs no separate bias add after its last norm. The norm's β itself travels as
+    ``folded_bias``: the bare model and every other head apply it, and the causal LM derives its
+    logits bias from it while training (remote_code.py). ``--beta keep`` keeps β on the norm instead."""
+    for name, rec in plan.block["norms"].items():
+        head = rec.get("logits_bias")
+        if head is None:
+            continue
+        plan.derivations[_param_key(head, "bias")] = {
+            "op": "linear_bias",
+            "src": None,
+            "weight": _param_key(head),  # the tied table (plan.aliases), uncentred: the head's W
+            "layout": "linear",
+            "beta": _param_key(name, "bias"),
+            "center": False,
+            "size": int(ties.head_module.weight.shape[0]),
+        }
+        plan.block["logits_bias"][head] = name
+        plan.notes.append(f"β of {name} folded into the logits bias through the tied head ({head}.bias = W·β)")
 
 
 def _stream_biases_and_scales(plan: Plan, family: Family, res: _Resolver, writer_names: list[str]) -> dict[str, str]:

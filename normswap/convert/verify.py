@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from normswap.architectures.probes import complete_inputs, flat_outputs
+from normswap.checkpoint.remote_code import run_stored_logits_biases
 from normswap.checkpoint.tensor_source import numel
 from normswap.convert.inputs import persistent_buffers
 from normswap.convert.memory import release_freed_memory
@@ -114,6 +115,9 @@ class Blockwise:
 
     def __init__(self, model, fetch, dtype, device="cpu", arena=None):
         self.model, self.fetch, self.dtype, self.device = model, fetch, dtype, torch.device(device)
+        # a tied head's logits bias W·β runs as the files hold it: β is not resident when the head
+        # runs, and the stored values are what a loader reads
+        run_stored_logits_biases(model)
         self.arena = arena if arena is not None else Arena()
         self.slots = []  # (module, parameter name, state-dict key, placeholder)
         placeholders = {}
