@@ -4,11 +4,11 @@ After every timed model got memory of its own (evaluate/speed.own_memory), `benc
 identical copy of kjv-gpt2 and the null control alike, both ~4 % slower than the baseline. This
 times one decode step of three identical models (the original, a copy of its directory, the
 original loaded again) by normswap/timing.py in three designs, beside one CPU burner:
-  star      the instrument as it is: the baseline in every pair (it runs twice as often);
-  lead-in3  the same with three untimed lead-in calls a block instead of one;
-  balanced  every pair of functions once a round (each runs equally often), ratios against the
-            baseline read from the pairs that hold it.
-    python bench/baseline_role_probe.py OUT.json [--budget 30]
+  star          the instrument's default round: the baseline in every pair (it runs twice as often);
+  lead-in3      the same with three untimed lead-in calls a block instead of one;
+  balanced      timing.compare(balanced=True): every pair of functions once a round;
+  own-balanced  the same written out here (the first probe, before the instrument had it).
+    python bench/baseline_role_probe.py OUT.json [--budget 30] [--designs star,balanced,...]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=30.0)
+    ap.add_argument("--designs", default="star,lead-in3,own-balanced,star", help="comma-separated, run in order")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
@@ -43,14 +44,15 @@ def main() -> None:
     benches = {n: ModelBench(n, load_model(s).eval(), cfg) for n, s in specs.items()}
     fns = {n: (lambda b=b: [b._decode_step() for _ in range(5)]) for n, b in benches.items()}
     out = {"load_before": machine_load()["load_average"], "designs": {}}
-    for design in ("star", "lead-in3", "balanced", "star"):
-        key = design if design not in out["designs"] else design + " (again)"
-        if design == "balanced":
+    for i, design in enumerate(args.designs.split(",")):
+        key = f"{i + 1} {design}"
+        if design == "own-balanced":
             res = balanced(fns, "original", args.budget)
         else:
             lead = 3 if design == "lead-in3" else 1
             cmp = timing.compare(fns, "original", "null", calls_per_sample=1, budget_s=args.budget,
-                                 target_halfwidth=0.002, lead_in=lead, max_pairs=100000)  # fmt: skip
+                                 target_halfwidth=0.002, lead_in=lead, max_pairs=100000,
+                                 balanced=design == "balanced")  # fmt: skip
             res = {n: cmp[n].to_json() for n in ("copy", "null")} | {"pairs": cmp.rounds}
         out["designs"][key] = res
         print(key, json.dumps(res), flush=True)

@@ -229,3 +229,41 @@ def test_a_difference_must_outreach_the_null_control_on_either_side():
     assert timing.verdict(0.970, 0.980, 1.005, 1.019) == timing.SLOWER
     assert timing.verdict(1.006, 1.013, 0.995, 1.000) == timing.FASTER  # the null's 0.5 %, outreached
     assert timing.verdict(1.001, 1.013, 1.0, 1.0) == timing.FASTER  # no null (1, 1): 1 is the yardstick
+
+
+class FavouringHost(PlantedHost):
+    """A host on which a function runs faster the more of the recent calls were its own (what stays
+    in a shared cache that other work keeps evicting): a lead-in call does not undo it."""
+
+    def __init__(self, *, favour=0.2, window=60, **kw):
+        super().__init__(**kw)
+        self.favour, self.window = favour, window
+
+    def fn(self, name: str, cost: float):
+        def call():
+            recent = self.calls[-self.window :]
+            share = recent.count(name) / len(recent) if recent else 0.0
+            self.calls.append(name)
+            self.now += cost * (1 - self.favour * share) * self.slowness() * self.rng.lognormvariate(0.0, self.jitter)
+
+        return call
+
+
+def test_balanced_rounds_give_the_baseline_slot_no_advantage_that_the_star_round_does():
+    """#43: in the default round the baseline runs in every pair, twice as often as each of two others;
+    on a host that favours the function run most (planted), identical copies in the candidate slots
+    both read slower than the baseline (the role swap showed it: whichever model was the baseline read
+    faster). Balanced rounds run every pair once, so every function runs equally often: the null
+    control and an identical candidate read 1 and a 5 % slower candidate is still called slower.
+    Negative control: the default round on the same host."""
+    costs = {"original": 1 * MS, "null control": 1 * MS, "copy": 1 * MS}
+    kw = {"budget_s": 120.0, "jitter": 0.002}
+    star = _compare(FavouringHost(jitter=kw["jitter"], swing=0.1), costs, budget_s=kw["budget_s"])
+    assert star.null.high < 0.99 and star.candidates["copy"].high < 0.99  # the slot's advantage, read as a cost
+    fair = _compare(FavouringHost(jitter=kw["jitter"], swing=0.1), costs, budget_s=kw["budget_s"], balanced=True)
+    assert fair.balanced and not star.balanced
+    for r in (fair.null, fair.candidates["copy"]):
+        assert r.verdict == timing.NO_DIFFERENCE and 0.99 <= r.low <= 1.0 <= r.high <= 1.01, r
+    slower = dict(costs, copy=1.05 * MS)
+    s = _compare(FavouringHost(jitter=kw["jitter"], swing=0.1), slower, budget_s=kw["budget_s"], balanced=True)
+    assert s.candidates["copy"].verdict == timing.SLOWER

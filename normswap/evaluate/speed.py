@@ -372,7 +372,15 @@ def _syncer(benches):
 
 
 def compare_kind(
-    benches, kind: str, cfg: SpeedConfig, baseline: str, null_name, progress=None, *, calls: int | None = None
+    benches,
+    kind: str,
+    cfg: SpeedConfig,
+    baseline: str,
+    null_name,
+    progress=None,
+    *,
+    calls: int | None = None,
+    balanced: bool = False,
 ) -> timing.Comparison:
     """One kind (forward, decode, ...) of every bench that has it, timed by normswap/timing.py.
 
@@ -408,6 +416,7 @@ def compare_kind(
         seed=cfg.seed,
         clock=time.perf_counter,  # looked up now: tests plant a virtual clock as speed.time
         sync=sync,
+        balanced=balanced,
         progress=progress,
     )
 
