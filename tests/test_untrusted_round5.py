@@ -345,3 +345,109 @@ def test_overlapping_views_are_refused_and_tied_weights_pass(tmp_path):
         check_backed({"a": base, "b": base.view(10, 10)}, "overlap")
     with pytest.raises(NormswapError, match="over 4 bytes stored"):
         check_backed({"a": torch.zeros(1).expand(10, 10)}, "expanded")
+
+
+# -- softer cases ---------------------------------------------------------------------------------------------
+
+
+def test_report_md_escapes_raw_html_from_results_json_as_report_html_does(tmp_path, run_cli):
+    demo = json.loads((ROOT / "docs" / "demo" / "results.json").read_text())
+    payload = "<img src=x onerror=alert(1)>"
+    old = demo["models"][0]["name"]
+    text = json.dumps(demo).replace(json.dumps(old), json.dumps(old + payload))
+    (tmp_path / "results.json").write_text(text)
+    code, _, err = run_cli("eval", "render", tmp_path / "results.json")
+    assert code == 0, err
+    md, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert "<img" not in md and "&lt;img src=x onerror=alert(1)&gt;" in md
+    assert "<img src=x" not in page  # what report.html already did
+
+
+def _finished_run(tmp_path, run_cli) -> Path:
+    from normswap.finetune.config import RUN_FILE
+
+    out = tmp_path / "ft"
+    code, _, err = run_cli(
+        "finetune",
+        "normswap:kjv-gpt2",
+        out,
+        "--steps",
+        "1",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "2",
+        "--warmup-steps",
+        "0",
+    )
+    assert code == 0, err
+    return out / RUN_FILE
+
+
+@pytest.mark.parametrize(
+    "key,value,said",
+    [("steps", -3, "steps must be >= 1, got -3"), ("batch_size", "8", "batch_size must be a whole number, got '8'")],
+)
+def test_resume_revalidates_the_stored_options(tmp_path, run_cli, key, value, said):
+    """A stored ``steps: -3`` published a model, exit 0; ``batch_size: "8"`` ended in a TypeError line."""
+    run_file = _finished_run(tmp_path, run_cli)
+    record = json.loads(run_file.read_text())
+    record["config"][key] = value
+    record["status"] = "running"
+    run_file.write_text(json.dumps(record))
+    before = sorted(str(p) for p in run_file.parent.rglob("*"))
+    code, _, err = run_cli("finetune", "normswap:kjv-gpt2", run_file.parent, "--resume")
+    _one_line(code, err, "the options recorded in finetune_run.json are not valid", said)
+    assert sorted(str(p) for p in run_file.parent.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "option,value", [("--batch-size", "100000000"), ("--steps", "1000000000000"), ("--eval-tokens", "1000000000")]
+)
+def test_every_count_option_has_an_upper_bound(tmp_path, run_cli, option, value):
+    code, _, err = run_cli("finetune", "normswap:kjv-gpt2", tmp_path / "ft", option, value)
+    _one_line(code, err, option, "must be <=")
+    assert not (tmp_path / "ft").exists()
+
+
+def test_every_count_option_is_declared_with_a_maximum():
+    from normswap.finetune.config import options
+
+    counts = [f.name for f in options() if f.metadata["kind"] == "int" and f.name != "seed"]
+    assert counts and all(f.metadata["maximum"] is not None for f in options() if f.name in counts), counts
+
+
+def test_a_batch_whose_logits_cannot_fit_is_refused_before_the_model_loads(tmp_path, run_cli, monkeypatch):
+    """Within the declared bound but beyond the memory: refused in one line, before any allocation
+    (the memory available is pinned to 1 GiB so the test means the same on every machine)."""
+    import normswap.devices
+
+    monkeypatch.setattr(normswap.devices, "available_memory", lambda device="cpu": 1 << 30)
+    code, _, err = run_cli("finetune", "normswap:kjv-gpt2", tmp_path / "ft", "--batch-size", "65536", "--seq-len", "64")
+    errors = [line for line in err.strip().splitlines() if not line.startswith("normswap finetune:")]
+    assert code == 2 and len(errors) == 1 and "one micro-batch's logits (65,536 × 64 × " in errors[0], err
+    assert "1.0 GiB of memory is available" in errors[0] and "lower --batch-size" in errors[0]
+    assert not (tmp_path / "ft").exists()
+
+
+def test_sigterm_ends_a_command_with_one_line(tmp_path):
+    """SIGTERM unwinds (staging removed, lock released) and says so in one line."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fifo_free_wait = "import time, sys; from normswap.cli.main import main; sys.argv=['normswap']; "
+    code = (
+        fifo_free_wait
+        + "import normswap.cli.main as m; m._exit_cleanly_on_sigterm(); print('ready', flush=True); time.sleep(60)"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 128 + signal.SIGTERM and err.strip() == "normswap: stopped by SIGTERM", err
