@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from normswap.errors import NormswapError
+from normswap.publish import atomic_write_text, check_output_file
 
 # torch and normswap's conversion modules are imported where used: `--help` stays instant
 DTYPES = {
@@ -530,6 +531,9 @@ def main(argv=None) -> int:
     ap.add_argument("--save", default=None, help="write SAVE.json and SAVE.md (e.g. bench/results/convert-1.4b)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    saves = [Path(args.save + ext) for ext in (".json", ".md")] if args.save else []
+    for path in saves:  # before any work: a directory there, or SAVE inside the work directory
+        check_output_file(path, force=True, reads=[("the work directory", args.workdir)], label="--save")
     result = bench_convert(
         params=args.params,
         shards=args.shards,
@@ -543,9 +547,8 @@ def main(argv=None) -> int:
         command=" ".join(["normswap bench convert", *(argv if argv is not None else sys.argv[1:])]),
     )
     md = markdown(result)
-    if args.save:
-        Path(args.save + ".json").write_text(json.dumps(result, indent=2) + "\n")
-        Path(args.save + ".md").write_text(md)
+    for path, text in zip(saves, (json.dumps(result, indent=2) + "\n", md)):
+        atomic_write_text(path, text)  # a fresh file renamed into place: a planted link is replaced, not followed
     print(json.dumps(result, indent=2) if args.json else md)
     return 0
 

@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the normswap of 
 from normswap import timing  # noqa: E402
 from normswap.kernels import autotune, backend_for, rms_norm  # noqa: E402
 from normswap.modules import RMSNorm  # noqa: E402
+from normswap.publish import open_append  # noqa: E402
 
 EPS = 1e-5
 
@@ -464,12 +465,13 @@ class _JsonLines:
         self.path = path
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            open_append(path, label="--jsonl").close()  # a planted link or FIFO: refused before any timing
 
     def write(self, obj: dict) -> None:
         if not self.path:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(obj) + "\n")
+        with open_append(self.path, label="--jsonl") as f:  # never through a link planted meanwhile
+            f.write((json.dumps(obj) + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
 

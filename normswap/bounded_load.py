@@ -73,11 +73,11 @@ def _refuse_kind(path: Path, what: str, kind: str) -> BoundedLoadError:
     return BoundedLoadError(f"{path} is {kind}, not a regular file; {what} must be a plain file")
 
 
-def read_bytes(path, *, what: str = "the file", max_bytes: int = MAX_BYTES, follow: bool = False) -> bytes:
-    """The bytes of the regular file ``path`` (at most ``max_bytes``), or one refusing line.
-
-    ``what`` names the file in messages ("a recipe", "a family file"); ``follow``: whether a
-    symbolic link at ``path`` itself may be followed (only for a path the user typed)."""
+def open_regular(path, *, what: str = "the file", follow: bool = False) -> int:
+    """A descriptor on the regular file ``path``, or one refusing line: a FIFO, device, socket or
+    directory is named, never opened in a way that could block (``O_NONBLOCK``, and the open
+    descriptor checked again with ``fstat``); a symbolic link is refused unless ``follow`` (a path
+    the user typed), and then what it reaches must still be a regular file. The caller closes it."""
     path = Path(path)
     try:
         lst = os.lstat(path)
@@ -98,10 +98,25 @@ def read_bytes(path, *, what: str = "the file", max_bytes: int = MAX_BYTES, foll
             raise BoundedLoadError(f"{path} is a symbolic link; {what} must be a plain file") from None
         raise BoundedLoadError(f"cannot read {what} {path}: {e.strerror or e}") from None
     try:
-        st = os.fstat(fd)
-        kind = file_kind(st.st_mode)
+        kind = file_kind(os.fstat(fd).st_mode)
         if kind:  # swapped between the check and the open: the descriptor is what counts
             raise _refuse_kind(path, what, kind)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bytes(path, *, what: str = "the file", max_bytes: int = MAX_BYTES, follow: bool = False) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``max_bytes``), or one refusing line.
+
+    ``what`` names the file in messages ("a recipe", "a family file"); ``follow``: whether a
+    symbolic link at ``path`` itself may be followed (only for a path the user typed)."""
+    path = Path(path)
+    fd = open_regular(path, what=what, follow=follow)
+    try:
+        st = os.fstat(fd)
         if st.st_size > max_bytes:
             raise _too_big(path, what, st.st_size, max_bytes)
         chunks, total = [], 0
@@ -118,6 +133,123 @@ def read_bytes(path, *, what: str = "the file", max_bytes: int = MAX_BYTES, foll
         raise BoundedLoadError(f"cannot read {what} {path}: {e.strerror or e}") from None
     finally:
         os.close(fd)
+
+
+# -- streams: bounded per record --------------------------------------------------------------------
+
+MAX_RECORD_BYTES = 64 << 20  # one JSONL line or one element of a JSON array; a whole book is ~5 MB
+
+
+def lines(path, *, what: str = "the file", max_line: int = MAX_RECORD_BYTES, follow: bool = True):
+    """``(line number, bytes)`` for each line of the regular file ``path``, newline included; a line
+    longer than ``max_line`` bytes is refused by number (only that much is ever held), so a file of
+    one 20 GB line costs ``max_line`` bytes of memory, not 20 GB."""
+    path = Path(path)
+    with os.fdopen(open_regular(path, what=what, follow=follow), "rb") as f:
+        lineno = 0
+        while True:
+            line = f.readline(max_line + 1)
+            if not line:
+                return
+            lineno += 1
+            if len(line) > max_line and not line.endswith(b"\n"):
+                raise BoundedLoadError(
+                    f"{path}:{lineno}: a line longer than {max_line:,} bytes; {what} holds one record a line "
+                    "(is it one document without line breaks? give it as a .txt file)"
+                )
+            yield lineno, line
+
+
+def json_array(path, *, what: str = "the file", max_record: int = MAX_RECORD_BYTES, follow: bool = True):
+    """``(index, value)`` for each element of the JSON array that is the regular file ``path``, parsed
+    one element at a time: at most ``max_record`` bytes of one element are ever held, however large
+    the file. Refuses, in one line, a file that is not one array, an element past the cap, bad JSON."""
+    path = Path(path)
+    decoder = json.JSONDecoder()
+    with os.fdopen(open_regular(path, what=what, follow=follow), "rb") as f:
+        reader = _Chars(f, path)
+        if reader.skip_space() != "[":
+            raise BoundedLoadError(f"{path}: not a JSON array; {what} is one array of records")
+        reader.pos += 1
+        index = 0
+        while True:
+            if reader.skip_space() == "]":
+                return
+            if index and reader.char() != ",":
+                raise BoundedLoadError(f"{path}: invalid JSON after element {index - 1}: expected ',' or ']'")
+            if index:
+                reader.pos += 1
+                reader.skip_space()
+            value = reader.element(decoder, index, max_record, what)
+            yield index, value
+            index += 1
+
+
+class _Chars:
+    """Decoded text of a file read in growing blocks, with a cursor (for :func:`json_array`)."""
+
+    def __init__(self, f, path):
+        import codecs
+
+        self.f, self.path = f, path
+        self.decode = codecs.getincrementaldecoder("utf-8")().decode
+        self.buf, self.pos, self.eof = "", 0, False
+        self.lines, self.offset = 0, 0  # newlines dropped from buf, and bytes read, so far
+
+    def more(self, at_least: int = 1 << 20) -> bool:
+        if self.eof:
+            return False
+        raw = self.f.read(at_least)
+        try:
+            text = self.decode(raw, final=not raw)
+        except UnicodeDecodeError as e:
+            line = self.lines + self.buf.count("\n") + raw.count(b"\n", 0, max(e.start, 0)) + 1
+            raise BoundedLoadError(
+                f"{self.path}:{line}: not UTF-8 text ({e.reason} near byte {self.offset + max(e.start, 0)}); "
+                "convert the file to UTF-8"
+            ) from None
+        self.eof = not raw
+        self.offset += len(raw)
+        self.lines += self.buf.count("\n", 0, self.pos)
+        self.buf = self.buf[self.pos :] + text  # what was consumed is dropped: memory stays one element
+        self.pos = 0
+        return True
+
+    def skip_space(self) -> str:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.more():
+                raise BoundedLoadError(f"{self.path}: the JSON array ends before its closing ']'")
+
+    def char(self) -> str:
+        return self.buf[self.pos]
+
+    def element(self, decoder, index: int, max_record: int, what: str):
+        """The element at the cursor; reads on (doubling) until it and the delimiter after it are held."""
+        while True:
+            try:
+                value, end = decoder.raw_decode(self.buf, self.pos)
+                after = end
+                while after < len(self.buf) and self.buf[after] in " \t\r\n":
+                    after += 1
+                if after < len(self.buf) or self.eof:  # complete: the delimiter after it is in view
+                    self.pos = end
+                    return value
+                error = None
+            except RecursionError:
+                raise BoundedLoadError(f"{self.path}: element {index} is nested too deeply to read") from None
+            except json.JSONDecodeError as e:
+                error = e
+            if len(self.buf) - self.pos > max_record:
+                raise BoundedLoadError(
+                    f"{self.path}: element {index} is longer than {max_record:,} bytes; {what} is read one record "
+                    "at a time, each at most that long"
+                )
+            if not self.more(max(1 << 20, len(self.buf) - self.pos)):
+                raise BoundedLoadError(f"{self.path}: invalid JSON in element {index}: {error.msg}") from None
 
 
 def _too_big(path, what: str, size: int, cap: int, more: bool = False) -> BoundedLoadError:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from normswap.errors import NormswapError, os_error_message
 from normswap.overlap import check_disjoint
-from normswap.private_dirs import open_private
+from normswap.private_dirs import NotPrivate, open_private
 
 STAGING_TAG = ".normswap-staging-"
 LOCK_SUFFIX = ".normswap.lock"
@@ -71,6 +71,32 @@ def atomic_write_with(path, write) -> Path:
 def atomic_write_json(path, obj, **dump_kwargs) -> Path:
     dump_kwargs.setdefault("indent", 2)
     return atomic_write_text(path, json.dumps(obj, **dump_kwargs) + "\n")
+
+
+def open_append(path, *, label: str = "the file"):
+    """A binary file object appending to ``path`` (a log written line by line, such as ``bench kernels
+    --jsonl``), for the one kind of output that cannot be a fresh file renamed into place.
+
+    Nothing planted is written through: the name is opened ``O_NOFOLLOW`` (a link is refused, not
+    followed) and ``O_NONBLOCK`` (a FIFO is refused, not waited on), and what was opened must be a
+    regular file of this user with no other name (a hard link to another file is refused), checked
+    on the open descriptor. Each refusal is one line naming ``label`` and the path."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = open_private(path, flags, 0o644)
+    except NotPrivate as e:
+        raise NormswapError(f"{label}: {e}") from None
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise NormswapError(f"{label} {path} is a FIFO (named pipe), not a regular file") from None
+        raise NormswapError(f"cannot write {label} {path}: {os_error_message(e)}") from None
+    why = _not_ours_alone(fd)
+    if why:
+        os.close(fd)
+        raise NormswapError(f"refusing to append to {label} {path}: {why}; remove it or choose another file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab")
 
 
 # ------------------------------------------------------------------------------- path safety
@@ -171,7 +197,7 @@ def _acquire(lock_path: Path, command: str) -> int:
             fd = open_private(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise NormswapError(f"cannot create the lock file {lock_path}: {os_error_message(e)}") from None
-        why = _not_our_lock(fd, lock_path)
+        why = _not_ours_alone(fd)
         if why:
             os.close(fd)
             raise NormswapError(
@@ -199,7 +225,8 @@ def _acquire(lock_path: Path, command: str) -> int:
     return fd
 
 
-def _not_our_lock(fd: int, lock_path: Path) -> str | None:
+def _not_ours_alone(fd: int) -> str | None:
+    """Why the open file ``fd`` is not a regular file of this user's with one name, or None."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         return "it is not a regular file"
@@ -507,6 +534,7 @@ def _publish(staging: Path, out: Path, force: bool) -> Path:
 __all__ = [
     "atomic_write_text",
     "atomic_write_json",
+    "open_append",
     "check_output_file",
     "check_output_path",
     "output_lock",

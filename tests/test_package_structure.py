@@ -39,6 +39,7 @@ LAYERS = [
     "version",
     "bounded_load",  # YAML and JSON from users: regular files only, size, nesting and alias bounds
     "private_dirs",  # cache and lock directories no other user can write
+    "compile_cache",  # every torch.compile, with Inductor's and Triton's caches in a private directory
     "network",  # the offline rule and the Hub reachability check
     "progress",  # progress lines at a steady interval for every long command
     "timing",  # the one speed instrument: interleaved pairs, paired ratios, a null control

@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from normswap.checkpoint.sizes import check_against_weights, check_declared, read_config, safetensors_shapes
+from normswap.checkpoint.sizes import check_against_weights, check_declared, read_config, weight_shapes
 from normswap.errors import NormswapError, first_line
 
 SHIPPED_PREFIX = "normswap:"
@@ -223,7 +223,7 @@ def check_buildable(resolved, config, label: str) -> None:
     model — even a weightless one on the meta device — is built from it: a million declared layers
     beside weights for two would otherwise be built layer by layer until memory runs out."""
     if is_local(resolved):
-        check_against_weights(config.to_dict(), safetensors_shapes(resolved), label)
+        check_against_weights(config.to_dict(), weight_shapes(resolved), label)
 
 
 def load_model(spec, *, dtype=None, device="cpu", task="auto", config=None, strict=False):

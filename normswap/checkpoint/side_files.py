@@ -26,6 +26,7 @@ The one exception is the hub's own cache layout: a snapshot directory
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import stat
@@ -34,40 +35,84 @@ from pathlib import Path
 from normswap.errors import NormswapError
 
 OWN_FILES = ("config.json", "normswap_manifest.json")  # read by normswap itself, never copied by path
+# read by transformers' model loader when present (a PEFT adapter): checked by the rule, never carried
+# (an adapter belongs to the weights it was trained on, not to a conversion of them)
+CHECKED_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
+# Every name transformers' own loaders open in a model directory (tokenizers, processors, chat
+# templates, generation config), from the installed transformers: its file-name constants and every
+# tokenizer class's ``vocab_files_names``. tests/test_side_files.py derives the same set from the
+# installed transformers and fails when a name appears that this list (or SIDE_PATTERNS) misses.
 SIDE_FILES = (
+    # tokenization_utils_base: the files every tokenizer looks for
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    # tokenizer classes' vocabularies (vocab_files_names)
     "vocab.json",
     "merges.txt",
     "vocab.txt",
     "tokenizer.model",
     "spiece.model",
-    "added_tokens.json",
+    "spm.model",
+    "spm_char.model",
+    "sentencepiece.model",
+    "sentencepiece.bpe.model",
+    "source.spm",
+    "target.spm",
+    "bpe.codes",
+    "dict.txt",
+    "emoji.json",
+    "entity_vocab.json",
+    "normalizer.json",
+    "prophetnet.tokenizer",
+    "target_vocab.json",
+    "vocab-src.json",
+    "vocab-tgt.json",
+    "word_pronunciation.json",
+    "word_shape.json",
+    "byte_maps.json",
+    "qwen.tiktoken",
+    "tekken.json",
+    "tiktoken.model",
     "generation_config.json",
-    "chat_template.jinja",
+    # processors, so that pipeline() and AutoProcessor find them beside the weights
     "chat_template.json",
-    # image / audio processors, so that pipeline() and AutoProcessor find them beside the weights
     "preprocessor_config.json",
     "processor_config.json",
     "video_preprocessor_config.json",
+    "audio_tokenizer_config.json",
     # sentence-transformers: what SentenceTransformer(OUT) loads; its module folders: st_module_dirs
     "modules.json",
     "sentence_bert_config.json",
     "config_sentence_transformers.json",
 )
+# names transformers finds by pattern rather than by name: versioned tokenizer files
+# (``fast_tokenizer_files``), any SentencePiece model (find_sentencepiece_model_file), tiktoken files
+SIDE_PATTERNS = ("tokenizer.*.json", "*.model", "*.tiktoken", "*.spm")
+# folders transformers lists and reads every entry of: the extra chat templates (``*.jinja``)
+SIDE_DIRS = ("additional_chat_templates",)
+SIDE_DIR_SUFFIX = ".jinja"  # what transformers reads from them (it globs ``*.jinja``)
+# sub-tokenizers a processor loads from a folder named after them (``decoder_tokenizer/``):
+# a top-level folder holding one of these is read by the same name rules
+_SUBFOLDER_MARKERS = ("tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+
+
+def is_side_name(name: str) -> bool:
+    """Whether transformers may open the top-level file ``name`` of a model directory on its own."""
+    return name in SIDE_FILES + OWN_FILES + CHECKED_FILES or any(
+        fnmatch.fnmatchcase(name, pat) for pat in SIDE_PATTERNS
+    )
 
 
 def st_module_dirs(directory: Path) -> list[str]:
     """The folders sentence-transformers' ``modules.json`` names (``1_Pooling``, ``2_Normalize``, ...):
-    relative paths only (the root module, path "", is the model itself)."""
-    import json
-
-    try:
-        modules = json.loads((Path(directory) / "modules.json").read_text())
-    except (OSError, ValueError):
-        return []
+    relative paths only (the root module, path "", is the model itself). ``modules.json`` is read by
+    the rule (:func:`read_json_inside`: a regular file inside the directory, of bounded size), so a
+    link to ``/dev/zero`` or a FIFO in its place is refused in one line instead of read."""
+    modules = read_json_inside(directory, "modules.json")
     out = []
     for module in modules if isinstance(modules, list) else []:
         path = str(module.get("path", "")) if isinstance(module, dict) else ""
@@ -76,18 +121,73 @@ def st_module_dirs(directory: Path) -> list[str]:
     return out
 
 
+def _listed(directory: Path, folder: str = "") -> list[str]:
+    """Names (relative to ``directory``) of the entries of ``folder`` transformers reads by pattern or
+    by listing: every entry of a :data:`SIDE_DIRS` folder, top-level names matching SIDE_PATTERNS."""
+    base = directory / folder if folder else directory
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return []
+    prefix = f"{folder}/" if folder else ""
+    return [prefix + n for n in entries if is_side_name(n) and n not in SIDE_FILES + OWN_FILES + CHECKED_FILES]
+
+
+def _fast_tokenizer_files(directory: Path) -> list[str]:
+    """The versioned tokenizer files ``tokenizer_config.json`` names (``fast_tokenizer_files``), which
+    transformers opens by the name written there: a name that is not a plain file name is refused."""
+    config = read_json_inside(directory, "tokenizer_config.json")
+    names = config.get("fast_tokenizer_files") if isinstance(config, dict) else None
+    out = []
+    for name in names if isinstance(names, list) else []:
+        if not isinstance(name, str) or os.sep in name or "/" in name or name in ("", ".", ".."):
+            raise NormswapError(
+                f"{Path(directory) / 'tokenizer_config.json'} names the tokenizer file {str(name)[:100]!r} in "
+                "fast_tokenizer_files; only a file name in the model directory is accepted"
+            )
+        out.append(name)
+    return out
+
+
 def _candidates(directory: Path) -> list[str]:
-    """SIDE_FILES, then every file (or link) inside the sentence-transformers module folders."""
-    names = list(SIDE_FILES)
+    """Every name transformers or sentence-transformers may open in ``directory``: SIDE_FILES, the
+    names matching SIDE_PATTERNS, every entry of the SIDE_DIRS folders, the versioned tokenizer files
+    tokenizer_config.json names, the same names in a sub-tokenizer's folder, and every file (or link)
+    inside the sentence-transformers module folders."""
+    names = list(SIDE_FILES) + _listed(directory) + _fast_tokenizer_files(directory)
+    root = model_root(directory).resolve()
+    for folder in SIDE_DIRS:
+        base = directory / folder
+        if base.is_symlink() and not base.resolve().is_relative_to(root):
+            names.append(folder)  # checked below like a file: the link out is refused by name
+        elif base.is_dir():
+            names += [f"{folder}/{n}" for n in sorted(os.listdir(base)) if n.endswith(SIDE_DIR_SUFFIX)]
+    for sub in _subfolders(directory):
+        names += [f"{sub}/{n}" for n in SIDE_FILES] + _listed(directory, sub)
     for folder in st_module_dirs(directory):
         base = directory / folder
         if base.is_symlink() or not base.is_dir():
-            names.append(folder)  # checked below like a file: a link out is refused, a missing one skipped
+            names.append(folder)
             continue
         for p in sorted(base.rglob("*")):
             if p.is_symlink() or not p.is_dir():
                 names.append(str(p.relative_to(directory)))
-    return names
+    return list(dict.fromkeys(names))
+
+
+def _subfolders(directory: Path) -> list[str]:
+    """Top-level folders holding a tokenizer or processor config (a processor's sub-tokenizer)."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return []
+    return [
+        e.name
+        for e in entries
+        if e.is_dir(follow_symlinks=False)
+        and e.name not in SIDE_DIRS
+        and any(os.path.lexists(os.path.join(e.path, m)) for m in _SUBFOLDER_MARKERS)
+    ]
 
 
 def model_root(directory: Path) -> Path:
@@ -125,7 +225,7 @@ def side_files(directory) -> list[tuple[str, Path]]:
     its model refuses a linked config or manifest before any work."""
     directory = Path(directory)
     root = model_root(directory).resolve()
-    for name in OWN_FILES:
+    for name in OWN_FILES + CHECKED_FILES:
         _inside(directory, root, name)
     found = []
     for name in _candidates(directory):

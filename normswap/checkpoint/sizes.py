@@ -313,13 +313,18 @@ def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
             )
 
 
-def safetensors_shapes(directory) -> dict:
-    """{tensor name: shape} from a checkpoint directory's safetensors headers (nothing else is read);
-    empty when it has none (.bin weights are checked by the loader instead)."""
-    from normswap.checkpoint.tensor_source import SafetensorsFiles, weight_files
+def weight_shapes(directory) -> dict:
+    """{tensor name: shape} of a checkpoint directory's weights, without reading them: the safetensors
+    headers (safetensors checks each tensor's bytes lie in the file), or for ``.bin`` files their
+    memory-mapped tensors, each checked to be backed by bytes the file holds
+    (``tensor_source.check_backed``: a 16 KB file of expanded views declaring 3.3B parameters is
+    refused here). Empty when the directory holds no weights."""
+    from normswap.checkpoint.tensor_source import SafetensorsFiles, bin_shapes, weight_files
 
     directory = Path(directory)
     fmt, files = weight_files(directory)
+    if fmt == "bin":
+        return bin_shapes(files, str(directory))
     if fmt != "safetensors":
         return {}
     source = SafetensorsFiles(directory, files)

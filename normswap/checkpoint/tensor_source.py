@@ -83,31 +83,56 @@ def local_dir(resolved, *, download=True) -> Path | None:
 
 
 def weight_files(directory: Path) -> tuple[str | None, list[Path]]:
-    """('safetensors', files) | ('bin', files) | (None, []), preferring safetensors like transformers."""
+    """('safetensors', files) | ('bin', files) | (None, []), preferring safetensors like transformers.
+
+    Every file named is a regular file (links followed: a hub snapshot links into its blobs): a FIFO
+    or device in a weight file's place is refused by name here, before anything opens it (an open
+    of a FIFO blocks until someone writes to it)."""
     for index_name, single_name in SAFETENSORS_NAMES:
-        if (directory / index_name).is_file():
+        if _regular(directory / index_name):
             return "safetensors", _indexed_files(directory, directory / index_name)
-        if (directory / single_name).is_file():
+        if _regular(directory / single_name):
             return "safetensors", [directory / single_name]
-    if (directory / BIN_INDEX_NAME).is_file():
+    if _regular(directory / BIN_INDEX_NAME):
         return "bin", _indexed_files(directory, directory / BIN_INDEX_NAME)
-    bins = sorted(directory.glob("pytorch_model*.bin"))
+    bins = sorted(p for p in directory.glob("pytorch_model*.bin") if _regular(p))
     if bins:
         return "bin", bins
     return None, []
 
 
-def _indexed_files(directory: Path, index: Path) -> list[Path]:
+def _regular(path: Path) -> bool:
+    """Whether the weight file ``path`` is there (a regular file); refused in one line when something
+    that is not a regular file stands in its place."""
+    from normswap.bounded_load import file_kind
+
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
+        st = os.stat(path)
+    except OSError:
+        return False  # absent, or a dangling link: not there
+    kind = file_kind(st.st_mode)
+    if kind:
+        raise NormswapError(f"{path} is {kind}, not a regular file; a model's weights must be a plain file")
+    return True
+
+
+def _indexed_files(directory: Path, index: Path) -> list[Path]:
+    from normswap import bounded_load
+
+    try:
+        weight_map = bounded_load.load_json(index, what="a weight index", follow=True)["weight_map"]
         names = sorted(set(weight_map.values()))
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError):
+        raise NormswapError(f"{index} is not a valid weight index (no weight_map)") from None
+    except bounded_load.BoundedLoadError as e:
+        if e.syntax is None:
+            raise
         raise NormswapError(f"{index} is not a valid weight index (no weight_map)") from None
     for name in names:
         path = directory / name
-        if Path(name).is_absolute() or ".." in Path(name).parts:
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
             raise NormswapError(f"{index.name} names {name!r}, which is outside the checkpoint directory")
-        if not path.is_file():
+        if not _regular(path):
             raise NormswapError(f"{directory} is incomplete: {name} is listed in {index.name} but absent")
     return [directory / n for n in names]
 
@@ -239,11 +264,51 @@ class StateDict:
         pass
 
 
+def check_backed(tensors: dict, where: str) -> None:
+    """Refuse, before anything is built from them, tensors that declare more bytes than the file holds.
+
+    A ``.bin`` file stores storages and, per tensor, a view on one: shape, strides and offset. A view
+    may repeat its storage's bytes (stride 0, an ``expand``), so a 16 KB file can declare the shapes
+    of a 3.3B-parameter model that every shape check accepts and that loading then allocates for real
+    (issue #45, case 6). So each tensor must fit in its own storage, and the distinct views together
+    (one view shared by tied weights counts once) must fit in the bytes of the distinct storages."""
+    storages, views, declared = {}, set(), 0
+    for key, t in tensors.items():
+        storage = t.untyped_storage()
+        held = storage.nbytes()
+        need = t.numel() * t.element_size()
+        if need > held:
+            raise NormswapError(
+                f"{where}: tensor {key} declares shape {list(t.shape)} ({need:,} bytes) over {held:,} bytes stored "
+                "(a view that repeats its data): the file does not hold the weights its shapes claim; nothing was built"
+            )
+        storages[(storage.data_ptr(), held)] = held
+        view = (storage.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if view not in views:
+            views.add(view)
+            declared += need
+    held = sum(storages.values())
+    if declared > held:
+        raise NormswapError(
+            f"{where}: its tensors declare {declared:,} bytes over {held:,} bytes stored (views that overlap "
+            "one another): the file does not hold the weights its shapes claim; nothing was built"
+        )
+
+
+def bin_shapes(files: list[Path], label: str) -> dict:
+    """{tensor name: shape} of ``.bin`` weight files, each checked by :func:`check_backed` (memory-mapped:
+    nothing is copied, and a view's declared size is never allocated)."""
+    source = open_bin(files, label)
+    return {k: tuple(t.shape) for k, t in source.tensors.items()}
+
+
 def open_bin(files: list[Path], label: str) -> StateDict:
     """PyTorch .bin weights through the restricted unpickler (tensors and plain containers only)."""
     tensors: dict = {}
     duplicates = []
     for path in files:
+        if not _regular(path):  # checked again just before the open: a FIFO would block torch.load
+            raise NormswapError(f"cannot read weights of {label}: {path.name} is gone")
         try:
             try:
                 loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -259,6 +324,7 @@ def open_bin(files: list[Path], label: str) -> StateDict:
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
         ):
             raise NormswapError(f"cannot read weights of {label}: {path.name} does not hold a flat dict of tensors")
+        check_backed(loaded, f"{label}: {path.name}")
         for key, tensor in loaded.items():
             if key in tensors:
                 duplicates.append(key)

@@ -19,6 +19,7 @@ import click
 
 from normswap.cli.options import target_option
 from normswap.errors import NormswapError
+from normswap.publish import atomic_write_json, check_output_file
 
 
 def shipped() -> list[str]:
@@ -128,6 +129,9 @@ def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, j
 
     from normswap.progress import Heartbeat, stderr_lines
 
+    if json_out:  # before any work: never one of the models read, nor inside one (--json CONV/model... was)
+        reads = [("the model", m) for spec in models for m in spec.split("=")]
+        check_output_file(json_out, force=True, reads=reads, label="--json")
     torch.set_num_threads(threads)
     settings = {"steps": new_tokens, "cache_tokens": cache_tokens, "budget": budget, "target": target}
     results = []
@@ -142,6 +146,4 @@ def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, j
             results.append(measure_decode(source, converted, max_pairs=repeats, progress=beat.update, **settings))
             click.echo(_line(results[-1]))
     if json_out:
-        from normswap.publish import atomic_write_json
-
         atomic_write_json(Path(json_out), {"decode": results, "threads": threads} | settings, indent=1)

@@ -16,7 +16,7 @@ import click
 from normswap.cli.options import device_option, json_option, target_option
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
-from normswap.publish import atomic_write_text
+from normswap.publish import atomic_write_text, check_output_file
 
 
 def _parse_shapes(text):
@@ -106,6 +106,10 @@ def kernels(
     """Median time, GB/s and ratio to LayerNorm for each norm implementation, forward and
     forward+backward (on CUDA also the share of the measured device copy bandwidth), timed in
     interleaved pairs against LayerNorm with a null control (normswap/timing.py)."""
+    for path, label in ((out_path, "--out"), (md_path, "--markdown")):
+        if path:  # before any timing: a directory there, a dangling link, a missing parent is one line
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            check_output_file(path, force=True, label=label)
     bench_kernels = load_bench_script("norm_kernels")
     dev = resolve_device(device)
     if repeats is not None and repeats < 1:
@@ -157,7 +161,6 @@ def kernels(
     md = bench_kernels.format_markdown(result)
     for path, text in ((out_path, json.dumps(result, indent=2) + "\n"), (md_path, md)):
         if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             atomic_write_text(path, text)
     if as_json:
         click.echo(json.dumps(result, indent=2))

@@ -32,6 +32,7 @@ import click
 from normswap.cli.options import onnx_norm_op_option
 from normswap.errors import NormswapError
 from normswap.export import DEFAULT_ONNX_NORM_OP
+from normswap.publish import atomic_write_json, check_output_file
 
 
 def _exported_pair(spec: str) -> dict:
@@ -255,6 +256,9 @@ def onnx(models, repeats, budget, target, threads, sessions, batch, seq_len, min
     from normswap.export.onnx import require_packages
     from normswap.progress import Heartbeat, stderr_lines
 
+    if json_out:  # before any work: never one of the models or graphs read, nor inside one
+        reads = [("the model", m) for spec in models for m in spec.split("=")]
+        check_output_file(json_out, force=True, reads=reads, label="--json")
     require_packages()
     torch.set_num_threads(threads)
     import onnxruntime
@@ -285,8 +289,6 @@ def onnx(models, repeats, budget, target, threads, sessions, batch, seq_len, min
             results.append(r)
             click.echo("\n".join(_lines(r)))
     if json_out:
-        from normswap.publish import atomic_write_json
-
         atomic_write_json(
             Path(json_out),
             {"onnx": results, "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},

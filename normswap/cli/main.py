@@ -100,6 +100,7 @@ def _exit_cleanly_on_sigterm():
     import threading
 
     def stop(signum, frame):
+        print(f"normswap: stopped by {signal.Signals(signum).name}", file=sys.stderr)  # the one line it ends with
         raise SystemExit(128 + signum)
 
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

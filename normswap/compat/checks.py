@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from normswap.compile_cache import compiled
 from normswap.errors import first_line
 
 TOLERANCE = 1e-5
@@ -364,7 +365,7 @@ def check_compile(original, converted, row) -> Cell:
         inputs = _inputs(model)
         if partner is None:
             return {"outputs": {"forward": _forward(model, inputs)}, "models": {"m": model}}
-        return {"outputs": {"forward": _forward(torch.compile(model), inputs)}}
+        return {"outputs": {"forward": _forward(compiled(model), inputs)}}
 
     return side_by_side(run, original, converted, row, exact=row.exact)
 

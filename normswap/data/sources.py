@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from normswap import bounded_load
 from normswap.bounded_load import file_kind
 from normswap.errors import NormswapError, first_line
 from normswap.network import offline_env
@@ -283,7 +284,7 @@ def _utf8_blocks(path: Path) -> Iterator[str]:
     """The file decoded in blocks of READ_BYTES; a character cut by a block's end waits for the next
     block; bytes that are not UTF-8 are refused with the file's line and byte offset."""
     carry, offset, newlines = b"", 0, 0  # undecoded bytes, and the bytes and lines before them
-    with open(path, "rb") as f:
+    with os.fdopen(bounded_load.open_regular(path, what="a text data file", follow=True), "rb") as f:
         while True:
             raw = f.read(READ_BYTES)
             data = carry + raw
@@ -357,20 +358,9 @@ def _text_docs(paths: list[Path]) -> Iterator[str]:
 
 
 def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
-    """A .json file holding one array of records (loaded whole: such files are small by nature)."""
-    data = path.read_bytes()
-    try:
-        rows = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise NormswapError(
-            f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start}); convert the file to UTF-8"
-        ) from None
-    except json.JSONDecodeError as e:
-        raise NormswapError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
-    except RecursionError:
-        raise NormswapError(_too_deep(path)) from None
-    for i, row in enumerate(rows):
+    """A .json file holding one array of records, parsed one record at a time (bounded_load.json_array:
+    a record is held whole, the file never is)."""
+    for i, row in bounded_load.json_array(path, what="a .json data file"):
         if isinstance(row, str):
             yield row
             continue
@@ -393,8 +383,8 @@ def _too_deep(path: Path, lineno: int | None = None) -> str:
 
 
 def _starts_with_array(path: Path) -> bool:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        head = f.read(4096).lstrip()
+    with os.fdopen(bounded_load.open_regular(path, what="a data file", follow=True), "rb") as f:
+        head = f.read(4096).decode("utf-8", errors="replace").lstrip()
     return head.startswith("[")
 
 
@@ -402,35 +392,37 @@ def _jsonl_docs(path: Path, text_field: str) -> Iterator[str]:
     if path.suffix.lower() == ".json" and _starts_with_array(path):
         yield from _json_array_docs(path, text_field)
         return
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise NormswapError(
-                    f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); "
-                    "convert the file to UTF-8"
-                ) from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise NormswapError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-            except RecursionError:
-                raise NormswapError(_too_deep(path, lineno)) from None
-            if not isinstance(row, dict) or text_field not in row:
-                keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
-                raise NormswapError(
-                    f"{path}:{lineno}: no field {text_field!r} (found: {keys}); "
-                    "choose one with text_field / --text-field"
-                )
-            value = row[text_field]
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise NormswapError(f"{path}:{lineno}: field {text_field!r} is {type(value).__name__}, not text")
-            yield value
+    yield from _jsonl_records(path, text_field)  # refusals are bounded_load's one-line NormswapErrors
+
+
+def _jsonl_records(path: Path, text_field: str) -> Iterator[str]:
+    """One record a line, each line held whole only up to bounded_load's per-record cap."""
+    for lineno, raw in bounded_load.lines(path, what="a .jsonl data file"):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise NormswapError(
+                f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); convert the file to UTF-8"
+            ) from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise NormswapError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+        except RecursionError:
+            raise NormswapError(_too_deep(path, lineno)) from None
+        if not isinstance(row, dict) or text_field not in row:
+            keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+            raise NormswapError(
+                f"{path}:{lineno}: no field {text_field!r} (found: {keys}); choose one with text_field / --text-field"
+            )
+        value = row[text_field]
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise NormswapError(f"{path}:{lineno}: field {text_field!r} is {type(value).__name__}, not text")
+        yield value
 
 
 def _parquet_docs(path: Path, text_field: str) -> Iterator[str]:

@@ -50,6 +50,7 @@ import time
 import torch
 
 from normswap import timing
+from normswap.compile_cache import compiled
 from normswap.evaluate.config import SpeedConfig
 from normswap.evaluate.kinds import training_loss
 from normswap.evaluate.perplexity import model_device
@@ -118,7 +119,7 @@ class ModelBench:
         self.kinds = tuple(k for k in cfg.kinds if k in getattr(model, "speed_kinds", cfg.kinds))
         onnx = getattr(model, "is_onnx", False)
         # the compiled wrapper shares the model's parameters and train/eval state
-        self.run = torch.compile(model, mode=cfg.compile_mode) if cfg.compile and not onnx else model
+        self.run = compiled(model, mode=cfg.compile_mode) if cfg.compile and not onnx else model
         self.device = model_device(model)
         vocab = int(model.config.vocab_size)
         g = torch.Generator().manual_seed(cfg.seed)

@@ -30,6 +30,14 @@ TRAIN_DTYPES = ("auto", "float32", "bfloat16", "float64")
 # EVAL_MIN_BLOCKS sequences and at most EVAL_TOKENS_MAX tokens.
 EVAL_TOKENS_MAX = 65536
 EVAL_MIN_BLOCKS = 8
+# Upper bounds of the counts (issue #45): a run reads, holds or repeats in proportion to each, and one
+# given without bound (a typo, a damaged finetune_run.json) ran for minutes into an allocator abort.
+# The same bounds hold for the command line, a recipe and a resumed run's record (option_errors).
+MAX_STEPS = 10_000_000
+MAX_BATCH = 1 << 16  # sequences per optimizer step (memory is checked again against the model)
+MAX_SEQ_LEN = 1 << 20  # also bounded by the model's context
+MAX_EVAL_TOKENS = 1 << 24
+MAX_KEEP = 10_000
 EVAL_RULE = (
     f"default: a quarter of the run's training tokens (steps × batch-size × seq-len), at least {EVAL_MIN_BLOCKS} "
     f"sequences, at most {EVAL_TOKENS_MAX:,}"
@@ -46,29 +54,48 @@ class FinetuneConfig:
     model: str = _opt(dataclasses.MISSING, "the model to fine-tune", kind="str", recipe=False, cli=False)
     out: str = _opt(dataclasses.MISSING, "the output directory", kind="str", recipe=False, cli=False, resume="free")
     data: str = _opt("embedded", "training and held-out corpus", recipe=False)
-    steps: int = _opt(200, "Optimizer steps (--resume: may be raised to train longer).", minimum=1, resume="extend")
+    steps: int = _opt(
+        200, "Optimizer steps (--resume: may be raised to train longer).", minimum=1, maximum=MAX_STEPS, resume="extend"
+    )
     lr: float = _opt(
         3e-4, "Peak learning rate η_max (--resume: may be lowered, e.g. after a divergence).", above=0.0, resume="lower"
     )
-    warmup_steps: int = _opt(20, "Linear warmup: η_t = η_max·min(t/W, 1).", minimum=0)
+    warmup_steps: int = _opt(20, "Linear warmup: η_t = η_max·min(t/W, 1).", minimum=0, maximum=MAX_STEPS)
     schedule: str = _opt("cosine", "Decay after the warmup.", choices=SCHEDULES)
     min_lr_ratio: float = _opt(0.1, "cosine/linear decay ends at this fraction of --lr.", minimum=0.0, maximum=1.0)
-    seq_len: int | None = _opt(None, "Tokens per sequence (default: min(model context, 512)).", kind="int", minimum=2)
-    batch_size: int = _opt(8, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1)
-    grad_accum: int = _opt(1, "Micro-batches per optimizer step (the global batch is still --batch-size).", minimum=1)
+    seq_len: int | None = _opt(
+        None, "Tokens per sequence (default: min(model context, 512)).", kind="int", minimum=2, maximum=MAX_SEQ_LEN
+    )
+    batch_size: int = _opt(
+        8, "Sequences per optimizer step (the global batch, whatever the processes).", minimum=1, maximum=MAX_BATCH
+    )
+    grad_accum: int = _opt(
+        1, "Micro-batches per optimizer step (the global batch is still --batch-size).", minimum=1, maximum=MAX_BATCH
+    )
     seed: int = _opt(0, "Random seed.", recipe=False)
     save_every: int = _opt(
-        0, "Write a resumable checkpoint every K steps (0: never).", minimum=0, resume="free", recipe=False
+        0,
+        "Write a resumable checkpoint every K steps (0: never).",
+        minimum=0,
+        maximum=MAX_STEPS,
+        resume="free",
+        recipe=False,
     )
     keep_checkpoints: int = _opt(
-        2, "Keep this many newest checkpoints (0: all).", minimum=0, resume="free", recipe=False
+        2, "Keep this many newest checkpoints (0: all).", minimum=0, maximum=MAX_KEEP, resume="free", recipe=False
     )
     keep_checkpoints_after_finish: bool = _opt(
         False, "Keep OUT/checkpoints after the final model is written.", resume="free", recipe=False
     )
-    eval_every: int = _opt(0, "Held-out loss every K steps (always at step 0 and at the end).", minimum=0)
+    eval_every: int = _opt(
+        0, "Held-out loss every K steps (always at step 0 and at the end).", minimum=0, maximum=MAX_STEPS
+    )
     eval_tokens: int | None = _opt(
-        None, f"Held-out tokens from the validation split ({EVAL_RULE}).", kind="int", minimum=1
+        None,
+        f"Held-out tokens from the validation split ({EVAL_RULE}).",
+        kind="int",
+        minimum=1,
+        maximum=MAX_EVAL_TOKENS,
     )
     weight_decay: float = _opt(0.01, "AdamW weight decay (never on norms or biases).", minimum=0.0)
     clip_grad: float = _opt(1.0, "Clip the global gradient norm (0: off).", minimum=0.0)

@@ -124,6 +124,16 @@ def resolve_options(cfg: FinetuneConfig, run: RunDir, given: set[str] | None) ->
         )
     run.check()  # a link or another user's directory in OUT is refused before anything loads
     recorded = recorded_run["config"]
+    # the record is a file: its options meet the same declared bounds as the command line's, before
+    # any is compared or used (a stored steps: -3 published a model; batch_size: "8" a TypeError)
+    stored = {f.name: recorded[f.name] for f in options() if isinstance(recorded, dict) and f.name in recorded}
+    bad = [f"{name} {why}" for name, why in option_errors(stored)]
+    if not isinstance(recorded, dict) or bad:
+        raise NormswapError(
+            f"cannot resume {cfg.out}: the options recorded in {run.run_file.name} are not valid: "
+            + ("; ".join(bad) if bad else "no options object")
+            + "; start the run again with --force"
+        )
     mine = dataclasses.asdict(cfg)
     if given is None:
         given = {k for k, v in mine.items() if v is not None}
@@ -225,8 +235,8 @@ class _StopFlag:
         return self
 
     def _handle(self, signum, frame):
-        if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C means "now"
+        if self.signal is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C or SIGTERM means "now"
         self.signal = signum
 
     def __exit__(self, *exc):
@@ -523,6 +533,7 @@ def _prepare(cfg: FinetuneConfig, accelerator, echo) -> tuple[FinetuneConfig, _J
     seq_len = cfg.seq_len or min(context or 512, 512)
     if context is not None and seq_len > context:
         raise NormswapError(f"--seq-len {seq_len} is longer than the model's context ({context})")
+    _check_batch_fits(cfg, config, seq_len, accelerator)
     eval_tokens = cfg.eval_tokens or default_eval_tokens(cfg.steps, cfg.batch_size, seq_len)
     cfg = dataclasses.replace(cfg, seq_len=seq_len, eval_tokens=eval_tokens)
     tokenizer = load_tokenizer(resolved)
@@ -577,6 +588,25 @@ def _prepare(cfg: FinetuneConfig, accelerator, echo) -> tuple[FinetuneConfig, _J
         n_params,
         centring,
     )
+
+
+def _check_batch_fits(cfg: FinetuneConfig, config, seq_len: int, accelerator) -> None:
+    """Refuse, before the data or the model is read, a micro-batch whose logits alone (forward, their
+    log-softmax and its gradient, in float32) cannot fit in the memory available: such a step never
+    ends, since one allocation can neither finish nor be interrupted (``--batch-size 100000000`` ran
+    six minutes, ignored SIGTERM and ended in an allocator abort)."""
+    from normswap.checkpoint.sizes import check_fits
+    from normswap.devices import available_memory
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = int(getattr(text, "vocab_size", 0) or 0)
+    rows = cfg.batch_size // (cfg.grad_accum * accelerator.num_processes)
+    need = 3 * 4 * rows * seq_len * max(vocab, 1)
+    what = f"one micro-batch's logits ({rows:,} × {seq_len:,} × {vocab:,})"
+    try:
+        check_fits(need, available_memory(str(accelerator.device)), cfg.model, what)
+    except NormswapError as e:
+        raise NormswapError(f"{e}: lower --batch-size or --seq-len, or raise --grad-accum") from None
 
 
 def _start_out(run: RunDir, cfg: FinetuneConfig, accelerator) -> None:

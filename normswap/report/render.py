@@ -454,7 +454,21 @@ def eval_terms(results) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------- markdown
+def _markdown_safe(value):
+    """``value`` with every string's ``&``, ``<`` and ``>`` written as entities, as report.html escapes
+    them: a markdown viewer renders raw HTML, and results.json strings (model names, tasks, warnings)
+    come from a file that may have been received from anywhere. Entities read the same as text."""
+    if isinstance(value, str):
+        return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    if isinstance(value, dict):
+        return {_markdown_safe(k): _markdown_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_markdown_safe(v) for v in value]
+    return value
+
+
 def markdown(results, figures: dict[str, Path]) -> str:
+    results = _markdown_safe(results)  # every string from the file, once, before any line is made of it
     out = [f"# {report_title(results)}", ""] + kit.md_warnings(results.get("warnings"))  # thin evidence first
     out += [f"- {line}" for line in _setup_lines(results)]
     if results.get("baseline"):

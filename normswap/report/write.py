@@ -20,7 +20,7 @@ import stat
 import sys
 from pathlib import Path
 
-from normswap.errors import NormswapError
+from normswap import bounded_load
 from normswap.publish import check_output_path, output_lock, publish_dir, publish_files, staging_dir
 from normswap.report.schema import check_results
 
@@ -53,6 +53,7 @@ def all_plots(results, out: Path) -> dict[str, Path]:
 
 
 LOG = "lm_eval.log"
+MAX_RESULTS_BYTES = 64 << 20  # an evaluation's results.json is kilobytes; per-task logs travel beside it
 
 
 def render_into(results: dict, folder: Path, *, log=None, with_results: bool = True) -> dict[str, Path]:
@@ -157,10 +158,8 @@ def rerender(results_path, out=None, *, force: bool = False, say=None) -> dict[s
     is changed or removed, results.json included."""
     say = say or (lambda m: print(f"normswap: {m}", file=sys.stderr))
     results_path = Path(results_path)
-    try:
-        results = json.loads(results_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise NormswapError(f"cannot read {results_path}: {e}") from None
+    # a received file: a regular file (a FIFO or /dev/zero is named, not read), of bounded size
+    results = bounded_load.load_json(results_path, what="a results.json", max_bytes=MAX_RESULTS_BYTES, follow=True)
     check_results(results, results_path)  # a received file: a wrong type is one line, not a traceback
     directory = results_path.parent
     log = _log_beside(results, directory, say)

@@ -37,6 +37,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from normswap.compile_cache import compiled
 from normswap.model_facts import hidden_size_of, norm_modules
 from normswap.modules import RMSNorm
 
@@ -64,7 +65,7 @@ def _rms_formula(x, weight, eps: float):
 
 @functools.cache
 def _compiled_formula():
-    return torch.compile(_rms_formula, dynamic=False)
+    return compiled(_rms_formula, dynamic=False)
 
 
 class CompiledRMSNorm(RMSNorm):
