@@ -38,6 +38,7 @@ def test_bench_decode_reports_ratio_and_null_control(tmp_path, run_cli):
     assert r["pairs"] == 12 and r["cache_tokens"] == 8 and r["decode_steps_per_block"] == 2
     assert r["timing"]["calls_per_sample"] == 2
     assert r["timing"]["balanced"]  # every model as often as the original (#43)
+    assert r["replicas"] == 3 and r["timing"]["replicas"] == {"original": 3, "converted": 3, "null control": 3}
     # control: the converted model is its own run, not the original's seconds again
     assert [o for _, o in r["timing"]["pair_seconds"]["converted"]] != [
         b for b, _ in r["timing"]["pair_seconds"]["converted"]

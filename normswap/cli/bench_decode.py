@@ -7,8 +7,10 @@ are timed by normswap/timing.py: one decode step at batch 1 through a short KV c
 (``--cache-tokens``, cut back before every step so every step costs the same), ``--new-tokens``
 steps per block, in balanced rounds of interleaved pairs (every pair of the three once a round, so
 each runs as often as the original) until every interval is within ``--target`` or ``--budget``
-runs out. Every model runs on memory of its own (evaluate/speed.own_memory). The ratio is converted ÷ original decode speed (> 1: faster) with its 95 % interval and
-verdict, beside the null control's own ratio; the line says how the stop rule ended.
+runs out. Every model runs on memory of its own (evaluate/speed.own_memory), in ``--replicas``
+copies a side that the pairs rotate through (timing.compare's replicas). The ratio is converted ÷
+original decode speed (> 1: faster) with its 95 % interval and verdict, beside the null control's
+own ratio; the line says how the stop rule ended.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def measure_decode(
     target: float,
     max_pairs: int,
     min_pairs: int = 20,
+    replicas: int = 1,
     progress=None,
 ) -> dict:
     """One pair's decode benchmark: the instrument's converted ÷ original and null control ÷
@@ -60,8 +63,7 @@ def measure_decode(
     from normswap.evaluate.config import SpeedConfig
     from normswap.evaluate.speed import ModelBench, compare_kind, machine_load
 
-    models = {"original": load_model(source), "converted": load_model(converted)}
-    models["null control"] = load_model(source)  # the same weights again, at another address
+    specs = {"original": source, "converted": converted, "null control": source}  # the null: the same weights again
     cfg = SpeedConfig(
         repeats=max_pairs,
         warmup=3,
@@ -71,7 +73,9 @@ def measure_decode(
         speed_budget=budget,
         target_halfwidth=target,
     )
-    benches = [ModelBench(name, model.eval(), cfg) for name, model in models.items()]
+    # replicas, loaded round-robin so that no model has all its copies made first or last: each copy's
+    # memory lands somewhere else, and one copy a side is one draw of that placement (2-4 % here)
+    benches = [ModelBench(name, load_model(spec).eval(), cfg) for _ in range(replicas) for name, spec in specs.items()]
     before = machine_load()
     # balanced rounds: every model runs as often as the original (in the default round the baseline
     # runs in every pair, and identical copies in the other slots read 2-5 % slower in some runs, #43)
@@ -84,6 +88,7 @@ def measure_decode(
         "batch": 1,
         "cache_tokens": benches[0].prompt_len,
         "decode_steps_per_block": steps,
+        "replicas": replicas,
         "pairs": cmp.rounds,
         "stop_reason": cmp.stop_reason,
         "elapsed_s": round(cmp.elapsed_s, 1),
@@ -124,8 +129,16 @@ def _line(r: dict) -> str:
 )
 @target_option(0.008)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (batch 1 decode).")
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 16),
+    default=3,
+    show_default=True,
+    help="Copies of each model (the null control's too), each on memory of its own, rotated pair by pair: one copy "
+    "a side is one draw of where its memory landed, which moved identical copies 2-4 % apart here.",
+)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, json_out):
+def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, replicas, json_out):
     """Decode speed at batch 1, converted ÷ original, with a null control, timed in interleaved pairs
     (MODEL: a source to convert, or SOURCE=CONVERTED; default: the shipped models)."""
     import torch  # not at import time: `normswap bench --help` must not load torch
@@ -137,6 +150,7 @@ def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, j
         check_output_file(json_out, force=True, reads=reads, label="--json")
     torch.set_num_threads(threads)
     settings = {"steps": new_tokens, "cache_tokens": cache_tokens, "budget": budget, "target": target}
+    settings["replicas"] = replicas
     results = []
     with (
         tempfile.TemporaryDirectory(prefix="normswap-bench-decode-") as tmp,

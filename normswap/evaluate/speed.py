@@ -389,17 +389,22 @@ def compare_kind(
     (one whole generation for ``generate``); ``cfg.repeats`` pairs at most, ``cfg.speed_budget``
     seconds at most (for ``generate``, warm-up included: as many pairs as fit, counted beforehand)."""
     taking = [b for b in benches if kind in b.timed_kinds()]
-    fns = {b.name: b.operation(kind)[0] for b in taking}
+    # benches sharing a name are replicas of one model (timing.compare rotates through them)
+    copies: dict = {}
+    for b in taking:
+        copies.setdefault(b.name, []).append(b.operation(kind)[0])
+    fns = {name: fs[0] if len(fs) == 1 else fs for name, fs in copies.items()}
     base = baseline if baseline in fns else taking[0].name  # a kind the baseline cannot run: absolute only
     sync = _syncer(taking)
-    fns[base]()  # the first call pays lazy initialisation (the optimizer, the cache): not a calibration
+    for f in copies[base]:
+        f()  # the first call pays lazy initialisation (the optimizer, the cache): not a calibration
     max_pairs, warmup = cfg.repeats, max(cfg.warmup, 1)
     if calls is None and kind == "generate":
         calls = 1
-        max_pairs = min(max_pairs, _generations_within(cfg.speed_budget, fns[base], len(fns), warmup, sync))
+        max_pairs = min(max_pairs, _generations_within(cfg.speed_budget, copies[base][0], len(fns), warmup, sync))
     elif calls is None:
         calls = timing.calibrate_calls(
-            fns[base], cfg.min_time, max_calls=cfg.max_calls, clock=time.perf_counter, sync=sync
+            copies[base][0], cfg.min_time, max_calls=cfg.max_calls, clock=time.perf_counter, sync=sync
         )
     if progress:
         progress(f"speed: {kind}, {len(fns)} models in interleaved pairs of {calls} call(s)")
