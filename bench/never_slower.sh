@@ -4,7 +4,7 @@
 # 1 decode            `normswap bench decode` with its defaults (the shipped models): converted ÷ original
 # 2 decode-swap       the same with the roles swapped (each conversion the baseline, loaded twice as the
 #                     null control; the original the candidate): an unbiased instrument reads the mirror of 1
-# 3 decode-copy       an identical copy of kjv-gpt2's directory as the "converted" model: no difference
+# 3 decode-copy       an identical copy of kjv-gpt2's directory in either slot (candidate, then baseline): no difference
 # 4 decode-2x96       a 2-layer width-96 tied GPT-2 (random init), where the norms are the largest share
 # 5 norms-kjv-gpt2,   `normswap eval speed` original vs exact conversion: time in norm layers (and the
 #   norms-kjv-neox    forward, train step, prefill, decode) with the null control
@@ -24,7 +24,7 @@ python3 bench/make_gpt2_source.py "$tmp/gpt2-2x96" --layers 2 --width 96 --heads
 run() { local name=$1; shift; bash bench/busy_run.sh "$out/$name" "$@" || echo "$name: exit $?" >&2; sed -i "s#$tmp/##g" "$out/$name"/*; }
 run decode normswap bench decode
 run decode-swap normswap bench decode "$tmp/kjv-gpt2-exact=normswap:kjv-gpt2" "$tmp/kjv-neox-exact=normswap:kjv-neox"
-run decode-copy normswap bench decode "normswap:kjv-gpt2=$tmp/kjv-gpt2-copy"
+run decode-copy normswap bench decode "normswap:kjv-gpt2=$tmp/kjv-gpt2-copy" "$tmp/kjv-gpt2-copy=normswap:kjv-gpt2"
 run decode-2x96 normswap bench decode "$tmp/gpt2-2x96"
 for m in kjv-gpt2 kjv-neox; do
   run "norms-$m" normswap eval speed "original=normswap:$m" "exact=$tmp/$m-exact" --baseline original --device cpu \
