@@ -344,13 +344,17 @@ def test_eval_speed_compiles_every_model_the_same_way_in_the_mode_asked(monkeypa
 
 def test_the_report_says_which_kernel_each_models_norms_ran():
     """results.json's norm_time.implementations (what each kind of norm call ran) reaches the report's
-    table notes; results from before it (the committed demo) render without the note."""
+    table notes (the committed demo names normswap's C++ kernel); results from before it (the demo of
+    2026-12-03) render without the note, and with planted implementations, with it."""
     import json
     from pathlib import Path
 
     from normswap.report.render import table_notes
 
-    demo = json.loads((Path(__file__).resolve().parents[1] / "docs" / "demo" / "results.json").read_text())
+    demos = Path(__file__).resolve().parents[1] / "docs" / "demo"
+    (note,) = [n for n in table_notes(json.loads((demos / "results.json").read_text())) if "Norm kernels" in n]
+    assert "original: LayerNorm ×9" in note and "exact: cpu ×" in note  # the committed demo, after #43
+    demo = json.loads((demos / "shared-pages-2026-12-03" / "results.json").read_text())
     assert not any("Norm kernels that ran" in n for n in table_notes(demo))  # the control: nothing recorded
     for m in demo["models"]:
         if m.get("norm_time"):

@@ -290,13 +290,16 @@ def test_time_in_norms_claim_quotes_the_ratio_its_interval_brackets():
 
 def test_eval_speeds_terminal_table_shows_the_norm_time_ratio(capsys):
     """`normswap eval speed` prints the share and, against the baseline, the norm-time ratio with its
-    interval: the demo's run (converted norms ×0.41 of the LayerNorms' time); the baseline, only its share."""
+    interval: the demo's run of 2026-12-03 (converted norms ×0.41 of the LayerNorms' time); the baseline, only
+    its share."""
     import json
     from pathlib import Path
 
     from normswap.cli.eval import _print_speed
 
-    results = json.loads((Path(__file__).resolve().parents[1] / "docs/demo/results.json").read_text())
+    results = json.loads(
+        (Path(__file__).resolve().parents[1] / "docs/demo/shared-pages-2026-12-03/results.json").read_text()
+    )
     _print_speed(results)
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.split()}
     assert "0.7% ×0.41 [0.40–0.42]" in rows["exact"] and "n.d." not in rows["exact"].split("0.7%")[1]
