@@ -43,6 +43,18 @@ def run_cli(capsys):
     return _run
 
 
+@pytest.fixture
+def fresh_autotune(tmp_path, monkeypatch):
+    """The kernel autotuner with no choices in memory and its on-disk table in an empty private
+    directory (``tmp_path``, returned); its in-memory choices are dropped again afterwards."""
+    from normswap.testing import forget_kernel_choices
+
+    monkeypatch.setenv("NORMSWAP_CACHE_DIR", str(tmp_path))
+    forget_kernel_choices()
+    yield tmp_path
+    forget_kernel_choices()
+
+
 @pytest.fixture(scope="session")
 def built_once(tmp_path_factory):
     """``built_once(name, build)`` -> a directory that ``build(path)`` filled, once per test run.

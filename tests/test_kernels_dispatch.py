@@ -16,14 +16,6 @@ from normswap.kernels.reference import rms_norm_reference
 from normswap.testing import forget_kernel_choices
 
 
-@pytest.fixture
-def fresh_autotune(tmp_path, monkeypatch):
-    monkeypatch.setenv("NORMSWAP_CACHE_DIR", str(tmp_path))
-    forget_kernel_choices()
-    yield tmp_path
-    forget_kernel_choices()
-
-
 def test_no_grad_calls_skip_autograd_function_and_custom_op(monkeypatch):
     """On CPU with the compiled kernel, an inference call goes straight to the kernel and a
     training call through one C++ autograd node: neither touches the Python autograd.Function

@@ -22,14 +22,6 @@ from normswap.modules import RMSNorm
 from normswap.testing import forget_kernel_choices, kernel_backend
 
 
-@pytest.fixture
-def fresh_autotune(tmp_path, monkeypatch):
-    monkeypatch.setenv("NORMSWAP_CACHE_DIR", str(tmp_path))
-    forget_kernel_choices()
-    yield tmp_path
-    forget_kernel_choices()
-
-
 # ------------------------------------------------------------------------------ the null control
 def _file_pages(model) -> set[str]:
     """The files whose memory-mapped pages hold any of ``model``'s CPU weights (/proc/self/maps)."""
