@@ -254,11 +254,11 @@ def _triton_function():
     autograd.Function, whose backward is the persistent Triton kernel (fp32 dγ partials)."""
     from normswap.kernels import _ops, triton_kernels
 
-    forward, function = triton_kernels.forward, _ops._EagerRMSNorm.apply
+    forward, with_autograd = triton_kernels.forward, _ops.apply
 
     def triton(x, weight, bias, eps):
         if _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
-            y = function(x, weight, None, eps, "triton")[0]
+            y = with_autograd(x, weight, None, eps, "triton")[0]
         else:
             h = x.shape[-1]
             rows = x.reshape(-1, h)
