@@ -96,8 +96,9 @@ def test_time_in_norms_bars_carry_their_range_beside_the_null_control():
         del row["speed_setup"]["samples"]["norm_share"]
     assert all(r.low is None for r in norm_share_rows(results))
     assert "per-repeat range not recorded" in norm_share_title(results)
-    # timed by the instrument (the demo's run): no whiskers, the title says what the bar is and the null's range
-    demo = json.loads((REPO / "docs" / "demo" / "results.json").read_text())
+    # timed by the instrument (the demo's run of 2026-12-03): no whiskers, the title says what the bar is and
+    # the null's range
+    demo = json.loads((REPO / "docs" / "demo" / "shared-pages-2026-12-03" / "results.json").read_text())
     title = norm_share_title(demo)
     assert all(r.low is None for r in norm_share_rows(demo)) and "medians of the instrument's blocks" in title
     assert "null control ÷ baseline [0.99–1.01]" in title and "too noisy" not in title
