@@ -296,32 +296,23 @@ def compare(
     def one_round(rounds: int, rng: random.Random) -> None:
         rng.shuffle(others)
         if balanced and len(others) > 1:
-            return balanced_round(rounds, rng)
-        for name in others or [baseline]:
-            order = (baseline, name) if rounds % 2 == 0 else (name, baseline)
-            nth = len(pair_seconds[name]) if name != baseline else rounds  # this pair's number
-            pick = _copies_for_pair(copies, baseline, name, nth)
+            names = [baseline, *others]
+            pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+            rng.shuffle(pairs)
+        else:
+            pairs = [(baseline, name) for name in others] or [(baseline, baseline)]  # alone: its speed only
+        for a, b in pairs:
+            order = (a, b) if rounds % 2 == 0 else (b, a)
+            name = b if a == baseline else a  # the side that is not the baseline (alone: the baseline)
+            if baseline in order:
+                nth = len(pair_seconds[name]) if name != baseline else rounds  # this pair's number
+                pick = _copies_for_pair(copies, baseline, name, nth)
+            else:  # a balanced round's pair of two candidates: rotates their copies too
+                pick = {k: copies[k][rounds % len(copies[k])] for k in order}
             seconds = {  # seconds a call: blocks of different lengths compare
                 k: _block(pick[k], calls[k], clock, sync, lead_in) / calls[k] for k in dict.fromkeys(order)
             }
-            if name != baseline:
-                pair_seconds[name].append((seconds[baseline], seconds[name]))
-            for k, sec in seconds.items():
-                blocks[k].append(sec)
-
-    def balanced_round(rounds: int, rng: random.Random) -> None:
-        names = [baseline, *others]
-        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-        rng.shuffle(pairs)
-        for a, b in pairs:
-            order = (a, b) if rounds % 2 == 0 else (b, a)
-            if baseline in order:
-                name = b if a == baseline else a
-                pick = _copies_for_pair(copies, baseline, name, len(pair_seconds[name]))
-            else:  # the candidates' own pair: rotates its copies too
-                pick = {k: copies[k][rounds % len(copies[k])] for k in order}
-            seconds = {k: _block(pick[k], calls[k], clock, sync, lead_in) / calls[k] for k in order}
-            if baseline in order:
+            if baseline in order and name != baseline:
                 pair_seconds[name].append((seconds[baseline], seconds[name]))
             for k, sec in seconds.items():
                 blocks[k].append(sec)

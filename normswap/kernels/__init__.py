@@ -123,12 +123,7 @@ def call_kind(x, weight, bias, residual=None, grad=None) -> tuple:
     width, few rows, γ's dtype or None, β present, residual dtype or None, gradient)."""
     h = x.shape[-1] if x.dim() else 0
     if grad is None:
-        grad = _grad_enabled() and (
-            x.requires_grad
-            or (weight is not None and weight.requires_grad)
-            or (bias is not None and bias.requires_grad)
-            or (residual is not None and residual.requires_grad)
-        )
+        grad = _needs_grad(x, weight, bias, residual)
     return (
         x.device.type,
         x.device.index,
@@ -139,6 +134,15 @@ def call_kind(x, weight, bias, residual=None, grad=None) -> tuple:
         bias is not None,
         None if residual is None else residual.dtype,
         bool(grad),
+    )
+
+
+def _needs_grad(x, weight, bias, residual) -> bool:
+    return _grad_enabled() and (
+        x.requires_grad
+        or (weight is not None and weight.requires_grad)
+        or (bias is not None and bias.requires_grad)
+        or (residual is not None and residual.requires_grad)
     )
 
 
@@ -155,9 +159,7 @@ def describe(kind: tuple) -> str:
 
 def choose(x, weight, bias=None, residual=None, backend=None, grad=None) -> str:
     """The implementation a call like this one runs (``backend`` overrides NORMSWAP_KERNEL)."""
-    requested = requested_backend() if backend is None else backend
-    if requested not in BACKENDS:
-        raise NormswapError(f"unknown RMSNorm backend {requested!r}; expected one of {', '.join(BACKENDS)}")
+    requested = _request(backend, x.device.type)
     if x.dtype == torch.float64 or requested == "torch":
         # float64 is for verification (convert checks its algebra to ~1e-15; the kernels compute in
         # float32)
@@ -166,13 +168,10 @@ def choose(x, weight, bias=None, residual=None, backend=None, grad=None) -> str:
         # Inductor fuses the plain formula (and the residual add) itself; a named backend stays one
         # opaque custom op
         return "torch" if requested == "auto" else requested
-    if requested == "triton" and backend is None and x.device.type != "cuda" and not _triton_interpreting():
-        _warn_triton_on_cpu()
-        requested = "auto"
     if requested != "auto":
         return requested
     if grad is None:
-        grad = call_kind(x, weight, bias, residual)[-1]
+        grad = _needs_grad(x, weight, bias, residual)
     h = x.shape[-1]
     for name in _autotune.ranking(
         x.device, x.dtype, h, x.numel() // max(1, h), grad, weight=weight is not None, residual=residual is not None
@@ -182,6 +181,19 @@ def choose(x, weight, bias=None, residual=None, backend=None, grad=None) -> str:
             continue
         return name
     return "composite"
+
+
+def _request(backend, device_type: str) -> str:
+    """What NORMSWAP_KERNEL (or an explicit ``backend``) asks of a call on ``device_type``: the
+    setting ``triton`` means CUDA tensors, so elsewhere (without the interpreter) it asks for ``auto``,
+    with one warning; an explicit ``backend="triton"`` stays as asked (and refuses a CPU tensor)."""
+    requested = requested_backend() if backend is None else backend
+    if requested not in BACKENDS:
+        raise NormswapError(f"unknown RMSNorm backend {requested!r}; expected one of {', '.join(BACKENDS)}")
+    if requested == "triton" and backend is None and device_type != "cuda" and not _triton_interpreting():
+        _warn_triton_on_cpu()
+        return "auto"
+    return requested
 
 
 def _triton_interpreting() -> bool:
@@ -325,10 +337,8 @@ def backend_for(device, dtype=torch.float32, hidden: int = 768, rows: int = 1024
     """The implementation `auto` runs on a device for calls of this kind (measured on first use)."""
     from normswap.kernels import _ops, autotune
 
-    backend = requested_backend()
     device = torch.device(device)
-    if backend == "triton" and device.type != "cuda" and not _triton_interpreting():
-        backend = "auto"  # NORMSWAP_KERNEL=triton means CUDA tensors (choose())
+    backend = _request(None, device.type)
     if backend != "auto":
         return _ops.resolve(backend, device) if backend not in ("torch", "native") else backend
     return autotune.ranking(device, dtype, hidden, rows, grad)[0]
