@@ -299,7 +299,10 @@ def _inside(directory: Path, root: Path, name: str, cap: int | None = None) -> P
         return None  # a dangling link inside the directory: nothing to read or carry
     st = os.stat(real)
     if not stat.S_ISREG(st.st_mode):
-        raise NormswapError(f"{p} is not a regular file; a model's {name} must be a plain file")
+        from normswap.bounded_load import file_kind
+
+        kind = file_kind(st.st_mode)
+        raise NormswapError(f"{p} is {kind}, not a regular file; a model's {name} must be a plain file")
     if cap is not None and st.st_size > cap:
         raise _too_large(p, name, st.st_size, cap)
     return real
