@@ -218,9 +218,9 @@ def model_root(directory: Path) -> Path:
     return directory
 
 
-MAX_OWN_FILE_BYTES = 64 << 20  # a config, manifest or template is kilobytes (the largest real ones ~2 MB)
-# A vocabulary file holds at most a few strings per id: the largest vocabularies in use have 262,144 ids
-# (their tokenizer.json is 33 MB), and 1 KiB for each of them is 256 MiB.
+MAX_OWN_FILE_BYTES = 64 << 20  # a config, manifest or template holds settings: kilobytes
+# A vocabulary file holds a few short strings per id: 1 KiB for each of 262,144 ids (the largest
+# vocabularies in use) is 256 MiB.
 MAX_VOCABULARY_FILE_BYTES = 256 << 20
 # A sentence-transformers module folder may hold a head's weights (a Dense layer: width x width floats,
 # tens of MB for the widest models); 1 GiB is a 16,384-wide square in float32.

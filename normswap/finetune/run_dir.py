@@ -41,9 +41,9 @@ _OURS = re.compile(r"\.tmp-step-\d+(-old)?")  # the staging names save_checkpoin
 _NOT_WRITABLE_BY_OTHERS = ~(stat.S_IWGRP | stat.S_IWOTH)
 
 
-# A train_log.jsonl read back from a model directory someone handed over (eval's loss curve): one row a
-# step is ~200 bytes, so 256 MiB is over a million steps, far past any healing run; a larger file is
-# refused in one line instead of read (a few GB used to be read whole). A row is at most 64 KiB.
+# A train_log.jsonl read back from a model directory someone handed over (eval's loss curve): a row a
+# step holds a few numbers, so 256 MiB is over a million steps at 256 bytes a row, far past any healing
+# run; a larger file is refused in one line instead of read whole. A row is at most 64 KiB.
 MAX_LOG_BYTES = 256 << 20
 MAX_LOG_ROW_BYTES = 64 << 10
 
