@@ -155,7 +155,7 @@ def test_a_train_log_of_gigabytes_is_refused_not_read_whole(tmp_path, run_cli):
     assert f"at most {MAX_LOG_BYTES >> 20} MiB" in line
     # one row of a megabyte is held only up to the row cap
     from normswap.errors import NormswapError
-    from normswap.evaluate.models import finetune_curve
+    from normswap.evaluate.model_info import finetune_curve
 
     (src / "train_log.jsonl").write_bytes(b'{"step": 1, "loss": "' + b"9" * (1 << 20) + b'"}\n')
     with pytest.raises(NormswapError, match="train_log.jsonl:1: a row longer than"):
