@@ -129,14 +129,22 @@ def _handle(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def stop_on_signals() -> None:
-    """SIGTERM and SIGINT end this command and every process it started (see the module's doc).
+def stop_on_signals():
+    """SIGTERM and SIGINT end this command and every process it started (see the module's doc);
+    returns the function that puts the handlers found back (a program that runs several commands in
+    one process gets its own handlers back after each).
 
     Installed only from the main thread and only over the default handlers, so a program that
     embeds the CLI keeps its own."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _handle)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _handle)
+    found = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+            if signal.getsignal(sig) is default:
+                found[sig] = signal.signal(sig, _handle)
+
+    def restore():
+        for sig, old in found.items():
+            signal.signal(sig, old)
+        _stopping["signal"] = None
+
+    return restore

@@ -99,7 +99,14 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     # SIGTERM unwinds like Ctrl-C (staging removed, locks released) after every process the command
     # started has been ended; SIGKILL cannot be caught: the next run removes what it leaves (publish.py)
-    stop_on_signals()
+    restore = stop_on_signals()
+    try:
+        _run(argv)
+    finally:
+        restore()
+
+
+def _run(argv):
     try:
         cli.main(args=argv, prog_name="normswap", standalone_mode=False)
     except click.exceptions.Abort:
