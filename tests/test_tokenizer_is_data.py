@@ -7,8 +7,9 @@ front of its own: an Oniguruma pattern that backtracks.
   splitting up to 20 non-digits into runs of one or two).
 - PANIC, ``(?:\\D|\\D\\D)+\\d``: past Oniguruma's retry limit on 40 characters, a Rust panic
   (``pyo3_runtime.PanicException``, a BaseException).
-- The TRIGGERED variants start with ``~``: they cost nothing on the load probe (which holds no ``~``) and
-  only bite on a text that has one, so the guard on every encode, not only the probe, is tested.
+- Variants that bite only on ``~``, which the load probe does not hold, so the guard on every encode, not
+  only the probe, is tested: ``~`` + PANIC, and SLOW_ON_TILDES, ``(?:~|~~){1,20}\\d``, about 0.3 s per
+  run of 40 tildes (under the retry limit) and nothing on plain text.
 The control in each test: the unedited tokenizer (the same file less the extra pre-tokenizer) loads and
 gives the same ids as the raw library. On the code before the guard: the SLOW model ignored SIGTERM
 (only SIGKILL ended it, leaving its lock and staging), and PANIC ended in a 50-line traceback.
@@ -30,6 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = r"(?:\D|\D\D){1,20}\d"
 PANIC = r"(?:\D|\D\D)+\d"
+SLOW_ON_TILDES = r"(?:~|~~){1,20}\d"
 TEXT = (
     "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
     "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters.\n"
@@ -136,26 +138,26 @@ def test_panic_during_eval_is_one_line(tmp_path):
 
 
 def test_sigterm_ends_a_command_stuck_in_a_slow_pattern_and_cleans_up(tmp_path):
-    """The SLOW pattern behind a trigger: the load passes, then `eval report` tokenizes a text holding
-    the trigger for hours. SIGTERM ends it within seconds, in one line, its staging and lock removed."""
-    model = _model(tmp_path, "slow", "~" + SLOW)
+    """SLOW_ON_TILDES: the load passes, then `eval report` tokenizes a text of tilde runs for hours.
+    SIGTERM ends it within seconds, in one line, its staging and lock removed."""
+    model = _model(tmp_path, "slow", SLOW_ON_TILDES)
     data = tmp_path / "text.txt"
-    data.write_text((TEXT + "~" + TEXT) * 20)  # hours at 0.03 s a character after each ~
+    data.write_text(("~" * 40 + " ") * 20_000 + TEXT)  # one document, one library call: well over an hour
     out = tmp_path / "report"
     cmd = [
         sys.executable, "-m", "normswap", "eval", "report", str(model), "--data", str(data), "--out", str(out),
-        "--no-speed", "--no-diagnostics", "--no-fidelity", "--tasks", "", "--max-tokens", "64",
+        "--no-speed", "--no-memory", "--no-diagnostics", "--no-fidelity", "--max-tokens", "64",
     ]  # fmt: skip
     err = open(tmp_path / "stderr.txt", "w+")
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         lock = tmp_path / ".report.normswap.lock"
         t0 = time.monotonic()
-        while not lock.exists() and time.monotonic() - t0 < 120:  # the control: the command is at work
+        while not lock.exists() and time.monotonic() - t0 < 30:  # OUT's lock: the command is at work
             assert proc.poll() is None, open(tmp_path / "stderr.txt").read()
             time.sleep(0.2)
         time.sleep(3.0)  # into the tokenization
-        assert proc.poll() is None
+        assert proc.poll() is None  # the control: the text with the trigger keeps it tokenizing
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=15)  # on the code before the guard: TimeoutExpired, the call in Rust ignores it
     finally:
