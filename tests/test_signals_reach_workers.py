@@ -55,13 +55,21 @@ def _wait_for_workers(proc, count, timeout=120.0):
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         assert proc.poll() is None, "the command ended before its workers started"
-        # a worker is ready once normswap.processes.child_started has run: it leads its own process group
-        kids = [p for p in me.children(recursive=True) if _alive(p) and _pgid(p) == p.pid]
+        # a worker is ready once normswap.processes.child_started has run (it leads its own process group),
+        # or, on code without it, once it has worked for a while
+        kids = [p for p in me.children(recursive=True) if _alive(p) and (_pgid(p) == p.pid or _busy(p))]
         if len(kids) >= count:
             time.sleep(1.0)  # let them get into their work
             return me.children(recursive=True)
         time.sleep(0.2)
     raise AssertionError(f"no {count} workers within {timeout} s")
+
+
+def _busy(p) -> bool:
+    try:
+        return "spawn_main" in " ".join(p.cmdline()) and sum(p.cpu_times()[:2]) > 8.0
+    except psutil.Error:
+        return False
 
 
 def _pgid(p):
@@ -136,7 +144,8 @@ def test_sigterm_to_a_study_ends_its_workers(tmp_path, second):
         _cleanup(proc, workers)
     err.seek(0)
     text = err.read()
-    assert proc.returncode == 128 + signal.SIGTERM, text
+    # a second signal after the command has unwound meets the default action: killed by it, at once
+    assert proc.returncode in (128 + signal.SIGTERM, -signal.SIGTERM if second else None), text
     assert "Traceback" not in text and text.count("normswap: stopped by SIGTERM") == 1, text
     assert _own_lines(text) == ["normswap: stopped by SIGTERM"], text
 
