@@ -43,6 +43,7 @@ LAYERS = [
     "compile_cache",  # every torch.compile, with Inductor's and Triton's caches in a private directory
     "network",  # the offline rule and the Hub reachability check
     "progress",  # progress lines at a steady interval for every long command
+    "processes",  # every process normswap starts ends with the command (signals reach every worker)
     "timing",  # the one speed instrument: interleaved pairs, paired ratios, a null control
     "declared",  # options declared once as dataclass fields
     "devices",  # --device / --dtype auto, resolved once

@@ -435,7 +435,7 @@ def test_sigterm_ends_a_command_with_one_line(tmp_path):
     fifo_free_wait = "import time, sys; from normswap.cli.main import main; sys.argv=['normswap']; "
     code = (
         fifo_free_wait
-        + "import normswap.cli.main as m; m._exit_cleanly_on_sigterm(); print('ready', flush=True); time.sleep(60)"
+        + "import normswap.processes as m; m.stop_on_signals(); print('ready', flush=True); time.sleep(60)"
     )
     p = subprocess.Popen(
         [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,

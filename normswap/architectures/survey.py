@@ -130,9 +130,16 @@ def _preload():
     transformers.logging.set_verbosity_error()
 
 
-def _worker_init():
+def _setup():
     torch.set_num_threads(1)
     _preload()
+
+
+def _worker_init():
+    from normswap.processes import child_started
+
+    child_started()  # ends with the survey, whatever ends it
+    _setup()
 
 
 def run_survey(*, convert: Converter, only=None, progress=None, jobs=1) -> list[dict]:
@@ -141,7 +148,7 @@ def run_survey(*, convert: Converter, only=None, progress=None, jobs=1) -> list[
     before any time limit applies)."""
     one = functools.partial(survey_one, convert=convert)
     names = only or model_types()
-    _worker_init() if jobs <= 1 else None
+    _setup() if jobs <= 1 else None
     rows = []
 
     def report(row):

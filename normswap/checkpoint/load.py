@@ -347,7 +347,10 @@ def load_tokenizer(spec):
         raise NormswapError(f"cannot load a tokenizer from {spec}: {first_line(e)}") from None
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
-    return tok
+    from normswap.checkpoint import tokenizer_guard
+
+    # its patterns run under a time budget, interruptible, a panic one line (tokenizer_guard.py)
+    return tokenizer_guard.guard(tok, tokenizer_guard.where_of(resolved))
 
 
 def _one_line(e, limit: int = 400) -> str:

@@ -13,6 +13,7 @@ import sys
 import click
 
 from normswap.errors import NormswapError, is_environmental, os_error_message
+from normswap.processes import stop_on_signals
 from normswap.version import __version__
 
 # command name -> "module:attribute"
@@ -93,24 +94,19 @@ def _debug_requested(argv) -> bool:
     return "--debug" in argv or os.environ.get("NORMSWAP_DEBUG") == "1"
 
 
-def _exit_cleanly_on_sigterm():
-    """SIGTERM unwinds like Ctrl-C, so staging directories are removed and locks released on the way
-    out (SIGKILL cannot be caught: the next run removes what it leaves, see normswap.publish)."""
-    import signal
-    import threading
-
-    def stop(signum, frame):
-        print(f"normswap: stopped by {signal.Signals(signum).name}", file=sys.stderr)  # the one line it ends with
-        raise SystemExit(128 + signum)
-
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, stop)
-
-
 def main(argv=None):
     """Run the CLI; turn user errors into one line and a non-zero exit (traceback with --debug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    _exit_cleanly_on_sigterm()
+    # SIGTERM unwinds like Ctrl-C (staging removed, locks released) after every process the command
+    # started has been ended; SIGKILL cannot be caught: the next run removes what it leaves (publish.py)
+    restore = stop_on_signals()
+    try:
+        _run(argv)
+    finally:
+        restore()
+
+
+def _run(argv):
     try:
         cli.main(args=argv, prog_name="normswap", standalone_mode=False)
     except click.exceptions.Abort:
@@ -140,9 +136,15 @@ def main(argv=None):
         if _debug_requested(argv):
             raise
         _unanticipated(e)
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # a Rust library's panic (pyo3_runtime.PanicException) is no Exception
+        if _debug_requested(argv):
+            raise
+        _unanticipated(e)
 
 
-def _unanticipated(e: Exception):
+def _unanticipated(e: BaseException):
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     click.echo(f"normswap: error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)", err=True)
     sys.exit(1)

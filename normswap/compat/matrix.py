@@ -68,6 +68,9 @@ def run_row(row, *, deadline: float | None = None, report=None, only_columns=Non
 
 
 def _child(row, deadline, only_columns, conn):
+    from normswap.processes import child_started
+
+    child_started()  # ends with the matrix, whatever ends it (and no longer runs the command's handlers)
     try:
         conn.send(run_row(row, deadline=deadline, only_columns=only_columns))
     except BaseException as e:  # noqa: BLE001 — whatever happens goes back as the row's record

@@ -93,6 +93,9 @@ _WORKER: dict = {}
 
 def _worker_init(cfg_fields: dict, rms_impl: str | None, threads: int) -> None:
     """A worker's one-time setup: its thread count, then MODEL, data and held-out blocks rebuilt."""
+    from normswap.processes import child_started
+
+    child_started()  # ends with the study, whatever ends it
     torch.set_num_threads(max(1, threads))
     from normswap.study.config import StudyConfig
     from normswap.study.inputs import open_study_source, study_data
