@@ -128,11 +128,24 @@ def test_builds_where_toolchain_exists():
     assert not cpu.supports(torch.float64)
 
 
-def test_env_switch_disables_without_raising(monkeypatch):
+def test_env_switch_disables_without_raising(monkeypatch, fresh_autotune):
+    """NORMSWAP_CPU_KERNEL=0 is the `cpu` record's switch (normswap.kernels.registry): the record is
+    not ready, `auto` runs something else, and asking for it by name says why in one line."""
+    from normswap.errors import NormswapError
+    from normswap.kernels import registry, rms_norm
+    from normswap.modules import RMSNorm
+
     monkeypatch.setenv("NORMSWAP_CPU_KERNEL", "0")
-    assert cpu.available() is False
-    assert "NORMSWAP_CPU_KERNEL" in cpu.unavailable_reason()
-    assert cpu.supports(torch.float32) is False
+    assert registry.cpu_ready() is False
+    m = RMSNorm(32)
+    with torch.no_grad():
+        m(torch.randn(2, 32))
+    assert "cpu" not in m.kernels_ran.values(), m.kernels_ran
+    with pytest.raises(NormswapError, match="NORMSWAP_CPU_KERNEL=0"):
+        rms_norm(torch.randn(2, 32), backend="cpu")
+    monkeypatch.delenv("NORMSWAP_CPU_KERNEL")  # the control: switched on, the record is ready again
+    if _toolchain_present():
+        assert registry.cpu_ready() is True
 
 
 def test_broken_compiler_falls_back_quietly(monkeypatch, tmp_path, capfd):
