@@ -60,6 +60,8 @@ class Impl:
     # `auto` picks it only when γ is absent or has x's dtype (F.rms_norm otherwise rounds γ to x's
     # dtype and takes a slow path); a request by name still runs it
     weight_in_x_dtype: bool = False
+    # torch's own op (F.rms_norm), none of normswap's code: what a study's ``--kernels torch`` runs too
+    torch_own: bool = False
     # a device type it also runs on where this process allows (Triton's interpreter: CPU tensors)
     also_on: Callable[[str], bool] = lambda device_type: False
 
@@ -352,6 +354,7 @@ register(
         unavailable=lambda: "",
         what="torch's own F.rms_norm (fused on CUDA in recent torch; a composite on CPU)",
         weight_in_x_dtype=True,
+        torch_own=True,
     )
 )
 register(
