@@ -35,8 +35,7 @@ from normswap.errors import NormswapError
 from normswap.evaluate.lm_eval_adapter import unavailable as lm_eval_unavailable
 from normswap.finetune.step import Schedule
 from normswap.study import claims as claims_mod
-from normswap.study import norm_impl
-from normswap.study import measure, migration, sampler, speed, speed_phase
+from normswap.study import measure, migration, norm_impl, sampler, speed, speed_phase
 from normswap.study import results as res
 from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms
 from normswap.study.config import (
