@@ -5,8 +5,8 @@ no test-only switches of its own (no environment variables but the documented us
 docs/architecture.md) and a reader finds every hook in one place. Nothing in the package imports
 this module (tests/test_package_structure.py ranks it above every other part).
 
-- ``kernel_backend(name)``: run a block with NORMSWAP_KERNEL set to ``name`` (the variable is read
-  once per process otherwise).
+- ``kernel_backend(name)``: run a block with the kernel setting set to ``name`` (normswap.kernels.choose
+  reads it once per process otherwise).
 - ``cpu_isa(name)``: force the compiled CPU kernel's instruction set (``baseline``, ``avx2``,
   ``best``); False where that is not possible here.
 - ``forget_kernel_choices()``: drop the autotuner's in-memory rankings and every decision taken from
@@ -24,7 +24,6 @@ this module (tests/test_package_structure.py ranks it above every other part).
 from __future__ import annotations
 
 import contextlib
-import os
 
 from normswap.finetune.trainer import Hooks as FinetuneHooks
 from normswap.study.trainer import Hooks as StudyHooks
@@ -34,17 +33,14 @@ __all__ = ["FinetuneHooks", "StudyHooks", "cpu_isa", "forget_kernel_choices", "k
 
 @contextlib.contextmanager
 def kernel_backend(name: str | None):
-    """NORMSWAP_KERNEL=``name`` inside the block (None: unset), as it was afterwards."""
+    """The kernel setting ``name`` inside the block (None: unset), as it was afterwards."""
     from normswap.kernels import choose
 
-    before = os.environ.get("NORMSWAP_KERNEL")
-    _set_env("NORMSWAP_KERNEL", name)
-    choose.reread()
+    before = choose.set_setting(name)
     try:
         yield
     finally:
-        _set_env("NORMSWAP_KERNEL", before)
-        choose.reread()
+        choose.set_setting(before)
 
 
 def cpu_isa(name: str) -> bool:
@@ -76,10 +72,3 @@ def registered_impl(record):
         else:
             registry.register(before)
         choose.forget()
-
-
-def _set_env(var: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(var, None)
-    else:
-        os.environ[var] = value

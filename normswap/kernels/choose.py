@@ -68,6 +68,17 @@ def setting() -> str:
     return _setting
 
 
+def set_setting(value: str | None) -> str | None:
+    """Set NORMSWAP_KERNEL for this process (None: unset) and read it again; returns what it was."""
+    before = os.environ.get("NORMSWAP_KERNEL")
+    if value is None:
+        os.environ.pop("NORMSWAP_KERNEL", None)
+    else:
+        os.environ["NORMSWAP_KERNEL"] = value
+    reread()
+    return before
+
+
 def reread() -> None:
     """Read NORMSWAP_KERNEL again on the next call; every decision taken is dropped with it."""
     global _setting
