@@ -173,7 +173,7 @@ def test_throughput_null_control_structure(sweep_study):
 def test_rmsnorm_arm_is_gamma_one_and_every_other_weight_identical(tmp_path):
     from normswap.modules import RMSNorm
     from normswap.study.arms import build_arm, open_source
-    from normswap.study.kernels import TorchRMSNorm
+    from normswap.study.norm_impl import TorchRMSNorm
 
     src = open_source(_config(tmp_path), from_scratch=True)
     ln, rms = build_arm(src, "layernorm", 3, "torch"), build_arm(src, "rmsnorm", 3, "torch")

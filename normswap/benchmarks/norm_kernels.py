@@ -395,21 +395,15 @@ HOST_IMPLS = ["LayerNorm_module", "RMSNorm_module", "RMSNorm_weight", "RMSNorm_a
 
 @contextmanager
 def _user_setting(backend: str):
-    """The block runs as a user's NORMSWAP_KERNEL=``backend`` makes it run (the variable set, the kernels
-    told to read it again), and the setting is put back after."""
-    from normswap import kernels
+    """The block runs as a user's NORMSWAP_KERNEL=``backend`` makes it run (set through the kernels'
+    chooser, which owns the setting), and the setting is put back after."""
+    from normswap.kernels import choose
 
-    before = os.environ.get("NORMSWAP_KERNEL")
-    os.environ["NORMSWAP_KERNEL"] = backend
-    kernels.reread_requested_backend()
+    before = choose.set_setting(backend)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("NORMSWAP_KERNEL", None)
-        else:
-            os.environ["NORMSWAP_KERNEL"] = before
-        kernels.reread_requested_backend()
+        choose.set_setting(before)
 
 
 def _stub(x, *args):

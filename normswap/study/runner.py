@@ -35,8 +35,7 @@ from normswap.errors import NormswapError
 from normswap.evaluate.lm_eval_adapter import unavailable as lm_eval_unavailable
 from normswap.finetune.step import Schedule
 from normswap.study import claim_judges as claims_mod
-from normswap.study import kernels as study_kernels
-from normswap.study import measure, migration, sampler, speed, speed_phase
+from normswap.study import measure, migration, norm_impl, sampler, speed, speed_phase
 from normswap.study import results as res
 from normswap.study.arms import build_arm, check_arms, check_replaceable, default_arms
 from normswap.study.config import (
@@ -129,7 +128,7 @@ class Progress:
 
 def _agree_choice(dist: Dist, choice: str) -> str:
     """Process 0's kernel choice for every process (timings differ between processes)."""
-    names = list(study_kernels.RMS_IMPLS)
+    names = list(norm_impl.RMS_IMPLS)
     return names[_agree_index(dist, names.index(choice))] if choice in names else choice
 
 
@@ -459,7 +458,7 @@ def plan_study(cfg: StudyConfig, given, hooks: Hooks, echo) -> Plan:
             f"its peak {cfg.lr:g} and never decays (the schedule is all warmup)"
         )
     baselines = baseline_losses(source, cfg, data["train_split"], data["eval_set"]) if dist.rank == 0 else {}
-    kernel_setup = (recorded or {}).get("kernels") or study_kernels.setup(
+    kernel_setup = (recorded or {}).get("kernels") or norm_impl.setup(
         lambda arm, impl: build_arm(source, arm, 0, cfg.kernels, precision=cfg.precision, rms_impl=impl),
         arms,
         BASELINE,

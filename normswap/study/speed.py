@@ -9,7 +9,7 @@
   order, and time on the machine), steps within a seed are not, so steps never stand in for seeds.
 * **Amdahl bound** (:func:`amdahl_bound`): the most the swap could speed a step up, from the
   baseline's measured norm share ``s`` (profiled steps, study/measure.py) and the kernel speed-up
-  ``k`` of the arm's norm over the baseline's (timed side by side, study/kernels.py):
+  ``k`` of the arm's norm over the baseline's (timed side by side, study/norm_impl.py):
   ``1 / ((1 − s) + s / k)``. Below the claim's threshold the claim cannot be reproduced by the
   swap on this model and machine, whatever the timings say: "not measurable here".
 * **Gates** (:func:`throughput_verdict`), before any verdict: the machine's recorded load
