@@ -42,6 +42,8 @@ LAYERS = [
     "compile_cache",  # every torch.compile, with Inductor's and Triton's caches in a private directory
     "network",  # the offline rule and the Hub reachability check
     "progress",  # progress lines at a steady interval for every long command
+    "host",  # the machine's load average and the CPUs this process may use, read one way
+    "stats",  # intervals, bootstraps, equivalence, power, Holm, sign-flip and the verdict rules
     "timing",  # the one speed instrument: interleaved pairs, paired ratios, a null control
     "declared",  # options declared once as dataclass fields
     "devices",  # --device / --dtype auto, resolved once

@@ -26,7 +26,7 @@ Measurements, on random token ids (throughput does not depend on the values):
 Peak memory is measured by :mod:`normswap.evaluate.memory`.
 
 A null control (``null_control=``: the baseline loaded a second time) is measured like any other
-model, interleaved with the rest; evaluate/stats.py judges every ratio against its spread. The
+model, interleaved with the rest; normswap/stats/verdicts.py judges every ratio against its spread. The
 machine's load average before and after the run and its CPU count come back with the summaries
 (:func:`measure_speed_run`), so a results.json says how busy the machine was.
 
@@ -267,7 +267,7 @@ class ModelBench:
                 "new_tokens": self.new_tokens,
                 "calls_per_measurement": calls,
                 # per kind, against the baseline: {ratio, low, high, pairs, verdict, stop_reason};
-                # ``norms`` is the norm layers' speed (evaluate/stats.py turns it into a time ratio)
+                # ``norms`` is the norm layers' speed (speed_intervals.py turns it into a time ratio)
                 "paired": paired,
             },
         }

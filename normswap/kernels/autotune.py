@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from normswap.errors import first_line
+from normswap.host import load_average
 
 _lock = threading.Lock()
 _memory: dict = {}  # key tuple -> ranking (list of impl names, best first)
@@ -255,7 +256,7 @@ def measure(
         "why": f"{best} {medians[best]:.1f} µs a call at {n}×{h} ({what})"
         + (f" (vs {others})" if others else "")
         + "".join(f"; {c} {why}" for c, why in rejected.items()),
-        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "loadavg": load_average(ndigits=None),
     }
 
 
