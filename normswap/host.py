@@ -1,6 +1,6 @@
 """What this machine is doing: the CPUs this process may run on and the load average, read the same
-way by every measurement that records how busy the machine was (the study's load gate, the
-kernels' autotune table)."""
+way by every measurement that records how busy the machine was (the study's load gate, eval's speed
+setup, the kernels' autotune table)."""
 
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ from normswap.compile_cache import compiled
 from normswap.evaluate.config import SpeedConfig
 from normswap.evaluate.kinds import training_loss
 from normswap.evaluate.perplexity import model_device
+from normswap.host import load_average, usable_cpus
 from normswap.model_facts import context_length, norm_modules
 
 # the first check of the stop rule: fewer pairs than this are never called converged
@@ -312,12 +313,7 @@ def measure_speed(models, config: SpeedConfig | None = None, progress=None) -> d
 
 def machine_load() -> dict:
     """The 1/5/15-minute load averages and the CPUs this process may use (what a busy machine shows)."""
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # not available on this platform
-        load = None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"load_average": load, "cpu_count": os.cpu_count(), "usable_cpus": cpus}
+    return {"load_average": load_average(), "cpu_count": os.cpu_count(), "usable_cpus": usable_cpus()}
 
 
 def measure_speed_run(
