@@ -8,6 +8,7 @@ import statistics
 from helpers import tiny_model
 
 from normswap import timing
+from normswap.stats import verdicts
 
 
 def _check_decode_result(r):
@@ -18,7 +19,7 @@ def _check_decode_result(r):
         assert iv["pairs"] == len(pairs[name]) == r["pairs"]
         # the ratio is the median of per-pair speed ratios (original seconds / its seconds)
         assert iv["ratio"] == statistics.median(base / other for base, other in pairs[name])
-        assert iv["low"] <= iv["ratio"] <= iv["high"] and iv["verdict"] in timing.VERDICTS
+        assert iv["low"] <= iv["ratio"] <= iv["high"] and iv["verdict"] in verdicts.VERDICTS
     assert r["stop_reason"] in (timing.CONVERGED, timing.BUDGET, timing.MAX_PAIRS)
     assert r["batch"] == 1 and len(r["machine"]["load_before"]) == 3
 
@@ -56,7 +57,7 @@ def test_bench_decode_on_its_defaults_times_every_shipped_model(tmp_path, run_cl
         _check_decode_result(r)
         assert r["stop_reason"] == timing.BUDGET and r["pairs"] == 1
         # one pair decides nothing: too few pairs for any verdict but "no difference" / "too noisy"
-        assert r["converted_over_original"]["verdict"] in (timing.NO_DIFFERENCE, timing.TOO_NOISY)
+        assert r["converted_over_original"]["verdict"] in (verdicts.NO_DIFFERENCE, verdicts.TOO_NOISY)
     assert stdout.count("stopped: budget") == 2
 
 

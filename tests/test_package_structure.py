@@ -44,6 +44,8 @@ LAYERS = [
     "network",  # the offline rule and the Hub reachability check
     "progress",  # progress lines at a steady interval for every long command
     "processes",  # every process normswap starts ends with the command (signals reach every worker)
+    "host",  # the machine's load average and the CPUs this process may use, read one way
+    "stats",  # intervals, bootstraps, equivalence, power, Holm, sign-flip and the verdict rules
     "timing",  # the one speed instrument: interleaved pairs, paired ratios, a null control
     "declared",  # options declared once as dataclass fields
     "devices",  # --device / --dtype auto, resolved once

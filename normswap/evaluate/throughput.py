@@ -26,7 +26,7 @@ Measurements, on random token ids (throughput does not depend on the values):
 Peak memory is measured by :mod:`normswap.evaluate.memory`.
 
 A null control (``null_control=``: the baseline loaded a second time) is measured like any other
-model, interleaved with the rest; evaluate/stats.py judges every ratio against its spread. The
+model, interleaved with the rest; normswap/stats/verdicts.py judges every ratio against its spread. The
 machine's load average before and after the run and its CPU count come back with the summaries
 (:func:`measure_speed_run`), so a results.json says how busy the machine was.
 
@@ -54,6 +54,7 @@ from normswap.compile_cache import compiled
 from normswap.evaluate.config import SpeedConfig
 from normswap.evaluate.kinds import training_loss
 from normswap.evaluate.perplexity import model_device
+from normswap.host import load_average, usable_cpus
 from normswap.model_facts import context_length, norm_modules
 
 # the first check of the stop rule: fewer pairs than this are never called converged
@@ -267,7 +268,7 @@ class ModelBench:
                 "new_tokens": self.new_tokens,
                 "calls_per_measurement": calls,
                 # per kind, against the baseline: {ratio, low, high, pairs, verdict, stop_reason};
-                # ``norms`` is the norm layers' speed (evaluate/stats.py turns it into a time ratio)
+                # ``norms`` is the norm layers' speed (speed_intervals.py turns it into a time ratio)
                 "paired": paired,
             },
         }
@@ -312,12 +313,7 @@ def measure_speed(models, config: SpeedConfig | None = None, progress=None) -> d
 
 def machine_load() -> dict:
     """The 1/5/15-minute load averages and the CPUs this process may use (what a busy machine shows)."""
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # not available on this platform
-        load = None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"load_average": load, "cpu_count": os.cpu_count(), "usable_cpus": cpus}
+    return {"load_average": load_average(), "cpu_count": os.cpu_count(), "usable_cpus": usable_cpus()}
 
 
 def measure_speed_run(

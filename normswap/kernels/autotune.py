@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from normswap.errors import first_line
+from normswap.host import load_average
 from normswap.kernels import cpu
 from normswap.kernels.registry import FEW_ROWS, TABLE, cpu_ready
 
@@ -233,7 +234,7 @@ def measure(
         "why": f"{best} {medians[best]:.1f} µs a call at {n}×{h} ({what})"
         + (f" (vs {others})" if others else "")
         + "".join(f"; {c} {why}" for c, why in rejected.items()),
-        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "loadavg": load_average(ndigits=None),
     }
 
 

@@ -172,7 +172,8 @@ class Bar:
 def throughput_bars(results) -> tuple[list[Bar], float]:
     """The ratio chart's bars and its axis top. The axis is sized to the bars and every whisker up to
     ``CLIP_AT`` × the tallest bar; whiskers above it are clipped (``clipped``) and marked."""
-    from normswap.evaluate.stats import intervals_of, measurable
+    from normswap.evaluate.speed_intervals import intervals_of
+    from normswap.stats.verdicts import measurable
 
     models = [
         m
@@ -257,7 +258,7 @@ def draw_ratio_bars(ax, results, c: dict, width: float) -> bool:
     ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
     ax.set_ylim(0, top)
     ax.set_ylabel(f"tokens/s relative to {results.get('baseline')}")
-    from normswap.evaluate.stats import INTERVAL_WORDS, throughput_pairs
+    from normswap.evaluate.speed_intervals import INTERVAL_WORDS, throughput_pairs
 
     how = (
         f"median per-pair ratio, whiskers: {INTERVAL_WORDS}"
@@ -353,8 +354,9 @@ class ShareBar:
 def norm_share_rows(results) -> list[ShareBar]:
     """Every model's norm share with its per-repeat range, and the null control's beside them (its
     spread is what noise alone did). A model whose norm time is no measured difference against the
-    baseline (stats.py's rule, null control included) is drawn hatched."""
-    from normswap.evaluate.stats import intervals_of, measurable
+    baseline (normswap/stats/verdicts.py's rule, null control included) is drawn hatched."""
+    from normswap.evaluate.speed_intervals import intervals_of
+    from normswap.stats.verdicts import measurable
 
     c = colors(results)
     null = results.get("null_control")
@@ -384,7 +386,7 @@ def norm_share_rows(results) -> list[ShareBar]:
 
 def norm_share_title(results) -> str:
     """What the bars and whiskers are, and how much the null control moved the norm time."""
-    from normswap.evaluate.stats import fmt_interval
+    from normswap.evaluate.speed_intervals import fmt_interval
 
     spread = ((results.get("speed_noise") or {}).get("null_spread") or {}).get("norm_ms_per_forward")
     ranged = any(r.low is not None for r in norm_share_rows(results))
@@ -403,7 +405,7 @@ def norm_share_title(results) -> str:
 
 
 def _noisy(results) -> list[str]:
-    from normswap.evaluate.stats import noisy_kinds
+    from normswap.evaluate.speed_intervals import noisy_kinds
 
     return noisy_kinds(results)
 

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
+
+from normswap.host import load_average as host_load_average
 
 FIRST, MEMORY, PROFILE, TIMED = "first", "memory", "profile", "timed"
 MEMORY_STEP = 2
@@ -298,10 +299,9 @@ class NormTimer:
 
 # ---------------------------------------------------------------------------- one arm's probe
 def load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
+    """The 1-minute load average now (normswap/host.py), None where the OS has none."""
+    loads = host_load_average()
+    return loads[0] if loads else None
 
 
 class ArmProbe:
