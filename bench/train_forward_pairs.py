@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Training step and forward, converted ÷ original, with a null control: the instrument of
-`normswap eval speed` (evaluate/speed.py's ModelBench and compare_kind: interleaved pairs, balanced
+`normswap eval speed` (evaluate/throughput.py's ModelBench and compare_kind: interleaved pairs, balanced
 rounds, every model on memory of its own) for these two kinds only, so that a GPT-2-small-sized model
 fits a few minutes.
 
@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from normswap.checkpoint.load import load_model  # noqa: E402
 from normswap.evaluate.config import SpeedConfig  # noqa: E402
-from normswap.evaluate.speed import ModelBench, compare_kind, machine_load  # noqa: E402
+from normswap.evaluate.throughput import ModelBench, compare_kind, machine_load  # noqa: E402
 
 
 def main(argv=None) -> int:
