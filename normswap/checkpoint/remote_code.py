@@ -7,6 +7,7 @@
 # with no normswap installed. So: standard library, torch and transformers only, outside the
 # guarded import below. normswap itself never imports a checkpoint's copy: it builds the same
 # classes from this file (normswap_classes), so a replaced modeling_normswap.py never runs.
+import os
 import warnings
 
 import torch
@@ -65,7 +66,10 @@ class _CenteredEmbedding(nn.Embedding):
     _row_means_of = None
 
     def forward(self, input):
-        w = self.weight
+        # the dict read directly: ``self.weight`` is a Python-level __getattr__ per token
+        w = self._parameters.get("weight")
+        if w is None:  # a parametrized weight takes the ordinary lookup
+            w = self.weight
         if self.max_norm is not None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and w.requires_grad):
             out = super().forward(input)
             return out - out.mean(dim=-1, keepdim=True)
@@ -178,14 +182,27 @@ class _LogitsBiasHead(nn.Linear):
         return (w._version, w.data_ptr(), w.device, beta._version, beta.data_ptr())
 
     def forward(self, input):
+        # this runs once per generated token, where every Python call counts: the parameter and
+        # buffer dicts are read directly (``self.weight`` is a Python-level __getattr__; a
+        # parametrized weight is not in the dict and takes the ordinary lookup), and _source() is
+        # written out
+        w = self._parameters.get("weight")
+        if w is None:
+            w = self.weight
         if self.training and torch.is_grad_enabled():
             self._stale = True
-            return torch.nn.functional.linear(input + self._beta_of.folded_bias, self.weight)
-        if not self._stored and (
-            self._stale or (not torch.compiler.is_compiling() and self._derived_from != self._source())
-        ):
-            self.derive_bias()
-        return torch.nn.functional.linear(input, self.weight, self.bias)
+            return torch.nn.functional.linear(input + self._beta_of.folded_bias, w)
+        if not self._stored and (self._stale or not torch.compiler.is_compiling()):
+            beta = self._beta_of._parameters["folded_bias"]
+            if self._stale or self._derived_from != (
+                w._version,
+                w.data_ptr(),
+                w.device,
+                beta._version,
+                beta.data_ptr(),
+            ):
+                self.derive_bias()
+        return torch.nn.functional.linear(input, w, self._buffers["bias"])
 
     @torch.compiler.disable
     @torch.no_grad()
@@ -381,10 +398,25 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
             warn_unpreserved_outputs(loaded, loaded.config.normswap)
             return model
 
-        def save_pretrained(self, *args, **kwargs):
+        def save_pretrained(self, save_directory, *args, **kwargs):
             if kwargs.get("variant") is None:
                 kwargs["variant"] = weights_variant
-            return source.save_pretrained(self, *args, **kwargs)
+            out = source.save_pretrained(self, save_directory, *args, **kwargs)
+            if type(self)._auto_class is not None and not os.path.isfile(save_directory):
+                # loaded as remote code: the saved folder gets this file as transformers gives any
+                # remote-code model's (is_remote_code, which would do it, answers False below)
+                from transformers.dynamic_module_utils import custom_object_save
+
+                custom_object_save(self, save_directory, config=self.config)
+            return out
+
+        def is_remote_code(cls):
+            # transformers asks this once per generated token, and for a remote-code class then reads
+            # inspect.signature(self.forward) (~120 Python calls) to pass a cache_position argument
+            # to a forward that takes one. These classes run the source class's own forward, which
+            # transformers calls as it calls the original's: the answer the original gets, False.
+            # (The file-copying on save that this answer also switches off is done in save_pretrained.)
+            return False
 
         return type(
             name,
@@ -396,6 +428,7 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
                 "resize_token_embeddings": resize_token_embeddings,
                 "from_pretrained": classmethod(from_pretrained),
                 "save_pretrained": save_pretrained,
+                "is_remote_code": classmethod(is_remote_code),
             },
         )
 

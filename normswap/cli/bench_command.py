@@ -182,10 +182,40 @@ def kernels(
     help="Copies of each model (the null control's too), each on memory of its own, rotated pair by pair: one copy "
     "a side is one draw of where its memory landed, which moved identical copies 2-4 % apart here.",
 )
+@click.option(
+    "--generate-tokens",
+    type=click.IntRange(1),
+    default=32,
+    show_default=True,
+    help="Tokens each timed generate() call produces (greedy, batch 1, after a --cache-tokens prompt).",
+)
+@click.option(
+    "--generate-budget",
+    type=click.FloatRange(0),
+    default=None,
+    help="Seconds of generate() pairs per model at most, after the decode steps.  [default: --budget]",
+)
+@click.option(
+    "--generate/--no-generate", "with_generate", default=True, show_default=True, help="Also time generate() calls."
+)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, replicas, json_out):
+def decode(
+    models,
+    repeats,
+    new_tokens,
+    cache_tokens,
+    budget,
+    target,
+    threads,
+    replicas,
+    generate_tokens,
+    generate_budget,
+    with_generate,
+    json_out,
+):
     """Decode speed at batch 1, converted ÷ original, with a null control, timed in interleaved pairs
-    (MODEL: a source to convert, or SOURCE=CONVERTED; default: the shipped models)."""
+    (MODEL: a source to convert, or SOURCE=CONVERTED; default: the shipped models); then whole generate()
+    calls the same way."""
     from normswap.benchmarks.decode import run_decode
 
     run_decode(
@@ -197,6 +227,8 @@ def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, r
         target=target,
         threads=threads,
         replicas=replicas,
+        generate_tokens=generate_tokens,
+        generate_budget=(budget if generate_budget is None else generate_budget) if with_generate else None,
         json_out=json_out,
         echo=click.echo,
     )

@@ -223,6 +223,23 @@ class ModelBench:
                 token = out.logits[:, -1:].argmax(-1)
                 out = self.run(input_ids=token, use_cache=True, **{self.cache_arg: _cache_of(out)})
 
+    def _generate_call(self):
+        """One call of the model's own ``generate()``, greedy, batch 1, exactly ``new_tokens`` tokens after
+        the prompt: what users call, with the host work transformers adds to every step (preparing the
+        inputs, the logits processors, the stopping criteria) that _generate's bare loop leaves out."""
+        n = self.new_tokens
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        pad = eos[0] if isinstance(eos, list) and eos else eos
+        with torch.inference_mode():
+            self.model.generate(
+                self.prompt,
+                attention_mask=torch.ones_like(self.prompt),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=0 if pad is None else pad,
+            )
+
     def operation(self, kind: str):
         """The zero-argument callable timed for ``kind``, and the tokens one call processes."""
         tokens = self.batch.numel()
@@ -232,6 +249,7 @@ class ModelBench:
             "prefill": (self._prefill, self.prompt_len),
             "decode": (self._decode_step, 1),
             "generate": (self._generate, self.new_tokens),
+            "generate_call": (self._generate_call, self.new_tokens),
             "norms": (self._norms, tokens),
         }[kind]
 
@@ -382,7 +400,7 @@ def compare_kind(
     """One kind (forward, decode, ...) of every bench that has it, timed by normswap/timing.py.
 
     A block is ``calls`` calls, by default as many as make ``cfg.min_time`` seconds on the baseline
-    (one whole generation for ``generate``); ``cfg.repeats`` pairs at most, ``cfg.speed_budget``
+    (one whole generation for ``generate`` and ``generate_call``); ``cfg.repeats`` pairs at most, ``cfg.speed_budget``
     seconds at most (for ``generate``, warm-up included: as many pairs as fit, counted beforehand)."""
     taking = [b for b in benches if kind in b.timed_kinds()]
     # benches sharing a name are replicas of one model (timing.compare rotates through them)
@@ -395,7 +413,7 @@ def compare_kind(
     for f in copies[base]:
         f()  # the first call pays lazy initialisation (the optimizer, the cache): not a calibration
     max_pairs, warmup = cfg.repeats, max(cfg.warmup, 1)
-    if calls is None and kind == "generate":
+    if calls is None and kind in ("generate", "generate_call"):
         calls = 1
         max_pairs = min(max_pairs, _generations_within(cfg.speed_budget, copies[base][0], len(fns), warmup, sync))
     elif calls is None:
