@@ -27,6 +27,7 @@ COMMANDS = {
     "families": "normswap.cli.families:families",
     "run": "normswap.cli.run:run",
     "demo": "normswap.cli.demo:demo",
+    "slice": "normswap.cli.slice:slice_command",
 }
 
 
