@@ -61,6 +61,7 @@ LAYERS = [
     "convert",  # plan, execute, verify; checks discovered families by converting
     "export",  # a checkpoint in another format (stock transformers, ONNX), verified before it is published
     "compat",  # the compatibility matrix: every entry point on an original and its conversion
+    "slice",  # rotate the residual stream of an exact conversion onto its principal directions, delete the rest
     "finetune",  # healing
     "evaluate",  # measurements of every model, fine-tuned ones included
     "report",  # results.json -> markdown, HTML, plots
