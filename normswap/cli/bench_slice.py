@@ -1,0 +1,463 @@
+"""`normswap bench slice`: what slicing buys in speed, and what each basis costs in perplexity.
+
+Speed (the default). A GPT-2-shaped model (default GPT-2 small: 12 × 768, 50,257 tokens, random
+init from its config: the arithmetic is what is timed, not what the weights know) is converted
+exactly in memory and sliced at ``--fraction`` two ways: one PCA rotation for the whole stream
+(``sliced``, what `normswap slice` writes) and SliceGPT's design (``per-layer``: a rotation per
+layer and a k × k shortcut where the stream enters each layer). The rotations are fitted on seeded
+random token ids (a randomly initialised model has no text it knows; the shapes, and so the speed,
+do not depend on the basis). Two comparisons per kind, each with its own null control, in balanced
+rounds of interleaved pairs (normswap/timing.py), every model on memory of its own
+(evaluate/speed.own_memory):
+
+- against the LayerNorm original: the conversion, sliced and per-layer; null: the original again;
+- against the unsliced conversion: sliced and per-layer; null: the conversion again.
+
+Kinds: ``forward`` (batch 1 × ``--seq-len`` tokens, no cache) and ``decode`` (one greedy step at
+batch 1 through a ``--cache-tokens`` KV cache cut back before every step, ``--new-tokens`` steps a
+block: `bench decode`'s operation). The FLOP bound is the ratio of the matmul FLOPs a token costs
+before and after slicing (every matmul that reads or writes the stream shrinks to k/d; attention
+scores do not).
+
+Quality (``--quality``). For each shipped model (or ``--model``): the original, its exact
+conversion and, at every ``--fractions`` value, the three bases (pca, per-layer, random) fitted on
+the embedded corpus's training split, scored on its held-out test books (perplexity, 128-token
+windows, stride 64: the figure docs/models.md quotes), with the parameter count of each (per-layer:
+its shortcut matrices counted). Parameter counts for the GPT-2-small shape at every fraction too.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import click
+
+from normswap.cli.options import target_option
+from normswap.publish import atomic_write_json, check_output_file
+
+SPEED_ARMS = ("original", "conversion", "sliced", "per-layer")
+NULL_ORIGINAL = "null control"
+NULL_CONVERSION = "conversion null control"
+SPEED_KINDS = ("forward", "decode")
+QUALITY_BASES = ("pca", "per-layer", "random")
+DEFAULT_FRACTIONS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5)
+GPT2_SMALL_SHAPE = {"layers": 12, "width": 768, "heads": 12, "vocab": 50257}
+EVAL_SEQ_LEN, EVAL_STRIDE = 128, 64  # the held-out perplexity docs/models.md quotes (121.94 for kjv-gpt2)
+
+
+def gpt2_shaped(layers: int, width: int, heads: int, vocab: int, seed: int = 0):
+    """A randomly initialised GPT2LMHeadModel of this shape (tied head, as GPT-2 ships), in eval mode."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=vocab, n_layer=layers, n_embd=width, n_head=heads, n_positions=1024, bos_token_id=0, eos_token_id=0
+    )
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config).eval()
+
+
+def random_batches(vocab: int, tokens: int, seq_len: int, seed: int) -> list:
+    """Seeded random token ids, [≤ 8, seq_len] a batch, about ``tokens`` in all (at least one block)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, vocab, (max(1, tokens // seq_len), seq_len), generator=g)
+    return list(blocks.split(8))
+
+
+def matmul_flops_per_token(model) -> int:
+    """2 × the weight entries of every Linear / Conv1D and of the tied head, per token: the matmul
+    work a token costs (attention scores excluded: they do not change with the stream's width).
+    Shortcut matrices of the per-layer arm are not weights and are added by the caller."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, Conv1D)):
+            total += module.weight.numel()
+    head = model.get_output_embeddings()
+    if head is not None and not any(head is m for m in model.modules() if isinstance(m, torch.nn.Linear)):
+        total += head.weight.numel()
+    return 2 * total
+
+
+def build_speed_arms(shape: dict, fraction: float, *, calibration_tokens: int, seed: int, say) -> tuple[dict, dict]:
+    """({name: model} for SPEED_ARMS and both null controls, facts): the original, its copy, the
+    exact conversion, its copy and the two sliced arms, each its own object."""
+    from normswap.convert import convert_model
+    from normswap.slice import slice_model
+    from normswap.slice.model import parameter_count
+
+    say(f"building a GPT-2 of {shape} (random init) and converting it exactly")
+    original = gpt2_shaped(**shape, seed=seed)
+    conversion = copy.deepcopy(original)
+    convert_model(conversion, mode="exact")
+    batches = random_batches(shape["vocab"], calibration_tokens, 128, seed)
+    say(f"slicing at {fraction:.0%}: one PCA rotation, and per layer (SliceGPT's design)")
+    pca = slice_model(conversion, batches, fraction, basis="pca", seed=seed)
+    per_layer = slice_model(conversion, batches, fraction, basis="per-layer", seed=seed)
+    models = {
+        "original": original,
+        NULL_ORIGINAL: copy.deepcopy(original),
+        "conversion": conversion,
+        NULL_CONVERSION: copy.deepcopy(conversion),
+        "sliced": pca.model.eval(),
+        "per-layer": per_layer.model.eval(),
+    }
+    d, k = pca.hidden_size, pca.width
+    before = matmul_flops_per_token(conversion)
+    after = matmul_flops_per_token(pca.model)
+    shortcuts = per_layer.parameters_after - parameter_count(per_layer.model)  # the k × k hooks, counted by slice
+    facts = {
+        "hidden_size": d,
+        "width": k,
+        "fraction": fraction,
+        "parameters": {
+            "original": parameter_count(original),
+            "conversion": parameter_count(conversion),
+            "sliced": pca.parameters_after,
+            "per-layer": per_layer.parameters_after,
+        },
+        "matmul_flops_per_token": {"conversion": before, "sliced": after, "per-layer": after + 2 * shortcuts},
+        "flop_bound": before / after,
+        "flop_bound_per_layer": before / (after + 2 * shortcuts),
+        "calibration": f"{sum(int(b.numel()) for b in batches):,} seeded random token ids (random-init model)",
+    }
+    return models, facts
+
+
+def _ratio(r) -> dict:
+    return r.to_json()
+
+
+def measure_speed(models: dict, *, seq_len, cache_tokens, steps, budget, target, max_pairs, progress=None) -> dict:
+    """Both comparisons for every kind: {kind: {"vs_original": ..., "vs_conversion": ...}}."""
+    from normswap.evaluate.config import SpeedConfig
+    from normswap.evaluate.speed import ModelBench, compare_kind, machine_load
+
+    cfg = SpeedConfig(
+        repeats=max_pairs,
+        warmup=2,
+        batch_size=1,
+        seq_len=seq_len,
+        prompt_len=cache_tokens,
+        new_tokens=2,
+        kinds=("forward", "generate"),
+        speed_budget=budget,
+        target_halfwidth=target,
+    )
+    benches = {name: ModelBench(name, model, cfg) for name, model in models.items()}
+    plans = {
+        "vs_original": ("original", NULL_ORIGINAL, ("conversion", "sliced", "per-layer")),
+        "vs_conversion": ("conversion", NULL_CONVERSION, ("sliced", "per-layer")),
+    }
+    out: dict = {}
+    for kind in SPEED_KINDS:
+        out[kind] = {}
+        for label, (base, null, candidates) in plans.items():
+            taking = [benches[base], benches[null], *(benches[c] for c in candidates)]
+            before = machine_load()["load_average"]
+            cmp = compare_kind(
+                taking,
+                kind,
+                cfg,
+                base,
+                null,
+                progress,
+                calls=steps if kind == "decode" else None,
+                balanced=True,
+            )
+            unit = 1 if kind == "decode" else seq_len
+            out[kind][label] = {
+                "baseline": base,
+                "ratios": {c: _ratio(cmp[c]) for c in candidates},
+                "null_control": _ratio(cmp.null),
+                "tokens_per_second": {n: unit / s for n, s in cmp.seconds_per_call.items()},
+                "pairs": cmp.rounds,
+                "stop_reason": cmp.stop_reason,
+                "elapsed_s": round(cmp.elapsed_s, 1),
+                "calls_per_sample": cmp.calls_per_sample,
+                "load_before": before,
+                "load_after": machine_load()["load_average"],
+                "timing": cmp.to_json(samples=True),
+            }
+    return out
+
+
+def speed_goals(result: dict) -> dict:
+    """The issue's goals, read off the lower ends of the intervals: forward ≥ 1.28 and decode ≥ 1.20
+    against both baselines, every null control inside ±2 %."""
+    need = {"forward": 1.28, "decode": 1.20}
+    goals = {}
+    for kind, floor in need.items():
+        for label, run in result["speed"][kind].items():
+            low = run["ratios"]["sliced"]["low"]
+            goals[f"{kind} sliced {label} low >= {floor}"] = {"low": low, "met": low >= floor}
+            null = run["null_control"]
+            goals[f"{kind} null control {label} inside ±2%"] = {
+                "interval": [null["low"], null["high"]],
+                "met": 0.98 <= null["low"] and null["high"] <= 1.02,
+            }
+    return goals
+
+
+def _speed_lines(result: dict) -> list[str]:
+    f = result["facts"]
+    lines = [
+        f"width {f['hidden_size']} -> {f['width']} ({f['fraction']:.0%} deleted); parameters "
+        + ", ".join(f"{k} {v:,}" for k, v in f["parameters"].items())
+        + f"; FLOP bound x{f['flop_bound']:.3f} (per-layer x{f['flop_bound_per_layer']:.3f})"
+    ]
+    for kind, runs in result["speed"].items():
+        for label, run in runs.items():
+            ratios = "; ".join(
+                f"{c} x{r['ratio']:.3f} [{r['low']:.3f}-{r['high']:.3f}] ({r['verdict']})"
+                for c, r in run["ratios"].items()
+            )
+            n = run["null_control"]
+            lines.append(
+                f"{kind} {label.replace('_', ' ')}: {ratios}; null control x{n['ratio']:.3f} "
+                f"[{n['low']:.3f}-{n['high']:.3f}] ({n['verdict']}); {run['pairs']} rounds, stopped: "
+                f"{run['stop_reason']} after {run['elapsed_s']:.0f} s; load {run['load_before']} -> {run['load_after']}"
+            )
+    for goal, g in result["goals"].items():
+        lines.append(f"goal {goal}: {'met' if g['met'] else 'NOT met'} ({g.get('low', g.get('interval'))})")
+    return lines
+
+
+# -- quality ------------------------------------------------------------------------------------
+
+
+def held_out_perplexity(model, tokenizer, text: str) -> float:
+    from normswap.evaluate.perplexity import perplexity
+
+    return float(perplexity(model, tokenizer, text, seq_len=EVAL_SEQ_LEN, stride=EVAL_STRIDE).perplexity)
+
+
+def measure_quality(spec: str, fractions, *, calibration_tokens: int, seed: int, say) -> dict:
+    """One model's perplexity on the held-out books before healing: the original, the conversion,
+    and every basis at every fraction, with parameter counts."""
+    import normswap
+    from normswap.convert import convert_model
+    from normswap.data import load_text
+    from normswap.slice import calibration_batches, slice_model
+    from normswap.slice.calibrate import block_length
+    from normswap.slice.model import parameter_count
+
+    original = normswap.load_model(spec).eval()
+    tokenizer = normswap.load_tokenizer(spec)
+    text = load_text("embedded", "test")
+    conversion = copy.deepcopy(original)
+    convert_model(conversion, mode="exact")
+    batches = calibration_batches(tokenizer, "embedded", calibration_tokens, block_length(original.config), seed=seed)
+    say(f"{spec}: scoring the original and its conversion")
+    row = {
+        "model": spec,
+        "hidden_size": int(original.config.hidden_size),
+        "calibration_tokens": sum(int(b.numel()) for b in batches),
+        "original": {
+            "perplexity": held_out_perplexity(original, tokenizer, text),
+            "parameters": parameter_count(original),
+        },
+        "conversion": {
+            "perplexity": held_out_perplexity(conversion, tokenizer, text),
+            "parameters": parameter_count(conversion),
+        },
+        "fractions": [],
+    }
+    for fraction in fractions:
+        entry = {"fraction": fraction}
+        for basis in QUALITY_BASES:
+            say(f"{spec}: {basis} basis at {fraction:.0%}")
+            r = slice_model(conversion, batches, fraction, basis=basis, seed=seed)
+            entry["width"] = r.width
+            entry[basis] = {
+                "perplexity": held_out_perplexity(r.model.eval(), tokenizer, text),
+                "parameters": r.parameters_after,
+                "kept_energy": r.kept_energy_total,
+            }
+            del r
+        row["fractions"].append(entry)
+    return row
+
+
+def count_shape_parameters(shape: dict, fractions, *, seed: int) -> dict:
+    """Parameter counts of a GPT-2 of ``shape`` (random init) sliced at each fraction, one rotation
+    and per layer (its shortcuts counted)."""
+    from normswap.convert import convert_model
+    from normswap.slice import slice_model
+    from normswap.slice.model import parameter_count
+
+    model = gpt2_shaped(**shape, seed=seed)
+    original = parameter_count(model)
+    convert_model(model, mode="exact")
+    batches = random_batches(shape["vocab"], 256, 128, seed)
+    rows = []
+    for fraction in fractions:
+        pca = slice_model(model, batches, fraction, basis="pca", seed=seed)
+        per_layer = slice_model(model, batches, fraction, basis="per-layer", seed=seed)
+        rows.append(
+            {
+                "fraction": fraction,
+                "width": pca.width,
+                "pca": pca.parameters_after,
+                "per-layer": per_layer.parameters_after,
+            }
+        )
+        del pca, per_layer
+    return {"shape": shape, "original": original, "fractions": rows}
+
+
+def quality_goals(rows: list[dict], fraction: float = 0.25) -> dict:
+    """Default within 1 % of per-layer's perplexity at ``fraction``, far below random's (at least
+    half of random's excess over the conversion); fewer parameters than the original at every F ≥ 0.1."""
+    goals = {}
+    for row in rows:
+        for entry in row["fractions"]:
+            if abs(entry["fraction"] - fraction) < 1e-9:
+                pca, per, rnd = (entry[b]["perplexity"] for b in QUALITY_BASES)
+                conv = row["conversion"]["perplexity"]
+                goals[f"{row['model']} pca within 1% of per-layer at {fraction:.0%}"] = {
+                    "ratio": pca / per,
+                    "met": pca <= per * 1.01,
+                }
+                goals[f"{row['model']} pca far below random at {fraction:.0%}"] = {
+                    "pca_excess": pca - conv,
+                    "random_excess": rnd - conv,
+                    "met": (pca - conv) < 0.5 * (rnd - conv),
+                }
+        fewer = all(e["pca"]["parameters"] < row["original"]["parameters"] for e in row["fractions"])
+        goals[f"{row['model']} fewer parameters than the original at every fraction"] = {"met": fewer}
+    return goals
+
+
+def _quality_lines(result: dict) -> list[str]:
+    lines = []
+    for row in result["quality"]:
+        lines.append(
+            f"{row['model']} (width {row['hidden_size']}): original {row['original']['perplexity']:.3f} "
+            f"({row['original']['parameters']:,} parameters), conversion {row['conversion']['perplexity']:.3f}"
+        )
+        lines.append("  fraction  width  " + "  ".join(f"{b:>22}" for b in QUALITY_BASES))
+        for e in row["fractions"]:
+            cells = "  ".join(f"{e[b]['perplexity']:>10.3f} ({e[b]['parameters']:>9,})" for b in QUALITY_BASES)
+            lines.append(f"  {e['fraction']:>8.2f}  {e['width']:>5}  {cells}")
+    shape = result.get("shape_parameters")
+    if shape:
+        lines.append(f"GPT-2 {shape['shape']}: original {shape['original']:,} parameters")
+        for e in shape["fractions"]:
+            lines.append(f"  {e['fraction']:.2f}: width {e['width']}, pca {e['pca']:,}, per-layer {e['per-layer']:,}")
+    for goal, g in result["goals"].items():
+        lines.append(f"goal {goal}: {'met' if g['met'] else 'NOT met'}")
+    return lines
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    from normswap.errors import NormswapError
+
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise NormswapError(f"--fractions: a comma-separated list of numbers in (0, 1), got {text!r}") from None
+    if not values or not all(0 < v < 1 for v in values):
+        raise NormswapError(f"--fractions: every fraction must be in (0, 1), got {text!r}")
+    return values
+
+
+@click.command("slice")
+@click.option("--fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.25,
+              show_default=True, help="Speed: the share of the stream's width deleted.")  # fmt: skip
+@click.option("--layers", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["layers"], show_default=True)
+@click.option("--width", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["width"], show_default=True)
+@click.option("--heads", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["heads"], show_default=True)
+@click.option("--vocab", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["vocab"], show_default=True)
+@click.option("--seq-len", type=click.IntRange(1), default=128, show_default=True, help="Forward: tokens at batch 1.")
+@click.option("--cache-tokens", type=click.IntRange(1), default=32, show_default=True, help="Decode: the KV cache.")
+@click.option("--new-tokens", type=click.IntRange(1), default=5, show_default=True, help="Decode steps a block.")
+@click.option("--budget", type=click.FloatRange(0), default=60.0, show_default=True,
+              help="Seconds of pairs per comparison (two per kind) at most.")  # fmt: skip
+@click.option("--repeats", type=click.IntRange(1), default=2000, show_default=True,
+              help="Rounds per comparison at most.")  # fmt: skip
+@target_option(0.01)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads.")
+@click.option("--calibration-tokens", type=click.IntRange(1), default=None,
+              help="Tokens the rotations are fitted on (speed: 1,024 random ids; quality: 32,768 of the "
+              "training split).")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--quality", is_flag=True,
+              help="Perplexity on the held-out books per basis and fraction instead of speed.")  # fmt: skip
+@click.option("--model", "models", multiple=True, help="Quality: the models (default: the shipped ones).")
+@click.option("--fractions", default=",".join(str(f) for f in DEFAULT_FRACTIONS), show_default=True,
+              help="Quality: the fractions, comma-separated.")  # fmt: skip
+@click.option("--shape-parameters/--no-shape-parameters", default=True, show_default=True,
+              help="Quality: also count the parameters of the GPT-2 shape (--layers ...) at every "
+              "fraction.")  # fmt: skip
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
+def slice_bench(
+    fraction, layers, width, heads, vocab, seq_len, cache_tokens, new_tokens, budget, repeats, target, threads,
+    calibration_tokens, seed, quality, models, fractions, shape_parameters, json_out,
+):  # fmt: skip
+    """Sliced models against the exact conversion and the LayerNorm original: speed of a GPT-2 shape
+    (forward and decode at batch 1, null controls, the per-layer design beside it), or with --quality the
+    perplexity of each basis at each fraction on the shipped models, with parameter counts."""
+    import torch
+
+    from normswap.evaluate.speed import machine_load
+    from normswap.progress import Heartbeat, stderr_lines
+
+    if json_out:
+        check_output_file(json_out, force=True, reads=[("the model", m) for m in models], label="--json")
+    torch.set_num_threads(threads)
+    shape = {"layers": layers, "width": width, "heads": heads, "vocab": vocab}
+    t0 = time.perf_counter()
+    result: dict = {"threads": threads, "seed": seed, "machine_before": machine_load()}
+    with Heartbeat(stderr_lines("[normswap bench slice] ")) as beat:
+        if quality:
+            from normswap.cli.bench_decode import shipped
+
+            fracs = _fractions(fractions)
+            result["quality"] = [
+                measure_quality(m, fracs, calibration_tokens=calibration_tokens or 32_768, seed=seed, say=beat.say)
+                for m in (models or shipped())
+            ]
+            if shape_parameters:
+                beat.say(f"counting parameters of the GPT-2 shape {shape}")
+                result["shape_parameters"] = count_shape_parameters(shape, fracs, seed=seed)
+            result["goals"] = quality_goals(result["quality"])
+            lines = _quality_lines(result)
+        else:
+            arms, facts = build_speed_arms(
+                shape, fraction, calibration_tokens=calibration_tokens or 1024, seed=seed, say=beat.say
+            )
+            result["facts"] = facts
+            result["settings"] = {
+                "seq_len": seq_len,
+                "cache_tokens": cache_tokens,
+                "decode_steps_per_block": new_tokens,
+                "budget": budget,
+                "target": target,
+                "repeats": repeats,
+                "balanced": True,
+            }
+            result["speed"] = measure_speed(
+                arms,
+                seq_len=seq_len,
+                cache_tokens=cache_tokens,
+                steps=new_tokens,
+                budget=budget,
+                target=target,
+                max_pairs=repeats,
+                progress=beat.update,
+            )
+            result["goals"] = speed_goals(result)
+            lines = _speed_lines(result)
+    result["machine_after"] = machine_load()
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    for line in lines:
+        click.echo(line)
+    if json_out:
+        atomic_write_json(Path(json_out), result, indent=1)
