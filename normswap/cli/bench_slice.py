@@ -10,8 +10,11 @@ do not depend on the basis). Two comparisons per kind, each with its own null co
 rounds of interleaved pairs (normswap/timing.py), every model on memory of its own
 (evaluate/speed.own_memory):
 
-- against the LayerNorm original: the conversion, sliced and per-layer; null: the original again;
+- against the LayerNorm original: the conversion and sliced; null: the original again;
 - against the unsliced conversion: sliced and per-layer; null: the conversion again.
+
+Four models a comparison: a balanced round times every pair of them (six pairs), and a forward of
+GPT-2 small at 1 × 128 takes a few tenths of a second on one core, so every model more costs rounds.
 
 Kinds: ``forward`` (batch 1 × ``--seq-len`` tokens, no cache) and ``decode`` (one greedy step at
 batch 1 through a ``--cache-tokens`` KV cache cut back before every step, ``--new-tokens`` steps a
@@ -29,6 +32,8 @@ its shortcut matrices counted). Parameter counts for the GPT-2-small shape at ev
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -134,7 +139,9 @@ def _ratio(r) -> dict:
     return r.to_json()
 
 
-def measure_speed(models: dict, *, seq_len, cache_tokens, steps, budget, target, max_pairs, progress=None) -> dict:
+def measure_speed(
+    models: dict, *, seq_len, cache_tokens, steps, budget, decode_budget, target, max_pairs, progress=None
+) -> dict:
     """Both comparisons for every kind: {kind: {"vs_original": ..., "vs_conversion": ...}}."""
     from normswap.evaluate.config import SpeedConfig
     from normswap.evaluate.speed import ModelBench, compare_kind, machine_load
@@ -152,7 +159,7 @@ def measure_speed(models: dict, *, seq_len, cache_tokens, steps, budget, target,
     )
     benches = {name: ModelBench(name, model, cfg) for name, model in models.items()}
     plans = {
-        "vs_original": ("original", NULL_ORIGINAL, ("conversion", "sliced", "per-layer")),
+        "vs_original": ("original", NULL_ORIGINAL, ("conversion", "sliced")),
         "vs_conversion": ("conversion", NULL_CONVERSION, ("sliced", "per-layer")),
     }
     out: dict = {}
@@ -161,10 +168,11 @@ def measure_speed(models: dict, *, seq_len, cache_tokens, steps, budget, target,
         for label, (base, null, candidates) in plans.items():
             taking = [benches[base], benches[null], *(benches[c] for c in candidates)]
             before = machine_load()["load_average"]
+            budgeted = cfg if kind == "forward" else dataclasses.replace(cfg, speed_budget=decode_budget)
             cmp = compare_kind(
                 taking,
                 kind,
-                cfg,
+                budgeted,
                 base,
                 null,
                 progress,
@@ -238,19 +246,20 @@ def held_out_perplexity(model, tokenizer, text: str) -> float:
     return float(perplexity(model, tokenizer, text, seq_len=EVAL_SEQ_LEN, stride=EVAL_STRIDE).perplexity)
 
 
-def measure_quality(spec: str, fractions, *, calibration_tokens: int, seed: int, say) -> dict:
+def measure_quality(spec: str, fractions, *, calibration_tokens: int, seed: int, say, eval_tokens: int = 0) -> dict:
     """One model's perplexity on the held-out books before healing: the original, the conversion,
     and every basis at every fraction, with parameter counts."""
     import normswap
     from normswap.convert import convert_model
     from normswap.data import load_text
+    from normswap.evaluate.perplexity import truncate_text
     from normswap.slice import calibration_batches, slice_model
     from normswap.slice.calibrate import block_length
     from normswap.slice.model import parameter_count
 
     original = normswap.load_model(spec).eval()
     tokenizer = normswap.load_tokenizer(spec)
-    text = load_text("embedded", "test")
+    text, _ = truncate_text(load_text("embedded", "test"), tokenizer, eval_tokens)
     conversion = copy.deepcopy(original)
     convert_model(conversion, mode="exact")
     batches = calibration_batches(tokenizer, "embedded", calibration_tokens, block_length(original.config), seed=seed)
@@ -259,6 +268,7 @@ def measure_quality(spec: str, fractions, *, calibration_tokens: int, seed: int,
         "model": spec,
         "hidden_size": int(original.config.hidden_size),
         "calibration_tokens": sum(int(b.numel()) for b in batches),
+        "eval": {"split": "test", "max_tokens": eval_tokens, "seq_len": EVAL_SEQ_LEN, "stride": EVAL_STRIDE},
         "original": {
             "perplexity": held_out_perplexity(original, tokenizer, text),
             "parameters": parameter_count(original),
@@ -356,6 +366,49 @@ def _quality_lines(result: dict) -> list[str]:
     return lines
 
 
+def slice_curve(quality: list[dict], speed: dict | None = None) -> dict:
+    """results.json's ``slice_curve`` (docs/results-schema.md) from the quality rows and, when given,
+    a speed run's result (the bench's JSON without --quality): what report/plots.py draws."""
+    curve = {
+        "perplexity": [
+            {
+                "model": row["model"],
+                "original": row["original"]["perplexity"],
+                "conversion": row["conversion"]["perplexity"],
+                "points": [
+                    {
+                        "fraction": e["fraction"],
+                        "width": e["width"],
+                        "perplexity": {b: e[b]["perplexity"] for b in QUALITY_BASES},
+                        "parameters": {b: e[b]["parameters"] for b in QUALITY_BASES},
+                    }
+                    for e in row["fractions"]
+                ],
+            }
+            for row in quality
+        ],
+        "speed": [],
+    }
+    if speed:
+        facts = speed["facts"]
+        for kind, runs in speed["speed"].items():
+            for run in runs.values():
+                r = run["ratios"]["sliced"]
+                curve["speed"].append(
+                    {
+                        "fraction": facts["fraction"],
+                        "kind": kind,
+                        "baseline": run["baseline"],
+                        "ratio": r["ratio"],
+                        "low": r["low"],
+                        "high": r["high"],
+                        "null_control": [run["null_control"]["low"], run["null_control"]["high"]],
+                        "flop_bound": facts["flop_bound"],
+                    }
+                )
+    return curve
+
+
 def _fractions(text: str) -> tuple[float, ...]:
     from normswap.errors import NormswapError
 
@@ -378,8 +431,10 @@ def _fractions(text: str) -> tuple[float, ...]:
 @click.option("--seq-len", type=click.IntRange(1), default=128, show_default=True, help="Forward: tokens at batch 1.")
 @click.option("--cache-tokens", type=click.IntRange(1), default=32, show_default=True, help="Decode: the KV cache.")
 @click.option("--new-tokens", type=click.IntRange(1), default=5, show_default=True, help="Decode steps a block.")
-@click.option("--budget", type=click.FloatRange(0), default=60.0, show_default=True,
-              help="Seconds of pairs per comparison (two per kind) at most.")  # fmt: skip
+@click.option("--budget", type=click.FloatRange(0), default=90.0, show_default=True,
+              help="Seconds of forward pairs per comparison (two) at most.")  # fmt: skip
+@click.option("--decode-budget", type=click.FloatRange(0), default=40.0, show_default=True,
+              help="Seconds of decode pairs per comparison (two) at most.")  # fmt: skip
 @click.option("--repeats", type=click.IntRange(1), default=2000, show_default=True,
               help="Rounds per comparison at most.")  # fmt: skip
 @target_option(0.01)
@@ -393,13 +448,20 @@ def _fractions(text: str) -> tuple[float, ...]:
 @click.option("--model", "models", multiple=True, help="Quality: the models (default: the shipped ones).")
 @click.option("--fractions", default=",".join(str(f) for f in DEFAULT_FRACTIONS), show_default=True,
               help="Quality: the fractions, comma-separated.")  # fmt: skip
+@click.option("--eval-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help="Quality: score this many tokens of the held-out books (0: all of them).")  # fmt: skip
 @click.option("--shape-parameters/--no-shape-parameters", default=True, show_default=True,
               help="Quality: also count the parameters of the GPT-2 shape (--layers ...) at every "
               "fraction.")  # fmt: skip
+@click.option("--speed-json", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Quality: a speed run's --json, whose ratios join the curve (slice_curve.speed).")  # fmt: skip
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
+              help="Quality: draw slice_curve.png (perplexity, speed by fraction) into this folder.")  # fmt: skip
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
 def slice_bench(
-    fraction, layers, width, heads, vocab, seq_len, cache_tokens, new_tokens, budget, repeats, target, threads,
-    calibration_tokens, seed, quality, models, fractions, shape_parameters, json_out,
+    fraction, layers, width, heads, vocab, seq_len, cache_tokens, new_tokens, budget, decode_budget, repeats, target,
+    threads,
+    calibration_tokens, seed, quality, models, fractions, eval_tokens, shape_parameters, speed_json, plot_dir, json_out,
 ):  # fmt: skip
     """Sliced models against the exact conversion and the LayerNorm original: speed of a GPT-2 shape
     (forward and decode at batch 1, null controls, the per-layer design beside it), or with --quality the
@@ -409,6 +471,7 @@ def slice_bench(
     from normswap.evaluate.speed import machine_load
     from normswap.progress import Heartbeat, stderr_lines
 
+    fracs = _fractions(fractions)
     if json_out:
         check_output_file(json_out, force=True, reads=[("the model", m) for m in models], label="--json")
     torch.set_num_threads(threads)
@@ -419,16 +482,29 @@ def slice_bench(
         if quality:
             from normswap.cli.bench_decode import shipped
 
-            fracs = _fractions(fractions)
             result["quality"] = [
-                measure_quality(m, fracs, calibration_tokens=calibration_tokens or 32_768, seed=seed, say=beat.say)
+                measure_quality(
+                    m,
+                    fracs,
+                    calibration_tokens=calibration_tokens or 32_768,
+                    seed=seed,
+                    say=beat.say,
+                    eval_tokens=eval_tokens,
+                )
                 for m in (models or shipped())
             ]
             if shape_parameters:
                 beat.say(f"counting parameters of the GPT-2 shape {shape}")
                 result["shape_parameters"] = count_shape_parameters(shape, fracs, seed=seed)
             result["goals"] = quality_goals(result["quality"])
+            speed = json.loads(Path(speed_json).read_text()) if speed_json else None
+            result["slice_curve"] = slice_curve(result["quality"], speed)
             lines = _quality_lines(result)
+            if plot_dir:
+                from normswap.report.plots import slice_curve_plot
+
+                Path(plot_dir).mkdir(parents=True, exist_ok=True)
+                lines.append(f"plot: {slice_curve_plot(result, Path(plot_dir))}")
         else:
             arms, facts = build_speed_arms(
                 shape, fraction, calibration_tokens=calibration_tokens or 1024, seed=seed, say=beat.say
@@ -439,6 +515,7 @@ def slice_bench(
                 "cache_tokens": cache_tokens,
                 "decode_steps_per_block": new_tokens,
                 "budget": budget,
+                "decode_budget": decode_budget,
                 "target": target,
                 "repeats": repeats,
                 "balanced": True,
@@ -449,6 +526,7 @@ def slice_bench(
                 cache_tokens=cache_tokens,
                 steps=new_tokens,
                 budget=budget,
+                decode_budget=decode_budget,
                 target=target,
                 max_pairs=repeats,
                 progress=beat.update,
