@@ -53,8 +53,8 @@ def _block(model) -> dict:
     block = getattr(model.config, "normswap", None)
     if not isinstance(block, dict) or not block.get("format_version"):
         raise NormswapError(
-            "slice needs a normswap conversion or a LayerNorm original; this model is neither "
-            "(run `normswap convert` first, or give the original)"
+            "this model is not a normswap conversion: convert it first (normswap.convert.convert_model in "
+            "memory; `normswap slice` converts a LayerNorm original itself)"
         )
     return block
 
