@@ -1,6 +1,6 @@
 """Probe (#43): does the instrument favour whichever model is its baseline?
 
-After every timed model got memory of its own (evaluate/speed.own_memory), `bench decode` read an
+After every timed model got memory of its own (evaluate/throughput.own_memory), `bench decode` read an
 identical copy of kjv-gpt2 and the null control alike, both ~4 % slower than the baseline. This
 times one decode step of three identical models (the original, a copy of its directory, the
 original loaded again) by normswap/timing.py in three designs, beside one CPU burner:
@@ -34,7 +34,7 @@ def main() -> None:
     from normswap import timing
     from normswap.checkpoint.load import load_model
     from normswap.evaluate.config import SpeedConfig
-    from normswap.evaluate.speed import ModelBench, machine_load
+    from normswap.evaluate.throughput import ModelBench, machine_load
 
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp())

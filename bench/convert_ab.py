@@ -3,14 +3,13 @@
 A before/after of a change to convert, under the same machine load: both trees' `normswap convert
 --no-verify` and `normswap convert` (verified) run as separate processes, interleaved in every
 round (before, after, before, after), each after the source files are read once (warm page cache),
-beside `cp -r`. Each tree is put first on PYTHONPATH. Peak RSS and wall time as in bench/convert.py.
+beside `cp -r`. Each tree is put first on PYTHONPATH. Peak RSS and wall time as in normswap/benchmarks/conversion.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,12 +21,9 @@ from saved_result import save_and_print  # bench/ is sys.path[0] when a script r
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location(
-        "normswap_bench_convert_for_ab", Path(__file__).resolve().parent / "convert.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from normswap.benchmarks import conversion
+
+    return conversion
 
 
 def _rev(tree) -> str:

@@ -29,7 +29,7 @@ from normswap.architectures import family_for_config
 from normswap.checkpoint.tensor_source import StateDict
 from normswap.convert import execute
 from normswap.convert.config import ConvertOptions
-from normswap.convert.inputs import match
+from normswap.convert.tensor_match import match
 
 
 def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Where the seconds of `normswap convert` go:
 `python bench/convert_profile.py --save bench/results/convert-profile-1.4b`.
 
-Builds the same synthetic checkpoint as bench/convert.py, then runs `convert_checkpoint` in a fresh
+Builds the same synthetic checkpoint as `normswap bench convert` (normswap/benchmarks/conversion.py),
+then runs `convert_checkpoint` in a fresh
 process (so that imports are timed as a user meets them) once with --no-verify and once verified,
 with timers around each stage of the real code path (the functions are wrapped, not copied):
 
@@ -19,13 +20,12 @@ with timers around each stage of the real code path (the functions are wrapped, 
 - the floors beside them: `cp -r` of the checkpoint, a process that only imports torch, and the
   matrix products' share, which no implementation of this probe avoids.
 
-The page cache is warm (every source file read once before each run), as in bench/convert.py.
+The page cache is warm (every source file read once before each run), as in normswap/benchmarks/conversion.py.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.util
 import json
 import os
 import shutil
@@ -52,8 +52,8 @@ import torch
 lap("import torch", t, c); t, c = time.perf_counter(), time.process_time()
 import transformers
 lap("import transformers (top level)", t, c); t, c = time.perf_counter(), time.process_time()
-import normswap.cli.convert
-from normswap.convert import pipeline, execute as ex, verify as V, inputs as I, source as S
+import normswap.cli.convert_command
+from normswap.convert import pipeline, execute as ex, verify as V, tensor_match as I, source as S
 from normswap.checkpoint import load as ckload, shards as SH
 lap("import normswap (cli, pipeline)", t, c)
 
@@ -133,10 +133,9 @@ print(json.dumps({"stages": stages, "passes": passes, "total_wall_s": round(time
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location("normswap_bench_convert_for_profile", _HERE / "convert.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from normswap.benchmarks import conversion
+
+    return conversion
 
 
 def _timed(cmd, env) -> tuple[float, str]:

@@ -20,7 +20,7 @@ import normswap
 from normswap.convert import convert_model
 from normswap.data import load_text
 from normswap.evaluate.perplexity import perplexity
-from normswap.finetune.data import eval_blocks
+from normswap.finetune.batches import eval_blocks
 from normswap.finetune.objectives import heldout_loss
 
 MODEL = "normswap:kjv-gpt2"

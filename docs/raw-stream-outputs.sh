@@ -8,11 +8,12 @@ python3 - <<'PY'
 import json
 from pathlib import Path
 
-from normswap.convert.survey import declared_outputs_markdown, declared_outputs_one, raw_stream_refusals
+from normswap.architectures.survey import declared_outputs_markdown, declared_outputs_one, raw_stream_refusals
+from normswap.convert.inplace import convert_tiny
 
 rows = []
 for model_type in raw_stream_refusals():
-    rows.append(declared_outputs_one(model_type))
+    rows.append(declared_outputs_one(model_type, convert=convert_tiny))
     print(model_type, rows[-1]["status"], rows[-1].get("exact_outputs"), flush=True)
 for path in ("docs/raw-stream-outputs.json", "normswap/architectures/data/raw_stream_outputs.json"):
     Path(path).write_text(json.dumps(rows, indent=1) + "\n")

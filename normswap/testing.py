@@ -24,7 +24,7 @@ import contextlib
 import os
 
 from normswap.finetune.trainer import Hooks as FinetuneHooks
-from normswap.study.trainer import Hooks as StudyHooks
+from normswap.study.interleaved import Hooks as StudyHooks
 
 __all__ = ["FinetuneHooks", "StudyHooks", "cpu_isa", "forget_kernel_choices", "kernel_backend"]
 

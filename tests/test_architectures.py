@@ -92,7 +92,7 @@ def test_every_layernorm_is_listed_or_left_alone(family, variant):
 
 
 def test_docs_family_table_is_generated_from_data():
-    from normswap.cli.families import family_rows, markdown_table
+    from normswap.architectures.catalog import family_rows, markdown_table
 
     page = (Path(__file__).parents[1] / "docs" / "convert.md").read_text()
     assert markdown_table(family_rows()) in page, "regenerate with `normswap families --markdown`"

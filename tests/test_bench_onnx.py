@@ -63,7 +63,7 @@ def test_bench_onnx_on_its_own_defaults(tmp_path, run_cli, monkeypatch):
 
 def test_sessions_are_fewer_when_they_would_not_fit_in_half_the_free_memory(tmp_path, monkeypatch):
     from normswap import devices
-    from normswap.cli.bench_onnx import _sessions_that_fit
+    from normswap.benchmarks.onnx_runtime import _sessions_that_fit
 
     for name in ("a", "b"):
         (tmp_path / name).mkdir()

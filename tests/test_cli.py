@@ -64,7 +64,7 @@ def test_mistyped_baseline_names_the_models(run_cli):
     assert code != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "--baseline orignal names none of the MODELs (orig, conv)" in err and "did you mean --baseline orig?" in err
     # negative control: a correct name, and a real model that is not in the list, are accepted
-    from normswap.evaluate.runner import plan_entries
+    from normswap.evaluate.side_by_side import plan_entries
 
     assert plan_entries(["orig=normswap:kjv-gpt2"], "orig") == ([("orig", "normswap:kjv-gpt2")], "orig")
     assert plan_entries(["orig=normswap:kjv-gpt2"], "normswap:kjv-neox")[1] == "baseline"
@@ -97,7 +97,7 @@ def test_hub_task_offline_fails_before_perplexity(run_cli, tmp_path, monkeypatch
         raise ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr(socket, "create_connection", refused)
-    _forbid(monkeypatch, "normswap.evaluate.runner.load_planned", "loading the models")
+    _forbid(monkeypatch, "normswap.evaluate.side_by_side.load_planned", "loading the models")
     code, _, err = run_cli(
         "eval", "report", "normswap:kjv-gpt2", "--out", tmp_path / "rep", "--tasks", "normswap_kjv,hellaswag"
     )
@@ -163,7 +163,7 @@ def test_run_list_wraps_descriptions_at_word_boundaries(run_cli):
 
 
 def test_plain_families_columns_are_aligned(run_cli):
-    from normswap.cli.families import family_rows
+    from normswap.architectures.catalog import family_rows
 
     code, out, _ = run_cli("families")
     assert code == 0

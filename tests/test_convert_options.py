@@ -30,7 +30,7 @@ def _params(command: click.Command) -> dict[str, click.Option]:
 
 
 def test_every_option_is_a_cli_option_and_recipe_keys_come_from_the_same_fields():
-    from normswap.cli.convert import convert
+    from normswap.cli.convert_command import convert
 
     cli = _params(convert)
     fields = {f.name: f for f in declared.options(ConvertOptions)}

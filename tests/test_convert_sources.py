@@ -200,7 +200,7 @@ def test_16_bit_outputs_match_the_float64_path_to_one_ulp(tmp_path):
     from normswap.architectures import family_for_config
     from normswap.checkpoint.tensor_source import StateDict
     from normswap.convert.config import ConvertOptions
-    from normswap.convert.inputs import match
+    from normswap.convert.tensor_match import match
 
     model = tiny_model("gpt_neox", 0, hidden_size=256, intermediate_size=1024).to(torch.bfloat16)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
@@ -279,8 +279,8 @@ def test_rounding_floor_weights_are_the_written_ones_before_rounding(tmp_path):
     from normswap.architectures import family_for_config
     from normswap.checkpoint.tensor_source import StateDict
     from normswap.convert.config import ConvertOptions
-    from normswap.convert.inputs import match
     from normswap.convert.pipeline import unrounded_tensor
+    from normswap.convert.tensor_match import match
 
     m = tiny_model("gpt_neox", 0, hidden_size=256, intermediate_size=1024).to(torch.bfloat16)
     inputs = match(m, StateDict(m.state_dict()), "m")
@@ -338,8 +338,8 @@ def test_row_blocks_on_a_pool_give_the_same_bits(tmp_path):
     from normswap.architectures import family_for_config
     from normswap.checkpoint.tensor_source import StateDict
     from normswap.convert.config import ConvertOptions
-    from normswap.convert.inputs import match
     from normswap.convert.pipeline import unrounded_tensor
+    from normswap.convert.tensor_match import match
 
     m = tiny_model("gpt_neox", 0, hidden_size=256, intermediate_size=1024).to(torch.bfloat16)
     inputs = match(m, StateDict(m.state_dict()), "m")

@@ -129,7 +129,7 @@ _CHILD = textwrap.dedent("""
     import json, sys, threading, time
     import torch, transformers
     from normswap.checkpoint.load import load_config
-    from normswap.convert import inputs, pipeline, verify
+    from normswap.convert import tensor_match, pipeline, verify
 
     def anon():
         with open("/proc/self/status") as f:
@@ -140,7 +140,7 @@ _CHILD = textwrap.dedent("""
 
     src, out, shard, how = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     config = load_config(src)
-    skel = inputs.skeleton(config)  # imports the modeling code (~200 MB of modules), not part of the data
+    skel = tensor_match.skeleton(config)  # imports the modeling code (~200 MB of modules), not part of the data
     estimate = verify.peak_bytes(skel, config, rounding=False)
     baseline = anon()
     peak = [baseline]

@@ -10,7 +10,7 @@ import torch
 import yaml
 from helpers import family_variants, tiny_model
 
-from normswap.architectures import get_family
+from normswap.architectures import family_check, get_family
 from normswap.architectures.discover import discover
 from normswap.architectures.norms import layernorm_spec
 from normswap.architectures.probes import model_outputs, probe_inputs
@@ -18,9 +18,14 @@ from normswap.architectures.randomize import randomize_
 from normswap.architectures.schema import parse_family
 from normswap.convert.apply import convert_model
 from normswap.convert.config import ConvertOptions
-from normswap.convert.family_check import check_family, discover_family, resolve_family
+from normswap.convert.inplace import convert_tiny
 from normswap.convert.plan import build_plan
 from normswap.errors import DiscoveryError, NormswapError
+
+# the family check with the converter `normswap convert` gives it
+check_family = functools.partial(family_check.check_family, convert=convert_tiny)
+discover_family = functools.partial(family_check.discover_family, convert=convert_tiny)
+resolve_family = functools.partial(family_check.resolve_family, convert=convert_tiny)
 
 
 def _decisions(plan):
@@ -347,9 +352,9 @@ def test_check_family_catches_a_wrong_description():
 
 
 def test_survey_sample():
-    from normswap.convert.survey import run_survey, survey_markdown
+    from normswap.architectures.survey import run_survey, survey_markdown
 
-    rows = {r["model_type"]: r for r in run_survey(only=["vit", "llama", "bert"])}
+    rows = {r["model_type"]: r for r in run_survey(convert=convert_tiny, only=["vit", "llama", "bert"])}
     assert rows["vit"]["status"] == "exact"
     assert rows["llama"]["status"] == "no-layernorm"  # RMSNorm: nothing to try
     assert rows["bert"]["status"] == "approx-only"
@@ -524,7 +529,7 @@ def test_family_file_round_trip_and_refusals(tmp_path, run_cli):
 def test_families_all_lists_what_the_committed_survey_converted(run_cli):
     """Plain `families` lists the curated files and says how many more convert through discovery;
     `--all` adds those (exact and approximate) from the shipped survey, never a refused one."""
-    from normswap.convert.survey import shipped_rows
+    from normswap.architectures.survey import shipped_rows
 
     status = {r["model_type"]: r["status"] for r in shipped_rows()}
     curated = {r["model_type"] for r in shipped_rows() if r["curated"]}  # gpt-sw3's config is a GPT-2 one
@@ -790,11 +795,11 @@ def test_raw_stream_architectures_keep_their_pooled_outputs_exact():
     pooler_output passes through post_layernorm: converted with the plan discovery describes when the
     raw stream may be an output, pooler_output stays exact and only last_hidden_state moves (by its
     per-token mean). Control: VitDet returns nothing but the raw stream, so nothing stays exact."""
-    from normswap.convert.survey import declared_outputs_one, raw_stream_refusals
+    from normswap.architectures.survey import declared_outputs_one, raw_stream_refusals
 
     assert {"clip_vision_model", "vitdet"} <= set(raw_stream_refusals())
-    clip = declared_outputs_one("clip_vision_model")
+    clip = declared_outputs_one("clip_vision_model", convert=convert_tiny)
     assert clip["status"] == "exact-on-pooled", clip
     assert clip["exact_outputs"] == ["pooler_output"] and clip["changed_outputs"] == ["last_hidden_state"]
-    vitdet = declared_outputs_one("vitdet")
+    vitdet = declared_outputs_one("vitdet", convert=convert_tiny)
     assert vitdet["status"] == "refused" and vitdet["exact_outputs"] == []

@@ -125,7 +125,7 @@ def test_fidelity_reads_a_whole_user_file(encoders, tmp_path):
     import normswap
     from normswap.data import default_eval_split, kjv
     from normswap.evaluate.config import EvalConfig
-    from normswap.evaluate.runner import ModelEntry, evaluate
+    from normswap.evaluate.side_by_side import ModelEntry, evaluate
 
     path = tmp_path / "heldout.txt"
     path.write_text("\n".join(list(kjv.verses("test"))[:60]) + "\n")

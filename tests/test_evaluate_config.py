@@ -27,7 +27,7 @@ def _minimal(**extra):
 
 
 def test_every_option_is_a_cli_option_and_a_recipe_key_with_one_default():
-    from normswap.cli.eval import report
+    from normswap.cli.eval_command import report
 
     cli = _params(report)
     fields = declared.options(EvalConfig)
@@ -54,7 +54,7 @@ def test_every_option_is_a_cli_option_and_a_recipe_key_with_one_default():
 
 
 def test_ppl_and_speed_offer_subsets_of_the_same_declaration():
-    from normswap.cli.eval import ppl, report, speed
+    from normswap.cli.eval_command import ppl, report, speed
 
     full = _params(report)
     for command in (ppl, speed):
@@ -125,7 +125,7 @@ def test_a_wrong_cli_value_is_refused_in_one_line_before_any_model_loads(run_cli
     def boom(*a, **k):
         raise AssertionError("models loaded although the options were wrong")
 
-    monkeypatch.setattr("normswap.evaluate.runner.load_planned", boom)
+    monkeypatch.setattr("normswap.evaluate.side_by_side.load_planned", boom)
     code, _, err = run_cli("eval", "report", "normswap:kjv-gpt2", "--out", tmp_path / "rep", *args)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "rep").exists()

@@ -14,7 +14,7 @@ from test_evaluate_fixtures import kjv_tokenizer, tiny_gpt2
 from normswap.data import load_text
 from normswap.evaluate.diagnostics import diagnostics, fixed_batch
 from normswap.evaluate.memory import peak_memory, resident_bytes
-from normswap.evaluate.speed import SpeedConfig, measure_speed
+from normswap.evaluate.throughput import SpeedConfig, measure_speed
 from normswap.model_facts import norm_modules
 
 
@@ -139,19 +139,19 @@ def test_compiled_models_each_get_their_own_recompile_budget(monkeypatch):
     the measurement only."""
     import torch._dynamo
 
-    from normswap.evaluate import speed
+    from normswap.evaluate import throughput
 
     seen = []
     monkeypatch.setattr(
-        speed,
+        throughput,
         "_measure",
         lambda benches, cfg, *_: seen.append(torch._dynamo.config.recompile_limit) or ({}, {}),
     )
     default = torch._dynamo.config.recompile_limit
     a = tiny_gpt2(seed=0)
     models = [("a", a), ("b", copy.deepcopy(a)), ("c", copy.deepcopy(a))]
-    speed.measure_speed(models, SpeedConfig(repeats=1, compile=True))
-    speed.measure_speed(models, SpeedConfig(repeats=1, compile=False))
+    throughput.measure_speed(models, SpeedConfig(repeats=1, compile=True))
+    throughput.measure_speed(models, SpeedConfig(repeats=1, compile=False))
     assert seen == [3 * default, default]  # control: eager measurement leaves the cap alone
     assert torch._dynamo.config.recompile_limit == default  # restored afterwards
 
@@ -179,19 +179,21 @@ def test_generate_fits_its_speed_budget_warm_up_included(monkeypatch):
     budget. A virtual clock: each generation takes 1 s of it, nothing else any time."""
     from types import SimpleNamespace
 
-    from normswap.evaluate import speed
+    from normswap.evaluate import throughput
 
     now = [0.0]
-    monkeypatch.setattr(speed, "time", SimpleNamespace(perf_counter=lambda: now[0]))
-    monkeypatch.setattr(speed.ModelBench, "_generate", lambda self: now.__setitem__(0, now[0] + 1.0))
+    monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(throughput.ModelBench, "_generate", lambda self: now.__setitem__(0, now[0] + 1.0))
     a = tiny_gpt2(seed=0)
     cfg = SpeedConfig(batch_size=1, seq_len=8, prompt_len=4, new_tokens=2, speed_budget=40.0, warmup=1)
-    benches = [speed.ModelBench(n, m, cfg) for n, m in (("a", a), ("b", copy.deepcopy(a)), ("null", copy.deepcopy(a)))]
-    cmp = speed.compare_kind(benches, "generate", cfg, "a", "null")
+    benches = [
+        throughput.ModelBench(n, m, cfg) for n, m in (("a", a), ("b", copy.deepcopy(a)), ("null", copy.deepcopy(a)))
+    ]
+    cmp = throughput.compare_kind(benches, "generate", cfg, "a", "null")
     spent = now[0] - 1.0  # after the first call, which pays lazy initialisation and is no measurement
     # 1 timed + 3 warm-up + 4 rounds x 2 pairs x 2 blocks x 2 generations = 36 s of a 40 s budget
     assert cmp.stop_reason == "max_pairs" and cmp["b"].pairs == 4 and spent == 36.0
     # negative control: a budget that fits no round still gets one pair, not none
     now[0] = 0.0
-    small = speed.compare_kind(benches, "generate", dataclasses.replace(cfg, speed_budget=2.0), "a", "null")
+    small = throughput.compare_kind(benches, "generate", dataclasses.replace(cfg, speed_budget=2.0), "a", "null")
     assert small["b"].pairs == 1

@@ -62,13 +62,14 @@ def test_pooled_conversion_keeps_pooler_output_and_records_it(tmp_path, run_cli)
 
 def test_verification_compares_the_declared_outputs(tmp_path, run_cli, monkeypatch):
     """Negative control for verification: declaring the raw stream exact makes convert fail and write nothing."""
-    from normswap.convert import family_check, pipeline
+    from normswap.architectures import family_check
+    from normswap.convert import pipeline
 
     _, path = _clip_vision(tmp_path)
     real = family_check.resolve_pooled_family
 
-    def wrong(config, cls=None):
-        family, declared = real(config, cls)
+    def wrong(config, cls=None, *, convert):
+        family, declared = real(config, cls, convert=convert)
         return family, {"exact_outputs": ["last_hidden_state"], "shifted_outputs": []}
 
     monkeypatch.setattr(pipeline, "resolve_pooled_family", wrong)
@@ -81,9 +82,10 @@ def test_pooled_refused_where_no_output_stays_exact():
     """VitDet returns only its raw stream: nothing pooled to keep, so --exact-outputs pooled refuses."""
     from transformers import AutoConfig
 
+    from normswap.architectures.family_check import resolve_pooled_family
     from normswap.architectures.tiny import model_class, shrink_config
-    from normswap.convert.family_check import resolve_pooled_family
+    from normswap.convert.inplace import convert_tiny
 
     config = AutoConfig.for_model("vitdet")
     with pytest.raises(NormswapError, match="--exact-outputs pooled: model_type='vitdet' keeps no output exact"):
-        resolve_pooled_family(config, model_class(shrink_config(config)))
+        resolve_pooled_family(config, model_class(shrink_config(config)), convert=convert_tiny)

@@ -146,7 +146,7 @@ def test_recipe_evaluation_is_checked_before_the_first_step(dirs, tmp_path, load
     """`normswap run`: the evaluation at the end is checked before convert and fine-tune run."""
     from normswap.errors import NormswapError
     from normswap.recipes import load_recipe
-    from normswap.recipes.runner import run_recipe
+    from normswap.recipes.steps import run_recipe
 
     loaded = load_recipe("quickstart", ("data=" + str(tmp_path / "missing.txt"),))
     with pytest.raises(NormswapError, match="no such file or directory"):

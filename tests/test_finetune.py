@@ -584,7 +584,7 @@ def test_context_check_knows_every_family_key(tmp_path):
 def test_options_are_declared_once(tmp_path):
     import dataclasses
 
-    from normswap.cli.finetune import finetune
+    from normswap.cli.finetune_command import finetune
     from normswap.errors import NormswapError
     from normswap.finetune.config import FinetuneConfig
     from normswap.recipes.schema import FINETUNE, validate

@@ -8,10 +8,9 @@ import pytest
 from click.testing import CliRunner
 from helpers import VirtualClock
 
-from normswap.cli.bench import bench
-from normswap.cli.bench_kernels import load_bench_script
+from normswap.benchmarks import norm_kernels as _bench
+from normswap.cli.bench_command import bench
 
-_bench = load_bench_script("norm_kernels")
 Case, format_markdown, run_benchmark = _bench.Case, _bench.format_markdown, _bench.run_benchmark
 
 

@@ -46,7 +46,7 @@ def test_the_null_control_and_the_candidates_do_not_share_weight_memory():
     cannot. Every timed model must be on memory of its own. Control: without own_memory (the
     planted shared-pages null), baseline and null control are found on the same file's pages."""
     from normswap.checkpoint.load import load_model
-    from normswap.evaluate import speed
+    from normswap.evaluate import throughput
     from normswap.evaluate.config import SpeedConfig
 
     cfg = SpeedConfig(batch_size=1, seq_len=8, kinds=("forward",))
@@ -57,10 +57,10 @@ def test_the_null_control_and_the_candidates_do_not_share_weight_memory():
             "candidate": load_model("normswap:kjv-neox"),
             "null control": load_model("normswap:kjv-gpt2"),
         }
-        return {name: speed.ModelBench(name, m.eval(), cfg) for name, m in models.items()}
+        return {name: throughput.ModelBench(name, m.eval(), cfg) for name, m in models.items()}
 
     planted = pytest.MonkeyPatch()
-    planted.setattr(speed, "own_memory", lambda model: 0)
+    planted.setattr(throughput, "own_memory", lambda model: 0)
     try:
         shared = benches()
     finally:
@@ -319,16 +319,16 @@ def test_eval_speed_compiles_every_model_the_same_way_in_the_mode_asked(monkeypa
     torch does not know is click's usage error (exit 2) before anything loads."""
     from test_evaluate_fixtures import tiny_gpt2
 
-    from normswap.evaluate import speed
+    from normswap.evaluate import throughput
     from normswap.evaluate.config import SpeedConfig
 
     seen = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: seen.append(kw) or model)
     cfg = SpeedConfig(compile=True, compile_mode="reduce-overhead", kinds=("forward",))
     for name in ("original", "converted", "null control"):
-        speed.ModelBench(name, tiny_gpt2(seed=0), cfg)
+        throughput.ModelBench(name, tiny_gpt2(seed=0), cfg)
     assert seen == [{"mode": "reduce-overhead"}] * 3
-    speed.ModelBench("eager", tiny_gpt2(seed=0), SpeedConfig(kinds=("forward",)))
+    throughput.ModelBench("eager", tiny_gpt2(seed=0), SpeedConfig(kinds=("forward",)))
     assert len(seen) == 3  # control: without --compile nothing is compiled
     code, _, err = run_cli("eval", "speed", "normswap:kjv-gpt2", "--compile", "--compile-mode", "fastest")
     assert code == 2 and "Invalid value for '--compile-mode': 'fastest'" in err, err

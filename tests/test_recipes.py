@@ -211,7 +211,7 @@ def test_network_recipe_offline_fails_fast_in_one_line(tmp_path, monkeypatch):
     assert "Traceback" not in p.stderr
     assert not out.exists()  # refused before anything was written
     # negative control: the same recipe pointed at a local source is not refused for the network
-    from normswap.recipes.runner import require_network
+    from normswap.recipes.steps import require_network
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     require_network(load_recipe("pythia-160m", [f"source={tmp_path}"]).recipe)
@@ -430,7 +430,7 @@ def test_oversized_recipe_is_refused_before_parsing(tmp_path):
 
 # ------------------------------------------------------------------ the run as steps
 def test_a_recipe_runs_as_an_ordered_list_of_steps():
-    from normswap.recipes.runner import ConvertStep, EvalStep, FinetuneStep, plan_steps
+    from normswap.recipes.steps import ConvertStep, EvalStep, FinetuneStep, plan_steps
 
     steps = plan_steps(load_recipe("quickstart").recipe)
     assert [s.name for s in steps] == ["convert:exact", "convert:approx", "finetune:approx-healed", "eval"]
@@ -486,7 +486,7 @@ def test_finetune_progress_comes_from_the_trainer_hook_and_its_log(tmp_path):
 
 # ------------------------------------------------------------------ the slice stage
 def test_a_slice_stage_is_declared_from_slice_options_and_plans_a_slice_step():
-    from normswap.recipes.runner import SliceStep, plan_steps
+    from normswap.recipes.steps import SliceStep, plan_steps
     from normswap.slice.config import SliceOptions
 
     raw = _minimal(variants={"s": {"slice": {"fraction": 0.3}, "finetune": {"steps": 5}}})

@@ -250,7 +250,7 @@ def test_tasks_path_holds_the_shipped_tasks(run_cli):
 
 
 def test_model_labels():
-    from normswap.evaluate.runner import split_label
+    from normswap.evaluate.side_by_side import split_label
 
     assert split_label("base=normswap:kjv-gpt2") == ("base", "normswap:kjv-gpt2")
     assert split_label("normswap:kjv-gpt2") == (None, "normswap:kjv-gpt2")
@@ -314,7 +314,7 @@ def test_paired_intervals_decide_what_is_a_difference():
 
 def _synthetic_results(forward_samples, base_share=0.03):
     """Rows as evaluate() writes them, with chosen per-repeat samples (render functions only)."""
-    from normswap.evaluate.runner import ratios
+    from normswap.evaluate.side_by_side import ratios
     from normswap.evaluate.stats import ratio_intervals
 
     def row(name, fwd, share, kind):

@@ -120,7 +120,7 @@ def test_a_zoomed_axis_says_so_only_when_it_is_zoomed(tmp_path):
 
 def test_numbers_have_one_format_and_one_multiplication_sign(tmp_path):
     from normswap.report.render import fmt_num, fmt_ratio
-    from normswap.report.write import render_into
+    from normswap.report.report_dir import render_into
 
     assert (fmt_num(979.45), fmt_num(1072.31), fmt_num(1072.31, 0)) == ("979.45", "1,072.31", "1,072")
     assert (fmt_ratio(0.996), fmt_ratio(0.9996), fmt_ratio(1.04), fmt_ratio(1.0)) == (
@@ -144,7 +144,7 @@ def test_numbers_have_one_format_and_one_multiplication_sign(tmp_path):
 def test_render_in_place_replaces_only_the_report_files(tmp_path):
     """`normswap eval render DIR/results.json` rebuilds the report beside it and keeps everything else
     in DIR (the demo keeps its terminal log and an older run there); before, DIR was replaced whole."""
-    from normswap.report.write import rerender
+    from normswap.report.report_dir import rerender
 
     results = synthetic({"m": CLEAR}, null=QUIET_NULL)
     results["versions"] = {"normswap": "test"}

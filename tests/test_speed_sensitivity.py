@@ -18,8 +18,8 @@ import copy
 import pytest
 from helpers import VirtualClock, tiny_model
 
-from normswap.evaluate import speed
-from normswap.evaluate.speed import SpeedConfig, measure_speed
+from normswap.evaluate import throughput
+from normswap.evaluate.throughput import SpeedConfig, measure_speed
 
 COST = 1e-3  # virtual seconds every forward call takes
 DELAY = 50e-3  # virtual seconds added to each forward call of the slowed model
@@ -27,7 +27,7 @@ DELAY = 50e-3  # virtual seconds added to each forward call of the slowed model
 
 def test_forward_speed_follows_a_known_slowdown(monkeypatch):
     clock = VirtualClock()
-    monkeypatch.setattr(speed, "time", clock)
+    monkeypatch.setattr(throughput, "time", clock)
     base = tiny_model("gpt2")
     twin, slowed = copy.deepcopy(base), copy.deepcopy(base)
     for model in (base, twin, slowed):
@@ -76,7 +76,7 @@ def test_time_in_norms_follows_the_norm_layers_not_the_forward(monkeypatch):
     from normswap.report.claims import claim_verdict
 
     clock = VirtualClock()
-    monkeypatch.setattr(speed, "time", clock)
+    monkeypatch.setattr(throughput, "time", clock)
     base = tiny_model("gpt2")  # 2 blocks × (ln_1, ln_2) + ln_f: 5 norm calls a forward
     twin, lighter, elsewhere = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
     for model in (base, twin, lighter, elsewhere):
@@ -86,7 +86,7 @@ def test_time_in_norms_follows_the_norm_layers_not_the_forward(monkeypatch):
     _norms_cost(lighter, clock, NORM_COST / 2)
     elsewhere.register_forward_pre_hook(lambda module, args: clock.advance(DELAY))
     cfg = SpeedConfig(batch_size=2, seq_len=16, repeats=25, warmup=1, min_time=0.0, kinds=("norm_share",))
-    run = speed.measure_speed_run(
+    run = throughput.measure_speed_run(
         [("base", base), ("lighter", lighter), ("elsewhere", elsewhere)], cfg, null_control=("twin", twin)
     )
     out, null = run["models"], run["null_control"]

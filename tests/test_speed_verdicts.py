@@ -36,7 +36,7 @@ def _row(name, fwd, decode=None, kind="converted (exact)"):
 def synthetic(models: dict, null=None, null_decode=None, *, load=(0.2, 0.3)):
     """results.json as evaluate() assembles it: ``models`` {name: forward samples}, the null control's
     forward samples (None: a run without one)."""
-    from normswap.evaluate.runner import ratios, speed_noise
+    from normswap.evaluate.side_by_side import ratios, speed_noise
     from normswap.evaluate.stats import null_intervals, ratio_intervals
 
     base = _row("base", BASE, BASE if null_decode else None, kind="original")
@@ -158,7 +158,7 @@ def test_evaluate_times_a_null_control_and_records_the_machine():
     from helpers import tiny_model
 
     from normswap.evaluate.config import EvalConfig, SpeedConfig
-    from normswap.evaluate.runner import ModelEntry, evaluate
+    from normswap.evaluate.side_by_side import ModelEntry, evaluate
     from normswap.evaluate.stats import judged
 
     base = tiny_model("gpt2")
@@ -215,7 +215,7 @@ def test_the_report_says_how_its_throughput_brackets_were_made():
     from helpers import tiny_model
 
     from normswap.evaluate.config import EvalConfig, SpeedConfig
-    from normswap.evaluate.runner import ModelEntry, evaluate
+    from normswap.evaluate.side_by_side import ModelEntry, evaluate
     from normswap.evaluate.stats import throughput_method
     from normswap.report.claims import claims
     from normswap.report.render import table_notes
@@ -244,7 +244,7 @@ def test_time_in_norms_claim_quotes_the_ratio_its_interval_brackets():
     give another number (0.38 here against a per-pair 0.41 [0.40-0.42]), which printed beside the
     interval read as a ratio outside its own bracket. The claim quotes the paired median, and decides
     both ways: 59 % less time reproduces "7-64 % less", 1 % less does not."""
-    from normswap.evaluate.runner import speed_noise
+    from normswap.evaluate.side_by_side import speed_noise
     from normswap.evaluate.stats import null_intervals, ratio_intervals
     from normswap.report.claims import claims
 
@@ -295,7 +295,7 @@ def test_eval_speeds_terminal_table_shows_the_norm_time_ratio(capsys):
     import json
     from pathlib import Path
 
-    from normswap.cli.eval import _print_speed
+    from normswap.cli.eval_command import _print_speed
 
     results = json.loads(
         (Path(__file__).resolve().parents[1] / "docs/demo/shared-pages-2026-12-03/results.json").read_text()

@@ -428,7 +428,7 @@ def test_trained_checkpoint_arms_exact_starts_at_the_same_loss_and_recipe_step_r
 
     from normswap.cli.main import main
     from normswap.recipes.loader import load_recipe
-    from normswap.recipes.runner import EvalStep, StudyStep, plan_steps
+    from normswap.recipes.steps import EvalStep, StudyStep, plan_steps
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
@@ -671,44 +671,46 @@ def _cmp(diffs, *, base=5.0, arm_diverged=0):
 
 
 def test_equivalence_verdicts_tost_bigram_gate_and_holm():
-    from normswap.study import claims
+    from normswap.study import claim_judges
 
-    ctx = claims.Context(margin=0.02, baselines={"bigram_loss": 5.5})
+    ctx = claim_judges.Context(margin=0.02, baselines={"bigram_loss": 5.5})
     tight = [0.001, -0.002, 0.0015, 0.0, -0.001]
-    assert claims.equal_loss(_cmp(tight), ctx).verdict == "reproduced"
-    assert claims.equal_loss(_cmp([0.05, 0.06, 0.055, 0.052]), ctx).verdict == "not reproduced"
-    wide = claims.equal_loss(_cmp([0.03, -0.03, 0.01, -0.02]), ctx)
+    assert claim_judges.equal_loss(_cmp(tight), ctx).verdict == "reproduced"
+    assert claim_judges.equal_loss(_cmp([0.05, 0.06, 0.055, 0.052]), ctx).verdict == "not reproduced"
+    wide = claim_judges.equal_loss(_cmp([0.03, -0.03, 0.01, -0.02]), ctx)
     assert wide.verdict == "not measurable here" and wide.open  # more seeds could decide it
     # a study whose models did not beat the bigram baseline never reproduces equal loss, however tight
-    gated = claims.equal_loss(_cmp(tight, base=5.6), ctx)
+    gated = claim_judges.equal_loss(_cmp(tight, base=5.6), ctx)
     assert gated.verdict == "not measurable here" and gated.reason == "not-below-bigram" and not gated.open
     # Holm: verdicts that pass alone fail together when each is only just significant ...
-    barely = claims.equal_loss(_cmp([0.012, -0.004, 0.008]), ctx)
+    barely = claim_judges.equal_loss(_cmp([0.012, -0.004, 0.008]), ctx)
     assert barely.verdict == "reproduced" and 0.05 / 3 < barely.p_value < 0.05
-    rows = [claims._row("c", f"a{i}", barely) for i in range(3)]
-    claims.adjust(rows, 0.05)
+    rows = [claim_judges._row("c", f"a{i}", barely) for i in range(3)]
+    claim_judges.adjust(rows, 0.05)
     assert [r["verdict"] for r in rows] == ["not measurable here"] * 3
     assert rows[2]["family_size"] == 3 and "after Holm over 3 tests" in rows[2]["decided_by"]
     # ... while a strong verdict survives the same family
-    rows = [claims._row("c", "t", claims.equal_loss(_cmp(tight), ctx))] + [claims._row("c", "b", barely)] * 2
-    claims.adjust(rows, 0.05)
+    rows = [claim_judges._row("c", "t", claim_judges.equal_loss(_cmp(tight), ctx))] + [
+        claim_judges._row("c", "b", barely)
+    ] * 2
+    claim_judges.adjust(rows, 0.05)
     assert rows[0]["verdict"] == "reproduced"
     # negative control: alone, the same verdict stands
-    alone = [claims._row("c", "b", barely)]
-    claims.adjust(alone, 0.05)
+    alone = [claim_judges._row("c", "b", barely)]
+    claim_judges.adjust(alone, 0.05)
     assert alone[0]["verdict"] == "reproduced"
 
 
 def test_the_equal_loss_verdict_says_which_error_keeps_it_from_the_margin():
-    from normswap.study import claims
+    from normswap.study import claim_judges
 
-    ctx = claims.Context(margin=0.02, baselines={"bigram_loss": 5.5})
+    ctx = claim_judges.Context(margin=0.02, baselines={"bigram_loss": 5.5})
     wide = _cmp([0.03, -0.03, 0.01, -0.02])
-    noisy_blocks = claims.equal_loss(dict(wide, seed_standard_error=0.013, heldout_standard_error=0.012), ctx)
+    noisy_blocks = claim_judges.equal_loss(dict(wide, seed_standard_error=0.013, heldout_standard_error=0.012), ctx)
     assert "held-out sampling 0.0120 (more --eval-tokens)" in noisy_blocks.decided_by
     assert "seed to seed 0.0130 (more seeds)" in noisy_blocks.decided_by
     # negative control: blocks that sample the text finely enough are not blamed
-    fine_blocks = claims.equal_loss(dict(wide, seed_standard_error=0.013, heldout_standard_error=0.002), ctx)
+    fine_blocks = claim_judges.equal_loss(dict(wide, seed_standard_error=0.013, heldout_standard_error=0.002), ctx)
     assert "held-out sampling 0.0020 nats" in fine_blocks.decided_by and "--eval-tokens" not in fine_blocks.decided_by
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from normswap.study import claims, kernels, measure, speed
+from normswap.study import claim_judges, kernels, measure, speed
 from normswap.study import results as res
 
 
@@ -146,8 +146,8 @@ def _throughput_verdict(units, *, bound=None, loads=(0.3,), cpus=2) -> tuple[str
     cmps = {a: res.compare(units, a, "layernorm", 1.0) for a in ("rmsnorm", "layernorm-control")}
     for c in cmps.values():
         c["amdahl_bound"] = bound
-    ctx = claims.Context(margin=0.02, control=cmps["layernorm-control"], loads=tuple(loads), cpus=cpus)
-    rows = claims.judge(cmps, ctx, "layernorm-control")
+    ctx = claim_judges.Context(margin=0.02, control=cmps["layernorm-control"], loads=tuple(loads), cpus=cpus)
+    rows = claim_judges.judge(cmps, ctx, "layernorm-control")
     row = next(r for r in rows if r["arm"] == "rmsnorm" and "throughput" in r["claim"])
     return row["verdict"], row["decided_by"]
 

@@ -49,8 +49,8 @@ def _planted_study(root, unstable_arm: str, precision="bf16"):
     """layernorm and rmsnorm, 6 seeds, rates ×1, ×2, ×4 of a small --lr (nothing diverges on its own);
     ``unstable_arm``'s loss is made non-finite at step 3 of every run at ×2 or above."""
     from normswap.study.config import StudyConfig
+    from normswap.study.interleaved import Hooks
     from normswap.study.runner import run_study
-    from normswap.study.trainer import Hooks
 
     cfg_file = root / "tiny.json"
     cfg_file.write_text(json.dumps(TINY))

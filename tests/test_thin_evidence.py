@@ -44,7 +44,7 @@ def test_intervals_resolve_a_real_difference_and_not_noise():
 
 def test_an_eval_on_thirty_short_paragraphs_warns_and_records_what_it_scored(tmp_path):
     from normswap.evaluate.config import EvalConfig
-    from normswap.evaluate.runner import evaluate, load_planned, plan_entries
+    from normswap.evaluate.side_by_side import evaluate, load_planned, plan_entries
 
     text = tmp_path / "thirty.txt"
     text.write_text(_paragraphs(30))
@@ -63,7 +63,7 @@ def test_an_eval_on_thirty_short_paragraphs_warns_and_records_what_it_scored(tmp
 
 def test_finetune_header_counts_passes_and_warns_past_a_few(tmp_path):
     import normswap
-    from normswap.finetune.data import corpus_header
+    from normswap.finetune.batches import corpus_header
 
     tok = normswap.load_tokenizer(model_path("kjv-gpt2"))
     text = tmp_path / "thirty.txt"
@@ -77,13 +77,13 @@ def test_finetune_header_counts_passes_and_warns_past_a_few(tmp_path):
 
 def test_the_embedded_count_is_kept_per_tokenizer_and_a_local_file_is_read_again(tmp_path, monkeypatch):
     """The header's token count of the embedded corpus is taken once per tokenizer in a process
-    (finetune/data.py _split_counts); another tokenizer, or a local file (it may change), is counted again."""
+    (finetune/batches.py _split_counts); another tokenizer, or a local file (it may change), is counted again."""
     import normswap
     import normswap.data
-    from normswap.finetune import data
+    from normswap.finetune import batches
 
-    monkeypatch.setattr(data, "HEADER_TOKENISED_CHARS", 20_000)  # a short count: the rule, not the corpus
-    monkeypatch.setattr(data, "_EMBEDDED_COUNTS", {})
+    monkeypatch.setattr(batches, "HEADER_TOKENISED_CHARS", 20_000)  # a short count: the rule, not the corpus
+    monkeypatch.setattr(batches, "_EMBEDDED_COUNTS", {})
     reads, real = [], normswap.data.load_documents
 
     def load_documents(spec, split, **kw):
@@ -92,24 +92,24 @@ def test_the_embedded_count_is_kept_per_tokenizer_and_a_local_file_is_read_again
 
     monkeypatch.setattr(normswap.data, "load_documents", load_documents)
     tok = normswap.load_tokenizer(model_path("kjv-gpt2"))
-    first = data.corpus_header(tok, "embedded", "train", 1024, "embedded", "validation", 4096)
-    assert data.corpus_header(tok, "embedded", "train", 1024, "embedded", "validation", 4096) == first
+    first = batches.corpus_header(tok, "embedded", "train", 1024, "embedded", "validation", 4096)
+    assert batches.corpus_header(tok, "embedded", "train", 1024, "embedded", "validation", 4096) == first
     assert reads.count(("embedded", "train")) == 1  # the second header did not read the training split
     # negative control: a tokenizer with one more token is another count, taken afresh
     other = normswap.load_tokenizer(model_path("kjv-gpt2"))
     other.add_tokens(["qqzzyx"])
-    data.corpus_header(other, "embedded", "train", 1024, "embedded", "validation", 4096)
+    batches.corpus_header(other, "embedded", "train", 1024, "embedded", "validation", 4096)
     assert reads.count(("embedded", "train")) == 2
     text = tmp_path / "t.txt"
     text.write_text(_paragraphs(30, words=400))
     for _ in range(2):
-        data.corpus_header(tok, str(text), "train", 64, str(text), "validation", 64)
+        batches.corpus_header(tok, str(text), "train", 64, str(text), "validation", 64)
     assert reads.count((str(text), "train")) == 2
 
 
 def test_the_split_rule_recorded_is_the_one_applied(tmp_path, capsys):
     from normswap.data.sources import HASH_RULE
-    from normswap.finetune.data import training_data_record
+    from normswap.finetune.batches import training_data_record
 
     small = tmp_path / "small.txt"
     small.write_text(_paragraphs(15, words=300))  # 5 documents, all hashed into train
@@ -156,7 +156,7 @@ def test_a_run_capped_at_the_threshold_is_not_called_thin(tmp_path):
     uncapped, and a cap below the threshold, still warn."""
     from normswap.evaluate.config import EvalConfig
     from normswap.evaluate.quality_intervals import THIN_TOKENS, thin_evidence
-    from normswap.evaluate.runner import evaluate, load_planned, plan_entries
+    from normswap.evaluate.side_by_side import evaluate, load_planned, plan_entries
 
     entries = load_planned(plan_entries([f"original={model_path('kjv-gpt2')}"], "original")[0])
     cfg = EvalConfig(speed=False, memory=False, diagnostics=False, max_tokens=THIN_TOKENS, seq_len=128)

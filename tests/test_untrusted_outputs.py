@@ -43,7 +43,7 @@ def model(tmp_path):
 @pytest.fixture
 def saved_rows(tmp_path):
     """Rows as `families survey --save-json` writes them (a few of the committed survey's)."""
-    from normswap.convert.survey import shipped_rows
+    from normswap.architectures.survey import shipped_rows
 
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(shipped_rows()[:3], indent=1) + "\n")
@@ -280,7 +280,7 @@ def test_render_never_copies_a_file_that_results_json_names(tmp_path, secret, ru
     """Case 3: "lm_eval_log": "/…/id_rsa" in a received results.json; and the same through a relative
     path and through a link named lm_eval.log. Nothing is copied, the skip is one line naming it, the
     report is written. The control: a real lm_eval.log beside results.json travels with the report."""
-    from normswap.report.write import _log_beside
+    from normswap.report.report_dir import _log_beside
 
     results = _received(tmp_path / "received", lm_eval_log=str(secret))
     code, _, err = run_cli("eval", "render", results, "--out", tmp_path / "report")

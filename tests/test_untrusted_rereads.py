@@ -173,7 +173,7 @@ def _swap_for_link(path: Path, there: Path) -> None:
 def test_a_recipe_run_never_reads_back_a_link_or_another_users_file(tmp_path, run_cli, plant):
     """--resume skips a step found done and reads its output: a model linked in from elsewhere would
     be evaluated and reported as the run's own. Refused before any step, in one line naming it."""
-    from normswap.recipes.runner import run_dir_problem
+    from normswap.recipes.steps import run_dir_problem
 
     out = _run_dir(tmp_path)
     assert run_dir_problem(out) is None  # the control: the untouched DIR passes

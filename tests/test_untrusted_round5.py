@@ -6,7 +6,6 @@ files transformers reads on its own: tests/test_side_files.py.
 and with modes; a check that needs that is skipped, with the reason, where it is impossible.
 """
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -33,13 +32,9 @@ def _one_line(code, err, *needles):
 
 
 def _bench_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"round5_bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    import sys
+    import importlib
 
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"normswap.benchmarks.{name}")
 
 
 # -- case 3: writes through planted links -----------------------------------------------------------
@@ -48,7 +43,7 @@ def _bench_script(name: str):
 def test_bench_convert_save_replaces_a_planted_link_never_writes_through_it(tmp_path, monkeypatch):
     """``--save PREFIX`` used ``write_text``: a link PREFIX.json -> ~/.bashrc overwrote the victim's file.
     The measurement is stood in for (it takes minutes); the writing is the real code."""
-    bench = _bench_script("convert")
+    bench = _bench_script("conversion")
     bashrc = tmp_path / "home" / ".bashrc"
     bashrc.parent.mkdir()
     bashrc.write_text(SECRET)

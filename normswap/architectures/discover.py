@@ -20,7 +20,7 @@ flow. From it:
 
 The description is written in the family-file schema (paths templated over ``${i}`` when every
 layer has the same structure; describe.py) and is only ever used after
-``normswap.convert.family_check.check_family`` converted a fresh randomised tiny instance (tiny.py)
+``normswap.architectures.family_check.check_family`` converted a fresh randomised tiny instance (tiny.py)
 with it and found the outputs unchanged. The data flow itself is dataflow.py.
 """
 

@@ -44,7 +44,7 @@ def _load_all() -> dict[str, Family]:
 def load_family_file(path) -> Family:
     """A family file outside the package (``normswap convert --family-file``), validated like the
     shipped ones. It is not curated: its description travels with the converted checkpoint, as a
-    discovered one does, and it is used only after the same exactness check (convert/family_check.resolve_family)."""
+    discovered one does, and it is used only after the same exactness check (family_check.resolve_family)."""
     import dataclasses
 
     try:

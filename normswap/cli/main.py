@@ -17,16 +17,16 @@ from normswap.version import __version__
 
 # command name -> "module:attribute"
 COMMANDS = {
-    "convert": "normswap.cli.convert:convert",
-    "export": "normswap.cli.export:export",
-    "finetune": "normswap.cli.finetune:finetune",
-    "study": "normswap.cli.study:study",
-    "eval": "normswap.cli.eval:eval_group",
-    "bench": "normswap.cli.bench:bench",
-    "models": "normswap.cli.models:models",
-    "families": "normswap.cli.families:families",
-    "run": "normswap.cli.run:run",
-    "demo": "normswap.cli.demo:demo",
+    "convert": "normswap.cli.convert_command:convert",
+    "export": "normswap.cli.export_command:export",
+    "finetune": "normswap.cli.finetune_command:finetune",
+    "study": "normswap.cli.study_command:study",
+    "eval": "normswap.cli.eval_command:eval_group",
+    "bench": "normswap.cli.bench_command:bench",
+    "models": "normswap.cli.models_command:models",
+    "families": "normswap.cli.families_command:families",
+    "run": "normswap.cli.run_command:run",
+    "demo": "normswap.cli.demo_command:demo",
     "slice": "normswap.cli.slice:slice_command",
 }
 

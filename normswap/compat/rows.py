@@ -56,7 +56,7 @@ class Row:
 def all_rows() -> list[Row]:
     """Every curated family, then every architecture the survey converts exactly through discovery."""
     from normswap.architectures import all_families
-    from normswap.convert.survey import shipped_rows
+    from normswap.architectures.survey import shipped_rows
 
     rows = []
     for fam in all_families():

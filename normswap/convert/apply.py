@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from normswap.architectures.family_check import resolve_family
 from normswap.convert.config import ConvertOptions
-from normswap.convert.family_check import resolve_family
-from normswap.convert.inplace import check_convertible, convert_with_family
+from normswap.convert.inplace import check_convertible, convert_tiny, convert_with_family
 from normswap.convert.plan import Plan
 
 __all__ = ["check_convertible", "convert_model"]
@@ -22,6 +22,6 @@ def convert_model(
     """
     config = model.config
     check_convertible(model, config)
-    fam = family if family is not None else resolve_family(config, type(model))
+    fam = family if family is not None else resolve_family(config, type(model), convert=convert_tiny)
     options = ConvertOptions(mode=mode, gamma=gamma, beta=beta, untie=untie)
     return convert_with_family(model, fam, options, dtype=dtype, device=device)

@@ -1,6 +1,6 @@
 """Convert's options, declared once (normswap/declared.py).
 
-``ConvertOptions`` generates the ``normswap convert`` click options (cli/convert.py) and the recipe
+``ConvertOptions`` generates the ``normswap convert`` click options (cli/convert_command.py) and the recipe
 schema's ``convert:`` table (recipes/schema.py), is what ``convert_checkpoint`` takes, and carries
 the plan's choices (mode, γ, β, untie) to ``build_plan``; both entry points validate with
 :func:`option_errors`. The defaults below are the only ones.

@@ -24,9 +24,9 @@ import torch
 from normswap.checkpoint.remote_code import apply_normswap_structure
 from normswap.convert import ops
 from normswap.convert.config import ConvertOptions
-from normswap.convert.inputs import Inputs, tie_groups
-from normswap.convert.memory import release_freed_memory
 from normswap.convert.plan import Plan, build_plan
+from normswap.convert.release_memory import release_freed_memory
+from normswap.convert.tensor_match import Inputs, tie_groups
 from normswap.errors import NormswapError
 from normswap.model_facts import is_layernorm
 

@@ -1,8 +1,8 @@
 """Convert a model in memory, in place, with a family already chosen.
 
-The family lookup lives one level up (`apply.convert_model`): discovery checks each description it
-produces by converting a tiny instance through this module, so this module must not import
-`normswap.architectures`.
+The family lookup lives one level up (`apply.convert_model`). `convert_tiny` is the converter the
+family check (normswap/architectures/family_check.py) is given: it converts a tiny instance with each
+description discovery produces, the same way `normswap convert` computes the tensors.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from normswap.checkpoint.tensor_source import StateDict
 from normswap.convert.config import ConvertOptions
 from normswap.convert.execute import TensorDict, execute, prepare
-from normswap.convert.inputs import match
 from normswap.convert.plan import Plan
+from normswap.convert.tensor_match import match
 from normswap.errors import NormswapError
 from normswap.model_facts import is_layernorm, is_rmsnorm
 
@@ -49,3 +49,12 @@ def convert_with_family(model, family, options: ConvertOptions, *, dtype=None, d
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
     return conv.plan
+
+
+def convert_tiny(model, family, mode: str) -> None:
+    """``model`` converted in place with ``family`` in ``mode`` ("exact" or "approx"): the converter
+    architectures.family_check checks a family with. In exact mode a model with nothing to convert is
+    refused first (NormswapError)."""
+    if mode == "exact":
+        check_convertible(model, model.config)
+    convert_with_family(model, family, ConvertOptions(mode=mode))

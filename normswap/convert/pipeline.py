@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from normswap import devices
+from normswap.architectures.family_check import resolve_family, resolve_pooled_family
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import environment, history_entry, write_manifest
@@ -26,13 +27,13 @@ from normswap.checkpoint.side_files import copy_side_files
 from normswap.checkpoint.sizes import check_against_weights
 from normswap.checkpoint.tensor_source import SafetensorsFiles, local_dir, numel, open_source, weight_files
 from normswap.checkpoint.write import write_config_and_code
-from normswap.convert import inputs as ckinputs
 from normswap.convert import ops
+from normswap.convert import tensor_match as ckinputs
 from normswap.convert import verify as verification
 from normswap.convert.apply import check_convertible
 from normswap.convert.config import ConvertOptions, options_from
 from normswap.convert.execute import Conversion, TensorDict, execute, prepare
-from normswap.convert.family_check import resolve_family, resolve_pooled_family
+from normswap.convert.inplace import convert_tiny
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import check_output_path, publish_dir, staging_dir
 from normswap.version import __version__
@@ -74,9 +75,9 @@ def convert_checkpoint(
         check_convertible(model, config)
         declared = None  # which outputs stay exact, where not all do (--exact-outputs pooled)
         if options.exact_outputs == "pooled" and family_file is None:
-            family, declared = resolve_pooled_family(config, type(model))
+            family, declared = resolve_pooled_family(config, type(model), convert=convert_tiny)
         else:
-            family = resolve_family(config, type(model), family_file)
+            family = resolve_family(config, type(model), family_file, convert=convert_tiny)
         if family_file is not None:
             say(f"using the family file {family_file} (checked by converting a tiny randomised instance)")
         elif family.discovered:

@@ -25,8 +25,8 @@ from torch import nn
 from normswap.architectures.probes import complete_inputs, flat_outputs
 from normswap.checkpoint.remote_code import run_stored_logits_biases
 from normswap.checkpoint.tensor_source import numel
-from normswap.convert.inputs import persistent_buffers
-from normswap.convert.memory import release_freed_memory
+from normswap.convert.release_memory import release_freed_memory
+from normswap.convert.tensor_match import persistent_buffers
 from normswap.errors import NormswapError
 from normswap.model_facts import context_length
 

@@ -1,7 +1,7 @@
 """The evaluation's options, declared once (normswap/declared.py).
 
 ``EvalConfig`` (with its nested ``SpeedConfig``) generates the ``normswap eval report|ppl|speed``
-click options (cli/eval.py picks which of them each command offers) and the recipe schema's
+click options (cli/eval_command.py picks which of them each command offers) and the recipe schema's
 ``eval:`` table (recipes/schema.py); both validate with :func:`option_errors`. The defaults below
 are the only ones: the commands, recipes and ``evaluate()`` read them from here.
 

@@ -5,7 +5,7 @@ returns ``{model name: record}`` plus the top-level keys it adds to results.json
 ``row()`` is its share of the model's results.json row (docs/results-schema.md: those keys are a
 contract); a measurement that does not run still contributes its empty record's row, so every row
 has the same keys. Which measurements run is chosen by the models' kind (evaluate/kinds.py) and the
-configuration (evaluate/config.py); ``evaluate/runner.py`` runs them in :data:`MEASUREMENTS` order.
+configuration (evaluate/config.py); ``evaluate/side_by_side.py`` runs them in :data:`MEASUREMENTS` order.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from normswap.evaluate.config import EvalConfig
 class Run:
     """What every measurement reads."""
 
-    entries: list  # ModelEntry (evaluate/runner.py), in report order
+    entries: list  # ModelEntry (evaluate/side_by_side.py), in report order
     config: EvalConfig  # seq_len and stride resolved
     text: str  # the (capped) evaluation text, the same for every model
     group: str  # causal-lm or encoder (kinds.GROUP)
@@ -174,7 +174,7 @@ def null_control_model(run: Run, entry):
 
 def measure_speed(run: Run):
     from normswap.evaluate.kinds import SPEED_BY_GROUP
-    from normswap.evaluate.speed import measure_speed_run
+    from normswap.evaluate.throughput import measure_speed_run
 
     cfg = run.config
     setup = dataclasses.replace(
@@ -193,7 +193,7 @@ def measure_speed(run: Run):
         "speed_setup": setup.to_dict(),
         "speed_noise": measured["machine"],
         "speed_timing": measured["timing"],  # per kind: the instrument's stop reason, pairs, seconds
-    }  # runner.py adds the null control's verdict
+    }  # side_by_side.py adds the null control's verdict
     if control is not None:
         top["null_control"] = {"name": control[0], "of": base.name, **measured["null_control"]}
     return {name: SpeedRecord(**m) for name, m in measured["models"].items()}, top

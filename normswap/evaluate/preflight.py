@@ -90,7 +90,7 @@ def describe(planned, progress=None) -> list[ModelFacts]:
 
 
 def facts_of(entries) -> list[ModelFacts]:
-    """:class:`ModelFacts` of loaded entries (evaluate/runner.py's ModelEntry)."""
+    """:class:`ModelFacts` of loaded entries (evaluate/side_by_side.py's ModelEntry)."""
     from normswap.evaluate.kinds import model_kind
 
     return [

@@ -3,7 +3,7 @@
 Throughput ratios (forward, train step, prefill, decode, generate) come from normswap's one timing
 instrument, normswap/timing.py: interleaved pairs, the median of per-pair ratios with a bootstrap
 interval, a null control (the baseline loaded a second time) timed in the same rounds, and a stop
-rule. evaluate/speed.py stores each model's result per kind under ``speed_setup.paired``; this
+rule. evaluate/throughput.py stores each model's result per kind under ``speed_setup.paired``; this
 module turns it into results.json's ``ratio_intervals`` entries ``{low, high, median, repeats,
 pairs, stop_reason, verdict}`` (``repeats`` = ``pairs``; verdict ``higher`` / ``lower`` for the
 instrument's faster / slower, the words the results schema has always used for a number above or

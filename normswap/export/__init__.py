@@ -35,7 +35,7 @@ def run_export(
 ) -> dict:
     """Export the checkpoint ``src`` to ``dest`` in ``fmt``; published only when verified. Returns
     the export record (also in DEST's normswap_manifest.json)."""
-    from normswap.export.checkpoint import local_model_dir
+    from normswap.export.open_checkpoint import local_model_dir
     from normswap.overlap import check_disjoint
     from normswap.publish import check_output_path, output_lock, publish_dir, staging_dir
 
@@ -73,7 +73,7 @@ def verify_export(src, dest, fmt: str, *, tolerance=DEFAULT_TOLERANCE) -> dict:
     """The check ``run_export`` made before publishing, run again on an existing ``dest``: the stock
     export against ``src`` in float64, or the ONNX graph in onnxruntime against ``src`` in PyTorch.
     Returns {metric, dtype, max_abs_diff, threshold, passed, ...}."""
-    from normswap.export.checkpoint import local_model_dir, open_checkpoint
+    from normswap.export.open_checkpoint import local_model_dir, open_checkpoint
 
     src_dir, dest_dir = local_model_dir(src, "the checkpoint"), Path(dest)
     if fmt == "stock":

@@ -40,12 +40,12 @@ from normswap.checkpoint.manifest import history_entry, read_manifest, write_man
 from normswap.checkpoint.remote_code import carried_keys
 from normswap.checkpoint.shards import ShardedCheckpoint
 from normswap.checkpoint.write import copy_side_files
-from normswap.convert import inputs as ckinputs
+from normswap.convert import tensor_match as ckinputs
 from normswap.convert.stream_record import off_centre, stream_writers
 from normswap.errors import NormswapError
 from normswap.export.affine import AVOID, move_folded_affine
-from normswap.export.checkpoint import open_checkpoint
 from normswap.export.compare import compare_models
+from normswap.export.open_checkpoint import open_checkpoint
 from normswap.model_facts import is_layernorm, layout_of
 
 

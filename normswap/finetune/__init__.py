@@ -18,8 +18,8 @@ import importlib
 
 _HOME = {
     "FinetuneConfig": "config",
-    "TrainStream": "data",
-    "eval_blocks": "data",
+    "TrainStream": "batches",
+    "eval_blocks": "batches",
     "heldout_loss": "objectives",
     "lr_factor": "schedule",
     "TrainingDiverged": "trainer",

@@ -2,7 +2,7 @@
 
 Each field of ``FinetuneConfig`` is declared with ``normswap.declared.option`` (help text, bounds,
 choices) plus its role under ``--resume``; from them come the ``normswap finetune`` click options
-(cli/finetune.py), the recipe schema's ``finetune:`` table (recipes/schema.py), the validation of
+(cli/finetune_command.py), the recipe schema's ``finetune:`` table (recipes/schema.py), the validation of
 both, and what ``--resume`` may change:
 
 * ``resume="match"``: part of the run's trajectory or of its evaluation; a resumed run takes the

@@ -43,9 +43,9 @@ import torch
 from normswap.data import finetune_splits
 from normswap.errors import NormswapError
 from normswap.finetune import state as ckpt
+from normswap.finetune.batches import TrainStream, corpus_header, eval_blocks, fingerprint, training_data_record
 from normswap.finetune.centring import Centring, keep_centred
 from normswap.finetune.config import LOG_FILE, FinetuneConfig, default_eval_tokens, flag, option_errors, options
-from normswap.finetune.data import TrainStream, corpus_header, eval_blocks, fingerprint, training_data_record
 from normswap.finetune.encoder_objectives import Encoder
 from normswap.finetune.objectives import CausalLM
 from normswap.finetune.run_dir import RunDir, check_out_overlap

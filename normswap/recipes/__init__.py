@@ -12,7 +12,7 @@ from normswap.recipes.schema import RecipeError, describe_fields, validate
 
 
 def run_recipe(loaded, out, **kwargs):
-    from normswap.recipes.runner import run_recipe as _run
+    from normswap.recipes.steps import run_recipe as _run
 
     return _run(loaded, out, **kwargs)
 

@@ -5,7 +5,7 @@
 initialised per seed. ``build_arm`` turns the starting LayerNorm model into one arm:
 
 * ``layernorm`` / ``layernorm-control``: the model as it is (the control differs in its data
-  order and dropout stream, trainer.py, not in its weights); the planted arms
+  order and dropout stream, interleaved.py, not in its weights); the planted arms
   ``layernorm-planted-lr0.7`` and ``-lr0.5`` too (they differ in their rate: config.PLANTED_LR, the
   study's known handicap);
 * ``rmsnorm``: normswap's approximate conversion with ``gamma="reset", beta="drop"`` — every

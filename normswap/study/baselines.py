@@ -12,7 +12,7 @@ Two count models of the training tokens the arms read (seed 0's stream, steps ×
 Neither is tuned on the held-out blocks. Both are scored exactly like the arms: the mean negative
 log-likelihood (nats) of every token of a block but its first, given the previous one. An arm
 whose final loss is not below the bigram's has learned little beyond adjacent-token statistics,
-so claims.py calls equal loss "not measurable here" for it (a loss both arms reach by learning
+so claim_judges.py calls equal loss "not measurable here" for it (a loss both arms reach by learning
 almost nothing is equal by construction).
 """
 

@@ -2,7 +2,7 @@
 measured difference as a verdict.
 
 Nothing here judges a claim: the verdicts come from results.json (``claims``, written by
-claims.py) and from each interval's own ``verdict`` (stats.py). This module only says them in
+claim_judges.py) and from each interval's own ``verdict`` (stats.py). This module only says them in
 plain language, each with the numbers behind it and what would change it, and reads every key
 it does not strictly need with ``.get`` so that an older results.json still renders.
 """

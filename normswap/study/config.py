@@ -1,6 +1,6 @@
 """The study's options, declared once (normswap/declared.py).
 
-``StudyConfig`` generates ``normswap study``'s click options (cli/study.py) and the recipe schema's
+``StudyConfig`` generates ``normswap study``'s click options (cli/study_command.py) and the recipe schema's
 ``study:`` table (recipes/schema.py); both validate with :func:`option_errors`. ``resume="free"``
 marks the operational options a ``--resume`` may change; every other option is part of the study
 and must match what DIR recorded.

@@ -10,7 +10,7 @@ from normswap.errors import NormswapError
 from normswap.study import migration
 from normswap.study.arms import open_source
 from normswap.study.config import DEFAULT_MODEL, StudyConfig
-from normswap.study.heldout import heldout_blocks
+from normswap.study.heldout_blocks import heldout_blocks
 
 
 def open_study_source(cfg: StudyConfig):

@@ -1,6 +1,6 @@
 """Which implementation computes each arm's norms, in which dtype, and what it really is.
 
-Three jobs, each done once here and used by arms.py (building), trainer.py (observing one real
+Three jobs, each done once here and used by arms.py (building), interleaved.py (observing one real
 step) and the throughput analysis (the kernel speed-up behind the Amdahl bound):
 
 * **Choosing** (``--kernels``). RMSNorm has several implementations; LayerNorm has one worth

@@ -50,7 +50,7 @@ ABLATIONS = {"rmsnorm-approx": "γ kept (folded into the readers) instead of γ 
 def blocks(tokenizer, eval_spec: str, cfg, eval_set: torch.Tensor) -> dict:
     """``{"validation": rows, "test": rows, "how": ...}``: the study's held-out blocks and a disjoint test set."""
     from normswap.data import has_own_splits
-    from normswap.finetune.data import eval_blocks
+    from normswap.finetune.batches import eval_blocks
 
     if has_own_splits(eval_spec):
         test = eval_blocks(tokenizer, eval_spec, cfg.seq_len, cfg.eval_tokens, split="test")
@@ -64,7 +64,7 @@ def blocks(tokenizer, eval_spec: str, cfg, eval_set: torch.Tensor) -> dict:
 
 def block_losses(model, rows: torch.Tensor, precision: str, device, micro: int = 8) -> list[float] | None:
     """Mean next-token loss of each block (row), or None when any is non-finite."""
-    from normswap.study.trainer import autocast_for
+    from normswap.study.interleaved import autocast_for
 
     was = model.training
     model.eval()

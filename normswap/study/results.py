@@ -1,6 +1,6 @@
 """From the finished units to results.json's numbers: per-unit summaries and paired comparisons.
 
-Final quality: a unit's ``final_eval_loss`` is the mean of its final evaluations (trainer.py). A
+Final quality: a unit's ``final_eval_loss`` is the mean of its final evaluations (interleaved.py). A
 seed where an arm diverged keeps its place as an outcome: its final quality is the uniform
 distribution's loss ln V (what a model that has learned nothing scores), so the paired difference
 of that seed shows the divergence instead of vanishing from the interval; ``diverged`` counts them.

@@ -34,7 +34,7 @@ from normswap.devices import resolve_device
 from normswap.errors import NormswapError
 from normswap.evaluate.lm_eval_adapter import unavailable as lm_eval_unavailable
 from normswap.finetune.step import Schedule
-from normswap.study import claims as claims_mod
+from normswap.study import claim_judges as claims_mod
 from normswap.study import kernels as study_kernels
 from normswap.study import measure, migration, sampler, speed, speed_phase
 from normswap.study import results as res
@@ -51,8 +51,8 @@ from normswap.study.config import (
     option_errors,
 )
 from normswap.study.inputs import open_study_source, study_data
+from normswap.study.interleaved import Dist, Group, Hooks
 from normswap.study.study_dir import StudyDir, resolve_resume, unit_key
-from normswap.study.trainer import Dist, Group, Hooks
 from normswap.study.units import Trainer, run_in_workers
 
 SCHEMA_VERSION = 1
@@ -450,7 +450,7 @@ def plan_study(cfg: StudyConfig, given, hooks: Hooks, echo) -> Plan:
     _check_sizes(cfg, source, dist.world)
     _lm_eval_or_note(cfg, dist, notes, echo)
     data = study_data(cfg, source)
-    from normswap.finetune.data import TrainStream
+    from normswap.finetune.batches import TrainStream
 
     TrainStream(source.tokenizer, cfg.data, cfg.seq_len, 0, split=data["train_split"]).take(1)  # too short: now
     if cfg.steps < cfg.warmup and dist.rank == 0:
@@ -750,7 +750,7 @@ def _setup_record(plan: Plan, trained: Trained, analysis: dict) -> dict:
             "blocks_in_pool": heldout["read"],
             "stride_blocks": heldout["stride"],
             "split": data["eval_split"],
-            "rule": "disjoint blocks at an even stride over the validation split (study/heldout.py)",
+            "rule": "disjoint blocks at an even stride over the validation split (study/heldout_blocks.py)",
         },
         "control_data": "layernorm-control: own data order and dropout stream (seed + 1000003), same init",
         "data_order": sampler.METHOD,
@@ -832,7 +832,7 @@ def write_results(plan: Plan, trained: Trained, analysis: dict, speed_record: di
     from normswap.publish import atomic_write_json
 
     atomic_write_json(plan.study.results_file, results)
-    from normswap.study.report import write_report
+    from normswap.study.study_report import write_report
 
     write_report(results, plan.study.out)
     plan.study.write_run(dict(plan.study.read_run() or {}, status="finished"))

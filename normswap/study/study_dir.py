@@ -2,7 +2,7 @@
 
 A unit is one arm × seed × learning-rate multiplier. Its file is written (atomically) the moment it
 finishes or diverges, so a study stopped at any point keeps every finished unit; ``--resume`` runs
-only the others (trainer.py: a group of fewer arms computes exactly what the whole group would).
+only the others (interleaved.py: a group of fewer arms computes exactly what the whole group would).
 DIR is never another command's input: it may not overlap MODEL or the data, and a directory that
 is not a study (a model, anything else that is not empty) is refused even with ``--force``.
 """

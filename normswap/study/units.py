@@ -2,7 +2,7 @@
 worker processes (``--workers``), each unit written to DIR the moment it ends.
 
 A unit is one arm × seed × rate. Nothing an arm computes depends on the arms beside it
-(trainer.py), so a unit trained alone in a worker computes what it would inside its whole group;
+(interleaved.py), so a unit trained alone in a worker computes what it would inside its whole group;
 what a worker does not give is timing: its steps ran beside other processes, never paired with
 the baseline's, so a worker's unit keeps no timed steps (``timing_paired: false``) and speed comes
 from the separate timing phase (speed_phase.py).
@@ -21,8 +21,8 @@ import dataclasses
 import torch
 
 from normswap.study import migration
+from normswap.study.interleaved import Dist, Group, Hooks
 from normswap.study.study_dir import StudyDir, unit_key
-from normswap.study.trainer import Dist, Group, Hooks
 
 
 @dataclasses.dataclass

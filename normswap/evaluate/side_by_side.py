@@ -19,7 +19,7 @@ from normswap.errors import NormswapError
 from normswap.evaluate.config import EvalConfig
 from normswap.evaluate.kinds import PROBE_INPUT, common_group, model_kind
 from normswap.evaluate.measurements import MEASUREMENTS, Run
-from normswap.evaluate.models import model_info
+from normswap.evaluate.model_info import model_info
 from normswap.evaluate.stats import METHOD as RATIO_METHOD
 from normswap.evaluate.stats import SAMPLED, null_intervals, ratio_intervals
 

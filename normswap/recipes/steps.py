@@ -258,7 +258,7 @@ class EvalStep:
         )
 
     def complete(self, ctx: Context) -> bool:
-        from normswap.report.write import RESULTS
+        from normswap.report.report_dir import RESULTS
 
         return not ctx.ran_any and (self.target(ctx) / RESULTS).is_file()
 
@@ -267,7 +267,7 @@ class EvalStep:
         from normswap.devices import resolve_dtype
         from normswap.evaluate.config import EvalConfig
         from normswap.evaluate.preflight import describe, prepare
-        from normswap.evaluate.runner import evaluate, load_planned
+        from normswap.evaluate.side_by_side import evaluate, load_planned
         from normswap.report import write_report
 
         r, say = ctx.recipe, lambda m: ctx.say(f"eval: {m}")
@@ -300,7 +300,7 @@ class EvalStep:
         return {}
 
     def results(self, ctx: Context) -> dict:
-        from normswap.report.write import RESULTS
+        from normswap.report.report_dir import RESULTS
 
         return bounded_load.load_json(self.target(ctx) / RESULTS, what="an evaluation's results.json")
 
@@ -588,8 +588,8 @@ class Runner:
             for step in steps:
                 self._run_step(step, ctx)
         from normswap.report.render import noise_banner
+        from normswap.report.report_dir import HTML
         from normswap.report.tables import markdown_table, summary_rows, summary_table
-        from normswap.report.write import HTML
 
         results = steps[-1].results(ctx)
         rows = summary_rows(results)

@@ -24,9 +24,9 @@ set_option = click.option(
 def print_outcome(state: dict, out, *, seconds: float) -> None:
     from pathlib import Path
 
-    from normswap.recipes.runner import MODELS, REPORT, RUN_FILE, SUMMARY
+    from normswap.recipes.steps import MODELS, REPORT, RUN_FILE, SUMMARY
+    from normswap.report.report_dir import HTML, MARKDOWN, RESULTS
     from normswap.report.tables import summary_table, text_table
-    from normswap.report.write import HTML, MARKDOWN, RESULTS
 
     click.echo("")
     click.echo(text_table(*summary_table(state["summary"])))
@@ -101,7 +101,7 @@ def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
     if not out:
         raise NormswapError("--out DIR is required to run a recipe (or use --check to only validate it)")
     from normswap.publish import output_lock
-    from normswap.recipes.runner import check_overlap, run_recipe
+    from normswap.recipes.steps import check_overlap, run_recipe
 
     check_overlap(loaded, out)  # before the lock file is made beside DIR (the runner checks again under it)
     t0 = time.perf_counter()

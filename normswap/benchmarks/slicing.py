@@ -1,4 +1,4 @@
-"""`normswap bench slice`: what slicing buys in speed, and what each basis costs in perplexity.
+"""The benchmark `normswap bench slice` runs: what slicing buys in speed, and what each basis costs in perplexity.
 
 Speed (the default). A GPT-2-shaped model (default GPT-2 small: 12 × 768, 50,257 tokens, random
 init from its config: the arithmetic is what is timed, not what the weights know) is converted
@@ -8,7 +8,7 @@ layer and a k × k shortcut where the stream enters each layer). The rotations a
 random token ids (a randomly initialised model has no text it knows; the shapes, and so the speed,
 do not depend on the basis). Two comparisons per kind, each with its own null control, in balanced
 rounds of interleaved pairs (normswap/timing.py), every model on memory of its own
-(evaluate/speed.own_memory):
+(evaluate/throughput.own_memory):
 
 - against the LayerNorm original: the conversion and sliced; null: the original again;
 - against the unsliced conversion: sliced and per-layer; null: the conversion again.
@@ -37,9 +37,6 @@ import json
 import time
 from pathlib import Path
 
-import click
-
-from normswap.cli.options import target_option
 from normswap.publish import atomic_write_json, check_output_file
 
 SPEED_ARMS = ("original", "conversion", "sliced", "per-layer")
@@ -144,7 +141,7 @@ def measure_speed(
 ) -> dict:
     """Both comparisons for every kind: {kind: {"vs_original": ..., "vs_conversion": ...}}."""
     from normswap.evaluate.config import SpeedConfig
-    from normswap.evaluate.speed import ModelBench, compare_kind, machine_load
+    from normswap.evaluate.throughput import ModelBench, compare_kind, machine_load
 
     cfg = SpeedConfig(
         repeats=max_pairs,
@@ -421,54 +418,15 @@ def _fractions(text: str) -> tuple[float, ...]:
     return values
 
 
-@click.command("slice")
-@click.option("--fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.25,
-              show_default=True, help="Speed: the share of the stream's width deleted.")  # fmt: skip
-@click.option("--layers", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["layers"], show_default=True)
-@click.option("--width", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["width"], show_default=True)
-@click.option("--heads", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["heads"], show_default=True)
-@click.option("--vocab", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["vocab"], show_default=True)
-@click.option("--seq-len", type=click.IntRange(1), default=128, show_default=True, help="Forward: tokens at batch 1.")
-@click.option("--cache-tokens", type=click.IntRange(1), default=32, show_default=True, help="Decode: the KV cache.")
-@click.option("--new-tokens", type=click.IntRange(1), default=5, show_default=True, help="Decode steps a block.")
-@click.option("--budget", type=click.FloatRange(0), default=90.0, show_default=True,
-              help="Seconds of forward pairs per comparison (two) at most.")  # fmt: skip
-@click.option("--decode-budget", type=click.FloatRange(0), default=40.0, show_default=True,
-              help="Seconds of decode pairs per comparison (two) at most.")  # fmt: skip
-@click.option("--repeats", type=click.IntRange(1), default=2000, show_default=True,
-              help="Rounds per comparison at most.")  # fmt: skip
-@target_option(0.01)
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads.")
-@click.option("--calibration-tokens", type=click.IntRange(1), default=None,
-              help="Tokens the rotations are fitted on (speed: 1,024 random ids; quality: 32,768 of the "
-              "training split).")  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--quality", is_flag=True,
-              help="Perplexity on the held-out books per basis and fraction instead of speed.")  # fmt: skip
-@click.option("--model", "models", multiple=True, help="Quality: the models (default: the shipped ones).")
-@click.option("--fractions", default=",".join(str(f) for f in DEFAULT_FRACTIONS), show_default=True,
-              help="Quality: the fractions, comma-separated.")  # fmt: skip
-@click.option("--eval-tokens", type=click.IntRange(0), default=0, show_default=True,
-              help="Quality: score this many tokens of the held-out books (0: all of them).")  # fmt: skip
-@click.option("--shape-parameters/--no-shape-parameters", default=True, show_default=True,
-              help="Quality: also count the parameters of the GPT-2 shape (--layers ...) at every "
-              "fraction.")  # fmt: skip
-@click.option("--speed-json", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Quality: a speed run's --json, whose ratios join the curve (slice_curve.speed).")  # fmt: skip
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
-              help="Quality: draw slice_curve.png (perplexity, speed by fraction) into this folder.")  # fmt: skip
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def slice_bench(
-    fraction, layers, width, heads, vocab, seq_len, cache_tokens, new_tokens, budget, decode_budget, repeats, target,
-    threads,
-    calibration_tokens, seed, quality, models, fractions, eval_tokens, shape_parameters, speed_json, plot_dir, json_out,
-):  # fmt: skip
-    """Sliced models against the exact conversion and the LayerNorm original: speed of a GPT-2 shape
-    (forward and decode at batch 1, null controls, the per-layer design beside it), or with --quality the
-    perplexity of each basis at each fraction on the shipped models, with parameter counts."""
+def run_slice(
+    *, fraction, layers, width, heads, vocab, seq_len, cache_tokens, new_tokens, budget, decode_budget, repeats, target,
+    threads, calibration_tokens, seed, quality, models, fractions, eval_tokens, shape_parameters, speed_json, plot_dir,
+    json_out, echo=print,
+) -> dict:  # fmt: skip
+    """What `normswap bench slice` runs (its options, by name); each line of the outcome given to ``echo``."""
     import torch
 
-    from normswap.evaluate.speed import machine_load
+    from normswap.evaluate.throughput import machine_load
     from normswap.progress import Heartbeat, stderr_lines
 
     fracs = _fractions(fractions)
@@ -480,7 +438,7 @@ def slice_bench(
     result: dict = {"threads": threads, "seed": seed, "machine_before": machine_load()}
     with Heartbeat(stderr_lines("[normswap bench slice] ")) as beat:
         if quality:
-            from normswap.cli.bench_decode import shipped
+            from normswap.benchmarks.decode import shipped
 
             result["quality"] = [
                 measure_quality(
@@ -536,6 +494,7 @@ def slice_bench(
     result["machine_after"] = machine_load()
     result["seconds"] = round(time.perf_counter() - t0, 1)
     for line in lines:
-        click.echo(line)
+        echo(line)
     if json_out:
         atomic_write_json(Path(json_out), result, indent=1)
+    return result

@@ -76,7 +76,7 @@ def _cut(cache, length: int) -> None:
         try:
             cache.crop(-extra)
         except (RuntimeError, ValueError, NotImplementedError):
-            pass  # speed.py refills it instead
+            pass  # throughput.py refills it instead
 
 
 def own_memory(model) -> int:

@@ -6,16 +6,19 @@ Architectures whose tiny model holds no LayerNorm-like module (by class: nn.Laye
 and classes named *LayerNorm*) are counted but not tried. Each of the others is discovered and
 checked exactly as `normswap convert` would, and gets one row: exact / approx-only (post-LN) /
 refused with the reason. A per-architecture time limit keeps one slow model from stalling the run.
+The check converts with the converter the caller passes (``convert``, family_check.Converter).
 """
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
 from contextlib import contextmanager
 
 import torch
 
+from normswap.architectures.family_check import Converter
 from normswap.errors import first_line
 from normswap.model_facts import is_layernorm
 
@@ -44,12 +47,12 @@ def has_layernorm_class(model) -> bool:
     return any(is_layernorm(m) for m in model.modules())
 
 
-def survey_one(model_type: str) -> dict:
+def survey_one(model_type: str, *, convert: Converter) -> dict:
     from transformers import AutoConfig
 
+    from normswap.architectures.family_check import discover_family
     from normswap.architectures.registry import has_family
     from normswap.architectures.tiny import model_class, shrink_config
-    from normswap.convert.family_check import discover_family
     from normswap.errors import DiscoveryError
 
     row = {"model_type": model_type, "curated": False, "run": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())[:10]}
@@ -69,7 +72,7 @@ def survey_one(model_type: str) -> dict:
         cls = type(skeleton)
         with _time_limit(PER_MODEL_SECONDS):
             try:
-                family, check = discover_family(config, cls)
+                family, check = discover_family(config, cls, convert=convert)
             except DiscoveryError as e:
                 row.update(status=_status_of(str(e)), reason=str(e))
                 return row
@@ -121,9 +124,8 @@ def _preload():
     import transformers.modeling_utils  # noqa: F401
     from transformers import AutoModel, AutoModelForCausalLM  # noqa: F401
 
+    import normswap.architectures.family_check  # noqa: F401
     import normswap.architectures.randomize  # noqa: F401
-    import normswap.convert.apply  # noqa: F401
-    import normswap.convert.family_check  # noqa: F401
 
     transformers.logging.set_verbosity_error()
 
@@ -133,8 +135,11 @@ def _worker_init():
     _preload()
 
 
-def run_survey(only=None, progress=None, jobs=1) -> list[dict]:
-    """One row per model_type, in order; ``jobs`` worker processes (each architecture is independent)."""
+def run_survey(*, convert: Converter, only=None, progress=None, jobs=1) -> list[dict]:
+    """One row per model_type, in order; ``jobs`` worker processes (each architecture is independent).
+    ``convert`` must be a module-level function (the workers receive it pickled, its module imported
+    before any time limit applies)."""
+    one = functools.partial(survey_one, convert=convert)
     names = only or model_types()
     _worker_init() if jobs <= 1 else None
     rows = []
@@ -149,23 +154,23 @@ def run_survey(only=None, progress=None, jobs=1) -> list[dict]:
 
     if jobs <= 1:
         for mt in names:
-            report(survey_one(mt))
+            report(one(mt))
     else:
         import multiprocessing
 
         # spawn, not fork: a forked torch thread pool can deadlock the workers
         with multiprocessing.get_context("spawn").Pool(jobs, initializer=_worker_init) as pool:
-            for row in pool.imap_unordered(survey_one, names):
+            for row in pool.imap_unordered(one, names):
                 report(row)
     order = {mt: i for i, mt in enumerate(names)}
     return sorted(rows, key=lambda r: order[r["model_type"]])
 
 
-def update_rows(rows, *, statuses, progress=None, jobs=1) -> list[dict]:
+def update_rows(rows, *, statuses, convert: Converter, progress=None, jobs=1) -> list[dict]:
     """``rows`` with those of the given statuses surveyed again (a partial run when a full one does
     not fit; each row keeps the date of the run that produced it)."""
     again = [r["model_type"] for r in rows if r["status"] in statuses]
-    fresh = {r["model_type"]: r for r in run_survey(only=again, progress=progress, jobs=jobs)}
+    fresh = {r["model_type"]: r for r in run_survey(convert=convert, only=again, progress=progress, jobs=jobs)}
     return [fresh.get(r["model_type"], r) for r in rows]
 
 
@@ -308,7 +313,7 @@ def survey_markdown(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def declared_outputs_one(model_type: str) -> dict:
+def declared_outputs_one(model_type: str, *, convert: Converter) -> dict:
     """For a pre-LN architecture refused because its raw stream is an output: which outputs an exact
     conversion keeps and which move, on a tiny randomised instance (the data for `--exact-outputs
     pooled`). Discovery describes it anyway (``refuse_raw_outputs=False``), the tiny instance is
@@ -320,10 +325,10 @@ def declared_outputs_one(model_type: str) -> dict:
     from transformers import AutoConfig
 
     from normswap.architectures.discover import discover
+    from normswap.architectures.family_check import check_family
     from normswap.architectures.probes import model_outputs, probe_inputs
     from normswap.architectures.schema import parse_family
     from normswap.architectures.tiny import model_class, shrink_config, tiny_instance
-    from normswap.convert.family_check import check_family
     from normswap.errors import DiscoveryError
 
     row = {"model_type": model_type}
@@ -339,7 +344,7 @@ def declared_outputs_one(model_type: str) -> dict:
             except DiscoveryError as e:
                 row.update(status="refused", reason=str(e))
                 return row
-            check = check_family(parse_family(raw, f"discovered from {cls.__name__}"), config, cls)
+            check = check_family(parse_family(raw, f"discovered from {cls.__name__}"), config, cls, convert=convert)
             outputs = list(model_outputs(model, probe_inputs(model, seq_len=8, seed=1)))
     except _Timeout:
         row.update(status="refused", reason=f"took over {PER_MODEL_SECONDS} s")

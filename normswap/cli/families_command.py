@@ -1,9 +1,9 @@
-"""`normswap families`: the supported families, straight from the data files."""
+"""`normswap families`: the command; what it lists, discovers and surveys is normswap/architectures/'s
+(catalog.py, model_family.py, survey.py), the matrix normswap/compat/'s."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
@@ -23,81 +23,6 @@ def _check_outputs(force: bool, reads, **outputs) -> None:
             check_output_file(path, force=force, reads=reads, label=f"--{flag.replace('_', '-')}")
 
 
-def family_rows() -> list[dict]:
-    from normswap.architectures import all_families
-
-    rows = []
-    for fam in all_families():
-        if isinstance(fam.placement, str):
-            placement = fam.placement
-        else:
-            vals = fam.placement["values"]
-            post = [v for v, p in vals.items() if p == "post"]
-            placement = f"pre (post if {fam.placement['attribute']}={'/'.join(post)})"
-        rows.append(
-            {
-                "name": fam.name,
-                "display": fam.display,
-                "model_types": list(fam.model_types),
-                "placement": placement,
-                "exact": "pre" in placement,
-                "norms_per_layer": len({n.norm for n in fam.norms}),
-                "left_alone": [la.reason for la in fam.leave_alone],
-                "examples": list(fam.examples),
-                "notes": fam.notes,
-                "data_file": fam.source,
-            }
-        )
-    return rows
-
-
-def discovered_rows() -> list[dict]:
-    """Architectures without a family file that the committed survey converted (exact or approximate):
-    what `normswap families --all` adds. They are re-discovered and re-checked at every convert."""
-    from normswap.convert.survey import shipped_rows
-
-    rows = []
-    for r in shipped_rows():
-        if r.get("curated") or r["status"] not in ("exact", "approx-only"):
-            continue
-        exact = r["status"] == "exact"
-        rows.append(
-            {
-                "name": r["model_type"],
-                "display": f"{r.get('class', r['model_type'])} (discovered)",
-                "model_types": [r["model_type"]],
-                "placement": "pre" if exact else "post",
-                "exact": exact,
-                "norms_per_layer": None,
-                "left_alone": [],
-                "examples": [],
-                "notes": r.get("reason", ""),
-                "data_file": None,
-                "discovered": True,
-            }
-        )
-    return rows
-
-
-def markdown_table(rows) -> str:
-    lines = [
-        "| family | model_type | LayerNorm placement | exact mode | left alone | example hub ids |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        exact = (
-            "yes"
-            if r["exact"] and "post" not in r["placement"]
-            else ("pre-LN layouts" if r["exact"] else "no: approx + heal")
-        )
-        left = "per-head q/k norms" if r["left_alone"] else ""
-        lines.append(
-            f"| {r['display']} | `{', '.join(r['model_types'])}` | {r['placement']} | {exact} | "
-            f"{left} | {', '.join(f'`{e}`' for e in r['examples'])} |"
-        )
-    return "\n".join(lines)
-
-
 @click.group(invoke_without_command=True)
 @json_option
 @click.option("--markdown", is_flag=True, help="The supported-family table of docs/convert.md.")
@@ -114,6 +39,8 @@ def families(ctx, as_json, markdown, show_all):
     """List the LayerNorm families normswap knows (one data file each); discover new ones."""
     if ctx.invoked_subcommand is not None:
         return
+    from normswap.architectures.catalog import discovered_rows, family_rows, markdown_table
+
     rows = family_rows() + (discovered_rows() if show_all else [])
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -143,7 +70,10 @@ def discover(model, out, force, as_json):
     """Derive a family description from MODEL (a model directory, config.json, hub id or converted
     checkpoint), check it by converting a tiny randomised instance, and print or save it."""
     _check_outputs(force, [("the model", model)], out=out)
-    result = run_discover(model, out)
+    from normswap.architectures.model_family import family_description
+    from normswap.convert.inplace import convert_tiny
+
+    result = family_description(model, out, convert=convert_tiny)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
         return
@@ -200,15 +130,22 @@ def survey(out, only, jobs, save_json, shard, from_json, update, force, as_json)
     """Try discovery on every config class of the installed transformers that builds a model with
     LayerNorm-like modules, and tabulate exact / approximate-only / refused with the reason."""
     _check_outputs(force, [("the saved rows", f) for f in from_json], out=out, save_json=save_json)
-    from normswap.convert.survey import load_rows, model_types, run_survey, shard_of, survey_markdown, update_rows
+    from normswap.architectures.survey import load_rows, model_types, run_survey, shard_of, survey_markdown, update_rows
+    from normswap.convert.inplace import convert_tiny
 
     names = list(only) or (shard_of(model_types(), shard) if shard else None)
     if from_json and update:
-        rows = update_rows(load_rows(from_json), statuses=update, progress=lambda m: click.echo(m, err=True), jobs=jobs)
+        rows = update_rows(
+            load_rows(from_json),
+            statuses=update,
+            convert=convert_tiny,
+            progress=lambda m: click.echo(m, err=True),
+            jobs=jobs,
+        )
     elif from_json:
         rows = load_rows(from_json)
     else:
-        rows = run_survey(only=names, progress=lambda m: click.echo(m, err=True), jobs=jobs)
+        rows = run_survey(convert=convert_tiny, only=names, progress=lambda m: click.echo(m, err=True), jobs=jobs)
     if save_json:
         from normswap.publish import atomic_write_text
 
@@ -352,66 +289,3 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
         click.echo(f"wrote {out}", err=True)
     else:
         click.echo(text, nl=False)
-
-
-def _load_config(spec):
-    """A config from a model directory, hub id, normswap:NAME, or a config.json file."""
-    from normswap.checkpoint import load as ckload
-    from normswap.errors import NormswapError
-
-    path = Path(spec).expanduser()
-    if path.exists() and not path.is_dir():  # a config file (a FIFO or device is named by the loader)
-        from transformers import AutoConfig
-
-        from normswap.checkpoint.sizes import check_without_weights, read_config
-
-        raw = read_config(path, str(path))  # bounded, every declared size checked before transformers reads it
-        try:
-            config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-        except (KeyError, ValueError, TypeError) as e:
-            raise NormswapError(f"{spec} is not a transformers config.json ({type(e).__name__}: {e})") from None
-        check_without_weights(config.to_dict(), str(path))
-        return config
-    return ckload.load_config(ckload.resolve(spec))
-
-
-def run_discover(spec, out) -> dict:
-    """Discover (or, for a converted checkpoint, read back) a family description; save it if asked."""
-    import yaml
-
-    from normswap.convert.family_check import discover_family
-    from normswap.errors import DiscoveryError, NormswapError
-
-    config = _load_config(spec)
-    block = getattr(config, "normswap", None)
-    if isinstance(block, dict) and block.get("format_version"):
-        description = block.get("discovered_family")
-        if not description:
-            raise NormswapError(
-                f"{spec} was converted with the curated family {block.get('family')!r}: see `normswap families`"
-            )
-        check = {
-            "exact": block.get("mode") == "exact" or None,
-            "reason": "recorded in the converted checkpoint",
-            "max_abs_diff": None,
-        }
-        model_type = block.get("source_model_type", "?")
-    else:
-        try:
-            _, check = discover_family(config)
-        except DiscoveryError as e:
-            raise NormswapError(str(e)) from None
-        description = check.pop("description")
-        model_type = config.model_type
-        if check["exact"] is False:
-            raise NormswapError(
-                f"{model_type}: the discovered plan is not exact on a tiny randomised instance "
-                f"({check['reason']}); nothing written"
-            )
-    text = "# Discovered by `normswap families discover` and checked by converting a tiny randomised instance.\n"
-    text += yaml.safe_dump(description, sort_keys=False, width=120)
-    if out:
-        from normswap.publish import atomic_write_text
-
-        atomic_write_text(out, text)
-    return {"model_type": model_type, "check": check, "description": description, "yaml": text, "out": out}

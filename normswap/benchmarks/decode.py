@@ -1,4 +1,4 @@
-"""`normswap bench decode`: per-token decode at batch 1, converted ÷ original, with a null control.
+"""The benchmark `normswap bench decode` runs: per-token decode at batch 1, converted ÷ original, with a null control.
 
 Each MODEL is a source (converted here, exact mode, into a temporary directory) or
 ``SOURCE=CONVERTED`` (a conversion you already have); without MODEL, the shipped models. For
@@ -7,7 +7,7 @@ are timed by normswap/timing.py: one decode step at batch 1 through a short KV c
 (``--cache-tokens``, cut back before every step so every step costs the same), ``--new-tokens``
 steps per block, in balanced rounds of interleaved pairs (every pair of the three once a round, so
 each runs as often as the original) until every interval is within ``--target`` or ``--budget``
-runs out. Every model runs on memory of its own (evaluate/speed.own_memory), in ``--replicas``
+runs out. Every model runs on memory of its own (evaluate/throughput.own_memory), in ``--replicas``
 copies a side that the pairs rotate through (timing.compare's replicas). The ratio is converted ÷
 original decode speed (> 1: faster) with its 95 % interval and verdict, beside the null control's
 own ratio; the line says how the stop rule ended.
@@ -18,9 +18,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import click
-
-from normswap.cli.options import target_option
 from normswap.errors import NormswapError
 from normswap.publish import atomic_write_json, check_output_file
 
@@ -32,7 +29,7 @@ def shipped() -> list[str]:
     return [SPEC_PREFIX + m["name"] for m in list_models()]
 
 
-def _pair(spec: str, scratch: Path, say) -> tuple[str, str]:
+def model_pair(spec: str, scratch: Path, say) -> tuple[str, str]:
     if "=" in spec:
         source, converted = spec.split("=", 1)
         return source, converted
@@ -61,7 +58,7 @@ def measure_decode(
     original decode-speed ratios (normswap/timing.py), decode tokens/s of each, the machine's load."""
     from normswap.checkpoint.load import load_model
     from normswap.evaluate.config import SpeedConfig
-    from normswap.evaluate.speed import ModelBench, compare_kind, machine_load
+    from normswap.evaluate.throughput import ModelBench, compare_kind, machine_load
 
     specs = {"original": source, "converted": converted, "null control": source}  # the null: the same weights again
     cfg = SpeedConfig(
@@ -101,7 +98,7 @@ def measure_decode(
     }
 
 
-def _line(r: dict) -> str:
+def result_line(r: dict) -> str:
     c, n = r["converted_over_original"], r["null_control_over_original"]
     tps = r["decode_tokens_per_second"]
     return (
@@ -113,34 +110,11 @@ def _line(r: dict) -> str:
     )
 
 
-@click.command("decode")
-@click.argument("models", nargs=-1)
-@click.option(
-    "--repeats", type=click.IntRange(5), default=5000, show_default=True, help="The most interleaved pairs per model."
-)
-@click.option(
-    "--new-tokens", type=click.IntRange(1), default=5, show_default=True, help="Decode steps per timed block."
-)
-@click.option(
-    "--cache-tokens", type=click.IntRange(1), default=32, show_default=True, help="KV cache length every step sees."
-)
-@click.option(
-    "--budget", type=click.FloatRange(0), default=110.0, show_default=True, help="Seconds of pairs per model at most."
-)
-@target_option(0.008)
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (batch 1 decode).")
-@click.option(
-    "--replicas",
-    type=click.IntRange(1, 16),
-    default=3,
-    show_default=True,
-    help="Copies of each model (the null control's too), each on memory of its own, rotated pair by pair: one copy "
-    "a side is one draw of where its memory landed, which moved identical copies 2-4 % apart here.",
-)
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, replicas, json_out):
-    """Decode speed at batch 1, converted ÷ original, with a null control, timed in interleaved pairs
-    (MODEL: a source to convert, or SOURCE=CONVERTED; default: the shipped models)."""
+def run_decode(
+    models, *, repeats, new_tokens, cache_tokens, budget, target, threads, replicas, json_out=None, echo=print
+) -> list[dict]:
+    """Every MODEL (a source, or SOURCE=CONVERTED; none: the shipped models) measured in turn, each
+    result's line given to ``echo`` as it is done; the results written to ``json_out`` when given."""
     import torch  # not at import time: `normswap bench --help` must not load torch
 
     from normswap.progress import Heartbeat, stderr_lines
@@ -157,10 +131,11 @@ def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, r
         Heartbeat(stderr_lines("[normswap bench decode] ")) as beat,
     ):
         for spec in models or shipped():
-            source, converted = _pair(spec, Path(tmp), beat.say)
+            source, converted = model_pair(spec, Path(tmp), beat.say)
             if not Path(converted).is_dir() and not converted.startswith("normswap:"):
                 raise NormswapError(f"bench decode: converted model {converted!r} is not a directory")
             results.append(measure_decode(source, converted, max_pairs=repeats, progress=beat.update, **settings))
-            click.echo(_line(results[-1]))
+            echo(result_line(results[-1]))
     if json_out:
         atomic_write_json(Path(json_out), {"decode": results, "threads": threads} | settings, indent=1)
+    return results

@@ -3,13 +3,17 @@
 A curated family file (architectures/data/*.yaml) is used as it is. A family discovered from the
 model (architectures/discover.py) or given with ``--family-file`` is used only after converting a
 fresh randomised tiny instance of the architecture with it left every output unchanged in float64;
-post-LN families, approximate by nature, must at least convert that instance and run. This needs
-the converter, so it lives beside it: architectures/ describes, convert/ checks and converts.
+post-LN families, approximate by nature, must at least convert that instance and run.
+
+The check needs a converter, and convert/ sits above architectures/ (it reads family files): every
+function that converts takes it as ``convert``, a :data:`Converter` (``normswap.convert.inplace.convert_tiny``
+is the one convert and the CLI pass), so the family knowledge lives here and imports nothing above it.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 
@@ -17,14 +21,16 @@ from normswap.architectures.discover import discover
 from normswap.architectures.probes import model_outputs, probe_inputs
 from normswap.architectures.schema import Family, parse_family
 from normswap.architectures.tiny import tiny_instance
-from normswap.convert.config import ConvertOptions
-from normswap.convert.inplace import check_convertible, convert_with_family
 from normswap.errors import DiscoveryError, NormswapError, first_line
+
+# convert(model, family, mode): ``model`` converted in place with ``family`` in ``mode`` ("exact" or
+# "approx"); a NormswapError when the model has nothing to convert
+Converter = Callable[[torch.nn.Module, Family, str], None]
 
 EXACT_RTOL = 1e-5  # relative to the output scale; float32-internal norms (Cohere, OLMo) stay ~1e-7
 
 
-def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float64) -> dict:
+def check_family(family: Family, config, cls=None, *, convert: Converter, seed=1, dtype=torch.float64) -> dict:
     """Convert a fresh randomised tiny instance with ``family``; compare every output in float64.
 
     Returns {"exact": bool|None, "max_abs_diff", "threshold", "mode", "reason"}; ``exact`` is None
@@ -34,7 +40,7 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
     placement = family.placement_for(source.config)
     if placement == "post":
         # approximate by nature; still, the approximate plan must convert the tiny instance and run
-        failure = _approx_failure(family, source, seed)
+        failure = _approx_failure(family, source, seed, convert)
         if failure:
             return {
                 "exact": False,
@@ -54,8 +60,7 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
         }
     converted = copy.deepcopy(source)
     try:
-        check_convertible(converted, converted.config)
-        convert_with_family(converted, family, ConvertOptions(mode="exact"))
+        convert(converted, family, "exact")
     except NormswapError as e:
         return {"exact": False, "mode": "exact", "max_abs_diff": None, "threshold": None, "reason": str(e)}
     except Exception as e:  # a fold whose shapes do not fit (a reader that reads another axis): not this plan
@@ -123,13 +128,13 @@ def check_family(family: Family, config, cls=None, *, seed=1, dtype=torch.float6
     }
 
 
-def _approx_failure(family, source, seed) -> str:
+def _approx_failure(family, source, seed, convert: Converter) -> str:
     """Why an approximate conversion of ``source`` with ``family`` fails ('' when it converts, runs and
     returns every output, finite wherever the source's is). Shapes may differ: lengths some models
     predict from their hidden states (VITS's, FastSpeech2's durations) move with an approximation."""
     converted = copy.deepcopy(source)
     try:
-        convert_with_family(converted, family, ConvertOptions(mode="approx"))
+        convert(converted, family, "approx")
         inputs = probe_inputs(source, seq_len=8, seed=seed)
         ref, got = model_outputs(source, inputs), model_outputs(converted, inputs)
     except Exception as e:
@@ -145,7 +150,7 @@ def _approx_failure(family, source, seed) -> str:
     return f"makes output {', '.join(broken[:3])} non-finite" if broken else ""
 
 
-def discover_family(config, cls=None, *, name=None, refuse_raw_outputs=True) -> tuple[Family, dict]:
+def discover_family(config, cls=None, *, convert: Converter, name=None, refuse_raw_outputs=True) -> tuple[Family, dict]:
     """Discover on a tiny instance of ``config``, check, and return (family, check result).
     ``refuse_raw_outputs=False``: describe a model whose raw stream is an output anyway (``--exact-outputs
     pooled``); the check then says which outputs moved."""
@@ -161,7 +166,7 @@ def discover_family(config, cls=None, *, name=None, refuse_raw_outputs=True) -> 
         model = tiny_instance(config, cls, seed=0, dtype=dtype)
         raw = discover(model, name=name, refuse_raw_outputs=refuse_raw_outputs)
     family = parse_family(raw, f"discovered from {type(model).__name__}")
-    check = check_family(family, config, cls, dtype=dtype)
+    check = check_family(family, config, cls, convert=convert, dtype=dtype)
     if check["exact"] is False and any(
         n.get("readers") for n in raw["norms"] + ([raw["final_norm"]] if raw.get("final_norm") else [])
     ):
@@ -170,7 +175,7 @@ def discover_family(config, cls=None, *, name=None, refuse_raw_outputs=True) -> 
         for n in unfolded["norms"] + ([unfolded["final_norm"]] if unfolded.get("final_norm") else []):
             n["readers"] = []
         fam2 = parse_family(unfolded, family.source)
-        check2 = check_family(fam2, config, cls, dtype=dtype)
+        check2 = check_family(fam2, config, cls, convert=convert, dtype=dtype)
         if check2["exact"]:
             check2["note"] = "γ/β folding was not exact, so they stay on the RMSNorm: " + check["reason"]
             raw, family, check = unfolded, fam2, check2
@@ -186,7 +191,7 @@ POOLED_HINT = (
 )
 
 
-def resolve_pooled_family(config, cls=None) -> tuple[Family, dict | None]:
+def resolve_pooled_family(config, cls=None, *, convert: Converter) -> tuple[Family, dict | None]:
     """``--exact-outputs pooled``: the family for ``config`` and which of its outputs stay exact.
 
     Curated families keep every output (None). Otherwise discovery describes the model even where
@@ -203,7 +208,7 @@ def resolve_pooled_family(config, cls=None) -> tuple[Family, dict | None]:
     if key not in _RESOLVED:
         what = f"--exact-outputs pooled: model_type={config.model_type!r}"
         try:
-            family, check = discover_family(config, cls, refuse_raw_outputs=False)
+            family, check = discover_family(config, cls, convert=convert, refuse_raw_outputs=False)
         except DiscoveryError as e:
             raise NormswapError(f"{what}: discovery failed: {e}") from None
         declared = None
@@ -220,7 +225,7 @@ def resolve_pooled_family(config, cls=None) -> tuple[Family, dict | None]:
     return _RESOLVED[key]
 
 
-def resolve_family(config, cls=None, family_file=None) -> Family:
+def resolve_family(config, cls=None, family_file=None, *, convert: Converter) -> Family:
     """The family for ``config``: ``family_file`` when given, else its curated data file, else one
     discovered from the model.
 
@@ -235,11 +240,11 @@ def resolve_family(config, cls=None, family_file=None) -> Family:
     key = (config.to_json_string(use_diff=False), getattr(cls, "__name__", None), str(family_file))
     if key not in _RESOLVED:
         if family_file is not None:
-            _RESOLVED[key] = _checked_file_family(load_family_file(family_file), config, cls)
+            _RESOLVED[key] = _checked_file_family(load_family_file(family_file), config, cls, convert)
             return _RESOLVED[key]
         known = f"; supported families: {supported_summary()}"
         try:
-            family, check = discover_family(config, cls)
+            family, check = discover_family(config, cls, convert=convert)
         except DiscoveryError as e:
             hint = f"; {POOLED_HINT}" if RETURNED_RAW_STREAM in str(e) else ""
             raise NormswapError(
@@ -255,7 +260,7 @@ def resolve_family(config, cls=None, family_file=None) -> Family:
     return _RESOLVED[key]
 
 
-def _checked_file_family(family: Family, config, cls) -> Family:
+def _checked_file_family(family: Family, config, cls, convert: Converter) -> Family:
     """``family`` (from --family-file) if it describes ``config``'s model_type and passes the exactness check."""
     model_type = getattr(config, "model_type", None)
     if model_type not in family.model_types:
@@ -263,7 +268,7 @@ def _checked_file_family(family: Family, config, cls) -> Family:
             f"family file {family.source} describes model_types {', '.join(family.model_types)}, not {model_type!r}"
         )
     try:
-        check = check_family(family, config, cls)
+        check = check_family(family, config, cls, convert=convert)
     except DiscoveryError as e:
         raise NormswapError(f"family file {family.source}: {e}") from None
     except NormswapError:

@@ -1,4 +1,4 @@
-"""`normswap bench onnx`: the ONNX export of a converted model against the exported original, in
+"""The benchmark `normswap bench onnx` runs: the ONNX export of a converted model against the exported original, in
 onnxruntime on CPU, converted ÷ original forward speed, with a null control.
 
 Each MODEL is a source checkpoint (converted here, exact mode, then both exported with
@@ -27,9 +27,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import click
-
-from normswap.cli.options import onnx_norm_op_option
 from normswap.errors import NormswapError
 from normswap.export import DEFAULT_ONNX_NORM_OP
 from normswap.publish import atomic_write_json, check_output_file
@@ -47,7 +44,7 @@ def _exported_pair(spec: str) -> dict:
     return {"original": Path(original), "converted": Path(converted)}
 
 
-def _graphs(spec: str | None, scratch: Path, norm_ops, say) -> tuple[str, dict]:
+def graphs(spec: str | None, scratch: Path, norm_ops, say) -> tuple[str, dict]:
     """(what was measured, {graph name: ONNX directory}) for one MODEL; "original" first."""
     if spec is not None and "=" in spec:
         return spec, _exported_pair(spec)
@@ -128,7 +125,7 @@ def measure_onnx(
 
     from normswap import timing as instrument
     from normswap.evaluate.onnx_model import OnnxModel
-    from normswap.evaluate.speed import machine_load
+    from normswap.evaluate.throughput import machine_load
     from normswap.export.onnx import OPTIMIZATION_LEVEL, optimised_norm_ops
     from normswap.model_facts import context_length
 
@@ -185,7 +182,7 @@ def measure_onnx(
     }
 
 
-def _lines(r: dict) -> list[str]:
+def result_lines(r: dict) -> list[str]:
     tps, t = r["forward_tokens_per_second"], r["timing"]
     out = [
         f"{r['model']}: onnxruntime CPU, {r['threads']} thread(s), {r.get('sessions_per_graph', 1)} session(s) "
@@ -209,48 +206,13 @@ def _lines(r: dict) -> list[str]:
     return out
 
 
-# Defaults chosen so that the run decides on this project's busy 2-core machine (issue 37): at 1 x 128
-# tokens a GPT-2-small forward took 0.4 s (median; ~1 s mean beside a burner), so 241 s gave 42 pairs and
-# a widest half-width of 0.041 against the 0.01 target (bench/results/onnx-20261203T095207Z). 32 tokens
-# make a pair ~4x cheaper, and one converted graph (the default export) instead of two leaves two pairs a
-# round instead of three. `--seq-len 128 --onnx-norm-op simplified --onnx-norm-op rmsnormalization` is
-# the earlier setting.
-
-
-def _option(name: str, kind, default, help: str):
-    """A numeric option with its default shown (every tuning knob of this bench has that shape)."""
-    return click.option(name, type=kind, default=default, show_default=True, help=help)
-
-
-@click.command("onnx")
-@click.argument("models", nargs=-1)
-@_option("--repeats", click.IntRange(5), 30, "At least this many pairs.")
-@_option("--budget", click.FloatRange(1.0), 300.0, "Timing seconds at most.")
-@_option("--target", click.FloatRange(0.001), 0.01, "Stop once each interval's half-width (null's too) is this.")
-@_option("--threads", click.IntRange(1), 1, "onnxruntime intra-op threads.")
-@_option(
-    "--sessions",
-    click.IntRange(1, 8),
-    5,
-    "onnxruntime sessions per graph (the null control's its own), timed in rotation: one session's memory "
-    "placement is a steady bias of ~1-3 %, which N sessions a side average out (fewer when they would not fit "
-    "in half the free memory; a GPT-2-small session holds ~0.85 GB).",
-)
-@_option("--batch", click.IntRange(1), 1, "Sequences per forward.")
-@_option("--seq-len", click.IntRange(1), 32, "Tokens per sequence.")
-@_option("--min-time", click.FloatRange(0.0), 0.1, "Seconds per timed block (calls calibrated from one; 0: one call).")
-@onnx_norm_op_option(multiple=True, default_help="default: simplified (export's default), timed against the original")
-@_option(
-    "--tolerance",
-    click.FloatRange(0.0),
-    1e-4,
-    "Time nothing unless every converted graph matches the original graph to this max |Δ log-prob|.",
-)
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def onnx(models, repeats, budget, target, threads, sessions, batch, seq_len, min_time, norm_ops, tolerance, json_out):
-    """ONNX forward speed in onnxruntime (CPU), exported converted ÷ exported original, with a null control
-    (MODEL: a source to convert and export, or ORIGINAL_ONNX=CONVERTED_ONNX; default: a GPT-2-small-shaped
-    model built from its config)."""
+def run_onnx(
+    models, *, repeats, budget, target, threads, sessions, batch, seq_len, min_time, norm_ops, tolerance,
+    json_out=None, echo=print,
+) -> list[dict]:  # fmt: skip
+    """Every MODEL (a source to convert and export, or ORIGINAL_ONNX=CONVERTED_ONNX; none: a
+    GPT-2-small-shaped model built from its config) measured in turn, each result's lines given to
+    ``echo`` as it is done; the results written to ``json_out`` when given."""
     import torch  # not at import time: `normswap bench --help` must not load torch
 
     from normswap.export.onnx import require_packages
@@ -271,7 +233,7 @@ def onnx(models, repeats, budget, target, threads, sessions, batch, seq_len, min
         for i, spec in enumerate(models or (None,)):
             scratch = Path(tmp) / str(i)
             scratch.mkdir()
-            name, dirs = _graphs(spec, scratch, norm_ops or (DEFAULT_ONNX_NORM_OP,), beat.say)
+            name, dirs = graphs(spec, scratch, norm_ops or (DEFAULT_ONNX_NORM_OP,), beat.say)
             r = measure_onnx(
                 name,
                 dirs,
@@ -287,10 +249,11 @@ def onnx(models, repeats, budget, target, threads, sessions, batch, seq_len, min
                 progress=beat.update,
             )
             results.append(r)
-            click.echo("\n".join(_lines(r)))
+            echo("\n".join(result_lines(r)))
     if json_out:
         atomic_write_json(
             Path(json_out),
             {"onnx": results, "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
             indent=1,
         )
+    return results

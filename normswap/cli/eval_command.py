@@ -102,7 +102,7 @@ def _require_hub(models, baseline=None, data=None, tasks=None):
     require_hub(
         data=data, hub_tasks=hub_tasks(tasks) if tasks else ()
     )  # first, before importing torch: the data and tasks need nothing loaded
-    from normswap.evaluate.runner import plan_entries
+    from normswap.evaluate.side_by_side import plan_entries
 
     planned, _ = plan_entries(list(models), baseline)  # a mistyped --baseline is refused here, with a hint
     require_hub(models=[spec for _, spec in planned])
@@ -113,7 +113,7 @@ def _load(models, baseline, device, cfg, say, data="embedded"):
     then load the models: a bad input fails in seconds, before any weights load."""
     from normswap.devices import resolve_device, resolve_dtype
     from normswap.evaluate.preflight import describe, prepare
-    from normswap.evaluate.runner import load_planned, plan_entries
+    from normswap.evaluate.side_by_side import load_planned, plan_entries
 
     planned, base = plan_entries(list(models), baseline)
     prepared = prepare(describe(planned, say), cfg, data=data, baseline_name=base, progress=say)
@@ -161,10 +161,10 @@ def report(models, data, device, out, baseline, force, as_json, quiet, **opts):
     """
     cfg = _config(opts)
     _require_hub(models, baseline, data, cfg.tasks)
-    from normswap.evaluate.runner import evaluate, split_label
+    from normswap.evaluate.side_by_side import evaluate, split_label
     from normswap.publish import output_lock
     from normswap.report import write_report
-    from normswap.report.write import check_out
+    from normswap.report.report_dir import check_out
 
     # before the lock file is made beside OUT and before anything loads: OUT never overlaps a model or the data
     check_out(
@@ -195,7 +195,7 @@ def report(models, data, device, out, baseline, force, as_json, quiet, **opts):
 @quiet_option
 def ppl(models, data, device, baseline, as_json, quiet, **opts):
     """Perplexity, bits per byte and word perplexity of MODELs on the held-out split."""
-    from normswap.evaluate.runner import evaluate
+    from normswap.evaluate.side_by_side import evaluate
     from normswap.report.tables import text_table
 
     cfg = _config(opts, perplexity=True, diagnostics=False, speed=False, memory=False, fidelity=False)
@@ -258,7 +258,7 @@ def ppl(models, data, device, baseline, as_json, quiet, **opts):
 @quiet_option
 def speed(models, device, baseline, as_json, quiet, **opts):
     """Throughput (forward, train step, generation), peak memory and time in norm layers, interleaved."""
-    from normswap.evaluate.runner import evaluate
+    from normswap.evaluate.side_by_side import evaluate
 
     cfg = _config(opts, perplexity=False, diagnostics=False, fidelity=False, speed=True)
     _require_hub(models, baseline)

@@ -14,7 +14,7 @@ import time
 import click
 
 from normswap.cli.options import force_replaces
-from normswap.cli.run import print_outcome, set_option
+from normswap.cli.run_command import print_outcome, set_option
 
 # --quick (CI): the same pipeline with a shorter fine-tune and smaller evaluation. The fine-tune
 # still has to move the approx model's perplexity back down, so it is shortened, not skipped.
@@ -46,7 +46,7 @@ QUICK = (
 def demo(out, overrides, quick, resume, force):
     """Run the quickstart recipe end to end (convert exact + approx, heal, evaluate, report)."""
     from normswap.recipes import load_recipe
-    from normswap.recipes.runner import run_recipe
+    from normswap.recipes.steps import run_recipe
 
     t0 = time.perf_counter()
     loaded = load_recipe("quickstart", (QUICK if quick else ()) + tuple(overrides))

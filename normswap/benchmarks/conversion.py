@@ -1,4 +1,4 @@
-"""`normswap bench convert` (or `python bench/convert.py`): conversion next to copying the files.
+"""`normswap bench convert`: conversion next to copying the files.
 
 Builds a synthetic sharded checkpoint of a supported family at a requested parameter count
 (random weights, the real layout: a config shaped like the family's released sizes from the
@@ -178,7 +178,7 @@ def synthetic_checkpoint(
 
     from normswap.checkpoint.shards import ShardWriter, default_metadata
     from normswap.convert.execute import count_parameters
-    from normswap.convert.inputs import tie_groups
+    from normswap.convert.tensor_match import tie_groups
 
     say = progress or (lambda m: None)
     torch_dtype = getattr(torch, DTYPES[str(dtype)]) if str(dtype) in DTYPES else None
@@ -340,8 +340,8 @@ def bench_convert(
             [
                 sys.executable,
                 "-c",
-                "import sys, normswap.cli.convert, normswap.convert.pipeline\n"
-                "from normswap.checkpoint.load import load_config\nfrom normswap.convert.inputs import skeleton\n"
+                "import sys, normswap.cli.convert_command, normswap.convert.pipeline\n"
+                "from normswap.checkpoint.load import load_config\nfrom normswap.convert.tensor_match import skeleton\n"
                 "skeleton(load_config(sys.argv[1]))",
                 str(src),
             ],
@@ -519,7 +519,7 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="normswap bench convert", description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", type=float, default=1.4e9)
     ap.add_argument("--shards", type=int, default=5)
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
@@ -551,7 +551,3 @@ def main(argv=None) -> int:
         atomic_write_text(path, text)  # a fresh file renamed into place: a planted link is replaced, not followed
     print(json.dumps(result, indent=2) if args.json else md)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """Kernel benchmark: torch LayerNorm vs torch's RMSNorm vs normswap's RMSNorm, through the public
 API (`normswap.kernels.rms_norm`) and the module converted models call (`normswap.modules.RMSNorm`).
 
-`normswap bench kernels` is the command-line entry point; this file is the benchmark (it lives in
-bench/, outside the package, and imports normswap from the same checkout).
+`normswap bench kernels` is the command-line entry point (normswap/cli/bench_command.py); this
+module is the benchmark.
 
 For each shape, dtype and mode (forward; forward+backward) and variant (plain; residual add
 fused in), every implementation is timed on the same inputs and reported as median time,
@@ -37,21 +37,19 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the normswap of this checkout
-
-from normswap import timing  # noqa: E402
-from normswap.kernels import autotune, backend_for, rms_norm  # noqa: E402
-from normswap.modules import RMSNorm  # noqa: E402
-from normswap.publish import open_append  # noqa: E402
+from normswap import timing
+from normswap.kernels import autotune, backend_for, rms_norm
+from normswap.modules import RMSNorm
+from normswap.publish import open_append
 
 EPS = 1e-5
 
@@ -395,6 +393,25 @@ def time_tiny(device, rows: int, hidden: int, dtype, mode: str, repeats: int, *,
 HOST_IMPLS = ["LayerNorm_module", "RMSNorm_module", "RMSNorm_weight", "RMSNorm_affine"]
 
 
+@contextmanager
+def _user_setting(backend: str):
+    """The block runs as a user's NORMSWAP_KERNEL=``backend`` makes it run (the variable set, the kernels
+    told to read it again), and the setting is put back after."""
+    from normswap import kernels
+
+    before = os.environ.get("NORMSWAP_KERNEL")
+    os.environ["NORMSWAP_KERNEL"] = backend
+    kernels.reread_requested_backend()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("NORMSWAP_KERNEL", None)
+        else:
+            os.environ["NORMSWAP_KERNEL"] = before
+        kernels.reread_requested_backend()
+
+
 def _stub(x, *args):
     """What a device kernel costs the host when it is queued and not waited for: nothing here."""
     return x
@@ -408,8 +425,6 @@ def time_host_path(rows: int, hidden: int, dtype, repeats: int, *, budget: float
     dispatch each module adds before its one kernel launch — what bounds a GPU decode step, whose
     kernels take less time than their launches. Interleaved pairs with nn.LayerNorm's second copy
     as the null control, forward only (no gradient: a stub has none)."""
-    from normswap.testing import kernel_backend
-
     ln_mod, ln_again = (torch.nn.LayerNorm(hidden, eps=EPS, dtype=dtype) for _ in range(2))
     fns = {
         "LayerNorm_module": ln_mod,
@@ -428,7 +443,7 @@ def time_host_path(rows: int, hidden: int, dtype, repeats: int, *, budget: float
         return call
 
     real = torch.layer_norm, torch.rms_norm
-    with kernel_backend("native"):
+    with _user_setting("native"):
         torch.layer_norm = torch.rms_norm = _stub
         try:
             runs = {name: run(m) for name, m in fns.items()}
@@ -880,9 +895,3 @@ def format_markdown(result) -> str:
             v = f"{v * 100:.1f}%" if isinstance(v, float) else (", ".join(v) if isinstance(v, list) and v else "—")
             lines.append(f"| {g['goal']} | {v} | {'yes' if g['passed'] else 'NO'} |")
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":  # run directly: the same as `normswap bench kernels` (its options, its --help)
-    from normswap.cli.bench_kernels import kernels
-
-    kernels(prog_name="bench/norm_kernels.py")

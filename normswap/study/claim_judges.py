@@ -80,7 +80,7 @@ class Context:
     train_precision: str = "fp32"
     rules: dict = field(default_factory=dict)
     alpha: float = stats.ALPHA
-    loads: tuple = ()  # the machine's recorded load averages (speed.py's gate)
+    loads: tuple = ()  # the machine's recorded load averages (study/speed.py's gate)
     cpus: int | None = None
     stability_sweep: dict | None = None
     throughput_null: dict | None = None  # the speed verdicts' null control (the timing phase's, or the control's)

@@ -12,7 +12,7 @@ import torch
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.sizes import check_against_weights
 from normswap.checkpoint.tensor_source import SafetensorsFiles, open_source, weight_files
-from normswap.convert import inputs as ckinputs
+from normswap.convert import tensor_match as ckinputs
 from normswap.errors import NormswapError
 
 
