@@ -54,7 +54,8 @@ def test_bench_slice_quality_puts_pca_far_below_random(tmp_path, run_cli):
     assert abs(conv - row["original"]["perplexity"]) < 1e-3 * conv  # the conversion is exact
     pca, per, rnd = (entry[b]["perplexity"] for b in ("pca", "per-layer", "random"))
     # the control is the random basis: same shapes, no alignment with the data, and far worse
-    assert conv <= pca < rnd and (pca - conv) < 0.5 * (rnd - conv)
+    # (deleting directions can also move perplexity a little below the conversion's on a short text)
+    assert pca < rnd and abs(pca - conv) < 0.5 * (rnd - conv)
     assert per < rnd
     assert entry["pca"]["parameters"] < row["original"]["parameters"]
     shape = r["shape_parameters"]
