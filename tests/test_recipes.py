@@ -430,19 +430,22 @@ def test_oversized_recipe_is_refused_before_parsing(tmp_path):
 
 # ------------------------------------------------------------------ the run as steps
 def test_a_recipe_runs_as_an_ordered_list_of_steps():
-    from normswap.recipes.steps import ConvertStep, EvalStep, FinetuneStep, plan_steps
+    from normswap.recipes.steps import ConvertStep, EvalStep, FinetuneStep, SliceStep, plan_steps
 
     steps = plan_steps(load_recipe("quickstart").recipe)
-    assert [s.name for s in steps] == ["convert:exact", "convert:approx", "finetune:approx-healed", "eval"]
-    assert [type(s) for s in steps] == [ConvertStep, ConvertStep, FinetuneStep, EvalStep]
+    assert [s.name for s in steps] == [
+        "convert:exact", "convert:approx", "finetune:approx-healed", "slice:sliced", "finetune:sliced-healed", "eval"
+    ]  # fmt: skip
+    assert [type(s) for s in steps] == [ConvertStep, ConvertStep, FinetuneStep, SliceStep, FinetuneStep, EvalStep]
     # each model step reads what the step before it wrote; the evaluation reads every model of the report
     assert (steps[1].source, steps[2].source) == ("original", "approx")
-    assert steps[-1].names == ["original", "exact", "approx", "approx-healed"]
+    assert (steps[3].source, steps[4].source) == ("original", "sliced")
+    assert steps[-1].names == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed"]
     # negative control: a variant that only fine-tunes reads the source and keeps its own name
     r = load_recipe("quickstart", ["variants.approx.convert="]).recipe
     assert [(s.name, getattr(s, "source", None)) for s in plan_steps(r)][1:3] == [
         ("finetune:approx", "original"),
-        ("eval", None),
+        ("slice:sliced", "original"),
     ]
 
 

@@ -246,7 +246,7 @@ def held_out_perplexity(model, tokenizer, text: str) -> float:
 def measure_quality(spec: str, fractions, *, calibration_tokens: int, seed: int, say, eval_tokens: int = 0) -> dict:
     """One model's perplexity on the held-out books before healing: the original, the conversion,
     and every basis at every fraction, with parameter counts."""
-    import normswap
+    from normswap.checkpoint import load as ckload
     from normswap.convert import convert_model
     from normswap.data import load_text
     from normswap.evaluate.perplexity import truncate_text
@@ -254,8 +254,9 @@ def measure_quality(spec: str, fractions, *, calibration_tokens: int, seed: int,
     from normswap.slice.calibrate import block_length
     from normswap.slice.model import parameter_count
 
-    original = normswap.load_model(spec).eval()
-    tokenizer = normswap.load_tokenizer(spec)
+    resolved = ckload.resolve(spec)
+    original = ckload.load_model(resolved, task="causal-lm").eval()
+    tokenizer = ckload.load_tokenizer(resolved)
     text, _ = truncate_text(load_text("embedded", "test"), tokenizer, eval_tokens)
     conversion = copy.deepcopy(original)
     convert_model(conversion, mode="exact")
