@@ -36,10 +36,13 @@ def calibration_batches(
         raise NormswapError(f"calibration needs a positive token count and block length, got {tokens} and {seq_len}")
     want = max(1, tokens // seq_len)
     pool = []
-    for block in pack_tokens(tokenizer, load_documents(data_spec, CALIBRATION_SPLIT), seq_len):
-        pool.append(block)
-        if len(pool) >= POOL_FACTOR * want:
-            break
+    try:
+        for block in pack_tokens(tokenizer, load_documents(data_spec, CALIBRATION_SPLIT), seq_len):
+            pool.append(block)
+            if len(pool) >= POOL_FACTOR * want:
+                break
+    except NormswapError as e:  # a missing source, an empty split: said as what slice lacks
+        raise NormswapError(f"no calibration text: {e}") from None
     if not pool:
         raise NormswapError(
             f"no calibration text: the {CALIBRATION_SPLIT} split of {data_spec!r} holds fewer than {seq_len} tokens"
