@@ -76,6 +76,11 @@ RESULTS = {
     "title": "str",
     "recipe": "object",
     "figures": ("object of", "str"),
+    # perplexity and speed against the fraction sliced (`normswap bench slice --quality`, docs/results-schema.md)
+    "slice_curve": {
+        "perplexity": ("list of", {"model": "str", "original": "number", "points": "list"}),
+        "speed": ("list of", {"fraction": "number", "kind": "str", "baseline": "str", "ratio": "number"}),
+    },
 }
 
 REQUIRED = {"models", "models[].name"}
