@@ -6,8 +6,8 @@ five whole-generation repeats. No timing of one function alone can tell a 3 % di
 that, and neither can comparing two functions' timings taken at different moments. What does work
 is to time the two functions back to back, many times, over blocks short enough that the host
 barely changes within one pair: the *ratio within a pair* cancels whatever the host was doing,
-and the median of many such ratios is stable (docs/speed.md; ../shared/reference/probes/noise2.py
-and noise3.py measured it).
+and the median of many such ratios is stable (docs/speed.md shows the
+measurements).
 
 How (:func:`compare`):
 - warm-up: every function runs ``warmup`` untimed blocks first (allocator, lazy init, caches);
@@ -62,7 +62,7 @@ VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE, TOO_NOISY)
 
 # The null control must land within ±NULL_BAND of 1 for any verdict: a machine where two identical
 # copies differ by more than 2 % cannot be trusted with the few-per-cent differences a norm swap
-# makes (issue 37: "null control within ±2 %").
+# makes.
 NULL_BAND = 0.02
 # below this many pairs a bootstrap interval is too coarse to call anything (a ratio of 2 pairs can
 # exclude 1 by chance): "no measurable difference", whatever it reads
@@ -272,7 +272,7 @@ def compare(
     ``balanced``: a round times every pair of functions once (the candidates against each other too,
     untimed for the ratios), so every function runs as often as the baseline and follows every other
     as often: in the default round the baseline runs once a pair, k times for k candidates, and on
-    this project's host that slot alone read 2-5 % faster than an identical copy in some runs (#43).
+    this project's host that slot alone can read 2-5 % faster than an identical copy.
     Costs (k+1)/2 times the blocks of a round; the ratios are still read from the pairs that hold
     the baseline."""
     if baseline not in fns or (null is not None and null not in fns) or null == baseline:
