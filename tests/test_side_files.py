@@ -106,7 +106,7 @@ def test_a_side_file_that_is_not_a_regular_file_is_refused(tmp_path, model_dir, 
     src = _copy_model(model_dir, tmp_path / "src")
     os.mkfifo(src / "merges.txt")  # reading it would block forever
     code, _, err = run_cli("convert", src, tmp_path / "out", "--no-verify")
-    assert code == 2 and "merges.txt is not a regular file" in err, err
+    assert code == 2 and "merges.txt is a FIFO (named pipe), not a regular file" in err, err
 
 
 # -- issue #45, case 2: every file transformers itself reads from a model directory -------------------

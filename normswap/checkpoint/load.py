@@ -327,6 +327,10 @@ def load_tokenizer(spec):
     from transformers import AutoTokenizer
 
     resolved = resolve(spec)
+    if is_local(resolved):  # ids no weight backs would make the library build tables of that length
+        from normswap.checkpoint.token_ids import check_token_ids
+
+        check_token_ids(resolved, str(spec))
     # given to AutoTokenizer so that it need not look the config up (one of an older normswap
     # checkpoint would need code)
     try:

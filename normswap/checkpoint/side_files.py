@@ -22,13 +22,28 @@ really lies) and written into OUT from the loaded object, never copied by path: 
 The one exception is the hub's own cache layout: a snapshot directory
 (``models--org--name/snapshots/<rev>/``) holds symlinks into the same repository folder's
 ``blobs/``; that repository folder counts as the model directory.
+
+Weight files (:data:`WEIGHT_PATTERNS`) follow the same link rule: a ``model.safetensors`` linked to
+another user's private checkpoint would otherwise be read with the reader's rights and published,
+converted, as the shared model. Only their size is exempt from the caps below (the weights are what
+every other bound is measured against).
+
+Every side file has a size cap, checked on the file's size before any library reads it and again
+while convert copies it (a sparse 8 GB ``tokenizer.json`` was copied whole and read whole): a file
+holding a vocabulary (:func:`size_cap`) at most :data:`MAX_VOCABULARY_FILE_BYTES`, any other
+(configs, templates) at most :data:`MAX_OWN_FILE_BYTES`, a file in a sentence-transformers module
+folder (which may hold a head's weights) at most :data:`MAX_MODULE_FILE_BYTES`.
+
+A PEFT adapter (``adapter_config.json``) is refused (:func:`refuse_adapter`): transformers, with PEFT
+installed, builds the adapter that file describes before it reads any adapter weight, so a LoRA of
+rank 2e7 in 170 bytes asks for 10 GB. normswap has no option to load adapters; merging one into its
+base model gives a plain model directory.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
-import shutil
 import stat
 from pathlib import Path
 
@@ -37,7 +52,11 @@ from normswap.errors import NormswapError
 OWN_FILES = ("config.json", "normswap_manifest.json")  # read by normswap itself, never copied by path
 # read by transformers' model loader when present (a PEFT adapter): checked by the rule, never carried
 # (an adapter belongs to the weights it was trained on, not to a conversion of them)
-CHECKED_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+ADAPTER_CONFIG = "adapter_config.json"
+CHECKED_FILES = (ADAPTER_CONFIG, "adapter_model.safetensors", "adapter_model.bin")
+# the names transformers and safetensors read weights from (and their indices), in every format it
+# knows: the link rule holds for each (no size cap: weights are what the other bounds are measured by)
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.h5", "*.msgpack")
 
 # Every name transformers' own loaders open in a model directory (tokenizers, processors, chat
 # templates, generation config), from the installed transformers: its file-name constants and every
@@ -199,8 +218,73 @@ def model_root(directory: Path) -> Path:
     return directory
 
 
-def _inside(directory: Path, root: Path, name: str) -> Path | None:
-    """The real file ``directory/name`` is, checked by the rule (module doc); None when absent."""
+MAX_OWN_FILE_BYTES = 64 << 20  # a config, manifest or template holds settings: kilobytes
+# A vocabulary file holds a few short strings per id: 1 KiB for each of 262,144 ids (the largest
+# vocabularies in use) is 256 MiB.
+MAX_VOCABULARY_FILE_BYTES = 256 << 20
+# A sentence-transformers module folder may hold a head's weights (a Dense layer: width x width floats,
+# tens of MB for the widest models); 1 GiB is a 16,384-wide square in float32.
+MAX_MODULE_FILE_BYTES = 1 << 30
+# the names that hold a vocabulary (the tokenizer classes' vocab_files_names, tokenizer.json and the
+# names found by pattern); every other side file is a config or template
+_VOCABULARY_NAMES = (
+    "tokenizer.json",
+    "tokenizer.*.json",
+    "vocab*",
+    "*vocab.json",
+    "merges.txt",
+    "*.model",
+    "*.spm",
+    "*.tiktoken",
+    "bpe.codes",
+    "dict.txt",
+    "emoji.json",
+    "normalizer.json",
+    "prophetnet.tokenizer",
+    "word_pronunciation.json",
+    "word_shape.json",
+    "byte_maps.json",
+    "tekken.json",
+    "added_tokens.json",
+)
+
+
+def size_cap(name: str) -> int:
+    """The most bytes the side file ``name`` (relative to the model directory) may hold (module doc)."""
+    base = Path(name).name
+    if any(fnmatch.fnmatchcase(base, pat) for pat in _VOCABULARY_NAMES):
+        return MAX_VOCABULARY_FILE_BYTES
+    if "/" in name and Path(name).parts[0] not in SIDE_DIRS and base not in SIDE_FILES:
+        return MAX_MODULE_FILE_BYTES  # a file in a sentence-transformers module folder
+    return MAX_OWN_FILE_BYTES
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n:,} bytes"
+
+
+def _too_large(path: Path, name: str, size: int, cap: int) -> NormswapError:
+    return NormswapError(
+        f"{path} holds {_mib(size)}; a model's {name} is at most {_mib(cap)} (normswap reads and copies no "
+        "larger one, and neither does a library it calls)"
+    )
+
+
+def refuse_adapter(directory) -> None:
+    """Refuse, in one line, a model directory holding a PEFT adapter (module doc)."""
+    directory = Path(directory)
+    if os.path.lexists(directory / ADAPTER_CONFIG):
+        raise NormswapError(
+            f"{directory} holds a PEFT adapter ({ADAPTER_CONFIG}); normswap loads no adapter (transformers would "
+            "build the layers it describes before reading any weight): merge it into its base model first "
+            "(peft: PeftModel.from_pretrained(base, DIR).merge_and_unload().save_pretrained(MERGED)) and give "
+            "normswap the merged directory"
+        )
+
+
+def _inside(directory: Path, root: Path, name: str, cap: int | None = None) -> Path | None:
+    """The real file ``directory/name`` is, checked by the rule (module doc); None when absent.
+    ``cap``: the most bytes it may hold (None: no cap, for weights)."""
     p = directory / name
     if not (p.is_symlink() or p.exists()):
         return None
@@ -209,13 +293,33 @@ def _inside(directory: Path, root: Path, name: str) -> Path | None:
         raise NormswapError(
             f"{p} is a symbolic link to {real}, outside the model directory {directory}: normswap reads and "
             "carries no file from elsewhere with a model; copy the file into the model directory instead of "
-            "linking it (or remove the link)"
+            "linking it (or remove the link); nothing was written"
         )
     if not real.exists():
         return None  # a dangling link inside the directory: nothing to read or carry
-    if not stat.S_ISREG(os.stat(real).st_mode):
-        raise NormswapError(f"{p} is not a regular file; a model's {name} must be a plain file")
+    st = os.stat(real)
+    if not stat.S_ISREG(st.st_mode):
+        from normswap.bounded_load import file_kind
+
+        kind = file_kind(st.st_mode)
+        raise NormswapError(f"{p} is {kind}, not a regular file; a model's {name} must be a plain file")
+    if cap is not None and st.st_size > cap:
+        raise _too_large(p, name, st.st_size, cap)
     return real
+
+
+def check_weight_links(directory) -> None:
+    """Every top-level weight file of ``directory`` (:data:`WEIGHT_PATTERNS`) by the link rule: a link
+    that leaves the model directory (for a hub snapshot: its repository folder) is refused by name."""
+    directory = Path(directory)
+    root = model_root(directory).resolve()
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return
+    for name in names:
+        if any(fnmatch.fnmatchcase(name, pat) for pat in WEIGHT_PATTERNS):
+            _inside(directory, root, name)
 
 
 def side_files(directory) -> list[tuple[str, Path]]:
@@ -224,25 +328,28 @@ def side_files(directory) -> list[tuple[str, Path]]:
     model's own files (:data:`OWN_FILES`) are checked by the same rule, so a command that resolves
     its model refuses a linked config or manifest before any work."""
     directory = Path(directory)
+    refuse_adapter(directory)
     root = model_root(directory).resolve()
     for name in OWN_FILES + CHECKED_FILES:
-        _inside(directory, root, name)
+        _inside(directory, root, name, MAX_OWN_FILE_BYTES if name in OWN_FILES else None)
+    check_weight_links(directory)
     found = []
     for name in _candidates(directory):
-        real = _inside(directory, root, name)
+        real = _inside(directory, root, name, size_cap(name))
         if real is not None:
             found.append((name, real))
     return found
 
 
-def open_inside(directory, name: str):
+def open_inside(directory, name: str, cap: int | None = None):
     """``directory/name`` opened for reading (a binary file object) when it is a regular file inside
-    the model directory, None when it is absent; refused in one line otherwise. The file is checked
-    again once open (a regular file, really inside), so a link swapped in after the check is not
-    followed either."""
+    the model directory, of at most ``cap`` bytes (default: :func:`size_cap`), None when it is absent;
+    refused in one line otherwise. The file is checked again once open (a regular file, really
+    inside, within the cap), so a link swapped in after the check is not followed either."""
     directory = Path(directory)
     root = model_root(directory).resolve()
-    real = _inside(directory, root, name)
+    cap = size_cap(name) if cap is None else cap
+    real = _inside(directory, root, name, cap)
     if real is None:
         return None
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -262,14 +369,14 @@ def open_inside(directory, name: str):
                 f"{directory / name} changed while it was being read (it now lies at {opened}, outside the model "
                 f"directory {directory}); nothing was read from it"
             )
+        size = os.fstat(fd).st_size
+        if size > cap:
+            raise _too_large(directory / name, name, size, cap)
         os.set_blocking(fd, True)
     except BaseException:
         f.close()
         raise
     return f
-
-
-MAX_OWN_FILE_BYTES = 64 << 20  # a config or manifest is kilobytes; anything near this is not one
 
 
 def read_json_inside(directory, name: str):
@@ -311,7 +418,18 @@ def copy_side_files(src_dir, directory: Path) -> None:
         if f is None:
             continue  # gone since it was listed
         with f, open(dest, "xb") as g:
-            shutil.copyfileobj(f, g)
+            _copy_bounded(f, g, src_dir, name)
             st = os.fstat(f.fileno())  # the times and mode of the file that was read, not of a path again
             os.utime(g.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
             os.fchmod(g.fileno(), stat.S_IMODE(st.st_mode))
+
+
+def _copy_bounded(f, g, src_dir, name: str) -> None:
+    """Copy ``f`` to ``g``, at most :func:`size_cap` bytes: a file that grew after it was checked is
+    refused instead of copied whole."""
+    cap, copied = size_cap(name), 0
+    while chunk := f.read(min(1 << 20, cap + 1 - copied)):
+        copied += len(chunk)
+        if copied > cap:
+            raise _too_large(Path(src_dir) / name, name, copied, cap)
+        g.write(chunk)

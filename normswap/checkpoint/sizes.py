@@ -13,7 +13,7 @@ ask for 12 GB, and ``n_embd: 0`` ended in a ZeroDivisionError. Two checks, both 
   layers than the weights index, no width, head count or vocabulary larger than the largest
   dimension of any stored tensor, and a norm that stores a weight exactly as wide as it.
   Exact agreement of every shape is checked afterwards, on the meta-device model
-  (``convert.inputs.match``) or by transformers' loader; these bounds only keep what is built
+  (``convert.tensor_match.match``) or by transformers' loader; these bounds only keep what is built
   before that check proportional to the weights.
 
 Some sizes build things no weight backs, and are bounded by a declared cap instead:

@@ -85,31 +85,41 @@ def local_dir(resolved, *, download=True) -> Path | None:
 def weight_files(directory: Path) -> tuple[str | None, list[Path]]:
     """('safetensors', files) | ('bin', files) | (None, []), preferring safetensors like transformers.
 
-    Every file named is a regular file (links followed: a hub snapshot links into its blobs): a FIFO
-    or device in a weight file's place is refused by name here, before anything opens it (an open
-    of a FIFO blocks until someone writes to it)."""
+    Every file named is a regular file inside the model directory (links followed only when they stay
+    inside it, or, for a hub snapshot, inside its repository folder, whose blobs it links to: the
+    side-file rule); a link anywhere else, or a FIFO or device in a weight file's place, is refused
+    by name here, before anything opens it (an open of a FIFO blocks until someone writes to it)."""
     for index_name, single_name in SAFETENSORS_NAMES:
-        if _regular(directory / index_name):
+        if _regular(directory / index_name, directory):
             return "safetensors", _indexed_files(directory, directory / index_name)
-        if _regular(directory / single_name):
+        if _regular(directory / single_name, directory):
             return "safetensors", [directory / single_name]
-    if _regular(directory / BIN_INDEX_NAME):
+    if _regular(directory / BIN_INDEX_NAME, directory):
         return "bin", _indexed_files(directory, directory / BIN_INDEX_NAME)
-    bins = sorted(p for p in directory.glob("pytorch_model*.bin") if _regular(p))
+    bins = sorted(p for p in directory.glob("pytorch_model*.bin") if _regular(p, directory))
     if bins:
         return "bin", bins
     return None, []
 
 
-def _regular(path: Path) -> bool:
-    """Whether the weight file ``path`` is there (a regular file); refused in one line when something
-    that is not a regular file stands in its place."""
+def _regular(path: Path, directory: Path) -> bool:
+    """Whether the weight file ``path`` of the model ``directory`` is there (a regular file); refused
+    in one line when it is a link out of the model directory, or something that is not a regular file
+    stands in its place."""
     from normswap.bounded_load import file_kind
+    from normswap.checkpoint.side_files import model_root
 
     try:
         st = os.stat(path)
     except OSError:
         return False  # absent, or a dangling link: not there
+    real, root = Path(path).resolve(), model_root(directory).resolve()
+    if not real.is_relative_to(root):
+        raise NormswapError(
+            f"{path} is a symbolic link to {real}, outside the model directory {directory}: normswap reads no "
+            "weights from elsewhere (they would be published as this model's); copy the file into the model "
+            "directory instead of linking it; nothing was written"
+        )
     kind = file_kind(st.st_mode)
     if kind:
         raise NormswapError(f"{path} is {kind}, not a regular file; a model's weights must be a plain file")
@@ -132,7 +142,7 @@ def _indexed_files(directory: Path, index: Path) -> list[Path]:
         path = directory / name
         if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
             raise NormswapError(f"{index.name} names {name!r}, which is outside the checkpoint directory")
-        if not _regular(path):
+        if not _regular(path, directory):
             raise NormswapError(f"{directory} is incomplete: {name} is listed in {index.name} but absent")
     return [directory / n for n in names]
 
@@ -307,7 +317,7 @@ def open_bin(files: list[Path], label: str) -> StateDict:
     tensors: dict = {}
     duplicates = []
     for path in files:
-        if not _regular(path):  # checked again just before the open: a FIFO would block torch.load
+        if not _regular(path, path.parent):  # checked again just before the open: a FIFO would block torch.load
             raise NormswapError(f"cannot read weights of {label}: {path.name} is gone")
         try:
             try:

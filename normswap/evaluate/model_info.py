@@ -84,27 +84,35 @@ def onnx_info(model) -> dict:
 
 
 def finetune_curve(model_dir, max_points: int = 400) -> dict | None:
-    """Loss curve from ``normswap finetune``'s log in ``model_dir``, thinned to ``max_points``."""
-    from normswap.finetune.run_dir import RunDir, read_log_rows
+    """Loss curve from ``normswap finetune``'s log in ``model_dir``, thinned to ``max_points``. The log
+    is read by the fine-tune's bounded reader (a model handed to eval, maybe another user's: its size
+    and each row's are capped) and one row at a time, keeping only the numbers the curve shows."""
+    from normswap.finetune.run_dir import RunDir, iter_log_rows
 
     run = RunDir(model_dir)
-    if not run.log_file.is_file():
+    if not (run.log_file.is_file() or run.log_file.is_symlink()):
         return None
-    rows = read_log_rows(run.log_file)  # a model handed to eval, maybe another user's: not a run being resumed
-    train = [(r["step"], r["loss"]) for r in rows if "step" in r and r.get("loss") is not None]
-    evals = [(r["step"], r["eval_loss"]) for r in rows if "step" in r and r.get("eval_loss") is not None]
+    train, evals = [], []  # (step, loss, lm_loss, distill_loss), (step, eval_loss)
+    for r in iter_log_rows(run.log_file):
+        if not isinstance(r, dict) or "step" not in r:
+            continue
+        if r.get("loss") is not None:
+            train.append((r["step"], r["loss"], r.get("lm_loss"), r.get("distill_loss")))
+        if r.get("eval_loss") is not None:
+            evals.append((r["step"], r["eval_loss"]))
     every = max(1, len(train) // max_points)
     thinned = train[::every]
     if train and thinned[-1] != train[-1]:
         thinned.append(train[-1])
     # With distillation, `loss` is the mixed objective: keep its parts apart (KL and cross-entropy
     # differ by orders of magnitude and must not share an axis).
-    by_step = {r["step"]: r for r in rows if "step" in r}
     parts = {
-        key: [by_step[s].get(key) for s, _ in thinned]
-        for key in ("lm_loss", "distill_loss")
-        if any(by_step[s].get(key) is not None for s, _ in thinned)
+        key: [row[i] for row in thinned]
+        for i, key in ((2, "lm_loss"), (3, "distill_loss"))
+        if any(row[i] is not None for row in thinned)
     }
+    thinned = [(row[0], row[1]) for row in thinned]
+    train_last = train[-1][:2] if train else None
     return {
         "train_log": str(run.log_file),
         "steps": [s for s, _ in thinned],
@@ -112,7 +120,7 @@ def finetune_curve(model_dir, max_points: int = 400) -> dict | None:
         **parts,
         "eval_steps": [s for s, _ in evals],
         "eval_loss": [v for _, v in evals],
-        "final_loss": train[-1][1] if train else None,
+        "final_loss": train_last[1] if train else None,
         "final_eval_loss": evals[-1][1] if evals else None,
-        "total_steps": train[-1][0] if train else None,
+        "total_steps": train_last[0] if train else None,
     }

@@ -41,11 +41,44 @@ _OURS = re.compile(r"\.tmp-step-\d+(-old)?")  # the staging names save_checkpoin
 _NOT_WRITABLE_BY_OTHERS = ~(stat.S_IWGRP | stat.S_IWOTH)
 
 
+# A train_log.jsonl read back from a model directory someone handed over (eval's loss curve): a row a
+# step holds a few numbers, so 256 MiB is over a million steps at 256 bytes a row, far past any healing
+# run; a larger file is refused in one line instead of read whole. A row is at most 64 KiB.
+MAX_LOG_BYTES = 256 << 20
+MAX_LOG_ROW_BYTES = 64 << 10
+
+
 def read_log_rows(path: Path) -> list[dict]:
-    """The rows of a train_log.jsonl; a torn last line (a killed run) and what follows are dropped."""
-    if not path.is_file():
-        return []
-    return parse_log_rows(path.read_text())
+    """The rows of a train_log.jsonl; a torn last line (a killed run) and what follows are dropped.
+    The file is read by the side-file rule (a regular file inside its model directory, no link out)
+    and with bounds: at most :data:`MAX_LOG_BYTES`, each row at most :data:`MAX_LOG_ROW_BYTES`."""
+    return list(iter_log_rows(path))
+
+
+def iter_log_rows(path: Path):
+    """The rows of the train_log.jsonl ``path`` one at a time (:func:`read_log_rows`' bounds): only
+    one row is ever held as text."""
+    from normswap.checkpoint.side_files import open_inside
+
+    path = Path(path)
+    f = open_inside(path.parent, path.name, cap=MAX_LOG_BYTES)
+    if f is None:
+        return
+    with f:
+        lineno = 0
+        while line := f.readline(MAX_LOG_ROW_BYTES + 1):
+            lineno += 1
+            if len(line) > MAX_LOG_ROW_BYTES and not line.endswith(b"\n"):
+                raise NormswapError(
+                    f"{path}:{lineno}: a row longer than {MAX_LOG_ROW_BYTES:,} bytes; a training log holds one "
+                    "short row a step, so this is not one"
+                )
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except ValueError:
+                return  # a torn last line from a kill: everything after it is not trusted
 
 
 def parse_log_rows(text: str) -> list[dict]:

@@ -63,7 +63,8 @@ TOP = {
     "trust_remote_code": Field(
         "bool",
         default=False,
-        help="let the source run the Python files it ships (like --trust-remote-code): only for a source you trust",
+        help="the source runs the Python files it ships: the run is refused unless the command line also has "
+        "--trust-remote-code (a recipe cannot grant trust)",
     ),
     "variants": Field(
         "variants", required=True, help="name -> {convert: ..., finetune: ...}; each becomes a model in the report"

@@ -575,9 +575,16 @@ def run_recipe(loaded: LoadedRecipe, out, *, resume=False, force=False, progress
     """Run ``loaded`` into ``out``; returns run.json's content (with ``summary`` rows). ``progress``
     receives every progress line (default: printed to stderr as ``normswap run: ...``)."""
     if loaded.recipe.get("trust_remote_code"):
-        from normswap.checkpoint.load import set_trust_remote_code
+        # A recipe is a file someone hands you, like a model directory: it may say that its source
+        # needs its own code, but only the person running the command grants that.
+        from normswap.checkpoint.load import remote_code_trusted
 
-        set_trust_remote_code(True)
+        if not remote_code_trusted():
+            raise NormswapError(
+                f"the recipe {loaded.path} says trust_remote_code: true (its source runs the Python "
+                "files it ships); a recipe cannot grant that: pass --trust-remote-code on the command line if you "
+                "trust the source"
+            )
     return Runner(loaded, out, resume=resume, force=force, progress=progress).run()
 
 
