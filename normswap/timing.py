@@ -6,8 +6,8 @@ five whole-generation repeats. No timing of one function alone can tell a 3 % di
 that, and neither can comparing two functions' timings taken at different moments. What does work
 is to time the two functions back to back, many times, over blocks short enough that the host
 barely changes within one pair: the *ratio within a pair* cancels whatever the host was doing,
-and the median of many such ratios is stable (docs/speed.md; ../shared/reference/probes/noise2.py
-and noise3.py measured it).
+and the median of many such ratios is stable (docs/speed.md shows the
+measurements).
 
 How (:func:`compare`):
 - warm-up: every function runs ``warmup`` untimed blocks first (allocator, lazy init, caches);
@@ -224,7 +224,7 @@ def compare(
     ``balanced``: a round times every pair of functions once (the candidates against each other too,
     untimed for the ratios), so every function runs as often as the baseline and follows every other
     as often: in the default round the baseline runs once a pair, k times for k candidates, and on
-    this project's host that slot alone read 2-5 % faster than an identical copy in some runs.
+    this project's host that slot alone can read 2-5 % faster than an identical copy.
     Costs (k+1)/2 times the blocks of a round; the ratios are still read from the pairs that hold
     the baseline."""
     copies = _copies(fns, baseline, null)

@@ -342,10 +342,10 @@ def test_the_report_says_which_kernel_each_models_norms_ran():
 
     from normswap.report.render import table_notes
 
-    demos = Path(__file__).resolve().parents[1] / "docs" / "demo"
-    (note,) = [n for n in table_notes(json.loads((demos / "results.json").read_text())) if "Norm kernels" in n]
+    data = Path(__file__).resolve().parent / "data"
+    (note,) = [n for n in table_notes(json.loads((data / "demo-results.json").read_text())) if "Norm kernels" in n]
     assert "original: LayerNorm ×9" in note and "exact: cpu ×" in note  # the committed demo, after #43
-    demo = json.loads((demos / "shared-pages-2026-12-03" / "results.json").read_text())
+    demo = json.loads((data / "demo-results-2026-12-03.json").read_text())
     assert not any("Norm kernels that ran" in n for n in table_notes(demo))  # the control: nothing recorded
     for m in demo["models"]:
         if m.get("norm_time"):

@@ -297,9 +297,7 @@ def test_eval_speeds_terminal_table_shows_the_norm_time_ratio(capsys):
 
     from normswap.cli.eval_command import _print_speed
 
-    results = json.loads(
-        (Path(__file__).resolve().parents[1] / "docs/demo/shared-pages-2026-12-03/results.json").read_text()
-    )
+    results = json.loads((Path(__file__).resolve().parent / "data" / "demo-results-2026-12-03.json").read_text())
     _print_speed(results)
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.split()}
     assert "0.7% ×0.41 [0.40–0.42]" in rows["exact"] and "n.d." not in rows["exact"].split("0.7%")[1]

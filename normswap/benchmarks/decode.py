@@ -87,7 +87,7 @@ def measure_decode(
     benches = [ModelBench(name, load_model(spec).eval(), cfg) for _ in range(replicas) for name, spec in specs.items()]
     before = machine_load()
     # balanced rounds: every model runs as often as the original (in the default round the baseline
-    # runs in every pair, and identical copies in the other slots read 2-5 % slower in some runs, #43)
+    # runs in every pair, and identical copies in the other slots can read 2-5 % slower)
     cmp = compare_kind(benches, "decode", cfg, "original", "null control", progress, calls=steps, balanced=True)
     generate = None
     if generate_budget is not None:

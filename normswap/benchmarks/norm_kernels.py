@@ -274,7 +274,7 @@ def _case_runs(case: Case, device, base: str) -> dict:
     baseline again. Every one gets its own copy of γ and β (another address, the same values): the
     null control had its own while the baseline shared its copy with the candidates, and on the
     forward+backward rows of one probe the null then read 0.959 and 0.945; with a copy each, 0.992 and
-    1.005 (bench/results/kernels-probes-20261203/)."""
+    1.005."""
     w0, b0 = _params(case, device)
 
     def own():

@@ -16,7 +16,7 @@ ask for 12 GB, and ``n_embd: 0`` ended in a ZeroDivisionError. Two checks, both 
   (``convert.tensor_match.match``) or by transformers' loader; these bounds only keep what is built
   before that check proportional to the weights.
 
-Some sizes build things no weight backs, and are bounded by a declared cap instead (issue #29):
+Some sizes build things no weight backs, and are bounded by a declared cap instead:
 
 * ``num_labels`` without an ``id2label`` naming them: transformers builds a dict of that many names
   while it reads the config (1e8 labels: tens of GB), so it is checked in the raw config.json dict,

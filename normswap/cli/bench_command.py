@@ -235,9 +235,9 @@ def decode(
     )
 
 
-# Defaults chosen so that the run decides on this project's busy 2-core machine (issue 37): at 1 x 128
+# Defaults chosen so that the run decides on this project's busy 2-core machine: at 1 x 128
 # tokens a GPT-2-small forward took 0.4 s (median; ~1 s mean beside a burner), so 241 s gave 42 pairs and
-# a widest half-width of 0.041 against the 0.01 target (bench/results/onnx-20261203T095207Z). 32 tokens
+# a widest half-width of 0.041 against the 0.01 target (bench/README.md records the run). 32 tokens
 # make a pair ~4x cheaper, and one converted graph (the default export) instead of two leaves two pairs a
 # round instead of three. `--seq-len 128 --onnx-norm-op simplified --onnx-norm-op rmsnormalization` is
 # the earlier setting.

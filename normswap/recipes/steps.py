@@ -435,7 +435,7 @@ def check_evaluation(recipe: dict) -> None:
 
 
 def run_dir_problem(out: Path) -> str | None:
-    """Why DIR may not be run into or resumed, or None (issue #39: a run reads back what it wrote).
+    """Why DIR may not be run into or resumed, or None (a run reads back what it wrote).
 
     DIR must be ours alone, with no directory above it another user can replace; each name a run
     writes (OWNED), each model under models/ and each file directly in a model or in report/ must
