@@ -11,7 +11,7 @@ this module (tests/test_package_structure.py ranks it above every other part).
   ``best``); False where that is not possible here.
 - ``forget_kernel_choices()``: drop the autotuner's in-memory rankings and every decision taken from
   them (the on-disk table is read again on the next choice).
-- ``registered_impl(record)``: a block in which ``record`` (a normswap.kernels.registry.Impl: a
+- ``registered_impl(record)``: a block in which ``record`` (a normswap.kernels.implementations.Impl: a
   planted implementation, or a changed copy of a real one made with ``dataclasses.replace``) is in
   the table, with every choice forgotten on the way in and out.
 - ``FinetuneHooks``: fault injection for ``run_finetune(..., hooks=)``: replace a step's loss
@@ -59,7 +59,8 @@ def forget_kernel_choices() -> None:
 def registered_impl(record):
     """``record`` in the implementation table inside the block (replacing one of its name), as it
     was afterwards; the choices are forgotten on the way in and out."""
-    from normswap.kernels import choose, registry
+    from normswap.kernels import choose
+    from normswap.kernels import implementations as registry
 
     before = registry.TABLE.get(record.name)
     registry.register(record)  # a replaced record keeps its place in the table's order

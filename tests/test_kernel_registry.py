@@ -1,4 +1,4 @@
-"""The kernel choice in one table and one chooser (normswap.kernels.registry, normswap.kernels.choose).
+"""The kernel choice in one table and one chooser (normswap.kernels.implementations, normswap.kernels.choose).
 
 - a record asked for by name that cannot run a call raises one clear line; one picked by `auto`
   that fails falls back to the next;
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from normswap.errors import NormswapError
-from normswap.kernels import choose, registry, rms_norm
+from normswap.kernels import choose, rms_norm
+from normswap.kernels import implementations as registry
 from normswap.kernels.reference import rms_norm_reference
 from normswap.modules import RMSNorm
 from normswap.testing import kernel_backend, registered_impl

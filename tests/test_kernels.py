@@ -23,7 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import normswap.kernels as K
 from normswap.errors import NormswapError
-from normswap.kernels import _ops, choose, registry, rms_norm
+from normswap.kernels import _ops, choose, rms_norm
+from normswap.kernels import implementations as registry
 
 # the GPU when there is one (detection, not configuration); the Triton kernels are then compiled
 # for real instead of interpreted

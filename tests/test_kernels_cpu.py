@@ -129,10 +129,11 @@ def test_builds_where_toolchain_exists():
 
 
 def test_env_switch_disables_without_raising(monkeypatch):
-    """NORMSWAP_CPU_KERNEL=0 is the `cpu` record's switch (normswap.kernels.registry): the record is
+    """NORMSWAP_CPU_KERNEL=0 is the `cpu` record's switch (normswap.kernels.implementations): the record is
     not ready, `auto` runs something else, and asking for it by name says why in one line."""
     from normswap.errors import NormswapError
-    from normswap.kernels import registry, rms_norm
+    from normswap.kernels import implementations as registry
+    from normswap.kernels import rms_norm
     from normswap.modules import RMSNorm
     from normswap.testing import forget_kernel_choices
 

@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 
-from normswap.kernels import _ops, autotune, choose, registry, rms_norm
+from normswap.kernels import _ops, autotune, choose, rms_norm
+from normswap.kernels import implementations as registry
 from normswap.kernels.reference import rms_norm_reference
 from normswap.testing import forget_kernel_choices, registered_impl
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import normswap.kernels as K
-from normswap.kernels import autotune, registry
+from normswap.kernels import autotune
+from normswap.kernels import implementations as registry
 from normswap.kernels.reference import rms_norm_reference
 from normswap.modules import RMSNorm
 from normswap.testing import kernel_backend, registered_impl

@@ -35,7 +35,7 @@ def slice_command(src, out, device, force, as_json, **values):
     from normswap.publish import output_lock
     from normswap.slice.config import options_from
     from normswap.slice.model import check_fraction
-    from normswap.slice.pipeline import check_out, slice_checkpoint
+    from normswap.slice.sliced_checkpoint import check_out, slice_checkpoint
 
     options = options_from(None, values)
     check_fraction(options.fraction, allow_zero=False)

@@ -3,7 +3,7 @@
     rms_norm(x, weight=None, eps=1e-5, residual=None, *, bias=None) -> y  |  (y, x + residual)
     bind(x, weight, bias, residual=None) -> Bound(name, fn)  (the decision, made once per kind of call)
 
-Every implementation is one record of one table (normswap.kernels.registry: ``cpu``, normswap's
+Every implementation is one record of one table (normswap.kernels.implementations: ``cpu``, normswap's
 compiled C++ kernel; ``triton``, its Triton kernels; ``native``, torch's own ``F.rms_norm``;
 ``composite``, the formula with a hand-written backward; ``torch``, the formula differentiated by
 autograd), and one module decides which record a kind of call runs (normswap.kernels.choose: the
@@ -30,7 +30,7 @@ import torch
 
 from normswap.kernels import choose as _choose
 from normswap.kernels.choose import Bound, backend_for, bind, call_kind, describe
-from normswap.kernels.registry import FEW_ROWS, checked_call, cpu_ext, cpu_ready
+from normswap.kernels.implementations import FEW_ROWS, checked_call, cpu_ext, cpu_ready
 
 _is_compiling = torch.compiler.is_compiling
 

@@ -4,7 +4,7 @@ Registering the kernels as opaque custom ops is what lets torch.compile trace a 
 them (Dynamo never looks inside, the fake impls give it shapes) and what puts our hand-written
 backward, not an autograd trace of the forward, on the tape.
 
-The op takes the name of the record it runs (normswap.kernels.registry: ``triton``, ``cpu`` or
+The op takes the name of the record it runs (normswap.kernels.implementations: ``triton``, ``cpu`` or
 ``composite``; normswap.kernels.choose decided which); its kernels are looked up when the op
 *executes*, not when it is traced.
 """

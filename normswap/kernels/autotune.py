@@ -10,7 +10,7 @@ however fast), and keeps the ranking: in memory for the process, and in a JSON f
 normswap cache directory so the next process on the same machine, torch and kernel build starts
 with it.
 
-Candidates: the records of normswap.kernels.registry's table marked ``ranked`` that run the kind
+Candidates: the records of normswap.kernels.implementations's table marked ``ranked`` that run the kind
 of call here (normswap.kernels.choose asks, and takes the first of the ranking that binds) —
 normswap's C++ kernel on CPU, its Triton kernels on CUDA, torch's own ``F.rms_norm``, the
 composite with a hand-written backward.
@@ -32,7 +32,7 @@ import torch
 from normswap.errors import first_line
 from normswap.host import load_average
 from normswap.kernels import cpu
-from normswap.kernels.registry import FEW_ROWS, TABLE, cpu_ready
+from normswap.kernels.implementations import FEW_ROWS, TABLE, cpu_ready
 
 _lock = threading.Lock()
 _memory: dict = {}  # key tuple -> ranking (list of impl names, best first)

@@ -1,7 +1,7 @@
 """Which implementation a kind of call runs: decided here, and nowhere else.
 
 :func:`decide` maps a kind of call (:func:`call_kind`: device, dtype, width, few or many rows, γ,
-β, residual, gradient) to a record of normswap.kernels.registry's table, by these rules in order:
+β, residual, gradient) to a record of normswap.kernels.implementations's table, by these rules in order:
 
 1. float64 is verification's dtype: the reference formula (``torch``), whatever is asked.
 2. A name asked for — ``backend=`` in a call, or the setting ``NORMSWAP_KERNEL`` (read here, once
@@ -35,7 +35,7 @@ import torch
 
 from normswap.errors import NormswapError
 from normswap.kernels import autotune
-from normswap.kernels.registry import FEW_ROWS, TABLE, Impl
+from normswap.kernels.implementations import FEW_ROWS, TABLE, Impl
 
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled

@@ -6,7 +6,7 @@ model would get slower on CPU because of its norms. The kernel here is a small C
 (``csrc/``) built with ``torch.utils.cpp_extension.load`` at first use and cached; every caller
 must treat it as optional: :func:`available` returns False (and never raises) when there is no
 compiler or ninja or when building fails, and the chooser then runs another implementation.
-Whether it is asked at all is the ``cpu`` record's call (normswap.kernels.registry: with
+Whether it is asked at all is the ``cpu`` record's call (normswap.kernels.implementations: with
 ``NORMSWAP_CPU_KERNEL=0`` it is never built or run).
 
 Build and cache:

@@ -12,7 +12,7 @@ decides a report's colours).
 from __future__ import annotations
 
 from normswap.evaluate.speed_intervals import fmt_interval, intervals_of, throughput_method
-from normswap.report.verdicts import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
+from normswap.report.claim_words import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from normswap.stats.verdicts import TOO_NOISY, claim_verdict, measurable, undecided
 
 # The quoted figures: at least 10 % more tokens/s; at least 7 % less time inside the norms.

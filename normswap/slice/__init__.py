@@ -27,7 +27,7 @@ def __getattr__(name):
 
         return calibration_batches
     if name == "slice_checkpoint":
-        from normswap.slice.pipeline import slice_checkpoint
+        from normswap.slice.sliced_checkpoint import slice_checkpoint
 
         return slice_checkpoint
     raise AttributeError(f"module 'normswap.slice' has no attribute {name!r}")

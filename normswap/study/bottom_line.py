@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import statistics
 
+from normswap.report.claim_words import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from normswap.report.claims import THROUGHPUT_CLAIM as THROUGHPUT_THRESHOLD  # "10–30 % faster": its lower end
 from normswap.report.tables import grouped
-from normswap.report.verdicts import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from normswap.stats.t_intervals import fmt_t_interval
 from normswap.stats.verdicts import NO_DIFFERENCE, TOO_NOISY
 

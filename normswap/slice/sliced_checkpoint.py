@@ -8,7 +8,7 @@
 3. The conversion is loaded in float32, run over the calibration blocks (slice/calibrate.py), the
    basis fitted (slice/basis.py), and the model rotated and sliced (slice/model.py).
 4. The rotation alone (only the all-ones direction deleted) must reproduce the conversion
-   (slice/verify.py): otherwise ``VerificationError`` (exit 1) and nothing is written.
+   (slice/rotation_check.py): otherwise ``VerificationError`` (exit 1) and nothing is written.
 5. The sliced model is written into a staging directory in the source's dtype with its config
    (``normswap.slice``: the width and the tensors it narrows), the remote code, the tokenizer, the
    manifest, ``slice.json`` (the figures: width, parameters, kept and dropped energy per norm) and
@@ -32,7 +32,7 @@ from normswap.checkpoint.manifest import history_entry, read_manifest, write_man
 from normswap.checkpoint.write import write_checkpoint_dir
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import atomic_write_json, check_output_path, publish_dir, staging_dir
-from normswap.slice import verify as verification
+from normswap.slice import rotation_check as verification
 from normswap.slice.calibrate import block_length, calibration_batches
 from normswap.slice.config import SliceOptions, options_from
 from normswap.slice.model import check_fraction, rotate_model, slice_model
