@@ -11,6 +11,7 @@ does for a class loaded as remote code (what it did before), so transformers rea
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import warnings
@@ -30,7 +31,9 @@ from normswap.convert.pipeline import convert_checkpoint  # noqa: E402
 def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
-    wanted = set(argv if argv is not None else sys.argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("families", nargs="*", help="only these families (default: every one with a causal LM)")
+    wanted = set(ap.parse_args(argv).families)
     auto = transformers.AutoModelForCausalLM
     print(f"{'family':<14} {'original':>9} {'converted, stock':>17} {'normswap':>9} {'before (stock)':>15}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,13 +7,18 @@ within 1 % of the original's perplexity on the held-out test books).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    out, models = Path(argv[0]), argv[1:]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path, help="bench/slice_heal.sh's output folder")
+    ap.add_argument("models", nargs="+", help="the shipped models it sliced and healed")
+    args = ap.parse_args(argv)
+    out, models = args.out, args.models
     for m in models:
         sliced = json.loads((out / f"{m}-slice.json").read_text())
         ft = json.loads((out / f"{m}-finetune.json").read_text())
