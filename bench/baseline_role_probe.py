@@ -66,6 +66,7 @@ def balanced(fns, baseline, budget):
     import time
 
     from normswap import timing
+    from normswap.stats.bootstrap import median_interval
 
     names = list(fns)
     pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
@@ -82,7 +83,7 @@ def balanced(fns, baseline, budget):
         r += 1
     out = {"pairs": r}
     for n, ratios in got.items():
-        med, lo, hi = timing.median_interval(ratios)
+        med, lo, hi = median_interval(ratios)
         out[n] = {"ratio": med, "low": lo, "high": hi, "pairs": len(ratios)}
     return out
 

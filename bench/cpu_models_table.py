@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The goal table of a bench/cpu_models.sh run: converted ÷ original throughput per size, kind
 and mode, from the JSON files in the run directory (nothing typed in by hand). Each cell is the
-median paired ratio with its [min, max] over the interleaved repeats (normswap.evaluate.stats);
+median paired ratio with its [min, max] over the interleaved repeats (normswap.stats.verdicts);
 "met" needs the median ≥ the goal, and the verdict says whether the repeats tell the two apart."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from normswap.evaluate.stats import NO_DIFFERENCE  # noqa: E402
+from normswap.stats.verdicts import NO_DIFFERENCE  # noqa: E402
 
 KINDS = ("forward", "train_step", "decode")
 GOAL = 0.98

@@ -5,7 +5,7 @@ kernels, precompiled headers) into a cache directory and then loads it; a file a
 under the expected name is loaded as is. Its default directory is ``$TMPDIR/torchinductor_<user>``,
 a predictable name in a shared directory, made with ``exist_ok=True`` and never checked for its
 owner: another local user who makes that directory first and plants modules there has them run
-in the victim's process (issue #45, case 1). ``TORCHINDUCTOR_CACHE_DIR`` moves most of it, but
+in the victim's process. ``TORCHINDUCTOR_CACHE_DIR`` moves most of it, but
 not all: torch computes some paths from ``default_cache_dir()`` itself (the precompiled headers,
 ``codecache._HEADER_DIR``, fixed when ``torch._inductor.codecache`` is imported; the on-disk
 caches of ``torch._inductor.cache`` and ``runtime.caching``), and Inductor's compile workers are

@@ -5,11 +5,10 @@ source's state-dict keys; `weight` is None when γ was folded into the readers (
 `bias` is None unless β was kept on the norm.
 
 The eager call is the hot path (a decode step is a few microseconds of work per norm, so host-side
-Python decides its cost): the kernel a kind of call runs is decided once (normswap.kernels.bind:
-NORMSWAP_KERNEL, `auto`'s measured ranking at the call's own shape) and kept on the module, one
-per dtype, CUDA or not, few or many rows and gradient mode; every later call of that kind goes
-straight to the kept function. `_apply` (``.to()``, ``.cuda()``, ``.half()``) and a changed
-decision (normswap.kernels.autotune.drop_decisions) drop what was kept.
+Python decides its cost): the module asks normswap.kernels.choose once per kind of call — dtype,
+CUDA or not, few or many rows, gradient mode — and keeps the function it answers with; every later
+call of that kind goes straight to it. `_apply` (``.to()``, ``.cuda()``, ``.half()``) and a changed
+decision (normswap.kernels.choose.drop_decisions) drop what was kept.
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from normswap.kernels import FEW_ROWS, autotune, bind, call_kind, describe, rms_norm
+from normswap.kernels import FEW_ROWS, bind, call_kind, describe, rms_norm
+from normswap.kernels.choose import binders
 
 _is_compiling = torch.compiler.is_compiling
 _is_exporting = torch.compiler.is_exporting
@@ -69,13 +69,13 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, residual, bias=self.bias)
 
     def _bind(self, x, weight, bias):
-        """Decide, once, what calls of x's kind run (normswap.kernels.bind), keep it, and record it."""
+        """Ask the chooser, once, what calls of x's kind run, keep the answer, and record it."""
         grad = _grad_enabled()  # decided per gradient mode, as the calls look it up
         kind = call_kind(x, weight, bias, grad=grad)
         bound = bind(x, weight, bias, grad=grad)
         self._binds[x.is_cuda][grad][x.numel() <= self._few][x.dtype] = bound.fn
         self.kernels_ran[describe(kind)] = bound.name
-        autotune.binders.add(self)
+        binders.add(self)
         return bound.fn
 
     def unbind(self):

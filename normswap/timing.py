@@ -6,8 +6,8 @@ five whole-generation repeats. No timing of one function alone can tell a 3 % di
 that, and neither can comparing two functions' timings taken at different moments. What does work
 is to time the two functions back to back, many times, over blocks short enough that the host
 barely changes within one pair: the *ratio within a pair* cancels whatever the host was doing,
-and the median of many such ratios is stable (docs/speed.md; ../shared/reference/probes/noise2.py
-and noise3.py measured it).
+and the median of many such ratios is stable (docs/speed.md shows the
+measurements).
 
 How (:func:`compare`):
 - warm-up: every function runs ``warmup`` untimed blocks first (allocator, lazy init, caches);
@@ -37,11 +37,11 @@ How (:func:`compare`):
   ``target_halfwidth`` on each side ("converged"), or the time budget ("budget") or the pair cap
   ("max_pairs") runs out; the result says which.
 
-Verdicts (:func:`verdict`), in the project's words: "too noisy to tell" when the null control's
-interval is not inside [1 − ``NULL_BAND``, 1 + ``NULL_BAND``]; else "faster" / "slower" when the
-candidate's whole interval lies further from 1, on its side, than the null control's interval
-reached on either side (two identical copies at 0.981–0.995 say this run cannot tell 1.9 % in
-either direction: a candidate at 1.001–1.013 is not faster); else "no measurable difference".
+Verdicts: the rules of normswap/stats/verdicts.py (``speed_ratio_verdict``): "too noisy to tell"
+when the null control's interval is not inside [1 − ``NULL_BAND``, 1 + ``NULL_BAND``]; else
+"faster" / "slower" when the candidate's whole interval lies further from 1 than the null control's
+reached on either side; else "no measurable difference". The interval is
+normswap/stats/bootstrap.py's ``median_interval``.
 
 The clock is injectable (``clock=``), so the tests plant timings with a fake clock and never
 depend on how fast the machine running them is.
@@ -51,23 +51,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-FASTER = "faster"
-SLOWER = "slower"
-NO_DIFFERENCE = "no measurable difference"
-TOO_NOISY = "too noisy to tell"
-VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE, TOO_NOISY)
+from normswap.stats.bootstrap import median_interval
+from normswap.stats.levels import LEVEL
+from normswap.stats.verdicts import NULL_BAND, null_control_verdict, speed_ratio_verdict
 
-# The null control must land within ±NULL_BAND of 1 for any verdict: a machine where two identical
-# copies differ by more than 2 % cannot be trusted with the few-per-cent differences a norm swap
-# makes (issue 37: "null control within ±2 %").
-NULL_BAND = 0.02
-# below this many pairs a bootstrap interval is too coarse to call anything (a ratio of 2 pairs can
-# exclude 1 by chance): "no measurable difference", whatever it reads
-MIN_PAIRS = 10
-LEVEL = 0.95
 BOOTSTRAP_DRAWS = 1000
 CONVERGED, BUDGET, MAX_PAIRS = "converged", "budget", "max_pairs"
 METHOD = (
@@ -146,45 +137,6 @@ class Comparison:
         if samples:
             out["pair_seconds"] = {k: [list(p) for p in v] for k, v in self.pair_seconds.items()}
         return out
-
-
-def null_within_band(null_low: float, null_high: float, band: float = NULL_BAND) -> bool:
-    """Whether the null control says this run could tell differences (its interval inside the band)."""
-    return 1 - band <= null_low and null_high <= 1 + band
-
-
-def verdict(
-    low: float, high: float, null_low: float | None, null_high: float | None, band: float = NULL_BAND, pairs=None
-) -> str:
-    """The project's verdict on a speed-ratio interval [low, high], given the null control's
-    (None, None: a run without one, judged on 1 alone); fewer than ``MIN_PAIRS`` pairs decide nothing."""
-    if pairs is not None and pairs < MIN_PAIRS:
-        return NO_DIFFERENCE
-    if null_low is None:
-        null_low = null_high = 1.0
-    elif not null_within_band(null_low, null_high, band):
-        return TOO_NOISY
-    reach = max(null_high - 1.0, 1.0 - null_low, 0.0)  # how far from 1 two identical copies got, either way
-    if low > 1.0 + reach:
-        return FASTER
-    if high < 1.0 - reach:
-        return SLOWER
-    return NO_DIFFERENCE
-
-
-def median_interval(ratios: list[float], *, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float, float]:
-    """(median, low, high): the median of ``ratios`` and its percentile-bootstrap interval.
-
-    Each ratio is one whole pair, so resampling ratios resamples pairs: the two halves of a pair
-    are never separated, which is what keeps the host's swings out of the interval."""
-    import numpy as np
-
-    r = np.asarray(ratios, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    meds = np.median(r[rng.integers(len(r), size=(draws, len(r)))], axis=1)
-    tail = 50 * (1 - LEVEL)
-    low, high = np.percentile(meds, [tail, 100 - tail])
-    return float(np.median(r)), float(low), float(high)
 
 
 def calibrate_calls(
@@ -272,79 +224,114 @@ def compare(
     ``balanced``: a round times every pair of functions once (the candidates against each other too,
     untimed for the ratios), so every function runs as often as the baseline and follows every other
     as often: in the default round the baseline runs once a pair, k times for k candidates, and on
-    this project's host that slot alone read 2-5 % faster than an identical copy in some runs (#43).
+    this project's host that slot alone can read 2-5 % faster than an identical copy.
     Costs (k+1)/2 times the blocks of a round; the ratios are still read from the pairs that hold
     the baseline."""
+    copies = _copies(fns, baseline, null)
+    # with copies, no "converged" before every combination of copies has met once
+    min_pairs = max([min_pairs] + [len(copies[baseline]) * len(fs) for name, fs in copies.items() if name != baseline])
+    calls = _calls_per_function(fns, calls_per_sample)
+    _warm(copies, calls, warmup, clock, sync)
+    rounds = _Rounds(copies, calls, baseline, balanced, clock, sync, lead_in)
+
+    def converged(done: int) -> bool:
+        estimates = _estimates(rounds.pair_seconds, draws, seed)
+        if progress and estimates:
+            widest = max((h - lo) / 2 for _, lo, h in estimates.values())
+            progress(f"{done} pairs, widest half-width {widest:.4f} (target {target_halfwidth})")
+        return _converged(estimates, target_halfwidth)
+
+    run = _run_until_stop(rounds, random.Random(seed), clock, budget_s, min_pairs, max_pairs, check_every, converged)
+    run |= {"calls_per_sample": calls[baseline], "calls_per_function": calls, "target_halfwidth": target_halfwidth}
+    run["replicas"] = {name: len(fs) for name, fs in copies.items()}
+    run["balanced"] = bool(balanced and len(rounds.others) > 1)
+    return _comparison(baseline, null, rounds.pair_seconds, rounds.blocks, run, band=band, draws=draws, seed=seed)
+
+
+def _copies(fns, baseline: str, null: str | None) -> dict[str, list]:
+    """Every function as its list of copies (one function: a list of one), after checking the keys."""
     if baseline not in fns or (null is not None and null not in fns) or null == baseline:
         raise ValueError(f"compare: baseline {baseline!r} and null {null!r} must be two different keys of fns")
     copies = {name: list(f) if isinstance(f, Sequence) else [f] for name, f in fns.items()}
     if not all(copies.values()):
         raise ValueError("compare: a function given as a list needs at least one copy")
-    # with copies, no "converged" before every combination of copies has met once
-    min_pairs = max([min_pairs] + [len(copies[baseline]) * len(fs) for name, fs in copies.items() if name != baseline])
+    return copies
+
+
+def _calls_per_function(fns, calls_per_sample: int | Mapping[str, int]) -> dict[str, int]:
     calls = {n: calls_per_sample if isinstance(calls_per_sample, int) else int(calls_per_sample[n]) for n in fns}
     if min(calls.values()) < 1:
         raise ValueError("compare: every function needs at least one call a block")
+    return calls
+
+
+def _warm(copies: dict[str, list], calls: dict[str, int], warmup: int, clock, sync) -> None:
+    """``warmup`` untimed blocks of every copy of every function."""
     for name, fs in copies.items():
-        for f in fs:  # every copy warmed
+        for f in fs:
             for _ in range(warmup):
                 _block(f, calls[name], clock, sync)
-    others = [name for name in fns if name != baseline]
-    pair_seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in others}
-    blocks: dict[str, list[float]] = {name: [] for name in fns}
 
-    def one_round(rounds: int, rng: random.Random) -> None:
+
+class _Rounds:
+    """The rounds of one comparison: which pairs a round runs, in which order, on which copies, and
+    the seconds they took."""
+
+    def __init__(self, copies, calls, baseline: str, balanced: bool, clock, sync, lead_in: int):
+        self.copies, self.calls, self.baseline, self.balanced = copies, calls, baseline, balanced
+        self.clock, self.sync, self.lead_in = clock, sync, lead_in
+        self.others = [name for name in copies if name != baseline]
+        self.pair_seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in self.others}
+        self.blocks: dict[str, list[float]] = {name: [] for name in copies}
+
+    def _pairs(self, rng: random.Random) -> list[tuple[str, str]]:
+        baseline, others = self.baseline, self.others
         rng.shuffle(others)
-        if balanced and len(others) > 1:
+        if self.balanced and len(others) > 1:
             names = [baseline, *others]
             pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
             rng.shuffle(pairs)
-        else:
-            pairs = [(baseline, name) for name in others] or [(baseline, baseline)]  # alone: its speed only
-        for a, b in pairs:
+            return pairs
+        return [(baseline, name) for name in others] or [(baseline, baseline)]  # alone: its speed only
+
+    def run(self, rounds: int, rng: random.Random) -> None:
+        """Round number ``rounds``: A then B in even rounds, B then A in odd ones."""
+        baseline, copies = self.baseline, self.copies
+        for a, b in self._pairs(rng):
             order = (a, b) if rounds % 2 == 0 else (b, a)
             name = b if a == baseline else a  # the side that is not the baseline (alone: the baseline)
             if baseline in order:
-                nth = len(pair_seconds[name]) if name != baseline else rounds  # this pair's number
+                nth = len(self.pair_seconds[name]) if name != baseline else rounds  # this pair's number
                 pick = _copies_for_pair(copies, baseline, name, nth)
             else:  # a balanced round's pair of two candidates: rotates their copies too
                 pick = {k: copies[k][rounds % len(copies[k])] for k in order}
             seconds = {  # seconds a call: blocks of different lengths compare
-                k: _block(pick[k], calls[k], clock, sync, lead_in) / calls[k] for k in dict.fromkeys(order)
+                k: _block(pick[k], self.calls[k], self.clock, self.sync, self.lead_in) / self.calls[k]
+                for k in dict.fromkeys(order)
             }
             if baseline in order and name != baseline:
-                pair_seconds[name].append((seconds[baseline], seconds[name]))
+                self.pair_seconds[name].append((seconds[baseline], seconds[name]))
             for k, sec in seconds.items():
-                blocks[k].append(sec)
+                self.blocks[k].append(sec)
 
-    def converged(rounds: int) -> bool:
-        estimates = _estimates(pair_seconds, draws, seed)
-        if progress and estimates:
-            widest = max((h - lo) / 2 for _, lo, h in estimates.values())
-            progress(f"{rounds} pairs, widest half-width {widest:.4f} (target {target_halfwidth})")
-        return _converged(estimates, target_halfwidth)
 
-    rng, start = random.Random(seed), clock()
-    rounds, stop_reason = 0, MAX_PAIRS
-    while rounds < max_pairs:
-        one_round(rounds, rng)
-        rounds += 1
+def _run_until_stop(rounds: _Rounds, rng, clock, budget_s, min_pairs, max_pairs, check_every, converged) -> dict:
+    """Rounds until the stop rule says: converged, budget or max_pairs (module doc)."""
+    start = clock()
+    done, stop_reason = 0, MAX_PAIRS
+    while done < max_pairs:
+        rounds.run(done, rng)
+        done += 1
         if clock() - start >= budget_s:
             stop_reason = BUDGET
             break
-        if rounds >= min(min_pairs, max_pairs) and rounds % check_every == 0 and converged(rounds):
+        if done >= min(min_pairs, max_pairs) and done % check_every == 0 and converged(done):
             stop_reason = CONVERGED
             break
-    run = {"stop_reason": stop_reason, "elapsed_s": clock() - start, "rounds": rounds}
-    run |= {"calls_per_sample": calls[baseline], "calls_per_function": calls, "target_halfwidth": target_halfwidth}
-    run["replicas"] = {name: len(fs) for name, fs in copies.items()}
-    run["balanced"] = bool(balanced and len(others) > 1)
-    return _comparison(baseline, null, pair_seconds, blocks, run, band=band, draws=draws, seed=seed)
+    return {"stop_reason": stop_reason, "elapsed_s": clock() - start, "rounds": done}
 
 
 def _comparison(baseline, null, pair_seconds, blocks, run: dict, *, band, draws, seed) -> Comparison:
-    import statistics
-
     estimates = _estimates(pair_seconds, draws, seed)
     null_low, null_high = estimates[null][1:] if null is not None else (None, None)
 
@@ -352,9 +339,9 @@ def _comparison(baseline, null, pair_seconds, blocks, run: dict, *, band, draws,
         med, low, high = estimates[name]
         pairs = len(pair_seconds[name])
         if name == null:  # the yardstick: within its band it is "no difference" by construction
-            word = NO_DIFFERENCE if pairs >= MIN_PAIRS and null_within_band(low, high, band) else TOO_NOISY
+            word = null_control_verdict(low, high, pairs, band)
         else:
-            word = verdict(low, high, null_low, null_high, band, pairs=pairs)
+            word = speed_ratio_verdict(low, high, null_low, null_high, band, pairs=pairs)
         return Ratio(med, low, high, pairs, word)
 
     return Comparison(

@@ -24,6 +24,7 @@ def test_bench_onnx_on_its_own_defaults(tmp_path, run_cli, monkeypatch):
     every verdict the instrument's own, the converted norms fused at least as often as the original's."""
     from normswap import timing
     from normswap.assets import models
+    from normswap.stats import verdicts
 
     monkeypatch.setattr(models, "GPT2_SMALL", models.GPT2_TINY)  # test-sized: the same path, a smaller config
     out = tmp_path / "onnx.json"
@@ -50,8 +51,8 @@ def test_bench_onnx_on_its_own_defaults(tmp_path, run_cli, monkeypatch):
     assert t["baseline"] == "original" and t["null_name"] == "null control" and t["calls_per_sample"] == 1
     for c in r["over_original"].values():
         assert c["pairs"] == t["rounds"] and c["low"] <= c["ratio"] <= c["high"]
-        assert c["verdict"] == timing.verdict(c["low"], c["high"], null["low"], null["high"])
-    assert null["verdict"] in (timing.NO_DIFFERENCE, timing.TOO_NOISY)
+        assert c["verdict"] == verdicts.speed_ratio_verdict(c["low"], c["high"], null["low"], null["high"])
+    assert null["verdict"] in (verdicts.NO_DIFFERENCE, verdicts.TOO_NOISY)
     # control: the null control and each converted graph are timed on their own, not copies of the original
     pairs = t["pair_seconds"]
     assert set(pairs) == {"null control", "converted (simplified)", "converted (rmsnormalization)"}

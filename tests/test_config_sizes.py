@@ -193,7 +193,7 @@ def test_the_meta_count_is_the_built_models_and_a_small_study_fits():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from normswap.study.arms import Source
-    from normswap.study.runner import check_memory
+    from normswap.study.preflight_checks import check_memory
 
     config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=64)
     real = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())

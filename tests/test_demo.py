@@ -46,12 +46,15 @@ def test_demo_quick_end_to_end(tmp_path):
         assert (report / name).is_file(), name
     results = json.loads((report / "results.json").read_text())
     models = {m["name"]: m for m in results["models"]}
-    assert list(models) == ["original", "exact", "approx", "approx-healed"]
+    assert list(models) == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed"]
     assert results["baseline"] == "original"
     ppl = {n: m["perplexity"] for n, m in models.items()}
     assert ppl["exact"] == pytest.approx(ppl["original"], rel=1e-4)
     assert ppl["approx"] > ppl["original"] * 1.001  # dropping β costs perplexity...
     assert ppl["approx-healed"] < ppl["approx"]  # ...and the fine-tune wins some back
+    # slicing a quarter of the width costs a little perplexity and fewer parameters; healing wins some back
+    assert ppl["sliced"] > ppl["exact"] and ppl["sliced-healed"] < ppl["sliced"]
+    assert models["sliced"]["parameters"] < models["original"]["parameters"]
     assert models["approx-healed"]["kind"] == "fine-tuned" and models["exact"]["kind"] == "converted (exact)"
     for n in models:
         assert models[n]["tokens_per_second"]["forward"] > 0
@@ -70,7 +73,7 @@ def test_demo_quick_end_to_end(tmp_path):
         assert n in table
     assert "Δ vs original" in table and "forward tok/s" in table and "ratio [95% interval]" in table
     # --quick measures 2 repeats: too few for any speed ratio to count as a difference
-    for n in ("exact", "approx", "approx-healed"):
+    for n in ("exact", "approx", "approx-healed", "sliced", "sliced-healed"):
         line = next(ln for ln in table.splitlines() if ln.startswith(n + " "))
         assert line.endswith("no measurable difference"), line
     assert all(

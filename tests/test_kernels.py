@@ -23,7 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import normswap.kernels as K
 from normswap.errors import NormswapError
-from normswap.kernels import _ops, rms_norm
+from normswap.kernels import _ops, choose, rms_norm
+from normswap.kernels import implementations as registry
 
 # the GPU when there is one (detection, not configuration); the Triton kernels are then compiled
 # for real instead of interpreted
@@ -43,7 +44,7 @@ def _triton_usable() -> bool:
 
 def _backends():
     out = ["composite", "torch", "auto"]
-    if DEVICE.type == "cpu" and _ops.cpu_fast_available():
+    if DEVICE.type == "cpu" and registry.cpu_ready():
         out.append("cpu-fast")
     if _triton_usable():
         out.append("triton")
@@ -427,11 +428,11 @@ def test_backend_env_var(monkeypatch):
     monkeypatch.setenv("NORMSWAP_KERNEL", "composite")
     try:
         assert K.requested_backend() == "auto"
-        K.reread_requested_backend()
+        choose.reread()
         assert K.requested_backend() == "composite"
     finally:
         monkeypatch.delenv("NORMSWAP_KERNEL")
-        K.reread_requested_backend()
+        choose.reread()
 
 
 def test_module_matches_layer_contract():

@@ -129,10 +129,33 @@ def test_builds_where_toolchain_exists():
 
 
 def test_env_switch_disables_without_raising(monkeypatch):
+    """NORMSWAP_CPU_KERNEL=0 is the `cpu` record's switch (normswap.kernels.implementations): the record is
+    not ready, `auto` runs something else, and asking for it by name says why in one line."""
+    from normswap.errors import NormswapError
+    from normswap.kernels import implementations as registry
+    from normswap.kernels import rms_norm
+    from normswap.modules import RMSNorm
+    from normswap.testing import forget_kernel_choices
+
+    monkeypatch.setenv("NORMSWAP_AUTOTUNE", "0")  # static order, in memory only
+    forget_kernel_choices()
     monkeypatch.setenv("NORMSWAP_CPU_KERNEL", "0")
-    assert cpu.available() is False
-    assert "NORMSWAP_CPU_KERNEL" in cpu.unavailable_reason()
-    assert cpu.supports(torch.float32) is False
+    assert registry.cpu_ready() is False
+    m = RMSNorm(32)
+    with torch.no_grad():
+        m(torch.randn(2, 32))
+    assert "cpu" not in m.kernels_ran.values(), m.kernels_ran
+    with pytest.raises(NormswapError, match="NORMSWAP_CPU_KERNEL=0"):
+        rms_norm(torch.randn(2, 32), backend="cpu")
+    monkeypatch.delenv("NORMSWAP_CPU_KERNEL")  # the control: switched on, the record is ready again
+    forget_kernel_choices()
+    if _toolchain_present():
+        assert registry.cpu_ready() is True
+        m = RMSNorm(32)
+        with torch.no_grad():
+            m(torch.randn(2, 32))
+        assert set(m.kernels_ran.values()) == {"cpu"}, m.kernels_ran
+    forget_kernel_choices()
 
 
 def test_broken_compiler_falls_back_quietly(monkeypatch, tmp_path, capfd):

@@ -10,17 +10,17 @@ import shutil
 import pytest
 import torch
 
-import normswap.kernels as K
-from normswap.kernels import _ops, autotune, rms_norm
+from normswap.kernels import _ops, autotune, choose, rms_norm
+from normswap.kernels import implementations as registry
 from normswap.kernels.reference import rms_norm_reference
-from normswap.testing import forget_kernel_choices
+from normswap.testing import forget_kernel_choices, registered_impl
 
 
 def test_no_grad_calls_skip_autograd_function_and_custom_op(monkeypatch):
     """On CPU with the compiled kernel, an inference call goes straight to the kernel and a
     training call through one C++ autograd node: neither touches the Python autograd.Function
     nor the custom-op dispatcher (each ~20 µs a call)."""
-    if not _ops.cpu_fast_available():
+    if not registry.cpu_ready():
         pytest.skip("compiled CPU kernel not available here")
 
     def forbidden(*a, **k):
@@ -49,7 +49,7 @@ def test_module_call_is_one_cpp_call_with_bias_and_residual(fresh_autotune, monk
     """`auto` on CPU, once it has chosen the compiled kernel, sends the converted module's call
     (γ, β, residual) to one C++ function: no Python backend dispatch, the bias added there, every
     gradient (x, residual, γ, β) as autograd gives for the plain formula; bad shapes are ValueErrors."""
-    if not _ops.cpu_fast_available():
+    if not registry.cpu_ready():
         pytest.skip("compiled CPU kernel not available here")
     from normswap.modules import RMSNorm
 
@@ -72,8 +72,8 @@ def test_module_call_is_one_cpp_call_with_bias_and_residual(fresh_autotune, monk
         raise AssertionError("Python dispatch taken")
 
     with monkeypatch.context() as mp:  # the kinds above are decided: nothing below may decide again
-        mp.setattr(K, "call_impl", forbidden)
-        mp.setattr(K, "choose", forbidden)
+        mp.setattr(choose, "ranked", forbidden)
+        mp.setattr(choose, "bind", forbidden)
         mp.setattr(_ops, "apply", forbidden)
         y, s = m(x, residual=r)
         # view back to x's shape <- the C++ autograd node, which adds the bias itself (no AddBackward)
@@ -106,11 +106,9 @@ def test_bias_inside_the_kernel_is_bit_for_bit_a_separate_add(dtype):
     """The C++ kernel adds β in its store loop: y must equal `norm(x) + bias.to(y.dtype)` exactly
     (two roundings in bf16, as the separate add makes them), with and without a residual and a
     gradient, and β's gradient must be dy summed over the rows."""
-    if not _ops.cpu_fast_available():
+    if not registry.cpu_ready():
         pytest.skip("compiled CPU kernel not available here")
-    from normswap.kernels.dispatch import cpu_ext
-
-    ext = cpu_ext()
+    ext = registry.cpu_ext()
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 7, 72, generator=g).to(dtype)  # 72: the vector body, the 8-lane loop and a tail
     r = torch.randn(2, 7, 72, generator=g).to(dtype)
@@ -189,30 +187,33 @@ def test_auto_measures_once_then_reads_its_cache(fresh_autotune, monkeypatch):
 
 def test_auto_rejects_a_fast_candidate_that_computes_wrongly(fresh_autotune, monkeypatch):
     """A candidate is ranked only if its output agrees with the reference formula."""
-    from normswap.kernels import dispatch
+    import dataclasses
 
-    real = dispatch.call_impl
+    def broken_native(x, weight, bias, residual, eps):
+        return x * 0  # fast and wrong
 
-    def broken_native(impl, x, weight, residual, eps):
-        if impl == "native":
-            return x * 0  # fast and wrong
-        return real(impl, x, weight, residual, eps)
-
-    monkeypatch.setattr(dispatch, "call_impl", broken_native)
-    detail = autotune.measure(torch.device("cpu"), torch.float32, 64, "few", False, ["native", "composite"], repeats=1)
+    with registered_impl(dataclasses.replace(registry.TABLE["native"], run=broken_native)):
+        detail = autotune.measure(
+            torch.device("cpu"), torch.float32, 64, "few", False, ["native", "composite"], repeats=1
+        )
     assert detail["ranking"][0] == "composite" and "native" in detail["rejected"]
     assert "differs from the reference" in detail["rejected"]["native"]
 
 
 def test_native_is_never_used_with_a_weight_of_another_dtype(fresh_autotune, monkeypatch):
     """F.rms_norm would round an fp32 γ to bf16 (and take a slow path): the API skips it then."""
+    import dataclasses
+
     monkeypatch.setattr(autotune, "ranking", lambda *a, **k: ["native", "composite"])
     used = []
-    real = K.call_impl
-    monkeypatch.setattr(K, "call_impl", lambda impl, *a: used.append(impl) or real(impl, *a))
+
+    def counted(record):
+        return dataclasses.replace(record, run=lambda *a: used.append(record.name) or record.run(*a))
+
     x = torch.randn(4, 32, dtype=torch.bfloat16)
-    rms_norm(x, torch.rand(32) + 0.5)
-    rms_norm(x, (torch.rand(32) + 0.5).bfloat16())
+    with registered_impl(counted(registry.TABLE["native"])), registered_impl(counted(registry.TABLE["composite"])):
+        rms_norm(x, torch.rand(32) + 0.5)
+        rms_norm(x, (torch.rand(32) + 0.5).bfloat16())
     assert used == ["composite", "native"]
 
 

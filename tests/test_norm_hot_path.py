@@ -16,10 +16,11 @@ import pytest
 import torch
 
 import normswap.kernels as K
-from normswap.kernels import _ops, autotune, dispatch
+from normswap.kernels import autotune
+from normswap.kernels import implementations as registry
 from normswap.kernels.reference import rms_norm_reference
 from normswap.modules import RMSNorm
-from normswap.testing import forget_kernel_choices, kernel_backend
+from normswap.testing import kernel_backend, registered_impl
 
 
 # ------------------------------------------------------------------------------ the null control
@@ -128,9 +129,11 @@ def test_a_module_decides_once_per_kind_and_again_after_a_move_or_a_new_setting(
     """The decision is the module's, per (dtype, CUDA or not, few/many rows, gradient mode): taken on
     the first call of a kind, never again for that kind; ``.to()`` and a re-read NORMSWAP_KERNEL drop it."""
     monkeypatch.setenv("NORMSWAP_AUTOTUNE", "0")
+    import normswap.modules as modules
+
     decided = []
-    real = K.choose
-    monkeypatch.setattr(K, "choose", lambda *a, **k: decided.append(1) or real(*a, **k))
+    real = modules.bind
+    monkeypatch.setattr(modules, "bind", lambda *a, **k: decided.append(1) or real(*a, **k))
     m = RMSNorm(64)
     few, many = torch.randn(1, 64), torch.randn(64, 64)
     with torch.no_grad():
@@ -155,33 +158,30 @@ def test_auto_records_a_choice_per_shape_class_and_never_chooses_a_planted_slow_
     keeps one ranking per class; the candidate that wins here (normswap's CPU kernel), made slow
     (correct, but 2 ms a call), ranks last in every class and no module runs it. Control: not
     slowed, it wins."""
+    import dataclasses
     import time
 
-    real = dispatch.call_impl
+    real = registry.TABLE["cpu"]
+
+    def slow(*a, **k):
+        time.sleep(2e-3)
+        return real.run(*a, **k)
 
     def run(planted):
         (fresh_autotune / "autotune.json").unlink(missing_ok=True)  # measured afresh, not read back
-        forget_kernel_choices()
-
-        def slow(impl, *a, **k):
-            if impl == planted:
-                time.sleep(2e-3)
-            return real(impl, *a, **k)
-
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(dispatch, "call_impl", slow)
-            mp.setattr(K, "call_impl", slow)
+        record = dataclasses.replace(real, run=slow) if planted == "cpu" else real
+        with registered_impl(record):
             mods = [RMSNorm(96), RMSNorm(96, elementwise_affine=False)]
             with torch.no_grad():
                 for m in mods:
                     m(torch.randn(2, 96))  # few rows
                     m(torch.randn(300, 96))  # many rows
                     K.rms_norm(torch.randn(300, 96), m.weight, residual=torch.randn(300, 96))
-        classes = autotune.choices()
+            classes = autotune.choices()
         ran = {name for m in mods for name in m.kernels_ran.values()}
         return classes, ran
 
-    if not _ops.cpu_fast_available():
+    if not registry.cpu_ready():
         pytest.skip("compiled CPU kernel not available here")
     classes, ran = run("cpu")
     keys = {(c["rows"], c["weight"], c["residual"]) for c in classes}
@@ -343,10 +343,10 @@ def test_the_report_says_which_kernel_each_models_norms_ran():
 
     from normswap.report.render import table_notes
 
-    demos = Path(__file__).resolve().parents[1] / "docs" / "demo"
-    (note,) = [n for n in table_notes(json.loads((demos / "results.json").read_text())) if "Norm kernels" in n]
+    data = Path(__file__).resolve().parent / "data"
+    (note,) = [n for n in table_notes(json.loads((data / "demo-results.json").read_text())) if "Norm kernels" in n]
     assert "original: LayerNorm ×9" in note and "exact: cpu ×" in note  # the committed demo, after #43
-    demo = json.loads((demos / "shared-pages-2026-12-03" / "results.json").read_text())
+    demo = json.loads((data / "demo-results-2026-12-03.json").read_text())
     assert not any("Norm kernels that ran" in n for n in table_notes(demo))  # the control: nothing recorded
     for m in demo["models"]:
         if m.get("norm_time"):

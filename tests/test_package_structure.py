@@ -44,6 +44,8 @@ LAYERS = [
     "network",  # the offline rule and the Hub reachability check
     "progress",  # progress lines at a steady interval for every long command
     "processes",  # every process normswap starts ends with the command (signals reach every worker)
+    "host",  # the machine's load average and the CPUs this process may use, read one way
+    "stats",  # intervals, bootstraps, equivalence, power, Holm, sign-flip and the verdict rules
     "timing",  # the one speed instrument: interleaved pairs, paired ratios, a null control
     "declared",  # options declared once as dataclass fields
     "devices",  # --device / --dtype auto, resolved once
@@ -59,6 +61,7 @@ LAYERS = [
     "convert",  # plan, execute, verify; checks discovered families by converting
     "export",  # a checkpoint in another format (stock transformers, ONNX), verified before it is published
     "compat",  # the compatibility matrix: every entry point on an original and its conversion
+    "slice",  # rotate the residual stream of an exact conversion onto its principal directions, delete the rest
     "finetune",  # healing
     "evaluate",  # measurements of every model, fine-tuned ones included
     "report",  # results.json -> markdown, HTML, plots
@@ -129,7 +132,70 @@ def _is_package(name, modules):
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     files = module_files(package)
     names = set(files)
-    return {name: imports_of(name, path.read_text(encoding="utf-8"), names) for name, path in files.items()}
+    return {
+        name: imports_of(name, text, names) | {m for m, _ in string_imports(text, names) if m in names}
+        for name, path in files.items()
+        for text in [path.read_text(encoding="utf-8")]
+    }
+
+
+def string_imports(source: str, modules: set[str]) -> list[tuple[str, str | None]]:
+    """Imports written as strings, as (module, attribute or None), for the package's modules.
+
+    Two forms: a ``"pkg.mod:attr"`` string (cli/main.py's COMMANDS), and ``import_module(f"pkg.{x}")``
+    whose variable part comes from a dict literal of the same module (finetune/__init__.py's lazy
+    map: key = attribute, value = the module it lives in). A string naming a module that does not
+    exist is returned as it is, so that the caller can refuse it."""
+    top = next(iter(modules)).split(".")[0] if modules else ""
+    tree = ast.parse(source)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            m = re.fullmatch(rf"({top}(?:\.\w+)+):(\w+)", node.value)
+            if m:
+                out.append((m.group(1), m.group(2)))
+    prefixes = [
+        node.args[0].values[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+        and node.args
+        and isinstance(node.args[0], ast.JoinedStr)
+        and isinstance(node.args[0].values[0], ast.Constant)
+        and node.args[0].values[0].value.startswith(top + ".")
+    ]
+    for prefix in prefixes:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                for key, value in zip(node.keys, node.values):
+                    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                        attr = key.value if isinstance(key, ast.Constant) else None
+                        out.append((prefix + value.value, attr))
+    return out
+
+
+def defines(path: Path, attr: str) -> bool:
+    """Whether the module at ``path`` binds ``attr`` at top level (def, class, assignment, import)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
+            return True
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == attr for t in node.targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == attr for a in node.names):
+            return True
+    return False
+
+
+def broken_string_imports(package: Path = PACKAGE) -> list[str]:
+    files = module_files(package)
+    bad = []
+    for name, path in files.items():
+        for module, attr in string_imports(path.read_text(encoding="utf-8"), set(files)):
+            if module not in files:
+                bad.append(f"{name}: no module {module}")
+            elif attr is not None and not defines(files[module], attr):
+                bad.append(f"{name}: {module} has no {attr}")
+    return bad
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -560,3 +626,92 @@ def test_no_module_uses_another_modules_private_names():
     assert not found, "private names used outside their module (make them public or keep them home):\n" + "\n".join(
         found
     )
+
+
+# -- comments that stay true ----------------------------------------------------------------------
+
+# A comment or docstring says why the code is as it is; history (issue numbers, run folders under
+# bench/results/, paths outside the repository) belongs in docs/ and bench/results/, where it stays true.
+_HISTORY = re.compile(r"#[0-9]{2}\b|\.\./shared|issue [0-9]|issue #[0-9]|bench/results/\S")
+
+
+def history_in_comments(source: str) -> list[str]:
+    """Comments and docstrings of ``source`` that cite history, as 'line N: text'."""
+    import io
+    import tokenize
+
+    texts = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            texts.append((tok.start[0], tok.string))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                texts.append((node.body[0].lineno, doc))
+    return [f"line {line}: {m.group(0)!r}" for line, text in sorted(texts) for m in _HISTORY.finditer(text)]
+
+
+def test_history_check_flags_planted_comments():
+    # control: each planted comment or docstring must be found; the help string is code, not a comment
+    planted = (
+        '"""Module doc (issue #39)."""\n'
+        "x = 1  # see #45\n"
+        "def f():\n"
+        '    """measured in bench/results/onnx-20261203T095207Z"""\n'
+        "# ../shared/reference/probes/noise2.py\n"
+        'HELP = "e.g. bench/results/convert-1.4b"\n'
+    )
+    found = history_in_comments(planted)
+    assert len(found) == 4, found
+    assert history_in_comments('"""Why: a run reads back what it wrote."""\n# 2-5 % slower\n') == []
+
+
+def test_package_comments_cite_no_history():
+    found = [
+        f"{path.relative_to(ROOT)} {hit}"
+        for path in module_files().values()
+        for hit in history_in_comments(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, f"comments or docstrings that cite history instead of saying why: {found}"
+
+
+# -- imports written as strings -------------------------------------------------------------------
+
+
+def test_string_imports_are_resolved_and_checked(tmp_path):
+    # control: a planted COMMANDS entry and lazy map naming a missing module, a missing attribute, and
+    # a string import that points back up must each be found
+    pkg = _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/errors.py": 'COMMANDS = {"a": "pkg.cli:run", "b": "pkg.gone:run", "c": "pkg.cli:missing"}\n',
+            "pkg/cli.py": "def run(): pass\n",
+            "pkg/lazy/__init__.py": (
+                "import importlib\n_HOME = {'run': 'impl', 'other': 'nowhere'}\n"
+                "def __getattr__(n):\n    return importlib.import_module(f'pkg.lazy.{_HOME[n]}')\n"
+            ),
+            "pkg/lazy/impl.py": "run = 1\n",
+        },
+    )
+    bad = broken_string_imports(pkg)
+    assert sorted(bad) == [
+        "pkg.errors: no module pkg.gone",
+        "pkg.errors: pkg.cli has no missing",
+        "pkg.lazy: no module pkg.lazy.nowhere",
+    ], bad
+    graph = import_graph(pkg)
+    assert "pkg.cli" in graph["pkg.errors"] and "pkg.lazy.impl" in graph["pkg.lazy"]
+    # errors ranked below cli: the string import from errors to cli points up and is flagged
+    assert back_up_imports(graph, ["errors", "cli", "lazy", "pkg"]) == ["pkg.errors -> pkg.cli (errors sits below cli)"]
+
+
+def test_every_command_and_lazy_name_resolves():
+    files = module_files()
+    cli = string_imports(files["normswap.cli.main"].read_text(encoding="utf-8"), set(files))
+    lazy = string_imports(files["normswap.finetune"].read_text(encoding="utf-8"), set(files))
+    assert len(cli) >= 10 and len(lazy) >= 8, (cli, lazy)  # the scan sees both forms
+    assert not broken_string_imports(), broken_string_imports()
+    graph = import_graph()
+    assert {m for m, _ in cli} <= graph["normswap.cli.main"]  # their layer direction is checked with the rest

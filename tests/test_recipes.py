@@ -61,10 +61,11 @@ def test_shipped_set_covers_the_families_and_the_root_recipes_dir_is_the_same():
         assert p.read_text() == SHIPPED[p.stem].read_text()
 
 
-def test_quickstart_is_offline_and_shows_exact_approx_and_healed():
+def test_quickstart_is_offline_and_shows_exact_approx_sliced_and_healed():
     r = load_recipe("quickstart").recipe
     assert r["needs_network"] is False and r["source"] == "normswap:kjv-gpt2" and r["data"] == "embedded"
-    assert report_names(r) == ["original", "exact", "approx", "approx-healed"]
+    assert report_names(r) == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed"]
+    assert r["variants"]["sliced"]["slice"]["fraction"] == 0.25 and r["variants"]["sliced"]["convert"] is None
     assert r["variants"]["exact"]["convert"]["mode"] == "exact"
     assert r["variants"]["approx"]["convert"] == dict(r["variants"]["approx"]["convert"], mode="approx", beta="drop")
 
@@ -429,19 +430,22 @@ def test_oversized_recipe_is_refused_before_parsing(tmp_path):
 
 # ------------------------------------------------------------------ the run as steps
 def test_a_recipe_runs_as_an_ordered_list_of_steps():
-    from normswap.recipes.steps import ConvertStep, EvalStep, FinetuneStep, plan_steps
+    from normswap.recipes.steps import ConvertStep, EvalStep, FinetuneStep, SliceStep, plan_steps
 
     steps = plan_steps(load_recipe("quickstart").recipe)
-    assert [s.name for s in steps] == ["convert:exact", "convert:approx", "finetune:approx-healed", "eval"]
-    assert [type(s) for s in steps] == [ConvertStep, ConvertStep, FinetuneStep, EvalStep]
+    assert [s.name for s in steps] == [
+        "convert:exact", "convert:approx", "finetune:approx-healed", "slice:sliced", "finetune:sliced-healed", "eval"
+    ]  # fmt: skip
+    assert [type(s) for s in steps] == [ConvertStep, ConvertStep, FinetuneStep, SliceStep, FinetuneStep, EvalStep]
     # each model step reads what the step before it wrote; the evaluation reads every model of the report
     assert (steps[1].source, steps[2].source) == ("original", "approx")
-    assert steps[-1].names == ["original", "exact", "approx", "approx-healed"]
+    assert (steps[3].source, steps[4].source) == ("original", "sliced")
+    assert steps[-1].names == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed"]
     # negative control: a variant that only fine-tunes reads the source and keeps its own name
     r = load_recipe("quickstart", ["variants.approx.convert="]).recipe
     assert [(s.name, getattr(s, "source", None)) for s in plan_steps(r)][1:3] == [
         ("finetune:approx", "original"),
-        ("eval", None),
+        ("slice:sliced", "original"),
     ]
 
 
@@ -481,3 +485,43 @@ def test_finetune_progress_comes_from_the_trainer_hook_and_its_log(tmp_path):
     logged = {r["step"]: r["loss"] for r in RunDir(out).rows() if r.get("loss") is not None}
     assert [ln.split("  ")[0] for ln in lines] == ["step 2/3", "step 3/3"]  # step 1 fell inside the first interval
     assert f"loss {logged[2]:.3f}" in lines[0] and f"loss {logged[3]:.3f}" in lines[1]
+
+
+# ------------------------------------------------------------------ the slice stage
+def test_a_slice_stage_is_declared_from_slice_options_and_plans_a_slice_step():
+    from normswap.recipes.steps import SliceStep, plan_steps
+    from normswap.slice.config import SliceOptions
+
+    raw = _minimal(variants={"s": {"slice": {"fraction": 0.3}, "finetune": {"steps": 5}}})
+    r = validate(raw, "x")
+    # every default comes from SliceOptions (the declaration `normswap slice` uses), except the
+    # calibration text and seed, which are the recipe's own
+    assert r["variants"]["s"]["slice"] == {
+        "fraction": 0.3,
+        "calibration_tokens": SliceOptions.calibration_tokens,
+        "round_to": SliceOptions.round_to,
+        "basis": "pca",
+        "tolerance": SliceOptions.tolerance,
+    }
+    assert report_names(r) == ["original", "s", "s-healed"]
+    steps = plan_steps(r)
+    assert [s.name for s in steps[:2]] == ["slice:s", "finetune:s-healed"]
+    assert isinstance(steps[0], SliceStep) and steps[1].source == "s"
+    # control: without the slice stage the fine-tune's output is the variant itself, not a healed copy
+    plain = validate(_minimal(variants={"s": {"finetune": {"steps": 5}}}), "x")
+    assert report_names(plain) == ["original", "s"]
+
+
+@pytest.mark.parametrize(
+    "variant, needle",
+    [
+        ({"slice": {"fraction": 1.5}}, "variants.s.slice.fraction"),
+        ({"slice": {"fraction": 0}}, "variants.s.slice.fraction"),
+        ({"slice": {"basis": "per-layer"}}, "variants.s.slice.basis"),
+        ({"slice": {"fractoin": 0.2}}, "did you mean fraction"),
+        ({"slice": {"seed": 3}}, "variants.s.slice.seed: unknown key"),
+        ({"convert": {"mode": "exact"}, "slice": {}}, "not both"),
+    ],
+)
+def test_bad_slice_stages_are_one_line_naming_the_key(variant, needle):
+    assert needle in _error(_minimal(variants={"s": variant}))

@@ -155,9 +155,11 @@ def test_a_normswap_config_naming_a_non_model_class_is_refused(converted, tmp_pa
         normswap.load_model(ckpt)
 
 
-def test_recipe_key_trust_remote_code_is_the_only_way_a_recipe_runs_a_sources_code(tmp_path):
-    """A recipe whose source ships an auto_map module: refused in one line without the key, and the
-    module runs (with the one-line warning) only where the recipe sets ``trust_remote_code: true``."""
+def test_only_the_command_line_flag_lets_a_recipe_run_a_sources_code(tmp_path):
+    """A recipe whose source ships an auto_map module: refused in one line without the flag, and the
+    module runs (with the one-line warning) only where the person running it passes
+    ``--trust-remote-code`` (a recipe's own ``trust_remote_code: true`` grants nothing:
+    tests/test_recipe_trust.py)."""
     src, marker = _evil_source(tmp_path, model_type="evil_type")
     recipe = textwrap.dedent(f"""\
         name: evil
@@ -168,11 +170,11 @@ def test_recipe_key_trust_remote_code_is_the_only_way_a_recipe_runs_a_sources_co
         eval: {{{{seq_len: 64, stride: 64, max_tokens: 128, speed: false, diagnostics: false}}}}
     """)
     runs = {}
-    for name, key in (("plain", ""), ("trusted", "trust_remote_code: true")):
+    for name, flag in (("plain", []), ("trusted", ["--trust-remote-code"])):
         path = tmp_path / f"{name}.yaml"
-        path.write_text(recipe.format(key=key))
+        path.write_text(recipe.format(key=""))
         runs[name] = checked_run(
-            [sys.executable, "-m", "normswap", "run", str(path), "--out", str(tmp_path / f"run-{name}")],
+            [sys.executable, "-m", "normswap", "run", str(path), "--out", str(tmp_path / f"run-{name}"), *flag],
             env=_env(tmp_path),
             capture_output=True,
             text=True,

@@ -291,31 +291,31 @@ def test_speed_json_with_a_baseline_not_in_the_list(checkpoints, run_cli):
 
 # ------------------------------------------------------------------ ratios and their uncertainty
 def test_paired_intervals_decide_what_is_a_difference():
-    from normswap.evaluate.stats import NO_DIFFERENCE, claim_verdict, interval
+    from normswap.stats.verdicts import NO_DIFFERENCE, claim_verdict, min_max_interval
 
     base = [100.0, 50.0, 100.0, 50.0, 100.0]  # a machine whose speed halves every other repeat
     faster = [110.0, 56.0, 108.0, 54.0, 112.0]  # 4-12 % faster within every repeat
-    iv = interval(faster, base)
+    iv = min_max_interval(faster, base)
     assert iv["verdict"] == "higher" and iv["low"] == pytest.approx(1.08) and iv["high"] == pytest.approx(1.12)
     # Negative control: the same numbers unpaired (shuffled) straddle 1, as the machine's drift would
     # suggest to a comparison of pooled samples.
     shuffled = [54.0, 110.0, 56.0, 112.0, 108.0]
-    assert interval(shuffled, base)["verdict"] == NO_DIFFERENCE
+    assert min_max_interval(shuffled, base)["verdict"] == NO_DIFFERENCE
     # A range that contains 1, or too few repeats, is no measurable difference whatever the median says.
-    assert interval([120, 90, 130, 125, 140], [100] * 5)["verdict"] == NO_DIFFERENCE
-    assert interval([120, 121, 122, 123], [100] * 4)["verdict"] == NO_DIFFERENCE
-    assert interval([80, 81, 82, 83, 84], [100] * 5)["verdict"] == "lower"
+    assert min_max_interval([120, 90, 130, 125, 140], [100] * 5)["verdict"] == NO_DIFFERENCE
+    assert min_max_interval([120, 121, 122, 123], [100] * 4)["verdict"] == NO_DIFFERENCE
+    assert min_max_interval([80, 81, 82, 83, 84], [100] * 5)["verdict"] == "lower"
     # Claims: reproduced only when every repeat meets them, refuted only when none does.
-    assert claim_verdict(interval([112, 115, 111, 118, 113], [100] * 5), at_least=1.10) == "reproduced"
-    assert claim_verdict(interval([102, 95, 101, 99, 103], [100] * 5), at_least=1.10) == "not reproduced"
-    assert claim_verdict(interval([105, 115, 111, 118, 113], [100] * 5), at_least=1.10) == "not measurable here"
-    assert claim_verdict(interval([80, 85], [100] * 2), at_most=0.93) == "not measurable here"
+    assert claim_verdict(min_max_interval([112, 115, 111, 118, 113], [100] * 5), at_least=1.10) == "reproduced"
+    assert claim_verdict(min_max_interval([102, 95, 101, 99, 103], [100] * 5), at_least=1.10) == "not reproduced"
+    assert claim_verdict(min_max_interval([105, 115, 111, 118, 113], [100] * 5), at_least=1.10) == "not measurable here"
+    assert claim_verdict(min_max_interval([80, 85], [100] * 2), at_most=0.93) == "not measurable here"
 
 
 def _synthetic_results(forward_samples, base_share=0.03):
     """Rows as evaluate() writes them, with chosen per-repeat samples (render functions only)."""
     from normswap.evaluate.side_by_side import ratios
-    from normswap.evaluate.stats import ratio_intervals
+    from normswap.evaluate.speed_intervals import ratio_intervals
 
     def row(name, fwd, share, kind):
         return {

@@ -98,7 +98,7 @@ def test_time_in_norms_bars_carry_their_range_beside_the_null_control():
     assert "per-repeat range not recorded" in norm_share_title(results)
     # timed by the instrument (the demo's run of 2026-12-03): no whiskers, the title says what the bar is and
     # the null's range
-    demo = json.loads((REPO / "docs" / "demo" / "shared-pages-2026-12-03" / "results.json").read_text())
+    demo = json.loads((REPO / "tests" / "data" / "demo-results-2026-12-03.json").read_text())
     title = norm_share_title(demo)
     assert all(r.low is None for r in norm_share_rows(demo)) and "medians of the instrument's blocks" in title
     assert "null control ÷ baseline [0.99–1.01]" in title and "too noisy" not in title
@@ -129,7 +129,7 @@ def test_numbers_have_one_format_and_one_multiplication_sign(tmp_path):
         "×1.04",
         "×1.00",
     )
-    results = json.loads((REPO / "docs" / "demo" / "results.json").read_text())
+    results = json.loads((REPO / "tests" / "data" / "demo-results.json").read_text())
     render_into(copy.deepcopy(results), tmp_path)
     md, html = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
     assert not ASCII_TIMES.findall(md) and not ASCII_TIMES.findall(html) and "×" in md

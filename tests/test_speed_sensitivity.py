@@ -72,7 +72,7 @@ def test_time_in_norms_follows_the_norm_layers_not_the_forward(monkeypatch):
     model whose norms cost half is credited half the norm time ("lower", and the 7-64 % claim
     reproduced); a model slowed everywhere *but* its norms keeps the same norm time (its claim not
     reproduced) and only its share of the forward falls; the twin is no difference."""
-    from normswap.evaluate.stats import ratio_intervals
+    from normswap.evaluate.speed_intervals import ratio_intervals
     from normswap.report.claims import claim_verdict
 
     clock = VirtualClock()

@@ -37,7 +37,7 @@ def synthetic(models: dict, null=None, null_decode=None, *, load=(0.2, 0.3)):
     """results.json as evaluate() assembles it: ``models`` {name: forward samples}, the null control's
     forward samples (None: a run without one)."""
     from normswap.evaluate.side_by_side import ratios, speed_noise
-    from normswap.evaluate.stats import null_intervals, ratio_intervals
+    from normswap.evaluate.speed_intervals import null_intervals, ratio_intervals
 
     base = _row("base", BASE, BASE if null_decode else None, kind="original")
     rows = [base] + [_row(n, *(s if isinstance(s, tuple) else (s,))) for n, s in models.items()]
@@ -148,9 +148,9 @@ def test_noise_is_judged_per_kind():
 
 
 def test_too_few_repeats_are_not_called_noise():
-    from normswap.evaluate.stats import NO_DIFFERENCE, interval
+    from normswap.stats.verdicts import NO_DIFFERENCE, min_max_interval
 
-    iv = interval([120.0, 121.0], [100.0, 100.0], {"low": 0.5, "high": 2.0, "repeats": 2})
+    iv = min_max_interval([120.0, 121.0], [100.0, 100.0], {"low": 0.5, "high": 2.0, "repeats": 2})
     assert iv["verdict"] == NO_DIFFERENCE
 
 
@@ -159,7 +159,7 @@ def test_evaluate_times_a_null_control_and_records_the_machine():
 
     from normswap.evaluate.config import EvalConfig, SpeedConfig
     from normswap.evaluate.side_by_side import ModelEntry, evaluate
-    from normswap.evaluate.stats import judged
+    from normswap.stats.verdicts import judged
 
     base = tiny_model("gpt2")
     entries = [ModelEntry("orig", model=base), ModelEntry("copy", model=tiny_model("gpt2"))]
@@ -216,7 +216,7 @@ def test_the_report_says_how_its_throughput_brackets_were_made():
 
     from normswap.evaluate.config import EvalConfig, SpeedConfig
     from normswap.evaluate.side_by_side import ModelEntry, evaluate
-    from normswap.evaluate.stats import throughput_method
+    from normswap.evaluate.speed_intervals import throughput_method
     from normswap.report.claims import claims
     from normswap.report.render import table_notes
     from normswap.report.tables import summary_rows, summary_table
@@ -245,7 +245,7 @@ def test_time_in_norms_claim_quotes_the_ratio_its_interval_brackets():
     interval read as a ratio outside its own bracket. The claim quotes the paired median, and decides
     both ways: 59 % less time reproduces "7-64 % less", 1 % less does not."""
     from normswap.evaluate.side_by_side import speed_noise
-    from normswap.evaluate.stats import null_intervals, ratio_intervals
+    from normswap.evaluate.speed_intervals import null_intervals, ratio_intervals
     from normswap.report.claims import claims
 
     def row(name, ms, speed=None):
@@ -297,9 +297,7 @@ def test_eval_speeds_terminal_table_shows_the_norm_time_ratio(capsys):
 
     from normswap.cli.eval_command import _print_speed
 
-    results = json.loads(
-        (Path(__file__).resolve().parents[1] / "docs/demo/shared-pages-2026-12-03/results.json").read_text()
-    )
+    results = json.loads((Path(__file__).resolve().parent / "data" / "demo-results-2026-12-03.json").read_text())
     _print_speed(results)
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.split()}
     assert "0.7% ×0.41 [0.40–0.42]" in rows["exact"] and "n.d." not in rows["exact"].split("0.7%")[1]

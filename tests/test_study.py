@@ -144,11 +144,13 @@ def test_the_null_control_shares_the_start_but_not_the_data(sweep_study):
 
 def test_interval_logic_negative_controls():
     """The same machinery on crafted values: consistent positive differences exclude 0; noisy ones do not."""
-    from normswap.study import stats
+    from normswap.stats.t_intervals import paired_t_interval, t_interval
 
-    assert stats.paired({0: 1.2, 1: 1.3, 2: 1.25}, {0: 1.0, 1: 1.1, 2: 1.02})["verdict"] == "higher"
-    assert stats.paired({0: 1.2, 1: 0.9, 2: 1.05}, {0: 1.0, 1: 1.1, 2: 1.02})["verdict"] == "no measurable difference"
-    assert stats.interval([1.0])["verdict"] == "no measurable difference"  # one seed: no interval, no verdict
+    assert paired_t_interval({0: 1.2, 1: 1.3, 2: 1.25}, {0: 1.0, 1: 1.1, 2: 1.02})["verdict"] == "higher"
+    assert (
+        paired_t_interval({0: 1.2, 1: 0.9, 2: 1.05}, {0: 1.0, 1: 1.1, 2: 1.02})["verdict"] == "no measurable difference"
+    )
+    assert t_interval([1.0])["verdict"] == "no measurable difference"  # one seed: no interval, no verdict
 
 
 def test_throughput_null_control_structure(sweep_study):
@@ -173,7 +175,7 @@ def test_throughput_null_control_structure(sweep_study):
 def test_rmsnorm_arm_is_gamma_one_and_every_other_weight_identical(tmp_path):
     from normswap.modules import RMSNorm
     from normswap.study.arms import build_arm, open_source
-    from normswap.study.kernels import TorchRMSNorm
+    from normswap.study.norm_impl import TorchRMSNorm
 
     src = open_source(_config(tmp_path), from_scratch=True)
     ln, rms = build_arm(src, "layernorm", 3, "torch"), build_arm(src, "rmsnorm", 3, "torch")
@@ -549,8 +551,8 @@ def _instrument_check(out, arms, margin):
     """The equal-loss test of every arm, from the units in DIR, without the bigram gate (the claim's
     own gate, tested in test_equivalence_verdicts_tost_bigram_gate_and_holm: a 16-step model has not
     learned past a bigram; the test itself is what is checked here)."""
+    from normswap.study.analysis import analyse
     from normswap.study.config import StudyConfig
-    from normswap.study.runner import analyse
     from normswap.study.study_dir import StudyDir, unit_key
 
     study = StudyDir(out)
@@ -564,7 +566,8 @@ def test_planted_arm_is_different_and_the_null_control_equivalent(instrument_stu
     "different" (its whole 90 % interval past the margin), the null control "equivalent". Negative
     control: a wrong TOST that always says "equivalent" makes the planted arm equivalent too, and the
     check says the test did not go both ways."""
-    from normswap.study import stats
+    from normswap.stats.equivalence import tost
+    from normswap.study import results as study_results
     from normswap.study.config import PLANTED_LR
 
     res, out, arms = instrument_study
@@ -577,13 +580,13 @@ def test_planted_arm_is_different_and_the_null_control_equivalent(instrument_stu
     assert check["ok"] is True
     assert not [r for r in res["claims"] if r["arm"] in (PLANTED, "layernorm-control")]  # checks, not claims
 
-    real = stats.tost
+    real = tost
 
     def always_equivalent(values, margin):
         out = real(values, margin)
         return dict(out, finding="equivalent") if out else out
 
-    monkeypatch.setattr(stats, "tost", always_equivalent)
+    monkeypatch.setattr(study_results, "tost", always_equivalent)  # the control: a wrong TOST
     wrong = _instrument_check(out, arms, 0.15)
     assert wrong["arms"][PLANTED]["finding"] == "equivalent" and wrong["ok"] is False
 
@@ -592,11 +595,12 @@ def test_power_says_what_the_seeds_detect_and_how_many_would_decide(instrument_s
     """study/power.py against a direct simulation of the TOST it describes, and its use in the run."""
     import random
 
-    from normswap.study import power, stats
+    from normswap.stats import power_analysis as power
+    from normswap.stats.equivalence import tost
 
     sd, margin, n = 0.01, 0.02, 6
     rng = random.Random(0)
-    hits = sum(stats.tost([rng.gauss(0, sd) for _ in range(n)], margin)["finding"] == "equivalent" for _ in range(2000))
+    hits = sum(tost([rng.gauss(0, sd) for _ in range(n)], margin)["finding"] == "equivalent" for _ in range(2000))
     assert power.equivalence_power(n, sd, margin) == pytest.approx(hits / 2000, abs=0.04)
     assert power.equivalence_power(n, sd, margin, true_difference=0.05) < 0.01  # past the margin: never
     need = power.seeds_needed(sd, margin)
@@ -660,11 +664,11 @@ def test_ngram_baselines_are_proper_count_models():
 
 
 def _cmp(diffs, *, base=5.0, arm_diverged=0):
-    from normswap.study import stats
+    from normswap.stats.equivalence import tost
 
     return {
         "seeds": list(range(len(diffs))),
-        "final_eval_loss_equivalence": stats.tost(diffs, 0.02),
+        "final_eval_loss_equivalence": tost(diffs, 0.02),
         "final_eval_loss_means": {"arm": base + sum(diffs) / len(diffs), "baseline": base},
         "diverged": {"arm": arm_diverged, "baseline": 0},
     }
@@ -716,7 +720,7 @@ def test_the_equal_loss_verdict_says_which_error_keeps_it_from_the_margin():
 
 def test_sequential_seeds_stop_when_decided_or_out_of_budget():
     from normswap.study.config import StudyConfig
-    from normswap.study.runner import seed_decision
+    from normswap.study.seeds import seed_decision
 
     cfg = StudyConfig(out="x", seeds=2, max_seeds=5, budget=100)
     open_row = [{"verdict": "not measurable here", "open": True, "claim": "equal loss at equal tokens", "arm": "r"}]
@@ -746,7 +750,7 @@ def test_a_seed_beyond_seeds_trains_the_baseline_and_the_open_arms_only(tmp_path
     """A decided arm's interval needs no more seeds: the extra seed trains layernorm and the arm whose
     verdict is open, and the open arm's comparison gains the seed. Negative control (the other
     parametrisation): which arm trains follows the open verdict, not a fixed list."""
-    from normswap.study import runner
+    from normswap.study import seeds
 
     seen_before = []
 
@@ -755,7 +759,7 @@ def test_a_seed_beyond_seeds_trains_the_baseline_and_the_open_arms_only(tmp_path
         row = {"claim": "equal loss at equal tokens", "arm": open_arm, "verdict": "not measurable here"}
         return [dict(row, open=True)]
 
-    monkeypatch.setattr(runner, "_open_questions", one_open)
+    monkeypatch.setattr(seeds, "open_questions", one_open)
     arms = ["layernorm", "rmsnorm", "layernorm-planted-lr0.5"]
     lines = []
     res = _study(_config(tmp_path), tmp_path / "s", echo=lines.append, arms=arms, steps=2, seeds=1, max_seeds=2)
@@ -840,7 +844,7 @@ def test_the_default_study_reads_bytes_and_records_why(tmp_path):
     from normswap.study import bytes_model
     from normswap.study.config import DEFAULT_ARMS, StudyConfig
     from normswap.study.config import PLANTED as DEFAULT_PLANTED
-    from normswap.study.runner import open_study_source
+    from normswap.study.inputs import open_study_source
 
     src = open_study_source(StudyConfig(out=str(tmp_path / "a"), from_scratch=True))
     text = "In the beginning God créated\n the heaven."

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from normswap.study import claim_judges, kernels, measure, speed
+from normswap.study import claim_judges, measure, norm_impl, speed
 from normswap.study import results as res
 
 
@@ -27,11 +27,11 @@ def one_thread():
 
 
 def _observed(norm: torch.nn.Module, *, autocast: torch.dtype | None = None, width: int = 16) -> dict:
-    """What kernels.observe reports for one forward of ``norm`` on a (8, width) input that needs a gradient."""
+    """What norm_impl.observe reports for one forward of ``norm`` on a (8, width) input that needs a gradient."""
     holder = torch.nn.Sequential(norm)
     x = torch.randn(8, width, requires_grad=True) * 1.0
     with (
-        kernels.observe(holder) as seen,
+        norm_impl.observe(holder) as seen,
         torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=bool(autocast)),
     ):
         holder(x)
@@ -59,7 +59,7 @@ def test_kernel_labels_come_from_the_autograd_graph():
     hand = _observed(HandWrittenLayerNorm(16))
     assert hand["norm_kernel_fused"] is False and "composite" in hand["norm_kernel"]
     # PyTorch's F.rms_norm on CPU is a composite (grad_fn MulBackward0), whatever its name suggests
-    rms = _observed(kernels.TorchRMSNorm(16))
+    rms = _observed(norm_impl.TorchRMSNorm(16))
     assert rms["norm_kernel_fused"] is False
     assert (
         rms["norm_kernel"].startswith("torch.nn.functional.rms_norm (composite")
@@ -84,8 +84,8 @@ def test_norms_compute_in_the_training_dtype_not_only_under_autocast():
     assert _observed(plain[0], autocast=torch.bfloat16)["norm_compute_dtype"] == "float32"
     for precision, name in (("bf16", "bfloat16"), ("fp16", "float16")):
         holder = torch.nn.Sequential(torch.nn.LayerNorm(16))
-        assert kernels.compute_in(holder, precision) == 1
-        seen = _observed(holder[0], autocast=kernels.PRECISION_DTYPES[precision])
+        assert norm_impl.compute_in(holder, precision) == 1
+        seen = _observed(holder[0], autocast=norm_impl.PRECISION_DTYPES[precision])
         assert seen["norm_compute_dtype"] == name and seen["norm_kernel_fused"] is True
         # the fp32 master weights stay fp32 and receive their gradient through the cast
         x = torch.randn(4, 16, requires_grad=True)
@@ -94,22 +94,27 @@ def test_norms_compute_in_the_training_dtype_not_only_under_autocast():
         assert x.grad.dtype == torch.float32
 
 
-def test_kernels_best_takes_what_the_side_by_side_timing_says(monkeypatch):
+def test_kernels_best_asks_the_kernels_chooser(monkeypatch, fresh_autotune):
+    """``--kernels best`` on CPU is what normswap.kernels' chooser runs for the arm's kind of call: a
+    ranking with torch's own F.rms_norm first gives ``torch``, one with normswap's kernel first
+    ``normswap`` (each the other's control); the study keeps no ranking of its own. A candidate that
+    fails is not timed, and the failure is kept."""
+    from normswap.kernels import autotune
     from normswap.modules import RMSNorm
 
     like = RMSNorm(16)
-    for timings, expected in (
-        ({"normswap": 2e-4, "torch": 1e-4}, "torch"),
-        ({"normswap": 1e-4, "torch": 2e-4}, "normswap"),
-    ):
-        monkeypatch.setattr(kernels, "time_side_by_side", lambda mods, rows, device, t=timings: dict(t))
-        assert kernels.choose_rms(like, 64, "cpu", "fp32")["choice"] == expected
-    # a candidate that fails (e.g. torch.compile without a compiler) is not chosen, and the failure is kept
-    monkeypatch.setattr(
-        kernels, "time_side_by_side", lambda mods, rows, device: {"torch": 3e-4, "errors": {"normswap": "boom"}}
-    )
-    chosen = kernels.choose_rms(like, 64, "cpu", "fp32")
-    assert chosen["choice"] == "torch" and chosen["errors"] == {"normswap": "boom"}
+    for ranking, expected in ((["native", "composite"], "torch"), (["composite", "native"], "normswap")):
+        monkeypatch.setattr(autotune, "ranking", lambda *a, r=ranking, **k: list(r))
+        chosen = norm_impl.choose_rms(like, 64, "cpu", "fp32")
+        assert chosen["choice"] == chosen["chooser"] == expected, chosen
+        assert set(chosen["seconds"]) == {"normswap", "torch"} and chosen["candidates"] == ["normswap", "torch"]
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(norm_impl.RMS_IMPLS["torch"], "forward", boom)
+    chosen = norm_impl.choose_rms(like, 64, "cpu", "fp32")
+    assert chosen["choice"] == "normswap" and "boom" in chosen["errors"]["torch"]
 
 
 # --- throughput: bound, gates, interval (synthetic timings) ------------------------------------------

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from normswap.report.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
+from normswap.stats.t_intervals import t_interval
 from normswap.study import precision as ka
 from normswap.study import stability as stab
-from normswap.study import stats
 
 TINY = dict(
     model_type="gpt2",
@@ -128,7 +128,7 @@ def test_the_same_numbers_from_an_fp32_study_or_one_seed_are_never_reproduced(la
         # the same unanimous difference from fewer seeds: a zero-width t-interval, sign-flip p = 2/2ⁿ
         few = json.loads(json.dumps(cmp))
         for k in ("largest_stable_steps_difference", "diverged_runs_difference", "heldout_spike_rate_difference"):
-            few[k] = stats.interval(few[k]["values"][:n], exact=True)
+            few[k] = t_interval(few[k]["values"][:n], exact=True)
         few["seeds"] = few["seeds"][:n]
         assert few["largest_stable_steps_difference"]["low"] == few["largest_stable_steps_difference"]["high"] == 2
         verdict, text, p = stab.judge(few, "bf16")

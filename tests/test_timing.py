@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from normswap import timing
+from normswap.stats import verdicts
 
 
 class PlantedHost:
@@ -71,19 +72,19 @@ def test_three_percent_slower_is_slower_and_a_copy_is_not():
     host = PlantedHost()
     c = _compare(host, {"original": 1 * MS, "null control": 1 * MS, "copy": 1 * MS, "slower": 1.03 * MS})
     assert c.stop_reason == timing.CONVERGED
-    assert c.null.verdict == timing.NO_DIFFERENCE and c.null.low >= 0.98 and c.null.high <= 1.02
+    assert c.null.verdict == verdicts.NO_DIFFERENCE and c.null.low >= 0.98 and c.null.high <= 1.02
     slower = c.candidates["slower"]
-    assert slower.verdict == timing.SLOWER
+    assert slower.verdict == verdicts.SLOWER
     assert slower.ratio == pytest.approx(1 / 1.03, abs=0.005)  # speed ratio: below 1 when slower
     assert slower.high < 1.0 and slower.pairs == c.rounds
-    assert c.candidates["copy"].verdict == timing.NO_DIFFERENCE
+    assert c.candidates["copy"].verdict == verdicts.NO_DIFFERENCE
     assert c.candidates["copy"].low <= 1.0 <= c.candidates["copy"].high
 
 
 def test_three_percent_faster_is_faster_with_a_ratio_above_one():
     host = PlantedHost(seed=1)
     c = _compare(host, {"original": 1 * MS, "null control": 1 * MS, "faster": 1 / 1.03 * MS})
-    assert c.candidates["faster"].verdict == timing.FASTER
+    assert c.candidates["faster"].verdict == verdicts.FASTER
     assert c.candidates["faster"].low > 1.0
     assert c.seconds_per_call["faster"] < c.seconds_per_call["original"]
 
@@ -92,7 +93,7 @@ def test_unpaired_bootstrap_cannot_decide_what_pairing_decides():
     """The negative control: on the same planted timings, ignoring the pairing straddles 1."""
     host = PlantedHost()
     c = _compare(host, {"original": 1 * MS, "null control": 1 * MS, "slower": 1.03 * MS})
-    assert c.candidates["slower"].verdict == timing.SLOWER
+    assert c.candidates["slower"].verdict == verdicts.SLOWER
     low, high = _unpaired_interval(c, "slower")
     assert low < 1.0 < high, "the planted host must be noisy enough that only pairing decides"
 
@@ -103,15 +104,15 @@ def test_a_noise_generator_is_too_noisy_to_tell_rather_than_a_verdict():
     assert c.stop_reason == timing.BUDGET
     assert c.elapsed_s >= 1.0
     assert not (0.98 <= c.null.low and c.null.high <= 1.02)
-    assert c.null.verdict == timing.TOO_NOISY
-    assert c.candidates["slower"].verdict == timing.TOO_NOISY
+    assert c.null.verdict == verdicts.TOO_NOISY
+    assert c.candidates["slower"].verdict == verdicts.TOO_NOISY
 
 
 def test_even_a_large_difference_is_not_called_when_the_null_control_is_out_of_its_band():
     host = PlantedHost(jitter=0.8, seed=3)
     c = _compare(host, {"original": 1 * MS, "null control": 1 * MS, "half": 2 * MS}, budget_s=1.0)
     assert c.candidates["half"].high < 0.9  # the ratio itself is plain
-    assert c.candidates["half"].verdict == timing.TOO_NOISY
+    assert c.candidates["half"].verdict == verdicts.TOO_NOISY
 
 
 def test_stop_rule_says_converged_budget_or_max_pairs():
@@ -136,9 +137,11 @@ def test_pairs_interleave_and_alternate_their_order_after_a_warm_up():
 
 
 def test_verdict_rule_and_json():
-    assert timing.verdict(0.95, 0.97, 0.99, 1.01) == timing.SLOWER
-    assert timing.verdict(0.95, 0.995, 0.99, 1.01) == timing.NO_DIFFERENCE  # overlaps the null's interval
-    assert timing.verdict(1.03, 1.05, 0.97, 1.01) == timing.TOO_NOISY  # the null is out of its band
+    assert verdicts.speed_ratio_verdict(0.95, 0.97, 0.99, 1.01) == verdicts.SLOWER
+    assert (
+        verdicts.speed_ratio_verdict(0.95, 0.995, 0.99, 1.01) == verdicts.NO_DIFFERENCE
+    )  # overlaps the null's interval
+    assert verdicts.speed_ratio_verdict(1.03, 1.05, 0.97, 1.01) == verdicts.TOO_NOISY  # the null is out of its band
     c = _compare(PlantedHost(), {"original": 1 * MS, "null control": 1 * MS, "copy": 1 * MS})
     j = c.to_json()
     assert set(j["candidates"]["copy"]) == {"ratio", "low", "high", "pairs", "verdict"}
@@ -154,7 +157,7 @@ def test_the_baseline_in_every_pair_gets_no_warm_cache_advantage_over_its_copy()
     costs = {"original": 1 * MS, "null control": 1 * MS, "converted": 1 * MS}
     fair = _compare(PlantedHost(cold=5.0), costs)
     for r in (fair.null, fair.candidates["converted"]):
-        assert r.verdict == timing.NO_DIFFERENCE and r.low <= 1.0 <= r.high
+        assert r.verdict == verdicts.NO_DIFFERENCE and r.low <= 1.0 <= r.high
     unfair = _compare(PlantedHost(cold=5.0), costs, lead_in=0)
     # both copies of the same cost read slower than the baseline: the instrument's own bias
     assert unfair.null.high < 1.0 and unfair.candidates["converted"].high < 1.0
@@ -179,15 +182,15 @@ def test_copies_rotated_average_out_a_steady_placement_bias_that_one_copy_a_side
     host = PlantedHost(jitter=0.002)
     one = {name: host.fn(name, cost[name] * b[1]) for name, b in biases.items()}  # copy 1 of each
     c1 = timing.compare(one, "original", "null control", clock=host.clock, **kw)
-    assert c1.null.verdict == timing.TOO_NOISY and c1.null.low > 1.02  # the one bias, read as noise
-    assert c1.candidates["slower"].verdict == timing.TOO_NOISY
+    assert c1.null.verdict == verdicts.TOO_NOISY and c1.null.low > 1.02  # the one bias, read as noise
+    assert c1.candidates["slower"].verdict == verdicts.TOO_NOISY
 
     host = PlantedHost(jitter=0.002)
     many = {name: _placed_copies(host, name, cost[name], b) for name, b in biases.items()}
     c4 = timing.compare(many, "original", "null control", clock=host.clock, **kw)
     assert c4.replicas == {"original": 4, "null control": 4, "slower": 4}
-    assert c4.null.verdict == timing.NO_DIFFERENCE and 0.98 <= c4.null.low <= c4.null.high <= 1.02
-    assert c4.candidates["slower"].verdict == timing.SLOWER
+    assert c4.null.verdict == verdicts.NO_DIFFERENCE and 0.98 <= c4.null.low <= c4.null.high <= 1.02
+    assert c4.candidates["slower"].verdict == verdicts.SLOWER
     assert c4.candidates["slower"].ratio == pytest.approx(1 / 1.04, abs=0.015)
 
 
@@ -223,12 +226,12 @@ def test_a_difference_must_outreach_the_null_control_on_either_side():
     """bench decode, kjv-neox, beside a burner: converted 1.001–1.013 with the null control at
     0.981–0.995. Two identical copies differed by up to 1.9 % in that run, so 0.1–1.3 % is not a
     difference; the rule that compared the candidate with the null's near end only called it faster."""
-    assert timing.verdict(1.001, 1.013, 0.981, 0.995) == timing.NO_DIFFERENCE
-    assert timing.verdict(1.020, 1.030, 0.981, 0.995) == timing.FASTER  # beyond the null's 1.9 % reach
-    assert timing.verdict(0.987, 0.999, 1.005, 1.019) == timing.NO_DIFFERENCE  # the mirror image
-    assert timing.verdict(0.970, 0.980, 1.005, 1.019) == timing.SLOWER
-    assert timing.verdict(1.006, 1.013, 0.995, 1.000) == timing.FASTER  # the null's 0.5 %, outreached
-    assert timing.verdict(1.001, 1.013, 1.0, 1.0) == timing.FASTER  # no null (1, 1): 1 is the yardstick
+    assert verdicts.speed_ratio_verdict(1.001, 1.013, 0.981, 0.995) == verdicts.NO_DIFFERENCE
+    assert verdicts.speed_ratio_verdict(1.020, 1.030, 0.981, 0.995) == verdicts.FASTER  # beyond the null's 1.9 % reach
+    assert verdicts.speed_ratio_verdict(0.987, 0.999, 1.005, 1.019) == verdicts.NO_DIFFERENCE  # the mirror image
+    assert verdicts.speed_ratio_verdict(0.970, 0.980, 1.005, 1.019) == verdicts.SLOWER
+    assert verdicts.speed_ratio_verdict(1.006, 1.013, 0.995, 1.000) == verdicts.FASTER  # the null's 0.5 %, outreached
+    assert verdicts.speed_ratio_verdict(1.001, 1.013, 1.0, 1.0) == verdicts.FASTER  # no null (1, 1): 1 is the yardstick
 
 
 class FavouringHost(PlantedHost):
@@ -263,7 +266,7 @@ def test_balanced_rounds_give_the_baseline_slot_no_advantage_that_the_star_round
     fair = _compare(FavouringHost(jitter=kw["jitter"], swing=0.1), costs, budget_s=kw["budget_s"], balanced=True)
     assert fair.balanced and not star.balanced
     for r in (fair.null, fair.candidates["copy"]):
-        assert r.verdict == timing.NO_DIFFERENCE and r.low <= 1.0 <= r.high and abs(r.ratio - 1) < 0.01, r
+        assert r.verdict == verdicts.NO_DIFFERENCE and r.low <= 1.0 <= r.high and abs(r.ratio - 1) < 0.01, r
     slower = dict(costs, copy=1.05 * MS)
     s = _compare(FavouringHost(jitter=kw["jitter"], swing=0.1), slower, budget_s=kw["budget_s"], balanced=True)
-    assert s.candidates["copy"].verdict == timing.SLOWER
+    assert s.candidates["copy"].verdict == verdicts.SLOWER

@@ -3,7 +3,7 @@ by normswap before they read it: links, type, size (a cap derived from what the 
 what it would build (an adapter's layers, a vocabulary's largest id) bounded by what the weights back.
 
 Each attack runs the real command in a child under a 4 GB address-space cap and a 1 GB file-size cap
-(tests/test_untrusted_round5.py's ``_normswap``), on a copy of the shipped ``kjv-gpt2``; the control
+(tests/test_untrusted_reads_bounded.py's ``_normswap``), on a copy of the shipped ``kjv-gpt2``; the control
 is the same directory with the planted file removed (or left as normswap wrote it), which still runs.
 On normswap 9e09e2f (before this rule) each attack test failed at the line marked "fails before".
 """

@@ -263,7 +263,7 @@ def test_onnx_export_writes_config_from_what_it_read_never_through_a_link(tmp_pa
 
 
 # ------------------------------------------------------------------------------- cases 3 and 5
-DEMO_RESULTS = Path(__file__).resolve().parents[1] / "docs" / "demo" / "results.json"  # a real eval's results
+DEMO_RESULTS = Path(__file__).resolve().parent / "data" / "demo-results.json"  # a real eval's results
 
 
 def _received(directory: Path, **changes) -> Path:

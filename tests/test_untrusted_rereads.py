@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # the demo's run of 2026-12-03 (its numbers are quoted below)
-DEMO = json.loads((REPO / "docs/demo/shared-pages-2026-12-03/results.json").read_text())
+DEMO = json.loads((REPO / "tests" / "data" / "demo-results-2026-12-03.json").read_text())
 needs_posix = pytest.mark.skipif(not hasattr(os, "getuid"), reason="owners and modes are POSIX")
 
 

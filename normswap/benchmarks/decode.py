@@ -11,6 +11,12 @@ runs out. Every model runs on memory of its own (evaluate/throughput.own_memory)
 copies a side that the pairs rotate through (timing.compare's replicas). The ratio is converted ÷
 original decode speed (> 1: faster) with its 95 % interval and verdict, beside the null control's
 own ratio; the line says how the stop rule ended.
+
+Then, the same way (the same models, replicas and balanced rounds, ``--generate-budget`` seconds), whole
+calls of the model's own ``generate()``: greedy, batch 1, ``--generate-tokens`` tokens after the
+prompt, with the per-step host work transformers adds (a converted checkpoint loaded as remote code
+once paid an ``inspect.signature`` a step there, which the bare decode step never sees). Its rows are
+the JSON's ``generate`` entry per model.
 """
 
 from __future__ import annotations
@@ -52,10 +58,16 @@ def measure_decode(
     max_pairs: int,
     min_pairs: int = 20,
     replicas: int = 1,
+    generate_tokens: int = 32,
+    generate_budget: float | None = None,
     progress=None,
 ) -> dict:
     """One pair's decode benchmark: the instrument's converted ÷ original and null control ÷
-    original decode-speed ratios (normswap/timing.py), decode tokens/s of each, the machine's load."""
+    original decode-speed ratios (normswap/timing.py), decode tokens/s of each, the machine's load;
+    with a ``generate_budget`` (seconds; None: not timed), the same for whole ``generate()`` calls
+    (``generate``)."""
+    import dataclasses
+
     from normswap.checkpoint.load import load_model
     from normswap.evaluate.config import SpeedConfig
     from normswap.evaluate.throughput import ModelBench, compare_kind, machine_load
@@ -65,8 +77,8 @@ def measure_decode(
         repeats=max_pairs,
         warmup=3,
         prompt_len=cache_tokens,
-        new_tokens=2,
-        kinds=("generate",),
+        new_tokens=generate_tokens,
+        kinds=("generate", "generate_call"),
         speed_budget=budget,
         target_halfwidth=target,
     )
@@ -75,8 +87,14 @@ def measure_decode(
     benches = [ModelBench(name, load_model(spec).eval(), cfg) for _ in range(replicas) for name, spec in specs.items()]
     before = machine_load()
     # balanced rounds: every model runs as often as the original (in the default round the baseline
-    # runs in every pair, and identical copies in the other slots read 2-5 % slower in some runs, #43)
+    # runs in every pair, and identical copies in the other slots can read 2-5 % slower)
     cmp = compare_kind(benches, "decode", cfg, "original", "null control", progress, calls=steps, balanced=True)
+    generate = None
+    if generate_budget is not None:
+        # transformers' own generate(): its per-step host work on top of the forward the loop above times
+        gen_cfg = dataclasses.replace(cfg, speed_budget=generate_budget)
+        gen = compare_kind(benches, "generate_call", gen_cfg, "original", "null control", progress, balanced=True)
+        generate = _generate_result(gen, benches[0].new_tokens, benches[0].prompt_len)
     after = machine_load()
     conv, null = cmp["converted"], cmp.null
     return {
@@ -95,6 +113,23 @@ def measure_decode(
         "converted_over_original": conv.to_json() | {"median": conv.ratio},
         "null_control_over_original": null.to_json() | {"median": null.ratio},
         "timing": cmp.to_json(samples=True),
+        "generate": generate,
+    }
+
+
+def _generate_result(cmp, new_tokens: int, prompt_tokens: int) -> dict:
+    """The ``generate`` entry: whole greedy generate() calls at batch 1, one a block, in balanced rounds."""
+    conv, null = cmp["converted"], cmp.null
+    return {
+        "new_tokens": new_tokens,
+        "prompt_tokens": prompt_tokens,
+        "pairs": cmp.rounds,
+        "stop_reason": cmp.stop_reason,
+        "elapsed_s": round(cmp.elapsed_s, 1),
+        "tokens_per_second": {k: new_tokens / v for k, v in cmp.seconds_per_call.items()},
+        "converted_over_original": conv.to_json() | {"median": conv.ratio},
+        "null_control_over_original": null.to_json() | {"median": null.ratio},
+        "timing": cmp.to_json(samples=True),
     }
 
 
@@ -107,14 +142,37 @@ def result_line(r: dict) -> str:
         f"[{n['low']:.3f}-{n['high']:.3f}] ({n['verdict']}); {r['pairs']} pairs of {r['decode_steps_per_block']} "
         f"steps, stopped: {r['stop_reason']} after {r['elapsed_s']:.0f} s; "
         f"load {r['machine']['load_before']} -> {r['machine']['load_after']}"
+    ) + (_generate_line(r["generate"]) if r.get("generate") else "")
+
+
+def _generate_line(g: dict) -> str:
+    c, n, tps = g["converted_over_original"], g["null_control_over_original"], g["tokens_per_second"]
+    return (
+        f"\n  generate() of {g['new_tokens']} tokens: {tps['original']:.1f} -> {tps['converted']:.1f} tokens/s, "
+        f"converted/original x{c['ratio']:.3f} [{c['low']:.3f}-{c['high']:.3f}] ({c['verdict']}); null control "
+        f"x{n['ratio']:.3f} [{n['low']:.3f}-{n['high']:.3f}] ({n['verdict']}); {g['pairs']} pairs, "
+        f"stopped: {g['stop_reason']} after {g['elapsed_s']:.0f} s"
     )
 
 
 def run_decode(
-    models, *, repeats, new_tokens, cache_tokens, budget, target, threads, replicas, json_out=None, echo=print
+    models,
+    *,
+    repeats,
+    new_tokens,
+    cache_tokens,
+    budget,
+    target,
+    threads,
+    replicas,
+    generate_tokens=32,
+    generate_budget=None,
+    json_out=None,
+    echo=print,
 ) -> list[dict]:
     """Every MODEL (a source, or SOURCE=CONVERTED; none: the shipped models) measured in turn, each
-    result's line given to ``echo`` as it is done; the results written to ``json_out`` when given."""
+    result's line given to ``echo`` as it is done; the results written to ``json_out`` when given.
+    ``generate_budget``: seconds of whole generate() calls per model after the decode steps (None: none)."""
     import torch  # not at import time: `normswap bench --help` must not load torch
 
     from normswap.progress import Heartbeat, stderr_lines
@@ -124,7 +182,7 @@ def run_decode(
         check_output_file(json_out, force=True, reads=reads, label="--json")
     torch.set_num_threads(threads)
     settings = {"steps": new_tokens, "cache_tokens": cache_tokens, "budget": budget, "target": target}
-    settings["replicas"] = replicas
+    settings |= {"replicas": replicas, "generate_tokens": generate_tokens, "generate_budget": generate_budget}
     results = []
     with (
         tempfile.TemporaryDirectory(prefix="normswap-bench-decode-") as tmp,

@@ -274,7 +274,7 @@ def _case_runs(case: Case, device, base: str) -> dict:
     baseline again. Every one gets its own copy of γ and β (another address, the same values): the
     null control had its own while the baseline shared its copy with the candidates, and on the
     forward+backward rows of one probe the null then read 0.959 and 0.945; with a copy each, 0.992 and
-    1.005 (bench/results/kernels-probes-20261203/)."""
+    1.005."""
     w0, b0 = _params(case, device)
 
     def own():
@@ -395,21 +395,15 @@ HOST_IMPLS = ["LayerNorm_module", "RMSNorm_module", "RMSNorm_weight", "RMSNorm_a
 
 @contextmanager
 def _user_setting(backend: str):
-    """The block runs as a user's NORMSWAP_KERNEL=``backend`` makes it run (the variable set, the kernels
-    told to read it again), and the setting is put back after."""
-    from normswap import kernels
+    """The block runs as a user's NORMSWAP_KERNEL=``backend`` makes it run (set through the kernels'
+    chooser, which owns the setting), and the setting is put back after."""
+    from normswap.kernels import choose
 
-    before = os.environ.get("NORMSWAP_KERNEL")
-    os.environ["NORMSWAP_KERNEL"] = backend
-    kernels.reread_requested_backend()
+    before = choose.set_setting(backend)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("NORMSWAP_KERNEL", None)
-        else:
-            os.environ["NORMSWAP_KERNEL"] = before
-        kernels.reread_requested_backend()
+        choose.set_setting(before)
 
 
 def _stub(x, *args):

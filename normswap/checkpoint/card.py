@@ -27,6 +27,7 @@ def render_model_card(manifest: dict, config: dict) -> str:
     ]
     lines += conversion_section(config.get("normswap") or {}, source)
     lines += verification_section(manifest.get("verification") or {})
+    lines += slice_section(manifest.get("slice") or {})
     lines += finetune_section(manifest.get("finetune") or {})
     lines += load_section(config)
     return "\n".join(lines)
@@ -136,6 +137,39 @@ def finetune_section(ft: dict) -> list[str]:
     for k, v in (ft.get("final_metrics") or {}).items():
         lines.append(f"| {k} | {_fmt(v, '.4f') if isinstance(v, float) else v} |")
     return lines + [""]
+
+
+def slice_section(info: dict) -> list[str]:
+    """What `normswap slice` did: width, basis, head, parameters, its check, and the energy each norm's
+    input kept (the dropped energy is the rest)."""
+    if not info:
+        return []
+    ver = info.get("verification") or {}
+    lines = [
+        "## Sliced (normswap slice)",
+        "",
+        f"The residual stream was rotated onto its **{info.get('basis')}** basis and cut from "
+        f"**{info.get('hidden_size')}** to **{info.get('width')}** dimensions (fraction {_fmt(info.get('fraction'))}), "
+        f"calibrated on {info.get('calibration_tokens', 0):,} tokens of the training split of `{info.get('data')}`. "
+        "The all-ones direction, which an exact conversion's centred stream never uses, is the first one deleted: "
+        "the sliced model centres nothing at run time.",
+        "",
+        "| what | value |",
+        "|---|---|",
+        f"| parameters | {info.get('parameters_before', 0):,} -> {info.get('parameters_after', 0):,} |",
+        f"| stream energy kept (all norms' inputs) | {_fmt(info.get('kept_energy_total'), '.6f')} |",
+        f"| output head | {info.get('head', 'n/a')} |",
+        f"| rotation alone (width d − 1) vs the conversion, max abs Δ log-prob | {_fmt(ver.get('max_abs_diff'))} "
+        f"(threshold {_fmt(ver.get('threshold'))}) |",
+        "",
+    ]
+    energy = info.get("kept_energy") or {}
+    if energy:
+        lines += ["| norm | energy kept | dropped |", "|---|---|---|"]
+        lines += [f"| `{name}` | {kept:.6f} | {1 - kept:.2e} |" for name, kept in energy.items()]
+        lines.append("")
+    lines += [f"Every figure, per norm: `{info.get('figures', 'slice.json')}`.", ""]
+    return lines
 
 
 def load_section(config: dict) -> list[str]:

@@ -7,6 +7,7 @@
 # with no normswap installed. So: standard library, torch and transformers only, outside the
 # guarded import below. normswap itself never imports a checkpoint's copy: it builds the same
 # classes from this file (normswap_classes), so a replaced modeling_normswap.py never runs.
+import os
 import warnings
 
 import torch
@@ -65,7 +66,10 @@ class _CenteredEmbedding(nn.Embedding):
     _row_means_of = None
 
     def forward(self, input):
-        w = self.weight
+        # the dict read directly: ``self.weight`` is a Python-level __getattr__ per token
+        w = self._parameters.get("weight")
+        if w is None:  # a parametrized weight takes the ordinary lookup
+            w = self.weight
         if self.max_norm is not None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and w.requires_grad):
             out = super().forward(input)
             return out - out.mean(dim=-1, keepdim=True)
@@ -178,14 +182,27 @@ class _LogitsBiasHead(nn.Linear):
         return (w._version, w.data_ptr(), w.device, beta._version, beta.data_ptr())
 
     def forward(self, input):
+        # this runs once per generated token, where every Python call counts: the parameter and
+        # buffer dicts are read directly (``self.weight`` is a Python-level __getattr__; a
+        # parametrized weight is not in the dict and takes the ordinary lookup), and _source() is
+        # written out
+        w = self._parameters.get("weight")
+        if w is None:
+            w = self.weight
         if self.training and torch.is_grad_enabled():
             self._stale = True
-            return torch.nn.functional.linear(input + self._beta_of.folded_bias, self.weight)
-        if not self._stored and (
-            self._stale or (not torch.compiler.is_compiling() and self._derived_from != self._source())
-        ):
-            self.derive_bias()
-        return torch.nn.functional.linear(input, self.weight, self.bias)
+            return torch.nn.functional.linear(input + self._beta_of.folded_bias, w)
+        if not self._stored and (self._stale or not torch.compiler.is_compiling()):
+            beta = self._beta_of._parameters["folded_bias"]
+            if self._stale or self._derived_from != (
+                w._version,
+                w.data_ptr(),
+                w.device,
+                beta._version,
+                beta.data_ptr(),
+            ):
+                self.derive_bias()
+        return torch.nn.functional.linear(input, w, self._buffers["bias"])
 
     @torch.compiler.disable
     @torch.no_grad()
@@ -293,6 +310,90 @@ def apply_normswap_structure(model, block):
         if head is not None and embed is not None and head.weight is embed.weight:
             head.weight = nn.Parameter(head.weight.detach().clone())
     register_runtime_centering(model, block)
+    apply_slice_structure(model, block)
+    return model
+
+
+class _SlicedTiedHead(nn.Linear):
+    """The tied output head of a sliced model whose final norm had a γ (normswap slice).
+
+    γ does not commute with the rotation Q, so it moves here: with y' the final norm's k-wide
+    output, logits = (y'·R)·E'ᵀ + (y'·g)·m + b, where E' = E·Q_k is the tied (sliced) table,
+    R = c·Q_kᵀ·diag(γ)·Q_k (k × k), g = c·Q_kᵀ·diag(γ)·u (k), m = E·u (the original table's rows
+    along the all-ones direction u, vocab), b = E·β (the final norm's β through the original
+    table) and c = sqrt(d/k) the norm-width gain. Exact when only u is deleted; with more columns
+    deleted it drops γ's mixing of kept into deleted directions, an error of the slice's own kind.
+    k² + k + 2·vocab parameters instead of untying (vocab × k). All four are ordinary parameters, so
+    a fine-tune trains them with the table."""
+
+    def forward(self, input):
+        out = torch.nn.functional.linear(torch.matmul(input, self.adapter), self.weight, self.bias)
+        return out + torch.matmul(input, self.adapter_u).unsqueeze(-1) * self.row_means
+
+
+def _narrowed_attributes(module):
+    # the size attributes a module keeps beside its weight, read from the weight's new shape
+    w = module.weight
+    if isinstance(module, nn.Linear):
+        module.out_features, module.in_features = int(w.shape[0]), int(w.shape[1])
+    elif isinstance(module, nn.Embedding):
+        module.embedding_dim = int(w.shape[1])
+    elif type(module).__name__ == "Conv1D":  # transformers' GPT-2 style linear, weight [in, out]
+        module.nx, module.nf = int(w.shape[0]), int(w.shape[1])
+
+
+def apply_slice_structure(model, block):
+    """Narrow a freshly built model to a sliced residual stream (``block["slice"]``, written by
+    normswap slice): every parameter listed in ``stream_dims`` loses the deleted stream columns
+    along the listed axes (hidden size d -> width k), the module's size attributes follow, a tied
+    head whose final norm kept γ becomes a _SlicedTiedHead, and a tied head is tied again to the
+    narrowed table. The norms themselves are already built k wide from their records. Sizes only
+    shrink: a width outside 1..d along any listed axis is refused (the config is damaged)."""
+    info = block.get("slice")
+    if not isinstance(info, dict):
+        return model
+    width = info.get("width")
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"normswap.slice.width must be a whole number above zero, got {width!r}")
+    for key, axes in info.get("stream_dims", {}).items():
+        owner, _, attr = key.rpartition(".")
+        name = local_name(model, owner) if owner else None
+        if name is None:
+            continue
+        module = model.get_submodule(name)
+        old = getattr(module, attr, None)
+        if not isinstance(old, torch.Tensor):
+            raise ValueError(f"normswap.slice names {key}, which this model does not hold as a tensor")
+        shape = list(old.shape)
+        for axis in axes:
+            if not -len(shape) <= int(axis) < len(shape) or width > shape[int(axis)]:
+                raise ValueError(f"normswap.slice narrows {key} {tuple(old.shape)} to width {width} along {axis}")
+            shape[int(axis)] = width
+        new = torch.zeros(shape, dtype=old.dtype, device=old.device)
+        if isinstance(old, nn.Parameter):
+            setattr(module, attr, nn.Parameter(new, requires_grad=old.requires_grad))
+        else:
+            module.register_buffer(attr, new)
+        if attr == "weight":
+            _narrowed_attributes(module)
+    adapter = info.get("head_adapter")
+    head_name = local_name(model, adapter["head"]) if isinstance(adapter, dict) else None
+    if head_name is not None:
+        head = model.get_submodule(head_name)
+        vocab = int(head.weight.shape[0])
+        factory = {"device": head.weight.device, "dtype": head.weight.dtype}
+        head.__class__ = _SlicedTiedHead
+        head._parameters.pop("bias", None)
+        head._buffers.pop("bias", None)
+        head.adapter = nn.Parameter(torch.zeros(width, width, **factory))
+        head.adapter_u = nn.Parameter(torch.zeros(width, **factory))
+        head.row_means = nn.Parameter(torch.zeros(vocab, **factory))
+        head.bias = nn.Parameter(torch.zeros(vocab, **factory))
+    if block.get("tied") and hasattr(model, "get_output_embeddings"):
+        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+        if head is not None and embed is not None and head.weight is not embed.weight:
+            head.weight = embed.weight
+            _narrowed_attributes(head)
     return model
 
 
@@ -381,10 +482,25 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
             warn_unpreserved_outputs(loaded, loaded.config.normswap)
             return model
 
-        def save_pretrained(self, *args, **kwargs):
+        def save_pretrained(self, save_directory, *args, **kwargs):
             if kwargs.get("variant") is None:
                 kwargs["variant"] = weights_variant
-            return source.save_pretrained(self, *args, **kwargs)
+            out = source.save_pretrained(self, save_directory, *args, **kwargs)
+            if type(self)._auto_class is not None and not os.path.isfile(save_directory):
+                # loaded as remote code: the saved folder gets this file as transformers gives any
+                # remote-code model's (is_remote_code, which would do it, answers False below)
+                from transformers.dynamic_module_utils import custom_object_save
+
+                custom_object_save(self, save_directory, config=self.config)
+            return out
+
+        def is_remote_code(cls):
+            # transformers asks this once per generated token, and for a remote-code class then reads
+            # inspect.signature(self.forward) (~120 Python calls) to pass a cache_position argument
+            # to a forward that takes one. These classes run the source class's own forward, which
+            # transformers calls as it calls the original's: the answer the original gets, False.
+            # (The file-copying on save that this answer also switches off is done in save_pretrained.)
+            return False
 
         return type(
             name,
@@ -396,6 +512,7 @@ def normswap_classes(model_type, config_name, source_config, sources, weights_va
                 "resize_token_embeddings": resize_token_embeddings,
                 "from_pretrained": classmethod(from_pretrained),
                 "save_pretrained": save_pretrained,
+                "is_remote_code": classmethod(is_remote_code),
             },
         )
 

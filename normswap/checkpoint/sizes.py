@@ -16,7 +16,7 @@ ask for 12 GB, and ``n_embd: 0`` ended in a ZeroDivisionError. Two checks, both 
   (``convert.tensor_match.match``) or by transformers' loader; these bounds only keep what is built
   before that check proportional to the weights.
 
-Some sizes build things no weight backs, and are bounded by a declared cap instead (issue #29):
+Some sizes build things no weight backs, and are bounded by a declared cap instead:
 
 * ``num_labels`` without an ``id2label`` naming them: transformers builds a dict of that many names
   while it reads the config (1e8 labels: tens of GB), so it is checked in the raw config.json dict,
@@ -195,6 +195,40 @@ def check_declared(raw: dict, label: str) -> None:
             raise NormswapError(
                 f"{_where(label)}: the normswap block declares norm {name} with hidden_size "
                 f"{size!r}; it must be a whole number above zero (the file is damaged)"
+            )
+    _check_slice(raw, label)
+
+
+MAX_SLICED_TENSORS = 1 << 16  # tensors a sliced config narrows: the deepest real models list far fewer
+
+
+def _check_slice(raw: dict, label: str) -> None:
+    """A sliced checkpoint's stream width (``normswap.slice``): a whole number above zero and no wider
+    than the stream it was cut from (the model is built at the original width and only narrowed),
+    its list of narrowed tensors a mapping of bounded length to lists of axes."""
+    block = raw.get("normswap")
+    info = block.get("slice") if isinstance(block, dict) else None
+    if info is None:
+        return
+    where = f"{_where(label)}: normswap.slice"
+    if not isinstance(info, dict):
+        raise NormswapError(f"{where} is not an object (the file is damaged)")
+    width, hidden = info.get("width"), info.get("hidden_size")
+    if not (_whole_positive(width) and _whole_positive(hidden)) or isinstance(width, float) or width > hidden:
+        raise NormswapError(
+            f"{where} declares width {width!r} of hidden_size {hidden!r}; the width must be a whole number "
+            "from 1 to the hidden size (the file is damaged)"
+        )
+    dims = info.get("stream_dims")
+    if not isinstance(dims, dict) or len(dims) > MAX_SLICED_TENSORS:
+        raise NormswapError(f"{where}.stream_dims must be a mapping of at most {MAX_SLICED_TENSORS:,} tensors")
+    for key, axes in dims.items():
+        if not (isinstance(axes, list) and 0 < len(axes) <= 8 and all(isinstance(a, int) for a in axes)):
+            raise NormswapError(f"{where}.stream_dims[{key!r}] must be a short list of axes, got {axes!r}")
+    for name, rec in _norm_records(raw).items():
+        if isinstance(rec, dict) and rec.get("hidden_size") != width:
+            raise NormswapError(
+                f"{where}: norm {name} declares hidden_size {rec.get('hidden_size')!r}, not the sliced width {width}"
             )
 
 

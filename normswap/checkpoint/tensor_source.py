@@ -279,8 +279,8 @@ def check_backed(tensors: dict, where: str) -> None:
 
     A ``.bin`` file stores storages and, per tensor, a view on one: shape, strides and offset. A view
     may repeat its storage's bytes (stride 0, an ``expand``), so a 16 KB file can declare the shapes
-    of a 3.3B-parameter model that every shape check accepts and that loading then allocates for real
-    (issue #45, case 6). So each tensor must fit in its own storage, and the distinct views together
+    of a 3.3B-parameter model that every shape check accepts and that loading then allocates for real.
+    So each tensor must fit in its own storage, and the distinct views together
     (one view shared by tied weights counts once) must fit in the bytes of the distinct storages."""
     storages, views, declared = {}, set(), 0
     for key, t in tensors.items():

@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from normswap.benchmarks.slicing import DEFAULT_FRACTIONS, GPT2_SMALL_SHAPE
 from normswap.cli.options import device_option, json_option, onnx_norm_op_option, target_option
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
@@ -182,10 +183,40 @@ def kernels(
     help="Copies of each model (the null control's too), each on memory of its own, rotated pair by pair: one copy "
     "a side is one draw of where its memory landed, which moved identical copies 2-4 % apart here.",
 )
+@click.option(
+    "--generate-tokens",
+    type=click.IntRange(1),
+    default=32,
+    show_default=True,
+    help="Tokens each timed generate() call produces (greedy, batch 1, after a --cache-tokens prompt).",
+)
+@click.option(
+    "--generate-budget",
+    type=click.FloatRange(0),
+    default=None,
+    help="Seconds of generate() pairs per model at most, after the decode steps.  [default: --budget]",
+)
+@click.option(
+    "--generate/--no-generate", "with_generate", default=True, show_default=True, help="Also time generate() calls."
+)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, replicas, json_out):
+def decode(
+    models,
+    repeats,
+    new_tokens,
+    cache_tokens,
+    budget,
+    target,
+    threads,
+    replicas,
+    generate_tokens,
+    generate_budget,
+    with_generate,
+    json_out,
+):
     """Decode speed at batch 1, converted ÷ original, with a null control, timed in interleaved pairs
-    (MODEL: a source to convert, or SOURCE=CONVERTED; default: the shipped models)."""
+    (MODEL: a source to convert, or SOURCE=CONVERTED; default: the shipped models); then whole generate()
+    calls the same way."""
     from normswap.benchmarks.decode import run_decode
 
     run_decode(
@@ -197,14 +228,16 @@ def decode(models, repeats, new_tokens, cache_tokens, budget, target, threads, r
         target=target,
         threads=threads,
         replicas=replicas,
+        generate_tokens=generate_tokens,
+        generate_budget=(budget if generate_budget is None else generate_budget) if with_generate else None,
         json_out=json_out,
         echo=click.echo,
     )
 
 
-# Defaults chosen so that the run decides on this project's busy 2-core machine (issue 37): at 1 x 128
+# Defaults chosen so that the run decides on this project's busy 2-core machine: at 1 x 128
 # tokens a GPT-2-small forward took 0.4 s (median; ~1 s mean beside a burner), so 241 s gave 42 pairs and
-# a widest half-width of 0.041 against the 0.01 target (bench/results/onnx-20261203T095207Z). 32 tokens
+# a widest half-width of 0.041 against the 0.01 target (bench/README.md records the run). 32 tokens
 # make a pair ~4x cheaper, and one converted graph (the default export) instead of two leaves two pairs a
 # round instead of three. `--seq-len 128 --onnx-norm-op simplified --onnx-norm-op rmsnormalization` is
 # the earlier setting.
@@ -273,3 +306,49 @@ def convert(ctx):
     from normswap.benchmarks.conversion import main
 
     ctx.exit(main(list(ctx.args)))
+
+
+@bench.command("slice")
+@click.option("--fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.25,
+              show_default=True, help="Speed: the share of the stream's width deleted.")  # fmt: skip
+@click.option("--layers", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["layers"], show_default=True)
+@click.option("--width", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["width"], show_default=True)
+@click.option("--heads", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["heads"], show_default=True)
+@click.option("--vocab", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["vocab"], show_default=True)
+@click.option("--seq-len", type=click.IntRange(1), default=128, show_default=True, help="Forward: tokens at batch 1.")
+@click.option("--cache-tokens", type=click.IntRange(1), default=32, show_default=True, help="Decode: the KV cache.")
+@click.option("--new-tokens", type=click.IntRange(1), default=5, show_default=True, help="Decode steps a block.")
+@click.option("--budget", type=click.FloatRange(0), default=90.0, show_default=True,
+              help="Seconds of forward pairs per comparison (two) at most.")  # fmt: skip
+@click.option("--decode-budget", type=click.FloatRange(0), default=40.0, show_default=True,
+              help="Seconds of decode pairs per comparison (two) at most.")  # fmt: skip
+@click.option("--repeats", type=click.IntRange(1), default=2000, show_default=True,
+              help="Rounds per comparison at most.")  # fmt: skip
+@target_option(0.01)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads.")
+@click.option("--calibration-tokens", type=click.IntRange(1), default=None,
+              help="Tokens the rotations are fitted on (speed: 1,024 random ids; quality: 32,768 of the "
+              "training split).")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--quality", is_flag=True,
+              help="Perplexity on the held-out books per basis and fraction instead of speed.")  # fmt: skip
+@click.option("--model", "models", multiple=True, help="Quality: the models (default: the shipped ones).")
+@click.option("--fractions", default=",".join(str(f) for f in DEFAULT_FRACTIONS), show_default=True,
+              help="Quality: the fractions, comma-separated.")  # fmt: skip
+@click.option("--eval-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help="Quality: score this many tokens of the held-out books (0: all of them).")  # fmt: skip
+@click.option("--shape-parameters/--no-shape-parameters", default=True, show_default=True,
+              help="Quality: also count the parameters of the GPT-2 shape (--layers ...) at every "
+              "fraction.")  # fmt: skip
+@click.option("--speed-json", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Quality: a speed run's --json, whose ratios join the curve (slice_curve.speed).")  # fmt: skip
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
+              help="Quality: draw slice_curve.png (perplexity, speed by fraction) into this folder.")  # fmt: skip
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
+def slice_bench(**options):
+    """Sliced models against the exact conversion and the LayerNorm original: speed of a GPT-2 shape
+    (forward and decode at batch 1, null controls, the per-layer design beside it), or with --quality the
+    perplexity of each basis at each fraction on the shipped models, with parameter counts."""
+    from normswap.benchmarks.slicing import run_slice
+
+    run_slice(**options, echo=click.echo)

@@ -325,9 +325,9 @@ def render(results_json, out, force):
 # ------------------------------------------------------------------ tables
 def _fmt_tps(m, key, results):
     """``25,023 ×1.03 [0.95–1.12] n.d.``: tokens/s, ratio, per-repeat range, and n.d. when that range
-    says the ratio is no measurable difference (stats.py; "noisy" when the null control says the
+    says the ratio is no measurable difference (normswap/stats/verdicts.py; "noisy" when the null control says the
     machine was too noisy to tell); the baseline gets no ratio."""
-    from normswap.evaluate.stats import fmt_interval, intervals_of
+    from normswap.evaluate.speed_intervals import fmt_interval, intervals_of
 
     v = (m.get("tokens_per_second") or {}).get(key)
     r = ((m.get("ratios") or {}).get("tokens_per_second") or {}).get(key)
@@ -342,7 +342,7 @@ def _fmt_tps(m, key, results):
 def _undecided_tag(iv) -> str:
     """`` n.d.`` for a ratio that is no measurable difference, `` noisy`` when the null control said
     too noisy to tell, nothing for a decided one."""
-    from normswap.evaluate.stats import TOO_NOISY, measurable
+    from normswap.stats.verdicts import TOO_NOISY, measurable
 
     return "" if measurable(iv) else " noisy" if iv and iv["verdict"] == TOO_NOISY else " n.d."
 
@@ -350,7 +350,7 @@ def _undecided_tag(iv) -> str:
 def _fmt_norms(m, results):
     """``0.7% ×0.41 [0.40–0.42]``: the share of a forward in norm layers and, against the baseline, the
     norm-time ratio (a time: below 1 is less) with its interval, tagged like :func:`_fmt_tps`."""
-    from normswap.evaluate.stats import fmt_interval, intervals_of
+    from normswap.evaluate.speed_intervals import fmt_interval, intervals_of
 
     share = m.get("norm_time_share")
     if share is None:
@@ -362,9 +362,8 @@ def _fmt_norms(m, results):
 
 
 def _ratio_legend(results):
-    from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
     from normswap.report.render import noise_banner, null_control_note, speed_compared
-    from normswap.timing import MIN_PAIRS
+    from normswap.stats.verdicts import MIN_PAIRS, NO_DIFFERENCE, TOO_NOISY
 
     if speed_compared(results):
         click.echo(

@@ -28,6 +28,7 @@ COMMANDS = {
     "families": "normswap.cli.families_command:families",
     "run": "normswap.cli.run_command:run",
     "demo": "normswap.cli.demo_command:demo",
+    "slice": "normswap.cli.slice_command:slice_command",
 }
 
 

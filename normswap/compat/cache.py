@@ -6,7 +6,7 @@ only when its key matches: a digest of the schema, normswap's version, the sourc
 row's cells (``SOURCE_PARTS``), the versions of the libraries the checks run, the row itself, its
 tiny config and the columns asked for. Change any of them and the row runs again.
 
-The cache is read back from disk, so it is untrusted input (issue 39's sweep):
+The cache is read back from disk, so it is untrusted input:
 - the directory is normswap's private cache (private_dirs.cache_dir: created 0700, or checked to be
   this user's with nothing on the way to it replaceable by another user), or ``--cache-dir``
   checked the same way;

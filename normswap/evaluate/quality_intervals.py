@@ -3,20 +3,21 @@ an evaluation writes when its held-out text is too thin for the difference it sh
 
 Every model scores the same text. Its per-token losses are cut into consecutive blocks of
 ``BLOCK_TOKENS`` (neighbouring tokens are not independent; blocks roughly are), the blocks are
-resampled with replacement ``RESAMPLES`` times, and the 2.5th and 97.5th percentiles of the
-resampled ratio (model / baseline) are the 95 % interval. Models that share the baseline's
-tokenizer are paired (the same blocks resampled for both, so what they have in common cancels);
-otherwise each is resampled on its own. The generator is seeded: the same results give the same
-interval. A range that contains 1 is no measured change: the report does not colour it.
+resampled with replacement ``RESAMPLES`` times (normswap/stats/bootstrap.py ``token_block_means``),
+and the 2.5th and 97.5th percentiles of the resampled ratio (model / baseline) are the 95 % interval.
+Models that share the baseline's tokenizer are paired (the same blocks resampled for both, so what
+they have in common cancels); otherwise each is resampled on its own. The generator is seeded: the
+same results give the same interval. A range that contains 1 is no measured change: the report does not colour it.
 """
 
 from __future__ import annotations
 
-import torch
+from normswap.stats.bootstrap import percentile_interval, token_block_means
+from normswap.stats.levels import LEVEL
+from normswap.stats.verdicts import contains
 
 BLOCK_TOKENS = 128
 RESAMPLES = 2000
-LEVEL = 0.95
 SEED = 0
 # Fewer scored tokens than this and an evaluation says so in results.json ``warnings``.
 THIN_TOKENS = 16384
@@ -24,36 +25,20 @@ THIN_TOKENS = 16384
 SHOWN_CHANGE = 0.001
 
 
-def _block_sums(nll: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    n = nll.numel()
-    starts = torch.arange(0, n, BLOCK_TOKENS)
-    sums = torch.stack([nll[s : s + BLOCK_TOKENS].sum() for s in starts.tolist()])
-    counts = torch.tensor([min(BLOCK_TOKENS, n - s) for s in starts.tolist()], dtype=torch.float64)
-    return sums.double(), counts
-
-
-def ratio_intervals(nll: torch.Tensor, base: torch.Tensor, *, n_bytes: int) -> dict:
+def ratio_intervals(nll, base, *, n_bytes: int) -> dict:
     """``{perplexity: {low, high, ...}, bits_per_byte: {...}}`` of the model (per-token losses
-    ``nll``, nats) against the baseline (``base``) on the same text of ``n_bytes`` bytes."""
-    gen = torch.Generator().manual_seed(SEED)
-    sm, cm = _block_sums(nll)
-    sb, cb = _block_sums(base)
-    paired = nll.numel() == base.numel()
-    idx_m = torch.randint(0, len(sm), (RESAMPLES, len(sm)), generator=gen)
-    idx_b = idx_m if paired else torch.randint(0, len(sb), (RESAMPLES, len(sb)), generator=gen)
-    mean_m = sm[idx_m].sum(1) / cm[idx_m].sum(1)
-    mean_b = sb[idx_b].sum(1) / cb[idx_b].sum(1)
-    ppl = torch.exp(mean_m - mean_b)
+    ``nll``, nats, a torch tensor) against the baseline (``base``) on the same text of ``n_bytes`` bytes."""
+    mean_m, mean_b, blocks, paired = token_block_means(nll, base, block=BLOCK_TOKENS, resamples=RESAMPLES, seed=SEED)
+    ppl = (mean_m - mean_b).exp()
     bpb = (mean_m * nll.numel()) / (mean_b * base.numel())  # total NLL over the same bytes
-    q = torch.tensor([(1 - LEVEL) / 2, (1 + LEVEL) / 2], dtype=torch.float64)
     method = (
         f"{'paired ' if paired else ''}bootstrap over blocks of {BLOCK_TOKENS} scored tokens "
-        f"({len(sm)} blocks, {RESAMPLES} resamples, seed {SEED}), {LEVEL:.0%} percentile interval of the ratio"
+        f"({blocks} blocks, {RESAMPLES} resamples, seed {SEED}), {LEVEL:.0%} percentile interval of the ratio"
     )
     out = {}
     for key, values in (("perplexity", ppl), ("bits_per_byte", bpb)):
-        low, high = torch.quantile(values, q).tolist()
-        out[key] = {"low": low, "high": high, "level": LEVEL, "blocks": len(sm), "method": method}
+        low, high = percentile_interval(values)
+        out[key] = {"low": low, "high": high, "level": LEVEL, "blocks": blocks, "method": method}
     return out
 
 
@@ -77,7 +62,7 @@ def thin_evidence(rows: list[dict], baseline: str | None, tokens: int, *, capped
         iv = (row.get("quality_intervals") or {}).get("perplexity")
         if row["name"] == baseline or ratio is None or iv is None or abs(ratio - 1) < SHOWN_CHANGE:
             continue
-        if iv["low"] <= 1.0 <= iv["high"]:
+        if contains(iv, 1.0):
             warnings.append(
                 f"{row['name']}: perplexity {(ratio - 1) * 100:+.2f} % against {baseline} is not a measured "
                 f"difference on {tokens:,} held-out tokens: its {iv['level']:.0%} interval "

@@ -20,8 +20,8 @@ from normswap.evaluate.config import EvalConfig
 from normswap.evaluate.kinds import PROBE_INPUT, common_group, model_kind
 from normswap.evaluate.measurements import MEASUREMENTS, Run
 from normswap.evaluate.model_info import model_info
-from normswap.evaluate.stats import METHOD as RATIO_METHOD
-from normswap.evaluate.stats import SAMPLED, null_intervals, ratio_intervals
+from normswap.evaluate.speed_intervals import METHOD as RATIO_METHOD
+from normswap.evaluate.speed_intervals import SAMPLED, null_intervals, ratio_intervals
 
 _LABEL = re.compile(r"^[A-Za-z0-9_.\- ]+$")
 
@@ -291,8 +291,8 @@ def evaluate(
 
 def speed_noise(null: dict | None, machine: dict | None) -> dict:
     """results.json's ``speed_noise``: how busy the machine was and whether the null control says a
-    speed ratio can be told from noise, per measured kind (evaluate/stats.py states the rule)."""
-    from normswap.evaluate.stats import MIN_REPEATS, NULL_DELTA, judged, null_is_tight
+    speed ratio can be told from noise, per measured kind (normswap/stats/verdicts.py states the rule)."""
+    from normswap.stats.verdicts import MIN_REPEATS, NULL_BAND, judged, null_is_tight
 
     spreads = {}
     if null is not None:
@@ -301,7 +301,7 @@ def speed_noise(null: dict | None, machine: dict | None) -> dict:
             spreads["norm_ms_per_forward"] = null["norm_ms_per_forward"]
     return {
         "null_control": null is not None,
-        "delta": NULL_DELTA,
+        "delta": NULL_BAND,
         "min_repeats": MIN_REPEATS,
         "null_spread": {
             k: {key: iv[key] for key in ("low", "high", "repeats", "pairs", "stop_reason") if key in iv}

@@ -26,7 +26,7 @@ Measurements, on random token ids (throughput does not depend on the values):
 Peak memory is measured by :mod:`normswap.evaluate.memory`.
 
 A null control (``null_control=``: the baseline loaded a second time) is measured like any other
-model, interleaved with the rest; evaluate/stats.py judges every ratio against its spread. The
+model, interleaved with the rest; normswap/stats/verdicts.py judges every ratio against its spread. The
 machine's load average before and after the run and its CPU count come back with the summaries
 (:func:`measure_speed_run`), so a results.json says how busy the machine was.
 
@@ -54,6 +54,7 @@ from normswap.compile_cache import compiled
 from normswap.evaluate.config import SpeedConfig
 from normswap.evaluate.kinds import training_loss
 from normswap.evaluate.perplexity import model_device
+from normswap.host import load_average, usable_cpus
 from normswap.model_facts import context_length, norm_modules
 
 # the first check of the stop rule: fewer pairs than this are never called converged
@@ -222,6 +223,23 @@ class ModelBench:
                 token = out.logits[:, -1:].argmax(-1)
                 out = self.run(input_ids=token, use_cache=True, **{self.cache_arg: _cache_of(out)})
 
+    def _generate_call(self):
+        """One call of the model's own ``generate()``, greedy, batch 1, exactly ``new_tokens`` tokens after
+        the prompt: what users call, with the host work transformers adds to every step (preparing the
+        inputs, the logits processors, the stopping criteria) that _generate's bare loop leaves out."""
+        n = self.new_tokens
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        pad = eos[0] if isinstance(eos, list) and eos else eos
+        with torch.inference_mode():
+            self.model.generate(
+                self.prompt,
+                attention_mask=torch.ones_like(self.prompt),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=0 if pad is None else pad,
+            )
+
     def operation(self, kind: str):
         """The zero-argument callable timed for ``kind``, and the tokens one call processes."""
         tokens = self.batch.numel()
@@ -231,6 +249,7 @@ class ModelBench:
             "prefill": (self._prefill, self.prompt_len),
             "decode": (self._decode_step, 1),
             "generate": (self._generate, self.new_tokens),
+            "generate_call": (self._generate_call, self.new_tokens),
             "norms": (self._norms, tokens),
         }[kind]
 
@@ -267,7 +286,7 @@ class ModelBench:
                 "new_tokens": self.new_tokens,
                 "calls_per_measurement": calls,
                 # per kind, against the baseline: {ratio, low, high, pairs, verdict, stop_reason};
-                # ``norms`` is the norm layers' speed (evaluate/stats.py turns it into a time ratio)
+                # ``norms`` is the norm layers' speed (speed_intervals.py turns it into a time ratio)
                 "paired": paired,
             },
         }
@@ -312,12 +331,7 @@ def measure_speed(models, config: SpeedConfig | None = None, progress=None) -> d
 
 def machine_load() -> dict:
     """The 1/5/15-minute load averages and the CPUs this process may use (what a busy machine shows)."""
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # not available on this platform
-        load = None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"load_average": load, "cpu_count": os.cpu_count(), "usable_cpus": cpus}
+    return {"load_average": load_average(), "cpu_count": os.cpu_count(), "usable_cpus": usable_cpus()}
 
 
 def measure_speed_run(
@@ -386,7 +400,7 @@ def compare_kind(
     """One kind (forward, decode, ...) of every bench that has it, timed by normswap/timing.py.
 
     A block is ``calls`` calls, by default as many as make ``cfg.min_time`` seconds on the baseline
-    (one whole generation for ``generate``); ``cfg.repeats`` pairs at most, ``cfg.speed_budget``
+    (one whole generation for ``generate`` and ``generate_call``); ``cfg.repeats`` pairs at most, ``cfg.speed_budget``
     seconds at most (for ``generate``, warm-up included: as many pairs as fit, counted beforehand)."""
     taking = [b for b in benches if kind in b.timed_kinds()]
     # benches sharing a name are replicas of one model (timing.compare rotates through them)
@@ -399,7 +413,7 @@ def compare_kind(
     for f in copies[base]:
         f()  # the first call pays lazy initialisation (the optimizer, the cache): not a calibration
     max_pairs, warmup = cfg.repeats, max(cfg.warmup, 1)
-    if calls is None and kind == "generate":
+    if calls is None and kind in ("generate", "generate_call"):
         calls = 1
         max_pairs = min(max_pairs, _generations_within(cfg.speed_budget, copies[base][0], len(fns), warmup, sync))
     elif calls is None:

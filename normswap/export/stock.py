@@ -266,6 +266,12 @@ def write_stock(src: Path, tmp: Path, *, untie=False, max_shard_size="5GB", tole
                 "--format stock exports a converted checkpoint in its source's stock architecture; "
                 "a stock checkpoint already is one"
             )
+        if block.get("slice"):
+            raise NormswapError(
+                f"cannot export {src} as stock: it is sliced (its residual stream is {block['slice'].get('width')} "
+                f"wide, its attention {block['slice'].get('hidden_size')}), and no stock class has a stream narrower "
+                "than its attention; --format onnx exports it as it is"
+            )
         if block.get("mode") != "exact":
             raise NormswapError(
                 f"cannot export {src} as stock: it was converted approximately ({block.get('placement')}-LN), "

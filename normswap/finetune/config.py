@@ -30,8 +30,8 @@ TRAIN_DTYPES = ("auto", "float32", "bfloat16", "float64")
 # EVAL_MIN_BLOCKS sequences and at most EVAL_TOKENS_MAX tokens.
 EVAL_TOKENS_MAX = 65536
 EVAL_MIN_BLOCKS = 8
-# Upper bounds of the counts (issue #45): a run reads, holds or repeats in proportion to each, and one
-# given without bound (a typo, a damaged finetune_run.json) ran for minutes into an allocator abort.
+# Upper bounds of the counts: a run reads, holds or repeats in proportion to each, and one
+# given without bound (a typo, a damaged finetune_run.json) would run for minutes into an allocator abort.
 # The same bounds hold for the command line, a recipe and a resumed run's record (option_errors).
 MAX_STEPS = 10_000_000
 MAX_BATCH = 1 << 16  # sequences per optimizer step (memory is checked again against the model)

@@ -8,7 +8,7 @@
 Only process 0 writes. Every write is atomic (a temporary file or directory renamed into place),
 so a kill at any instant leaves complete files only.
 
-OUT is read back (``--resume``), so it is untrusted input like any model directory (issue #39):
+OUT is read back (``--resume``), so it is untrusted input like any model directory:
 OUT must be ours and writable by nobody else, and no directory on the way to it replaceable by
 another user (normswap.private_dirs.open_private_dir); everything inside it is reached through
 directory handles with ``O_NOFOLLOW`` (private_dirs' "tree read through handles"): a link planted

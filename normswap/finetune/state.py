@@ -12,7 +12,7 @@ Nothing in it is unpickled as an arbitrary object, so a checkpoint that someone 
 run code; a file that fails to load is named in the error. Every file is read and written through a
 handle on the checkpoint's directory (``dir_fd``, run_dir.RunDir.checkpoint_at) and opened without
 following a link, never by a path: a file linked out of the run directory, or one another user can
-write, is refused by name (issue #39). The optimizer state is checked against the one this run's
+write, is refused by name. The optimizer state is checked against the one this run's
 optimizer has (same parameters, groups, shapes, finite numbers) before it is applied, so a tampered
 ``optimizer.pt`` is named instead of failing later in a way that blames the learning rate.
 

@@ -4,9 +4,9 @@ Registering the kernels as opaque custom ops is what lets torch.compile trace a 
 them (Dynamo never looks inside, the fake impls give it shapes) and what puts our hand-written
 backward, not an autograd trace of the forward, on the tape.
 
-The backend is resolved when the op *executes*, not when it is traced, so a compiled graph does
-not bake in the CPU extension's build state, and `auto` can ask `cpu.available()` (which may
-build lazily) outside of Dynamo.
+The op takes the name of the record it runs (normswap.kernels.implementations: ``triton``, ``cpu`` or
+``composite``; normswap.kernels.choose decided which); its kernels are looked up when the op
+*executes*, not when it is traced.
 """
 
 from __future__ import annotations
@@ -18,73 +18,9 @@ from torch import Tensor
 # small inputs; None means the kernel module's default
 TRITON_MAX_FUSED_N: int | None = None
 
-_cpu_module = None  # imported on first use (it pulls in torch.utils.cpp_extension)
-
-
-def cpu_fast_available() -> bool:
-    """Whether the compiled CPU fast path (normswap.kernels.cpu) loads.
-
-    Asked on every call (cpu.available() caches its build; it also honours a per-call switch)."""
-    global _cpu_module
-    if _cpu_module is None:
-        from normswap.kernels import cpu as _cpu_module  # noqa: PLC0415
-    try:
-        return bool(_cpu_module.available())
-    except Exception:  # the contract says it never raises; be safe anyway
-        return False
-
-
-def cpu_supports(dtype: torch.dtype) -> bool:
-    """Whether the compiled CPU kernel covers this dtype (only asked once it is available)."""
-    return bool(_cpu_module) and _cpu_module.supports(dtype)
-
-
-def cpu_build_name() -> str | None:
-    """The compiled CPU kernel's build name (a hash of its sources and flags), None without it."""
-    if not cpu_fast_available():
-        return None
-    return _cpu_module.extension().__name__
-
-
-def cpu_extension():
-    """The loaded C++ extension module (only call when cpu_fast_available())."""
-    return _cpu_module.extension()
-
-
-def resolve(backend: str, device: torch.device) -> str:
-    """Concrete implementation for a backend name reaching the custom op: 'triton', 'cpu' or
-    'composite' ('auto' here is the static order; the API itself chooses by measurement)."""
-    if backend == "auto":
-        if device.type == "cuda":
-            return "triton" if triton_importable() else "composite"
-        if device.type == "cpu" and cpu_fast_available():
-            return "cpu"
-        return "composite"
-    if backend == "cpu" and not cpu_fast_available():
-        from normswap.errors import NormswapError
-
-        raise NormswapError(
-            "NORMSWAP_KERNEL=cpu but the compiled CPU kernel is not available (needs a C++ compiler and ninja)"
-        )
-    return backend
-
-
-_triton_state: bool | None = None
-
-
-def triton_importable() -> bool:
-    global _triton_state
-    if _triton_state is None:
-        try:
-            import triton  # noqa: F401
-
-            _triton_state = True
-        except ImportError:
-            _triton_state = False
-    return _triton_state
-
 
 def _module(impl: str):
+    """The kernels (forward, backward on 2-D rows) behind a record the op runs."""
     if impl == "triton":
         from normswap.kernels import triton_kernels as m
     elif impl == "cpu":
@@ -104,7 +40,7 @@ def _rows(t: Tensor, h: int, contiguous: bool) -> Tensor:
 
 def forward_impl(x: Tensor, weight: Tensor | None, residual: Tensor | None, eps: float, backend: str):
     """(y like x, rstd fp32 [*x.shape[:-1]], x + residual or None)."""
-    impl = resolve(backend, x.device)
+    impl = backend
     h = x.shape[-1]
     need_contig = impl == "cpu"  # the C++ contract takes contiguous rows; Triton takes row strides
     x2 = _rows(x, h, need_contig)
@@ -146,7 +82,7 @@ def _(x, weight, residual, eps, backend):
 
 def backward_impl(dy: Tensor, xin: Tensor, rstd: Tensor, weight: Tensor | None, backend: str):
     """(dx like xin, dweight in weight's dtype or an empty tensor)."""
-    impl = resolve(backend, xin.device)
+    impl = backend
     h = xin.shape[-1]
     need_contig = impl == "cpu"
     dy2 = _rows(dy.to(xin.dtype), h, need_contig)

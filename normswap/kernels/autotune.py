@@ -10,13 +10,10 @@ however fast), and keeps the ranking: in memory for the process, and in a JSON f
 normswap cache directory so the next process on the same machine, torch and kernel build starts
 with it.
 
-Candidates:
-- ``cpu``: normswap's compiled C++ kernel (normswap.kernels.cpu), CPU only, when it builds;
-- ``triton``: normswap's Triton kernels, CUDA only;
-- ``native``: torch's own ``F.rms_norm`` (a fused kernel on CUDA since about torch 2.9, a
-  composite on CPU); only for calls whose weight is absent or has x's dtype, since it otherwise
-  takes a slow path and rounds the weight;
-- ``composite``: the plain-torch formula with a hand-written backward (always available).
+Candidates: the records of normswap.kernels.implementations's table marked ``ranked`` that run the kind
+of call here (normswap.kernels.choose asks, and takes the first of the ranking that binds) —
+normswap's C++ kernel on CPU, its Triton kernels on CUDA, torch's own ``F.rms_norm``, the
+composite with a hand-written backward.
 
 ``NORMSWAP_AUTOTUNE=0`` skips the measurement and uses the static order cpu/triton, composite.
 """
@@ -28,18 +25,17 @@ import os
 import statistics
 import threading
 import time
-import weakref
 from pathlib import Path
 
 import torch
 
 from normswap.errors import first_line
+from normswap.host import load_average
+from normswap.kernels import cpu
+from normswap.kernels.implementations import FEW_ROWS, TABLE, cpu_ready
 
 _lock = threading.Lock()
 _memory: dict = {}  # key tuple -> ranking (list of impl names, best first)
-chosen: dict = {}  # the functional API's memo, kind of call -> implementation (normswap.kernels.rms_norm)
-# whatever keeps bound decisions of its own (normswap.modules.RMSNorm): told to drop them with the rest
-binders: weakref.WeakSet = weakref.WeakSet()
 _details: dict = {}  # key tuple -> what was measured (for `normswap bench kernels`)
 _disk_loaded = False
 FILE_VERSION = 2  # 2: shape classes have γ and residual (1 had neither)
@@ -52,24 +48,11 @@ def width_bucket(h: int) -> int:
 
 def rows_bucket(rows: int) -> str:
     """'few' rows (decode, latency-bound) or 'many' (prefill and training, bandwidth-bound)."""
-    return "few" if rows <= 16 else "many"
+    return "few" if rows <= FEW_ROWS else "many"
 
 
 def enabled() -> bool:
     return os.environ.get("NORMSWAP_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def candidates(device: torch.device, dtype: torch.dtype) -> list:
-    """Implementations able to run on this device and dtype, in static preference order."""
-    from normswap.kernels import _ops
-
-    out = []
-    if device.type == "cpu" and _ops.cpu_fast_available() and _ops.cpu_supports(dtype):
-        out.append("cpu")
-    if device.type == "cuda" and _ops.triton_importable():
-        out.append("triton")
-    out += ["native", "composite"]
-    return out
 
 
 def ranking(
@@ -81,10 +64,12 @@ def ranking(
     *,
     weight: bool = True,
     residual: bool = False,
+    candidates: list,
 ) -> list:
-    """Implementation names, fastest first, for a call of this kind: ``rows`` × ``h`` (the call's
-    own shape, measured at it the first time its class is asked), with or without γ and a fused
-    residual add, forward or forward+backward."""
+    """``candidates`` (names of the table's records that run this kind here, in the table's order),
+    fastest first, for a call of this kind: ``rows`` × ``h`` (the call's own shape, measured at it
+    the first time its class is asked), with or without γ and a fused residual add, forward or
+    forward+backward."""
     key = _key(device, dtype, h, rows, grad, weight, residual)
     found = _memory.get(key)
     if found is not None:
@@ -93,7 +78,7 @@ def ranking(
         found = _memory.get(key)
         if found is not None:
             return found
-        cands = candidates(device, dtype)
+        cands = list(candidates)
         if not enabled() or torch.compiler.is_compiling():
             order = [c for c in cands if c != "native"] + ["native"]
             _memory[key] = order
@@ -138,20 +123,12 @@ KEY_FIELDS = ("device", "dtype", "width_bucket", "rows", "grad", "weight", "resi
 
 
 def forget() -> None:
-    """Drop the in-memory choices (tests; the on-disk file is read again on the next choice)."""
+    """Drop the in-memory rankings (the on-disk file is read again on the next ranking asked)."""
     global _disk_loaded
     with _lock:
         _memory.clear()
         _details.clear()
         _disk_loaded = False
-    drop_decisions()
-
-
-def drop_decisions() -> None:
-    """Forget every decision taken from the rankings (they are asked again on the next call)."""
-    chosen.clear()
-    for b in list(binders):
-        b.unbind()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,8 +157,10 @@ def measure(
 ) -> dict:
     """Time each candidate (forward, or forward+backward) on a call of this kind and rank the ones
     whose output agrees with the reference formula."""
-    from normswap.kernels.dispatch import call_impl
     from normswap.kernels.reference import normalize
+
+    def call_impl(name, x, weight, residual, eps):
+        return TABLE[name].run(x, weight, None, residual, eps)
 
     n, h = _shape(device, width, rows, n_rows)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -255,7 +234,7 @@ def measure(
         "why": f"{best} {medians[best]:.1f} µs a call at {n}×{h} ({what})"
         + (f" (vs {others})" if others else "")
         + "".join(f"; {c} {why}" for c, why in rejected.items()),
-        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "loadavg": load_average(ndigits=None),
     }
 
 
@@ -272,8 +251,6 @@ def _device_key(device: torch.device) -> str:
 
 def _machine_id() -> str:
     """What a stored choice is only valid for: the processor(s), torch, triton and the CPU build."""
-    from normswap.kernels import _ops
-
     parts = [torch.__version__]
     if torch.cuda.is_available():
         parts += [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -283,7 +260,8 @@ def _machine_id() -> str:
         parts.append(f"triton {triton.__version__}")
     except ImportError:
         pass
-    parts.append(_ops.cpu_build_name() or "no cpu kernel")
+    ext = cpu.extension() if cpu_ready() else None
+    parts.append(ext.__name__ if ext is not None else "no cpu kernel")
     parts.append(f"{os.cpu_count()} cpus, {torch.get_num_threads()} threads")
     return " | ".join(parts)
 

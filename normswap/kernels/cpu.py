@@ -5,8 +5,9 @@ several times slower than ``F.layer_norm`` (a fused, vectorised ATen kernel), so
 model would get slower on CPU because of its norms. The kernel here is a small C++ extension
 (``csrc/``) built with ``torch.utils.cpp_extension.load`` at first use and cached; every caller
 must treat it as optional: :func:`available` returns False (and never raises) when there is no
-compiler or ninja, when building fails, or when ``NORMSWAP_CPU_KERNEL=0``, and the dispatcher
-then uses pure torch.
+compiler or ninja or when building fails, and the chooser then runs another implementation.
+Whether it is asked at all is the ``cpu`` record's call (normswap.kernels.implementations: with
+``NORMSWAP_CPU_KERNEL=0`` it is never built or run).
 
 Build and cache:
 * The cache directory is ``$NORMSWAP_CACHE_DIR`` or ``$XDG_CACHE_HOME/normswap`` (default
@@ -78,10 +79,6 @@ _tried = False
 _reason: str | None = None
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def _disabled_by_env() -> bool:
-    return os.environ.get("NORMSWAP_CPU_KERNEL", "").strip().lower() in ("0", "false", "no", "off")
 
 
 def _flags() -> tuple[list[str], list[str]]:
@@ -290,12 +287,9 @@ def _ensure():
         if _tried:
             return _ext
         try:
-            if _disabled_by_env():
-                _reason = "disabled by NORMSWAP_CPU_KERNEL=0"
-            else:
-                _reason = _compiler_missing()
-                if _reason is None:
-                    _ext = _load()
+            _reason = _compiler_missing()
+            if _reason is None:
+                _ext = _load()
         except Exception as exc:  # never raise: the caller falls back to torch
             _ext = None
             _reason = f"CPU kernel build failed: {first_line(exc)}"
@@ -306,9 +300,6 @@ def _ensure():
 
 def available() -> bool:
     """True when the compiled CPU kernel is built and loaded (builds it on the first call)."""
-    # The env switch is read on every call (a dict lookup) so it can be flipped at run time.
-    if _disabled_by_env():
-        return False
     if _ext is not None:
         return True
     try:
@@ -319,8 +310,6 @@ def available() -> bool:
 
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False (None when it is True or has not been asked yet)."""
-    if _disabled_by_env():
-        return "disabled by NORMSWAP_CPU_KERNEL=0"
     return None if _ext is not None else _reason
 
 

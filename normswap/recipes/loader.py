@@ -86,7 +86,7 @@ def parse_override(item: str) -> tuple[list[str], object]:
 def apply_overrides(raw: dict, overrides: list[str], where: str) -> dict:
     """Apply ``--set`` items in order; a null value removes the key (its default applies again).
 
-    ``finetune.X`` / ``convert.X`` (no variant named) apply to every variant that has that
+    ``finetune.X`` / ``convert.X`` / ``slice.X`` (no variant named) apply to every variant that has that
     section, which is what "make the demo's fine-tune shorter" means; ``models.`` is accepted as a
     spelling of ``variants.``.
     """
@@ -99,7 +99,7 @@ def apply_overrides(raw: dict, overrides: list[str], where: str) -> dict:
         parts, value = parse_override(item)
         if parts[0] == "models":
             parts[0] = "variants"
-        if parts[0] in ("convert", "finetune") and len(parts) >= 2:
+        if parts[0] in ("convert", "slice", "finetune") and len(parts) >= 2:
             variants = raw.get("variants")
             targets = [
                 n for n, v in (variants or {}).items() if isinstance(v, dict) and isinstance(v.get(parts[0]), dict)

@@ -18,11 +18,14 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any
 
+from normswap import declared
 from normswap.convert.config import recipe_fields as convert_recipe_fields
 from normswap.errors import NormswapError
 from normswap.evaluate.config import option_errors as eval_option_errors
 from normswap.evaluate.config import recipe_fields as eval_recipe_fields
 from normswap.finetune.config import option_errors, recipe_fields
+from normswap.slice.config import SliceOptions
+from normswap.slice.config import option_errors as slice_option_errors
 from normswap.study.config import option_errors as study_option_errors
 from normswap.study.config import recipe_fields as study_recipe_fields
 
@@ -67,7 +70,7 @@ TOP = {
         "--trust-remote-code (a recipe cannot grant trust)",
     ),
     "variants": Field(
-        "variants", required=True, help="name -> {convert: ..., finetune: ...}; each becomes a model in the report"
+        "variants", required=True, help="name -> {convert: or slice:, finetune:}; each becomes a model in the report"
     ),
     "eval": Field("section", default=None),
     "report": Field("section", default=None),
@@ -80,6 +83,13 @@ TOP = {
 
 # generated from ConvertOptions, the one declaration of convert's options (also `normswap convert`'s)
 CONVERT = {name: Field(**spec) for name, spec in convert_recipe_fields().items()}
+
+# generated from SliceOptions, the one declaration of slice's options (also `normswap slice`'s); the
+# calibration text and the seed are the recipe's own data and seed, so they are not repeated here
+SLICE_FROM_RECIPE = ("data", "seed")
+SLICE = {
+    name: Field(**spec) for name, spec in declared.recipe_fields(SliceOptions).items() if name not in SLICE_FROM_RECIPE
+}
 
 # generated from FinetuneConfig, the one declaration of the fine-tune's options
 FINETUNE = {name: Field(**spec) for name, spec in recipe_fields().items()}
@@ -100,7 +110,7 @@ REPORT = {
 # device are the recipe's source, data and device)
 STUDY = {name: Field(**spec) for name, spec in study_recipe_fields().items()}
 
-VARIANT_KEYS = ("convert", "finetune", "description")
+VARIANT_KEYS = ("convert", "slice", "finetune", "description")
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -247,8 +257,19 @@ def validate(raw, where: str) -> dict:
         for k in spec:
             if k not in VARIANT_KEYS:
                 _unknown(where, key + ".", k, VARIANT_KEYS)
-        if spec.get("convert") is None and spec.get("finetune") is None:
-            _fail(where, key, "needs convert: (e.g. {mode: exact}) and/or finetune: (e.g. {steps: 200})")
+        if spec.get("convert") is None and spec.get("slice") is None and spec.get("finetune") is None:
+            _fail(
+                where,
+                key,
+                "needs convert: (e.g. {mode: exact}) or slice: (e.g. {fraction: 0.25}), and/or finetune: "
+                "(e.g. {steps: 200})",
+            )
+        if spec.get("convert") is not None and spec.get("slice") is not None:
+            _fail(
+                where,
+                key + ".slice",
+                "slice converts the source exactly itself (verified); give a variant convert: or slice:, not both",
+            )
         desc = spec.get("description")
         v = {"description": "" if desc is None else _coerce(where, key + ".description", Field("str"), desc)}
         v["convert"] = (
@@ -259,13 +280,18 @@ def validate(raw, where: str) -> dict:
             if spec.get("finetune") is not None
             else None
         )
+        v["slice"] = _section(where, key + ".slice.", spec["slice"], SLICE) if spec.get("slice") is not None else None
+        for option, why in slice_option_errors(v["slice"]) if v["slice"] is not None else ():
+            _fail(where, f"{key}.slice.{option}", why)
+        if v["slice"] is not None and not 0 < v["slice"]["fraction"] < 1:
+            _fail(where, f"{key}.slice.fraction", f"must be in (0, 1), got {show(v['slice']['fraction'])}")
         ft = v["finetune"]
         for option, why in option_errors(ft) if ft is not None else ():
             _fail(where, f"{key}.finetune.{option}", why)
         resolved_variants[name_s] = v
     names = set(resolved_variants)
     for n, v in resolved_variants.items():
-        if v["convert"] is not None and v["finetune"] is not None and n + HEALED_SUFFIX in names:
+        if built(v) and v["finetune"] is not None and n + HEALED_SUFFIX in names:
             _fail(where, f"variants.{n}{HEALED_SUFFIX}", "clashes with the healed model of variant " + n)
     recipe["variants"] = resolved_variants
 
@@ -297,12 +323,18 @@ def validate(raw, where: str) -> dict:
     return recipe
 
 
+def built(variant: dict) -> bool:
+    """Whether a variant builds a model of its own before any fine-tune (convert: or slice:), so that
+    a fine-tune's output is its ``-healed`` model."""
+    return variant["convert"] is not None or variant.get("slice") is not None
+
+
 def report_names(recipe: dict) -> list[str]:
     """Names of the models in the report, in order: the source, then each variant (its pre-fine-tune
     checkpoint first when shown)."""
     names = [SOURCE_NAME]
     for n, v in recipe["variants"].items():
-        if v["convert"] is not None and v["finetune"] is not None:
+        if built(v) and v["finetune"] is not None:
             if recipe["eval"]["before_finetune"]:
                 names.append(n)
             names.append(n + HEALED_SUFFIX)
@@ -317,6 +349,7 @@ def describe_fields() -> str:
     for title, table in (
         ("top level", TOP),
         ("variants.<name>.convert", CONVERT),
+        ("variants.<name>.slice", SLICE),
         ("variants.<name>.finetune", FINETUNE),
         ("eval", EVAL),
         ("report", REPORT),

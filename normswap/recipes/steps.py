@@ -1,4 +1,4 @@
-"""Run a validated recipe: a list of steps (convert each variant, fine-tune where asked, evaluate
+"""Run a validated recipe: a list of steps (convert or slice each variant, fine-tune where asked, evaluate
 all side by side) run in order, each reporting its progress through one callback.
 
 Layout of the run directory DIR:
@@ -7,8 +7,8 @@ Layout of the run directory DIR:
     DIR/recipe.original.yaml   the recipe file exactly as it was given
     DIR/run.json               status, step timings and fingerprints, the final summary table
     DIR/summary.md             that table as markdown
-    DIR/models/<variant>/      convert's output (or finetune's, for a variant without convert)
-    DIR/models/<variant>-healed/  finetune's output for a variant that converts and fine-tunes
+    DIR/models/<variant>/      convert's or slice's output (or finetune's, for a variant with neither)
+    DIR/models/<variant>-healed/  finetune's output for a variant that converts or slices and fine-tunes
     DIR/report/                normswap eval report: results.json, report.md, report.html, PNGs
     DIR/study/                 with a `study:` section: normswap study of the source (results.json, report.md, ...)
 
@@ -38,7 +38,7 @@ from normswap.private_dirs import why_not_private, why_replaceable
 from normswap.progress import Heartbeat, stderr_lines
 from normswap.publish import atomic_write_text
 from normswap.recipes.loader import LoadedRecipe, dump_recipe
-from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, report_names
+from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, built, report_names
 
 RUN_FILE = "run.json"
 MODELS, REPORT, SUMMARY, STUDY = "models", "report", "summary.md", "study"
@@ -129,6 +129,45 @@ class ConvertStep(ModelStep):
             )
         say(line)
         return {"mode": summary["mode"], "verification": ver}
+
+
+class SliceStep(ModelStep):
+    """`normswap slice` of the source (converted exactly first, verified) into DIR/models/<variant>,
+    calibrated on the recipe's data (its training split) with the recipe's seed."""
+
+    kind = "slice"
+
+    def _options(self, ctx: Context) -> dict:
+        return {**self.options, "data": ctx.recipe["data"], "seed": ctx.recipe["seed"]}
+
+    def fingerprint(self, ctx: Context) -> str:
+        return _fingerprint(
+            {"step": "slice", "input": ctx.models[self.source].fingerprint, "options": self._options(ctx)}
+        )
+
+    def complete(self, ctx: Context) -> bool:
+        return (self.target(ctx) / "slice.json").is_file()  # slice publishes the whole directory at once
+
+    def run(self, ctx: Context) -> dict:
+        from normswap import declared
+        from normswap.slice import SliceOptions, slice_checkpoint
+
+        o, say = self._options(ctx), lambda m: ctx.say(f"slice {self.produces}: {m}")
+        say(f"deleting {o['fraction']:.0%} of the residual stream's width ({o['basis']} basis)")
+        summary = slice_checkpoint(
+            ctx.models[self.source].spec,
+            self.target(ctx),
+            declared.build(SliceOptions, o),
+            force=True,
+            device=ctx.device,
+            progress=say,
+        )
+        say(
+            f"width {summary['hidden_size']} -> {summary['width']}, parameters {summary['parameters_before']:,} -> "
+            f"{summary['parameters_after']:,}, stream energy kept {summary['kept_energy_total']:.6f}"
+        )
+        keep = ("width", "hidden_size", "fraction", "basis", "parameters_before", "parameters_after")
+        return {k: summary[k] for k in keep} | {"kept_energy_total": summary["kept_energy_total"]}
 
 
 class FinetuneStep(ModelStep):
@@ -332,10 +371,11 @@ def plan_steps(recipe: dict) -> list:
         if v["convert"] is not None:
             steps.append(ConvertStep(name, current, v["convert"]))
             current = name
+        if v.get("slice") is not None:
+            steps.append(SliceStep(name, current, v["slice"]))
+            current = name
         if v["finetune"] is not None:
-            steps.append(
-                FinetuneStep(name + HEALED_SUFFIX if v["convert"] is not None else name, current, v["finetune"])
-            )
+            steps.append(FinetuneStep(name + HEALED_SUFFIX if built(v) else name, current, v["finetune"]))
     if recipe.get("study") is not None:
         steps.append(StudyStep(recipe["study"]))
     return steps + [EvalStep(report_names(recipe))]
@@ -395,7 +435,7 @@ def check_evaluation(recipe: dict) -> None:
 
 
 def run_dir_problem(out: Path) -> str | None:
-    """Why DIR may not be run into or resumed, or None (issue #39: a run reads back what it wrote).
+    """Why DIR may not be run into or resumed, or None (a run reads back what it wrote).
 
     DIR must be ours alone, with no directory above it another user can replace; each name a run
     writes (OWNED), each model under models/ and each file directly in a model or in report/ must

@@ -3,7 +3,7 @@
 Each row: the claim, a verdict (reproduced / not reproduced / not measurable here), the lines
 measured for each compared model against the baseline, and what they mean — so a user sees what
 the swap buys on *their* model and hardware (often: little end to end, because norms are a small
-share of the work). Timed verdicts come from the ratios' intervals (normswap/evaluate/stats.py):
+share of the work). Timed verdicts come from the ratios' intervals (normswap/stats/verdicts.py):
 a claim is reproduced only when its whole interval meets it, and refuted only when none of it does, and
 neither when the run's null control says the machine was too noisy to tell (the same rule that
 decides a report's colours).
@@ -11,16 +11,9 @@ decides a report's colours).
 
 from __future__ import annotations
 
-from normswap.evaluate.stats import (
-    TOO_NOISY,
-    claim_verdict,
-    fmt_interval,
-    intervals_of,
-    measurable,
-    throughput_method,
-    undecided,
-)
-from normswap.report.verdicts import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
+from normswap.evaluate.speed_intervals import fmt_interval, intervals_of, throughput_method
+from normswap.report.claim_words import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
+from normswap.stats.verdicts import TOO_NOISY, claim_verdict, measurable, undecided
 
 # The quoted figures: at least 10 % more tokens/s; at least 7 % less time inside the norms.
 THROUGHPUT_CLAIM = 1.10

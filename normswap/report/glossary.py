@@ -6,7 +6,7 @@ docs/ to know what a "paired interval" or an "Amdahl bound" is.
 
 from __future__ import annotations
 
-from normswap.evaluate.stats import NO_DIFFERENCE, NULL_DELTA, TOO_NOISY
+from normswap.stats.verdicts import NO_DIFFERENCE, NULL_BAND, TOO_NOISY
 
 TERMS: dict[str, str] = {
     "paired interval": (
@@ -34,7 +34,7 @@ TERMS: dict[str, str] = {
         "alone does; a difference is only a difference when it lies outside the null control's."
     ),
     TOO_NOISY: (
-        f"The null control itself moved by more than ±{NULL_DELTA * 100:.0f} % (or its study band): the machine was "
+        f"The null control itself moved by more than ±{NULL_BAND * 100:.0f} % (or its study band): the machine was "
         "too busy during the run to tell a speed difference from noise, so no speed verdict is given."
     ),
     "norm share": (

@@ -5,6 +5,8 @@ is never coloured or drawn solid."""
 
 from __future__ import annotations
 
+from normswap.stats.verdicts import contains
+
 
 def change_interval(m: dict, key: str) -> dict | None:
     """The interval of a model's quality change against the baseline (``perplexity``,
@@ -21,4 +23,4 @@ def difference_resolved(m: dict, key: str) -> bool:
     its interval excludes it, or when the run recorded no interval (older results: the exact number
     decides, as before)."""
     iv = change_interval(m, key)
-    return iv is None or not (iv["low"] <= 1.0 <= iv["high"])
+    return iv is None or not contains(iv, 1.0)

@@ -8,7 +8,7 @@ import base64
 import html
 from pathlib import Path
 
-from normswap.report.verdicts import VERDICT_CLASS
+from normswap.report.claim_words import VERDICT_CLASS
 
 CSS = """
 :root{--fg:#1f2328;--muted:#656d76;--line:#d8dee4;--bg:#f6f8fa;--accent:#4c6ef5;--good:#1a7f37;--bad:#cf222e}

@@ -172,7 +172,8 @@ class Bar:
 def throughput_bars(results) -> tuple[list[Bar], float]:
     """The ratio chart's bars and its axis top. The axis is sized to the bars and every whisker up to
     ``CLIP_AT`` × the tallest bar; whiskers above it are clipped (``clipped``) and marked."""
-    from normswap.evaluate.stats import intervals_of, measurable
+    from normswap.evaluate.speed_intervals import intervals_of
+    from normswap.stats.verdicts import measurable
 
     models = [
         m
@@ -257,7 +258,7 @@ def draw_ratio_bars(ax, results, c: dict, width: float) -> bool:
     ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
     ax.set_ylim(0, top)
     ax.set_ylabel(f"tokens/s relative to {results.get('baseline')}")
-    from normswap.evaluate.stats import INTERVAL_WORDS, throughput_pairs
+    from normswap.evaluate.speed_intervals import INTERVAL_WORDS, throughput_pairs
 
     how = (
         f"median per-pair ratio, whiskers: {INTERVAL_WORDS}"
@@ -353,8 +354,9 @@ class ShareBar:
 def norm_share_rows(results) -> list[ShareBar]:
     """Every model's norm share with its per-repeat range, and the null control's beside them (its
     spread is what noise alone did). A model whose norm time is no measured difference against the
-    baseline (stats.py's rule, null control included) is drawn hatched."""
-    from normswap.evaluate.stats import intervals_of, measurable
+    baseline (normswap/stats/verdicts.py's rule, null control included) is drawn hatched."""
+    from normswap.evaluate.speed_intervals import intervals_of
+    from normswap.stats.verdicts import measurable
 
     c = colors(results)
     null = results.get("null_control")
@@ -384,7 +386,7 @@ def norm_share_rows(results) -> list[ShareBar]:
 
 def norm_share_title(results) -> str:
     """What the bars and whiskers are, and how much the null control moved the norm time."""
-    from normswap.evaluate.stats import fmt_interval
+    from normswap.evaluate.speed_intervals import fmt_interval
 
     spread = ((results.get("speed_noise") or {}).get("null_spread") or {}).get("norm_ms_per_forward")
     ranged = any(r.low is not None for r in norm_share_rows(results))
@@ -403,7 +405,7 @@ def norm_share_title(results) -> str:
 
 
 def _noisy(results) -> list[str]:
-    from normswap.evaluate.stats import noisy_kinds
+    from normswap.evaluate.speed_intervals import noisy_kinds
 
     return noisy_kinds(results)
 
@@ -535,3 +537,70 @@ def range_bars(ax, rows, *, ylabel: str, fmt: str = "{:.1f}%") -> None:
     ax.set_ylim(0, max(top * 1.2, 1e-9))
     ax.set_ylabel(ylabel)
     style_axes(ax)
+
+
+SLICE_BASES = (("pca", "one rotation (PCA)"), ("per-layer", "per layer (SliceGPT)"), ("random", "random rotation"))
+
+
+def slice_curve_plot(results, out: Path) -> Path | None:
+    """Perplexity before healing (left) and speed (right) against the share of the stream's width
+    deleted, from results' ``slice_curve`` (docs/results-schema.md): a line per basis and model with the
+    original's perplexity as a dashed line; speed ratios as dots with their intervals, one colour a
+    kind. None when the results hold no curve."""
+    curve = results.get("slice_curve") if isinstance(results, dict) else None
+    if not curve or not curve.get("perplexity"):
+        return None
+    speed = curve.get("speed") or []
+    fig, axes = plt.subplots(1, 2 if speed else 1, figsize=(9.6 if speed else 5.2, 3.6), squeeze=False)
+    ax = axes[0][0]
+    c = palette(name for name, _ in SLICE_BASES)
+    styles = ["-", "--", ":", "-."]
+    for i, row in enumerate(curve["perplexity"]):
+        points = sorted(row["points"], key=lambda p: p["fraction"])
+        for basis, label in SLICE_BASES:
+            pts = [(p["fraction"], p["perplexity"].get(basis)) for p in points]
+            pts = [(x, y) for x, y in pts if isinstance(y, (int, float))]
+            if pts:
+                ax.plot(
+                    [100 * x for x, _ in pts],
+                    [y for _, y in pts],
+                    color=c[basis],
+                    linestyle=styles[i % len(styles)],
+                    marker="o",
+                    markersize=4,
+                    label=f"{row['model']}: {label}",
+                )
+        if isinstance(row.get("original"), (int, float)):
+            ax.axhline(row["original"], color="#868e96", linewidth=1, linestyle=styles[i % len(styles)])
+    log_if_wide(ax, [p["perplexity"].get(b) for r in curve["perplexity"] for p in r["points"] for b, _ in SLICE_BASES])
+    ax.set_xlabel("width deleted (%)")
+    ax.set_ylabel("perplexity before healing (held-out)")
+    ax.set_title("perplexity against the fraction sliced (grey: the original)", fontsize=10)
+    ax.legend(fontsize=7, frameon=False)
+    style_axes(ax)
+    if speed:
+        ax = axes[0][1]
+        kinds = palette(dict.fromkeys(s["kind"] for s in speed))
+        for s in speed:
+            x = 100 * s["fraction"]
+            ax.plot([x, x], [s["low"], s["high"]], color=kinds[s["kind"]], linewidth=2.2, solid_capstyle="butt")
+            ax.plot([x], [s["ratio"]], marker="o", markersize=6, color=kinds[s["kind"]])
+            ax.annotate(
+                f"{s['kind']} ×{s['ratio']:.2f} vs {s['baseline']}",
+                (x, s["ratio"]),
+                xytext=(6, 0),
+                textcoords="offset points",
+                fontsize=7,
+                va="center",
+            )
+        bounds = sorted({(s["fraction"], s["flop_bound"]) for s in speed if s.get("flop_bound")})
+        if bounds:
+            ax.plot([100 * f for f, _ in bounds], [b for _, b in bounds], "k+", markersize=9, label="FLOP bound")
+            ax.legend(fontsize=7, frameon=False)
+        ax.axhline(1.0, color="#868e96", linewidth=1, linestyle="--")
+        ax.set_xlim(0, 60)
+        ax.set_xlabel("width deleted (%)")
+        ax.set_ylabel("speed ÷ baseline's (>1 faster)")
+        ax.set_title("speed of the sliced model, 95 % intervals", fontsize=10)
+        style_axes(ax)
+    return save_figure(fig, out / "slice_curve.png")

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from normswap import timing
-from normswap.evaluate.stats import (
-    MIN_REPEATS,
-    NO_DIFFERENCE,
-    NULL_DELTA,
-    TOO_NOISY,
+from normswap.evaluate.speed_intervals import (
     fmt_interval,
     intervals_of,
-    measurable,
     noisy_kinds,
     throughput_method,
     throughput_pairs,
-    undecided,
 )
 from normswap.report import encoders
 from normswap.report import page as kit
@@ -25,6 +18,7 @@ from normswap.report.glossary import glossary
 from normswap.report.intervals import change_interval, difference_resolved
 from normswap.report.page import escape
 from normswap.report.tables import html_table, markdown_table, signed_percent
+from normswap.stats.verdicts import MIN_PAIRS, MIN_REPEATS, NO_DIFFERENCE, NULL_BAND, TOO_NOISY, measurable, undecided
 
 UNDECIDED = (NO_DIFFERENCE, TOO_NOISY)
 
@@ -88,7 +82,7 @@ def exact_state(ratio, *, lower_better: bool, tol: float) -> str:
 
 
 def timed_state(iv) -> str:
-    """For speed ratios: a colour only when the per-repeat interval excludes 1 (stats.py)."""
+    """For speed ratios: a colour only when the per-repeat interval excludes 1 (normswap/stats/verdicts.py)."""
     if not measurable(iv):
         return "same"
     return "good" if iv["verdict"] == "higher" else "bad"
@@ -122,7 +116,7 @@ def load_averages(noise: dict) -> tuple[float, float] | None:
 
 def noise_banner(results) -> str | None:
     """The one prominent line a report shows when its null control says the machine was too busy to
-    tell a speed difference from noise (evaluate/stats.py: the rule), else None."""
+    tell a speed difference from noise (normswap/stats/verdicts.py: the rule), else None."""
     noisy = noisy_kinds(results)
     if not noisy:
         return None
@@ -142,7 +136,7 @@ def noise_banner(results) -> str | None:
     )
     return (
         f"This machine was too noisy to tell speed differences: the null control ({null_name}, timed like the others) "
-        f"ranged {'; '.join(parts)} against the baseline, outside ±{NULL_DELTA * 100:.0f} %, "
+        f"ranged {'; '.join(parts)} against the baseline, outside ±{NULL_BAND * 100:.0f} %, "
         f"so {which} is called faster "
         f"or slower and none is coloured.{load} Re-run on a quieter machine to tell."
     )
@@ -311,9 +305,9 @@ def table_notes(results) -> list[str]:
     column is empty."""
     notes = []
     if speed_compared(results):
-        rule = (  # the rule each kind of result was judged by (normswap/timing.py verdict; stats.interval)
+        rule = (  # the rule each kind of result was judged by (normswap/stats/verdicts.py)
             f"a ratio whose bracket does not lie further from 1 than the null control's reaches, or that rests "
-            f"on fewer than {timing.MIN_PAIRS} pairs"
+            f"on fewer than {MIN_PAIRS} pairs"
             if throughput_pairs(results)
             else f"a ratio whose range contains 1 or the null control's, or that rests on fewer than "
             f"{MIN_REPEATS} repeats"
@@ -361,8 +355,7 @@ def null_control_note(results) -> str:
     return (
         f"Null control: {null['name']} against {null['of']}: {shown}. "
         "A ratio is coloured only when this range stays within "
-        f'±{NULL_DELTA * 100:.0f} % for its kind (else "{TOO_NOISY}") and the ratio\'s own range lies outside it.'
-        + load
+        f'±{NULL_BAND * 100:.0f} % for its kind (else "{TOO_NOISY}") and the ratio\'s own range lies outside it.' + load
     )
 
 

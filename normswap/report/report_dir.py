@@ -36,7 +36,13 @@ def _json_default(o):
 def all_plots(results, out: Path) -> dict[str, Path]:
     """Every figure the results call for, by key (a plot with nothing to show returns None)."""
     from normswap.report.encoders import fidelity_plot
-    from normswap.report.plots import activation_plot, finetune_plot, perplexity_plot, throughput_plot
+    from normswap.report.plots import (
+        activation_plot,
+        finetune_plot,
+        perplexity_plot,
+        slice_curve_plot,
+        throughput_plot,
+    )
 
     made = {}
     for key, fn in (
@@ -45,6 +51,7 @@ def all_plots(results, out: Path) -> dict[str, Path]:
         ("throughput", throughput_plot),
         ("finetune_loss", finetune_plot),
         ("activations", activation_plot),
+        ("slice_curve", slice_curve_plot),
     ):
         path = fn(results, Path(out))
         if path is not None:

@@ -2,7 +2,7 @@
 
 Why: ``eval render`` works on a file it received (or one edited by hand); rendered unchecked, a
 wrongly typed value ends deep in the renderer as ``AttributeError: 'str' object has no attribute
-'get'``, ``KeyError: 'name'`` or matplotlib's ``Axis limits cannot be NaN`` (issue #39). So the keys
+'get'``, ``KeyError: 'name'`` or matplotlib's ``Axis limits cannot be NaN``. So the keys
 the report reads are declared here as data (docs/results-schema.md describes them) and checked
 first; a file that does not fit is refused in one line that says which key and what was expected.
 
@@ -76,6 +76,11 @@ RESULTS = {
     "title": "str",
     "recipe": "object",
     "figures": ("object of", "str"),
+    # perplexity and speed against the fraction sliced (`normswap bench slice --quality`, docs/results-schema.md)
+    "slice_curve": {
+        "perplexity": ("list of", {"model": "str", "original": "number", "points": "list"}),
+        "speed": ("list of", {"fraction": "number", "kind": "str", "baseline": "str", "ratio": "number"}),
+    },
 }
 
 REQUIRED = {"models", "models[].name"}

@@ -9,7 +9,8 @@ from __future__ import annotations
 import html
 import textwrap
 
-from normswap.evaluate.stats import INTERVAL_WORDS, NO_DIFFERENCE, TOO_NOISY
+from normswap.evaluate.speed_intervals import INTERVAL_WORDS
+from normswap.stats.verdicts import NO_DIFFERENCE, TOO_NOISY
 
 # A terminal's width: tables printed on one wrap their widest cells to fit it (an 80-column
 # terminal still wraps whole lines, but never a 312-character row into unreadable shards).

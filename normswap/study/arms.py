@@ -23,7 +23,7 @@ initialised per seed. ``build_arm`` turns the starting LayerNorm model into one 
   without warmup, config.ARM_SCHEDULE) and ``rmsnorm-keep-gamma`` (trained checkpoints: the trained
   γ stays on each RMSNorm instead of being reset to 1; from scratch γ = 1 either way).
 
-Kernels and precision (study/kernels.py): every RMSNorm computes with the implementation the
+Kernels and precision (study/norm_impl.py): every RMSNorm computes with the implementation the
 study chose (``--kernels``: ``torch``'s ``F.rms_norm``, ``normswap``'s module, or under ``best``
 whichever was fastest here); the LayerNorms always run PyTorch's fused ``F.layer_norm``. Under
 ``--precision bf16|fp16`` every norm computes in that dtype (not only autocast around it).
@@ -39,7 +39,7 @@ import torch
 
 from normswap.errors import NormswapError, first_line
 from normswap.modules import RMSNorm
-from normswap.study import kernels
+from normswap.study import norm_impl
 from normswap.study.config import ARMS, BASELINE, CONTROL, DEFAULT_ARMS, PLANTED_LR, TRAINED_DEFAULT, TRAINED_ONLY
 
 FALLBACK_TOKENIZER = "normswap:kjv-gpt2"  # for a bare config: the shipped model's tokenizer
@@ -255,8 +255,8 @@ def build_arm(
         _with_dyt(model, replaced_norms(source))
     elif arm not in (BASELINE, CONTROL, *PLANTED_LR):  # a planted arm is layernorm at another rate
         _convert(model, arm)
-        kernels.use_rms_impl(model, rms_impl or kernels.rms_impl_of(kernel_choice, None))
-    kernels.compute_in(model, precision)
+        norm_impl.use_rms_impl(model, rms_impl or norm_impl.rms_impl_of(kernel_choice, None))
+    norm_impl.compute_in(model, precision)
     model.float().train()
     for p in model.parameters():
         p.requires_grad_(True)

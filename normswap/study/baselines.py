@@ -23,6 +23,8 @@ import math
 import numpy as np
 import torch
 
+from normswap.study.config import StudyConfig
+
 METHOD = (
     "count models of the training tokens the arms read (seed 0's stream): unigram add-½ "
     "(Krichevsky–Trofimov) over the vocabulary; bigram interpolated absolute discounting, d = n1/(n1+2·n2), "
@@ -76,3 +78,10 @@ def ngram_losses(train: torch.Tensor, heldout: torch.Tensor, vocab_size: int) ->
         "heldout_predictions": int(hn.size),
         "method": METHOD,
     }
+
+
+def baseline_losses(source, cfg: StudyConfig, train_split: str, eval_set) -> dict:
+    """The count models' held-out losses (study/baselines.py) on the tokens a seed's arms read."""
+    train = training_blocks(source.tokenizer, cfg.data, cfg.seq_len, cfg.steps * cfg.batch_size, train_split)
+    vocab = int(getattr(source.config, "vocab_size", 0) or len(source.tokenizer))
+    return ngram_losses(train, eval_set, vocab)

@@ -2,7 +2,7 @@
 measured difference as a verdict.
 
 Nothing here judges a claim: the verdicts come from results.json (``claims``, written by
-claim_judges.py) and from each interval's own ``verdict`` (stats.py). This module only says them in
+claim_judges.py) and from each interval's own ``verdict`` (normswap/stats/t_intervals.py). This module only says them in
 plain language, each with the numbers behind it and what would change it, and reads every key
 it does not strictly need with ``.get`` so that an older results.json still renders.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 import statistics
 
-from normswap.evaluate.stats import NO_DIFFERENCE, TOO_NOISY
+from normswap.report.claim_words import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from normswap.report.claims import THROUGHPUT_CLAIM as THROUGHPUT_THRESHOLD  # "10–30 % faster": its lower end
 from normswap.report.tables import grouped
-from normswap.report.verdicts import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
-from normswap.study import stats
+from normswap.stats.t_intervals import fmt_t_interval
+from normswap.stats.verdicts import NO_DIFFERENCE, TOO_NOISY
 
 
 def _num(v):
@@ -114,7 +114,7 @@ def throughput_interval(cmp: dict) -> tuple[dict | None, str]:
 
 
 def _iv(iv, spec, unit=""):
-    return stats.fmt(iv, spec) + unit
+    return fmt_t_interval(iv, spec) + unit
 
 
 def _seeds(iv) -> str:
@@ -302,7 +302,7 @@ def _speed(results, arm) -> dict:
     else:
         says = "training speed was not compared."
         if tr is not None:
-            interval = stats.fmt(tr, ".3f").split(" ", 1)[-1]
+            interval = fmt_t_interval(tr, ".3f").split(" ", 1)[-1]
             says = f"no measurable difference in training speed (×{tr['mean']:.3f} {interval})."
         change = "more seeds or timed steps could resolve a small difference; a ×1.10 one would have shown."
     return {"topic": "speed", "verdict": verdict, "says": says, "evidence": lines, "change": change}
@@ -486,7 +486,7 @@ def _grouped_differences(comparisons: dict, measures) -> list[dict]:
             iv = throughput_interval(cmp)[0] if key == "throughput_ratio" else cmp.get(key)
             if not iv:
                 continue
-            rows.append({"arm": (arm, stats.fmt(iv, spec)), "verdict": _verdict_word(iv, hi, lo)})
+            rows.append({"arm": (arm, fmt_t_interval(iv, spec)), "verdict": _verdict_word(iv, hi, lo)})
         for g in grouped(rows, "arm", ("verdict",)):
             out.append(
                 {

@@ -5,7 +5,7 @@ decided it.
 One judge function per claim (``CLAIMS``): it sees the arm's comparison with layernorm and the
 study's context (``Context``: margin, baselines, null control, precision, sweep) and returns a
 ``Verdict``. A judge that decides by a statistical test gives that test's p-value; ``judge``
-then adjusts every p-value of the study together (Holm's step-down method, stats.holm) and a
+then adjusts every p-value of the study together (Holm's step-down method, holm) and a
 verdict whose adjusted p-value is above α becomes "not measurable here" — so the more arms and
 claims a study judges, the stronger each verdict's evidence must be. Whatever no test decided
 (no interval, a gate that more seeds cannot open) is not in the family. Two rules hold for every
@@ -40,8 +40,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from normswap.stats.levels import ALPHA
+from normswap.stats.multiple_comparisons import holm
+from normswap.stats.t_intervals import fmt_t_interval
 from normswap.study import migration as migration_mod
-from normswap.study import speed, stats
+from normswap.study import speed
 from normswap.study import stability as stability_mod
 
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
@@ -79,7 +82,7 @@ class Context:
     precision: dict | None = None
     train_precision: str = "fp32"
     rules: dict = field(default_factory=dict)
-    alpha: float = stats.ALPHA
+    alpha: float = ALPHA
     loads: tuple = ()  # the machine's recorded load averages (study/speed.py's gate)
     cpus: int | None = None
     stability_sweep: dict | None = None
@@ -94,7 +97,7 @@ def _noise_floor(ctx: Context) -> str:
     ctl = (ctx.control or {}).get("final_eval_loss_difference")
     if not ctl:
         return ""
-    return f"; noise floor (layernorm-control, own data order): {stats.fmt(ctl, '+.4f')} nats"
+    return f"; noise floor (layernorm-control, own data order): {fmt_t_interval(ctl, '+.4f')} nats"
 
 
 def _standard_errors(cmp: dict, margin: float) -> str:
@@ -138,7 +141,7 @@ def equal_loss(cmp: dict, ctx: Context) -> Verdict:
         )
     iv = eq["interval"]
     text = (
-        f"final held-out loss difference {stats.fmt(iv, '+.4f')} nats (margin ±{m:g}; "
+        f"final held-out loss difference {fmt_t_interval(iv, '+.4f')} nats (margin ±{m:g}; "
         f"p(equivalent) {eq['p_equivalent']:.3g}, p(beyond margin) {eq['p_beyond']:.3g})"
         + diverged
         + _standard_errors(cmp, m)
@@ -257,7 +260,7 @@ def judge(comparisons: dict, ctx: Context, control: str) -> list[dict]:
 def adjust(rows: list[dict], alpha: float) -> None:
     """Holm over every row with a p-value: a decided verdict whose adjusted p-value exceeds α is
     "not measurable here" (and open: more seeds could decide it)."""
-    adjusted = stats.holm([r["p_value"] for r in rows], alpha)
+    adjusted = holm([r["p_value"] for r in rows], alpha)
     family = sum(1 for p in adjusted if p is not None)
     for r, p in zip(rows, adjusted):
         r["p_holm"] = p
@@ -269,7 +272,7 @@ def adjust(rows: list[dict], alpha: float) -> None:
         r["group"] = f"{r['claim']} | {r['verdict']} | holm"
 
 
-def multiplicity(rows: list[dict], alpha: float = stats.ALPHA) -> dict:
+def multiplicity(rows: list[dict], alpha: float = ALPHA) -> dict:
     family = sum(1 for r in rows if r.get("p_holm") is not None)
     return {
         "method": "Holm step-down over the claims decided by a test",
@@ -316,7 +319,7 @@ def null_control(ctl: dict | None) -> dict | None:
     return out or None
 
 
-# The equal-loss test's two outcomes, in the words of the instrument check (stats.tost's findings).
+# The equal-loss test's two outcomes, in the words of the instrument check (tost's findings).
 FINDINGS = {"equivalent": "equivalent", "beyond margin": "different", "undecided": "undecided"}
 
 

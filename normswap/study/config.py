@@ -75,7 +75,7 @@ LM_EVAL_OFF = "none"
 # Upper bounds no real study comes near. Each count sizes a list, a file or a buffer before anything
 # runs (seeds × multipliers × arms units are listed, eval_tokens tokens are held, batch_size ×
 # seq_len tokens a step), so an unbounded one turned `seeds: 100000000` in a recipe, on the command
-# line or in a resumed study_run.json into a MemoryError after seconds of listing (issue #29).
+# line or in a resumed study_run.json into a MemoryError after seconds of listing.
 MAX_SEEDS = 1000
 MAX_STEPS = 1_000_000
 MAX_SWEEP = 32  # learning-rate multipliers

@@ -3,7 +3,7 @@
 Every step of a unit has one role (:class:`StepPlan`), the same for every arm:
 
 * ``first`` (step 1): AdamW allocates its moments, kernels warm up; the norms' kernels and dtypes
-  are observed (study/kernels.py ``observe``: labels detected from the autograd graph).
+  are observed (study/norm_impl.py ``observe``: labels detected from the autograd graph).
 * ``memory`` (step 2): the steady-state peak (:class:`PeakMemory`), AdamW's state already there,
   so it is counted once, in ``static_bytes``.
 * ``profile`` (``PROFILE_SAMPLES`` steps spread evenly from step 3, at most one in ``PROFILE_EVERY``):
@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
+
+from normswap.host import load_average as host_load_average
 
 FIRST, MEMORY, PROFILE, TIMED = "first", "memory", "profile", "timed"
 MEMORY_STEP = 2
@@ -298,10 +299,9 @@ class NormTimer:
 
 # ---------------------------------------------------------------------------- one arm's probe
 def load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
+    """The 1-minute load average now (normswap/host.py), None where the OS has none."""
+    loads = host_load_average()
+    return loads[0] if loads else None
 
 
 class ArmProbe:
@@ -320,7 +320,7 @@ class ArmProbe:
 
     @contextlib.contextmanager
     def step(self, t: int):
-        from normswap.study.kernels import observe
+        from normswap.study.norm_impl import observe
 
         role = self.plan.role(t)
         s = _StepState(role)

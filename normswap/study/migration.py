@@ -35,11 +35,12 @@ import statistics
 import torch
 
 from normswap.report.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
+from normswap.stats.bootstrap import two_way_interval
+from normswap.stats.levels import LEVEL
 
 MIN_RATES = 5
 MAX_EXTENSIONS = 2
 BOOTSTRAP = 1000
-LEVEL = 0.95
 MAX_WIDTH = 2.0  # the interval's high ÷ low: at most ×2 (about ×1.41 either side)
 ABLATIONS = {"rmsnorm-approx": "γ kept (folded into the readers) instead of γ = 1: the γ = 1 ablation"}
 
@@ -227,14 +228,16 @@ def analyse(
     point = {a: eta(a, all_seeds, range(n_test)) for a in (base, arm)}
     ratio = math.exp(point[arm] - point[base])
     rng = rng or torch.Generator().manual_seed(0)
-    boots = []
-    for _ in range(BOOTSTRAP):
-        s_idx = torch.randint(len(seeds), (len(seeds),), generator=rng).tolist()
-        b_idx = torch.randint(n_test, (n_test,), generator=rng).tolist()
-        boots.append(eta(arm, s_idx, b_idx) - eta(base, s_idx, b_idx))
-    boots.sort()
-    lo = math.exp(boots[int((1 - LEVEL) / 2 * BOOTSTRAP)])
-    hi = math.exp(boots[min(BOOTSTRAP - 1, int((1 + LEVEL) / 2 * BOOTSTRAP))])
+    lo, hi = (
+        math.exp(b)
+        for b in two_way_interval(
+            lambda s_idx, b_idx: eta(arm, s_idx, b_idx) - eta(base, s_idx, b_idx),
+            len(seeds),
+            n_test,
+            draws=BOOTSTRAP,
+            generator=rng,
+        )
+    )
     return dict(
         out,
         eta_star_multiplier={"baseline": math.exp(point[base]), "arm": math.exp(point[arm])},

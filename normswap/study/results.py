@@ -18,7 +18,9 @@ from __future__ import annotations
 import math
 import statistics
 
-from normswap.study import speed, stats
+from normswap.stats.equivalence import tost
+from normswap.stats.t_intervals import paired_t_interval, standard_error, t_interval
+from normswap.study import speed
 
 timed_seconds = speed.timed_seconds
 
@@ -136,26 +138,26 @@ def compare(
     share_a, share_b = get(lambda u: (u["norm_share"] or {}).get("share"))
     return {
         "seeds": seeds,
-        "final_eval_loss_difference": stats.paired(loss_a, loss_b),
-        "final_eval_loss_equivalence": stats.tost(diffs, margin),
-        "final_eval_loss_relative": stats.interval(list(rel.values())),
+        "final_eval_loss_difference": paired_t_interval(loss_a, loss_b),
+        "final_eval_loss_equivalence": tost(diffs, margin),
+        "final_eval_loss_relative": t_interval(list(rel.values())),
         # over the seeds that finished (a diverged seed has no loss of its own): what the bigram gate reads
         "final_eval_loss_means": {
             "arm": _mean([mine[s]["final_eval_loss"] for s in seeds]),
             "baseline": _mean([theirs[s]["final_eval_loss"] for s in seeds]),
         },
-        "seed_standard_error": stats.standard_error(diffs),
+        "seed_standard_error": standard_error(diffs),
         "heldout_standard_error": heldout_standard_error(mine, theirs, seeds),
-        "throughput_ratio": stats.interval(list(tput.values()), null=1.0),
+        "throughput_ratio": t_interval(list(tput.values()), null=1.0),
         # bootstrap over the timed steps, blocked by seed (study/speed.py)
         "throughput_ratio_bootstrap": speed.bootstrap_ratio(
             {s: speed.step_quotients(mine[s], theirs[s]) for s in seeds}
         ),
-        "cost_at_equal_tokens": stats.interval([1 / v if v else None for v in tput.values()], null=1.0),
-        "peak_memory_ratio": stats.paired(mem_a, mem_b, ratio=True),
-        "peak_memory_difference_bytes": stats.paired(mem_a, mem_b),
-        "instabilities_difference": stats.paired(inst_a, inst_b, exact=True),  # counts: seeds tie
-        "norm_share_difference": stats.paired(share_a, share_b),
+        "cost_at_equal_tokens": t_interval([1 / v if v else None for v in tput.values()], null=1.0),
+        "peak_memory_ratio": paired_t_interval(mem_a, mem_b, ratio=True),
+        "peak_memory_difference_bytes": paired_t_interval(mem_a, mem_b),
+        "instabilities_difference": paired_t_interval(inst_a, inst_b, exact=True),  # counts: seeds tie
+        "norm_share_difference": paired_t_interval(share_a, share_b),
         "diverged": {
             "arm": sum(1 for s in seeds if mine[s]["nonfinite"]),
             "baseline": sum(1 for s in seeds if theirs[s]["nonfinite"]),
@@ -197,7 +199,7 @@ def lm_eval_table(units: dict, arms: list[str], mult: float, base: str = "layern
             mine = {int(s): _metrics(v) for s, v in row["per_seed"].items()}
             names = sorted({k for v in mine.values() for k in v})
             row["differences"] = {
-                name: stats.paired(
+                name: paired_t_interval(
                     {s: v.get(name) for s, v in mine.items()}, {s: v.get(name) for s, v in base_metrics.items()}
                 )
                 for name in names
@@ -220,7 +222,7 @@ def sweep(units: dict, arms: list[str], mults: list[float], base: str) -> dict |
     best = {arm: min(mults, key=lambda m: mean_loss(arm, m)) for arm in arms}
 
     def vs_best(arm, m):
-        return stats.paired(
+        return paired_t_interval(
             _per_seed(units, arm, m, lambda u: u["final_eval_loss"]),
             _per_seed(units, arm, best[arm], lambda u: u["final_eval_loss"]),
         )

@@ -9,13 +9,13 @@
   order, and time on the machine), steps within a seed are not, so steps never stand in for seeds.
 * **Amdahl bound** (:func:`amdahl_bound`): the most the swap could speed a step up, from the
   baseline's measured norm share ``s`` (profiled steps, study/measure.py) and the kernel speed-up
-  ``k`` of the arm's norm over the baseline's (timed side by side, study/kernels.py):
+  ``k`` of the arm's norm over the baseline's (timed side by side, study/norm_impl.py):
   ``1 / ((1 − s) + s / k)``. Below the claim's threshold the claim cannot be reproduced by the
   swap on this model and machine, whatever the timings say: "not measurable here".
 * **Gates** (:func:`throughput_verdict`), before any verdict: the machine's recorded load
   (1-minute load average, sampled at every profiled step) above its CPU count, or the null
   control (layernorm-control against layernorm: identical arms) outside normswap's null band
-  (normswap/evaluate/stats.py ``null_is_tight``: the same rule and words as ``normswap eval``'s
+  (normswap/stats/verdicts.py ``null_is_tight``: the same rule and words as ``normswap eval``'s
   speed verdicts) — "too noisy to tell", and no verdict.
 * Then: reproduced when the interval's low end reaches the threshold, not reproduced when its
   high end stays below it, else not measurable here.
@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import math
 
-from normswap.evaluate.stats import NULL_DELTA, TOO_NOISY, null_is_tight
+from normswap.host import load_average
 from normswap.report.claims import THROUGHPUT_CLAIM
+from normswap.stats.bootstrap import seed_blocked_median_interval
+from normswap.stats.levels import LEVEL
+from normswap.stats.verdicts import NULL_BAND, TOO_NOISY, null_is_tight, null_within_band
 
 LEGACY_UNTIMED = 2  # results written before study/measure.py's plan: steps 1 and 2 untimed
 BOOTSTRAP_DRAWS = 2000
-LEVEL = 0.95
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
 METHOD = (
     "median of the per-step paired quotients (baseline seconds / arm seconds, timed steps only); "
@@ -60,32 +62,12 @@ def step_quotients(unit: dict, base: dict) -> list[float]:
 def bootstrap_ratio(per_seed: dict, *, draws: int = BOOTSTRAP_DRAWS, rng_seed: int = 0) -> dict | None:
     """``{median, low, high, repeats, seeds, method}`` from ``{seed: [paired quotients]}``; None
     without any quotient. ``repeats``: the number of quotients (the key ``null_is_tight`` reads)."""
-    import numpy as np
-
-    blocks = [np.asarray(q, dtype=np.float64) for q in per_seed.values() if q]
-    if not blocks:
+    iv = seed_blocked_median_interval(per_seed, draws=draws, seed=rng_seed)
+    if iv is None:
         return None
-    rng = np.random.default_rng(rng_seed)
-    pooled = np.concatenate(blocks)
-    lengths = np.array([len(b) for b in blocks])
-    table = np.full((len(blocks), lengths.max()), np.nan)
-    for i, b in enumerate(blocks):
-        table[i, : len(b)] = b
-    # every draw at once: seeds drawn with replacement, then as many steps as the drawn seed has,
-    # drawn with replacement from it (positions past a shorter seed's length stay NaN, ignored)
-    picked = rng.integers(len(blocks), size=(draws, len(blocks)))
-    n = lengths[picked][..., None]
-    steps = np.floor(rng.random((draws, len(blocks), lengths.max())) * n).astype(np.int64)
-    values = table[picked[..., None], steps]
-    values[np.arange(lengths.max()) >= n] = np.nan
-    stats = np.nanmedian(values.reshape(draws, -1), axis=1)
-    lo, hi = np.percentile(stats, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
-    return {
-        "median": float(np.median(pooled)),
-        "low": float(lo),
-        "high": float(hi),
-        "repeats": int(pooled.size),
-        "seeds": len(blocks),
+    return {k: iv[k] for k in ("median", "low", "high")} | {
+        "repeats": iv["samples"],
+        "seeds": iv["seeds"],
         "method": METHOD,
     }
 
@@ -124,26 +106,17 @@ def busy(loads: list, cpus: int | None) -> float | None:
 
 
 def _null_within(control_iv: dict | None) -> bool:
-    """The null rule of the instrument that measured ``control_iv``: normswap.timing's band for the
-    timing phase, evaluate/stats.py's for the interleaved steps of one process."""
+    """The null rule of the instrument that measured ``control_iv``: the band alone for the timing
+    phase's interval, ``null_is_tight`` (enough samples, then the band) for the interleaved steps of
+    one process; both normswap/stats/verdicts.py."""
     if control_iv and control_iv.get("instrument") == "normswap.timing.compare":
-        from normswap import timing
-
-        return timing.null_within_band(control_iv["low"], control_iv["high"])
+        return null_within_band(control_iv["low"], control_iv["high"])
     return null_is_tight(control_iv)
-
-
-def _null_band(control_iv: dict | None) -> float:
-    if control_iv and control_iv.get("instrument") == "normswap.timing.compare":
-        from normswap import timing
-
-        return timing.NULL_BAND
-    return NULL_DELTA
 
 
 def control_gate(control_iv: dict | None) -> dict:
     """Whether the null control says this machine could tell (the measuring instrument's null rule)."""
-    return {"band": _null_band(control_iv), "interval": control_iv, "within": _null_within(control_iv)}
+    return {"band": NULL_BAND, "interval": control_iv, "within": _null_within(control_iv)}
 
 
 def use_speed_phase(comparisons: dict, phase: dict) -> dict:
@@ -200,7 +173,7 @@ def throughput_verdict(
     if g["busy_load"] is not None:
         noise.append(f"load average {g['busy_load']:.2f} on {cpus} CPUs")
     if g["control_within"] is False:
-        noise.append(f"the null control is not within ±{_null_band(control_iv):.0%} of 1")
+        noise.append(f"the null control is not within ±{NULL_BAND:.0%} of 1")
     reasons = []
     if g["amdahl_below_claim"]:
         reasons.append(f"even the measured norm share at the measured kernel speed-up cannot give ×{threshold:.2f}")
@@ -229,3 +202,9 @@ def add_amdahl(comparisons: dict, baseline_units: list[dict], kernel_setup: dict
         cmp["amdahl_bound"] = amdahl_bound((share or {}).get("share"), k)
         cmp["amdahl_inputs"] = {"baseline_norm_share": share, "kernel_speedup": k}
     return share
+
+
+def recorded_loads(load_start, units: dict) -> list[float]:
+    """The 1-minute load averages recorded so far (at the start, now, and by each unit): speed.py's gate."""
+    loads = [load_start, load_average()] + [v for u in units.values() for v in (u.get("load") or [])]
+    return [v[0] if isinstance(v, list) else v for v in loads if v is not None]

@@ -29,7 +29,7 @@ held-out spike rate only where the largest stable rate has no number in some see
 censored: nothing diverged), and the diverged-run count is reported beside them. One deciding
 number keeps the claim a single test (no best-of-three), and its p-value joins the study's Holm
 family. These are coarse outcomes (whole sweep steps, counts) on which seeds often tie, so a
-difference needs both the t-interval and the exact sign-flip test (stats.interval ``exact``): n
+difference needs both the t-interval and the exact sign-flip test (t_interval ``exact``): n
 seeds that all agree give p = 2/2ⁿ, so a verdict takes at least 6 seeds (p = 0.031) — two seeds that
 agree are not evidence, however narrow their t-interval.
 """
@@ -43,7 +43,7 @@ import statistics
 import torch
 
 from normswap.report.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
-from normswap.study import stats
+from normswap.stats.t_intervals import fmt_t_interval, t_interval
 from normswap.study.interleaved import autocast_for
 from normswap.study.study_dir import unit_key
 
@@ -359,9 +359,9 @@ def compare(units: dict, arm: str, base: str, seeds: list[int], cfg) -> dict:
     return {
         "seeds": list(seeds),
         "rate_factor": RATE_FACTOR,
-        "largest_stable_steps_difference": stats.interval(list(levels.values()), exact=True),
-        "diverged_runs_difference": stats.interval(list(divs.values()), exact=True),
-        "heldout_spike_rate_difference": stats.interval(list(spikes.values()), exact=True),
+        "largest_stable_steps_difference": t_interval(list(levels.values()), exact=True),
+        "diverged_runs_difference": t_interval(list(divs.values()), exact=True),
+        "heldout_spike_rate_difference": t_interval(list(spikes.values()), exact=True),
     }
 
 
@@ -394,8 +394,8 @@ def judge(cmp: dict | None, precision: str, norm_dtypes: list[str] | None = None
     )
     text = (
         f"stability sweep in {precision}, RMSNorm − LayerNorm paired by seed: largest stable rate "
-        f"{stats.fmt(lv, '+.2f')} steps of ×{cmp['rate_factor']:g}, diverged runs {stats.fmt(dv, '+.2f')}, "
-        f"held-out spike rate {stats.fmt(sp, '+.3f')}"
+        f"{fmt_t_interval(lv, '+.2f')} steps of ×{cmp['rate_factor']:g}, diverged runs {fmt_t_interval(dv, '+.2f')}, "
+        f"held-out spike rate {fmt_t_interval(sp, '+.3f')}"
     )
     if precision == "fp32":
         return (

@@ -34,7 +34,8 @@ from normswap.report.page import (
 )
 from normswap.report.plots import interval_dots, log_if_wide, palette, plt, range_bars, save_figure, style_axes
 from normswap.report.tables import TERMINAL_WIDTH, html_table, markdown_table, text_table
-from normswap.study import migration, stats
+from normswap.stats.t_intervals import PAIRED_BY_SEED_METHOD, fmt_t_interval
+from normswap.study import migration
 from normswap.study.bottom_line import (
     bottom_line,
     claim_groups,
@@ -319,7 +320,7 @@ def comparison_rows(results) -> tuple[list[str], list[list[str]]]:
         ("instabilities_difference", "+.2f"),
         ("norm_share_difference", "+.3f"),
     )
-    rows = [[arm] + [stats.fmt(c.get(k), spec) for k, spec in keys] for arm, c in results["comparisons"].items()]
+    rows = [[arm] + [fmt_t_interval(c.get(k), spec) for k, spec in keys] for arm, c in results["comparisons"].items()]
     if any(c.get("amdahl_bound") is not None for c in results["comparisons"].values()):
         from normswap.study.bottom_line import amdahl_bound
 
@@ -421,7 +422,7 @@ def sweep_lines(results) -> list[str]:
         else:  # a results.json from before the fitted η* (rule multiplier against the swept best)
             lines.append(
                 f"{arm}: gradient-scale ratio {r['grad_scale_ratio']:.3f} → swept ×{r.get('rule_multiplier')}; "
-                f"best ×{r.get('arm_best_multiplier')}; pick − best {stats.fmt(r.get('rule_vs_best'), '+.4f')}"
+                f"best ×{r.get('arm_best_multiplier')}; pick − best {fmt_t_interval(r.get('rule_vs_best'), '+.4f')}"
             )
     return lines
 
@@ -441,7 +442,7 @@ def null_control_line(results) -> str | None:
     vals = ", ".join(f"{v:.3f}" for v in nc["per_seed"])
     b = nc.get("bootstrap")
     interval = (
-        f"bootstrap {b['median']:.3f} [{b['low']:.3f}, {b['high']:.3f}]" if b else stats.fmt(nc["interval"], ".3f")
+        f"bootstrap {b['median']:.3f} [{b['low']:.3f}, {b['high']:.3f}]" if b else fmt_t_interval(nc["interval"], ".3f")
     )
     return (
         f"throughput null control ({results.get('control')} ÷ {results.get('baseline')}, interleaved): "
@@ -549,7 +550,7 @@ def markdown(results, figures: dict) -> str:
     ncl = null_control_line(results)
     if ncl:
         out += [f"- {ncl}"]
-    out += [f"- statistics: {results['setup'].get('statistics', stats.METHOD)}", ""]
+    out += [f"- statistics: {results['setup'].get('statistics', PAIRED_BY_SEED_METHOD)}", ""]
     lm = lm_eval_rows(results)
     if lm:
         out += ["## Downstream (lm-eval, one seed's final model per arm)", ""] + markdown_table(*lm) + [""]
@@ -611,7 +612,12 @@ def html_report(results, figures: dict) -> str:
     header, rows = comparison_rows(results)
     parts.append("<h2>Differences from the baseline</h2>" + html_table(header, rows))
     notes = [
-        n for n in (null_control_line(results), "statistics: " + results["setup"].get("statistics", stats.METHOD)) if n
+        n
+        for n in (
+            null_control_line(results),
+            "statistics: " + results["setup"].get("statistics", PAIRED_BY_SEED_METHOD),
+        )
+        if n
     ]
     parts.append(html_notes(notes))
     lm = lm_eval_rows(results)

@@ -1,4 +1,5 @@
-"""How sure a speed ratio is, and the verdict it allows, as results.json stores them.
+"""Speed ratios' intervals as results.json stores them (``ratio_intervals``), and how a report says
+how they were made.
 
 Throughput ratios (forward, train step, prefill, decode, generate) come from normswap's one timing
 instrument, normswap/timing.py: interleaved pairs, the median of per-pair ratios with a bootstrap
@@ -13,35 +14,25 @@ The time in norm layers (``norm_ms_per_forward``) is timed by the same instrumen
 ``norms``: the norm layers replaying one forward's calls), but it is a time, not a speed: its
 interval is the instrument's speed interval turned over (time ratio = 1 / speed ratio, so lower is
 less time; verdict ``lower`` for the instrument's faster). Results written before that have
-per-repeat samples of hooked forwards instead, and are read under the rule this module kept from
-before the instrument (also how results.json files written before the instrument are read,
-:func:`interval`): a difference needs at least ``MIN_REPEATS`` repeats, an interval that excludes 1
-and the null control's, and the null control within [1 − ``NULL_DELTA``, 1 + ``NULL_DELTA``]
-(else "too noisy to tell").
-
-``NULL_DELTA`` is the instrument's ``NULL_BAND`` (±2 %): one band for every verdict normswap prints.
+per-repeat samples of hooked forwards instead, read under the min–max rule of
+normswap/stats/verdicts.py (``min_max_interval``), as results.json files written before the
+instrument are.
 """
 
 from __future__ import annotations
 
-import statistics
-
 from normswap import timing
+from normswap.stats.levels import LEVEL
+from normswap.stats.verdicts import FASTER, SLOWER, UNCONTROLLED, min_max_interval
 
-MIN_REPEATS = 5
-NULL_DELTA = timing.NULL_BAND
 METHOD = (
     f"throughput: {timing.METHOD}; time in norms: the same instrument on the norm layers replaying one "
     "forward's calls, as a time ratio (the speed ratio turned over)"
 )
-NO_DIFFERENCE = timing.NO_DIFFERENCE
-TOO_NOISY = timing.TOO_NOISY
-# ``null`` of interval(): no null control in this run (results from before it existed)
-UNCONTROLLED = None
 # the throughput kinds (speed.py's ``paired``, or the raw per-repeat samples of older results)
 SAMPLED = ("forward", "train_step", "generate", "prefill", "decode")
 # the instrument's words for a speed ratio, in the results schema's words for a ratio to the baseline
-_SCHEMA_WORD = {timing.FASTER: "higher", timing.SLOWER: "lower"}
+_SCHEMA_WORD = {FASTER: "higher", SLOWER: "lower"}
 
 
 def paired_interval(entry: dict | None) -> dict | None:
@@ -60,7 +51,7 @@ def paired_interval(entry: dict | None) -> dict | None:
 
 
 # the instrument's words for a speed ratio, in the words for the time ratio it turns into
-_TIME_WORD = {timing.FASTER: "lower", timing.SLOWER: "higher"}
+_TIME_WORD = {FASTER: "lower", SLOWER: "higher"}
 
 
 def paired_time_interval(entry: dict | None) -> dict | None:
@@ -71,53 +62,6 @@ def paired_time_interval(entry: dict | None) -> dict | None:
         return None  # a speed ratio is positive: anything else (a hand-edited file) has no time ratio
     low, high, median = 1 / iv["high"], 1 / iv["low"], 1 / iv["median"]
     return iv | {"low": low, "high": high, "median": median, "verdict": _TIME_WORD.get(entry["verdict"], iv["verdict"])}
-
-
-def paired_ratios(samples, base_samples) -> list[float]:
-    """Per-repeat ratios sample[r] / base[r] over the repeats both have."""
-    return [a / b for a, b in zip(samples or [], base_samples or []) if a is not None and b]
-
-
-def judged(iv: dict) -> bool:
-    """Whether an interval rests on enough samples to judge anything: an interval of the timing
-    instrument (it has ``pairs``) needs the instrument's ``MIN_PAIRS``, a per-repeat one ``MIN_REPEATS``."""
-    return iv.get("repeats", 0) >= (timing.MIN_PAIRS if "pairs" in iv else MIN_REPEATS)
-
-
-def null_is_tight(null_iv: dict | None) -> bool:
-    """Whether the null control's interval says the machine was quiet enough to tell (rule 2). The
-    instrument's own intervals carry its word on that (a turned-over time interval is judged on the
-    speed interval it came from, so the banner and the verdicts never disagree at the band's edge)."""
-    if not null_iv or not judged(null_iv):
-        return False
-    if "pairs" in null_iv:
-        return null_iv["verdict"] != TOO_NOISY
-    return 1 - NULL_DELTA <= null_iv["low"] and null_iv["high"] <= 1 + NULL_DELTA
-
-
-def interval(samples, base_samples, null=UNCONTROLLED) -> dict | None:
-    """``{low, high, median, repeats, verdict}`` of the paired ratios; None without any pair.
-
-    ``null``: the null control's interval for the same kind (``{}`` when the run had a null control
-    but it has no samples of this kind); ``UNCONTROLLED`` for a run without one. verdict:
-    ``higher`` / ``lower`` (the model's number against the baseline's) under the module's rule,
-    ``too noisy to tell`` when the null control is not tight, else ``no measurable difference``.
-    """
-    ratios = paired_ratios(samples, base_samples)
-    if not ratios:
-        return None
-    low, high = min(ratios), max(ratios)
-    if len(ratios) < MIN_REPEATS:
-        verdict = NO_DIFFERENCE  # too few repeats to judge the ratio, or the machine
-    elif null is not UNCONTROLLED and not null_is_tight(null):
-        verdict = TOO_NOISY
-    elif low <= 1.0 <= high:
-        verdict = NO_DIFFERENCE
-    elif null is not UNCONTROLLED and not (low > null["high"] or high < null["low"]):
-        verdict = NO_DIFFERENCE  # within what the baseline against itself did
-    else:
-        verdict = "higher" if low > 1.0 else "lower"
-    return {"low": low, "high": high, "median": statistics.median(ratios), "repeats": len(ratios), "verdict": verdict}
 
 
 def _samples(model: dict) -> dict:
@@ -151,13 +95,13 @@ def ratio_intervals(model: dict, base: dict, null: dict | None = None) -> dict:
             out["tokens_per_second"][kind] = None if same else paired_interval(paired.get(kind))
             continue
         yard = yardstick(((null or {}).get("tokens_per_second") or {}).get(kind))
-        out["tokens_per_second"][kind] = None if same else interval(mine.get(kind), theirs.get(kind), yard)
+        out["tokens_per_second"][kind] = None if same else min_max_interval(mine.get(kind), theirs.get(kind), yard)
     if same:
         return out
     if paired is not None and "norms" in paired:  # the instrument's, turned into a time ratio
         out["norm_ms_per_forward"] = paired_time_interval(paired["norms"])
     else:  # hooked forwards' per-repeat samples, as results from before that were written
-        out["norm_ms_per_forward"] = interval(
+        out["norm_ms_per_forward"] = min_max_interval(
             mine.get("norm_ms"), theirs.get("norm_ms"), yardstick((null or {}).get("norm_ms_per_forward"))
         )
     return out
@@ -181,15 +125,6 @@ def intervals_of(model: dict, results: dict) -> dict | None:
     return ratio_intervals(model, base, null_intervals(null_row, base) if null_row else None)
 
 
-def measurable(iv: dict | None) -> bool:
-    return bool(iv) and iv["verdict"] not in (NO_DIFFERENCE, TOO_NOISY)
-
-
-def undecided(iv: dict | None) -> str:
-    """The words for an interval that is no difference: "no measurable difference" or "too noisy to tell"."""
-    return TOO_NOISY if iv and iv["verdict"] == TOO_NOISY else NO_DIFFERENCE
-
-
 def fmt_interval(iv: dict | None) -> str:
     """``[0.93–1.20]``, or empty without one; a bound that would round to 1.00 gets a third digit,
     so a range that excludes 1 never reads as if it touched it."""
@@ -200,7 +135,7 @@ def fmt_interval(iv: dict | None) -> str:
 
 
 # what the instrument's bracket is, as tables and figures label it
-INTERVAL_WORDS = f"{timing.LEVEL:.0%} interval"
+INTERVAL_WORDS = f"{LEVEL:.0%} interval"
 
 
 def throughput_pairs(results: dict) -> list[int]:
@@ -226,24 +161,3 @@ def throughput_method(results: dict) -> str:
         f"median of the per-pair ratios over {span} interleaved pairs, "
         f"[its {INTERVAL_WORDS}, bootstrapped] (normswap/timing.py)"
     )
-
-
-def claim_verdict(iv: dict | None, *, at_least: float | None = None, at_most: float | None = None) -> str:
-    """Verdict on a quoted claim "ratio >= at_least" (or "<= at_most") from an interval.
-
-    reproduced: the whole interval meets the claim; not reproduced: none of it does; else (or with
-    too few repeats, or a null control that says the machine was too noisy) not measurable here.
-    """
-    if not iv or iv["repeats"] < MIN_REPEATS or iv["verdict"] == TOO_NOISY:
-        return "not measurable here"
-    if at_least is not None:
-        if iv["low"] >= at_least:
-            return "reproduced"
-        if iv["high"] < at_least:
-            return "not reproduced"
-    if at_most is not None:
-        if iv["high"] <= at_most:
-            return "reproduced"
-        if iv["low"] > at_most:
-            return "not reproduced"
-    return "not measurable here"

@@ -6,14 +6,14 @@ step) and the throughput analysis (the kernel speed-up behind the Amdahl bound):
 * **Choosing** (``--kernels``). RMSNorm has several implementations; LayerNorm has one worth
   running, PyTorch's fused ``F.layer_norm`` (one ATen kernel forward and backward on CPU and
   CUDA). ``torch`` runs every RMSNorm through ``F.rms_norm``; ``normswap`` through normswap's own
-  module (``normswap.kernels.rms_norm``: its fused C++ kernel on CPU, Triton on CUDA, as its
-  dispatcher measured); ``best`` (the default) times the candidates side by side on the arm's
-  own shape (rows = batch × sequence, width, the dtype the norms compute in), forward and
-  backward, before any training step, and keeps the fastest. Candidates: ``normswap`` and
-  ``torch`` everywhere, and on CUDA also ``compile`` (``torch.compile`` of the RMSNorm formula,
-  Inductor). torch.compile is left out on CPU by rule: compiling takes tens of seconds per shape
-  on a 2-core machine, more than a fused kernel could save over a 10-minute study, and
-  normswap's C++ kernel is already one fused pass.
+  module (what normswap.kernels' chooser runs: its fused C++ kernel on CPU, Triton on CUDA, as
+  measured); ``best`` (the default) asks that same chooser (normswap.kernels.choose) for the arm's
+  own kind of call (rows = batch × sequence, width, the dtype the norms compute in, a gradient)
+  before any training step: ``torch`` where it picks torch's own ``F.rms_norm``, else
+  ``normswap``. Where the chooser's compile rule says compiling pays (CUDA), ``compile``
+  (``torch.compile`` of the RMSNorm formula, Inductor) is a candidate too, taken when the
+  side-by-side timing (normswap.timing, forward and backward) finds it faster; on CPU compiling
+  takes tens of seconds a shape on a 2-core machine and normswap's C++ kernel is already one pass.
 * **Low precision** (``--precision bf16|fp16``). Under autocast alone the norms receive the fp32
   residual stream and return fp32 (layer_norm computes in its input's dtype, and autocast leaves
   it alone or puts it in fp32), so no norm would run in low precision. :func:`compute_in` makes
@@ -31,21 +31,22 @@ step) and the throughput analysis (the kernel speed-up behind the Amdahl bound):
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from normswap import timing
 from normswap.compile_cache import compiled
+from normswap.kernels import choose
 from normswap.model_facts import hidden_size_of, norm_modules
 from normswap.modules import RMSNorm
 
 CHOICES = ("best", "torch", "normswap")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-BENCH_REPEATS = 30  # interleaved rounds of the side-by-side microbenchmark
+BENCH_REPEATS = 30  # interleaved pairs of the side-by-side microbenchmark
 BENCH_WARMUP = 3
+BENCH_BUDGET_S = 10.0  # at most this long for one side-by-side timing
 
 
 class TorchRMSNorm(RMSNorm):
@@ -99,8 +100,9 @@ NODE_KERNELS = (
 
 
 def candidates(device) -> list[str]:
-    """The RMSNorm implementations ``--kernels best`` times on this device (see the module doc)."""
-    return ["normswap", "torch", "compile"] if torch.device(device).type == "cuda" else ["normswap", "torch"]
+    """The RMSNorm implementations ``--kernels best`` times on this device: ``compile`` only where
+    normswap.kernels' compile rule says compiling pays (see the module doc)."""
+    return ["normswap", "torch"] + (["compile"] if choose.compile_pays(device) else [])
 
 
 def _rms_classes() -> tuple:
@@ -251,53 +253,46 @@ class observe:
 
 
 # ---------------------------------------------------------------------------- side-by-side timing
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_side_by_side(
-    modules: dict, rows: int, device, *, repeats: int = BENCH_REPEATS, seed: int = 0, rounds: dict | None = None
+    modules: dict, rows: int, device, *, baseline: str | None = None, seed: int = 0, budget_s: float = BENCH_BUDGET_S
 ) -> dict:
-    """Median seconds of one forward + backward of each norm module on the same fp32 input
-    (rows × width, as the residual stream reaches the norms), the modules taking turns in every
-    round so that the machine's drift lands on all of them. ``{name: seconds}``; a module that
-    fails is left out (its error under ``"errors"``). ``rounds``, when given, receives every
-    round's seconds per module (for paired ratios)."""
+    """One forward + backward of each norm module on the same fp32 input (rows × width, as the
+    residual stream reaches the norms), timed by normswap's one instrument (normswap.timing.compare:
+    interleaved pairs against ``baseline``, the first module by default). ``{"seconds": {name: median
+    s a call}, "speed": {name: baseline's seconds ÷ its own, per pair, median}, "errors"?}``; a module
+    that fails before timing is left out (its error under ``"errors"``)."""
     device = torch.device(device)
     width = hidden_size_of(next(iter(modules.values())))
     g = torch.Generator().manual_seed(seed)
     x0 = torch.randn(rows, width, generator=g).to(device)
     dy = torch.randn(rows, width, generator=g).to(device)
-    samples: dict[str, list[float]] = {k: [] for k in modules}
-    errors = {}
 
-    def once(m):
-        x = x0.detach().requires_grad_(True)
-        y = m(x)
-        y = y[0] if isinstance(y, tuple) else y
-        y.backward(dy.to(y.dtype))
+    def step(m):
+        def once():
+            x = x0.detach().requires_grad_(True)
+            y = m(x)
+            y = y[0] if isinstance(y, tuple) else y
+            y.backward(dy.to(y.dtype))
 
-    live = dict(modules)
-    for r in range(BENCH_WARMUP + repeats):
-        order = list(live.items())
-        order = order[r % len(order) :] + order[: r % len(order)]
-        for name, m in order:
-            try:
-                _sync(device)
-                t0 = time.perf_counter()
-                once(m)
-                _sync(device)
-                dt = time.perf_counter() - t0
-            except Exception as e:  # a candidate that cannot run here (e.g. no compiler) is not chosen
-                errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-                live.pop(name)
-                continue
-            if r >= BENCH_WARMUP:
-                samples[name].append(dt)
-    if rounds is not None:
-        rounds.update(samples)
-    out = {k: statistics.median(v) for k, v in samples.items() if v}
+        return once
+
+    fns, errors = {}, {}
+    for name, m in modules.items():
+        try:  # a candidate that cannot run here (e.g. no compiler) is not timed
+            step(m)()
+            fns[name] = step(m)
+        except Exception as e:  # noqa: BLE001
+            errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    out: dict = {"seconds": {}, "speed": {}}
+    if fns:
+        base = baseline if baseline in fns else next(iter(fns))
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+        cmp = timing.compare(
+            fns, base, None, calls_per_sample=1, budget_s=budget_s, min_pairs=BENCH_REPEATS,
+            max_pairs=BENCH_REPEATS, warmup=BENCH_WARMUP, sync=sync,
+        )  # fmt: skip
+        out["seconds"] = dict(cmp.seconds_per_call)
+        out["speed"] = {name: r.ratio for name, r in cmp.candidates.items()}
     if errors:
         out["errors"] = errors
     return out
@@ -311,17 +306,41 @@ def _sample_rms(like: torch.nn.Module, impl: str, device, precision: str) -> tor
     return holder[0]
 
 
+def kernels_pick(like: torch.nn.Module, rows: int, device, precision: str) -> str:
+    """What normswap.kernels' chooser runs for the arm's norm calls (a training step: γ, a gradient,
+    rows × width in the dtype the norms compute in), as a study implementation: ``torch`` where it
+    chooses torch's own ``F.rms_norm`` (``native``), else ``normswap`` (the module runs its choice)."""
+    dtype = PRECISION_DTYPES[precision]
+    x = torch.empty(rows, like.hidden_size, device=device, dtype=dtype, requires_grad=True)
+    weight = torch.empty(like.hidden_size, device=device, dtype=dtype, requires_grad=True)
+    bias = weight if like.bias is not None else None
+    with torch.enable_grad():
+        kind = choose.call_kind(x, weight, bias)
+    return "torch" if choose.decide(kind, rows=rows).torch_own else "normswap"
+
+
 def choose_rms(like: torch.nn.Module, rows: int, device, precision: str) -> dict:
-    """``--kernels best``: the fastest RMSNorm implementation on this shape, device and dtype.
-    ``{"choice", "seconds": {impl: median s}, "candidates", "errors"?}``."""
+    """``--kernels best``: the RMSNorm implementation normswap.kernels' chooser picks for this shape,
+    device and dtype (:func:`kernels_pick`); where compiling pays (the chooser's compile rule,
+    ``choose.compile_pays``: CUDA), ``torch.compile`` of the formula replaces it when the side-by-side
+    timing finds it faster. ``{"choice", "chooser", "seconds": {impl: median s}, "candidates", ...}``."""
+    picked = kernels_pick(like, rows, device, precision)
     cands = candidates(device)
     mods = {c: _sample_rms(like, c, device, precision) for c in cands}
-    secs = time_side_by_side(mods, rows, device)
-    errors = secs.pop("errors", None)
-    choice = min(secs, key=secs.get) if secs else "normswap"
-    out = {"choice": choice, "seconds": secs, "candidates": cands, "rows": rows, "width": like.hidden_size}
-    if errors:
-        out["errors"] = errors
+    timed = time_side_by_side(mods, rows, device, baseline=picked)
+    choice = picked if picked in timed["seconds"] else next(iter(timed["seconds"]), "normswap")
+    if "compile" in timed["speed"] and timed["speed"]["compile"] > 1 and choice == picked:
+        choice = "compile"
+    out = {
+        "choice": choice,
+        "chooser": picked,
+        "seconds": timed["seconds"],
+        "candidates": cands,
+        "rows": rows,
+        "width": like.hidden_size,
+    }
+    if timed.get("errors"):
+        out["errors"] = timed["errors"]
     return out
 
 
@@ -331,16 +350,17 @@ def first_norm(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def kernel_speedup(arm_norm: torch.nn.Module, base_norm: torch.nn.Module, rows: int, device) -> dict:
-    """The arm's norm against the baseline's, side by side (forward + backward): ``speedup`` = the
-    median over rounds of baseline seconds / arm seconds in the same round (> 1: the arm's norm is
+    """The arm's norm against the baseline's, side by side (forward + backward, normswap.timing):
+    ``speedup`` = the median over pairs of baseline seconds / arm seconds (> 1: the arm's norm is
     faster); ``seconds``: each one's median."""
     import copy
 
-    mods = {"arm": copy.deepcopy(arm_norm).to(device), "baseline": copy.deepcopy(base_norm).to(device)}
-    rounds: dict = {}
-    secs = time_side_by_side(mods, rows, device, rounds=rounds)
-    pairs = [b / a for a, b in zip(rounds.get("arm", []), rounds.get("baseline", [])) if a > 0]
-    return {"speedup": statistics.median(pairs) if pairs else None, "seconds": secs, "rows": rows}
+    mods = {"baseline": copy.deepcopy(base_norm).to(device), "arm": copy.deepcopy(arm_norm).to(device)}
+    timed = time_side_by_side(mods, rows, device, baseline="baseline")
+    secs = dict(timed["seconds"])
+    if timed.get("errors"):
+        secs["errors"] = timed["errors"]
+    return {"speedup": timed["speed"].get("arm"), "seconds": secs, "rows": rows}
 
 
 def rms_impl_of(choice: str, auto: dict | None) -> str:
@@ -380,6 +400,6 @@ def setup(build, arms: list[str], baseline: str, option: str, device, precision:
             out["speedup"][arm] = kernel_speedup(norm, base_norm, rows, device)
     out["method"] = (
         f"one norm of each arm (its first), forward + backward on a {rows} × width fp32 input, "
-        f"median of {BENCH_REPEATS} interleaved rounds after {BENCH_WARMUP} warm-up rounds"
+        f"median of {BENCH_REPEATS} interleaved pairs after {BENCH_WARMUP} warm-up blocks (normswap.timing.compare)"
     )
     return out

@@ -1,0 +1,81 @@
+"""`normswap slice`'s options, declared once (normswap/declared.py).
+
+``SliceOptions`` generates the `normswap slice` click options (cli/slice_command.py) and is what
+``slice_checkpoint`` takes (its fields as keywords, or the object); both validate with
+:func:`option_errors`. The defaults below are the only ones.
+
+This module imports neither torch nor click, so that ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from normswap import declared
+from normswap.declared import option
+
+DEFAULT_FRACTION = 0.25
+DEFAULT_CALIBRATION_TOKENS = 32_768  # 128 blocks of 256: Σ of a 768-wide stream settles well before this
+MAX_CALIBRATION_TOKENS = 1 << 22  # 4.2M tokens: a forward over them is the whole cost; beyond, no eigenvector moves
+SHIPPED_BASES = ("pca", "random")  # per-layer is an in-memory comparison arm (model.py), never written
+DEFAULT_TOLERANCE = 1e-4  # max |Δ log-prob| of the rotation-only model against the conversion (convert's own)
+
+
+@dataclass
+class SliceOptions:
+    fraction: float = option(
+        DEFAULT_FRACTION,
+        "Share of the residual stream's width to delete, in (0, 1): the new width is d·(1 − F) rounded to "
+        "--round-to (at most d − 1).",
+        above=0.0,
+        below=1.0,
+    )
+    data: str = option(
+        "embedded",
+        "Calibration text (its training split): embedded (the shipped KJV corpus; never its test books), a "
+        "text/JSONL/parquet file or directory, a saved dataset, or a hub dataset id.",
+    )
+    calibration_tokens: int = option(
+        DEFAULT_CALIBRATION_TOKENS,
+        f"Tokens of calibration text the rotation is fitted on (at most {MAX_CALIBRATION_TOKENS:,}).",
+        minimum=1,
+        maximum=MAX_CALIBRATION_TOKENS,
+    )
+    round_to: int = option(8, "Round the new width to a multiple of this (matmul-friendly widths).", minimum=1)
+    seed: int = option(0, "Seed of the calibration blocks drawn (and of --basis random).")
+    basis: str = option(
+        "pca",
+        "pca: the stream's principal directions (one rotation for the whole stream); random: a seeded random "
+        "rotation (the control, for comparisons).",
+        choices=SHIPPED_BASES,
+    )
+    tolerance: float = option(
+        DEFAULT_TOLERANCE,
+        "The rotation alone (only the all-ones direction deleted) must reproduce the conversion within this "
+        "max |Δ log-prob| (or 4x the float32 noise floor, if larger), else nothing is written.",
+        minimum=0.0,
+    )
+
+
+def option_errors(values: dict) -> list[tuple[str, str]]:
+    """(option name, what is wrong) for each value in ``values`` outside its declared bounds."""
+    return declared.option_errors(SliceOptions, values)
+
+
+def options_from(options: SliceOptions | None, values: dict) -> SliceOptions:
+    """``options``, or one built from keyword ``values``; never both. Unknown names are a TypeError,
+    values outside their bounds a NormswapError (one line)."""
+    from normswap.errors import NormswapError
+
+    known = {f.name for f in dataclasses.fields(SliceOptions)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TypeError(f"unexpected slice option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    if options is not None and values:
+        raise TypeError(f"pass either options= or {', '.join(sorted(values))}, not both")
+    options = options if options is not None else declared.build(SliceOptions, values)
+    problems = [f"--{name.replace('_', '-')} {why}" for name, why in option_errors(dataclasses.asdict(options))]
+    if problems:
+        raise NormswapError("; ".join(problems))
+    return options

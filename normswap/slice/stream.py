@@ -1,0 +1,155 @@
+"""Where an exact conversion's residual stream is written and read, from what the conversion recorded.
+
+An exact conversion records, in its config's ``normswap`` block, every tensor it centred with the
+axis of the mean (``stream_writers.zero_mean``: the writers' weights and biases, the embedding
+tables, the stream's bias vectors), the layer scales it set to ones (``unit_scales``), the tables it
+centres at run time instead (``centered_outputs``: a table tied to the head) and every norm with
+the linears that read it. That record *is* the stream's map: the axis a writer was centred along
+is the axis that carries the stream, and a reader takes the stream along its input axis. So the
+rotation reads no family file and has no per-architecture code; whatever convert planned (curated
+family or discovered), slice rotates.
+
+What cannot be rotated is refused here, in one line, before any work: a norm that kept a γ or β
+other than the tied head's final norm (γ does not commute with a rotation), a stream start no
+module owns (run-time centring of an input or of a computed embedding), a reader or writer whose
+weight normswap cannot lay out, and a conversion that is not exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from normswap.errors import NormswapError
+from normswap.model_facts import layout_of, output_embeddings
+
+
+@dataclass
+class StreamMap:
+    """The stream of one converted model: every tensor axis that carries it."""
+
+    hidden_size: int
+    writes: dict[str, int] = field(default_factory=dict)  # param key -> axis the stream is written along
+    reads: dict[str, int] = field(default_factory=dict)  # reader weight key -> its input axis
+    unit_scales: list[str] = field(default_factory=list)  # layer scales held at ones (λ folded into writers)
+    norms: dict[str, dict] = field(default_factory=dict)  # norm name -> its record in the block
+    tied_head: str | None = None  # the head module tied to a table the stream starts from
+    tied_norm: str | None = None  # the final norm that feeds the tied head
+    tied_table: str | None = None  # the tied table's weight key
+    rotated_outputs: list[str] = field(default_factory=list)  # run-time centred tables that rotation replaces
+
+    def stream_dims(self) -> dict[str, list[int]]:
+        """{param key: axes narrowed from d to k} (the sliced config's ``slice.stream_dims``)."""
+        dims: dict[str, list[int]] = {}
+        for key, axis in list(self.writes.items()) + list(self.reads.items()):
+            dims.setdefault(key, []).append(axis)
+        for key in self.unit_scales:
+            dims.setdefault(key, []).append(-1)
+        return dims
+
+
+def _block(model) -> dict:
+    block = getattr(model.config, "normswap", None)
+    if not isinstance(block, dict) or not block.get("format_version"):
+        raise NormswapError(
+            "this model is not a normswap conversion: convert it first (normswap.convert.convert_model in "
+            "memory; `normswap slice` converts a LayerNorm original itself)"
+        )
+    return block
+
+
+def stream_map(model) -> StreamMap:
+    """The stream map of ``model`` (a normswap exact conversion in memory), or a one-line refusal."""
+    block = _block(model)
+    if block.get("slice"):
+        raise NormswapError("this model is already sliced; slice the conversion it came from instead")
+    if block.get("mode") != "exact":
+        raise NormswapError(
+            f"slice needs an exact conversion; this one is {block.get('mode')!r} (its RMSNorms read a stream "
+            "that is not centred, so the all-ones direction is not free to delete): convert --mode exact"
+        )
+    record = block.get("stream_writers")
+    if not isinstance(record, dict) or "zero_mean" not in record:
+        raise NormswapError(
+            "this conversion does not record its residual-stream writers (converted by an older normswap): reconvert it"
+        )
+    for key in ("centered_inputs",):
+        if block.get(key):
+            raise NormswapError(
+                f"cannot rotate {block[key][0]}: the stream starts there without a module that owns the write "
+                "(centred at run time), so no table or matrix can take the rotation"
+            )
+    for name, rec in block.get("norms", {}).items():
+        _check_norm(name, rec, block)
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters(remove_duplicate=False))
+    stream = StreamMap(hidden_size=0)
+    widths = set()
+    for key, axis in record["zero_mean"].items():
+        if key not in params:
+            raise NormswapError(f"the conversion record names {key}, which the model does not have: reconvert it")
+        stream.writes[key] = int(axis) % params[key].dim()
+        widths.add(int(params[key].shape[int(axis)]))
+    stream.unit_scales = [k for k in record.get("unit_scales", []) if k in params]
+    head = output_embeddings(model)
+    for name in block.get("centered_outputs", []):
+        module = modules.get(name)
+        if not isinstance(module, nn.Embedding):
+            raise NormswapError(
+                f"cannot rotate {name}: its output is centred at run time (a computed embedding or a writer "
+                "without a weight matrix), so no table or matrix can take the rotation"
+            )
+        stream.writes[f"{name}.weight"] = 1
+        stream.rotated_outputs.append(name)
+        widths.add(int(module.weight.shape[1]))
+        if head is not None and head.weight is module.weight:
+            stream.tied_table = f"{name}.weight"
+    for name, rec in block.get("norms", {}).items():
+        stream.norms[name] = rec
+        widths.add(int(rec["hidden_size"]))
+        for reader in rec.get("readers", []):
+            module = modules.get(reader)
+            if module is None:
+                raise NormswapError(f"the conversion names reader {reader}, which the model does not have")
+            if head is not None and module is head and stream.tied_table is not None:
+                stream.tied_head, stream.tied_norm = reader, name
+                continue
+            layout = layout_of(module)
+            if layout not in ("linear", "conv1d"):
+                raise NormswapError(
+                    f"cannot rotate into {reader} ({type(module).__name__}): "
+                    "only Linear and Conv1D readers are supported"
+                )
+            stream.reads[f"{reader}.weight"] = 1 if layout == "linear" else 0
+    if len(widths) != 1:
+        raise NormswapError(f"the stream's recorded tensors disagree on its width ({sorted(widths)}); reconvert it")
+    stream.hidden_size = widths.pop()
+    if not stream.writes or not stream.reads and stream.tied_head is None:
+        raise NormswapError("the conversion records no stream writer or reader: nothing to rotate")
+    overlap = set(stream.writes) & set(stream.reads)
+    for key in overlap:
+        if stream.writes[key] == stream.reads[key]:
+            raise NormswapError(f"{key} both reads and writes the stream along one axis: cannot rotate it")
+    return stream
+
+
+def _check_norm(name: str, rec: dict, block: dict) -> None:
+    """A norm rotates only without γ and β of its own (γ of the tied head's final norm excepted:
+    the head adapter takes it)."""
+    if rec.get("role") == "embedding":
+        raise NormswapError(
+            f"cannot rotate {name}: a norm whose output starts the stream keeps its γ and β on the stream itself"
+        )
+    if rec.get("bias"):
+        raise NormswapError(f"cannot rotate {name}: it keeps a β on the stream (--beta keep); convert with β folded")
+    tied_head_norm = bool(block.get("tied")) and bool(rec.get("logits_bias") or _feeds_tied_head(rec, block))
+    if rec.get("weight") and not tied_head_norm:
+        raise NormswapError(
+            f"cannot rotate {name}: its γ cannot be folded (it stays on the norm, and γ does not commute with "
+            "a rotation); convert with γ folded"
+        )
+
+
+def _feeds_tied_head(rec: dict, block: dict) -> bool:
+    return rec.get("role") == "final" and bool(block.get("tied"))
