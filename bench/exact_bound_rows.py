@@ -6,6 +6,7 @@ source, the threshold, the noise floor and |Δ| against the float64 source where
     python bench/exact_bound_rows.py > rows.jsonl
 """
 
+import argparse
 import json
 import sys
 import tempfile
@@ -16,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from normswap.compat.rows import all_rows, build_original, convert  # noqa: E402
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     rows = [r for r in all_rows() if r.exact]
     causal = [r for r in rows if "CausalLM" in r.class_name or "LMHead" in r.class_name]
     for row in causal + [r for r in rows if r not in causal]:
