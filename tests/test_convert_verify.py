@@ -53,7 +53,7 @@ def test_module_by_module_figures_equal_whole_models(neox_src, tmp_path, run_cli
     code, out, err = run_cli("convert", neox_src, tmp_path / "out", "--json")
     assert code == 0, err
     ver = json.loads(out)["verification"]
-    assert ver["passed"] is True and ver["max_abs_diff"] <= 1e-4 == ver["threshold"]
+    assert ver["passed"] is True and ver["max_abs_diff"] <= 1e-5 == ver["threshold"]  # convert's default tolerance
     assert ver["noise_floor"] is None and "not measured" in ver["noise_floor_note"]
 
     src = AutoModelForCausalLM.from_pretrained(neox_src, dtype=torch.float32).eval()

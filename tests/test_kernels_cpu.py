@@ -353,3 +353,51 @@ def test_float64_falls_back_to_torch_under_the_same_contract(kern):
     dx, dw = kern.backward(dy, summed, rstd, w)
     torch.testing.assert_close(dx, dx_ref, rtol=1e-6, atol=1e-6)  # rstd travels as fp32
     torch.testing.assert_close(dw.double(), dw_ref, rtol=1e-6, atol=1e-6)
+
+
+_SHAPE_OPS = ("aten::reshape", "aten::view", "aten::_reshape_alias", "aten::empty_like", "ViewBackward0")
+
+
+def _shape_ops(step) -> dict:
+    """ATen calls that only reshape or allocate-alike, counted by torch.profiler over ``step()``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return {e.key: e.count for e in prof.key_averages() if e.key in _SHAPE_OPS}
+
+
+def test_the_training_node_reads_any_leading_shape_without_reshapes_or_views(kern):
+    """A training step's norm (3-D activations, weight, bias, fused residual; forward and backward)
+    issues no reshape, view or empty_like and builds no ViewBackward0 node: the kernels read rows of
+    any leading shape from the data pointer, and allocate with empty. Control (last lines): the same
+    node fed the 2-D rows and viewed back, as it was called before, shows those ops to the same profiler."""
+    ext = kern.extension()
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    res = torch.randn(2, 5, 32, requires_grad=True)
+    w = (torch.rand(32) + 0.5).requires_grad_()
+    b = torch.randn(32, requires_grad=True)
+    ONE = torch.tensor(1.0)
+
+    def step():
+        y, summed = ext.add_norm(x, res, w, b, EPS)
+        (y * 1.5 + summed).sum().backward(ONE)  # ONE: backward() alone makes its seed with ones_like
+
+    step()
+    grads = [t.grad.clone() for t in (x, res, w, b)]
+    for t in (x, res, w, b):
+        t.grad = None
+    assert _shape_ops(step) == {}
+    # the gradients equal those through the 2-D rows (the kernel as it was called before) ...
+    for t in (x, res, w, b):
+        t.grad = None
+
+    def rows_step():
+        y, summed = ext.add_norm(x.reshape(-1, 32), res.reshape(-1, 32), w, b, EPS)
+        (y.view(2, 5, 32) * 1.5 + summed.view(2, 5, 32)).sum().backward(ONE)
+
+    seen = _shape_ops(rows_step)
+    for got, want in zip((x.grad, res.grad, w.grad, b.grad), grads):
+        assert torch.equal(got, want)
+    # ... and that way the profiler sees the reshapes, views and their backward nodes (the control)
+    assert seen.get("aten::reshape", 0) >= 2 and seen.get("ViewBackward0", 0) >= 2, seen

@@ -7,8 +7,7 @@ import json
 import click
 
 from normswap.cli.options import force_replaces, json_option, onnx_norm_op_option
-from normswap.convert.config import DEFAULT_TOLERANCE
-from normswap.export import FORMATS
+from normswap.export import EXPORT_TOLERANCE, FORMATS
 
 
 @click.command()
@@ -31,7 +30,7 @@ from normswap.export import FORMATS
 @click.option(
     "--tolerance",
     type=float,
-    default=DEFAULT_TOLERANCE,
+    default=EXPORT_TOLERANCE,
     show_default=True,
     help="Publish only if the export and MODEL differ by at most this max |Δ log-prob| "
     "(first output for other models).",

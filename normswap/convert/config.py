@@ -21,7 +21,7 @@ BETA_CHOICES = ("fold", "drop", "keep")
 MODES = ("auto", "exact", "approx")
 OUTPUT_DTYPES = ("auto", "float32", "float16", "bfloat16")
 EXACT_OUTPUTS = ("all", "pooled")
-DEFAULT_TOLERANCE = 1e-4  # max |Δ log-prob| an exact conversion may show
+DEFAULT_TOLERANCE = 1e-5  # max |Δ log-prob| an exact float32 conversion may show
 # the options that decide the plan: recorded in the converted config's `normswap` block
 PLAN_OPTIONS = ("mode", "gamma", "beta", "untie")
 
@@ -68,7 +68,8 @@ class ConvertOptions:
     )
     tolerance: float = option(
         DEFAULT_TOLERANCE,
-        "Exact mode fails above this max |Δ log-prob| (or 4x the measured float32 / rounding floor, if larger).",
+        "Exact mode fails above this max |Δ log-prob| (or 4x the measured float32 / rounding floor, if larger), "
+        "unless the converted model is within it of the float64 source.",
         minimum=0.0,
     )
     family_file: str | None = option(

@@ -207,8 +207,7 @@ def run_verification(
             )
     finally:
         staged_files.close()
-    threshold = result["threshold"]
-    result["passed"] = bool(result["max_abs_diff"] <= threshold) if conv.plan.mode == "exact" else None
+    result["passed"] = verification.within_bound(result, tolerance) if conv.plan.mode == "exact" else None
     return result
 
 

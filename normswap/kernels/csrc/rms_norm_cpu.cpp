@@ -13,7 +13,7 @@
 // * Rows are handed out in contiguous blocks (one per thread), not one row per task.
 // * Backward writes dweight as one fp32 partial row per block, summed at the end.
 //
-// * `norm` is the whole eager call in one C++ function (reshape to rows, grad-mode check, a C++
+// * `norm` is the whole eager call in one C++ function (rows of any leading shape, grad-mode check, a C++
 //   autograd node when a gradient is needed): a Python autograd.Function plus Python-side checks
 //   cost ~40 µs a call, more than the arithmetic of a decode-sized norm and twice F.layer_norm's
 //   own overhead.
@@ -24,10 +24,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/zeros_like.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -167,10 +165,18 @@ static bool supports(const std::string& name) {
 // Rows per parallel block: below ~16k elements a row block is not worth waking a second thread.
 static int64_t grain_rows(int64_t H) { return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(H, 1)); }
 
-static void check_rows(const at::Tensor& t, const char* name) {
+static void check_rows(const at::Tensor& t, const char* name, bool any_rank = false) {
   TORCH_CHECK(t.device().is_cpu(), "normswap cpu kernel: ", name, " must be a CPU tensor");
-  TORCH_CHECK(t.dim() == 2, "normswap cpu kernel: ", name, " must be 2-D [N, H], got ", t.dim(), "-D");
+  TORCH_CHECK(any_rank ? t.dim() >= 1 : t.dim() == 2, "normswap cpu kernel: ", name, " must be 2-D [N, H], got ",
+              t.dim(), "-D");
   TORCH_CHECK(t.is_contiguous(), "normswap cpu kernel: ", name, " must be contiguous");
+}
+
+// Rows of a contiguous [..., H] tensor: the kernels read data pointers, so the leading shape needs
+// no reshape (a reshape or view is an ATen call, and under autograd a ViewBackward0 node, each way).
+static int64_t rows_of(const at::Tensor& t) {
+  const int64_t H = t.size(-1);
+  return H == 0 ? 0 : t.numel() / H;
 }
 
 // The weight as a contiguous fp32 tensor (undefined when absent). Converting a bf16/fp16 weight
@@ -179,8 +185,9 @@ static at::Tensor prepare_weight(const c10::optional<at::Tensor>& weight, const 
   if (!weight.has_value() || !weight->defined()) return at::Tensor();
   const at::Tensor& w = *weight;
   TORCH_CHECK(w.device().is_cpu(), "normswap cpu kernel: weight must be a CPU tensor");
-  TORCH_CHECK(w.numel() == x.size(1), "normswap cpu kernel: weight has ", w.numel(), " elements, expected ",
-              x.size(1));
+  TORCH_CHECK(w.numel() == x.size(-1), "normswap cpu kernel: weight has ", w.numel(), " elements, expected ",
+              x.size(-1));
+  if (w.scalar_type() == at::kFloat && w.is_contiguous()) return w;
   return w.to(at::kFloat).contiguous();
 }
 
@@ -190,7 +197,9 @@ static at::Tensor prepare_bias(const c10::optional<at::Tensor>& bias, const at::
   if (!bias.has_value() || !bias->defined()) return at::Tensor();
   const at::Tensor& b = *bias;
   TORCH_CHECK(b.device().is_cpu(), "normswap cpu kernel: bias must be a CPU tensor");
-  TORCH_CHECK(b.numel() == x.size(1), "normswap cpu kernel: bias has ", b.numel(), " elements, expected ", x.size(1));
+  TORCH_CHECK(b.numel() == x.size(-1), "normswap cpu kernel: bias has ", b.numel(), " elements, expected ",
+              x.size(-1));
+  if (b.scalar_type() == at::kFloat && x.scalar_type() == at::kFloat && b.is_contiguous()) return b;
   const at::Tensor r = b.scalar_type() == x.scalar_type() ? b : b.to(x.scalar_type());
   return r.to(at::kFloat).contiguous();
 }
@@ -199,11 +208,12 @@ static at::Tensor prepare_bias(const c10::optional<at::Tensor>& bias, const at::
 static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_biased(const at::Tensor& x,
                                                                      const c10::optional<at::Tensor>& weight,
                                                                      const c10::optional<at::Tensor>& residual,
-                                                                     const c10::optional<at::Tensor>& bias, double eps) {
-  check_rows(x, "x");
+                                                                     const c10::optional<at::Tensor>& bias, double eps,
+                                                                     bool any_rank = false) {
+  check_rows(x, "x", any_rank);
   const int d = dtype_index(x.scalar_type());
   TORCH_CHECK(d >= 0, "normswap cpu kernel: unsupported dtype ", x.scalar_type());
-  const int64_t N = x.size(0), H = x.size(1);
+  const int64_t N = rows_of(x), H = x.size(-1);
   TORCH_CHECK(H >= 1, "normswap cpu kernel: hidden size must be >= 1");
   const at::Tensor w = prepare_weight(weight, x);
   const int wk = w.defined() ? 1 : 0;
@@ -214,13 +224,15 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_biased(const at::T
     TORCH_CHECK(res.sizes() == x.sizes(), "normswap cpu kernel: residual shape ", res.sizes(), " != x shape ",
                 x.sizes());
     TORCH_CHECK(res.device().is_cpu(), "normswap cpu kernel: residual must be a CPU tensor");
-    res = res.to(x.scalar_type()).contiguous();
+    if (res.scalar_type() != x.scalar_type()) res = res.to(x.scalar_type());
+    if (!res.is_contiguous()) res = res.contiguous();
   }
   const at::Tensor b = prepare_bias(bias, x);
   const int bk = b.defined() ? 1 : 0;
-  at::Tensor y = at::empty_like(x);
+  // at::empty, not empty_like: one ATen call each instead of empty_like's two (it allocates through empty_strided)
+  at::Tensor y = at::empty(x.sizes(), x.options());
   at::Tensor rstd = at::empty({N}, x.options().dtype(at::kFloat));
-  at::Tensor summed = has_res ? at::empty_like(x) : at::Tensor();
+  at::Tensor summed = has_res ? at::empty(x.sizes(), x.options()) : at::Tensor();
   FwdArgs a;
   a.x = x.data_ptr();
   a.res = has_res ? res.data_ptr() : nullptr;
@@ -241,15 +253,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x, cons
   return forward_biased(x, weight, residual, c10::nullopt, eps);
 }
 
-std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd,
-                                            const c10::optional<at::Tensor>& weight, bool compute_dweight) {
-  check_rows(x, "x");
-  check_rows(dy, "dy");
+static std::tuple<at::Tensor, at::Tensor> backward_rows(const at::Tensor& dy, const at::Tensor& x,
+                                                       const at::Tensor& rstd, const c10::optional<at::Tensor>& weight,
+                                                       bool compute_dweight, bool any_rank) {
+  check_rows(x, "x", any_rank);
+  check_rows(dy, "dy", any_rank);
   const int d = dtype_index(x.scalar_type());
   TORCH_CHECK(d >= 0, "normswap cpu kernel: unsupported dtype ", x.scalar_type());
   TORCH_CHECK(dy.sizes() == x.sizes(), "normswap cpu kernel: dy shape ", dy.sizes(), " != x shape ", x.sizes());
   at::Tensor g = dy.scalar_type() == x.scalar_type() ? dy : dy.to(x.scalar_type());
-  const int64_t N = x.size(0), H = x.size(1);
+  const int64_t N = rows_of(x), H = x.size(-1);
   TORCH_CHECK(H >= 1, "normswap cpu kernel: hidden size must be >= 1");
   TORCH_CHECK(rstd.device().is_cpu() && rstd.scalar_type() == at::kFloat && rstd.numel() == N &&
                   rstd.is_contiguous(),
@@ -257,7 +270,7 @@ std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dy, const at::Tens
   const at::Tensor w = prepare_weight(weight, x);
   const int wk = w.defined() ? 1 : 0;
   const bool dw = wk != 0 && compute_dweight;
-  at::Tensor dx = at::empty_like(x);
+  at::Tensor dx = at::empty(x.sizes(), x.options());
   BwdArgs a;
   a.dy = g.data_ptr();
   a.x = x.data_ptr();
@@ -276,13 +289,20 @@ std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dy, const at::Tens
   const int64_t grain = grain_rows(H);
   int64_t blocks = std::min<int64_t>(at::get_num_threads(), (N + grain - 1) / grain);
   blocks = std::max<int64_t>(blocks, 1);
-  at::Tensor partial = at::zeros({blocks, H}, x.options().dtype(at::kFloat));
+  // one block: the partial is dweight itself, allocated [H] (no view of a [1, H] one)
+  at::Tensor partial = blocks == 1 ? at::zeros({H}, x.options().dtype(at::kFloat))
+                                   : at::zeros({blocks, H}, x.options().dtype(at::kFloat));
   float* pp = partial.data_ptr<float>();
   at::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
     for (int64_t k = b; k < e; ++k) fn(a, pp + k * H, N * k / blocks, N * (k + 1) / blocks);
   });
-  at::Tensor dweight = blocks == 1 ? partial.view({H}) : partial.sum(0);
+  at::Tensor dweight = blocks == 1 ? partial : partial.sum(0);
   return {dx, dweight};
+}
+
+std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd,
+                                            const c10::optional<at::Tensor>& weight, bool compute_dweight) {
+  return backward_rows(dy, x, rstd, weight, compute_dweight, false);
 }
 
 // The autograd node of `norm`: saves the normalised tensor (x + residual when fused), rstd and
@@ -296,7 +316,7 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
                                                 const c10::optional<at::Tensor>& weight,
                                                 const c10::optional<at::Tensor>& residual,
                                                 const c10::optional<at::Tensor>& bias, double eps) {
-    auto out = normswap_cpu::forward_biased(x, weight, residual, bias, eps);
+    auto out = normswap_cpu::forward_biased(x, weight, residual, bias, eps, true);
     const at::Tensor& y = std::get<0>(out);
     const at::Tensor& rstd = std::get<1>(out);
     const at::Tensor& summed = std::get<2>(out);
@@ -315,18 +335,26 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     const at::Tensor& w = saved[2];
     const at::Tensor& bias = saved[3];
     const bool has_res = grads.size() > 1;
-    at::Tensor dy = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(xin);
+    at::Tensor dy = !grads[0].defined()       ? at::zeros(xin.sizes(), xin.options())
+                    : grads[0].is_contiguous() ? grads[0]
+                                               : grads[0].contiguous();
     c10::optional<at::Tensor> wopt;
     if (w.defined()) wopt = w;
-    auto g = normswap_cpu::backward(dy, xin, rstd, wopt, w.defined() && ctx->needs_input_grad(1));
+    auto g = normswap_cpu::backward_rows(dy, xin, rstd, wopt, w.defined() && ctx->needs_input_grad(1), true);
     at::Tensor dx = std::get<0>(g);
     at::Tensor dw = std::get<1>(g);
-    if (has_res && grads[1].defined()) dx = dx.add(grads[1]);
-    if (dw.defined()) dw = dw.to(w.scalar_type());
+    if (has_res && grads[1].defined()) dx.add_(grads[1]);  // dx is this node's own fresh tensor
+    if (dw.defined() && dw.scalar_type() != w.scalar_type()) dw = dw.to(w.scalar_type());
     at::Tensor db;
     // needs_input_grad counts only the tensors that were given: x, [weight], [residual], bias
     const size_t bias_edge = 1 + (w.defined() ? 1 : 0) + (has_res ? 1 : 0);
-    if (bias.defined() && ctx->needs_input_grad(bias_edge)) db = dy.sum(0).to(bias.scalar_type());
+    if (bias.defined() && ctx->needs_input_grad(bias_edge)) {
+      // dy summed over every leading dimension (a 1-D x is one row: its dy as it is)
+      std::vector<int64_t> lead(dy.dim() - 1);
+      for (int64_t i = 0; i + 1 < dy.dim(); ++i) lead[i] = i;
+      db = lead.empty() ? dy.clone() : dy.sum(lead);
+      if (db.scalar_type() != bias.scalar_type()) db = db.to(bias.scalar_type());
+    }
     return {dx, dw, has_res ? dx : at::Tensor(), db, at::Tensor()};
   }
 };
@@ -355,17 +383,18 @@ static void check_norm_args(const at::Tensor& x, const c10::optional<at::Tensor>
 // RMSNorm of x over its last dimension (any leading shape), + bias when given: y, or (y, x +
 // residual). x and residual must share a dtype the kernel supports; weight and bias may have any
 // float dtype (the bias is rounded to y's dtype before the add, as `y + bias.to(y.dtype)` would).
-// The whole eager call in one C++ function: checks, reshape to rows, grad-mode check, the C++
+// The whole eager call in one C++ function: checks, rows of any leading shape, grad-mode check, the C++
 // autograd node only when a gradient is needed.
 static std::vector<at::Tensor> norm_impl(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
                                          const c10::optional<at::Tensor>& residual,
                                          const c10::optional<at::Tensor>& bias, double eps) {
   check_norm_args(x, weight, residual, bias);
-  const int64_t H = x.size(-1);
-  const at::Tensor x2 = x.dim() == 2 ? x.contiguous() : x.reshape({-1, H}).contiguous();
+  // the kernels take any leading shape (rows_of): no reshape to 2-D and back, which under autograd
+  // were a reshape and a view with a ViewBackward0 node each, and a reshape more in the backward
+  const at::Tensor x2 = x.is_contiguous() ? x : x.contiguous();
   c10::optional<at::Tensor> r2;
   const bool has_res = residual.has_value() && residual->defined();
-  if (has_res) r2 = residual->dim() == 2 ? residual->contiguous() : residual->reshape({-1, H}).contiguous();
+  if (has_res) r2 = residual->is_contiguous() ? *residual : residual->contiguous();
   const bool has_w = weight.has_value() && weight->defined();
   const bool has_b = bias.has_value() && bias->defined();
   const bool grad = at::GradMode::is_enabled() &&
@@ -377,12 +406,9 @@ static std::vector<at::Tensor> norm_impl(const at::Tensor& x, const c10::optiona
   if (grad) {
     out = NormFunction::apply(x2, weight, r2, b, eps);
   } else {
-    auto f = normswap_cpu::forward_biased(x2, weight, r2, b, eps);
+    auto f = normswap_cpu::forward_biased(x2, weight, r2, b, eps, true);
     out.push_back(std::get<0>(f));
     if (has_res) out.push_back(std::get<2>(f));
-  }
-  if (x.dim() != 2) {
-    for (auto& t : out) t = t.view(x.sizes());
   }
   return out;
 }
