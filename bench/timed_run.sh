@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A committed timed run with the CPU to itself (run it under the project's exclusive lock, e.g.
-# /work/tools/timed bench/timed_run.sh OUT normswap bench slice ...).
+# A committed timed run; run it with the CPU to itself (nothing else of ours running), e.g.
+#   bash bench/timed_run.sh OUT normswap bench slice ...
 # OUT gets command.txt (the command line, time, commit), stdout.txt, stderr.txt, result.json (the
 # command's --json) and load.txt (uptime before and after).
 set -euo pipefail
