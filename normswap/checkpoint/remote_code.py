@@ -328,7 +328,9 @@ class _SlicedTiedHead(nn.Linear):
 
     def forward(self, input):
         out = torch.nn.functional.linear(torch.matmul(input, self.adapter), self.weight, self.bias)
-        return out + torch.matmul(input, self.adapter_u).unsqueeze(-1) * self.row_means
+        # the rank-one term added in place: one pass over the logits, no vocabulary-wide temporaries
+        # (linear's backward does not read its output, so autograd allows it)
+        return out.addcmul_(torch.matmul(input, self.adapter_u).unsqueeze(-1), self.row_means)
 
 
 def _narrowed_attributes(module):
