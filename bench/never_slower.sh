@@ -10,15 +10,16 @@
 #   norms-kjv-neox    forward, train step, prefill, decode) with the null control
 # 6 kernels-tiny      `normswap bench kernels` per-call rows at decode shapes (module vs nn.LayerNorm) and
 #                     the CUDA path's host work with its kernel stubbed; one small bandwidth row
-# PARTS=generate (#51): the quiet runs instead, each a separate command under /work/tools/timed (the CPU
-# to itself, no burner; uptime before and after in load.txt), each within ~5 minutes:
+# PARTS=generate: the quiet runs instead, each a separate command under $TIMED (a wrapper that gives the
+# CPU to one run at a time, no burner; uptime before and after in load.txt), each within ~5 minutes:
 # g1 generate-2x96     `bench decode` (decode steps and generate() calls) of the 2 x 96 tied GPT-2
 # g2 generate-kjv      the same for kjv-gpt2 and kjv-neox
 # g3 generate-swap     the roles swapped (each conversion the baseline)
 # g4 generate-small    the GPT-2-small shape (12 x 768, random init), fewer pairs
 # g5 train-small       training step and forward of the GPT-2-small shape, batch 8 x 128, with a null
 #                      control (bench/train_forward_pairs.py: eval speed's instrument for these two kinds)
-#   PARTS=generate ONLY="g1 g2" TIMED=/work/tools/timed SETUP=/work/tools/cpu bash bench/never_slower.sh OUT_DIR
+#   PARTS=generate ONLY="g1 g2" TIMED="flock -x /tmp/cpu.lock" SETUP="flock -s /tmp/cpu.lock" bash bench/never_slower.sh OUT_DIR
+# (TIMED and SETUP: optional prefixes for the timed commands and for the untimed conversions around them)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
