@@ -12,10 +12,6 @@ from normswap.errors import NormswapError
 ROOT = Path(__file__).resolve().parents[1]
 OTHER_UID = 4242
 SECRET = "export SECRET=do-not-touch\n"
-needs_root = pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="another user's file needs chown (root)"
-)
-needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
 
 
 def _one_line(code, err, *needles):

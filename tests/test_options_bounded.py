@@ -2,18 +2,11 @@
 options a resumed run reads back; a batch whose logits cannot fit is refused before the model loads."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OTHER_UID = 4242
-SECRET = "export SECRET=do-not-touch\n"
-needs_root = pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="another user's file needs chown (root)"
-)
-needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
 
 
 def _one_line(code, err, *needles):
@@ -22,12 +15,6 @@ def _one_line(code, err, *needles):
     for needle in needles:
         assert needle in lines[0], err
     return lines[0]
-
-
-def _bench_script(name: str):
-    import importlib
-
-    return importlib.import_module(f"normswap.benchmarks.{name}")
 
 
 def _finished_run(tmp_path, run_cli) -> Path:

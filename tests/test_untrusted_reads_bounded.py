@@ -14,26 +14,7 @@ import pytest
 from normswap.errors import NormswapError
 
 ROOT = Path(__file__).resolve().parents[1]
-OTHER_UID = 4242
-SECRET = "export SECRET=do-not-touch\n"
-needs_root = pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="another user's file needs chown (root)"
-)
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
-
-
-def _one_line(code, err, *needles):
-    lines = err.strip().splitlines()
-    assert code != 0 and len(lines) == 1, (code, err)
-    for needle in needles:
-        assert needle in lines[0], err
-    return lines[0]
-
-
-def _bench_script(name: str):
-    import importlib
-
-    return importlib.import_module(f"normswap.benchmarks.{name}")
 
 
 # -- case 5: reads with no bound, or no file-type check ---------------------------------------------------
