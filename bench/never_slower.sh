@@ -27,7 +27,7 @@ out=${1:-bench/results/never-slower-$(date -u +%Y%m%dT%H%MZ)}
 mkdir -p "$out"
 tmp=$(mktemp -d -t normswap-never-slower.XXXXXX); trap 'rm -rf "$tmp"' EXIT
 export PYTHONPATH=$here
-# SETUP: a prefix for the untimed preparation (e.g. /work/tools/cpu, a shared lock that waits for timed runs,
+# SETUP: a prefix for the untimed preparation (e.g. a shared lock that waits for timed runs,
 # so that converting here never runs beside another timed run)
 ${SETUP:-} python3 -m normswap.cli.main convert normswap:kjv-gpt2 "$tmp/kjv-gpt2-exact" --mode exact >/dev/null
 ${SETUP:-} python3 -m normswap.cli.main convert normswap:kjv-neox "$tmp/kjv-neox-exact" --mode exact >/dev/null

@@ -4,7 +4,7 @@ Why bytes. The study asks whether RMSNorm trains as well as LayerNorm, and that 
 an answer once the models have learned something a count model cannot: a loss both arms reach by
 learning nothing is equal by construction. On the 2-core budget (≈ 0.8 M training tokens per arm)
 the shipped BPE-4096 model never gets below the count bigram on the same tokens (measured: 1,200
-steps, 4.713 vs 4.529 nats, /work/shared/reference/probes/probe_quality.py): most of its 1.3 M
+steps, 4.713 vs 4.529 nats, by a quality probe run before this model was chosen): most of its 1.3 M
 parameters are a 4096 × 128 embedding that a few hundred thousand tokens cannot train. The same
 4 layers × 128 over a 257-entry vocabulary (each UTF-8 byte a token, plus end-of-text) put 0.84 M
 of its parameters into the layers, and at 400 steps of 16 × 128 bytes reach 1.874 nats against the
