@@ -165,3 +165,33 @@ def tiny_wordpiece():
         sep_token="[SEP]",
         mask_token="[MASK]",
     )
+
+
+# the address-space cap the untrusted-input tests run commands under: every refusal must come well within it
+ADDRESS_SPACE_CAP = 4 << 30
+
+
+def normswap_capped(*args, timeout: int) -> tuple[int, str]:
+    """``python -m normswap ARGS`` in a child under a 4 GB address-space cap and a 1 GB file-size cap,
+    with a timeout: a read that blocks (a FIFO) or allocates without bound fails the test instead of
+    hanging it or the machine. Returns (exit code, stderr)."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    def limits():
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_CAP, ADDRESS_SPACE_CAP))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "normswap", *map(str, args)],
+            env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=limits,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"normswap {' '.join(map(str, args))} did not answer in {timeout} s (a blocking read?)")
+    return r.returncode, r.stderr

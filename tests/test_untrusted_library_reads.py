@@ -3,41 +3,23 @@ by normswap before they read it: links, type, size (a cap derived from what the 
 what it would build (an adapter's layers, a vocabulary's largest id) bounded by what the weights back.
 
 Each attack runs the real command in a child under a 4 GB address-space cap and a 1 GB file-size cap
-(tests/test_untrusted_reads_bounded.py's ``_normswap``), on a copy of the shipped ``kjv-gpt2``; the control
+(tests/helpers.py's ``normswap_capped``), on a copy of the shipped ``kjv-gpt2``; the control
 is the same directory with the planted file removed (or left as normswap wrote it), which still runs.
 On normswap 9e09e2f (before this rule) each attack test failed at the line marked "fails before".
 """
 
 import json
-import os
-import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import normswap_capped
 
 ROOT = Path(__file__).resolve().parents[1]
-CAP = 4 << 30
 EVAL = ("eval", "ppl", "--max-tokens", "128", "--seq-len", "32", "--device", "cpu", "--quiet")
 
 
-def _normswap(*args, timeout: int = 120) -> tuple[int, str]:
-    """``python -m normswap ARGS`` in a child under a 4 GB address-space cap and a 1 GB file-size cap."""
-
-    def limits():
-        resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "normswap", *map(str, args)],
-            env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=limits,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"normswap {' '.join(map(str, args))} did not answer in {timeout} s")
-    return r.returncode, r.stderr
+def _normswap(*args) -> tuple[int, str]:
+    return normswap_capped(*args, timeout=120)
 
 
 def _error_line(code: int, err: str, *needles) -> str:

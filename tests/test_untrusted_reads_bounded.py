@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import normswap_capped
 
 from normswap.errors import NormswapError
 
@@ -17,32 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
 
 
+def _normswap(*args) -> tuple[int, str]:
+    return normswap_capped(*args, timeout=60)
+
+
 # -- case 5: reads with no bound, or no file-type check ---------------------------------------------------
-
-CAP = 4 << 30  # the issue's address-space cap: each refusal below must come well within it
-
-
-def _normswap(*args, timeout: int = 60) -> tuple[int, str]:
-    """``python -m normswap ARGS`` in a child under a 4 GB address-space cap and a 1 GB file-size cap,
-    with a timeout: a read that blocks (a FIFO) or allocates without bound fails the test instead of
-    hanging it or the machine."""
-    import resource
-    import subprocess
-    import sys
-
-    def limits():
-        resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "normswap", *map(str, args)],
-            env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=limits,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"normswap {' '.join(map(str, args))} did not answer in {timeout} s (a blocking read?)")
-    return r.returncode, r.stderr
 
 
 def _kjv_copy(dest: Path) -> Path:
