@@ -12,7 +12,7 @@ each as a bfloat16 and a float16 checkpoint and as float32 weights written to bf
 randomly initialised GPT-NeoX at hidden 1024 (the widths of real checkpoints make the
 reductions longer).
 
-    python bench/convert_precision.py --save bench/results/convert-precision
+    python bench/convert_precision.py --save results/convert-precision-20261130T1806Z/convert-precision
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Where the seconds of `normswap convert` go:
-`python bench/convert_profile.py --save bench/results/convert-profile-1.4b`.
+`python bench/convert_profile.py --save results/convert-profile-1.4b-20261201T0136Z/convert-profile-1.4b`.
 
 Builds the same synthetic checkpoint as `normswap bench convert` (normswap/benchmarks/conversion.py),
 then runs `convert_checkpoint` in a fresh

@@ -631,7 +631,7 @@ def test_no_module_uses_another_modules_private_names():
 # -- comments that stay true ----------------------------------------------------------------------
 
 # A comment or docstring says why the code is as it is; history (issue numbers, run folders under
-# bench/results/, paths outside the repository) belongs in docs/ and bench/results/, where it stays true.
+# results/, paths outside the repository) belongs in docs/ and results/, where it stays true.
 _HISTORY = re.compile(r"#[0-9]{2}\b|\.\./shared|issue [0-9]|issue #[0-9]|bench/results/\S")
 
 

@@ -528,7 +528,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--save", default=None, help="write SAVE.json and SAVE.md (e.g. bench/results/convert-1.4b)")
+    ap.add_argument(
+        "--save", default=None, help="write SAVE.json and SAVE.md (e.g. results/convert-1.4b-<UTC stamp>/convert-1.4b)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     saves = [Path(args.save + ext) for ext in (".json", ".md")] if args.save else []

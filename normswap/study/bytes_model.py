@@ -10,7 +10,7 @@ parameters are a 4096 × 128 embedding that a few hundred thousand tokens cannot
 of its parameters into the layers, and at 400 steps of 16 × 128 bytes reach 1.874 nats against the
 byte bigram's 2.291 (probe_bytes.py) — the regime where the norm is doing work. The default reads
 them as 32 windows of 64 bytes a step (config.py: more independent windows learn faster), and at
-300 steps every arm ends 0.37-0.43 nats below the bigram (docs/study/).
+300 steps every arm ends 0.37-0.43 nats below the bigram (results/study-20261201T1642Z/).
 
 The tokenizer is a real 🤗 fast tokenizer (byte-level BPE with no merges: token id = byte value,
 GPT-2's byte-to-unicode alphabet), so TrainStream, the held-out blocks, the count baselines and
