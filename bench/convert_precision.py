@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 import torch
-from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
 
 from normswap.architectures import family_for_config
+from normswap.benchmarks.saved_result import save_and_print
 from normswap.checkpoint.tensor_source import StateDict
 from normswap.convert import execute
 from normswap.convert.config import ConvertOptions

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
+from normswap.benchmarks.saved_result import save_and_print
 
 _HERE = Path(__file__).resolve().parent
 

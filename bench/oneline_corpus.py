@@ -33,9 +33,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
-from saved_result import save_and_print  # noqa: E402
+from normswap.benchmarks.saved_result import save_and_print  # noqa: E402
 
 GOAL_BYTES = 1.5e9
 

@@ -98,7 +98,9 @@ def _run_of_link(root: Path, page: Path, target: str) -> str | None:
     path = os.path.normpath(os.path.join(page.parent, target.partition("#")[0]))
     rel = os.path.relpath(path, root)
     parts = Path(rel).parts
-    return parts[1] if len(parts) >= 2 and parts[0] == "results" else None
+    if len(parts) < 2 or parts[0] != "results" or parts[1:] in (("INDEX.md",), ("index.json",)):
+        return None  # not into results/, or the index itself
+    return parts[1]
 
 
 def results_links(root: Path) -> list[tuple[str, str]]:
@@ -172,7 +174,8 @@ def problems(root: Path = ROOT) -> list[str]:
             found.append(f"{page}: links results/{run}, which is not a run folder under results/")
     for page in pages(root):
         for name in RESULTS_MENTION.findall(page.read_text(encoding="utf-8")):
-            if RUN_ID.fullmatch(name.rstrip(".")) and name.rstrip(".") not in runs:
+            # a dated name is a run's (a pattern such as decode-* is not)
+            if re.search(r"\d{8}", name) and name.rstrip(".") not in runs:
                 found.append(f"{page.relative_to(root)}: names results/{name}, which does not exist")
     rows = build(root)
     for name, text in (("INDEX.md", render_markdown(rows)), ("index.json", render_json(rows))):

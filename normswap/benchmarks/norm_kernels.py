@@ -702,7 +702,7 @@ def _derived_backward(result) -> list[dict]:
 
 
 def evaluate_goals(result) -> list[dict]:
-    """The targets in bench/README.md, checked against this run's numbers."""
+    """The targets in docs/results.md, checked against this run's numbers."""
     goals = []
     for r in result["rows"]:
         if (r["rows"], r["hidden"], r["dtype"], r["variant"], r["mode"]) == (8192, 4096, "bfloat16", "plain", "fwd"):
