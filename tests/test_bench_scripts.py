@@ -1,7 +1,7 @@
 """Every script under bench/ is a driver: it answers `python bench/<script>.py --help` from the repository
 root without doing its work, imports no other bench script (shared code lives in normswap/benchmarks/),
 and none shadows an importable package: a script run directly puts bench/ first on
-sys.path, where bench/kernels.py once hid the `kernels` package transformers imports (ImportError on
+sys.path, where a script named kernels.py once hid the `kernels` package transformers imports (ImportError on
 the GPU machine, #44)."""
 
 from __future__ import annotations
