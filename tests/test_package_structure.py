@@ -25,7 +25,7 @@ PACKAGE = ROOT / "normswap"
 
 # NORMSWAP_* environment variables product code may read, each a documented user setting.
 USER_SETTINGS = {
-    "NORMSWAP_KERNEL": "forces one RMSNorm implementation (auto|triton|cpu|native|composite|torch)",
+    "NORMSWAP_KERNEL": "forces one RMSNorm implementation (auto|triton|cpu|native|composite|torch|compiled)",
     "NORMSWAP_AUTOTUNE": "0 uses the static implementation order instead of measuring on first use",
     "NORMSWAP_CACHE_DIR": "where the compiled CPU kernel and the autotune table are cached",
     "NORMSWAP_CPU_KERNEL": "0 never builds or uses the compiled CPU kernel",
