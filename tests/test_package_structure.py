@@ -762,3 +762,24 @@ def test_no_function_over_100_lines():
         for hit in long_functions(path.read_text(encoding="utf-8"))
     ]
     assert not found, "functions over 100 lines (split them):\n" + "\n".join(found)
+
+
+# -- a package's index names its modules -----------------------------------------------------------
+
+
+def unindexed(package: Path) -> list[str]:
+    """Modules of ``package`` its ``__init__`` docstring does not name (as ``name.py``)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    return sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py" and p.name not in doc)
+
+
+def test_unindexed_flags_a_module_the_index_leaves_out(tmp_path):
+    # negative control: a module the docstring does not name is reported, a named one is not
+    (tmp_path / "__init__.py").write_text('"""Modules: a.py (the first)."""\n')
+    (tmp_path / "a.py").write_text("")
+    (tmp_path / "b.py").write_text("")
+    assert unindexed(tmp_path) == ["b.py"]
+
+
+def test_the_study_index_names_every_module():
+    assert unindexed(PACKAGE / "study") == []
