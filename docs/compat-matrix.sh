@@ -26,5 +26,5 @@ for row in "${rows[@]}"; do
     echo "compat-matrix.sh: the row $row exited $?; left out of the table" >&2
   fi
 done
-normswap families matrix "${from[@]}" --save-json docs/compat-matrix.json --out docs/compat-matrix.md --force
+normswap families matrix "${from[@]}" --save docs/compat-matrix.json --markdown docs/compat-matrix.md --force
 rm -rf "$tmp"

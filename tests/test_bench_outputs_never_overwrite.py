@@ -147,7 +147,7 @@ def test_bench_json_inside_a_model_it_reads_is_refused(tmp_path, run_cli, bench)
     src, conv = _model_dir(tmp_path / "src"), _model_dir(tmp_path / "conv")
     target = conv / "model.normswap.safetensors"
     for json_out in (target, conv / "results.json", src / "new.json"):
-        code, _, err = run_cli("bench", bench, f"{src}={conv}", "--json", json_out)
-        _one_line(code, err, "--json", "overlaps the model", "inputs are never modified")
+        code, _, err = run_cli("bench", bench, f"{src}={conv}", "--save", json_out)
+        _one_line(code, err, "--save", "overlaps the model", "inputs are never modified")
     assert target.read_bytes() == b"the converted weights"
     assert sorted(p.name for p in conv.iterdir()) == ["config.json", "model.normswap.safetensors"]

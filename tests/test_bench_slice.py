@@ -12,7 +12,7 @@ TINY = ["--layers", "2", "--width", "64", "--heads", "4", "--vocab", "300"]
 
 def test_bench_slice_times_both_baselines_with_their_null_controls(tmp_path, run_cli):
     out = tmp_path / "slice.json"
-    code, stdout, _ = run_cli("bench", "slice", *TINY, "--repeats", "4", "--new-tokens", "2", "--json", out)
+    code, stdout, _ = run_cli("bench", "slice", *TINY, "--repeats", "4", "--new-tokens", "2", "--save", out)
     assert code == 0, stdout
     r = json.loads(out.read_text())
     facts = r["facts"]
@@ -44,7 +44,7 @@ def test_bench_slice_quality_puts_pca_far_below_random(tmp_path, run_cli):
     out = tmp_path / "quality.json"
     code, stdout, _ = run_cli(
         "bench", "slice", "--quality", "--model", "normswap:kjv-gpt2", "--fractions", "0.5",
-        "--calibration-tokens", "2048", "--eval-tokens", "4096", *TINY, "--plot", tmp_path, "--json", out,
+        "--calibration-tokens", "2048", "--eval-tokens", "4096", *TINY, "--plot", tmp_path, "--save", out,
     )  # fmt: skip
     assert code == 0, stdout
     r = json.loads(out.read_text())

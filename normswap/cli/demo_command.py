@@ -2,7 +2,8 @@
 
 Runs the shipped `quickstart` recipe on the shipped reference model: the original, its exact
 RMSNorm conversion (same perplexity), an approximate conversion with β dropped (perplexity jumps)
-and that conversion healed by a short warmup fine-tune (perplexity recovers), with throughput
+and that conversion healed by a short warmup fine-tune (perplexity recovers), the exact conversion
+sliced to 75 % of its width (normswap slice) and healed the same way, with throughput
 (beside a null control), peak memory and the shipped lm-eval task; then prints the table and
 where the report is.
 """
@@ -44,7 +45,8 @@ QUICK = (
 @click.option("--resume", is_flag=True, help="Keep the finished steps of a previous demo in --out.")
 @force_replaces("--out DIR")
 def demo(out, overrides, quick, resume, force):
-    """Run the quickstart recipe end to end (convert exact + approx, heal, evaluate, report)."""
+    """Run the quickstart recipe end to end: convert exact + approx, slice the exact conversion to 75 % of
+    its width, heal the approximate and the sliced models, evaluate all side by side, report."""
     from normswap.recipes import load_recipe
     from normswap.recipes.steps import run_recipe
 

@@ -16,7 +16,8 @@ set_option = click.option(
     multiple=True,
     metavar="KEY=VALUE",
     help="Override a recipe value (dotted key, YAML-typed value), e.g. --set eval.max_tokens=4096 "
-    "--set variants.approx.convert.beta=drop; finetune.X / convert.X apply to every variant that has that section; "
+    "--set variants.approx.convert.beta=drop; finetune.X / convert.X / slice.X apply to every variant that has that "
+    "section; "
     "KEY= (empty) removes the key so its default applies. Repeatable.",
 )
 

@@ -142,10 +142,17 @@ class StudyConfig:
         "(--max-seeds alone decides).",
         minimum=0.0,
         maximum=1e9,
+        flag="--training-seconds",  # what it bounds (issue #58: --budget meant five things)
+        aliases=("--budget",),
     )
     steps: int = _opt(300, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
     warmup: int = _opt(
-        30, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
+        30,
+        "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).",
+        minimum=0,
+        maximum=MAX_STEPS,
+        flag="--warmup-steps",  # the fine-tune's name for the same thing
+        aliases=("--warmup",),
     )
     lr: float = _opt(3e-3, "Peak learning rate η_max of every arm.", above=0.0)
     lr_schedule: str = _opt(
