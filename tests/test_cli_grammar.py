@@ -15,7 +15,7 @@ DTYPE_WORDS = {"fp32", "bf16", "fp16", "fp64", "float32", "bfloat16", "float16",
 # names whose old meanings were several (issue #58): never a canonical option name any more
 RETIRED = {"--budget", "--warmup", "--schedule", "--speed-budget", "--generate-budget", "--decode-budget"}
 # commands that print progress lines (normswap/progress.py Heartbeat) and so offer --quiet
-PROGRESS = {"convert", "slice", "export", "finetune", "eval report", "eval ppl", "eval speed"}
+PROGRESS = {"convert", "slice", "export", "finetune", "eval report", "eval ppl", "eval speed", "run", "demo"}
 
 
 def walk(command: click.Command, path: tuple = ()):

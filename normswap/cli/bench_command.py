@@ -2,7 +2,7 @@
 
 kernels (norm_kernels.py), decode (decode.py), onnx (onnx_runtime.py), slice (slicing.py), convert
 (conversion.py). Every one prints its result as one JSON object on stdout with --json and writes it
-to a file with --save FILE (before #58 decode/onnx/slice spelled that --json FILE: still accepted).
+to a file with --save FILE (decode/onnx/slice once spelled that --json FILE: answered with the new spelling).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from normswap.benchmarks.conversion import FAMILIES
 from normswap.benchmarks.slicing import DEFAULT_FRACTIONS, GPT2_SMALL_SHAPE
 from normswap.cli.options import (
     DtypeChoice,
+    OutputFile,
     canonical_dtype,
     device_option,
     json_option,
@@ -40,7 +41,7 @@ def _run_saving(run, *, save, as_json, models=(), **kwargs):
     """Run a benchmark that writes its result to ``json_out``: to ``save`` when given, and with
     --json also printed on stdout as one JSON object (its per-model lines then go to stderr).
 
-    ``--json FILE`` was the file's option before #58: a MODEL ending in .json after --json is that
+    ``--json FILE`` is the old spelling of --save FILE: a MODEL ending in .json after --json is that
     old spelling, refused with the new one rather than timed as a model."""
     import tempfile
     from pathlib import Path
@@ -125,17 +126,15 @@ def _parse_dtypes(text):
     "--save",
     "out_path",
     aliases=("--out",),
-    type=click.Path(dir_okay=False),
+    type=OutputFile(),
     default=None,
     help="Also write the JSON result to this file.",
 )
-@click.option(
-    "--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Also write the markdown table here."
-)
+@click.option("--markdown", "md_path", type=OutputFile(), default=None, help="Also write the markdown table here.")
 @click.option(
     "--jsonl",
     "jsonl_path",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(),
     default=None,
     help="Append each case to this file as one JSON line the moment it is measured.",
 )
@@ -414,14 +413,14 @@ def onnx(
 @click.option("--keep", is_flag=True, help="Keep the work directory (its path is in the result).")
 @click.option(
     "--save",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(),
     default=None,
-    help="Also write the JSON result to this file (a name without .json, as before #58: NAME.json and NAME.md).",
+    help="Also write the JSON result to this file (a NAME without .json: NAME.json and NAME.md).",
 )
 @click.option(
     "--markdown",
     "md_path",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(),
     default=None,
     help="Also write the markdown table to this file.",
 )

@@ -8,28 +8,29 @@ import json
 import click
 
 from normswap import bounded_load
-from normswap.cli.options import force_replaces, json_option, option
+from normswap.cli.options import OutputFile, force_replaces, json_option, option
 
 
 def markdown_file_option(what: str):
-    """``--markdown FILE``: the table written to a file (``--out FILE`` before #58: --out is a directory)."""
+    """``--markdown FILE``: the table written to a file (``--out FILE`` still accepted; --out is a directory
+    everywhere else)."""
     return option(
         "--markdown",
         "out",
         aliases=("--out",),
-        type=click.Path(dir_okay=False),
+        type=OutputFile(),
         default=None,
         help=f"Write {what} here (default: stdout).",
     )
 
 
 def save_rows_option(what: str):
-    """``--save FILE``: the rows as JSON (``--save-json FILE`` before #58)."""
+    """``--save FILE``: the rows as JSON (``--save-json FILE`` still accepted)."""
     return option(
         "--save",
         "save_json",
         aliases=("--save-json",),
-        type=click.Path(dir_okay=False),
+        type=OutputFile(),
         default=None,
         help=f"Also write {what} as JSON here.",
     )
@@ -95,7 +96,7 @@ def families(ctx, as_json, markdown, show_all):
     "--family-file",
     "out",
     aliases=("--out",),
-    type=click.Path(dir_okay=False),
+    type=OutputFile(),
     default=None,
     help="Write the family file (YAML; what `convert --family-file` reads) here instead of printing it.",
 )

@@ -132,7 +132,7 @@ def _run(argv):
         _fail(argv, "normswap: aborted", 130)
     except click.ClickException as e:
         if isinstance(e, click.UsageError) and "extra argument" in e.message and _json_requested(argv):
-            # `--json FILE`: the spelling the benchmarks' file option had before #58
+            # `--json FILE`: the benchmarks' old spelling of --save FILE (scripts still send it)
             e.message += " (--json is a flag: it prints the result on stdout; --save FILE writes it to a file)"
         if not _json_requested(argv):
             e.show()

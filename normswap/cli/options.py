@@ -1,6 +1,6 @@
 """Options shared by several commands, declared once; the CLI grammar every command follows.
 
-The grammar (CONVENTIONS.md, issue #58; tests/test_cli_grammar.py walks every command and checks it):
+The grammar (docs/cli.md; tests/test_cli_grammar.py walks every command and checks it):
 
 * ``--json`` is a flag: one JSON object on stdout, nothing else there (errors too: cli/main.py).
 * ``--save FILE`` writes a benchmark's JSON result to a file; ``--out DIR`` is always a directory.
@@ -82,13 +82,25 @@ json_option = click.option(
 quiet_option = click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 
 
+class OutputFile(click.Path):
+    """A FILE the command writes: shown as FILE (never a directory), and checked by the command itself
+    before any work (``publish.check_output_file``: a directory there, a planted link, an overlap with
+    what it reads), so that a refusal is the house's one line rather than click's usage block."""
+
+    def __init__(self):
+        super().__init__(dir_okay=False)
+
+    def convert(self, value, param, ctx):
+        return value
+
+
 def save_option(what: str = "the JSON result", old: tuple = ()):
     """``--save FILE``: a benchmark's result written to a file (``old``: the spellings it had)."""
     return option(
         "--save",
         "save",
         aliases=old,
-        type=click.Path(dir_okay=False),
+        type=OutputFile(),
         default=None,
         help=f"Also write {what} to this file.",
     )
@@ -171,10 +183,11 @@ def config_option(f, shared=None):
         if m.get("path")
         else CLICK_TYPES[m["kind"]]
     )
-    show = default is not None
     if isinstance(kind, DtypeChoice) and default in DTYPE_ALIASES:
-        show = DTYPE_ALIASES[default]  # the default in the one spelling help uses
-    return option(name, f.name, aliases=aliases, type=kind, default=default, show_default=show, help=m["help"])
+        default = DTYPE_ALIASES[default]  # shown in the one spelling help uses; the type hands back the config's
+    return option(
+        name, f.name, aliases=aliases, type=kind, default=default, show_default=default is not None, help=m["help"]
+    )
 
 
 def _dtype_choice(choices) -> DtypeChoice | None:

@@ -40,7 +40,7 @@ class SpeedConfig:
         15.0,
         "Seconds of interleaved pairs per measured kind at most (the stop rule's time budget).",
         minimum=0.0,
-        flag="--kind-seconds",  # what it bounds (issue #58: --budget meant five things)
+        flag="--kind-seconds",  # named for what it bounds: a bare --budget would say nothing of that
         aliases=("--speed-budget",),
     )
     target_halfwidth: float = option(

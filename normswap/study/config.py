@@ -142,7 +142,7 @@ class StudyConfig:
         "(--max-seeds alone decides).",
         minimum=0.0,
         maximum=1e9,
-        flag="--training-seconds",  # what it bounds (issue #58: --budget meant five things)
+        flag="--training-seconds",  # named for what it bounds: a bare --budget would say nothing of that
         aliases=("--budget",),
     )
     steps: int = _opt(300, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
@@ -175,8 +175,8 @@ class StudyConfig:
     stability_rates: int = _opt(6, "Rates of the --stability sweep (--lr × 2^k, k = 0 … N−1).", minimum=2)
     precision: str = _opt(
         "fp32",
-        "fp32, bf16 or fp16: autocast, and every norm computing in that dtype (its input, γ and β cast to "
-        "it); fp16 adds loss scaling; fp32 master weights always.",
+        "float32, bfloat16 or float16 (fp32, bf16, fp16): autocast, and every norm computing in that dtype (its "
+        "input, γ and β cast to it); float16 adds loss scaling; float32 master weights always.",
         choices=PRECISIONS,
     )
     kernels: str = _opt(
