@@ -20,7 +20,7 @@ for row in "${rows[@]}"; do
   while [ -n "${MATRIX_PAUSE:-}" ] && [ -e "$MATRIX_PAUSE" ]; do sleep 10; done
   safe=${row//[^A-Za-z0-9_.-]/_}
   if HF_MODULES_CACHE="$tmp/modules" flock -s "$lock" nice normswap families matrix --only "$row" \
-      --row-seconds 600 --save-json "$tmp/$safe.json" > /dev/null; then
+      --row-seconds 600 --save "$tmp/$safe.json" > /dev/null; then
     from+=(--from-json "$tmp/$safe.json")
   else
     echo "compat-matrix.sh: the row $row exited $?; left out of the table" >&2
