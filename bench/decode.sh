@@ -30,5 +30,5 @@ done
 echo "# $(date -u +%FT%TZ) load before: $(cat /proc/loadavg)" >> "$out/decode.txt"
 sed -i "s#$tmp/##g" "$out"/decode-profile*.md
 python3 -m normswap.cli.main bench decode normswap:kjv-gpt2="$tmp/kjv-gpt2-exact" normswap:kjv-neox="$tmp/kjv-neox-exact" \
-  "$tmp/gpt2-2x96"="$tmp/gpt2-2x96-exact" --json "$out/decode.json" 2>/dev/null | sed "s#$tmp/##g" >> "$out/decode.txt"
+  "$tmp/gpt2-2x96"="$tmp/gpt2-2x96-exact" --save "$out/decode.json" 2>/dev/null | sed "s#$tmp/##g" >> "$out/decode.txt"
 echo "# $(date -u +%FT%TZ) load after: $(cat /proc/loadavg)" >> "$out/decode.txt"

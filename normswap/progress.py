@@ -14,6 +14,7 @@ instead of sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
@@ -43,6 +44,37 @@ def stderr_lines(prefix: str) -> Callable[[str], None]:
         stream.flush()
 
     return emit
+
+
+def command_lines(command: str) -> Callable[[str], None]:
+    """Progress lines of ``normswap COMMAND`` on stderr, as every command prefixes them:
+    ``normswap eval report: loading ...`` (one prefix rule, CONVENTIONS.md)."""
+    return stderr_lines(f"normswap {command}: ")
+
+
+_ACTIVE: list[Heartbeat] = []  # the heartbeats of the commands running in this process, innermost last
+
+
+@contextlib.contextmanager
+def announced(msg: str):
+    """A long step that starts deep inside a command's own step (the first build of the C++ kernel
+    inside "verifying"): said now, through the running command's heartbeat so that its repeated
+    lines name it ("still: building ..." rather than "still: verifying ..."), or on stderr where no
+    command runs; the command's own status is repeated again once it ends."""
+    beat = _ACTIVE[-1] if _ACTIVE else None
+    if beat is None:
+        print(f"normswap: {msg}", file=sys.stderr, flush=True)
+        yield
+        return
+    with beat._lock:
+        before = beat.status
+    beat.say(msg)
+    try:
+        yield
+    finally:
+        with beat._lock:
+            if beat.status == msg:  # nothing newer was said meanwhile
+                beat.status = before
 
 
 def step_status(step: int, total: int, elapsed: float, loss: float | None = None, *, start: int = 0) -> str:
@@ -139,12 +171,15 @@ class Heartbeat:
         return line
 
     def __enter__(self) -> Heartbeat:
+        _ACTIVE.append(self)
         if self.enabled:
             self._thread = threading.Thread(target=self._run, name="normswap-progress", daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        with contextlib.suppress(ValueError):
+            _ACTIVE.remove(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)

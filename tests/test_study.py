@@ -638,7 +638,7 @@ def test_schedule_decays_and_final_quality_is_the_mean_of_the_last_evaluations(t
     assert not any("warning" in line for line in lines)
     warned = []
     _study(_config(tmp_path), tmp_path / "w", arms=["layernorm"], steps=1, warmup=4, seeds=1, echo=warned.append)
-    assert any("--steps 1 is below --warmup 4" in line for line in warned)
+    assert any("--steps 1 is below --warmup-steps 4" in line for line in warned)
 
 
 def test_ngram_baselines_are_proper_count_models():

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 from normswap.errors import NormswapError
-from normswap.publish import atomic_write_text, check_output_file
 
 # torch and normswap's conversion modules are imported where used: `--help` stays instant
 DTYPES = {
@@ -527,42 +526,3 @@ def markdown(result: dict) -> str:
         ]
     lines += [""] + [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="normswap bench convert", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--params", type=float, default=1.4e9)
-    ap.add_argument("--shards", type=int, default=5)
-    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    ap.add_argument("--family", choices=sorted(FAMILIES), default="gpt_neox")
-    ap.add_argument("--mode", choices=["auto", "exact", "approx"], default="auto")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--keep", action="store_true")
-    ap.add_argument(
-        "--save", default=None, help="write SAVE.json and SAVE.md (e.g. results/convert-1.4b-<UTC stamp>/convert-1.4b)"
-    )
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    saves = [Path(args.save + ext) for ext in (".json", ".md")] if args.save else []
-    for path in saves:  # before any work: a directory there, or SAVE inside the work directory
-        check_output_file(path, force=True, reads=[("the work directory", args.workdir)], label="--save")
-    result = bench_convert(
-        params=args.params,
-        shards=args.shards,
-        dtype=args.dtype,
-        family=args.family,
-        mode=args.mode,
-        rounds=args.rounds,
-        workdir=args.workdir,
-        keep=args.keep,
-        progress=lambda msg: print(f"bench convert: {msg}", file=sys.stderr, flush=True),
-        command=" ".join(["normswap bench convert", *(argv if argv is not None else sys.argv[1:])]),
-    )
-    md = markdown(result)
-    for path, text in zip(saves, (json.dumps(result, indent=2) + "\n", md)):
-        atomic_write_text(path, text)  # a fresh file renamed into place: a planted link is replaced, not followed
-    print(json.dumps(result, indent=2) if args.json else md)
-    return 0

@@ -220,7 +220,7 @@ def run_onnx(
 
     if json_out:  # before any work: never one of the models or graphs read, nor inside one
         reads = [("the model", m) for spec in models for m in spec.split("=")]
-        check_output_file(json_out, force=True, reads=reads, label="--json")
+        check_output_file(json_out, force=True, reads=reads, label="--save")
     require_packages()
     torch.set_num_threads(threads)
     import onnxruntime
@@ -228,7 +228,7 @@ def run_onnx(
     results = []
     with (
         tempfile.TemporaryDirectory(prefix="normswap-bench-onnx-") as tmp,
-        Heartbeat(stderr_lines("[normswap bench onnx] ")) as beat,
+        Heartbeat(stderr_lines("normswap bench onnx: ")) as beat,
     ):
         for i, spec in enumerate(models or (None,)):
             scratch = Path(tmp) / str(i)

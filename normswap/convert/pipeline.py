@@ -31,20 +31,14 @@ from normswap.convert import ops
 from normswap.convert import tensor_match as ckinputs
 from normswap.convert import verify as verification
 from normswap.convert.apply import check_convertible
-from normswap.convert.config import ConvertOptions, options_from
+from normswap.convert.config import ConvertOptions, check_out, options_from
 from normswap.convert.execute import Conversion, TensorDict, execute, prepare
 from normswap.convert.inplace import convert_tiny
 from normswap.errors import NormswapError, VerificationError
-from normswap.publish import check_output_path, publish_dir, staging_dir
+from normswap.publish import publish_dir, staging_dir
 from normswap.version import __version__
 
 MEMORY_MARGIN = 0.9  # refuse verification above this share of the available memory
-
-
-def check_out(src, out, *, force: bool, family_file=None):
-    """Refuse an OUT that would clobber something or overlap what convert reads (the model and
-    the family file); cheap, so the CLI calls it before taking OUT's lock, and convert_checkpoint again."""
-    return check_output_path(out, force=force, reads=[("the model", src), ("the family file", family_file)])
 
 
 def convert_checkpoint(

@@ -142,10 +142,17 @@ class StudyConfig:
         "(--max-seeds alone decides).",
         minimum=0.0,
         maximum=1e9,
+        flag="--training-seconds",  # named for what it bounds: a bare --budget would say nothing of that
+        aliases=("--budget",),
     )
     steps: int = _opt(300, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
     warmup: int = _opt(
-        30, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
+        30,
+        "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).",
+        minimum=0,
+        maximum=MAX_STEPS,
+        flag="--warmup-steps",  # the fine-tune's name for the same thing
+        aliases=("--warmup",),
     )
     lr: float = _opt(3e-3, "Peak learning rate η_max of every arm.", above=0.0)
     lr_schedule: str = _opt(
@@ -168,8 +175,8 @@ class StudyConfig:
     stability_rates: int = _opt(6, "Rates of the --stability sweep (--lr × 2^k, k = 0 … N−1).", minimum=2)
     precision: str = _opt(
         "fp32",
-        "fp32, bf16 or fp16: autocast, and every norm computing in that dtype (its input, γ and β cast to "
-        "it); fp16 adds loss scaling; fp32 master weights always.",
+        "float32, bfloat16 or float16 (fp32, bf16, fp16): autocast, and every norm computing in that dtype (its "
+        "input, γ and β cast to it); float16 adds loss scaling; float32 master weights always.",
         choices=PRECISIONS,
     )
     kernels: str = _opt(
