@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 from helpers import checked_run, tiny_model, tiny_wordpiece
 
-from normswap.progress import terminal_safe
-
 REPO = Path(__file__).resolve().parents[1]
 # a window title, a bell, a carriage return and an erased line over "verified", a C1 CSI, a backspace,
 # a bidirectional override
@@ -89,6 +87,8 @@ def test_json_output_stays_json_and_decodes_to_the_name(model):
 
 
 def test_the_escape_writes_out_every_control_and_keeps_text():
+    from normswap.progress import terminal_safe
+
     assert terminal_safe("a\tb\nc") == "a\tb\nc"  # the control: layout and text are kept
     assert terminal_safe("日本語 ok") == "日本語 ok"
     assert terminal_safe("\x1b[2K\r\x07\x9b\x7f\u202e") == "\\u001b[2K\\u000d\\u0007\\u009b\\u007f\\u202e"
