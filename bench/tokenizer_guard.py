@@ -10,7 +10,8 @@ pairs, the raw tokenizer's second copy as the null control. Workloads: the embed
 encoded in one call (what `eval ppl` does), 200 short calls of one verse each (what lm-eval's requests do),
 and the test split's ids decoded in one call. Then the load itself: ``AutoTokenizer.from_pretrained`` raw
 (and its second copy, the null) against normswap's ``load_tokenizer`` with and without the vetting build
-(the vet's verdict cache cleared before each call, so every call vets). Writes OUT_DIR/results.json and
+(the vet's verdict cache cleared before each call, so every call vets), and the vet's child's CPU seconds.
+Tokenizers run with TOKENIZERS_PARALLELISM=false, as the CLI runs them. Writes OUT_DIR/results.json and
 OUT_DIR/command.txt (the command line, the commit, the date).
 """
 
@@ -20,9 +21,12 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+VET_CPU_RUNS = 20
 
 
 def _row(c, name: str) -> dict:
@@ -53,6 +57,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=120.0, help="seconds in all, over the four comparisons")
     args = ap.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the CLI runs every tokenizer
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -105,6 +110,17 @@ def main() -> None:
     c = compare(fns, "raw", "raw_copy", calls_per_sample=1, budget_s=2 * args.budget / 5, min_pairs=10, warmup=1)
     results["load"] = {k: _row(c, k) for k in ("normswap_load_vetted", "normswap_load_unvetted")}
     _say("load", c, ["normswap_load_vetted", "normswap_load_unvetted"])
+    # the vet's own cost in CPU seconds (its child's user + system time), which a loaded machine does not inflate
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(VET_CPU_RUNS):
+        tokenizer_vet._vetted.clear()
+        tokenizer_vet.vet(Path(path))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) / VET_CPU_RUNS
+    results["vet_child_cpu_seconds_per_vet"] = round(cpu, 4)
+    print(f"vet: {cpu:.3f} s of CPU in its child per vet (mean of {VET_CPU_RUNS})", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
