@@ -7,7 +7,7 @@
 #                                  # lm-eval and datasets made unimportable as they are there
 #   bash bench/gpu.sh --plan       # print the steps, their limits and the worst case; run nothing
 #
-# The limits come from what each step took on one H200 on 2026-12-04 (bench/results/
+# The limits come from what each step took on one H200 on 2026-12-04 (results/
 # gpu-h200-20261204-evidence/; bench/README.md "The GPU run" has the table): each step's work is
 # sized so that its measured time x 1.3 fits its limit, and a step that runs out keeps what it wrote
 # (STEP_OUT) and the next one still runs. Steps, in the order of their value:
@@ -21,7 +21,7 @@
 #   study      GPT-2-small shape, bf16, layernorm / rmsnorm / null control, --kernels best
 # Adding a step: one `plan NAME LIMIT 'COMMAND'` line below (bench/gpu_lib.sh says what the command
 # sees); the plan is refused if it no longer fits.
-# Results: bench/results/gpu-<UTC stamp>/ (dry runs: a temp dir unless NORMSWAP_BENCH_RESULTS is
+# Results: results/gpu-<UTC stamp>/ (dry runs: a temp dir unless NORMSWAP_BENCH_RESULTS is
 # set): steps.tsv, one log and one folder per step, status.json, summary.md; with $OUT set (the
 # device tool), summary.md, status.json and the whole folder as one .tgz in $OUT. Exit status: the
 # number of steps not ok.
@@ -219,7 +219,7 @@ fi
 if [[ "$DRY" == "1" ]]; then
     RES=${NORMSWAP_BENCH_RESULTS:-$(mktemp -d -t normswap-gpu-dryrun.XXXXXX)}
 else
-    RES=${NORMSWAP_BENCH_RESULTS:-$ROOT/bench/results/gpu-$(date -u +%Y%m%dT%H%M%SZ)}
+    RES=${NORMSWAP_BENCH_RESULTS:-$ROOT/results/gpu-$(date -u +%Y%m%dT%H%MZ)}
 fi
 mkdir -p "$RES"
 WORK=$(mktemp -d -t normswap-gpu-work.XXXXXX)   # models and checkpoints: never under results/

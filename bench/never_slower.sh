@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # #43's CPU goals, each a committed run beside one CPU burner (bench/busy_run.sh), in one go:
-#   flock -x /tmp/ns-cpu.lock bash bench/never_slower.sh [OUT_DIR]   (default bench/results/never-slower-<stamp>)
+#   flock -x /tmp/ns-cpu.lock bash bench/never_slower.sh [OUT_DIR]   (default results/never-slower-<stamp>)
 # 1 decode            `normswap bench decode` with its defaults (the shipped models): converted ÷ original
 # 2 decode-swap       the same with the roles swapped (each conversion the baseline, loaded twice as the
 #                     null control; the original the candidate): an unbiased instrument reads the mirror of 1
@@ -23,7 +23,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-out=${1:-bench/results/never-slower-$(date -u +%Y%m%dT%H%MZ)}
+out=${1:-results/never-slower-$(date -u +%Y%m%dT%H%MZ)}
 mkdir -p "$out"
 tmp=$(mktemp -d -t normswap-never-slower.XXXXXX); trap 'rm -rf "$tmp"' EXIT
 export PYTHONPATH=$here

@@ -2,7 +2,7 @@
 # Slice the shipped models at 25 %, heal each by distilling from its original (≤ 200 steps), and
 # score the original, the sliced and the healed model on the held-out test books (128-token
 # windows, stride 64: the figures docs/models.md quotes). Not timed: run it under the shared lock.
-#   /work/tools/cpu bash bench/slice_heal.sh bench/results/slice-heal-<date>
+#   /work/tools/cpu bash bench/slice_heal.sh results/slice-heal-<date>
 # OUT gets command.txt, per model <m>-slice.json, <m>-finetune.json, <m>-ppl.json and their
 # stderr (progress), summary.txt (the perplexities side by side) and load.txt.
 set -euo pipefail

@@ -155,7 +155,7 @@ def test_interval_logic_negative_controls():
 
 def test_throughput_null_control_structure(sweep_study):
     """The interleaved null control is reported per seed with its interval (its ±3 % goal is a
-    benchmark: docs/study/, not a wall-clock threshold here)."""
+    benchmark: results/study-20261201T1642Z/, not a wall-clock threshold here)."""
     from normswap.study.measure import StepPlan
 
     results, out = sweep_study

@@ -8,7 +8,7 @@ and must match what DIR recorded.
 The defaults size the offline study (``normswap study --out DIR``: the shipped kjv-gpt2
 architecture, randomly initialised, on the embedded corpus, 3 seeds first, more while a verdict is
 open and the budget allows) to finish within 15 minutes on 2 idle CPU cores and to train past the
-count-bigram baseline, so that its loss verdicts can be decided; docs/study/ holds that run's
+count-bigram baseline, so that its loss verdicts can be decided; results/study-20261201T1642Z/ holds that run's
 output and timing.
 
 This module imports neither torch nor click, so that ``--help`` and recipe validation stay fast.
@@ -185,7 +185,8 @@ class StudyConfig:
     )
     # 32 × 64 rather than 16 × 128: the same 2,048 tokens a step, twice the independent windows; the
     # byte model is then at 1.94 nats by step 200 instead of 2.23 (seed 0, 400 steps: 1.729 against
-    # 1.940 at the end; the bigram 2.28-2.30; docs/study-design/), so 300 steps learn past it with room
+    # 1.940 at the end; the bigram 2.28-2.30; results/study-design-20261203T1336Z/), so 300 steps learn
+    # past it with room
     seq_len: int = _opt(64, "Tokens per sequence.", minimum=2, maximum=MAX_SEQ_LEN)
     eval_every: int = _opt(
         75,
