@@ -124,15 +124,15 @@ def short_budget(monkeypatch):
 
 def test_a_call_past_its_budget_refuses_every_later_call_at_once(tmp_path, short_budget):
     from normswap.checkpoint.load import load_tokenizer
-    from normswap.checkpoint.tokenizer_guard import TokenizerRefused
+    from normswap.errors import NormswapError
 
     tok = load_tokenizer(str(_model(tmp_path, "later", ON_TILDES)))
     assert tok(TEXT)["input_ids"]  # the control: text without tildes tokenizes
-    with pytest.raises(TokenizerRefused, match="tokenizing .* characters took more than"):
+    with pytest.raises(NormswapError, match="tokenizing .* characters took more than"):
         tok(("~" * 40 + " ") * 200)
     running = len(_tokenizing_threads())
-    with pytest.raises(TokenizerRefused, match="tokenizing"):
-        tok(TEXT)  # refused at once: no second call beside the one still in Rust
+    with pytest.raises(NormswapError, match="tokenizing"):
+        tok(TEXT)  # refused at once: no second call beside the one still in Rust (before: tokenized)
     assert len(_tokenizing_threads()) <= running
 
 
@@ -142,12 +142,12 @@ def test_a_decode_past_its_budget_is_refused(tmp_path, short_budget):
     from tokenizers import Tokenizer
 
     from normswap.checkpoint.load import load_tokenizer
-    from normswap.checkpoint.tokenizer_guard import TokenizerRefused
+    from normswap.errors import NormswapError
 
     model = _model(tmp_path, "decoder", decoder=ON_TILDES)
     tok = load_tokenizer(str(model))
     raw = Tokenizer.from_file(str(model / "tokenizer.json"))
     ids = raw.encode(TEXT).ids
     assert tok.decode(ids) == raw.decode(ids)  # the control: the library's own text
-    with pytest.raises(TokenizerRefused, match="decoding .* ids took more than"):
+    with pytest.raises(NormswapError, match="decoding .* ids took more than"):
         tok.decode(raw.encode(("~" * 40 + " ") * 20).ids)

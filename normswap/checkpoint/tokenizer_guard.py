@@ -87,8 +87,8 @@ def _chars(inputs) -> int:
 
 
 class GuardedBackend:
-    """A ``tokenizers.Tokenizer`` whose encodes run under a time budget on a helper thread; everything
-    else reaches the Rust tokenizer itself."""
+    """A ``tokenizers.Tokenizer`` whose encodes and decodes run under a time budget on a helper thread;
+    everything else reaches the Rust tokenizer itself."""
 
     __slots__ = ("_backend", "_where", "_refused")
 
