@@ -62,12 +62,12 @@ def test_convert_refuses_a_refused_tokenizer_in_one_line_and_writes_nothing(tmp_
 def test_export_refuses_a_refused_tokenizer_before_any_work(tmp_path):
     """A converted checkpoint (convert --no-verify of the unedited model) whose tokenizer.json is then swapped
     for the refused one: export ends in one line naming it (before: exported, exit 0)."""
-    from normswap.checkpoint.load import optional_tokenizer
+    from normswap.checkpoint.load import load_tokenizer
 
     plain, converted, out = _model(tmp_path, "plain"), tmp_path / "converted", tmp_path / "out"
     code, err = normswap_capped("convert", plain, converted, "--no-verify", timeout=300)
     assert code == 0, err
-    assert optional_tokenizer(str(converted)) is not None  # the control: its own tokenizer is used
+    assert load_tokenizer(str(converted))(TEXT)["input_ids"]  # the control: its own tokenizer loads
     shutil.copy(_model(tmp_path, "bad", SLOW) / "tokenizer.json", converted / "tokenizer.json")
     code, err = normswap_capped("export", converted, out, "--format", "stock", timeout=300)
     lines = [line for line in err.splitlines() if line.startswith("normswap")]
