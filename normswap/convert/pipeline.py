@@ -66,9 +66,6 @@ def convert_checkpoint(
     if directory is None:
         raise NormswapError(f"cannot convert {src}: its files are neither a local directory nor reachable")
     label = str(src)
-    # before any work: a tokenizer normswap refuses refuses the conversion (it is never carried into OUT);
-    # none at all is fine (verification then runs on random ids)
-    tokenizer = ckload.optional_tokenizer(resolved)
     source = open_source(directory, label)
     try:
         check_against_weights(config.to_dict(), {k: shape for k, (_, shape) in source.specs.items()}, label)
@@ -97,6 +94,9 @@ def convert_checkpoint(
         causal = ckload.is_causal_lm(config)
         if options.verify:
             check_verification_memory(conv, config)
+        # before anything is written: a tokenizer normswap refuses refuses the conversion (it is never carried
+        # into OUT, also under --no-verify); none at all is fine (verification then runs on random ids)
+        tokenizer = ckload.optional_tokenizer(resolved)
 
         total = sum(numel(w.shape) * w.dtype.itemsize for w in conv.writes.values())
         say(
