@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 
 from normswap.finetune.trainer import Hooks as FinetuneHooks
-from normswap.study.interleaved import Hooks as StudyHooks
+from normswap.study.training.interleaved import Hooks as StudyHooks
 
 __all__ = ["FinetuneHooks", "StudyHooks", "cpu_isa", "forget_kernel_choices", "kernel_backend", "registered_impl"]
 

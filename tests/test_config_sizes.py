@@ -192,8 +192,8 @@ def test_the_meta_count_is_the_built_models_and_a_small_study_fits():
     """Negative control: the meta-device count equals a real build's, and a small model passes."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from normswap.study.arms import Source
     from normswap.study.preflight_checks import check_memory
+    from normswap.study.training.arms import Source
 
     config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=64)
     real = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())

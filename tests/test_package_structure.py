@@ -768,18 +768,38 @@ def test_no_function_over_100_lines():
 
 
 def unindexed(package: Path) -> list[str]:
-    """Modules of ``package`` its ``__init__`` docstring does not name (as ``name.py``)."""
+    """Modules (as ``name.py``) and subpackages (as ``name/``) of ``package`` its ``__init__`` docstring
+    does not name."""
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
-    return sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py" and p.name not in doc)
+    modules = [p.name for p in package.glob("*.py") if p.name != "__init__.py"]
+    subpackages = [f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()]
+    return sorted(name for name in modules + subpackages if name not in doc)
 
 
 def test_unindexed_flags_a_module_the_index_leaves_out(tmp_path):
-    # negative control: a module the docstring does not name is reported, a named one is not
-    (tmp_path / "__init__.py").write_text('"""Modules: a.py (the first)."""\n')
+    # negative control: a module or a subpackage the docstring does not name is reported, a named one is not
+    (tmp_path / "__init__.py").write_text('"""Modules: a.py (the first); sub/ (its parts)."""\n')
     (tmp_path / "a.py").write_text("")
     (tmp_path / "b.py").write_text("")
-    assert unindexed(tmp_path) == ["b.py"]
+    for name in ("sub", "other"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / "data").mkdir()  # a folder that is not a package is not indexed
+    assert unindexed(tmp_path) == ["b.py", "other/"]
+
+
+# The study's concerns, each a subpackage below the options and the plan (normswap/study/__init__.py).
+STUDY_CONCERNS = ["training", "measuring", "judging", "persistence", "presentation"]
 
 
 def test_the_study_index_names_every_module():
-    assert unindexed(PACKAGE / "study") == []
+    study = PACKAGE / "study"
+    assert sorted(p.name for p in study.iterdir() if (p / "__init__.py").is_file()) == sorted(STUDY_CONCERNS)
+    top = ast.get_docstring(ast.parse((study / "__init__.py").read_text(encoding="utf-8"))) or ""
+    for package in [study] + [study / concern for concern in STUDY_CONCERNS]:
+        assert unindexed(package) == [], package
+    for concern in STUDY_CONCERNS:
+        # the top index names each module under its own concern's heading, as the folders hold them
+        section = top[top.index(f"- {concern}/") :].split("\n- ")[0]
+        missing = [m.name for m in (study / concern).glob("*.py") if m.name != "__init__.py" and m.name not in section]
+        assert not missing, (concern, missing)

@@ -92,7 +92,7 @@ def test_the_control_a_model_without_a_tokenizer_file_is_not_refused(tmp_path):
 def test_the_study_refuses_instead_of_using_its_fallback(tmp_path):
     from normswap.checkpoint.load import load_config
     from normswap.errors import NormswapError
-    from normswap.study.arms import _tokenizer_for
+    from normswap.study.training.arms import _tokenizer_for
 
     plain = _model(tmp_path, "plain")
     config = load_config(str(plain))

@@ -156,7 +156,7 @@ def test_interval_logic_negative_controls():
 def test_throughput_null_control_structure(sweep_study):
     """The interleaved null control is reported per seed with its interval (its ±3 % goal is a
     benchmark: results/study-20261201T1642Z/, not a wall-clock threshold here)."""
-    from normswap.study.measure import StepPlan
+    from normswap.study.measuring.measure import StepPlan
 
     results, out = sweep_study
     nc = results["null_control"]
@@ -174,7 +174,7 @@ def test_throughput_null_control_structure(sweep_study):
 
 def test_rmsnorm_arm_is_gamma_one_and_every_other_weight_identical(tmp_path):
     from normswap.modules import RMSNorm
-    from normswap.study.arms import build_arm, open_source
+    from normswap.study.training.arms import build_arm, open_source
 
     src = open_source(_config(tmp_path), from_scratch=True)
     ln, rms = build_arm(src, "layernorm", 3, "torch"), build_arm(src, "rmsnorm", 3, "torch")
@@ -550,9 +550,9 @@ def _instrument_check(out, arms, margin):
     """The equal-loss test of every arm, from the units in DIR, without the bigram gate (the claim's
     own gate, tested in test_equivalence_verdicts_tost_bigram_gate_and_holm: a 16-step model has not
     learned past a bigram; the test itself is what is checked here)."""
-    from normswap.study.analysis import analyse
     from normswap.study.config import StudyConfig
-    from normswap.study.study_dir import StudyDir, unit_key
+    from normswap.study.judging.analysis import analyse
+    from normswap.study.persistence.study_dir import StudyDir, unit_key
 
     study = StudyDir(out)
     units = {(a, s, 1.0): study.read_unit(unit_key(a, s, 1.0)) for a in arms for s in range(3)}
@@ -566,8 +566,8 @@ def test_planted_arm_is_different_and_the_null_control_equivalent(instrument_stu
     control: a wrong TOST that always says "equivalent" makes the planted arm equivalent too, and the
     check says the test did not go both ways."""
     from normswap.stats.equivalence import tost
-    from normswap.study import results as study_results
     from normswap.study.config import PLANTED_LR
+    from normswap.study.judging import results as study_results
 
     res, out, arms = instrument_study
     units = {(u["arm"], u["seed"]): u for u in res["units"]}
@@ -591,7 +591,7 @@ def test_planted_arm_is_different_and_the_null_control_equivalent(instrument_stu
 
 
 def test_power_says_what_the_seeds_detect_and_how_many_would_decide(instrument_study):
-    """study/power.py against a direct simulation of the TOST it describes, and its use in the run."""
+    """study/judging/power.py against a direct simulation of the TOST it describes, and its use in the run."""
     import random
 
     from normswap.stats import power_analysis as power
@@ -642,7 +642,7 @@ def test_schedule_decays_and_final_quality_is_the_mean_of_the_last_evaluations(t
 
 
 def test_ngram_baselines_are_proper_count_models():
-    from normswap.study.baselines import ngram_losses
+    from normswap.study.measuring.baselines import ngram_losses
 
     g = torch.Generator().manual_seed(0)
     # a text where each token determines the next (a cycle): the bigram knows it, the unigram cannot
@@ -674,7 +674,7 @@ def _cmp(diffs, *, base=5.0, arm_diverged=0):
 
 
 def test_equivalence_verdicts_tost_bigram_gate_and_holm():
-    from normswap.study import claim_judges
+    from normswap.study.judging import claim_judges
 
     ctx = claim_judges.Context(margin=0.02, baselines={"bigram_loss": 5.5})
     tight = [0.001, -0.002, 0.0015, 0.0, -0.001]
@@ -705,7 +705,7 @@ def test_equivalence_verdicts_tost_bigram_gate_and_holm():
 
 
 def test_the_equal_loss_verdict_says_which_error_keeps_it_from_the_margin():
-    from normswap.study import claim_judges
+    from normswap.study.judging import claim_judges
 
     ctx = claim_judges.Context(margin=0.02, baselines={"bigram_loss": 5.5})
     wide = _cmp([0.03, -0.03, 0.01, -0.02])
@@ -719,7 +719,7 @@ def test_the_equal_loss_verdict_says_which_error_keeps_it_from_the_margin():
 
 def test_sequential_seeds_stop_when_decided_or_out_of_budget():
     from normswap.study.config import StudyConfig
-    from normswap.study.seeds import seed_decision
+    from normswap.study.training.seeds import seed_decision
 
     cfg = StudyConfig(out="x", seeds=2, max_seeds=5, budget=100)
     open_row = [{"verdict": "not measurable here", "open": True, "claim": "equal loss at equal tokens", "arm": "r"}]
@@ -749,7 +749,7 @@ def test_a_seed_beyond_seeds_trains_the_baseline_and_the_open_arms_only(tmp_path
     """A decided arm's interval needs no more seeds: the extra seed trains layernorm and the arm whose
     verdict is open, and the open arm's comparison gains the seed. Negative control (the other
     parametrisation): which arm trains follows the open verdict, not a fixed list."""
-    from normswap.study import seeds
+    from normswap.study.training import seeds
 
     seen_before = []
 
@@ -771,7 +771,7 @@ def test_a_seed_beyond_seeds_trains_the_baseline_and_the_open_arms_only(tmp_path
 
 
 def test_nobias_and_dyt_arms_change_only_the_replaced_norms(tmp_path):
-    from normswap.study.arms import DyTNorm, build_arm, open_source, replaced_norms
+    from normswap.study.training.arms import DyTNorm, build_arm, open_source, replaced_norms
 
     src = open_source(_config(tmp_path), from_scratch=True)
     ln, nb, dyt = (build_arm(src, a, 3, "torch") for a in ("layernorm", "layernorm-nobias", "dyt"))
@@ -840,10 +840,10 @@ def test_the_default_study_reads_bytes_and_records_why(tmp_path):
     text round-trips — and the design recorded in results.json's setup; --tokens model keeps the
     BPE model; bytes on trained weights is refused in one line."""
     from normswap.errors import NormswapError
-    from normswap.study import bytes_model
     from normswap.study.config import DEFAULT_ARMS, StudyConfig
     from normswap.study.config import PLANTED as DEFAULT_PLANTED
     from normswap.study.inputs import open_study_source
+    from normswap.study.training import bytes_model
 
     src = open_study_source(StudyConfig(out=str(tmp_path / "a"), from_scratch=True))
     text = "In the beginning God créated\n the heaven."

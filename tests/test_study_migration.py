@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from normswap.report.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
-from normswap.study import migration
+from normswap.study.training import migration
 
 MULTS = [0.25, 0.5, 1.0, 2.0, 4.0]
 TINY = dict(

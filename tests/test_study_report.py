@@ -28,7 +28,7 @@ def too_wide(lines, width=100) -> list[str]:
 
 def test_terminal_summary_fits_100_columns(results):
     from normswap.report.tables import text_table
-    from normswap.study.study_report import claims_rows, summary_lines
+    from normswap.study.presentation.study_report import claims_rows, summary_lines
 
     lines = summary_lines(results, "/tmp/study")
     assert not too_wide(lines) and len(lines) > 20
@@ -47,7 +47,7 @@ def test_terminal_summary_fits_100_columns(results):
 
 
 def test_the_report_opens_with_the_bottom_line_and_defines_its_terms(results, tmp_path):
-    from normswap.study.study_report import markdown, write_report
+    from normswap.study.presentation.study_report import markdown, write_report
 
     write_report(results, tmp_path)
     md = (tmp_path / "report.md").read_text()
@@ -74,7 +74,7 @@ def test_the_report_opens_with_the_bottom_line_and_defines_its_terms(results, tm
 
 
 def test_measured_differences_become_verdicts_and_noise_does_not(results):
-    from normswap.study.bottom_line import bottom_line, differences
+    from normswap.study.judging.bottom_line import bottom_line, differences
 
     diffs = {(d["measure"], tuple(a for a, _ in d["arms"])): d for d in differences(results)}
     mem = diffs[("peak memory ratio", ("rmsnorm",))]
@@ -90,7 +90,7 @@ def test_measured_differences_become_verdicts_and_noise_does_not(results):
 
 
 def test_a_verdict_several_arms_share_is_said_once(results):
-    from normswap.study.study_report import claims_rows, summary_lines
+    from normswap.study.presentation.study_report import claims_rows, summary_lines
 
     shared = copy.deepcopy(results)
     extra = [dict(c, arm="dyt") for c in shared["claims"]]
@@ -107,8 +107,8 @@ def test_a_verdict_several_arms_share_is_said_once(results):
 
 
 def test_newer_keys_render_and_change_the_words(results, tmp_path):
-    from normswap.study.bottom_line import bottom_line, differences
-    from normswap.study.study_report import summary_lines, write_report
+    from normswap.study.judging.bottom_line import bottom_line, differences
+    from normswap.study.presentation.study_report import summary_lines, write_report
 
     new = copy.deepcopy(results)
     new["setup"].update(margin_nats=0.02, lr_schedule="cosine to 10 % after 20 warmup steps")
@@ -193,13 +193,13 @@ def test_charts_have_honest_axes_and_show_the_control(results, tmp_path):
     range_bars(b, [("layernorm", 1.8, 0.8, 2.5, "C0", True), ("rmsnorm", 7.2, 4.2, 9.3, "C1", True)], ylabel="%")
     assert b.get_ylim()[0] == 0 and b.get_ylim()[1] > 9.3  # bars from 0, every whisker inside
     plt.close(fig)
-    from normswap.study.study_report import bars_plot
+    from normswap.study.presentation.study_report import bars_plot
 
     assert bars_plot(results, tmp_path).stat().st_size > 10_000
 
 
 def test_speed_says_every_reason_it_cannot_tell_and_quality_keeps_a_measured_gap(results):
-    from normswap.study.bottom_line import bottom_line
+    from normswap.study.judging.bottom_line import bottom_line
 
     busy = copy.deepcopy(results)
     cmp = busy["comparisons"]["rmsnorm"]
@@ -223,7 +223,7 @@ def test_speed_says_every_reason_it_cannot_tell_and_quality_keeps_a_measured_gap
 def test_every_committed_study_and_a_stripped_one_render(tmp_path):
     """Older results.json files (every study committed in results/, whatever version
     wrote them) and one stripped of every optional block still render, within 100 columns."""
-    from normswap.study.study_report import summary_lines, write_report
+    from normswap.study.presentation.study_report import summary_lines, write_report
 
     found = sorted(REPO.glob("results/study*/results.json"))
     assert len(found) >= 2
@@ -242,8 +242,8 @@ def test_every_committed_study_and_a_stripped_one_render(tmp_path):
 
 
 def test_holm_and_downstream_scores_are_rendered(results, tmp_path):
-    from normswap.study.bottom_line import bottom_line
-    from normswap.study.study_report import markdown, summary_lines
+    from normswap.study.judging.bottom_line import bottom_line
+    from normswap.study.presentation.study_report import markdown, summary_lines
 
     new = copy.deepcopy(results)
     assert "Holm" not in markdown(new, {}) and "lm-eval" not in markdown(new, {})  # control: older results

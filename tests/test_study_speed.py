@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from normswap.modules import RMSNorm
-from normswap.study import claim_judges, measure, norm_impl, speed
-from normswap.study import results as res
+from normswap.study.judging import claim_judges, speed
+from normswap.study.judging import results as res
+from normswap.study.measuring import measure
+from normswap.study.training import norm_impl
 
 
 @pytest.fixture(autouse=True)

@@ -19,8 +19,8 @@ import torch
 
 from normswap.report.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from normswap.stats.t_intervals import t_interval
-from normswap.study import precision as ka
-from normswap.study import stability as stab
+from normswap.study.measuring import precision as ka
+from normswap.study.training import stability as stab
 
 TINY = dict(
     model_type="gpt2",
@@ -49,8 +49,8 @@ def _planted_study(root, unstable_arm: str, precision="bf16"):
     """layernorm and rmsnorm, 6 seeds, rates ×1, ×2, ×4 of a small --lr (nothing diverges on its own);
     ``unstable_arm``'s loss is made non-finite at step 3 of every run at ×2 or above."""
     from normswap.study.config import StudyConfig
-    from normswap.study.interleaved import Hooks
     from normswap.study.runner import run_study
+    from normswap.study.training.interleaved import Hooks
 
     cfg_file = root / "tiny.json"
     cfg_file.write_text(json.dumps(TINY))
@@ -145,7 +145,7 @@ def test_the_same_runs_with_the_roles_swapped_are_not_reproduced(layernorm_unsta
     """The opposite direction from the same measured runs: read back from DIR, RMSNorm's sweep taken as
     the baseline's and LayerNorm's as the arm's, the rule must say the arm is less stable."""
     from normswap.study.config import StudyConfig
-    from normswap.study.study_dir import StudyDir
+    from normswap.study.persistence.study_dir import StudyDir
 
     out = ln_unstable_root / "study"
     study = StudyDir(out)

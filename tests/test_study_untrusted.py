@@ -31,7 +31,7 @@ TINY = dict(
 )
 COMMON = dict(seq_len=16, batch_size=2, eval_tokens=64, eval_every=0, warmup=0, progress=False, device="cpu", threads=1)
 COMMON.update(max_seeds=1, budget=0, lm_eval_tasks=["none"], workers=1, speed_seconds=0)  # one seed, no lm-eval
-OPTS = dict(arms=["layernorm"], steps=3, seeds=1)  # step 3 is the first profiled one (study/measure.py)
+OPTS = dict(arms=["layernorm"], steps=3, seeds=1)  # step 3 is the first profiled one (study/measuring/measure.py)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -90,7 +90,7 @@ def study(ctx, model, out, as_json, **opts):
             )
         )
         return
-    from normswap.study.study_report import summary_lines
+    from normswap.study.presentation.study_report import summary_lines
 
     for line in summary_lines(results, out):
         click.echo(line)

@@ -1,5 +1,5 @@
 """One optimizer step, written once for the fine-tune (finetune/trainer.py) and the study
-(study/interleaved.py): the schedule's rate, the loss under the run's precision, backward (scaled in
+(study/training/interleaved.py): the schedule's rate, the loss under the run's precision, backward (scaled in
 fp16), the gradients averaged across processes, clipping, the optimizer update (or its refusal),
 and the gradients cleared.
 

@@ -342,15 +342,15 @@ class StudyStep:
         )
 
     def complete(self, ctx: Context) -> bool:
-        from normswap.study.study_dir import StudyDir
+        from normswap.study.persistence.study_dir import StudyDir
 
         return (StudyDir(self.target(ctx)).read_run() or {}).get("status") == "finished" and StudyDir(
             self.target(ctx)
         ).results_file.is_file()
 
     def run(self, ctx: Context) -> dict:
+        from normswap.study.persistence.study_dir import StudyDir
         from normswap.study.runner import run_study
-        from normswap.study.study_dir import StudyDir
 
         say = lambda m: ctx.say(f"study: {m.removeprefix('normswap study: ').removeprefix('study: ')}")  # noqa: E731
         recorded = StudyDir(self.target(ctx)).read_run() if self.target(ctx).is_dir() else None

@@ -1,6 +1,6 @@
 """The report kit's page: one stylesheet and the building blocks of the self-contained report.html
 (figures embedded as base64) and of report.md, shared by `normswap eval report` (render.py) and
-`normswap study` (study/study_report.py) so both pages look and read alike."""
+`normswap study` (study/presentation/study_report.py) so both pages look and read alike."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ PLANTED_LR = {PLANTED: 0.7, "layernorm-planted-lr0.5": 0.5}  # planted arms: lay
 # null control (must come out equivalent) and the planted handicap (must come out different). dyt and
 # layernorm-nobias stay one --arms away: four arms × three seeds is what 15 minutes on 2 cores holds.
 DEFAULT_ARMS = (BASELINE, "rmsnorm", CONTROL, PLANTED)
-TOKENS = ("auto", "bytes", "model")  # study/bytes_model.py
+TOKENS = ("auto", "bytes", "model")  # study/training/bytes_model.py
 LM_EVAL_OFF = "none"
 
 
@@ -117,7 +117,7 @@ class StudyConfig:
         "auto",
         "What the model reads. bytes: MODEL's architecture over a 257-entry byte vocabulary (each UTF-8 byte a "
         "token, plus end-of-text; random initialisation), the default study's design: at this budget the "
-        "BPE-4096 model never trains past the count bigram, the byte model does (study/bytes_model.py); "
+        "BPE-4096 model never trains past the count bigram, the byte model does (study/training/bytes_model.py); "
         "model: MODEL's own tokenizer (e.g. the shipped BPE-4096); auto: bytes for the default study "
         "(no MODEL given), model otherwise.",
         choices=TOKENS,
@@ -170,7 +170,8 @@ class StudyConfig:
     stability: bool = _opt(
         False,
         "Stability sweep: every arm also trains at --lr × 1, 2, 4, … (--stability-rates rates) until it diverges, "
-        "in the training precision; the low-precision stability claim is judged from it (normswap/study/stability.py).",
+        "in the training precision; the low-precision stability claim is judged from it "
+        "(normswap/study/training/stability.py).",
     )
     stability_rates: int = _opt(6, "Rates of the --stability sweep (--lr × 2^k, k = 0 … N−1).", minimum=2)
     precision: str = _opt(
@@ -251,7 +252,7 @@ class StudyConfig:
         0,
         "Training processes: the units (arm × seed × rate) are spread over N processes, each on --threads "
         "thread(s) (0: one per CPU core this process may use, at most the units of a round). Speed is not "
-        "read from these runs but from a separate timing phase (study/speed_phase.py).",
+        "read from these runs but from a separate timing phase (study/measuring/speed_phase.py).",
         minimum=0,
         maximum=MAX_THREADS,
         resume="free",

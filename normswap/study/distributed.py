@@ -7,8 +7,8 @@ import os
 
 import torch
 
-from normswap.study import norm_impl
-from normswap.study.interleaved import Dist
+from normswap.study.training import norm_impl
+from normswap.study.training.interleaved import Dist
 
 
 def init_dist(device: str) -> Dist:

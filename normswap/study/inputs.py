@@ -7,15 +7,15 @@ from __future__ import annotations
 import dataclasses
 
 from normswap.errors import NormswapError
-from normswap.study import migration
-from normswap.study.arms import open_source
 from normswap.study.config import DEFAULT_MODEL, StudyConfig
-from normswap.study.heldout_blocks import heldout_blocks
+from normswap.study.training import migration
+from normswap.study.training.arms import open_source
+from normswap.study.training.heldout_blocks import heldout_blocks
 
 
 def open_study_source(cfg: StudyConfig):
     """MODEL as the study reads it: with ``--tokens bytes``, its architecture over the byte vocabulary."""
-    from normswap.study import bytes_model
+    from normswap.study.training import bytes_model
 
     source = open_source(cfg.model, from_scratch=cfg.from_scratch)
     if cfg.tokens == "model" or (cfg.tokens == "auto" and not (cfg.model == DEFAULT_MODEL and cfg.from_scratch)):

@@ -6,10 +6,10 @@ import dataclasses
 
 from normswap.errors import NormswapError
 from normswap.evaluate.lm_eval_adapter import unavailable as lm_eval_unavailable
-from normswap.study.arms import build_arm, check_arms, default_arms
 from normswap.study.config import TRAINED_ONLY, StudyConfig, flag, option_errors
-from normswap.study.interleaved import Dist
-from normswap.study.study_dir import StudyDir, resolve_resume
+from normswap.study.persistence.study_dir import StudyDir, resolve_resume
+from normswap.study.training.arms import build_arm, check_arms, default_arms
+from normswap.study.training.interleaved import Dist
 
 
 def check_options(cfg: StudyConfig, given):

@@ -1,26 +1,28 @@
 """``run_study``: five named stages, read top to bottom at the end of this file.
 
-1. ``plan_study``: options, MODEL (over bytes by default, study/bytes_model.py), arms, data, the count
+1. ``plan_study``: options, MODEL (over bytes by default, study/training/bytes_model.py), arms, data, the count
    baselines and the kernel choice; everything that can fail on bad input (options, arm names, MODEL
    without a LayerNorm to replace, DIR that is not a study or overlaps an input, data too short)
    fails before DIR is touched.
-2. ``train_units``: --seeds seeds in one round, spread over worker processes (study/units.py), then
+2. ``train_units``: --seeds seeds in one round, spread over worker processes (study/training/units.py), then
    one seed a round while a verdict is still open and --budget allows; plain steps, memory and the
-   norms' share measured on a few sampled steps (study/measure.py).
+   norms' share measured on a few sampled steps (study/measuring/measure.py).
 3. ``speed_phase.measure``: after training, alone on the machine, the one timing instrument
    (normswap/timing.py): interleaved pairs of short train steps, each arm against layernorm, with
    layernorm's second copy as the null control.
-4. ``decide`` (analysis.py): comparisons, the power of the equal-loss test (study/power.py), the instrument check
-   (planted arm different, null control equivalent), the claims' verdicts.
-5. ``write_results`` (results_writer.py): results.json, the report, the run file.
+4. ``decide`` (judging/analysis.py): comparisons, the power of the equal-loss test
+   (study/judging/power.py), the instrument check (planted arm different, null control equivalent),
+   the claims' verdicts.
+5. ``write_results`` (persistence/results_writer.py): results.json, the report, the run file.
 
 Only process 0 writes; under torchrun every process trains its rows of every group.
 
 The parts each stage calls live in modules named for their job: preflight_checks.py (every refusal),
-distributed.py (torchrun: process 0's decisions sent to all), progress_display.py, console_text.py
-(the header, a diverged arm, the resume command), seeds.py (whether another seed runs),
-analysis.py (stage 4), results_writer.py (stage 5), baselines.py (the count models' losses);
-study_plan.py holds the records the stages hand each other.
+distributed.py (torchrun: process 0's decisions sent to all), presentation/progress_display.py,
+presentation/console_text.py (the header, a diverged arm, the resume command), training/seeds.py
+(whether another seed runs), judging/analysis.py (stage 4), persistence/results_writer.py (stage 5),
+measuring/baselines.py (the count models' losses); study_plan.py holds the records the stages hand
+each other.
 """
 
 from __future__ import annotations
@@ -33,23 +35,24 @@ import torch
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
 from normswap.host import load_average, usable_cpus
-from normswap.study import migration, norm_impl, speed_phase
-from normswap.study.analysis import decide
-from normswap.study.arms import build_arm, check_replaceable
-from normswap.study.baselines import baseline_losses
 from normswap.study.config import BASELINE, CONTROL, StudyConfig
-from normswap.study.console_text import header_lines, report_diverged, resume_command
 from normswap.study.distributed import agree, agree_choice, init_dist
 from normswap.study.inputs import open_study_source, study_data
-from normswap.study.interleaved import Dist, Group, Hooks
+from normswap.study.judging.analysis import decide
+from normswap.study.judging.speed import recorded_loads
+from normswap.study.measuring import speed_phase
+from normswap.study.measuring.baselines import baseline_losses
+from normswap.study.persistence.results_writer import write_results
+from normswap.study.persistence.study_dir import unit_key
 from normswap.study.preflight_checks import arms_for, check_memory, check_options, check_sizes, lm_eval_or_note
-from normswap.study.progress_display import Progress
-from normswap.study.results_writer import write_results
-from normswap.study.seeds import next_seed, worker_rounds
-from normswap.study.speed import recorded_loads
-from normswap.study.study_dir import unit_key
+from normswap.study.presentation.console_text import header_lines, report_diverged, resume_command
+from normswap.study.presentation.progress_display import Progress
 from normswap.study.study_plan import Plan, Trained
-from normswap.study.units import Trainer, run_in_workers
+from normswap.study.training import migration, norm_impl
+from normswap.study.training.arms import build_arm, check_replaceable
+from normswap.study.training.interleaved import Dist, Group, Hooks
+from normswap.study.training.seeds import next_seed, worker_rounds
+from normswap.study.training.units import Trainer, run_in_workers
 
 
 class StudyInterrupted(NormswapError):
@@ -224,7 +227,7 @@ def train_units(plan: Plan, hooks: Hooks, echo) -> Trained:
         _train_seeds(plan, trainer, trained, hooks, progress, echo)
         _extend_sweep(plan, trainer, trained, hooks, progress, echo)
         if cfg.stability:
-            from normswap.study import stability as stab
+            from normswap.study.training import stability as stab
 
             trained.stab_units = stab.run_sweep(
                 cfg,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from normswap.study.config import StudyConfig
-from normswap.study.interleaved import Dist
-from normswap.study.study_dir import StudyDir
+from normswap.study.persistence.study_dir import StudyDir
+from normswap.study.training.interleaved import Dist
 
 
 @dataclasses.dataclass

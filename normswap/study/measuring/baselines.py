@@ -33,8 +33,8 @@ METHOD = (
 
 
 def training_blocks(tokenizer, data_spec: str, seq_len: int, blocks: int, split: str) -> torch.Tensor:
-    """The first ``blocks`` blocks seed 0's arms read (study/sampler.py's draws, in order)."""
-    from normswap.study.sampler import BlockSampler, training_blocks_all
+    """The first ``blocks`` blocks seed 0's arms read (study/training/sampler.py's draws, in order)."""
+    from normswap.study.training.sampler import BlockSampler, training_blocks_all
 
     return BlockSampler(training_blocks_all(tokenizer, data_spec, seq_len, split), 0).take(blocks)
 
@@ -81,7 +81,7 @@ def ngram_losses(train: torch.Tensor, heldout: torch.Tensor, vocab_size: int) ->
 
 
 def baseline_losses(source, cfg: StudyConfig, train_split: str, eval_set) -> dict:
-    """The count models' held-out losses (study/baselines.py) on the tokens a seed's arms read."""
+    """The count models' held-out losses (study/measuring/baselines.py) on the tokens a seed's arms read."""
     train = training_blocks(source.tokenizer, cfg.data, cfg.seq_len, cfg.steps * cfg.batch_size, train_split)
     vocab = int(getattr(source.config, "vocab_size", 0) or len(source.tokenizer))
     return ngram_losses(train, eval_set, vocab)

@@ -76,5 +76,5 @@ def describe(config) -> dict:
         "why": "kjv-gpt2's 4 × 128 architecture over bytes (32 windows of 64 bytes a step): at this budget "
         "the BPE-4096 model stays behind the "
         "count bigram (most of its parameters are an embedding too large to train on ~0.8 M tokens); over bytes "
-        "the same layers learn past the byte bigram, where the norm has work to do (study/bytes_model.py)",
+        "the same layers learn past the byte bigram, where the norm has work to do (study/training/bytes_model.py)",
     }

@@ -20,9 +20,9 @@ import dataclasses
 
 import torch
 
-from normswap.study import migration
-from normswap.study.interleaved import Dist, Group, Hooks
-from normswap.study.study_dir import StudyDir, unit_key
+from normswap.study.persistence.study_dir import StudyDir, unit_key
+from normswap.study.training import migration
+from normswap.study.training.interleaved import Dist, Group, Hooks
 
 
 @dataclasses.dataclass
@@ -43,7 +43,7 @@ class Trainer:
     def stream_for(self, data_seed: int):
         """A data-order seed -> a fresh sampler of its batches (sampler.py): what ``Group.run`` reads.
         Fresh per call, so every unit of that seed reads the same batches whatever ran before."""
-        from normswap.study.sampler import BlockSampler, training_blocks_all
+        from normswap.study.training.sampler import BlockSampler, training_blocks_all
 
         if self.blocks is None:
             self.blocks = training_blocks_all(self.source.tokenizer, self.cfg.data, self.cfg.seq_len, self.train_split)

@@ -19,7 +19,7 @@ still decide it (``open``: the runner's sequential seeds stop when no row is ope
   baseline by the margin (a loss both reach by learning almost nothing is equal by construction).
   The null control's own difference (its data order and dropout differ) is quoted beside it: the
   noise floor of a study that shares nothing but the initialisation.
-* 10–30 % higher training throughput: study/speed.py — not measurable here when the Amdahl bound
+* 10–30 % higher training throughput: study/judging/speed.py — not measurable here when the Amdahl bound
   is below 1.10, too noisy to tell (no verdict) under load or with a null control outside its
   band, else the bootstrap interval's low end ≥ 1.10 reproduces, its high end < 1.10 refutes.
 * better low-precision stability ("RMS ≥ σ"): from the --stability sweep (learning rates rising until
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from normswap.stats.levels import ALPHA
 from normswap.stats.multiple_comparisons import holm
 from normswap.stats.t_intervals import fmt_t_interval
-from normswap.study import migration as migration_mod
-from normswap.study import speed
-from normswap.study import stability as stability_mod
+from normswap.study.judging import speed
+from normswap.study.training import migration as migration_mod
+from normswap.study.training import stability as stability_mod
 
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
 MIN_SEEDS = 2  # every claim's floor; the stability claim's coarse outcomes need more (stability.py)
@@ -83,7 +83,7 @@ class Context:
     train_precision: str = "fp32"
     rules: dict = field(default_factory=dict)
     alpha: float = ALPHA
-    loads: tuple = ()  # the machine's recorded load averages (study/speed.py's gate)
+    loads: tuple = ()  # the machine's recorded load averages (study/judging/speed.py's gate)
     cpus: int | None = None
     stability_sweep: dict | None = None
     throughput_null: dict | None = None  # the speed verdicts' null control (the timing phase's, or the control's)
@@ -161,7 +161,7 @@ def equal_loss(cmp: dict, ctx: Context) -> Verdict:
 
 
 def throughput(cmp: dict, ctx: Context) -> Verdict:
-    """study/speed.py's rule: the Amdahl bound, the load and null-control gates, the interval. Only a
+    """study/judging/speed.py's rule: the Amdahl bound, the load and null-control gates, the interval. Only a
     straddling interval or too few seeds is open: more seeds change neither the bound nor the load."""
     verdict, text = speed.throughput_verdict(
         cmp.get("throughput_ratio_bootstrap"),
@@ -290,7 +290,7 @@ def open_rows(rows: list[dict]) -> list[dict]:
 
 def null_control(ctl: dict | None) -> dict | None:
     """The layernorm-control arm against layernorm: its throughput ratio per seed and bootstrapped,
-    within the null band or not (study/speed.py control_gate: normswap's one rule), and its loss
+    within the null band or not (study/judging/speed.py control_gate: normswap's one rule), and its loss
     difference (own data order and dropout: the study's noise floor)."""
     if not ctl:
         return None

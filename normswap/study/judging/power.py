@@ -26,7 +26,7 @@ def plan(margin: float, seeds: int, max_seeds: int) -> dict:
     rows = {str(n): sd_max(n, margin) for n in sorted({seeds, max_seeds, 3, 6}) if n >= 2}
     return {
         "method": "TOST at α = 0.05 (whole 90 % interval within ±margin), power 80 % at a true difference of 0: "
-        "σ_max(n) = √n·margin / (t(0.95, n−1) + z(0.90)) (study/power.py)",
+        "σ_max(n) = √n·margin / (t(0.95, n−1) + z(0.90)) (study/judging/power.py)",
         "alpha": ALPHA,
         "power": POWER,
         "margin_nats": margin,

@@ -23,7 +23,7 @@ initialised per seed. ``build_arm`` turns the starting LayerNorm model into one 
   without warmup, config.ARM_SCHEDULE) and ``rmsnorm-keep-gamma`` (trained checkpoints: the trained
   γ stays on each RMSNorm instead of being reset to 1; from scratch γ = 1 either way).
 
-Kernels and precision (study/norm_impl.py): every RMSNorm computes with the implementation the
+Kernels and precision (study/training/norm_impl.py): every RMSNorm computes with the implementation the
 study chose (``--kernels``: ``torch``'s ``F.rms_norm``, ``normswap``'s module, or under ``best``
 whichever was fastest here); the LayerNorms always run PyTorch's fused ``F.layer_norm``. Under
 ``--precision bf16|fp16`` every norm computes in that dtype (not only autocast around it).
@@ -39,8 +39,8 @@ import torch
 
 from normswap.errors import NormswapError, first_line
 from normswap.modules import RMSNorm
-from normswap.study import norm_impl
 from normswap.study.config import ARMS, BASELINE, CONTROL, DEFAULT_ARMS, PLANTED_LR, TRAINED_DEFAULT, TRAINED_ONLY
+from normswap.study.training import norm_impl
 
 FALLBACK_TOKENIZER = "normswap:kjv-gpt2"  # for a bare config: the shipped model's tokenizer
 DYT_ALPHA_INIT = 0.5  # the paper's default α₀ (its Table 10 lowers it for wide LLMs)

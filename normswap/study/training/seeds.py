@@ -7,10 +7,10 @@ import math
 import statistics
 
 from normswap.host import usable_cpus
-from normswap.study import claim_judges as claims_mod
-from normswap.study.analysis import analyse
 from normswap.study.config import BASELINE, StudyConfig
 from normswap.study.distributed import agree
+from normswap.study.judging import claim_judges as claims_mod
+from normswap.study.judging.analysis import analyse
 from normswap.study.study_plan import Plan, Trained
 
 

@@ -8,8 +8,8 @@
   the 2.5 and 97.5 percentiles. Seeds are the independent units (own initialisation, data
   order, and time on the machine), steps within a seed are not, so steps never stand in for seeds.
 * **Amdahl bound** (:func:`amdahl_bound`): the most the swap could speed a step up, from the
-  baseline's measured norm share ``s`` (profiled steps, study/measure.py) and the kernel speed-up
-  ``k`` of the arm's norm over the baseline's (timed side by side, study/norm_impl.py):
+  baseline's measured norm share ``s`` (profiled steps, study/measuring/measure.py) and the kernel speed-up
+  ``k`` of the arm's norm over the baseline's (timed side by side, study/training/norm_impl.py):
   ``1 / ((1 − s) + s / k)``. Below the claim's threshold the claim cannot be reproduced by the
   swap on this model and machine, whatever the timings say: "not measurable here".
 * **Gates** (:func:`throughput_verdict`), before any verdict: the machine's recorded load
@@ -31,7 +31,7 @@ from normswap.stats.bootstrap import seed_blocked_median_interval
 from normswap.stats.levels import LEVEL
 from normswap.stats.verdicts import NULL_BAND, TOO_NOISY, null_is_tight, null_within_band
 
-LEGACY_UNTIMED = 2  # results written before study/measure.py's plan: steps 1 and 2 untimed
+LEGACY_UNTIMED = 2  # results written before study/measuring/measure.py's plan: steps 1 and 2 untimed
 BOOTSTRAP_DRAWS = 2000
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
 METHOD = (
@@ -123,7 +123,7 @@ def use_speed_phase(comparisons: dict, phase: dict) -> dict:
     """The timing phase's intervals as each comparison's throughput (speed_phase.py): the timed arms'
     ratios; arms with layernorm's own step (the control, a planted arm) get none. Returns the null's
     interval: the throughput verdicts' control."""
-    from normswap.study import speed_phase
+    from normswap.study.measuring import speed_phase
 
     null = speed_phase.interval(phase["null"])
     for arm, cmp in comparisons.items():

@@ -44,8 +44,8 @@ import torch
 
 from normswap.report.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from normswap.stats.t_intervals import fmt_t_interval, t_interval
-from normswap.study.interleaved import autocast_for
-from normswap.study.study_dir import unit_key
+from normswap.study.persistence.study_dir import unit_key
+from normswap.study.training.interleaved import autocast_for
 
 RATE_FACTOR = 2.0
 DEFAULT_RATES = 6

@@ -3,7 +3,7 @@
 Every step of a unit has one role (:class:`StepPlan`), the same for every arm:
 
 * ``first`` (step 1): AdamW allocates its moments, kernels warm up; the norms' kernels and dtypes
-  are observed (study/norm_impl.py ``observe``: labels detected from the autograd graph).
+  are observed (study/training/norm_impl.py ``observe``: labels detected from the autograd graph).
 * ``memory`` (step 2): the steady-state peak (:class:`PeakMemory`), AdamW's state already there,
   so it is counted once, in ``static_bytes``.
 * ``profile`` (``PROFILE_SAMPLES`` steps spread evenly from step 3, at most one in ``PROFILE_EVERY``):
@@ -320,7 +320,7 @@ class ArmProbe:
 
     @contextlib.contextmanager
     def step(self, t: int):
-        from normswap.study.norm_impl import observe
+        from normswap.study.training.norm_impl import observe
 
         role = self.plan.role(t)
         s = _StepState(role)

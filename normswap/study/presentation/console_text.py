@@ -6,8 +6,8 @@ import shlex
 
 from normswap.evaluate.lm_eval_adapter import unavailable as lm_eval_unavailable
 from normswap.study.config import DEFAULT_MODEL, PLANTED_LR, StudyConfig
-from normswap.study.interleaved import Dist
 from normswap.study.study_plan import Plan
+from normswap.study.training.interleaved import Dist
 
 
 def resume_command(cfg: StudyConfig) -> str:

@@ -11,10 +11,12 @@ import torch
 from normswap.finetune.step import Schedule
 from normswap.host import load_average, usable_cpus
 from normswap.stats.t_intervals import PAIRED_BY_SEED_METHOD
-from normswap.study import measure, sampler, speed, speed_phase
-from normswap.study import results as res
 from normswap.study.config import ARM_SCHEDULE, BASELINE, CONTROL, PLANTED_LR
+from normswap.study.judging import results as res
+from normswap.study.judging import speed
+from normswap.study.measuring import measure, speed_phase
 from normswap.study.study_plan import Plan, Trained
+from normswap.study.training import sampler
 
 SCHEMA_VERSION = 1
 
@@ -76,8 +78,8 @@ def _setup_record(plan: Plan, trained: Trained, analysis: dict) -> dict:
 
 def design_record(plan: Plan) -> dict:
     """Why the study is shaped as it is: the model it reads, the arms that check the test, the power."""
-    from normswap.study import bytes_model
-    from normswap.study import power as power_mod
+    from normswap.study.judging import power as power_mod
+    from normswap.study.training import bytes_model
 
     cfg = plan.cfg
     byte_level = getattr(plan.source.config, "vocab_size", None) == bytes_model.VOCAB
@@ -129,7 +131,7 @@ def write_results(plan: Plan, trained: Trained, analysis: dict, speed_record: di
     from normswap.publish import atomic_write_json
 
     atomic_write_json(plan.study.results_file, results)
-    from normswap.study.study_report import write_report
+    from normswap.study.presentation.study_report import write_report
 
     write_report(results, plan.study.out)
     plan.study.write_run(dict(plan.study.read_run() or {}, status="finished"))

@@ -35,8 +35,7 @@ from normswap.report.page import (
 from normswap.report.plots import interval_dots, log_if_wide, palette, plt, range_bars, save_figure, style_axes
 from normswap.report.tables import TERMINAL_WIDTH, html_table, markdown_table, text_table
 from normswap.stats.t_intervals import PAIRED_BY_SEED_METHOD, fmt_t_interval
-from normswap.study import migration
-from normswap.study.bottom_line import (
+from normswap.study.judging.bottom_line import (
     bottom_line,
     claim_groups,
     difference_line,
@@ -50,8 +49,9 @@ from normswap.study.bottom_line import (
     share_range,
     throughput_interval,
 )
-from normswap.study.precision import IMPLS
-from normswap.study.precision import lost as information_lost
+from normswap.study.measuring.precision import IMPLS
+from normswap.study.measuring.precision import lost as information_lost
+from normswap.study.training import migration
 
 MARKDOWN, HTML = "report.md", "report.html"
 
@@ -322,7 +322,7 @@ def comparison_rows(results) -> tuple[list[str], list[list[str]]]:
     )
     rows = [[arm] + [fmt_t_interval(c.get(k), spec) for k, spec in keys] for arm, c in results["comparisons"].items()]
     if any(c.get("amdahl_bound") is not None for c in results["comparisons"].values()):
-        from normswap.study.bottom_line import amdahl_bound
+        from normswap.study.judging.bottom_line import amdahl_bound
 
         header.append("Amdahl bound")
         for row, c in zip(rows, results["comparisons"].values()):

@@ -65,7 +65,7 @@ def blocks(tokenizer, eval_spec: str, cfg, eval_set: torch.Tensor) -> dict:
 
 def block_losses(model, rows: torch.Tensor, precision: str, device, micro: int = 8) -> list[float] | None:
     """Mean next-token loss of each block (row), or None when any is non-finite."""
-    from normswap.study.interleaved import autocast_for
+    from normswap.study.training.interleaved import autocast_for
 
     was = model.training
     model.eval()

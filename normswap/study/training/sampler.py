@@ -60,5 +60,5 @@ class BlockSampler:
 
 METHOD = (
     "each row of a batch an independent draw (with replacement, seeded by the arm's data-order seed) of one "
-    "block of the packed training split (study/sampler.py)"
+    "block of the packed training split (study/training/sampler.py)"
 )

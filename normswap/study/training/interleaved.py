@@ -51,9 +51,9 @@ import torch.nn.functional as F
 
 from normswap.finetune.step import Schedule, TrainStep, param_groups, precision_for
 from normswap.model_facts import norm_modules
-from normswap.study import measure
-from normswap.study.arms import build_arm
 from normswap.study.config import ARM_SCHEDULE, CONTROL, PLANTED_LR
+from normswap.study.measuring import measure
+from normswap.study.training.arms import build_arm
 
 SPIKE_WINDOW = 20  # a spike is judged against the median of this many previous losses
 SPIKE_MIN_HISTORY = 10

@@ -54,7 +54,7 @@ def timed_arms(arms: list[str]) -> list[str]:
 
 def measure(plan, echo) -> dict | None:
     """``{ratios: {arm: interval}, null: interval, ...}`` from the timing phase (None: nothing to time)."""
-    from normswap.study.arms import build_arm
+    from normswap.study.training.arms import build_arm
 
     cfg, source, device = plan.cfg, plan.source, plan.dist.device
     arms = timed_arms(plan.arms)

@@ -9,7 +9,7 @@ Throughput: only a unit's timed steps count (measure.StepPlan: not step 1, not t
 not the profiled steps); within a seed, step t of an arm and step t of the baseline ran back to
 back, so their time quotient is one paired sample, and the seed's throughput ratio is the median
 of those quotients (a step the machine interrupted moves one sample, not the mean). The interval
-over the seeds and steps, the Amdahl bound and the verdict's gating are study/speed.py's.
+over the seeds and steps, the Amdahl bound and the verdict's gating are study/judging/speed.py's.
 Schema: docs/study-schema.md.
 """
 
@@ -20,7 +20,7 @@ import statistics
 
 from normswap.stats.equivalence import tost
 from normswap.stats.t_intervals import paired_t_interval, standard_error, t_interval
-from normswap.study import speed
+from normswap.study.judging import speed
 
 timed_seconds = speed.timed_seconds
 
@@ -149,7 +149,7 @@ def compare(
         "seed_standard_error": standard_error(diffs),
         "heldout_standard_error": heldout_standard_error(mine, theirs, seeds),
         "throughput_ratio": t_interval(list(tput.values()), null=1.0),
-        # bootstrap over the timed steps, blocked by seed (study/speed.py)
+        # bootstrap over the timed steps, blocked by seed (study/judging/speed.py)
         "throughput_ratio_bootstrap": speed.bootstrap_ratio(
             {s: speed.step_quotients(mine[s], theirs[s]) for s in seeds}
         ),

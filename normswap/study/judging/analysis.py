@@ -4,11 +4,12 @@ rule, the null control, the power achieved, the instrument check and the claims'
 from __future__ import annotations
 
 from normswap.host import usable_cpus
-from normswap.study import claim_judges as claims_mod
-from normswap.study import migration, power, speed
-from normswap.study import results as res
 from normswap.study.config import BASELINE, CONTROL, PLANTED_LR, StudyConfig
+from normswap.study.judging import claim_judges as claims_mod
+from normswap.study.judging import power, speed
+from normswap.study.judging import results as res
 from normswap.study.study_plan import Plan, Trained
+from normswap.study.training import migration
 
 
 def analyse(
@@ -85,7 +86,7 @@ def analyse(
 
 def decide(plan: Plan, trained: Trained, speed_record: dict | None, loads: list) -> dict:
     """Stage 4: the kernels' accuracy, the stability summary, the comparisons and the verdicts."""
-    from normswap.study import precision as kernel_acc
+    from normswap.study.measuring import precision as kernel_acc
 
     cfg, arms, units = plan.cfg, plan.arms, trained.units
     dev = "cpu" if plan.dist.device.type != "cuda" else plan.dist.device
@@ -93,7 +94,7 @@ def decide(plan: Plan, trained: Trained, speed_record: dict | None, loads: list)
     precision = kernel_acc.kernel_accuracy(dev, kernel_acc.kernels_for(list(units.values()), cfg.kernels, kinds))
     stability, stability_sweep = None, None
     if trained.stab_units is not None:
-        from normswap.study import stability as stab
+        from normswap.study.training import stability as stab
 
         stab_seeds = list(range(cfg.seeds))
         stability = stab.summarize(trained.stab_units, arms, stab_seeds, cfg)
