@@ -49,7 +49,7 @@ def _setup_record(plan: Plan, trained: Trained, analysis: dict) -> dict:
             "blocks_in_pool": heldout["read"],
             "stride_blocks": heldout["stride"],
             "split": data["eval_split"],
-            "rule": "disjoint blocks at an even stride over the validation split (study/heldout.py)",
+            "rule": "disjoint blocks at an even stride over the validation split (study/training/heldout_blocks.py)",
         },
         "control_data": "layernorm-control: own data order and dropout stream (seed + 1000003), same init",
         "data_order": sampler.METHOD,
