@@ -59,6 +59,7 @@ def test_convert_refuses_a_refused_tokenizer_in_one_line_and_writes_nothing(tmp_
     assert not out.exists() and not [p for p in tmp_path.iterdir() if "normswap-staging" in p.name]
 
 
+@pytest.mark.slow  # a conversion first (about 8 s of CPU), then the export's refusal
 def test_export_refuses_a_refused_tokenizer_before_any_work(tmp_path):
     """A converted checkpoint (convert --no-verify of the unedited model) whose tokenizer.json is then swapped
     for the refused one: export ends in one line naming it (before: exported, exit 0)."""
