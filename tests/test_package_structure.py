@@ -39,6 +39,7 @@ LAYERS = [
     "errors",  # NormswapError and first_line: everything may fail with one line
     "version",
     "bounded_load",  # YAML and JSON from users: regular files only, size, nesting and alias bounds
+    "dir_links",  # the link rule for directories someone else filled (a --data corpus, a saved dataset)
     "private_dirs",  # cache and lock directories no other user can write
     "compile_cache",  # every torch.compile, with Inductor's and Triton's caches in a private directory
     "network",  # the offline rule and the Hub reachability check

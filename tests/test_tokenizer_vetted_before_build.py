@@ -108,7 +108,7 @@ def test_a_decoder_that_runs_away_on_an_added_token_is_refused_on_load(tmp_path,
 def test_a_slow_build_is_one_line_at_the_cli(tmp_path):
     model = _model(tmp_path, "cli", LONG)
     code, err = normswap_capped("eval", "ppl", model, "--max-tokens", "32", timeout=240)
-    lines = [line for line in err.splitlines() if not line.startswith("[normswap eval]")]
+    lines = [line for line in err.splitlines() if not line.startswith("normswap eval")]
     assert code == 2 and len(lines) == 1, err  # before the vet: exit 0, the model evaluated after the build
     assert f"{model / 'tokenizer.json'}: building this tokenizer took more than" in lines[0]
 
@@ -154,6 +154,6 @@ def test_sigterm_ends_a_command_building_a_slow_tokenizer_promptly(tmp_path):
             proc.wait()
     err.seek(0)
     text = err.read()
-    lines = [line for line in text.splitlines() if not line.startswith("[normswap eval]")]
+    lines = [line for line in text.splitlines() if not line.startswith("normswap eval")]
     assert proc.returncode == 128 + signal.SIGTERM and lines == ["normswap: stopped by SIGTERM"], text
     assert not [p for p in below if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
