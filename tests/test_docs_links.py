@@ -141,3 +141,42 @@ def test_a_missing_path_is_caught(tmp_path):
         "normswap/a.py: ../shared/... (outside the repository)",
         "normswap/a.py: normswap/gone.py",
     ]
+
+
+# -- the Python API page names what exists ---------------------------------------------------------
+
+API_NAME = re.compile(r"`(normswap(?:\.\w+)+)")
+
+
+def unimportable(names: list[str]) -> list[str]:
+    """The dotted names that do not resolve: the longest importable module prefix, then attributes."""
+    import importlib
+
+    bad = []
+    for name in names:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[cut:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                bad.append(name)
+            break
+        else:
+            bad.append(name)
+    return bad
+
+
+def test_every_name_on_the_api_page_imports():
+    names = sorted(set(API_NAME.findall((ROOT / "docs" / "api.md").read_text(encoding="utf-8"))))
+    assert len(names) >= 15, names  # the page's names were found
+    assert unimportable(names) == []
+    # negative control: the top-level convert_model the convert page once named, and a gone module
+    assert unimportable(["normswap.convert_model", "normswap.nowhere.f", "normswap.convert.convert_model"]) == [
+        "normswap.convert_model",
+        "normswap.nowhere.f",
+    ]

@@ -25,7 +25,7 @@ PACKAGE = ROOT / "normswap"
 
 # NORMSWAP_* environment variables product code may read, each a documented user setting.
 USER_SETTINGS = {
-    "NORMSWAP_KERNEL": "forces one RMSNorm implementation (auto|triton|cpu|native|composite|torch)",
+    "NORMSWAP_KERNEL": "forces one RMSNorm implementation (auto|triton|cpu|native|composite|torch|compiled)",
     "NORMSWAP_AUTOTUNE": "0 uses the static implementation order instead of measuring on first use",
     "NORMSWAP_CACHE_DIR": "where the compiled CPU kernel and the autotune table are cached",
     "NORMSWAP_CPU_KERNEL": "0 never builds or uses the compiled CPU kernel",
@@ -39,6 +39,7 @@ LAYERS = [
     "errors",  # NormswapError and first_line: everything may fail with one line
     "version",
     "bounded_load",  # YAML and JSON from users: regular files only, size, nesting and alias bounds
+    "dir_links",  # the link rule for directories someone else filled (a --data corpus, a saved dataset)
     "private_dirs",  # cache and lock directories no other user can write
     "compile_cache",  # every torch.compile, with Inductor's and Triton's caches in a private directory
     "network",  # the offline rule and the Hub reachability check
@@ -762,3 +763,24 @@ def test_no_function_over_100_lines():
         for hit in long_functions(path.read_text(encoding="utf-8"))
     ]
     assert not found, "functions over 100 lines (split them):\n" + "\n".join(found)
+
+
+# -- a package's index names its modules -----------------------------------------------------------
+
+
+def unindexed(package: Path) -> list[str]:
+    """Modules of ``package`` its ``__init__`` docstring does not name (as ``name.py``)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    return sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py" and p.name not in doc)
+
+
+def test_unindexed_flags_a_module_the_index_leaves_out(tmp_path):
+    # negative control: a module the docstring does not name is reported, a named one is not
+    (tmp_path / "__init__.py").write_text('"""Modules: a.py (the first)."""\n')
+    (tmp_path / "a.py").write_text("")
+    (tmp_path / "b.py").write_text("")
+    assert unindexed(tmp_path) == ["b.py"]
+
+
+def test_the_study_index_names_every_module():
+    assert unindexed(PACKAGE / "study") == []

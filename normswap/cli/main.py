@@ -14,6 +14,7 @@ import click
 
 from normswap.errors import NormswapError, is_environmental, os_error_message
 from normswap.processes import stop_on_signals
+from normswap.progress import escape_standard_streams
 from normswap.version import __version__
 
 # command name -> "module:attribute"
@@ -101,9 +102,13 @@ def main(argv=None):
     # SIGTERM unwinds like Ctrl-C (staging removed, locks released) after every process the command
     # started has been ended; SIGKILL cannot be caught: the next run removes what it leaves (publish.py)
     restore = stop_on_signals()
+    # every line a command prints passes one escaping layer: names come from directory names and
+    # received files, and a control character in one must show, not act (normswap/progress.py)
+    unescape = escape_standard_streams()
     try:
         _run(argv)
     finally:
+        unescape()
         restore()
 
 

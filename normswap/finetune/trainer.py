@@ -766,7 +766,16 @@ def _progress_bar(cfg: FinetuneConfig, start_step: int):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=cfg.steps, initial=start_step, desc="finetune", unit="step", dynamic_ncols=True, file=sys.stderr)
+    from normswap.progress import unescaped
+
+    return tqdm(
+        total=cfg.steps,
+        initial=start_step,
+        desc="finetune",
+        unit="step",
+        dynamic_ncols=True,
+        file=unescaped(sys.stderr),
+    )
 
 
 class _Log:
