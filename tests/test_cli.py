@@ -178,34 +178,40 @@ def test_plain_families_columns_are_aligned(run_cli):
 def test_an_existing_out_is_refused_before_torch_loads(tmp_path):
     """convert, slice, export and finetune answer "OUT already exists; pass --force" before torch or
     transformers is imported (it took 6.5 s while they loaded first), and under --json the error is
-    one JSON object on stdout. Ordering, not wall clock: the fresh interpreter records whether torch
-    was imported when the command ended. Negative control: with --force the same command goes on
-    past the check and imports torch."""
+    one JSON object on stdout. Ordering, not wall clock: a fresh interpreter runs the commands one
+    after another and records, after each, whether torch was imported. Negative control: with
+    --force the same command goes on past the check and imports torch."""
     src, out = tmp_path / "src", tmp_path / "out"
     src.mkdir()
     (src / "config.json").write_text("{}")
     out.mkdir()
     script = """
-import json, sys
+import contextlib, io, json, sys
 from normswap.cli.main import main
-try:
-    main(sys.argv[1:])
-    code = 0
-except SystemExit as e:
-    code = e.code
-print(json.dumps({"code": code, "heavy": [m for m in ("torch", "transformers") if m in sys.modules]}), file=sys.stderr)
+runs = []
+for argv in json.loads(sys.argv[1]):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    heavy = [m for m in ("torch", "transformers") if m in sys.modules]
+    runs.append({"code": code, "heavy": heavy, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
+print(json.dumps(runs))
 """
 
-    def run(*args):
+    def run(*argvs):
         p = subprocess.run(
-            [sys.executable, "-c", script, *map(str, args)],
+            [sys.executable, "-c", script, json.dumps([[str(a) for a in argv] for argv in argvs])],
             capture_output=True,
             text=True,
             env=_subprocess_env(),
             timeout=300,
         )
-        *lines, last = p.stderr.strip().splitlines()
-        return json.loads(last), p.stdout, lines
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
 
     commands = {
         "convert": ("convert", src, out),
@@ -213,14 +219,15 @@ print(json.dumps({"code": code, "heavy": [m for m in ("torch", "transformers") i
         "export": ("export", src, out, "--format", "stock"),
         "finetune": ("finetune", src, out),
     }
-    for name, argv in commands.items():
-        got, stdout, err = run(*argv, "--json")
-        assert got == {"code": 2, "heavy": []}, (name, got, err)
+    # one interpreter: the four refusals, then the control (past the check, the conversion's modules load)
+    *refused, control = run(*((*argv, "--json") for argv in commands.values()), ("convert", src, out, "--force"))
+    for name, got in zip(commands, refused):
+        assert got["code"] == 2 and got["heavy"] == [], (name, got)
+        err = got["stderr"].strip().splitlines()
         assert len(err) == 1 and "exists" in err[0] and "--force" in err[0], (name, err)
-        answer = json.loads(stdout)
+        answer = json.loads(got["stdout"])
         assert answer["exit_code"] == 2 and "exists" in answer["error"] and not answer["error"].startswith("normswap")
-    got, _, err = run("convert", src, out, "--force")  # control: past the check, the conversion's modules load
-    assert got["code"] != 0 and "torch" in got["heavy"], (got, err)
+    assert control["code"] != 0 and "torch" in control["heavy"], control
 
 
 def test_json_errors_are_json_on_stdout_and_old_json_file_spellings_say_what_replaced_them(run_cli, tmp_path):
