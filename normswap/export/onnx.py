@@ -319,7 +319,10 @@ def optimised_norm_ops(graph, scratch, name: str = "graph") -> dict:
 
 
 def run_session(sess, input_ids: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(sess.run(None, {"input_ids": input_ids.cpu().numpy().astype("int64")})[0])
+    """The graph's first output for one forward over ``input_ids`` (a generation graph: from an empty cache)."""
+    from normswap.export.onnx_generate import prefill_feed
+
+    return torch.from_numpy(sess.run(None, prefill_feed(sess, input_ids.cpu().numpy()))[0])
 
 
 def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
@@ -353,8 +356,32 @@ def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
     }
 
 
-def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP, say=None) -> dict:
-    """Export the checkpoint ``src`` (converted or not) into the empty directory ``tmp`` and validate it."""
+def _trace(model, path: Path, *, norm_op, with_past, say) -> tuple[dict, bool]:
+    """({op type: count}, whether the graph has the cache): the generation graph (onnx_generate.py) where
+    ``with_past`` asks for it (None: a causal LM gets it when its cache traces, else the forward alone,
+    said on the progress line and in the record), else the forward-only graph."""
+    from normswap.export.onnx_generate import export_graph_with_cache, generates
+
+    can, why = generates(model)
+    if with_past and not can:
+        raise NormswapError(f"cannot export {type(model).__name__} --with-past: {why}; export it with --no-past")
+    if with_past is None and can:
+        say(f"tracing {type(model).__name__} with its key/value cache (torch.onnx.export, opset {OPSET})")
+        try:
+            return export_graph_with_cache(model, path, norm_op=norm_op), True
+        except NormswapError as e:
+            say(f"{e}; exporting the forward without a cache instead (--no-past)")
+    elif with_past:
+        say(f"tracing {type(model).__name__} with its key/value cache (torch.onnx.export, opset {OPSET})")
+        return export_graph_with_cache(model, path, norm_op=norm_op), True
+    say(f"tracing {type(model).__name__} with torch.onnx.export (opset {OPSET}; no key/value cache)")
+    return export_graph(model, path, norm_op=norm_op), False
+
+
+def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP, with_past=None, say=None) -> dict:
+    """Export the checkpoint ``src`` (converted or not) into the empty directory ``tmp`` and validate it.
+    ``with_past``: True, the generation graph (refused in one line where the model cannot have one);
+    False, the forward alone; None, the generation graph for a causal LM whose cache traces."""
     from normswap.architectures.probes import takes_text_only
     from normswap.checkpoint.load import load_model, load_tokenizer
     from normswap.model_facts import norm_modules
@@ -368,8 +395,7 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
             f"cannot export {src} as ONNX: it takes more than token ids (images, audio or decoder "
             "inputs); --format onnx exports token models"
         )
-    say(f"tracing {type(model).__name__} with torch.onnx.export (opset {OPSET})")
-    ops = export_graph(model, tmp / MODEL_FILE, norm_op=norm_op)
+    ops, past = _trace(model, tmp / MODEL_FILE, norm_op=norm_op, with_past=with_past, say=say)
     norms = norm_modules(model)
     rms = sum(1 for _, m in norms if "RMSNorm" in type(m).__name__)
     norm_nodes = {op: ops.get(op, 0) for op in NORM_OP_TYPES}
@@ -388,6 +414,7 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
             f"ONNX validation failed: onnxruntime and PyTorch differ by {check['max_abs_diff']:.3g} > "
             f"{tolerance:.3g} ({check['metric']}); nothing was written"
         )
+    generation = _check_generation(model, tmp, tokenizer, tolerance, say) if past else None
     # written from the config read by the side-file rule, never copied by path: a config.json swapped for a
     # link after the weights were read is refused instead of followed into OUT
     config = read_json_inside(src, "config.json")
@@ -395,26 +422,64 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
         raise NormswapError(f"{src}/config.json is no longer a JSON object; nothing was written")
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     copy_side_files(src, tmp)
-    block = getattr(model.config, "normswap", None)
+    if past:
+        from normswap.export.onnx_generate import io_names, write_genai_config
+
+        write_genai_config(tmp, model, MODEL_FILE)
     record = {
         "format": "onnx",
         "source": str(src),
         "architecture": (getattr(model.config, "architectures", None) or [type(model).__name__])[0],
-        "converted": bool(block),
+        "converted": bool(getattr(model.config, "normswap", None)),
         "opset": OPSET,
         "norm_op": expected if rms else "LayerNormalization",
         "norm_nodes": {k: v for k, v in norm_nodes.items() if v},
-        "inputs": ["input_ids"],
-        "outputs": [_FirstOutput(model).name],
+        "with_past": past,
+        "inputs": io_names(_layers(model))[0] if past else ["input_ids"],
+        "outputs": io_names(_layers(model))[1] if past else [_FirstOutput(model).name],
         "nodes": sum(ops.values()),
         "verification": check,
         "seconds": round(time.perf_counter() - t0, 3),
     }
+    if generation is not None:
+        record["generation"] = generation
     manifest = copy.deepcopy(read_manifest(src) or {})
     manifest.setdefault("history", []).append(history_entry("export", format="onnx", source=str(src)))
     manifest["export"] = record
     write_manifest(tmp, manifest)
     return record
+
+
+def _layers(model) -> int:
+    from normswap.export.onnx_generate import cache_geometry
+
+    return cache_geometry(model.config)["layers"]
+
+
+# greedy generation checked at export: this many new tokens (fewer where the context is shorter)
+GENERATION_CHECK_TOKENS = 64
+
+
+def _check_generation(model, tmp: Path, tokenizer, tolerance: float, say) -> dict:
+    """Greedy tokens through the graph's cache against PyTorch's generate, on the probe's two rows cut to a
+    16-token prompt; raises VerificationError (nothing written) when they differ other than at a tie."""
+    from normswap.convert.verify import verification_ids
+    from normswap.export.onnx_generate import check_generation
+    from normswap.model_facts import context_length
+
+    context = context_length(model.config) or 2048
+    prompt = verification_ids(tokenizer, model.config)["input_ids"][:, :16]
+    new = max(1, min(GENERATION_CHECK_TOKENS, context - prompt.shape[1]))
+    say(f"validating: {new} greedy tokens through the key/value cache against PyTorch's generate")
+    gen = check_generation(model, tmp, prompt, new, tie=tolerance)
+    if not gen["passed"]:
+        where = gen["first_difference"]
+        raise VerificationError(
+            f"ONNX generation check failed: greedy tokens differ from PyTorch's at new token {where['new_token']} "
+            f"of row {where['row']} (PyTorch's top-2 log-prob gap there {where['top2_logprob_gap']:.3g} > "
+            f"{tolerance:.3g}); nothing was written"
+        )
+    return gen
 
 
 __all__ = [
