@@ -426,7 +426,10 @@ def test_onnx_validation_catches_a_wrong_epsilon(onnx_exports, tmp_path, monkeyp
         shutil.copy(bad, path)
         return dict(converted["norm_nodes"])
 
+    from normswap.export import onnx_generate
+
     monkeypatch.setattr(onnx_export, "export_graph", wrong_eps)
+    monkeypatch.setattr(onnx_generate, "export_graph_with_cache", wrong_eps)  # the graph is a generation graph
     with pytest.raises(VerificationError, match="ONNX validation failed"):
         run_export(converted["source"], tmp_path / "dest", "onnx", norm_op="rmsnormalization")
     assert not (tmp_path / "dest").exists()

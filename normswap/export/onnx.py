@@ -356,6 +356,36 @@ def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
     }
 
 
+def distinct_rms_norms(model) -> int:
+    """How many distinct RMSNorm computations one forward of ``model`` makes: one per RMSNorm module, except
+    that two of them reading the same tensor with the same ε, γ and β are one computation, which the
+    exporter writes as one node (GPT-NeoX's parallel residual: both norms of a block read the same stream,
+    and with γ/β folded away they are the same function)."""
+    from normswap.model_facts import norm_modules
+
+    seen, hooks, alive = set(), [], []
+
+    def record(module, args, kwargs):
+        x = args[0] if args else kwargs.get("x")
+        residual = args[1] if len(args) > 1 else kwargs.get("residual")
+        alive.append((x, residual))  # held, so that no later tensor takes a freed one's id
+        params = tuple(None if p is None else id(p) for p in (module.weight, module.bias))
+        seen.add((id(x), id(residual) if residual is not None else None, float(module.eps), params))
+
+    for _, module in norm_modules(model):
+        if "RMSNorm" in type(module).__name__:
+            hooks.append(module.register_forward_pre_hook(record, with_kwargs=True))
+    if not hooks:
+        return 0
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros((1, 4), dtype=torch.long), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return len(seen)
+
+
 def _trace(model, path: Path, *, norm_op, with_past, say) -> tuple[dict, bool]:
     """({op type: count}, whether the graph has the cache): the generation graph (onnx_generate.py) where
     ``with_past`` asks for it (None: a causal LM gets it when its cache traces, else the forward alone,
@@ -384,7 +414,6 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
     False, the forward alone; None, the generation graph for a causal LM whose cache traces."""
     from normswap.architectures.probes import takes_text_only
     from normswap.checkpoint.load import load_model, load_tokenizer
-    from normswap.model_facts import norm_modules
 
     require_packages()
     say = say or (lambda m: None)
@@ -396,13 +425,12 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
             "inputs); --format onnx exports token models"
         )
     ops, past = _trace(model, tmp / MODEL_FILE, norm_op=norm_op, with_past=with_past, say=say)
-    norms = norm_modules(model)
-    rms = sum(1 for _, m in norms if "RMSNorm" in type(m).__name__)
+    rms = distinct_rms_norms(model)
     norm_nodes = {op: ops.get(op, 0) for op in NORM_OP_TYPES}
     expected = NORM_OPS[norm_op]
     written = norm_nodes[expected] + norm_nodes.get(SKIP_OPS.get(expected), 0)  # a fused norm is still one norm
     if rms and written != rms:  # the kernel traced into its internals (or a norm was missed)
-        raise NormswapError(f"internal error: the graph has {written} {expected} nodes for {rms} RMSNorm modules")
+        raise NormswapError(f"internal error: the graph has {written} {expected} nodes for {rms} RMSNorm computations")
     say("validating: onnxruntime (CPU) against PyTorch on the probe batch")
     try:
         tokenizer = load_tokenizer(str(src))
