@@ -25,7 +25,10 @@ NEW = 64
 
 @pytest.fixture(scope="module")
 def neox(tmp_path_factory):
-    """(original dir, converted dir, {"past": record, "no-past": record}) of a tiny GPT-NeoX."""
+    """(original dir, converted dir, {"past": record, "no-past": record}): a tiny GPT-NeoX converted and
+    exported with its cache, and a tiny GPT-2 converted and exported --no-past (today's forward-only graph;
+    GPT-NeoX's forward-only graph does not run in onnxruntime, a known exporter fault: docs/export.md)."""
+    from normswap.checkpoint.manifest import read_manifest
     from normswap.convert.pipeline import convert_checkpoint
     from normswap.export import export_onnx_with_cache, run_export
 
@@ -34,10 +37,10 @@ def neox(tmp_path_factory):
     tiny_model("gpt_neox", max_position_embeddings=128, bos_token_id=1, eos_token_id=2).save_pretrained(root / "src")
     convert_checkpoint(str(root / "src"), root / "conv")
     past = export_onnx_with_cache(root / "conv", root / "past")
-    from normswap.checkpoint.manifest import read_manifest
-
-    records = {"past": read_manifest(past)["export"]}
-    records["no-past"] = run_export(root / "conv", root / "no-past", "onnx", with_past=False)
+    records = {"past": {**read_manifest(past)["export"], "out": str(past)}}
+    tiny_model("gpt2").save_pretrained(root / "gpt2")
+    convert_checkpoint(str(root / "gpt2"), root / "gpt2-conv")
+    records["no-past"] = run_export(root / "gpt2-conv", root / "no-past", "onnx", with_past=False)
     return root / "src", root / "conv", records
 
 
@@ -48,8 +51,8 @@ def _prompt(vocab, batch=3, length=5, seed=7):
 def test_generation_graph_gives_pytorchs_greedy_tokens(neox):
     """Another batch and prompt length than the export's check: the graph's tokens are PyTorch's, for the
     converted model and for the original (an exact conversion generates the same text), and the per-step
-    API's logits are PyTorch's at every step. Controls: the tokens are not a constant (a broken cache that
-    repeats one token would not pass for a real one), and the check fails against a perturbed model."""
+    API's logits are PyTorch's at every step. Controls: a step on an emptied cache is not PyTorch's, and the
+    check fails against a perturbed model."""
     import normswap
     from normswap.export import OnnxGenerator, is_generation_ready
     from normswap.export.onnx_generate import check_generation, torch_greedy
@@ -71,7 +74,6 @@ def test_generation_graph_gives_pytorchs_greedy_tokens(neox):
     want = torch_greedy(converted, prompt, NEW).numpy()
     assert got.shape == (3, 5 + NEW) and np.array_equal(got, want)
     assert np.array_equal(torch_greedy(original, prompt, NEW).numpy(), got)
-    assert len(np.unique(got[:, 5:])) > 8
 
     # prefill / decode_step: the logits PyTorch gives for the same tokens, step by step
     seq = torch.from_numpy(got)
@@ -82,6 +84,10 @@ def test_generation_graph_gives_pytorchs_greedy_tokens(neox):
         assert np.abs(logits - full[:, 4 + step].numpy()).max() < 1e-4
         logits = gen.decode_step(got[:, 5 + step])
     assert gen.length == 5 + 6
+    # control: a random tiny model's greedy text soon repeats a token, so the logits are the sharper check:
+    # the same step on an emptied cache is not PyTorch's (the step reads the cache)
+    gen.past = {name: np.zeros_like(t) for name, t in gen.past.items()}
+    assert np.abs(gen.decode_step(got[:, 11]) - full[:, 11].numpy()).max() > 1e-3
 
     # control: against a model whose head is perturbed, the same graph's tokens differ and the check says where
     with torch.no_grad():
@@ -133,17 +139,20 @@ def test_a_graph_without_the_cache_is_not_generation_ready(neox, tmp_path):
     assert not is_generation_ready(tmp_path / "junk.onnx")[0]
 
 
-def test_forward_of_both_graphs_is_the_same(neox):
+def test_the_generation_graph_runs_as_a_forward(neox):
     """The generation graph run as a forward (an empty cache: what `bench onnx` and `eval speed` feed it)
-    gives the forward-only graph's logits; control: a different prompt gives different logits."""
+    gives PyTorch's logits; control: another prompt's logits are not these."""
+    import normswap
     from normswap.export.onnx import run_session, session
 
-    _, _, records = neox
-    past, plain = (session(Path(records[k]["out"]) / "model.onnx") for k in ("past", "no-past"))
+    _, conv, records = neox
+    sess = session(Path(records["past"]["out"]) / "model.onnx")
     ids = _prompt(256, batch=2, length=9)
-    a, b = run_session(past, ids), run_session(plain, ids)
-    assert a.shape == (2, 9, 256) and float((a - b).abs().max()) < 1e-4
-    assert float((run_session(past, _prompt(256, batch=2, length=9, seed=8)) - b).abs().max()) > 1e-2
+    with torch.no_grad():
+        want = normswap.load_model(conv)(input_ids=ids).logits
+    got = run_session(sess, ids)
+    assert got.shape == (2, 9, 256) and float((got - want).abs().max()) < 1e-4
+    assert float((run_session(sess, _prompt(256, batch=2, length=9, seed=8)) - want).abs().max()) > 1e-2
 
 
 def test_onnxruntime_genai_generates_the_same_tokens(neox):
@@ -172,7 +181,7 @@ def test_onnxruntime_genai_generates_the_same_tokens(neox):
     assert not np.array_equal(generate(_prompt(256, seed=9))[:, 5:], got[:, 5:])
 
 
-def test_bad_input_is_one_line_and_writes_nothing(neox, tmp_path, run_cli, monkeypatch):
+def test_bad_input_is_one_line_and_writes_nothing(neox, tmp_path, run_cli, monkeypatch, capsys):
     """--with-past where no generation graph can be: a masked LM, --format stock, a cache that does not
     trace (forced); each one line, exit 2, DEST absent. Control: the same trace failure without
     --with-past falls back to the forward-only graph, says so, and records it."""
@@ -180,7 +189,8 @@ def test_bad_input_is_one_line_and_writes_nothing(neox, tmp_path, run_cli, monke
     from normswap.export import onnx_generate
 
     src, conv, records = neox
-    tiny_model("bert").save_pretrained(tmp_path / "bert")
+    tiny_model("bert", task="masked-lm").save_pretrained(tmp_path / "bert")
+    capsys.readouterr()  # the write's progress bar
     cases = [
         ((tmp_path / "bert", "--format", "onnx", "--with-past"), "is not a causal language model"),
         ((conv, "--format", "stock", "--with-past"), "--with-past is an option of --format onnx"),
@@ -194,7 +204,9 @@ def test_bad_input_is_one_line_and_writes_nothing(neox, tmp_path, run_cli, monke
     for i, ((model, *options), message) in enumerate(cases):
         dest = tmp_path / f"dest{i}"
         code, out, err = run_cli("export", model, dest, *options)
-        errors = [line for line in err.splitlines() if not line.startswith("normswap: ") or "error" in line]
+        # progress lines ("normswap: tracing ...") may come first; the refusal is one line
+        errors = [line for line in err.splitlines() if line.strip() and not line.startswith("normswap: ")]
+        errors += [line for line in err.splitlines() if line.startswith("normswap: error:")]
         assert code == 2 and len(errors) == 1 and message in errors[0], (options, err)
         assert not dest.exists() and not out
 
@@ -207,7 +219,8 @@ def test_bad_input_is_one_line_and_writes_nothing(neox, tmp_path, run_cli, monke
         }
 
     monkeypatch.setattr(plain, "export_graph", copied)
-    code, out, err = run_cli("export", conv, tmp_path / "fallback", "--format", "onnx")
+    gpt2 = Path(records["no-past"]["source"])
+    code, out, err = run_cli("export", gpt2, tmp_path / "fallback", "--format", "onnx")
     assert code == 0, err
     assert "exporting the forward without a cache instead (--no-past)" in err
     assert "key/value cache: none" in out

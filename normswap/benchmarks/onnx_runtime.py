@@ -137,6 +137,7 @@ def measure_onnx(
     ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     diffs = _match({k: m for k, m in models.items() if k != "null control"}, ids, tolerance)
     fused = {name: optimised_norm_ops(models[name].graph, scratch, f"graph{i}") for i, name in enumerate(dirs)}
+
     def call(sess):
         # the feed built once, outside the timed block (a generation graph's: an empty cache, onnx_generate.py)
         feed = prefill_feed(sess, ids.numpy())

@@ -195,14 +195,15 @@ def is_generation_ready(onnx_path) -> tuple[bool, str]:
         return False, f"{onnx_path} is not an ONNX graph ({str(e).strip().splitlines()[0][:120]})"
     ins = {v.name: v for v in proto.graph.input}
     outs = {v.name: v for v in proto.graph.output}
-    for name in ("input_ids", "attention_mask"):
-        if name not in ins:
-            return False, f"the graph has no {name} input"
-    if "logits" not in outs:
-        return False, "the graph has no logits output"
+    if "input_ids" not in ins:
+        return False, "the graph has no input_ids input"
     layers = sum(1 for n in ins if n.startswith("past_key_values.") and n.endswith(".key"))
     if layers == 0:
         return False, "the graph takes no past key/values (past_key_values.N.key/value): it recomputes every token"
+    if "attention_mask" not in ins:
+        return False, "the graph has no attention_mask input"
+    if "logits" not in outs:
+        return False, "the graph has no logits output"
     for i in range(layers):
         for past, present in ((PAST_KEY, PRESENT_KEY), (PAST_VALUE, PRESENT_VALUE)):
             if past.format(i) not in ins:
