@@ -309,7 +309,11 @@ def onnx_exports(converted, tmp_path_factory):
         name: (path, run_export(path, root / name, "onnx")) for name, path in (("original", src), ("converted", out))
     }
     # the portable form: ONNX's own RMSNormalization, which onnxruntime does not fuse with the residual Add
-    exports["converted-rms"] = (out, run_export(out, root / "converted-rms", "onnx", norm_op="rmsnormalization"))
+    # (the forward alone: the generation graph's own checks are the other two exports' and test_onnx_generate's)
+    exports["converted-rms"] = (
+        out,
+        run_export(out, root / "converted-rms", "onnx", norm_op="rmsnormalization", with_past=False),
+    )
     return exports
 
 
@@ -426,7 +430,10 @@ def test_onnx_validation_catches_a_wrong_epsilon(onnx_exports, tmp_path, monkeyp
         shutil.copy(bad, path)
         return dict(converted["norm_nodes"])
 
+    from normswap.export import onnx_generate
+
     monkeypatch.setattr(onnx_export, "export_graph", wrong_eps)
+    monkeypatch.setattr(onnx_generate, "export_graph_with_cache", wrong_eps)  # the graph is a generation graph
     with pytest.raises(VerificationError, match="ONNX validation failed"):
         run_export(converted["source"], tmp_path / "dest", "onnx", norm_op="rmsnormalization")
     assert not (tmp_path / "dest").exists()

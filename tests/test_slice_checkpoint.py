@@ -203,3 +203,9 @@ def test_stock_export_refuses_a_sliced_checkpoint_and_onnx_runs_it(sliced, tmp_p
     code, out, err = run_cli("export", sliced, tmp_path / "onnx", "--format", "onnx")
     assert code == 0, err
     assert "PASSED" in out  # onnxruntime's log-probs match the sliced model's (export verifies them)
+    # and the graph generates: its cache is the attention's width, not the stream's, and greedy tokens
+    # through it are the sliced model's (export's own check, 64 new tokens)
+    from normswap.export import is_generation_ready
+
+    assert "greedy tokens identical to PyTorch's for 64 new tokens" in out
+    assert is_generation_ready(tmp_path / "onnx" / "model.onnx") == (True, "")

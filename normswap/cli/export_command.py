@@ -38,12 +38,20 @@ from normswap.export import EXPORT_TOLERANCE, FORMATS
 )
 @onnx_norm_op_option(multiple=False)
 @click.option(
+    "--with-past/--no-past",
+    "with_past",
+    default=None,
+    help="onnx: the graph with a key/value cache (past_key_values.N.key/value in, present.N.key/value out; "
+    "what a generate loop runs) or the forward alone. Default: with the cache for a causal LM, checked by "
+    "greedy generation against PyTorch.",
+)
+@click.option(
     "--max-shard-size", default="5GB", show_default=True, help="stock: shard the safetensors above this size."
 )
 @force_replaces("DEST (never MODEL)")
 @json_option
 @quiet_option
-def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_json, quiet):
+def export(src, dest, fmt, untie, tolerance, norm_op, with_past, max_shard_size, force, as_json, quiet):
     """Export MODEL (a checkpoint `normswap convert` or `normswap finetune` wrote; onnx: any model) to the new
     directory DEST in another format, verified against MODEL before DEST is published."""
     from normswap.publish import check_output_path
@@ -63,6 +71,7 @@ def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_
         tolerance=tolerance,
         max_shard_size=max_shard_size,
         norm_op=norm_op,
+        with_past=with_past,
         progress=say,
     )
     if as_json:
@@ -103,6 +112,16 @@ def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_
             click.echo(f"  {key.replace('_', ' ')}: {record[key]}")
     if record.get("norm_nodes"):
         click.echo("  norm nodes: " + ", ".join(f"{n} {op}" for op, n in record["norm_nodes"].items()))
+    if fmt == "onnx":
+        gen = record.get("generation")
+        click.echo(
+            f"  key/value cache: {len(record['inputs']) - 3} past inputs, generation-ready; greedy tokens identical "
+            f"to PyTorch's for {gen['new_tokens']} new tokens x {gen['prompt_rows']} rows"
+            if gen and gen["identical"]
+            else f"  key/value cache: yes; greedy tokens match PyTorch's up to a tie ({gen['first_difference']})"
+            if gen
+            else "  key/value cache: none (the forward alone; not generation-ready)"
+        )
     click.echo(
         f"  verification ({ver['dtype']}): {ver['metric'].replace('_', ' ')} = {ver['max_abs_diff']:.3g} "
         f"(threshold {ver['threshold']:.2g}): PASSED"

@@ -3,9 +3,9 @@
 ``OnnxModel(path)`` holds an onnxruntime CPU session of DEST/model.onnx and the config.json beside
 it, and answers ``model(input_ids=...)`` with an object whose ``.logits`` is a torch tensor, so the
 speed measurement times it beside PyTorch models, interleaved like them, with its null control.
-What it can measure: ``forward`` tokens/s (the graph is one forward, without a key/value cache).
+What it can measure: ``forward`` tokens/s (one forward; a generation graph's from an empty cache).
 What it cannot, and reports as not measured: the training step (an inference graph has no
-backward), generation with a cache (none is exported), time inside the norm layers (no module
+backward), generation (its loop is OnnxGenerator's, export/onnx_generate.py), time inside the norm layers (no module
 hooks in a graph), and peak memory (onnxruntime's allocations are not torch's).
 """
 
@@ -19,7 +19,7 @@ import torch
 SPEED_KINDS = ("forward",)
 NOT_MEASURED = {
     "train_step": "an ONNX inference graph has no backward",
-    "generate": "the graph is exported without a key/value cache",
+    "generate": "eval speed times an ONNX graph's forward only (a generation graph's loop: OnnxGenerator)",
     "norm_share": "a graph has no module hooks to time the norms",
     "memory": "onnxruntime's allocations are not tracked by torch",
 }

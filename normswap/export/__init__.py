@@ -32,10 +32,13 @@ def run_export(
     tolerance=EXPORT_TOLERANCE,
     max_shard_size="5GB",
     norm_op=DEFAULT_ONNX_NORM_OP,
+    with_past=None,
     progress=None,
 ) -> dict:
     """Export the checkpoint ``src`` to ``dest`` in ``fmt``; published only when verified. Returns
-    the export record (also in DEST's normswap_manifest.json)."""
+    the export record (also in DEST's normswap_manifest.json). ``with_past`` (onnx): True, the graph
+    with a key/value cache (generation-ready); False, the forward alone; None, the cache for every
+    causal LM whose cache traces."""
     from normswap.export.open_checkpoint import local_model_dir
     from normswap.overlap import check_disjoint
     from normswap.publish import check_output_path, output_lock, publish_dir, staging_dir
@@ -46,6 +49,8 @@ def run_export(
         from normswap.export.onnx import require_packages
 
         require_packages()  # before anything is read or locked
+    elif with_past:
+        raise NormswapError("--with-past is an option of --format onnx")
     src_dir = local_model_dir(src, "the checkpoint")
     check_disjoint([("the checkpoint", src_dir)], [(f"DEST {dest}", dest)], advice="choose another DEST")
     dest = check_output_path(dest, force=force, reads=[src_dir], label="DEST")
@@ -62,7 +67,7 @@ def run_export(
         else:
             from normswap.export.onnx import write_onnx
 
-            record = write_onnx(src_dir, tmp, tolerance=tolerance, norm_op=norm_op, say=progress)
+            record = write_onnx(src_dir, tmp, tolerance=tolerance, norm_op=norm_op, with_past=with_past, say=progress)
         publish_dir(tmp, dest, force=force)
     record["out"] = str(dest)
     return record
@@ -98,4 +103,36 @@ def verify_export(src, dest, fmt: str, *, tolerance=EXPORT_TOLERANCE) -> dict:
     raise NormswapError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-__all__ = ["FORMATS", "run_export", "export_checkpoint", "verify_export"]
+def export_onnx_with_cache(model_dir, out_dir, **kwargs) -> Path:
+    """The generation graph of ``model_dir`` (a causal LM) in the new directory ``out_dir``: past key/values
+    in, present out, dynamic batch and lengths (onnx_generate.py), with config.json, generation_config.json,
+    the tokenizer files and onnxruntime-genai's genai_config.json; published only when onnxruntime's
+    log-probs and greedy tokens match PyTorch's. ``kwargs``: run_export's."""
+    return export_checkpoint(model_dir, out_dir, "onnx", with_past=True, **kwargs)
+
+
+def is_generation_ready(onnx_path) -> tuple[bool, str]:
+    """(True, "") for a graph with the key/value cache inputs and outputs a generate loop reads, else
+    (False, why)."""
+    from normswap.export.onnx_generate import is_generation_ready as check
+
+    return check(onnx_path)
+
+
+def __getattr__(name):  # OnnxGenerator without importing numpy/onnxruntime with the package
+    if name == "OnnxGenerator":
+        from normswap.export.onnx_generate import OnnxGenerator
+
+        return OnnxGenerator
+    raise AttributeError(name)
+
+
+__all__ = [
+    "FORMATS",
+    "run_export",
+    "export_checkpoint",
+    "verify_export",
+    "export_onnx_with_cache",
+    "is_generation_ready",
+    "OnnxGenerator",
+]

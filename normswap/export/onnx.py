@@ -319,7 +319,10 @@ def optimised_norm_ops(graph, scratch, name: str = "graph") -> dict:
 
 
 def run_session(sess, input_ids: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(sess.run(None, {"input_ids": input_ids.cpu().numpy().astype("int64")})[0])
+    """The graph's first output for one forward over ``input_ids`` (a generation graph: from an empty cache)."""
+    from normswap.export.onnx_generate import prefill_feed
+
+    return torch.from_numpy(sess.run(None, prefill_feed(sess, input_ids.cpu().numpy()))[0])
 
 
 def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
@@ -353,11 +356,64 @@ def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
     }
 
 
-def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP, say=None) -> dict:
-    """Export the checkpoint ``src`` (converted or not) into the empty directory ``tmp`` and validate it."""
+def distinct_rms_norms(model) -> int:
+    """How many distinct RMSNorm computations one forward of ``model`` makes: one per RMSNorm module, except
+    that two of them reading the same tensor with the same ε, γ and β are one computation, which the
+    exporter writes as one node (GPT-NeoX's parallel residual: both norms of a block read the same stream,
+    and with γ/β folded away they are the same function)."""
+    from normswap.model_facts import norm_modules
+
+    seen, hooks, alive = set(), [], []
+
+    def record(module, args, kwargs):
+        x = args[0] if args else kwargs.get("x")
+        residual = args[1] if len(args) > 1 else kwargs.get("residual")
+        alive.append((x, residual))  # held, so that no later tensor takes a freed one's id
+        params = tuple(None if p is None else id(p) for p in (module.weight, module.bias))
+        seen.add((id(x), id(residual) if residual is not None else None, float(module.eps), params))
+
+    for _, module in norm_modules(model):
+        if "RMSNorm" in type(module).__name__:
+            hooks.append(module.register_forward_pre_hook(record, with_kwargs=True))
+    if not hooks:
+        return 0
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros((1, 4), dtype=torch.long), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return len(seen)
+
+
+def _trace(model, path: Path, *, norm_op, with_past, say) -> tuple[dict, bool]:
+    """({op type: count}, whether the graph has the cache): the generation graph (onnx_generate.py) where
+    ``with_past`` asks for it (None: a causal LM gets it when its cache traces, else the forward alone,
+    said on the progress line and in the record), else the forward-only graph."""
+    from normswap.export.onnx_generate import export_graph_with_cache, generates
+
+    can, why = generates(model)
+    if with_past and not can:
+        raise NormswapError(f"cannot export {type(model).__name__} --with-past: {why}; export it with --no-past")
+    if with_past is None and can:
+        say(f"tracing {type(model).__name__} with its key/value cache (torch.onnx.export, opset {OPSET})")
+        try:
+            return export_graph_with_cache(model, path, norm_op=norm_op), True
+        except NormswapError as e:
+            say(f"{e}; exporting the forward without a cache instead (--no-past)")
+    elif with_past:
+        say(f"tracing {type(model).__name__} with its key/value cache (torch.onnx.export, opset {OPSET})")
+        return export_graph_with_cache(model, path, norm_op=norm_op), True
+    say(f"tracing {type(model).__name__} with torch.onnx.export (opset {OPSET}; no key/value cache)")
+    return export_graph(model, path, norm_op=norm_op), False
+
+
+def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP, with_past=None, say=None) -> dict:
+    """Export the checkpoint ``src`` (converted or not) into the empty directory ``tmp`` and validate it.
+    ``with_past``: True, the generation graph (refused in one line where the model cannot have one);
+    False, the forward alone; None, the generation graph for a causal LM whose cache traces."""
     from normswap.architectures.probes import takes_text_only
     from normswap.checkpoint.load import load_model, optional_tokenizer
-    from normswap.model_facts import norm_modules
 
     require_packages()
     say = say or (lambda m: None)
@@ -368,15 +424,13 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
             f"cannot export {src} as ONNX: it takes more than token ids (images, audio or decoder "
             "inputs); --format onnx exports token models"
         )
-    say(f"tracing {type(model).__name__} with torch.onnx.export (opset {OPSET})")
-    ops = export_graph(model, tmp / MODEL_FILE, norm_op=norm_op)
-    norms = norm_modules(model)
-    rms = sum(1 for _, m in norms if "RMSNorm" in type(m).__name__)
+    ops, past = _trace(model, tmp / MODEL_FILE, norm_op=norm_op, with_past=with_past, say=say)
+    rms = distinct_rms_norms(model)
     norm_nodes = {op: ops.get(op, 0) for op in NORM_OP_TYPES}
     expected = NORM_OPS[norm_op]
     written = norm_nodes[expected] + norm_nodes.get(SKIP_OPS.get(expected), 0)  # a fused norm is still one norm
     if rms and written != rms:  # the kernel traced into its internals (or a norm was missed)
-        raise NormswapError(f"internal error: the graph has {written} {expected} nodes for {rms} RMSNorm modules")
+        raise NormswapError(f"internal error: the graph has {written} {expected} nodes for {rms} RMSNorm computations")
     say("validating: onnxruntime (CPU) against PyTorch on the probe batch")
     tokenizer = optional_tokenizer(str(src))  # a refused one refuses the export
     check = validate(model, tmp / MODEL_FILE, tokenizer, tolerance=tolerance)
@@ -385,6 +439,7 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
             f"ONNX validation failed: onnxruntime and PyTorch differ by {check['max_abs_diff']:.3g} > "
             f"{tolerance:.3g} ({check['metric']}); nothing was written"
         )
+    generation = _check_generation(model, tmp, tokenizer, tolerance, say) if past else None
     # written from the config read by the side-file rule, never copied by path: a config.json swapped for a
     # link after the weights were read is refused instead of followed into OUT
     config = read_json_inside(src, "config.json")
@@ -392,26 +447,64 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
         raise NormswapError(f"{src}/config.json is no longer a JSON object; nothing was written")
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     copy_side_files(src, tmp)
-    block = getattr(model.config, "normswap", None)
+    if past:
+        from normswap.export.onnx_generate import io_names, write_genai_config
+
+        write_genai_config(tmp, model, MODEL_FILE)
     record = {
         "format": "onnx",
         "source": str(src),
         "architecture": (getattr(model.config, "architectures", None) or [type(model).__name__])[0],
-        "converted": bool(block),
+        "converted": bool(getattr(model.config, "normswap", None)),
         "opset": OPSET,
         "norm_op": expected if rms else "LayerNormalization",
         "norm_nodes": {k: v for k, v in norm_nodes.items() if v},
-        "inputs": ["input_ids"],
-        "outputs": [_FirstOutput(model).name],
+        "with_past": past,
+        "inputs": io_names(_layers(model))[0] if past else ["input_ids"],
+        "outputs": io_names(_layers(model))[1] if past else [_FirstOutput(model).name],
         "nodes": sum(ops.values()),
         "verification": check,
         "seconds": round(time.perf_counter() - t0, 3),
     }
+    if generation is not None:
+        record["generation"] = generation
     manifest = copy.deepcopy(read_manifest(src) or {})
     manifest.setdefault("history", []).append(history_entry("export", format="onnx", source=str(src)))
     manifest["export"] = record
     write_manifest(tmp, manifest)
     return record
+
+
+def _layers(model) -> int:
+    from normswap.export.onnx_generate import cache_geometry
+
+    return cache_geometry(model.config)["layers"]
+
+
+# greedy generation checked at export: this many new tokens (fewer where the context is shorter)
+GENERATION_CHECK_TOKENS = 64
+
+
+def _check_generation(model, tmp: Path, tokenizer, tolerance: float, say) -> dict:
+    """Greedy tokens through the graph's cache against PyTorch's generate, on the probe's two rows cut to a
+    16-token prompt; raises VerificationError (nothing written) when they differ other than at a tie."""
+    from normswap.convert.verify import verification_ids
+    from normswap.export.onnx_generate import check_generation
+    from normswap.model_facts import context_length
+
+    context = context_length(model.config) or 2048
+    prompt = verification_ids(tokenizer, model.config)["input_ids"][:, :16]
+    new = max(1, min(GENERATION_CHECK_TOKENS, context - prompt.shape[1]))
+    say(f"validating: {new} greedy tokens through the key/value cache against PyTorch's generate")
+    gen = check_generation(model, tmp, prompt, new, tie=tolerance)
+    if not gen["passed"]:
+        where = gen["first_difference"]
+        raise VerificationError(
+            f"ONNX generation check failed: greedy tokens differ from PyTorch's at new token {where['new_token']} "
+            f"of row {where['row']} (PyTorch's top-2 log-prob gap there {where['top2_logprob_gap']:.3g} > "
+            f"{tolerance:.3g}); nothing was written"
+        )
+    return gen
 
 
 __all__ = [
