@@ -21,6 +21,7 @@ and the directory would claim int8 it does not hold).
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -79,6 +80,15 @@ def untie_transposed_weights(proto) -> int:
     return count
 
 
+class _QuietAdvice(logging.Filter):
+    """The quantizer logs, on the root logger, advice to run its pre-processing first (shape inference
+    and graph optimisation, which onnxruntime's session does anyway when it loads the graph): kept
+    from the user's stderr; its warnings about the graph itself still pass."""
+
+    def filter(self, record):
+        return "pre-processing before quantization" not in record.getMessage()
+
+
 def _not_matrices(proto) -> list[str]:
     """Names of the MatMul nodes whose constant weight is not a matrix (a sliced tied head's k-vector
     adapter_u): per-channel int8 of a vector gives a zero-point shape onnxruntime's kernel refuses at
@@ -100,6 +110,8 @@ def quantize_graph(fp32_path, out_path) -> dict:
     prepared = out_path.with_name(out_path.name + ".prepared.onnx")
     onnx.save_model(proto, str(prepared))
     del proto
+    quiet = _QuietAdvice()
+    logging.getLogger().addFilter(quiet)
     try:
         quantize_dynamic(
             str(prepared),
@@ -112,6 +124,7 @@ def quantize_graph(fp32_path, out_path) -> dict:
     except Exception as e:  # the quantizer's own errors are long: the first line says what it refused
         raise NormswapError(f"onnxruntime's quantizer failed: {str(e).strip().splitlines()[0][:300]}") from None
     finally:
+        logging.getLogger().removeFilter(quiet)
         prepared.unlink(missing_ok=True)
     after = Counter(n.op_type for n in onnx.load(str(out_path), load_external_data=False).graph.node)
     quantized = sum(after[op] for op in QUANTIZED)
