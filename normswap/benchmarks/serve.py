@@ -247,7 +247,10 @@ def plant_outlier(conversion, batches):
 def _perplexity(graph: GraphModel, tokenizer, text: str) -> float:
     from normswap.evaluate.perplexity import perplexity
 
-    return float(perplexity(graph, tokenizer, text, seq_len=EVAL_SEQ_LEN, stride=EVAL_STRIDE).perplexity)
+    # one window a call: the exported GPT-NeoX graph's RotaryEmbedding node (torch's exporter, onnxruntime
+    # 1.23) takes a cos/sin cache of batch 1 and refuses a batch of 8 windows ("expected to have the same
+    # shape as input 'x', got 1 and 128"); the windows and their scores are the same either way
+    return float(perplexity(graph, tokenizer, text, seq_len=EVAL_SEQ_LEN, stride=EVAL_STRIDE, batch_size=1).perplexity)
 
 
 def _agreement(a: GraphModel, b: GraphModel) -> float:
