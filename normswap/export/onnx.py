@@ -396,7 +396,7 @@ def write_onnx(
     ``quantize="int8"``: the validated float32 graph (turned first by the incoherence rotation when
     ``rotate`` and the model's stream can take it) quantized by onnxruntime (export/int8.py)."""
     from normswap.architectures.probes import takes_text_only
-    from normswap.checkpoint.load import load_model, load_tokenizer
+    from normswap.checkpoint.load import load_model, optional_tokenizer
     from normswap.model_facts import norm_modules
 
     require_packages()
@@ -422,10 +422,7 @@ def write_onnx(
     if rms and written != rms:  # the kernel traced into its internals (or a norm was missed)
         raise NormswapError(f"internal error: the graph has {written} {expected} nodes for {rms} RMSNorm modules")
     say("validating: onnxruntime (CPU) against PyTorch on the probe batch")
-    try:
-        tokenizer = load_tokenizer(str(src))
-    except NormswapError:
-        tokenizer = None
+    tokenizer = optional_tokenizer(str(src))  # a refused one refuses the export
     # against the model as loaded: a rotated graph must compute what the unrotated model computes
     check = validate(model, graph_path, tokenizer, tolerance=tolerance)
     if not check["passed"]:
