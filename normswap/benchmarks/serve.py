@@ -187,7 +187,18 @@ def _ready_session(path: Path, threads: int):
 
 
 def measure_speed(
-    dirs: dict, *, kind, threads, seq_len, budget, target, min_pairs, block_s, progress, sessions: int = 1
+    dirs: dict,
+    *,
+    kind,
+    threads,
+    seq_len,
+    budget,
+    target,
+    min_pairs,
+    block_s,
+    progress,
+    sessions: int = 1,
+    balanced: bool = False,
 ) -> dict:
     """One kind (prefill or decode) of every graph against the original's float32 graph, null control included."""
     from normswap import timing as instrument
@@ -208,7 +219,7 @@ def measure_speed(
     before = machine_load()["load_average"]
     cmp = instrument.compare(
         fns, "original", NULL, calls_per_sample=calls, budget_s=budget, target_halfwidth=target,
-        min_pairs=min_pairs, progress=progress,
+        min_pairs=min_pairs, progress=progress, balanced=balanced,
     )  # fmt: skip
     tokens = 1 if kind == "decode" else seq_len
     return {
@@ -218,6 +229,7 @@ def measure_speed(
         else None,
         "tokens_per_call": tokens,
         "sessions_per_graph": sessions,
+        "balanced": balanced,
         "tokens_per_second": {n: tokens / s for n, s in cmp.seconds_per_call.items()},
         "over_original": {n: r.to_json() for n, r in cmp.candidates.items()},
         "null_control": cmp.null.to_json(),
@@ -408,7 +420,7 @@ def result_lines(result: dict) -> list[str]:
 
 def run_serve(
     *, part, threads, seq_len, budget, target, min_pairs, block_s, fraction, seed, models, calibration_tokens,
-    eval_tokens, graphs_dir, kinds, save, as_json, say, echo, sessions=1,
+    eval_tokens, graphs_dir, kinds, save, as_json, say, echo, sessions=1, only=None, balanced=False,
 ) -> dict:  # fmt: skip
     """What `normswap bench serve` runs (its options by name)."""
     import onnxruntime
@@ -428,6 +440,8 @@ def run_serve(
         if part in ("speed", "both"):
             root = Path(graphs_dir) if graphs_dir else Path(tmp) / "speed"
             dirs = build_speed_graphs(root, fraction=fraction, seed=seed, say=say)
+            if only:  # fewer graphs a run: balanced rounds (every pair, not just the baseline's) stay affordable
+                dirs = {name: d for name, d in dirs.items() if name == "original" or name in only}
             graphs_json = root / "graphs.json"
             result["speed_graphs"] = json.loads(graphs_json.read_text()) if graphs_json.is_file() else None
             result["speed_settings"] = {"shape": GPT2_SMALL, "seq_len": seq_len, "budget": budget, "target": target}
@@ -436,7 +450,7 @@ def run_serve(
                 say(f"timing {kind}")
                 result["speed"][kind] = measure_speed(
                     dirs, kind=kind, threads=threads, seq_len=seq_len, budget=budget, target=target,
-                    min_pairs=min_pairs, block_s=block_s, progress=say, sessions=sessions,
+                    min_pairs=min_pairs, block_s=block_s, progress=say, sessions=sessions, balanced=balanced,
                 )  # fmt: skip
             result["goals"] = speed_goals(result["speed"])
         if part in ("quality", "both"):

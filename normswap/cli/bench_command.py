@@ -521,6 +521,8 @@ def slice_bench(save, as_json, **options):
 @_option("--seq-len", click.IntRange(1), 128, "Prefill: tokens at batch 1.")
 @_option("--sessions", click.IntRange(1, 8), 1, "Speed: onnxruntime sessions a graph, rotated (null's its own).")
 @click.option("--kinds", default="decode,prefill", show_default=True, help="Speed: which kinds, comma-separated.")
+@click.option("--only", default=None, help="Speed: time only these graphs beside the original (comma-separated).")
+@click.option("--balanced", is_flag=True, help="Speed: rounds of every pair (timing.compare(balanced=True)).")
 @_option("--budget", click.FloatRange(1.0), 80.0, "Seconds of pairs per kind at most.")
 @_option("--target", click.FloatRange(0.001), 0.01, "Stop once each interval's half-width (null's too) is this.")
 @_option("--repeats", click.IntRange(5), 20, "At least this many rounds per kind.")
@@ -536,8 +538,8 @@ def slice_bench(save, as_json, **options):
 @click.option("--save", type=click.Path(dir_okay=False), default=None, help="Also write the JSON result here.")
 @json_option
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
-def serve(part, threads, seq_len, sessions, kinds, budget, target, repeats, min_time, fraction, seed, models,
-          calibration_tokens, eval_tokens, graphs_dir, save, as_json, quiet):  # fmt: skip
+def serve(part, threads, seq_len, sessions, kinds, only, balanced, budget, target, repeats, min_time, fraction, seed,
+          models, calibration_tokens, eval_tokens, graphs_dir, save, as_json, quiet):  # fmt: skip
     """The served model side by side: original, conversion and sliced, float32 and int8 (conversion and sliced
     int8 with and without the incoherence rotation), in onnxruntime on CPU: decode and prefill tokens/s against
     the original's float32 graph with a null control, and held-out perplexity of every variant."""
@@ -552,5 +554,6 @@ def serve(part, threads, seq_len, sessions, kinds, budget, target, repeats, min_
         part=part, threads=threads, seq_len=seq_len, budget=budget, target=target, min_pairs=repeats,
         block_s=min_time, fraction=fraction, seed=seed, models=list(models), calibration_tokens=calibration_tokens,
         eval_tokens=eval_tokens, graphs_dir=graphs_dir, kinds=kind_list, save=save, as_json=as_json, say=say,
-        echo=click.echo, sessions=sessions,
+        echo=click.echo, sessions=sessions, balanced=balanced,
+        only=[n.strip() for n in only.split(",")] if only else None,
     )  # fmt: skip
