@@ -1,7 +1,7 @@
 """`normswap bench`: the benchmark commands' options; each calls its benchmark in normswap/benchmarks/.
 
-kernels (norm_kernels.py), decode (decode.py), onnx (onnx_runtime.py), slice (slicing.py), convert
-(conversion.py). Every one prints its result as one JSON object on stdout with --json and writes it
+kernels (norm_kernels.py), decode (decode.py), onnx (onnx_runtime.py), slice (slicing.py), serve (serve.py),
+convert (conversion.py). Every one prints its result as one JSON object on stdout with --json and writes it
 to a file with --save FILE (decode/onnx/slice once spelled that --json FILE: answered with the new spelling).
 """
 
@@ -512,3 +512,48 @@ def slice_bench(save, as_json, **options):
     from normswap.benchmarks.slicing import run_slice
 
     _run_saving(lambda models, **kw: run_slice(models=models, **kw), save=save, as_json=as_json, **options)
+
+
+@bench.command("serve")
+@click.option("--part", type=click.Choice(["both", "speed", "quality"]), default="both", show_default=True,
+              help="speed: the GPT-2-small shape timed in onnxruntime; quality: held-out perplexity.")  # fmt: skip
+@_option("--threads", click.IntRange(1), 1, "onnxruntime intra-op threads (and torch's).")
+@_option("--seq-len", click.IntRange(1), 128, "Prefill: tokens at batch 1.")
+@_option("--sessions", click.IntRange(1, 8), 1, "Speed: onnxruntime sessions a graph, rotated (null's its own).")
+@click.option("--kinds", default="decode,prefill", show_default=True, help="Speed: which kinds, comma-separated.")
+@click.option("--only", default=None, help="Speed: time only these graphs beside the original (comma-separated).")
+@click.option("--balanced", is_flag=True, help="Speed: rounds of every pair (timing.compare(balanced=True)).")
+@_option("--budget", click.FloatRange(1.0), 80.0, "Seconds of pairs per kind at most.")
+@_option("--target", click.FloatRange(0.001), 0.01, "Stop once each interval's half-width (null's too) is this.")
+@_option("--repeats", click.IntRange(5), 20, "At least this many rounds per kind.")
+@_option("--min-time", click.FloatRange(0.0), 0.1, "Seconds per timed block (calls calibrated from one).")
+@_option("--fraction", click.FloatRange(0, 1, min_open=True, max_open=True), 0.25, "The sliced variant's fraction.")
+@_option("--seed", int, 0, "Seed of the random init, the calibration and the incoherence rotation.")
+@click.option("--model", "models", multiple=True, help="Quality: the models (default: the shipped ones).")
+@_option("--calibration-tokens", click.IntRange(1), 32768, "Quality: tokens the slice's PCA is fitted on.")
+@_option("--eval-tokens", click.IntRange(0), 0, "Quality: score this many held-out tokens (0: all of them).")
+@click.option("--graphs", "graphs_dir", type=click.Path(file_okay=False), default=None,
+              help="Speed: keep the exported graphs in this folder, and reuse them when it holds them (a timed "
+              "run then only times).")  # fmt: skip
+@click.option("--save", type=click.Path(dir_okay=False), default=None, help="Also write the JSON result here.")
+@json_option
+@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+def serve(part, threads, seq_len, sessions, kinds, only, balanced, budget, target, repeats, min_time, fraction, seed,
+          models, calibration_tokens, eval_tokens, graphs_dir, save, as_json, quiet):  # fmt: skip
+    """The served model side by side: original, conversion and sliced, float32 and int8 (conversion and sliced
+    int8 with and without the incoherence rotation), in onnxruntime on CPU: decode and prefill tokens/s against
+    the original's float32 graph with a null control, and held-out perplexity of every variant."""
+    from normswap.benchmarks.serve import run_serve
+
+    kind_list = [k.strip() for k in kinds.split(",") if k.strip()]
+    bad = [k for k in kind_list if k not in ("decode", "prefill")]
+    if bad or not kind_list:
+        raise NormswapError(f"--kinds: {', '.join(bad) or 'nothing'} not one of decode, prefill")
+    say = (lambda m: None) if quiet else (lambda m: click.echo(f"normswap bench serve: {m}", err=True))
+    run_serve(
+        part=part, threads=threads, seq_len=seq_len, budget=budget, target=target, min_pairs=repeats,
+        block_s=min_time, fraction=fraction, seed=seed, models=list(models), calibration_tokens=calibration_tokens,
+        eval_tokens=eval_tokens, graphs_dir=graphs_dir, kinds=kind_list, save=save, as_json=as_json, say=say,
+        echo=click.echo, sessions=sessions, balanced=balanced,
+        only=[n.strip() for n in only.split(",")] if only else None,
+    )  # fmt: skip

@@ -48,10 +48,42 @@ from normswap.export import EXPORT_TOLERANCE, FORMATS
 @click.option(
     "--max-shard-size", default="5GB", show_default=True, help="stock: shard the safetensors above this size."
 )
+@click.option(
+    "--quantize",
+    "quantize",
+    default=None,
+    metavar="SCHEME",
+    help="onnx: int8 (weights int8 per output channel, activations quantized at run time) by onnxruntime's "
+    "quantize_dynamic, after the float32 graph is verified. A converted or sliced model's stream is turned by the "
+    "incoherence rotation first (exact; see --no-rotate); a LayerNorm original is quantized without it.",
+)
+@click.option(
+    "--rotate/--no-rotate",
+    default=True,
+    show_default=True,
+    help="--quantize: turn the stream by a seeded random orthogonal matrix before int8 (spreads an outlier "
+    "coordinate's energy over all of them).",
+)
+@click.option("--rotation-seed", type=int, default=0, show_default=True, help="--quantize: the rotation's seed.")
 @force_replaces("DEST (never MODEL)")
 @json_option
 @quiet_option
-def export(src, dest, fmt, untie, tolerance, norm_op, with_past, max_shard_size, force, as_json, quiet):
+def export(
+    src,
+    dest,
+    fmt,
+    untie,
+    tolerance,
+    norm_op,
+    with_past,
+    max_shard_size,
+    quantize,
+    rotate,
+    rotation_seed,
+    force,
+    as_json,
+    quiet,
+):
     """Export MODEL (a checkpoint `normswap convert` or `normswap finetune` wrote; onnx: any model) to the new
     directory DEST in another format, verified against MODEL before DEST is published."""
     from normswap.publish import check_output_path
@@ -73,6 +105,9 @@ def export(src, dest, fmt, untie, tolerance, norm_op, with_past, max_shard_size,
         norm_op=norm_op,
         with_past=with_past,
         progress=say,
+        quantize=quantize,
+        rotate=rotate,
+        rotation_seed=rotation_seed,
     )
     if as_json:
         click.echo(json.dumps(record, indent=2, default=str))
@@ -126,3 +161,16 @@ def export(src, dest, fmt, untie, tolerance, norm_op, with_past, max_shard_size,
         f"  verification ({ver['dtype']}): {ver['metric'].replace('_', ' ')} = {ver['max_abs_diff']:.3g} "
         f"(threshold {ver['threshold']:.2g}): PASSED"
     )
+    q = record.get("quantization")
+    if q:
+        rot = record["incoherence_rotation"]
+        click.echo(
+            f"  int8: {q['matmuls_quantized']} matmuls quantized ({q['float_matmuls_left']} left float), "
+            f"{q['bytes'] / 1e6:.1f} MB (float32 {q['float32_bytes'] / 1e6:.1f} MB); incoherence rotation: "
+            + (f"yes (seed {rot['seed']})" if rot["applied"] else f"no ({rot['why']})")
+        )
+        p = q["probe_vs_model"]
+        click.echo(
+            f"  int8 against the model on the probe batch: max |Δ log-prob| {p['max_abs_logprob_diff']:.3g}, "
+            f"top-1 agreement {p['top1_agreement']:.1%} (recorded, not gated)"
+        )

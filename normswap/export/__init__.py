@@ -34,6 +34,9 @@ def run_export(
     norm_op=DEFAULT_ONNX_NORM_OP,
     with_past=None,
     progress=None,
+    quantize=None,
+    rotate=True,
+    rotation_seed=0,
 ) -> dict:
     """Export the checkpoint ``src`` to ``dest`` in ``fmt``; published only when verified. Returns
     the export record (also in DEST's normswap_manifest.json). ``with_past`` (onnx): True, the graph
@@ -45,6 +48,9 @@ def run_export(
 
     if fmt not in FORMATS:
         raise NormswapError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    from normswap.export.int8 import check_scheme
+
+    quantize = check_scheme(quantize, fmt)  # before anything is read or locked
     if fmt == "onnx":
         from normswap.export.onnx import require_packages
 
@@ -67,7 +73,17 @@ def run_export(
         else:
             from normswap.export.onnx import write_onnx
 
-            record = write_onnx(src_dir, tmp, tolerance=tolerance, norm_op=norm_op, with_past=with_past, say=progress)
+            record = write_onnx(
+                src_dir,
+                tmp,
+                tolerance=tolerance,
+                norm_op=norm_op,
+                with_past=with_past,
+                say=progress,
+                quantize=quantize,
+                rotate=rotate,
+                seed=rotation_seed,
+            )
         publish_dir(tmp, dest, force=force)
     record["out"] = str(dest)
     return record

@@ -408,10 +408,59 @@ def _trace(model, path: Path, *, norm_op, with_past, say) -> tuple[dict, bool]:
     return export_graph(model, path, norm_op=norm_op), False
 
 
-def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP, with_past=None, say=None) -> dict:
+def _incoherent(model, rotate: bool, seed: int, say):
+    """(the model to trace, the rotation's record): the incoherence rotation before int8
+    (slice/incoherence.py) when asked and the stream can take it, else the model itself and why not."""
+    from normswap.slice.incoherence import KIND, can_rotate, incoherence_rotate
+
+    if not rotate:
+        return model, {"applied": False, "why": "--no-rotate"}
+    if not can_rotate(model):
+        say("int8 without the incoherence rotation: a LayerNorm model's stream does not commute with a rotation")
+        return model, {
+            "applied": False,
+            "why": "not a normswap exact conversion or sliced model: LayerNorm centres its input, which a rotation "
+            "does not commute with (convert it first to rotate)",
+        }
+    say(f"turning the stream by the incoherence rotation ({KIND}, seed {seed}) before int8")
+    return incoherence_rotate(model, seed).eval(), {"applied": True, "kind": KIND, "seed": int(seed)}
+
+
+def _quantize(model, fp32_path: Path, out_path: Path, tokenizer, say) -> dict:
+    """int8 of the checked float32 graph into ``out_path`` (the float32 graph removed), with how far it
+    moved from the model on the probe batch (recorded, not gated: int8 is not exact)."""
+    from normswap.convert.verify import verification_ids
+    from normswap.export.int8 import agreement, quantize_graph
+
+    say("quantizing to int8 with onnxruntime.quantization.quantize_dynamic (per channel)")
+    try:
+        record = quantize_graph(fp32_path, out_path)
+    finally:
+        fp32_path.unlink(missing_ok=True)
+    ids = verification_ids(tokenizer, model.config)["input_ids"]
+    with torch.no_grad():
+        ref = _FirstOutput(model)(ids)
+    record["probe_vs_model"] = agreement(ref, run_session(session(out_path), ids))
+    return record
+
+
+def write_onnx(
+    src: Path,
+    tmp: Path,
+    *,
+    tolerance=1e-4,
+    norm_op=DEFAULT_NORM_OP,
+    with_past=None,
+    say=None,
+    quantize=None,
+    rotate=True,
+    seed=0,
+) -> dict:
     """Export the checkpoint ``src`` (converted or not) into the empty directory ``tmp`` and validate it.
     ``with_past``: True, the generation graph (refused in one line where the model cannot have one);
-    False, the forward alone; None, the generation graph for a causal LM whose cache traces."""
+    False, the forward alone; None, the generation graph for a causal LM whose cache traces.
+    ``quantize="int8"``: the validated float32 graph (turned first by the incoherence rotation when
+    ``rotate`` and the model's stream can take it) quantized by onnxruntime (export/int8.py)."""
     from normswap.architectures.probes import takes_text_only
     from normswap.checkpoint.load import load_model, optional_tokenizer
 
@@ -424,7 +473,11 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
             f"cannot export {src} as ONNX: it takes more than token ids (images, audio or decoder "
             "inputs); --format onnx exports token models"
         )
-    ops, past = _trace(model, tmp / MODEL_FILE, norm_op=norm_op, with_past=with_past, say=say)
+    traced, rotation = model, None
+    if quantize:
+        traced, rotation = _incoherent(model, rotate, seed, say)
+    graph_path = tmp / (MODEL_FILE + ".float32.onnx" if quantize else MODEL_FILE)
+    ops, past = _trace(traced, graph_path, norm_op=norm_op, with_past=with_past, say=say)
     rms = distinct_rms_norms(model)
     norm_nodes = {op: ops.get(op, 0) for op in NORM_OP_TYPES}
     expected = NORM_OPS[norm_op]
@@ -433,13 +486,18 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
         raise NormswapError(f"internal error: the graph has {written} {expected} nodes for {rms} RMSNorm computations")
     say("validating: onnxruntime (CPU) against PyTorch on the probe batch")
     tokenizer = optional_tokenizer(str(src))  # a refused one refuses the export
-    check = validate(model, tmp / MODEL_FILE, tokenizer, tolerance=tolerance)
+    # against the model as loaded: a rotated graph must compute what the unrotated model computes
+    check = validate(model, graph_path, tokenizer, tolerance=tolerance)
     if not check["passed"]:
         raise VerificationError(
             f"ONNX validation failed: onnxruntime and PyTorch differ by {check['max_abs_diff']:.3g} > "
-            f"{tolerance:.3g} ({check['metric']}); nothing was written"
+            f"{tolerance:.3g} ({check['metric']})"
+            + (" after the incoherence rotation" if rotation else "")
+            + "; nothing was written"
         )
-    generation = _check_generation(model, tmp, tokenizer, tolerance, say) if past else None
+    # generation is checked on the float32 graph (exact); int8 is measured, not gated (bench serve)
+    generation = _check_generation(model, tmp, tokenizer, tolerance, say, graph_path.name) if past else None
+    quantization = _quantize(model, graph_path, tmp / MODEL_FILE, tokenizer, say) if quantize else None
     # written from the config read by the side-file rule, never copied by path: a config.json swapped for a
     # link after the weights were read is refused instead of followed into OUT
     config = read_json_inside(src, "config.json")
@@ -468,6 +526,10 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
     }
     if generation is not None:
         record["generation"] = generation
+    if quantize:
+        record["verification"]["what"] = "the float32 graph before quantization against the model as loaded"
+        record["quantization"] = quantization
+        record["incoherence_rotation"] = rotation
     manifest = copy.deepcopy(read_manifest(src) or {})
     manifest.setdefault("history", []).append(history_entry("export", format="onnx", source=str(src)))
     manifest["export"] = record
@@ -485,7 +547,7 @@ def _layers(model) -> int:
 GENERATION_CHECK_TOKENS = 64
 
 
-def _check_generation(model, tmp: Path, tokenizer, tolerance: float, say) -> dict:
+def _check_generation(model, tmp: Path, tokenizer, tolerance: float, say, model_file=None) -> dict:
     """Greedy tokens through the graph's cache against PyTorch's generate, on the probe's two rows cut to a
     16-token prompt; raises VerificationError (nothing written) when they differ other than at a tie."""
     from normswap.convert.verify import verification_ids
@@ -496,7 +558,7 @@ def _check_generation(model, tmp: Path, tokenizer, tolerance: float, say) -> dic
     prompt = verification_ids(tokenizer, model.config)["input_ids"][:, :16]
     new = max(1, min(GENERATION_CHECK_TOKENS, context - prompt.shape[1]))
     say(f"validating: {new} greedy tokens through the key/value cache against PyTorch's generate")
-    gen = check_generation(model, tmp, prompt, new, tie=tolerance)
+    gen = check_generation(model, tmp, prompt, new, tie=tolerance, model_file=model_file)
     if not gen["passed"]:
         where = gen["first_difference"]
         raise VerificationError(

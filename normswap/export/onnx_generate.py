@@ -399,13 +399,15 @@ def torch_greedy(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
         )
 
 
-def check_generation(model, out_dir: Path, prompt: torch.Tensor, new_tokens: int, *, tie: float) -> dict:
+def check_generation(
+    model, out_dir: Path, prompt: torch.Tensor, new_tokens: int, *, tie: float, model_file: str | None = None
+) -> dict:
     """Greedy generation through the graph (OnnxGenerator: prefill, then one token a step on the cache)
     against PyTorch's generate on the same prompt rows. Passes when every token is the same, or where the
     first difference is at a tie: PyTorch's two best log-probs there within ``tie`` (both are then the
     greedy choice, to float32 rounding)."""
     ref = torch_greedy(model, prompt, new_tokens).numpy()
-    got = OnnxGenerator(out_dir).generate(prompt.numpy(), new_tokens)
+    got = OnnxGenerator(out_dir, model_file=model_file).generate(prompt.numpy(), new_tokens)
     start = prompt.shape[1]
     record = {
         "runtime": "onnxruntime (CPU), normswap's generate loop (OnnxGenerator)",

@@ -57,14 +57,18 @@ def pca_basis(sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, (values[order] - damp)
 
 
-def random_basis(d: int, seed: int) -> torch.Tensor:
-    """A seeded random orthogonal d × d basis, u last (QR of a Gaussian, signs fixed so the
-    distribution is uniform)."""
+def random_orthogonal(n: int, seed: int) -> torch.Tensor:
+    """A seeded random orthogonal n × n float64 matrix (QR of a Gaussian, signs fixed so the
+    distribution is uniform: Haar)."""
     gen = torch.Generator().manual_seed(int(seed))
-    g = torch.randn(d - 1, d - 1, generator=gen, dtype=torch.float64)
+    g = torch.randn(n, n, generator=gen, dtype=torch.float64)
     qr, r = torch.linalg.qr(g)
-    qr = qr * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones(()))
-    return torch.cat([complement_of_ones(d) @ qr, ones_direction(d)], dim=1)
+    return qr * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones((), dtype=torch.float64))
+
+
+def random_basis(d: int, seed: int) -> torch.Tensor:
+    """A seeded random orthogonal d × d basis, u last."""
+    return torch.cat([complement_of_ones(d) @ random_orthogonal(d - 1, seed), ones_direction(d)], dim=1)
 
 
 def kept_energy(sigma: torch.Tensor, q_kept: torch.Tensor) -> float:
