@@ -1,0 +1,217 @@
+"""Slicing without a whole model in memory: every weight is read from the conversion's files when
+the module that owns it runs, and every sliced tensor is computed from the file tensor it replaces.
+
+The runner is convert's own (convert/verify.py ``Blockwise``): a model skeleton whose parameters
+have no storage, each module loading its weights in a forward pre-hook and dropping them after its
+forward, so at any instant one module's weights are resident (plus the activations of the batch
+running). The same runner serves the calibration (Σ gathered by the norms' pre-hooks), the
+rotation-alone check, the reload check and the held-out perplexity; what differs is where a weight
+comes from:
+
+- ``ConvertedFiles``: the conversion's (or the written sliced checkpoint's) safetensors, cast
+  from the file dtype as from_pretrained casts them;
+- ``RotatedWeights``: the sliced model at a width w, each stream tensor computed on demand from the
+  conversion's (rotate.rotated_tensor: Q_w contracted along each stream axis, in float64, or float32
+  where the output is 16-bit: ``ops.compute_dtype``, convert's own rule), the others read through.
+
+Nothing here holds a model's weights: the largest resident tensor is the largest module's.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from normswap.checkpoint import load as ckload
+from normswap.checkpoint.shards import ShardedCheckpoint
+from normswap.checkpoint.tensor_source import SafetensorsFiles, weight_files
+from normswap.convert import tensor_match as ckinputs
+from normswap.convert import verify as runner
+from normswap.convert.ops import compute_dtype
+from normswap.errors import NormswapError
+from normswap.model_facts import output_embeddings
+from normswap.slice.calibrate import SecondMoments
+from normswap.slice.rotate import head_tensors, rotated_tensor, sliced_block
+from normswap.slice.stream import StreamMap, stream_map
+
+
+def skeleton(config, dtype=torch.float32, *, buffers=True):
+    """A storage-free model of ``config`` (buffers real when the model is to run)."""
+    model = ckinputs.skeleton(config, dtype, buffers=buffers)
+    if getattr(model.config, "use_cache", None):  # one forward, no generation: a key/value cache is copying only
+        model.config.use_cache = False
+    return model
+
+
+class ConvertedFiles:
+    """A normswap checkpoint's weights, tensor by tensor (``fetch(key, dtype, out=None)``)."""
+
+    def __init__(self, directory, label: str):
+        self.directory = directory
+        self.config = ckload.load_config(str(directory))
+        files = weight_files(directory)[1]
+        if not files:
+            raise NormswapError(f"{label} holds no safetensors weight file")
+        self.files = SafetensorsFiles(directory, files)
+        try:
+            self.meta = skeleton(self.config, buffers=False)
+            self.inputs = ckinputs.match(self.meta, self.files, label)
+        except BaseException:
+            self.files.close()
+            raise
+
+    def fetch(self, key, dtype, out=None, pool=None) -> torch.Tensor:
+        return self.inputs.read_as(key, dtype, out=out, pool=pool)
+
+    def has(self, key) -> bool:
+        return self.inputs.disk_key(key) is not None
+
+    def file_dtype(self, key) -> torch.dtype:
+        return self.inputs.file_dtype(key)
+
+    def close(self) -> None:
+        self.files.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def sliced_config(config, stream: StreamMap, width: int, *, fraction: float, basis: str):
+    """The config of the model sliced ``width`` wide (what the written checkpoint declares)."""
+    cfg = copy.deepcopy(config)
+    cfg.normswap = sliced_block(config.normswap, stream, width, fraction=fraction, basis=basis)
+    return cfg
+
+
+class RotatedWeights:
+    """The sliced model's weights at ``width``, each computed from the conversion's when asked for."""
+
+    def __init__(self, source: ConvertedFiles, stream: StreamMap, q: torch.Tensor, config, calc):
+        self.source, self.stream, self.q, self.calc = source, stream, q, calc
+        self.width = int(config.normswap["slice"]["width"])
+        self.dims = stream.stream_dims()
+        # ties from a meta-device build: a skeleton with real buffers re-registers every parameter,
+        # which unties the head from its table
+        self.groups = ckinputs.tie_groups(skeleton(config, buffers=False))
+        self.extra: dict | None = None
+
+    def _extras(self) -> dict:
+        if self.extra is None:
+            self.extra = {}
+            if self.stream.tied_head is not None:
+
+                def read(key):
+                    return self.source.fetch(key, torch.float64) if self.source.has(key) else None
+
+                # the head's own bias parameter, if any (a stored logits bias E·β is a buffer, not one:
+                # the adapter's bias derives it from β itself)
+                bias = getattr(self.source.meta.get_submodule(self.stream.tied_head), "bias", None)
+                own = read(f"{self.stream.tied_head}.bias") if isinstance(bias, torch.nn.Parameter) else None
+                self.extra = head_tensors(read, self.stream, self.width, self.q, own)
+        return self.extra
+
+    def value(self, key, dtype) -> torch.Tensor:
+        """Tensor ``key`` of the sliced model in ``dtype`` (the rotation in ``calc``, cast once)."""
+        for name in [key] + [g for g in self.groups.get(key, [key]) if g != key]:
+            extra = self._extras().get(name)
+            if extra is not None:
+                return extra.to(dtype)
+            if name in self.dims:
+                raw = None if name in self.stream.unit_scales else self.source.fetch(name, self.calc)
+                return rotated_tensor(name, raw, self.stream, self.width, self.q).to(dtype)
+        return self.source.fetch(key, dtype)
+
+    def fetch(self, key, dtype, out=None, pool=None) -> torch.Tensor:
+        value = self.value(key, dtype)
+        return out.copy_(value) if out is not None and tuple(out.shape) == tuple(value.shape) else value
+
+
+def logprobs(model, fetch, inputs: dict, *, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """Per-token log-probabilities (float64, CPU) of ``model`` (a skeleton) on ``inputs``, the
+    weights coming module by module from ``fetch``."""
+    return runner.outputs(lambda: model, fetch, dtype, inputs, True, device=device)
+
+
+class _Enough(Exception):
+    """Raised at the head's door: calibration needs the norms' inputs, not the logits."""
+
+
+def _stop_at_head(module, args):
+    raise _Enough
+
+
+def calibrate(model, fetch, batches, norm_names, *, dtype=torch.float32, device="cpu", say=None):
+    """({norm: Σ float64 on the CPU}, tokens): each calibration batch run through ``model`` one
+    module at a time (weights from ``fetch``), Σ accumulated in float64 by the norms' pre-hooks.
+    The head never runs (no vocabulary-wide logits): the run stops at its door."""
+    say = say or (lambda msg: None)
+    head = output_embeddings(model)
+    stop = head.register_forward_pre_hook(_stop_at_head) if head is not None else None
+    tokens, t0 = 0, time.perf_counter()
+    blockwise = None
+    try:
+        with SecondMoments(model, norm_names) as moments:
+            blockwise = runner.Blockwise(model, fetch, dtype, device)
+            for i, batch in enumerate(batches):
+                try:
+                    blockwise({"input_ids": batch})
+                except _Enough:
+                    pass
+                tokens += int(batch.numel())
+                spent = time.perf_counter() - t0
+                left = spent / (i + 1) * (len(batches) - i - 1)
+                say(f"calibration: batch {i + 1}/{len(batches)}, {tokens:,} tokens, {spent:.0f} s, ~{left:.0f} s left")
+    finally:
+        if stop is not None:
+            stop.remove()
+    missing = [n for n in norm_names if n not in moments.sums]
+    if missing:
+        raise NormswapError(f"calibration: norm {missing[0]} never ran; slice cannot fit a rotation for it")
+    return {name: s.cpu() for name, s in moments.sums.items()}, tokens
+
+
+def write_sliced(tmp, meta, weights: RotatedWeights, out_dtype, *, max_shard_size="5GB", say=None) -> int:
+    """The sliced checkpoint's weights into ``tmp``, tensor by tensor: one tensor rotated at a time,
+    cast once to ``out_dtype`` (integer tensors as they are). Returns the bytes written."""
+    say = say or (lambda msg: None)
+    specs, seen = {}, set()
+    persistent = ckinputs.persistent_buffers(meta)
+    params = dict(meta.named_parameters(remove_duplicate=False))
+    for key, t in meta.state_dict(keep_vars=True).items():
+        if id(t) in seen or (key not in params and key not in persistent):
+            continue
+        seen.add(id(t))
+        specs[key] = (out_dtype if t.dtype.is_floating_point else t.dtype, tuple(t.shape))
+    total = sum(s.numel() * dt.itemsize for dt, s in ((d, torch.Size(sh)) for d, sh in specs.values()))
+    done, t0, next_say = 0, time.perf_counter(), 0.1
+    with ShardedCheckpoint(tmp, specs, max_shard_size) as files:
+        for key, (dtype, shape) in specs.items():
+            value = weights.value(key, dtype)
+            if tuple(value.shape) != shape:
+                raise NormswapError(f"internal error: sliced {key} is {tuple(value.shape)}, the model holds {shape}")
+            files.write(key, value.contiguous())
+            done += value.numel() * dtype.itemsize
+            del value
+            if total and done / total >= next_say:  # about ten progress lines, whatever the model
+                next_say = done / total + 0.1
+                spent = time.perf_counter() - t0
+                left = spent * (total - done) / done
+                say(f"writing: {done / 1e9:.2f}/{total / 1e9:.2f} GB, {spent:.0f} s, ~{left:.0f} s left")
+    return total
+
+
+def check_stream(source: ConvertedFiles) -> StreamMap:
+    """The stream map of the conversion (slice/stream.py refuses what cannot rotate), read off its
+    meta-device skeleton, whose tied head still shares its table."""
+    return stream_map(source.meta)
+
+
+def calc_dtype(out_dtype) -> torch.dtype:
+    """The rotation's arithmetic dtype for an output dtype: convert's rule (float64 unless the
+    output is 16-bit, where float32's rounding is ~1000× below the output's own)."""
+    return compute_dtype(out_dtype)
