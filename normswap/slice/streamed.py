@@ -36,6 +36,8 @@ from normswap.slice.calibrate import SecondMoments
 from normswap.slice.rotate import head_tensors, rotated_tensor, sliced_block
 from normswap.slice.stream import StreamMap, stream_map
 
+ROW_BLOCK_ELEMENTS = 1 << 22  # a table rotated this many elements of rows at a time (16 MB in float32)
+
 
 def skeleton(config, dtype=torch.float32, *, buffers=True):
     """A storage-free model of ``config`` (buffers real when the model is to run)."""
@@ -99,6 +101,7 @@ class RotatedWeights:
         # which unties the head from its table
         self.groups = ckinputs.tie_groups(skeleton(config, buffers=False))
         self.extra: dict | None = None
+        self.seconds = {"read": 0.0, "rotate": 0.0}  # where the time of computing tensors went
 
     def _extras(self) -> dict:
         if self.extra is None:
@@ -115,20 +118,54 @@ class RotatedWeights:
                 self.extra = head_tensors(read, self.stream, self.width, self.q, own)
         return self.extra
 
-    def value(self, key, dtype) -> torch.Tensor:
-        """Tensor ``key`` of the sliced model in ``dtype`` (the rotation in ``calc``, cast once)."""
+    def _resolve(self, key):
+        """(kind, name): where ``key``'s value comes from: "extra", "stream" or "file"."""
         for name in [key] + [g for g in self.groups.get(key, [key]) if g != key]:
-            extra = self._extras().get(name)
-            if extra is not None:
-                return extra.to(dtype)
+            if name in self._extras():
+                return "extra", name
             if name in self.dims:
-                raw = None if name in self.stream.unit_scales else self.source.fetch(name, self.calc)
-                return rotated_tensor(name, raw, self.stream, self.width, self.q).to(dtype)
-        return self.source.fetch(key, dtype)
+                return "stream", name
+        return "file", key
+
+    def value(self, key, dtype, out=None) -> torch.Tensor:
+        """Tensor ``key`` of the sliced model in ``dtype`` (into ``out`` when given): the rotation
+        in ``calc``, cast once. A table or reader whose only stream axis is its last (embeddings,
+        the head) is rotated in row blocks, so no whole-size copy in ``calc`` exists beside it."""
+        kind, name = self._resolve(key)
+        if kind == "extra":
+            value = self._extras()[name].to(dtype)
+        elif kind == "file":
+            return self.source.fetch(key, dtype, out=out)
+        elif name in self.stream.unit_scales:
+            value = rotated_tensor(name, None, self.stream, self.width, self.q).to(dtype)
+        elif self.stream.writes_and_reads(name) == [1] and len(self.source.inputs.specs[name][1]) == 2:
+            return self._row_blocks(name, dtype, out)
+        else:
+            t0 = time.perf_counter()
+            raw = self.source.fetch(name, self.calc)
+            t1 = time.perf_counter()
+            value = rotated_tensor(name, raw, self.stream, self.width, self.q).to(dtype)
+            self.seconds["read"] += t1 - t0
+            self.seconds["rotate"] += time.perf_counter() - t1
+        return out.copy_(value) if out is not None and tuple(out.shape) == tuple(value.shape) else value
+
+    def _row_blocks(self, name, dtype, out):
+        rows, _ = self.source.inputs.specs[name][1]
+        if out is None or tuple(out.shape) != (rows, self.width):
+            out = torch.empty((rows, self.width), dtype=dtype)
+        step = max(1, ROW_BLOCK_ELEMENTS // max(1, self.stream.hidden_size))
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            t0 = time.perf_counter()
+            raw = self.source.inputs.read(name, a, b).to(self.calc)
+            t1 = time.perf_counter()
+            out[a:b].copy_(rotated_tensor(name, raw, self.stream, self.width, self.q))
+            self.seconds["read"] += t1 - t0
+            self.seconds["rotate"] += time.perf_counter() - t1
+        return out
 
     def fetch(self, key, dtype, out=None, pool=None) -> torch.Tensor:
-        value = self.value(key, dtype)
-        return out.copy_(value) if out is not None and tuple(out.shape) == tuple(value.shape) else value
+        return self.value(key, dtype, out=out)
 
 
 def logprobs(model, fetch, inputs: dict, *, dtype=torch.float32, device="cpu") -> torch.Tensor:
