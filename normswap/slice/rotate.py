@@ -104,6 +104,20 @@ def rotated_tensor(key: str, value: torch.Tensor | None, stream: StreamMap, k: i
     return t
 
 
+def narrowed(key: str, rotated: torch.Tensor, stream: StreamMap, k: int, w: int, *, rows_kept=False) -> torch.Tensor:
+    """``rotated`` (``rotated_tensor`` at a wider width ``w``) kept ``k`` wide: its first k entries
+    along every stream axis (Q_k is the first k columns of Q_w), a reader's gain moved from
+    sqrt(d/w) to sqrt(d/k). ``rows_kept``: ``rotated`` is a block of rows already within the kept
+    ones (axis 0 is not narrowed again)."""
+    t = rotated
+    for axis in stream.writes_and_reads(key):
+        if not (rows_kept and axis == 0):
+            t = t.narrow(axis, 0, k)
+    if key in stream.reads and w != k:
+        t = t * math.sqrt(w / k)
+    return t
+
+
 def head_tensors(read, stream: StreamMap, k: int, q: torch.Tensor, own_bias=None) -> dict[str, torch.Tensor]:
     """The tied head's tensors at width ``k`` (float64): the final norm's weight c, or the adapter
     (R, g, m, b) of remote_code._SlicedTiedHead. ``read(key)``: the conversion's tensor in float64

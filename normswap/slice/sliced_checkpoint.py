@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -113,63 +114,63 @@ def slice_checkpoint(
 
 
 def _slice_converted(src, converted, out, options, batches, tokenizer, *, force, device, say, t0, conversion) -> dict:
-    with streamed.ConvertedFiles(Path(converted), str(src)) as conv:
+    parts = Parts()
+    with (
+        streamed.ConvertedFiles(Path(converted), str(src)) as conv,
+        tempfile.TemporaryDirectory(prefix="normswap-slice-rotated-") as private,
+    ):
         config = conv.config
         stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32"
         out_dtype = getattr(torch, str(stored).replace("torch.", ""), torch.float32)
-        calc = streamed.calc_dtype(out_dtype)
-        run_dtype = _run_dtype(device)
-        model = streamed.skeleton(config)
         stream = streamed.check_stream(conv)
         d = stream.hidden_size
         k = bases.width_for(d, options.fraction, options.round_to)
-        parameters_before = parameter_count(conv.meta)
         say(f"calibrating on {sum(int(b.numel()) for b in batches):,} tokens, one module's weights at a time")
-        moments, tokens = streamed.calibrate(
-            model, conv.fetch, batches, list(stream.norms), dtype=run_dtype, device=device, say=say
-        )
+        with parts.timed("calibration"):
+            moments, tokens = streamed.calibrate(
+                streamed.skeleton(config),
+                conv.fetch,
+                batches,
+                list(stream.norms),
+                dtype=_run_dtype(device),
+                device=device,
+                say=say,
+            )
         q = bases.pca_basis(sum(moments.values()))[0] if options.basis == "pca" else bases.random_basis(d, options.seed)
         say(f"slicing the residual stream from {d} to {k} ({options.basis} basis, {tokens:,} calibration tokens)")
-        probe = verification_ids(tokenizer, config)
-        check = _rotation_alone(conv, config, stream, q, probe, options, calc=calc, device=device, say=say)
-        sliced_cfg = streamed.sliced_config(config, stream, k, fraction=options.fraction, basis=options.basis)
-        meta = streamed.skeleton(sliced_cfg, out_dtype, buffers=False)
-        kept = {name: bases.kept_energy(s, q[:, :k]) for name, s in moments.items()}
-        kept_total = bases.kept_energy(sum(moments.values()), q[:, :k])
-        figures = {
-            "normswap_version": __version__,
-            "source": str(src),
-            "width": k,
-            "hidden_size": d,
-            "fraction": options.fraction,
-            "basis": options.basis,
-            "parameters_before": parameters_before,
-            "parameters_after": parameter_count(meta),
-            "calibration_tokens": tokens,
-            "kept_energy_total": kept_total,
-            "dropped_energy_total": 1.0 - kept_total,
-            "kept_energy": kept,
-            "seed": options.seed,
-            "round_to": options.round_to,
-            "data": options.data,
-            "calibration_split": "train",
-            "head": _head_record(sliced_cfg.normswap),
-            "verification": check,
-        }
-        manifest = _manifest(converted, src, options, k, figures, conversion)
-        with staging_dir(out) as tmp:
-            after = figures["parameters_after"]
-            say(f"writing the sliced checkpoint ({after:,} parameters, was {parameters_before:,}), tensor by tensor")
-            write_config_and_code(meta, tmp)
-            weights = streamed.RotatedWeights(conv, stream, q, sliced_cfg, calc)
-            streamed.write_sliced(tmp, meta, weights, out_dtype, say=say)
-            copy_side_files(Path(converted), tmp)
-            write_manifest(tmp, manifest)
-            say("checking the written checkpoint loads back to the same model")
-            figures["reload_check"] = _reload_check(conv, sliced_cfg, stream, q, k, tmp, probe, out_dtype, calc, device)
-            atomic_write_json(tmp / SLICE_JSON, figures, indent=2)
-            write_model_card(tmp, manifest, json.loads((tmp / "config.json").read_text()))
-            publish_dir(tmp, out, force=force)
+        with parts.timed("rotation"):
+            rotated, spent = streamed.rotate_once(
+                conv, stream, q, Path(private), streamed.calc_dtype(out_dtype), say=say
+            )
+        parts.seconds["rotation_parts"] = {key: round(v, 3) for key, v in spent.items()}
+        try:
+            probe = verification_ids(tokenizer, config)
+            with parts.timed("rotation_check"):
+                check = _rotation_alone(conv, rotated, config, stream, q, probe, options, device=device, say=say)
+            sliced_cfg = streamed.sliced_config(config, stream, k, fraction=options.fraction, basis=options.basis)
+            weights = streamed.RotatedWeights(conv, rotated, stream, q, sliced_cfg)
+            figures = _figures(src, options, conv, sliced_cfg, moments, q, tokens, check, out_dtype)
+            manifest = _manifest(converted, src, options, k, figures, conversion)
+            with staging_dir(out) as tmp:
+                meta = streamed.skeleton(sliced_cfg, out_dtype, buffers=False)
+                say(f"writing the sliced checkpoint ({figures['parameters_after']:,} parameters), tensor by tensor")
+                with parts.timed("write"):
+                    write_config_and_code(meta, tmp)
+                    streamed.write_sliced(tmp, meta, weights, out_dtype, say=say)
+                    copy_side_files(Path(converted), tmp)
+                    write_manifest(tmp, manifest)
+                say("checking the written checkpoint loads back to the same model")
+                with parts.timed("reload_check"):
+                    figures["reload_check"] = _reload_check(weights, sliced_cfg, tmp, probe, out_dtype, device)
+                if conversion is not None:  # the exact conversion, made first into a private directory
+                    parts.seconds["convert"] = conversion.get("seconds")
+                figures["seconds_parts"] = parts.seconds
+                figures["peak_rss_bytes"] = peak_rss_bytes()
+                atomic_write_json(tmp / SLICE_JSON, figures, indent=2)
+                write_model_card(tmp, manifest, json.loads((tmp / "config.json").read_text()))
+                publish_dir(tmp, out, force=force)
+        finally:
+            rotated.close()
     return {
         **{key: v for key, v in figures.items() if key != "kept_energy"},
         "out": str(out),
@@ -179,21 +180,67 @@ def _slice_converted(src, converted, out, options, batches, tokenizer, *, force,
     }
 
 
+class Parts:
+    """Seconds spent in each named part of the run (the summary's ``seconds_parts``)."""
+
+    def __init__(self):
+        self.seconds: dict = {}
+
+    @contextmanager
+    def timed(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports kilobytes)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _figures(src, options, conv, sliced_cfg, moments, q, tokens, check, out_dtype) -> dict:
+    d, k = int(sliced_cfg.normswap["slice"]["hidden_size"]), int(sliced_cfg.normswap["slice"]["width"])
+    kept_total = bases.kept_energy(sum(moments.values()), q[:, :k])
+    return {
+        "normswap_version": __version__,
+        "source": str(src),
+        "width": k,
+        "hidden_size": d,
+        "fraction": options.fraction,
+        "basis": options.basis,
+        "parameters_before": parameter_count(conv.meta),
+        "parameters_after": parameter_count(streamed.skeleton(sliced_cfg, out_dtype, buffers=False)),
+        "calibration_tokens": tokens,
+        "kept_energy_total": kept_total,
+        "dropped_energy_total": 1.0 - kept_total,
+        "kept_energy": {name: bases.kept_energy(s, q[:, :k]) for name, s in moments.items()},
+        "seed": options.seed,
+        "round_to": options.round_to,
+        "data": options.data,
+        "calibration_split": "train",
+        "head": _head_record(sliced_cfg.normswap),
+        "verification": check,
+    }
+
+
 def _run_dtype(device) -> torch.dtype:
     # on a GPU the forwards run in bfloat16 (Σ still sums in float64); on the CPU in float32
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
 
 
-def _rotation_alone(conv, config, stream, q, probe, options, *, calc, device, say) -> dict:
+def _rotation_alone(conv, rotated, config, stream, q, probe, options, *, device, say) -> dict:
     """The rotation alone (only u deleted, width d − 1) against the conversion on the probe batch,
     both run one module at a time; VerificationError (nothing written) when it moves the log-probs."""
     d = stream.hidden_size
     say(f"verifying: the rotation alone (width {d - 1}) against the conversion on the probe batch")
     ref = streamed.logprobs(streamed.skeleton(config), conv.fetch, probe, device=device)
     exact_cfg = streamed.sliced_config(config, stream, d - 1, fraction=0.0, basis=options.basis)
-    exact_model = streamed.skeleton(exact_cfg)
-    exact = streamed.RotatedWeights(conv, stream, q, exact_cfg, calc)
-    got = streamed.logprobs(exact_model, exact.fetch, probe, device=device)
+    exact = streamed.RotatedWeights(conv, rotated, stream, q, exact_cfg)
+    got = streamed.logprobs(streamed.skeleton(exact_cfg), exact.fetch, probe, device=device)
 
     def float64_reference():
         return streamed.logprobs(
@@ -209,12 +256,10 @@ def _rotation_alone(conv, config, stream, q, probe, options, *, calc, device, sa
     return check
 
 
-def _reload_check(conv, sliced_cfg, stream, q, k, tmp, probe, out_dtype, calc, device) -> dict:
+def _reload_check(weights, sliced_cfg, tmp, probe, out_dtype, device) -> dict:
     """The staged checkpoint, read back through the class users load, against the sliced model as
     computed before its rounding to the output dtype; VerificationError when they differ."""
-    model = streamed.skeleton(sliced_cfg)
-    unrounded = streamed.RotatedWeights(conv, stream, q, sliced_cfg, calc)
-    ref = streamed.logprobs(model, unrounded.fetch, probe, device=device)
+    ref = streamed.logprobs(streamed.skeleton(sliced_cfg), weights.fetch, probe, device=device)
     with streamed.ConvertedFiles(Path(tmp), "the written checkpoint") as written:
         got = streamed.logprobs(streamed.skeleton(written.config), written.fetch, probe, device=device)
     check = verification.judge(ref, got, _reload_tolerance(out_dtype))

@@ -26,14 +26,14 @@ import torch
 
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.shards import ShardedCheckpoint
-from normswap.checkpoint.tensor_source import SafetensorsFiles, weight_files
+from normswap.checkpoint.tensor_source import SafetensorsFiles, numel, weight_files
 from normswap.convert import tensor_match as ckinputs
 from normswap.convert import verify as runner
 from normswap.convert.ops import compute_dtype
 from normswap.errors import NormswapError
 from normswap.model_facts import output_embeddings
 from normswap.slice.calibrate import SecondMoments
-from normswap.slice.rotate import head_tensors, rotated_tensor, sliced_block
+from normswap.slice.rotate import head_tensors, narrowed, rotated_tensor, sliced_block
 from normswap.slice.stream import StreamMap, stream_map
 
 ROW_BLOCK_ELEMENTS = 1 << 22  # a table rotated this many elements of rows at a time (16 MB in float32)
@@ -90,18 +90,61 @@ def sliced_config(config, stream: StreamMap, width: int, *, fraction: float, bas
     return cfg
 
 
-class RotatedWeights:
-    """The sliced model's weights at ``width``, each computed from the conversion's when asked for."""
+def rotate_once(source: ConvertedFiles, stream: StreamMap, q: torch.Tensor, directory, calc, *, say=None):
+    """Every stream tensor of the conversion rotated once, d − 1 wide (only u deleted), into a
+    private safetensors file in ``calc``: the one pass of matmuls. Every narrower width is its
+    prefix along the stream axes (Q_k is Q's first k columns; ``rotate.narrowed``), so the rotation-
+    alone check, the written checkpoint and the reload check all read this file. Tables and heads
+    (the stream their last axis only) are rotated in row blocks. Returns (files, seconds)."""
+    say = say or (lambda msg: None)
+    width = stream.hidden_size - 1
+    specs = {}
+    for key in stream.stream_dims():
+        if key in stream.unit_scales:
+            continue
+        shape = list(source.inputs.specs[key][1])
+        for axis in stream.writes_and_reads(key):
+            shape[axis] = width
+        specs[key] = (calc, tuple(shape))
+    seconds = {"read": 0.0, "rotate": 0.0, "write": 0.0}
+    total, done, next_say, t_start = sum(numel(sh) for _, sh in specs.values()), 0, 0.1, time.perf_counter()
+    with ShardedCheckpoint(directory, specs, "5GB") as files:
+        for key, (_, shape) in specs.items():
+            rows = int(source.inputs.specs[key][1][0]) if shape else 1
+            blocked = stream.writes_and_reads(key) == [1] and len(shape) == 2
+            step = max(1, ROW_BLOCK_ELEMENTS // max(1, stream.hidden_size)) if blocked else rows
+            for a in range(0, rows, step):
+                b = min(rows, a + step)
+                t0 = time.perf_counter()
+                raw = source.inputs.read(key, a, b).to(calc) if blocked else source.fetch(key, calc)
+                t1 = time.perf_counter()
+                value = rotated_tensor(key, raw, stream, width, q).contiguous()
+                t2 = time.perf_counter()
+                files.write(key, value, row=a if blocked else 0)
+                seconds["read"] += t1 - t0
+                seconds["rotate"] += t2 - t1
+                seconds["write"] += time.perf_counter() - t2
+            done += numel(shape)
+            if done / total >= next_say:  # about ten progress lines, whatever the model
+                next_say = done / total + 0.1
+                spent = time.perf_counter() - t_start
+                left = spent * (total - done) / done
+                say(f"rotating: {done / total:.0%} of the stream's tensors, {spent:.0f} s, ~{left:.0f} s left")
+    return SafetensorsFiles(directory, weight_files(directory)[1]), seconds
 
-    def __init__(self, source: ConvertedFiles, stream: StreamMap, q: torch.Tensor, config, calc):
-        self.source, self.stream, self.q, self.calc = source, stream, q, calc
+
+class RotatedWeights:
+    """The sliced model's weights at the width its ``config`` declares: stream tensors narrowed from
+    the rotated file (``rotate_once``), the head adapter computed once, the rest read through."""
+
+    def __init__(self, source: ConvertedFiles, rotated, stream: StreamMap, q: torch.Tensor, config):
+        self.source, self.rotated, self.stream, self.q = source, rotated, stream, q
         self.width = int(config.normswap["slice"]["width"])
         self.dims = stream.stream_dims()
         # ties from a meta-device build: a skeleton with real buffers re-registers every parameter,
         # which unties the head from its table
         self.groups = ckinputs.tie_groups(skeleton(config, buffers=False))
         self.extra: dict | None = None
-        self.seconds = {"read": 0.0, "rotate": 0.0}  # where the time of computing tensors went
 
     def _extras(self) -> dict:
         if self.extra is None:
@@ -118,7 +161,7 @@ class RotatedWeights:
                 self.extra = head_tensors(read, self.stream, self.width, self.q, own)
         return self.extra
 
-    def _resolve(self, key):
+    def resolve(self, key):
         """(kind, name): where ``key``'s value comes from: "extra", "stream" or "file"."""
         for name in [key] + [g for g in self.groups.get(key, [key]) if g != key]:
             if name in self._extras():
@@ -128,40 +171,30 @@ class RotatedWeights:
         return "file", key
 
     def value(self, key, dtype, out=None) -> torch.Tensor:
-        """Tensor ``key`` of the sliced model in ``dtype`` (into ``out`` when given): the rotation
-        in ``calc``, cast once. A table or reader whose only stream axis is its last (embeddings,
-        the head) is rotated in row blocks, so no whole-size copy in ``calc`` exists beside it."""
-        kind, name = self._resolve(key)
+        """Tensor ``key`` of the sliced model in ``dtype`` (into ``out`` when given), cast once."""
+        kind, name = self.resolve(key)
+        if kind == "file":
+            return self.source.fetch(key, dtype, out=out)
         if kind == "extra":
             value = self._extras()[name].to(dtype)
-        elif kind == "file":
-            return self.source.fetch(key, dtype, out=out)
         elif name in self.stream.unit_scales:
-            value = rotated_tensor(name, None, self.stream, self.width, self.q).to(dtype)
-        elif self.stream.writes_and_reads(name) == [1] and len(self.source.inputs.specs[name][1]) == 2:
-            return self._row_blocks(name, dtype, out)
+            value = torch.ones(self.width, dtype=dtype)
         else:
-            t0 = time.perf_counter()
-            raw = self.source.fetch(name, self.calc)
-            t1 = time.perf_counter()
-            value = rotated_tensor(name, raw, self.stream, self.width, self.q).to(dtype)
-            self.seconds["read"] += t1 - t0
-            self.seconds["rotate"] += time.perf_counter() - t1
+            return self._narrowed(name, dtype, out)
         return out.copy_(value) if out is not None and tuple(out.shape) == tuple(value.shape) else value
 
-    def _row_blocks(self, name, dtype, out):
-        rows, _ = self.source.inputs.specs[name][1]
-        if out is None or tuple(out.shape) != (rows, self.width):
-            out = torch.empty((rows, self.width), dtype=dtype)
-        step = max(1, ROW_BLOCK_ELEMENTS // max(1, self.stream.hidden_size))
+    def _narrowed(self, name, dtype, out):
+        full = self.rotated.specs[name][1]
+        full_width = self.stream.hidden_size - 1
+        shape = [self.width if axis in self.stream.writes_and_reads(name) else n for axis, n in enumerate(full)]
+        if out is None or list(out.shape) != shape:
+            out = torch.empty(shape, dtype=dtype)
+        rows = shape[0] if shape else 1
+        step = max(1, ROW_BLOCK_ELEMENTS // max(1, numel(full[1:]))) if full else 1
         for a in range(0, rows, step):
             b = min(rows, a + step)
-            t0 = time.perf_counter()
-            raw = self.source.inputs.read(name, a, b).to(self.calc)
-            t1 = time.perf_counter()
-            out[a:b].copy_(rotated_tensor(name, raw, self.stream, self.width, self.q))
-            self.seconds["read"] += t1 - t0
-            self.seconds["rotate"] += time.perf_counter() - t1
+            block = self.rotated.read(name, a, b) if full else self.rotated.read(name)
+            out[a:b].copy_(narrowed(name, block, self.stream, self.width, full_width, rows_kept=True))
         return out
 
     def fetch(self, key, dtype, out=None, pool=None) -> torch.Tensor:
@@ -228,12 +261,19 @@ def write_sliced(tmp, meta, weights: RotatedWeights, out_dtype, *, max_shard_siz
     done, t0, next_say = 0, time.perf_counter(), 0.1
     with ShardedCheckpoint(tmp, specs, max_shard_size) as files:
         for key, (dtype, shape) in specs.items():
-            value = weights.value(key, dtype)
-            if tuple(value.shape) != shape:
-                raise NormswapError(f"internal error: sliced {key} is {tuple(value.shape)}, the model holds {shape}")
-            files.write(key, value.contiguous())
-            done += value.numel() * dtype.itemsize
-            del value
+            kind, _ = weights.resolve(key)
+            raw = weights.source.files.raw(weights.source.inputs.disk_key(key)) if kind == "file" else None
+            if raw is not None and weights.source.file_dtype(key) == dtype:
+                files.copy(key, *raw)  # passed through unchanged: file to file, no cast
+            else:
+                value = weights.value(key, dtype)
+                if tuple(value.shape) != shape:
+                    raise NormswapError(
+                        f"internal error: sliced {key} is {tuple(value.shape)}, the model holds {shape}"
+                    )
+                files.write(key, value.contiguous())
+                del value
+            done += numel(shape) * dtype.itemsize
             if total and done / total >= next_say:  # about ten progress lines, whatever the model
                 next_say = done / total + 0.1
                 spent = time.perf_counter() - t0
