@@ -33,15 +33,17 @@ import torch
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import history_entry, read_manifest, write_manifest
+from normswap.checkpoint.shards import parse_size
 from normswap.checkpoint.side_files import copy_side_files
 from normswap.checkpoint.write import write_config_and_code
+from normswap.convert import tensor_match as ckinputs
 from normswap.convert.verify import verification_ids
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import atomic_write_json, check_output_path, publish_dir, staging_dir
 from normswap.slice import basis as bases
 from normswap.slice import rotation_check as verification
 from normswap.slice import streamed
-from normswap.slice.calibrate import block_length, calibration_batches
+from normswap.slice.calibrate import block_length, calibration_batches, held_out_batches
 from normswap.slice.config import SliceOptions, options_from
 from normswap.slice.model import check_fraction, parameter_count
 from normswap.version import __version__
@@ -84,6 +86,12 @@ def slice_checkpoint(
     tokenizer = ckload.load_tokenizer(resolved)
     seq_len = block_length(config)
     batches = calibration_batches(tokenizer, options.data, options.calibration_tokens, seq_len, options.seed)
+    if options.memory_budget:  # before any weight is read: a budget too small for one layer is refused here
+        per = streamed.blocks_per_batch(
+            _budget(options.memory_budget), ckinputs.skeleton(config), config, seq_len, most=len(batches[0])
+        )
+        batches = list(torch.cat(batches).split(per))
+    held_out = held_out_batches(tokenizer, options.data, options.eval_tokens, seq_len)
     with tempfile.TemporaryDirectory(prefix="normswap-slice-") as private:
         if _is_conversion(config):
             converted, conversion = resolved, None
@@ -103,7 +111,7 @@ def slice_checkpoint(
             converted,
             out,
             options,
-            batches,
+            (batches, held_out),
             tokenizer,
             force=force,
             device=device,
@@ -113,7 +121,15 @@ def slice_checkpoint(
         )
 
 
-def _slice_converted(src, converted, out, options, batches, tokenizer, *, force, device, say, t0, conversion) -> dict:
+def _budget(text) -> int:
+    try:
+        return parse_size(text)
+    except NormswapError:
+        raise NormswapError(f"--memory-budget: cannot read {text!r} as a size (e.g. 4GiB, 800MB)") from None
+
+
+def _slice_converted(src, converted, out, options, texts, tokenizer, *, force, device, say, t0, conversion) -> dict:
+    batches, held_out = texts
     parts = Parts()
     with (
         streamed.ConvertedFiles(Path(converted), str(src)) as conv,
@@ -162,6 +178,8 @@ def _slice_converted(src, converted, out, options, batches, tokenizer, *, force,
                 say("checking the written checkpoint loads back to the same model")
                 with parts.timed("reload_check"):
                     figures["reload_check"] = _reload_check(weights, sliced_cfg, tmp, probe, out_dtype, device)
+                with parts.timed("perplexity"):
+                    figures["perplexity"] = _perplexities(conv, tmp, held_out, options, device=device, say=say)
                 if conversion is not None:  # the exact conversion, made first into a private directory
                     parts.seconds["convert"] = conversion.get("seconds")
                 figures["seconds_parts"] = parts.seconds
@@ -225,6 +243,23 @@ def _figures(src, options, conv, sliced_cfg, moments, q, tokens, check, out_dtyp
         "head": _head_record(sliced_cfg.normswap),
         "verification": check,
     }
+
+
+def _perplexities(conv, staged, held_out, options, *, device, say) -> dict:
+    """The conversion's (the source's: an exact conversion computes what it computes) and the written
+    checkpoint's perplexity on the held-out blocks, both streamed one module at a time."""
+    batches, split = held_out
+    record = {"data": options.data, "split": split, "tokens": sum(int(b.numel()) for b in batches)}
+    if not batches:
+        return {**record, "source": None, "sliced": None, "note": "not measured (--eval-tokens 0 or no held-out text)"}
+    dtype = _run_dtype(device)
+    say(f"perplexity on {record['tokens']:,} held-out tokens ({split} split): the conversion, then the sliced model")
+    before = streamed.perplexity(streamed.skeleton(conv.config), conv.fetch, batches, dtype=dtype, device=device)
+    with streamed.ConvertedFiles(Path(staged), "the written checkpoint") as written:
+        after = streamed.perplexity(
+            streamed.skeleton(written.config), written.fetch, batches, dtype=dtype, device=device
+        )
+    return {**record, "source": before, "sliced": after, "ratio": after / before}
 
 
 def _run_dtype(device) -> torch.dtype:

@@ -20,6 +20,7 @@ Nothing here holds a model's weights: the largest resident tensor is the largest
 from __future__ import annotations
 
 import copy
+import math
 import time
 
 import torch
@@ -292,3 +293,53 @@ def calc_dtype(out_dtype) -> torch.dtype:
     """The rotation's arithmetic dtype for an output dtype: convert's rule (float64 unless the
     output is 16-bit, where float32's rounding is ~1000× below the output's own)."""
     return compute_dtype(out_dtype)
+
+
+def perplexity(model, fetch, batches, *, dtype=torch.float32, device="cpu", say=None) -> float:
+    """exp(mean next-token NLL) of ``model`` (a skeleton, weights from ``fetch`` one module at a
+    time) over token blocks ``batches``; the log-softmax in float32, the sum in float64."""
+    say = say or (lambda msg: None)
+    blockwise = runner.Blockwise(model, fetch, dtype, device)
+    nll, count = 0.0, 0
+    for i, batch in enumerate(batches):
+        logits = blockwise({"input_ids": batch}).logits[:, :-1].float()
+        target = batch[:, 1:].to(logits.device).unsqueeze(-1)
+        nll -= float(logits.log_softmax(-1).gather(-1, target).double().sum())
+        count += int(target.numel())
+        say(f"perplexity: batch {i + 1}/{len(batches)}")
+    return math.exp(nll / max(1, count))
+
+
+def largest_module_bytes(model, itemsize: int = 4) -> int:
+    """The largest set of parameters one module owns (what Blockwise holds at once), in bytes."""
+    largest = 0
+    for module in model.modules():
+        largest = max(largest, sum(p.numel() for p in module._parameters.values() if p is not None))
+    return largest * itemsize
+
+
+def block_activation_bytes(config, seq_len: int) -> int:
+    """A bound on one calibration block's live activations in a layer's forward (float32): the
+    stream, the MLP's inner width, attention scores and a few temporaries of each."""
+    d = int(getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or 1024)
+    inner = int(getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * d)
+    heads = int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None) or 16)
+    return 4 * seq_len * (8 * d + 2 * inner) + 4 * 3 * heads * seq_len * seq_len
+
+
+def blocks_per_batch(budget: int, model, config, seq_len: int, *, most: int) -> int:
+    """How many calibration blocks run at once within ``budget`` bytes (at most ``most``); a budget
+    too small for one layer's float32 weights and one block is a one-line refusal."""
+    weights = largest_module_bytes(model)
+    block = block_activation_bytes(config, seq_len)
+    fits = (budget - weights) // block
+    if fits < 1:
+        raise NormswapError(
+            f"--memory-budget {_size(budget)} is too small for one layer: the largest module needs "
+            f"{_size(weights)} in float32 and one calibration block ~{_size(block)}"
+        )
+    return int(min(most, fits))
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
