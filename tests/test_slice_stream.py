@@ -39,7 +39,7 @@ def _batches(directory, tokens=512):
     return calibration_batches(ckload.load_tokenizer(str(directory)), "embedded", tokens, block_length(config), 0)
 
 
-def test_streamed_moments_equal_the_in_memory_ones_and_a_skipped_layer_fails(converted_neox):
+def test_streamed_moments_equal_the_in_memory_ones_and_a_skipped_layer_fails(converted_neox, tmp_path):
     """Σ at every norm, gathered one module's weights at a time, equals Σ of the whole model in
     memory. Control: the same streamed run with one decoder layer skipped (its forward returns its
     input) moves Σ of every later norm."""
@@ -53,10 +53,13 @@ def test_streamed_moments_equal_the_in_memory_ones_and_a_skipped_layer_fails(con
     with streamed.ConvertedFiles(Path(converted_neox), "kjv-neox") as conv:
         norms = list(streamed.check_stream(conv).norms)
         want, tokens = collect_moments(model, batches, norms)
-        got, streamed_tokens = streamed.calibrate(streamed.skeleton(conv.config), conv.fetch, batches, norms)
+        got, streamed_tokens = streamed.calibrate(
+            streamed.skeleton(conv.config), conv.fetch, batches, norms, spill=tmp_path
+        )  # Σ per norm spilled to files, as `normswap slice` runs it
         assert streamed_tokens == tokens and set(got) == set(want)
         for name in norms:
             assert torch.allclose(got[name], want[name], rtol=1e-6, atol=1e-6 * float(want[name].abs().max())), name
+        assert torch.allclose(got.total, sum(want.values()), rtol=1e-6)
 
         skipped = streamed.skeleton(conv.config)
         skipped.gpt_neox.layers[1].forward = lambda hidden_states, *args, **kwargs: hidden_states

@@ -141,6 +141,9 @@ def _slice_converted(src, converted, out, options, texts, tokenizer, *, force, d
         stream = streamed.check_stream(conv)
         d = stream.hidden_size
         k = bases.width_for(d, options.fraction, options.round_to)
+        spill, rotated_dir = Path(private) / "moments", Path(private) / "rotated"
+        spill.mkdir()
+        rotated_dir.mkdir()
         say(f"calibrating on {sum(int(b.numel()) for b in batches):,} tokens, one module's weights at a time")
         with parts.timed("calibration"):
             moments, tokens = streamed.calibrate(
@@ -151,12 +154,13 @@ def _slice_converted(src, converted, out, options, texts, tokenizer, *, force, d
                 dtype=_run_dtype(device),
                 device=device,
                 say=say,
+                spill=spill,
             )
-        q = bases.pca_basis(sum(moments.values()))[0] if options.basis == "pca" else bases.random_basis(d, options.seed)
+        q = bases.pca_basis(moments.total)[0] if options.basis == "pca" else bases.random_basis(d, options.seed)
         say(f"slicing the residual stream from {d} to {k} ({options.basis} basis, {tokens:,} calibration tokens)")
         with parts.timed("rotation"):
             rotated, spent = streamed.rotate_once(
-                conv, stream, q, Path(private), streamed.calc_dtype(out_dtype), say=say
+                conv, stream, q, rotated_dir, streamed.calc_dtype(out_dtype), device=device, say=say
             )
         parts.seconds["rotation_parts"] = {key: round(v, 3) for key, v in spent.items()}
         try:
@@ -222,7 +226,7 @@ def peak_rss_bytes() -> int:
 
 def _figures(src, options, conv, sliced_cfg, moments, q, tokens, check, out_dtype) -> dict:
     d, k = int(sliced_cfg.normswap["slice"]["hidden_size"]), int(sliced_cfg.normswap["slice"]["width"])
-    kept_total = bases.kept_energy(sum(moments.values()), q[:, :k])
+    kept_total = bases.kept_energy(moments.total, q[:, :k])
     return {
         "normswap_version": __version__,
         "source": str(src),

@@ -22,6 +22,8 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
@@ -91,13 +93,15 @@ def sliced_config(config, stream: StreamMap, width: int, *, fraction: float, bas
     return cfg
 
 
-def rotate_once(source: ConvertedFiles, stream: StreamMap, q: torch.Tensor, directory, calc, *, say=None):
+def rotate_once(source: ConvertedFiles, stream: StreamMap, q: torch.Tensor, directory, calc, *, device="cpu", say=None):
     """Every stream tensor of the conversion rotated once, d − 1 wide (only u deleted), into a
     private safetensors file in ``calc``: the one pass of matmuls. Every narrower width is its
     prefix along the stream axes (Q_k is Q's first k columns; ``rotate.narrowed``), so the rotation-
     alone check, the written checkpoint and the reload check all read this file. Tables and heads
-    (the stream their last axis only) are rotated in row blocks. Returns (files, seconds)."""
+    (the stream their last axis only) are rotated in row blocks. ``device``: where the matmuls run
+    (one tensor, or one row block, there at a time). Returns (files, seconds)."""
     say = say or (lambda msg: None)
+    q = q.to(device=device, dtype=calc)
     width = stream.hidden_size - 1
     specs = {}
     for key in stream.stream_dims():
@@ -119,7 +123,7 @@ def rotate_once(source: ConvertedFiles, stream: StreamMap, q: torch.Tensor, dire
                 t0 = time.perf_counter()
                 raw = source.inputs.read(key, a, b).to(calc) if blocked else source.fetch(key, calc)
                 t1 = time.perf_counter()
-                value = rotated_tensor(key, raw, stream, width, q).contiguous()
+                value = rotated_tensor(key, raw.to(device), stream, width, q).cpu().contiguous()
                 t2 = time.perf_counter()
                 files.write(key, value, row=a if blocked else 0)
                 seconds["read"] += t1 - t0
@@ -216,17 +220,65 @@ def _stop_at_head(module, args):
     raise _Enough
 
 
-def calibrate(model, fetch, batches, norm_names, *, dtype=torch.float32, device="cpu", say=None):
+class SpilledMoments(SecondMoments):
+    """Σ per norm kept in a private file each, not in memory: a d × d float64 sum is 33 MB at
+    d = 2048 and 134 MB at 4096, so a model's fifty-odd norms would hold more than one layer's
+    weights. Each hook reads its norm's sum, adds the block's xᵀx and writes it back; the total
+    over the norms (what PCA needs) stays in memory, one d × d."""
+
+    def __init__(self, model, norm_names, directory):
+        super().__init__(model, norm_names)
+        self.directory = Path(directory)
+        self.total: torch.Tensor | None = None
+
+    def _hook(self, name):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
+            if not isinstance(x, torch.Tensor):
+                return None
+            flat = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
+            part = flat.T @ flat
+            self.total = part.clone() if self.total is None else self.total.add_(part)
+            path = self.sums.get(name, self.directory / f"sigma-{len(self.sums)}.f64")
+            acc = part.cpu()
+            if path.exists():
+                acc = acc + torch.from_file(str(path), size=acc.numel(), dtype=torch.float64).view_as(acc)
+            acc.numpy().tofile(path)
+            self.sums[name] = path  # where its Σ is (MomentFiles reads it)
+            self.tokens[name] = self.tokens.get(name, 0) + flat.shape[0]
+            return None
+
+        return hook
+
+
+class MomentFiles(Mapping):
+    """{norm: Σ (float64, CPU)} read from SpilledMoments' files one at a time, with ``total``."""
+
+    def __init__(self, paths: dict, d: int, total: torch.Tensor):
+        self.paths, self.d, self.total = paths, d, total
+
+    def __getitem__(self, name) -> torch.Tensor:
+        return torch.from_file(str(self.paths[name]), size=self.d * self.d, dtype=torch.float64).view(self.d, self.d)
+
+    def __iter__(self):
+        return iter(self.paths)
+
+    def __len__(self):
+        return len(self.paths)
+
+
+def calibrate(model, fetch, batches, norm_names, *, dtype=torch.float32, device="cpu", say=None, spill=None):
     """({norm: Σ float64 on the CPU}, tokens): each calibration batch run through ``model`` one
-    module at a time (weights from ``fetch``), Σ accumulated in float64 by the norms' pre-hooks.
-    The head never runs (no vocabulary-wide logits): the run stops at its door."""
+    module at a time (weights from ``fetch``), Σ accumulated in float64 by the norms' pre-hooks
+    (in files under ``spill``: a MomentFiles mapping, whose ``total`` is their sum). The head never
+    runs (no vocabulary-wide logits): the run stops at its door."""
     say = say or (lambda msg: None)
     head = output_embeddings(model)
     stop = head.register_forward_pre_hook(_stop_at_head) if head is not None else None
     tokens, t0 = 0, time.perf_counter()
-    blockwise = None
+    hooks = SpilledMoments(model, norm_names, spill) if spill is not None else SecondMoments(model, norm_names)
     try:
-        with SecondMoments(model, norm_names) as moments:
+        with hooks as moments:
             blockwise = runner.Blockwise(model, fetch, dtype, device)
             for i, batch in enumerate(batches):
                 try:
@@ -243,6 +295,8 @@ def calibrate(model, fetch, batches, norm_names, *, dtype=torch.float32, device=
     missing = [n for n in norm_names if n not in moments.sums]
     if missing:
         raise NormswapError(f"calibration: norm {missing[0]} never ran; slice cannot fit a rotation for it")
+    if spill is not None:
+        return MomentFiles(dict(moments.sums), int(moments.total.shape[0]), moments.total.cpu()), tokens
     return {name: s.cpu() for name, s in moments.sums.items()}, tokens
 
 
