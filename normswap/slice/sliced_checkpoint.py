@@ -188,6 +188,8 @@ def _slice_converted(src, converted, out, options, texts, tokenizer, *, force, d
                     parts.seconds["convert"] = conversion.get("seconds")
                 figures["seconds_parts"] = parts.seconds
                 figures["peak_rss_bytes"] = peak_rss_bytes()
+                if str(device).startswith("cuda"):  # one layer's weights and one batch there, never the model
+                    figures["peak_device_bytes"] = int(torch.cuda.max_memory_allocated())
                 atomic_write_json(tmp / SLICE_JSON, figures, indent=2)
                 write_model_card(tmp, manifest, json.loads((tmp / "config.json").read_text()))
                 publish_dir(tmp, out, force=force)
