@@ -112,7 +112,7 @@ _PEAK_SCRIPT = textwrap.dedent("""
     what, src, out = sys.argv[1:4]
     if what == "slice":
         from normswap.slice import slice_checkpoint
-        slice_checkpoint(src, out, fraction=0.25, calibration_tokens=256)
+        slice_checkpoint(src, out, fraction=0.25, calibration_tokens=256, eval_tokens=0)
     elif what == "load":
         from normswap.checkpoint import load as ckload
         model = ckload.load_model(src, dtype=torch.float32, task="causal-lm")
@@ -142,7 +142,8 @@ def _neox(path, hidden, layers, vocab=4096):
         max_position_embeddings=256,
     )
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    # bf16 on disk: the rotation then runs in float32 (ops.compute_dtype), half the work of float64
+    AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(path)
     GPT2TokenizerFast.from_pretrained(model_path("kjv-gpt2")).save_pretrained(path)
     return path
 
