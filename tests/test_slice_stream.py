@@ -112,7 +112,9 @@ _PEAK_SCRIPT = textwrap.dedent("""
     what, src, out = sys.argv[1:4]
     if what == "slice":
         from normswap.slice import slice_checkpoint
-        slice_checkpoint(src, out, fraction=0.25, calibration_tokens=256, eval_tokens=0)
+        # a bf16 conversion's rotation alone moves log-probs by ~1e-3 (rounding leaves energy along u):
+        # the tolerance is opened for it, this test measures memory
+        slice_checkpoint(src, out, fraction=0.25, calibration_tokens=256, eval_tokens=0, tolerance=0.05)
     elif what == "load":
         from normswap.checkpoint import load as ckload
         model = ckload.load_model(src, dtype=torch.float32, task="causal-lm")
