@@ -196,3 +196,16 @@ def test_cuda_slice_matches_the_cpu_slice(converted_neox, tmp_path):
     assert gpu["verification"]["passed"] and gpu["width"] == cpu["width"]
     assert abs(gpu["perplexity"]["sliced"] / cpu["perplexity"]["sliced"] - 1) < 0.01
     assert gpu["peak_device_bytes"] < 4 * gpu["parameters_before"]
+
+
+@pytest.mark.parametrize("budget, expect", [("1MB", "too small for one layer"), ("lots", "cannot read")])
+def test_a_memory_budget_below_one_layer_is_one_line_and_writes_nothing(
+    converted_neox, tmp_path, run_cli, budget, expect
+):
+    """Refused before any weight is read. The control: the other tests slice the same model with the
+    default budget and publish."""
+    out = tmp_path / "out"
+    code, _, err = run_cli("slice", converted_neox, out, *CALIBRATION, "--memory-budget", budget)
+    errors = [line for line in err.splitlines() if line.startswith("normswap: error:")]
+    assert code == 2 and len(errors) == 1 and expect in errors[0], err
+    assert not out.exists()
