@@ -71,6 +71,7 @@ if [[ "$DRY" == "1" ]]; then
     T=tests/test_kernels.py
     export KERNEL_TESTS="$T::test_forward_and_grads[auto-torch.float32-64] $T::test_forward_and_grads[auto-torch.bfloat16-384]"
     export STUDY_SHAPE=tiny
+    export SLICE_ARGS="--calibration-tokens 256 --eval-tokens 128"
     export STUDY_ARGS="--steps 5 --seeds 2 --max-seeds 2 --batch-size 4 --seq-len 64 --eval-tokens 512
         --eval-every 0 --warmup 2 --final-evals 2 --speed-seconds 2"
 else
@@ -87,6 +88,9 @@ else
         $T::test_triton_wide_rows_cuda[16384] $T::test_triton_wide_rows_cuda[16385]
         $T::test_triton_looped_kernels[torch.bfloat16] $T::test_outputs_fully_written[triton-7]"
     export STUDY_SHAPE=small
+    # not yet run on a GPU: the forwards are 8,192 + 2 x 2,048 tokens of a 1.5B model (seconds on an H200);
+    # the rest is reading and writing ~3 GB twice and one rotation pass on the device
+    export SLICE_ARGS="--calibration-tokens 8192 --eval-tokens 2048"
     # 450 arm-steps took 37 s there after ~38 s of start-up (imports, baselines, --kernels best's race)
     export STUDY_ARGS="--steps 30 --seeds 2 --max-seeds 2 --batch-size 8 --seq-len 256 --warmup 10 --lr 6e-4
         --eval-every 0 --eval-tokens 8192 --final-evals 2 --speed-seconds 8"
@@ -192,7 +196,16 @@ collect_study() {
     [[ -d "$WORK/study/units" ]] && cp -r "$WORK/study/units" "$RES/study/"
     return 0
 }
-export -f setup_env xl_prep user_path xl_speed kernel_bench cuda_tests study_config study_run
+xl_slice() {  # the 1.5B conversion sliced at 25 % on the device, then its speed against the conversion
+    # shellcheck disable=SC2086
+    "$PY" -m normswap slice "$WORK/xl-rms" "$WORK/xl-sliced" --fraction 0.25 --device "$DEVICE" $SLICE_ARGS \
+        --json >"$STEP_OUT/slice.json" || return 1
+    # prefill and batch-1 decode of the sliced model against the conversion, with the null control
+    # shellcheck disable=SC2086
+    "$PY" -m normswap eval speed converted="$WORK/xl-rms" sliced="$WORK/xl-sliced" --baseline converted $XL_EVAL \
+        --json >"$STEP_OUT/slice-speed.json.tmp" && mv "$STEP_OUT/slice-speed.json.tmp" "$STEP_OUT/slice-speed.json"
+}
+export -f setup_env xl_prep user_path xl_speed kernel_bench cuda_tests study_config study_run xl_slice
 
 # --- the plan: NAME, limit in seconds (measured on the H200 x >= 1.3, bench/README.md), command ------
 plan setup 20 'setup_env'
@@ -203,6 +216,13 @@ plan xl-speed 100 'xl_speed'            # 87 s there, generate ~15 s of it (now 
 plan kernels 52 'kernel_bench'
 plan cuda-tests 50 'cuda_tests'
 plan study 90 'study_run'
+# the slice step (issue #59) has no limit measured on a GPU yet: it runs (dry or not) only with
+# NORMSWAP_GPU_SLICE=1, which widens the slot by its limit (a 15-minute device loan holds 11 minutes
+# of plan with the machine's start)
+if [[ "${NORMSWAP_GPU_SLICE:-0}" == "1" ]]; then
+    plan xl-slice 120 'xl_slice'
+    SLOT=$((SLOT + 120))
+fi
 
 PLANNED=$(( $(plan_seconds) + L_SUMMARY ))
 if [[ "$SHOW_PLAN" == 1 ]]; then

@@ -114,20 +114,20 @@ def test_a_wrong_rotation_of_one_writer_or_reader_is_refused(converted, tmp_path
     """One writer (c_proj) or reader (c_fc) rotated by the wrong matrix: the rotation-only check
     fails, exit 1, nothing published. The control is test_sliced_checkpoint_... (the same command
     without the plant publishes)."""
-    import normswap.slice.model as slice_model_module
+    import normswap.slice.streamed as streamed
 
-    real = slice_model_module.sliced_tensors
+    real = streamed.rotated_tensor
 
-    def planted_tensors(model, stream, k, q_for):
-        out = real(model, stream, k, q_for)
-        t = out[planted]
+    def planted_tensor(key, value, stream, k, q):
+        t = real(key, value, stream, k, q)
+        if key != planted:
+            return t
         axis = (stream.writes if planted in stream.writes else stream.reads)[planted]
         gen = torch.Generator().manual_seed(0)
         twist, _ = torch.linalg.qr(torch.randn(k, k, generator=gen, dtype=torch.float64))
-        out[planted] = (t.movedim(axis, -1) @ twist).movedim(-1, axis)
-        return out
+        return (t.movedim(axis, -1) @ twist.to(t.dtype)).movedim(-1, axis)
 
-    monkeypatch.setattr(slice_model_module, "sliced_tensors", planted_tensors)
+    monkeypatch.setattr(streamed, "rotated_tensor", planted_tensor)
     out = tmp_path / "out"
     code, stdout, err = run_cli("slice", converted, out, *CALIBRATION)
     assert code == 1, err

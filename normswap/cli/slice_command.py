@@ -19,6 +19,8 @@ from normswap.cli.options import (
 )
 from normswap.slice.config import SliceOptions
 
+LOW_ENERGY = 0.95  # a kept share of the stream's energy below this is flagged in one line
+
 
 @click.command("slice")
 @click.argument("src")
@@ -64,4 +66,19 @@ def slice_command(src, out, device, force, as_json, quiet, **values):
         f"  rotation alone vs the conversion: max |Δ log-prob| = {ver['max_abs_diff']:.3g} "
         f"(threshold {ver['threshold']:.2g}): PASSED"
     )
+    if result["kept_energy_total"] < LOW_ENERGY:
+        click.echo(
+            f"  warning: the kept width holds {result['kept_energy_total']:.1%} of the stream's energy (below "
+            f"{LOW_ENERGY:.0%}): expect a large loss before healing; a smaller --fraction keeps more"
+        )
+    ppl = result.get("perplexity") or {}
+    if ppl.get("source") is not None:
+        click.echo(
+            f"  held-out perplexity ({ppl['tokens']:,} tokens, {ppl['split']} split): {ppl['source']:.3f} -> "
+            f"{ppl['sliced']:.3f} (x{ppl['ratio']:.4f})"
+        )
+    if result.get("data") == "embedded":
+        click.echo("  calibration text: the embedded KJV corpus (its training split; the test books never read)")
+    peak = result.get("peak_rss_bytes")
+    click.echo(f"  took {result['seconds']:.1f} s" + (f", peak memory {peak / 2**30:.2f} GiB" if peak else ""))
     click.echo(f"  per-norm figures: {result['figures']}")

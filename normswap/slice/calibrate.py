@@ -53,6 +53,23 @@ def calibration_batches(
     return list(blocks.split(batch_size))
 
 
+def held_out_batches(tokenizer, data_spec: str, tokens: int, seq_len: int, *, batch_size: int = 2):
+    """(batches, split): the first ``tokens`` // ``seq_len`` blocks of ``data_spec``'s held-out split
+    (the test split of a corpus with splits, all of a user's file), for the perplexity slice reports;
+    ([], split) when ``tokens`` is 0 or the split is shorter than one block."""
+    from normswap.data import default_eval_split, load_documents, pack_tokens
+
+    split = default_eval_split(data_spec)
+    want = tokens // seq_len
+    blocks = []
+    if want:
+        for block in pack_tokens(tokenizer, load_documents(data_spec, split), seq_len):
+            blocks.append(block)
+            if len(blocks) >= want:
+                break
+    return (list(torch.stack(blocks).split(batch_size)) if blocks else []), split
+
+
 def block_length(config, requested: int = DEFAULT_SEQ_LEN) -> int:
     """The calibration block length: ``requested``, at most the model's context length."""
     ctx = context_length(config)

@@ -19,6 +19,7 @@ DEFAULT_FRACTION = 0.25
 DEFAULT_CALIBRATION_TOKENS = 32_768  # 128 blocks of 256: Σ of a 768-wide stream settles well before this
 MAX_CALIBRATION_TOKENS = 1 << 22  # 4.2M tokens: a forward over them is the whole cost; beyond, no eigenvector moves
 SHIPPED_BASES = ("pca", "random")  # per-layer is an in-memory comparison arm (model.py), never written
+DEFAULT_EVAL_TOKENS = 2_048  # 8 blocks of 256: a perplexity to 1-2 %, two streamed forwards per block
 DEFAULT_TOLERANCE = 1e-4  # max |Δ log-prob| of the rotation-only model against the conversion (convert's own)
 
 
@@ -49,6 +50,18 @@ class SliceOptions:
         "pca: the stream's principal directions (one rotation for the whole stream); random: a seeded random "
         "rotation (the control, for comparisons).",
         choices=SHIPPED_BASES,
+    )
+    eval_tokens: int = option(
+        DEFAULT_EVAL_TOKENS,
+        "Held-out tokens (the test split of --data) on which the conversion's and the sliced model's perplexity "
+        "are measured at the end, streamed one module at a time (0: skip).",
+        minimum=0,
+        maximum=MAX_CALIBRATION_TOKENS,
+    )
+    memory_budget: str = option(
+        "",
+        "Memory for one module's float32 weights plus the calibration batch's activations, e.g. 4GiB: sets how "
+        "many calibration blocks run at once; refused when one layer does not fit (default: 8 blocks at once).",
     )
     tolerance: float = option(
         DEFAULT_TOLERANCE,

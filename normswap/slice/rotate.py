@@ -74,44 +74,69 @@ def sliced_block(block: dict, stream: StreamMap, k: int, *, fraction: float, bas
 def sliced_tensors(model, stream: StreamMap, k: int, q_for) -> dict[str, torch.Tensor]:
     """{state-dict key: float64 tensor} of every tensor the rotation changes or adds; ``q_for(key)``
     is the full d × d basis that applies to that parameter (one basis for all by default)."""
-    d = stream.hidden_size
-    c = math.sqrt(d / k)
     state = model.state_dict()
-    out: dict[str, torch.Tensor] = {}
-    for key, axes in stream.stream_dims().items():
-        if key in stream.unit_scales:
-            out[key] = torch.ones(k, dtype=torch.float64)
-            continue
-        t = state[key].detach().to(torch.float64).cpu()
-        qk = q_for(key)[:, :k]
-        for axis in axes:
-            t = contract(t, axis, qk)
-        if key in stream.reads:
-            t = t * c
-        out[key] = t
+
+    def read(key):
+        value = state.get(key)
+        return None if value is None else value.detach().to(torch.float64).cpu()
+
+    out = {key: rotated_tensor(key, read(key), stream, k, q_for(key)) for key in stream.stream_dims()}
     if stream.tied_head is not None:
-        out.update(_tied_head_tensors(model, stream, k, q_for, state))
+        own = getattr(model.get_submodule(stream.tied_head), "bias", None)
+        own = own.detach().to(torch.float64).cpu() if isinstance(own, torch.nn.Parameter) else None
+        out.update(head_tensors(read, stream, k, q_for(stream.tied_table), own))
     return out
 
 
-def _tied_head_tensors(model, stream: StreamMap, k: int, q_for, state) -> dict[str, torch.Tensor]:
+def rotated_tensor(key: str, value: torch.Tensor | None, stream: StreamMap, k: int, q: torch.Tensor) -> torch.Tensor:
+    """One tensor of the stream map rotated and kept ``k`` wide: ``value`` (the conversion's tensor,
+    in the arithmetic dtype: float64, or float32 where the output is 16-bit) contracted with Q_k
+    along every stream axis, times c = sqrt(d/k) for a reader; a unit scale is k ones. The one
+    place a tensor is rotated, for the in-memory and the streamed path alike."""
+    if key in stream.unit_scales:
+        return torch.ones(k, dtype=value.dtype if value is not None else torch.float64)
+    qk = q[:, :k].to(dtype=value.dtype, device=value.device)
+    t = value
+    for axis in stream.writes_and_reads(key):
+        t = contract(t, axis, qk)
+    if key in stream.reads:
+        t = t * math.sqrt(stream.hidden_size / k)
+    return t
+
+
+def narrowed(key: str, rotated: torch.Tensor, stream: StreamMap, k: int, w: int, *, rows_kept=False) -> torch.Tensor:
+    """``rotated`` (``rotated_tensor`` at a wider width ``w``) kept ``k`` wide: its first k entries
+    along every stream axis (Q_k is the first k columns of Q_w), a reader's gain moved from
+    sqrt(d/w) to sqrt(d/k). ``rows_kept``: ``rotated`` is a block of rows already within the kept
+    ones (axis 0 is not narrowed again)."""
+    t = rotated
+    for axis in stream.writes_and_reads(key):
+        if not (rows_kept and axis == 0):
+            t = t.narrow(axis, 0, k)
+    if key in stream.reads and w != k:
+        t = t * math.sqrt(w / k)
+    return t
+
+
+def head_tensors(read, stream: StreamMap, k: int, q: torch.Tensor, own_bias=None) -> dict[str, torch.Tensor]:
+    """The tied head's tensors at width ``k`` (float64): the final norm's weight c, or the adapter
+    (R, g, m, b) of remote_code._SlicedTiedHead. ``read(key)``: the conversion's tensor in float64
+    (None where it has none); ``own_bias``: the conversion's head bias, if it has one."""
     d = stream.hidden_size
     c = math.sqrt(d / k)
     norm, head = stream.tied_norm, stream.tied_head
     rec = stream.norms[norm]
     if not rec.get("weight"):
         return {f"{norm}.weight": torch.full((k,), c, dtype=torch.float64)}
-    q = q_for(stream.tied_table)
     qk, u = q[:, :k], torch.full((d,), 1.0 / math.sqrt(d), dtype=torch.float64)
-    gamma = state[f"{norm}.weight"].detach().to(torch.float64).cpu()
-    table = state[stream.tied_table].detach().to(torch.float64).cpu()  # the original, uncentred table
-    beta = state.get(f"{norm}.folded_bias")
+    gamma = read(f"{norm}.weight")
+    table = read(stream.tied_table)  # the original, uncentred table
+    beta = read(f"{norm}.folded_bias")
     bias = torch.zeros(table.shape[0], dtype=torch.float64)
     if beta is not None:
-        bias += table @ beta.detach().to(torch.float64).cpu()  # the logits bias E·β, exact at every k
-    own = getattr(model.get_submodule(head), "bias", None)
-    if isinstance(own, torch.nn.Parameter):
-        bias += own.detach().to(torch.float64).cpu()
+        bias += table @ beta  # the logits bias E·β, exact at every k
+    if own_bias is not None:
+        bias += own_bias
     return {
         f"{head}.adapter": c * (qk.T * gamma) @ qk,
         f"{head}.adapter_u": c * qk.T @ (gamma * u),

@@ -28,22 +28,35 @@ def compare(reference, candidate, *, tokenizer=None, tolerance: float) -> dict:
     causal LMs in memory, same device) on the probe batch."""
     device = next(reference.parameters()).device
     inputs = {k: v.to(device) for k, v in verification_ids(tokenizer, reference.config).items()}
-    ref = _logprobs(reference, inputs)
-    got = _logprobs(candidate, inputs)
+
+    def float64_reference():
+        if next(reference.parameters()).dtype == torch.float64:
+            return None
+        return _logprobs(copy.deepcopy(reference).double(), inputs)
+
+    return judge(_logprobs(reference, inputs), _logprobs(candidate, inputs), tolerance, float64_reference)
+
+
+def judge(ref: torch.Tensor, got: torch.Tensor, tolerance: float, float64_reference=None) -> dict:
+    """The verdict on two log-prob tensors of the probe batch (float64): max |Δ| held to the
+    tolerance, or to 4× the reference's float32-vs-float64 floor where that is larger;
+    ``float64_reference()`` gives the reference's log-probs in float64 (None: not measurable), and
+    is called only when the difference exceeds the tolerance."""
     diff = float((ref - got).abs().max())
     result = {
         "metric": "max_abs_logprob_diff",
-        "probe_tokens": int(inputs["input_ids"].numel()),
+        "probe_tokens": int(ref.shape[0] * ref.shape[1]),
         "max_abs_logprob_diff": diff,
         "max_abs_diff": diff,
         "threshold": float(tolerance),
         "noise_floor": None,
     }
-    if diff > tolerance and next(reference.parameters()).dtype != torch.float64:
+    if diff > tolerance and float64_reference is not None:
         try:
-            hi = _logprobs(copy.deepcopy(reference).double(), inputs)
-            result["noise_floor"] = float((hi - ref).abs().max())
-            result["threshold"] = max(result["threshold"], 4 * result["noise_floor"])
+            hi = float64_reference()
+            if hi is not None:
+                result["noise_floor"] = float((hi - ref).abs().max())
+                result["threshold"] = max(result["threshold"], 4 * result["noise_floor"])
         except (RuntimeError, NotImplementedError):  # some modeling code does not run in float64
             result["noise_floor_note"] = "not measured: the model does not run in float64"
     result["passed"] = diff <= result["threshold"]

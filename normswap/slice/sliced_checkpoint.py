@@ -5,23 +5,27 @@
    text (tokenised before any weight is read).
 2. A LayerNorm original is converted exactly first (``convert_checkpoint``, verified as `convert`
    verifies) into a private temporary directory that is removed afterwards.
-3. The conversion is loaded in float32, run over the calibration blocks (slice/calibrate.py), the
-   basis fitted (slice/basis.py), and the model rotated and sliced (slice/model.py).
+3. No model is ever whole in memory (slice/streamed.py): the conversion's files are read tensor
+   by tensor as each module runs (convert's Blockwise runner), the calibration blocks run through
+   the model one module's weights at a time with Σ gathered at every norm (float64), and the basis
+   is fitted (slice/basis.py).
 4. The rotation alone (only the all-ones direction deleted) must reproduce the conversion
-   (slice/rotation_check.py): otherwise ``VerificationError`` (exit 1) and nothing is written.
-5. The sliced model is written into a staging directory in the source's dtype with its config
-   (``normswap.slice``: the width and the tensors it narrows), the remote code, the tokenizer, the
-   manifest, ``slice.json`` (the figures: width, parameters, kept and dropped energy per norm) and
-   the model card; the staged checkpoint is loaded back through the class users load and must
-   give the in-memory sliced model's log-probabilities; only then is OUT published.
+   (slice/rotation_check.py ``judge``), each rotated tensor computed from the file tensor when its
+   module runs: otherwise ``VerificationError`` (exit 1) and nothing is written.
+5. The sliced checkpoint is written tensor by tensor into a staging directory in the source's dtype
+   (each stream tensor rotated from the conversion's, slice/rotate.py ``rotated_tensor``) with its
+   config (``normswap.slice``: the width and the tensors it narrows), the remote code, the
+   tokenizer, the manifest, ``slice.json`` (the figures: width, parameters, kept and dropped energy
+   per norm) and the model card; the staged files are read back through the class users load and
+   must give the sliced model's log-probabilities (before rounding); only then is OUT published.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -29,13 +33,19 @@ import torch
 from normswap.checkpoint import load as ckload
 from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import history_entry, read_manifest, write_manifest
-from normswap.checkpoint.write import write_checkpoint_dir
+from normswap.checkpoint.shards import parse_size
+from normswap.checkpoint.side_files import copy_side_files
+from normswap.checkpoint.write import write_config_and_code
+from normswap.convert import tensor_match as ckinputs
+from normswap.convert.verify import verification_ids
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import atomic_write_json, publish_dir, staging_dir
+from normswap.slice import basis as bases
 from normswap.slice import rotation_check as verification
-from normswap.slice.calibrate import block_length, calibration_batches
+from normswap.slice import streamed
+from normswap.slice.calibrate import block_length, calibration_batches, held_out_batches
 from normswap.slice.config import SliceOptions, check_out, options_from
-from normswap.slice.model import check_fraction, rotate_model, slice_model
+from normswap.slice.model import check_fraction, parameter_count
 from normswap.version import __version__
 
 SLICE_JSON = "slice.json"
@@ -67,6 +77,12 @@ def slice_checkpoint(
     tokenizer = ckload.load_tokenizer(resolved)
     seq_len = block_length(config)
     batches = calibration_batches(tokenizer, options.data, options.calibration_tokens, seq_len, options.seed)
+    if options.memory_budget:  # before any weight is read: a budget too small for one layer is refused here
+        per = streamed.blocks_per_batch(
+            _budget(options.memory_budget), ckinputs.skeleton(config), config, seq_len, most=len(batches[0])
+        )
+        batches = list(torch.cat(batches).split(per))
+    held_out = held_out_batches(tokenizer, options.data, options.eval_tokens, seq_len)
     with tempfile.TemporaryDirectory(prefix="normswap-slice-") as private:
         if _is_conversion(config):
             converted, conversion = resolved, None
@@ -86,7 +102,7 @@ def slice_checkpoint(
             converted,
             out,
             options,
-            batches,
+            (batches, held_out),
             tokenizer,
             force=force,
             device=device,
@@ -96,41 +112,198 @@ def slice_checkpoint(
         )
 
 
-def _slice_converted(src, converted, out, options, batches, tokenizer, *, force, device, say, t0, conversion) -> dict:
-    stored = ckload.load_config(converted)
-    stored_dtype = getattr(stored, "dtype", None) or getattr(stored, "torch_dtype", None) or "float32"
-    model = ckload.load_model(converted, dtype=torch.float32, device=device, task="causal-lm")
-    result = slice_model(
-        model,
-        batches,
-        options.fraction,
-        basis=options.basis,
-        seed=options.seed,
-        round_to=options.round_to,
-        progress=say,
-    )
-    d, k = result.hidden_size, result.width
+def _budget(text) -> int:
+    try:
+        return parse_size(text)
+    except NormswapError:
+        raise NormswapError(f"--memory-budget: cannot read {text!r} as a size (e.g. 4GiB, 800MB)") from None
+
+
+def _slice_converted(src, converted, out, options, texts, tokenizer, *, force, device, say, t0, conversion) -> dict:
+    batches, held_out = texts
+    parts = Parts()
+    with (
+        streamed.ConvertedFiles(Path(converted), str(src)) as conv,
+        tempfile.TemporaryDirectory(prefix="normswap-slice-rotated-") as private,
+    ):
+        config = conv.config
+        stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32"
+        out_dtype = getattr(torch, str(stored).replace("torch.", ""), torch.float32)
+        stream = streamed.check_stream(conv)
+        d = stream.hidden_size
+        k = bases.width_for(d, options.fraction, options.round_to)
+        spill, rotated_dir = Path(private) / "moments", Path(private) / "rotated"
+        spill.mkdir()
+        rotated_dir.mkdir()
+        say(f"calibrating on {sum(int(b.numel()) for b in batches):,} tokens, one module's weights at a time")
+        with parts.timed("calibration"):
+            moments, tokens = streamed.calibrate(
+                streamed.skeleton(config),
+                conv.fetch,
+                batches,
+                list(stream.norms),
+                dtype=_run_dtype(device),
+                device=device,
+                say=say,
+                spill=spill,
+            )
+        q = bases.pca_basis(moments.total)[0] if options.basis == "pca" else bases.random_basis(d, options.seed)
+        say(f"slicing the residual stream from {d} to {k} ({options.basis} basis, {tokens:,} calibration tokens)")
+        with parts.timed("rotation"):
+            rotated, spent = streamed.rotate_once(
+                conv, stream, q, rotated_dir, streamed.calc_dtype(out_dtype), device=device, say=say
+            )
+        parts.seconds["rotation_parts"] = {key: round(v, 3) for key, v in spent.items()}
+        try:
+            probe = verification_ids(tokenizer, config)
+            with parts.timed("rotation_check"):
+                check = _rotation_alone(conv, rotated, config, stream, q, probe, options, device=device, say=say)
+            sliced_cfg = streamed.sliced_config(config, stream, k, fraction=options.fraction, basis=options.basis)
+            weights = streamed.RotatedWeights(conv, rotated, stream, q, sliced_cfg)
+            figures = _figures(src, options, conv, sliced_cfg, moments, q, tokens, check, out_dtype)
+            manifest = _manifest(converted, src, options, k, figures, conversion)
+            with staging_dir(out) as tmp:
+                meta = streamed.skeleton(sliced_cfg, out_dtype, buffers=False)
+                say(f"writing the sliced checkpoint ({figures['parameters_after']:,} parameters), tensor by tensor")
+                with parts.timed("write"):
+                    write_config_and_code(meta, tmp)
+                    streamed.write_sliced(tmp, meta, weights, out_dtype, say=say)
+                    copy_side_files(Path(converted), tmp)
+                    write_manifest(tmp, manifest)
+                say("checking the written checkpoint loads back to the same model")
+                with parts.timed("reload_check"):
+                    figures["reload_check"] = _reload_check(weights, sliced_cfg, tmp, probe, out_dtype, device)
+                with parts.timed("perplexity"):
+                    figures["perplexity"] = _perplexities(conv, tmp, held_out, options, device=device, say=say)
+                if conversion is not None:  # the exact conversion, made first into a private directory
+                    parts.seconds["convert"] = conversion.get("seconds")
+                figures["seconds_parts"] = parts.seconds
+                figures["peak_rss_bytes"] = peak_rss_bytes()
+                if str(device).startswith("cuda"):  # one layer's weights and one batch there, never the model
+                    figures["peak_device_bytes"] = int(torch.cuda.max_memory_allocated())
+                atomic_write_json(tmp / SLICE_JSON, figures, indent=2)
+                write_model_card(tmp, manifest, json.loads((tmp / "config.json").read_text()))
+                publish_dir(tmp, out, force=force)
+        finally:
+            rotated.close()
+    return {
+        **{key: v for key, v in figures.items() if key != "kept_energy"},
+        "out": str(out),
+        "figures": str(Path(out) / SLICE_JSON),
+        "kept_energy": figures["kept_energy"],
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+class Parts:
+    """Seconds spent in each named part of the run (the summary's ``seconds_parts``)."""
+
+    def __init__(self):
+        self.seconds: dict = {}
+
+    @contextmanager
+    def timed(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports kilobytes)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _figures(src, options, conv, sliced_cfg, moments, q, tokens, check, out_dtype) -> dict:
+    d, k = int(sliced_cfg.normswap["slice"]["hidden_size"]), int(sliced_cfg.normswap["slice"]["width"])
+    kept_total = bases.kept_energy(moments.total, q[:, :k])
+    return {
+        "normswap_version": __version__,
+        "source": str(src),
+        "width": k,
+        "hidden_size": d,
+        "fraction": options.fraction,
+        "basis": options.basis,
+        "parameters_before": parameter_count(conv.meta),
+        "parameters_after": parameter_count(streamed.skeleton(sliced_cfg, out_dtype, buffers=False)),
+        "calibration_tokens": tokens,
+        "kept_energy_total": kept_total,
+        "dropped_energy_total": 1.0 - kept_total,
+        "kept_energy": {name: bases.kept_energy(s, q[:, :k]) for name, s in moments.items()},
+        "seed": options.seed,
+        "round_to": options.round_to,
+        "data": options.data,
+        "calibration_split": "train",
+        "head": _head_record(sliced_cfg.normswap),
+        "verification": check,
+    }
+
+
+def _perplexities(conv, staged, held_out, options, *, device, say) -> dict:
+    """The conversion's (the source's: an exact conversion computes what it computes) and the written
+    checkpoint's perplexity on the held-out blocks, both streamed one module at a time."""
+    batches, split = held_out
+    record = {"data": options.data, "split": split, "tokens": sum(int(b.numel()) for b in batches)}
+    if not batches:
+        return {**record, "source": None, "sliced": None, "note": "not measured (--eval-tokens 0 or no held-out text)"}
+    dtype = _run_dtype(device)
+    say(f"perplexity on {record['tokens']:,} held-out tokens ({split} split): the conversion, then the sliced model")
+    before = streamed.perplexity(streamed.skeleton(conv.config), conv.fetch, batches, dtype=dtype, device=device)
+    with streamed.ConvertedFiles(Path(staged), "the written checkpoint") as written:
+        after = streamed.perplexity(
+            streamed.skeleton(written.config), written.fetch, batches, dtype=dtype, device=device
+        )
+    return {**record, "source": before, "sliced": after, "ratio": after / before}
+
+
+def _run_dtype(device) -> torch.dtype:
+    # on a GPU the forwards run in bfloat16 (Σ still sums in float64); on the CPU in float32
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def _rotation_alone(conv, rotated, config, stream, q, probe, options, *, device, say) -> dict:
+    """The rotation alone (only u deleted, width d − 1) against the conversion on the probe batch,
+    both run one module at a time; VerificationError (nothing written) when it moves the log-probs."""
+    d = stream.hidden_size
     say(f"verifying: the rotation alone (width {d - 1}) against the conversion on the probe batch")
-    exact = rotate_model(model, result.stream, result.basis_matrix, d - 1, fraction=0.0, basis=options.basis)
-    check = verification.compare(model, exact, tokenizer=tokenizer, tolerance=options.tolerance)
-    del exact
+    ref = streamed.logprobs(streamed.skeleton(config), conv.fetch, probe, device=device)
+    exact_cfg = streamed.sliced_config(config, stream, d - 1, fraction=0.0, basis=options.basis)
+    exact = streamed.RotatedWeights(conv, rotated, stream, q, exact_cfg)
+    got = streamed.logprobs(streamed.skeleton(exact_cfg), exact.fetch, probe, device=device)
+
+    def float64_reference():
+        return streamed.logprobs(
+            streamed.skeleton(config, torch.float64), conv.fetch, probe, dtype=torch.float64, device=device
+        )
+
+    check = verification.judge(ref, got, options.tolerance, float64_reference)
     if not check["passed"]:
         raise VerificationError(
             f"verification failed: the rotation alone moves max |Δ log-prob| by {check['max_abs_diff']:.3g} > "
             f"{check['threshold']:.3g}; nothing was written (a writer or reader is rotated wrongly)"
         )
-    sliced = result.model
-    figures = {
-        "normswap_version": __version__,
-        "source": str(src),
-        **result.summary(),
-        "seed": options.seed,
-        "round_to": options.round_to,
-        "data": options.data,
-        "calibration_split": "train",
-        "head": _head_record(sliced.config.normswap),
-        "verification": check,
-    }
+    return check
+
+
+def _reload_check(weights, sliced_cfg, tmp, probe, out_dtype, device) -> dict:
+    """The staged checkpoint, read back through the class users load, against the sliced model as
+    computed before its rounding to the output dtype; VerificationError when they differ."""
+    ref = streamed.logprobs(streamed.skeleton(sliced_cfg), weights.fetch, probe, device=device)
+    with streamed.ConvertedFiles(Path(tmp), "the written checkpoint") as written:
+        got = streamed.logprobs(streamed.skeleton(written.config), written.fetch, probe, device=device)
+    check = verification.judge(ref, got, _reload_tolerance(out_dtype))
+    if not check["passed"]:
+        raise VerificationError(
+            f"the written checkpoint does not reload to the sliced model (max |Δ log-prob| "
+            f"{check['max_abs_diff']:.3g}); nothing was written"
+        )
+    return check
+
+
+def _manifest(converted, src, options, k, figures, conversion) -> dict:
     manifest = dict(read_manifest(converted) or {})
     manifest.setdefault("history", [])
     manifest["history"] = list(manifest["history"]) + [
@@ -140,35 +313,7 @@ def _slice_converted(src, converted, out, options, batches, tokenizer, *, force,
     manifest["slice"]["figures"] = SLICE_JSON
     if conversion is not None:
         manifest["slice"]["conversion"] = {"verification": conversion.get("verification")}
-    out_dtype = getattr(torch, str(stored_dtype).replace("torch.", ""), torch.float32)
-    with staging_dir(out) as tmp:
-        say(f"writing the sliced checkpoint ({result.parameters_after:,} parameters, was {result.parameters_before:,})")
-        written = sliced if out_dtype == torch.float32 else copy.deepcopy(sliced).to(out_dtype)
-        write_checkpoint_dir(written, tmp, source_dir=converted, max_shard_size="5GB")
-        del written
-        write_manifest(tmp, manifest)
-        atomic_write_json(tmp / SLICE_JSON, figures, indent=2)
-        say("checking the written checkpoint loads back to the same model")
-        reloaded = ckload.load_model(tmp, dtype=torch.float32, device=device, task="causal-lm")
-        reload_check = verification.compare(
-            sliced, reloaded, tokenizer=tokenizer, tolerance=_reload_tolerance(out_dtype)
-        )
-        if not reload_check["passed"]:
-            raise VerificationError(
-                f"the written checkpoint does not reload to the sliced model (max |Δ log-prob| "
-                f"{reload_check['max_abs_diff']:.3g}); nothing was written"
-            )
-        figures["reload_check"] = reload_check
-        atomic_write_json(tmp / SLICE_JSON, figures, indent=2)
-        write_model_card(tmp, manifest, json.loads((tmp / "config.json").read_text()))
-        publish_dir(tmp, out, force=force)
-    return {
-        **{key: v for key, v in figures.items() if key != "kept_energy"},
-        "out": str(out),
-        "figures": str(Path(out) / SLICE_JSON),
-        "kept_energy": figures["kept_energy"],
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
+    return manifest
 
 
 def _reload_tolerance(dtype) -> float:

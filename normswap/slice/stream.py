@@ -39,6 +39,10 @@ class StreamMap:
     tied_table: str | None = None  # the tied table's weight key
     rotated_outputs: list[str] = field(default_factory=list)  # run-time centred tables that rotation replaces
 
+    def writes_and_reads(self, key: str) -> list[int]:
+        """The axes of ``key`` that carry the stream (written, then read)."""
+        return [axes[key] for axes in (self.writes, self.reads) if key in axes]
+
     def stream_dims(self) -> dict[str, list[int]]:
         """{param key: axes narrowed from d to k} (the sliced config's ``slice.stream_dims``)."""
         dims: dict[str, list[int]] = {}
