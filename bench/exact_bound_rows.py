@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Convert's verification on every row the compat matrix converts exactly (tiny randomised originals,
 built as the matrix builds them), causal LMs first; one JSON line a row: max |Δ| against the float32
-source, the threshold, the noise floor and |Δ| against the float64 source where measured, the verdict.
+source, the float64 exactness (converted weights computed in float64 vs the float64 source), the
+source's float32 noise floor, the float32 drift from the float64 source, the threshold, the verdict
+(normswap/convert/pass_rule.py).
 
     python bench/exact_bound_rows.py > rows.jsonl
 """
@@ -31,9 +33,10 @@ def main(argv=None) -> int:
                 "class": row.class_name,
                 "metric": v.get("metric"),
                 "max_abs_diff": v["max_abs_diff"],
-                "threshold": v["threshold"],
+                "exact_float64": v.get("exact_float64"),
                 "noise_floor": v.get("noise_floor"),
-                "vs_float64_source": v.get("max_abs_diff_float64_source"),
+                "drift_float32": v.get("drift_float32"),
+                "threshold": v["threshold"],
                 "passed": v["passed"],
             }
         except Exception as e:  # a row this transformers cannot build, or a refused conversion: recorded
