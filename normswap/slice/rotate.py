@@ -82,7 +82,7 @@ def sliced_tensors(model, stream: StreamMap, k: int, q_for) -> dict[str, torch.T
         if key in stream.unit_scales:
             out[key] = torch.ones(k, dtype=torch.float64)
             continue
-        t = state[key].detach().to(torch.float64).cpu()
+        t = _tensor(model, state, key).detach().to(torch.float64).cpu()
         qk = q_for(key)[:, :k]
         for axis in axes:
             t = contract(t, axis, qk)
@@ -92,6 +92,14 @@ def sliced_tensors(model, stream: StreamMap, k: int, q_for) -> dict[str, torch.T
     if stream.tied_head is not None:
         out.update(_tied_head_tensors(model, stream, k, q_for, state))
     return out
+
+
+def _tensor(model, state, key) -> torch.Tensor:
+    """``key``'s tensor: from the state dict, or (a computed table, not persistent) from its module."""
+    if key in state:
+        return state[key]
+    owner, _, attr = key.rpartition(".")
+    return getattr(model.get_submodule(owner), attr)
 
 
 def _tied_head_tensors(model, stream: StreamMap, k: int, q_for, state) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from normswap.errors import NormswapError
@@ -38,6 +39,9 @@ class StreamMap:
     tied_norm: str | None = None  # the final norm that feeds the tied head
     tied_table: str | None = None  # the tied table's weight key
     rotated_outputs: list[str] = field(default_factory=list)  # run-time centred tables that rotation replaces
+    # tables a module computes at run time into a non-persistent buffer (XGLM's sinusoidal positions):
+    # their rotated copy is stored in the sliced checkpoint, which reads it instead of computing it
+    computed_tables: list[str] = field(default_factory=list)
 
     def stream_dims(self) -> dict[str, list[int]]:
         """{param key: axes narrowed from d to k} (the sliced config's ``slice.stream_dims``)."""
@@ -47,6 +51,19 @@ class StreamMap:
         for key in self.unit_scales:
             dims.setdefault(key, []).append(-1)
         return dims
+
+
+# modules whose output is a row of a table they compute themselves (no weight), by class name, with
+# the buffer that holds the table: the whole output depends on the position alone, so the table can be
+# stored and rotated like an embedding's
+COMPUTED_TABLES = {"XGLMSinusoidalPositionalEmbedding": "weights"}
+
+
+def computed_table(module) -> str | None:
+    """The buffer name of ``module``'s computed table (``COMPUTED_TABLES``), or None."""
+    attr = COMPUTED_TABLES.get(type(module).__name__) if module is not None else None
+    table = getattr(module, attr, None) if attr else None
+    return attr if isinstance(table, torch.Tensor) and table.dim() == 2 else None
 
 
 def _block(model) -> dict:
@@ -95,6 +112,13 @@ def stream_map(model) -> StreamMap:
     head = output_embeddings(model)
     for name in block.get("centered_outputs", []):
         module = modules.get(name)
+        computed = computed_table(module)
+        if computed is not None:  # a table computed at run time (XGLM's sinusoids): stored, rotated
+            stream.writes[f"{name}.{computed}"] = 1
+            stream.rotated_outputs.append(name)
+            stream.computed_tables.append(f"{name}.{computed}")
+            widths.add(int(getattr(module, computed).shape[1]))
+            continue
         if not isinstance(module, nn.Embedding):
             raise NormswapError(
                 f"cannot rotate {name}: its output is centred at run time (a computed embedding or a writer "
