@@ -19,10 +19,10 @@ from normswap.slice.model import rotate_model
 from normswap.slice.rotate import contract
 from normswap.slice.stream import stream_map
 
-# what cannot be rotated is refused in one line: a stream that starts at a norm (BLOOM's
-# word_embeddings_layernorm keeps γ/β on the stream). XGLM's sinusoidal positions, a table computed
-# at run time, are stored and rotated (tests/test_slice_computed_tables.py)
-REFUSED = {"bloom": "starts the stream"}
+# what cannot be rotated is refused in one line (none of the pre-LN families now): BLOOM's embedding
+# norm is precomputed into its table and XGLM's sinusoidal positions are stored
+# (tests/test_slice_bloom_xglm.py)
+REFUSED: dict[str, str] = {}
 
 
 def _batches(vocab, n=2, rows=4, seq=16):

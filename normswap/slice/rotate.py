@@ -56,6 +56,9 @@ def sliced_block(block: dict, stream: StreamMap, k: int, *, fraction: float, bas
                 if adapter
                 else "the norm-width gain sqrt(d/k) kept as the norm's weight: its reader is the tied table"
             )
+    if stream.embedding_norm:  # precomputed into the table: gone from the sliced model
+        out["norms"].pop(stream.embedding_norm, None)
+        out["tied"] = False  # the table now holds the normalised rows; the head its own copy of the raw ones
     out["logits_bias"] = {}
     out["centered_outputs"] = [n for n in out.get("centered_outputs", []) if n not in stream.rotated_outputs]
     out["stream_writers"] = {"zero_mean": {}, "unit_scales": list(stream.unit_scales)}
@@ -68,6 +71,9 @@ def sliced_block(block: dict, stream: StreamMap, k: int, *, fraction: float, bas
     }
     if adapter:
         out["slice"]["head_adapter"] = {"head": stream.tied_head, "norm": stream.tied_norm}
+    if stream.embedding_norm:
+        out["slice"]["embedding_norm"] = stream.embedding_norm
+        out["slice"]["head_copy"] = stream.head_copy
     return out
 
 
@@ -82,7 +88,10 @@ def sliced_tensors(model, stream: StreamMap, k: int, q_for) -> dict[str, torch.T
         if key in stream.unit_scales:
             out[key] = torch.ones(k, dtype=torch.float64)
             continue
-        t = _tensor(model, state, key).detach().to(torch.float64).cpu()
+        if key == stream.embedding_table and stream.embedding_norm:
+            t = normalised_table(model, stream)  # what the stream starts from, per token
+        else:
+            t = _tensor(model, state, key).detach().to(torch.float64).cpu()
         qk = q_for(key)[:, :k]
         for axis in axes:
             t = contract(t, axis, qk)
@@ -92,6 +101,19 @@ def sliced_tensors(model, stream: StreamMap, k: int, q_for) -> dict[str, torch.T
     if stream.tied_head is not None:
         out.update(_tied_head_tensors(model, stream, k, q_for, state))
     return out
+
+
+def normalised_table(model, stream: StreamMap) -> torch.Tensor:
+    """The embedding norm's output for every token id (float64, centred): the stream's start, which
+    depends on the token alone, so one table holds it (BLOOM's word_embeddings_layernorm over its
+    table). The modules run as the conversion runs them (the table's and the norm's run-time centring
+    included), on float64 copies."""
+    owner = stream.embedding_table.rpartition(".")[0]
+    embed = copy.deepcopy(model.get_submodule(owner)).double().cpu()
+    norm = copy.deepcopy(model.get_submodule(stream.embedding_norm)).double().cpu()
+    with torch.no_grad():
+        table = norm(embed(torch.arange(embed.weight.shape[0])))
+    return table - table.mean(dim=-1, keepdim=True)
 
 
 def _tensor(model, state, key) -> torch.Tensor:
@@ -145,6 +167,8 @@ def build_sliced(model, block: dict, tensors: dict[str, torch.Tensor]):
     dtype, device = param.dtype, param.device
     config = copy.deepcopy(model.config)
     config.normswap = block
+    if block.get("slice", {}).get("head_copy"):  # the head keeps its own table: loading must not tie it again
+        config.tie_word_embeddings = False
     cls = type(model)
     with no_init_weights():
         if cls.__name__.startswith("Normswap"):

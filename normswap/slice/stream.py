@@ -42,6 +42,12 @@ class StreamMap:
     # tables a module computes at run time into a non-persistent buffer (XGLM's sinusoidal positions):
     # their rotated copy is stored in the sliced checkpoint, which reads it instead of computing it
     computed_tables: list[str] = field(default_factory=list)
+    # a norm that starts the stream from the token table alone (BLOOM's word_embeddings_layernorm): its
+    # output depends only on the token id, so the normalised table is precomputed (float64) and rotated
+    # in place of the raw one; the tied head keeps its own rotated copy of the raw table (``head_copy``)
+    embedding_norm: str | None = None
+    embedding_table: str | None = None  # the raw table's weight key the norm reads
+    head_copy: str | None = None  # the head's own weight key once untied
 
     def stream_dims(self) -> dict[str, list[int]]:
         """{param key: axes narrowed from d to k} (the sliced config's ``slice.stream_dims``)."""
@@ -50,6 +56,8 @@ class StreamMap:
             dims.setdefault(key, []).append(axis)
         for key in self.unit_scales:
             dims.setdefault(key, []).append(-1)
+        if self.head_copy:
+            dims.setdefault(self.head_copy, []).append(1)
         return dims
 
 
@@ -97,9 +105,11 @@ def stream_map(model) -> StreamMap:
                 f"cannot rotate {block[key][0]}: the stream starts there without a module that owns the write "
                 "(centred at run time), so no table or matrix can take the rotation"
             )
-    for name, rec in block.get("norms", {}).items():
-        _check_norm(name, rec, block)
     modules = dict(model.named_modules())
+    embedding_norm = _embedding_norm(model, block)
+    for name, rec in block.get("norms", {}).items():
+        if name != embedding_norm:
+            _check_norm(name, rec, block)
     params = dict(model.named_parameters(remove_duplicate=False))
     stream = StreamMap(hidden_size=0)
     widths = set()
@@ -112,6 +122,9 @@ def stream_map(model) -> StreamMap:
     head = output_embeddings(model)
     for name in block.get("centered_outputs", []):
         module = modules.get(name)
+        if name == embedding_norm:  # precomputed into the table (below)
+            stream.rotated_outputs.append(name)
+            continue
         computed = computed_table(module)
         if computed is not None:  # a table computed at run time (XGLM's sinusoids): stored, rotated
             stream.writes[f"{name}.{computed}"] = 1
@@ -129,7 +142,13 @@ def stream_map(model) -> StreamMap:
         widths.add(int(module.weight.shape[1]))
         if head is not None and head.weight is module.weight:
             stream.tied_table = f"{name}.weight"
+    if embedding_norm is not None:
+        stream.embedding_norm, stream.embedding_table = embedding_norm, stream.tied_table
+        if stream.tied_table is not None and head is not None:
+            stream.head_copy = f"{local_head_name(model, head)}.weight"
     for name, rec in block.get("norms", {}).items():
+        if name == embedding_norm:
+            continue
         stream.norms[name] = rec
         widths.add(int(rec["hidden_size"]))
         for reader in rec.get("readers", []):
@@ -156,6 +175,25 @@ def stream_map(model) -> StreamMap:
         if stream.writes[key] == stream.reads[key]:
             raise NormswapError(f"{key} both reads and writes the stream along one axis: cannot rotate it")
     return stream
+
+
+def _embedding_norm(model, block: dict) -> str | None:
+    """The norm that starts the stream from the token table alone, where its output can be precomputed
+    per token: an embedding-role norm, centred at run time, whose only other stream start is the
+    input embedding table (no position table added before it), or None."""
+    norms = [n for n, rec in block.get("norms", {}).items() if rec.get("role") == "embedding"]
+    if len(norms) != 1:
+        return None
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if not isinstance(embed, nn.Embedding):
+        return None
+    names = {n for n, m in model.named_modules() if m is embed}
+    starts = set(block.get("centered_outputs", []))
+    return norms[0] if starts - {norms[0]} <= names and norms[0] in starts else None
+
+
+def local_head_name(model, head) -> str:
+    return next(n for n, m in model.named_modules() if m is head)
 
 
 def _check_norm(name: str, rec: dict, block: dict) -> None:
