@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A committed timed run beside one CPU-bound burner process (#37: decided on a busy machine).
 #   flock -x /tmp/ns-cpu.lock bench/busy_run.sh OUT_DIR normswap bench decode [ARGS...]
-# OUT_DIR gets command.txt, stdout.txt, stderr.txt, result.json (the command's --json / --out) and
+# OUT_DIR gets command.txt, stdout.txt, stderr.txt, result.json (the command's --save, or its --json on stdout) and
 # load.txt (uptime before, with the burner running, and after). The burner is `python3 -c 'while
 # True: pass'`, started just before the command and stopped (by its pid) right after it.
 set -euo pipefail
@@ -18,9 +18,9 @@ sleep 5
 echo "burner started (pid $burner): $(uptime)" >> "$out/load.txt"
 start=$(date +%s)
 case "$3" in
-  kernels) extra=(--out "$out/result.json" --markdown "$out/result.md") ;;
+  kernels) extra=(--save "$out/result.json" --markdown "$out/result.md") ;;
   speed) extra=(--json) ;;  # eval speed prints its JSON summary on stdout (copied to result.json below)
-  *) extra=(--json "$out/result.json") ;;
+  *) extra=(--save "$out/result.json") ;;
 esac
 set +e
 python3 -m normswap.cli.main "${@:2}" "${extra[@]}" > "$out/stdout.txt" 2> "$out/stderr.txt"

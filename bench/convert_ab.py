@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
+from normswap.benchmarks.saved_result import save_and_print
 
 
 def _bench_module():

@@ -12,7 +12,7 @@ each as a bfloat16 and a float16 checkpoint and as float32 weights written to bf
 randomly initialised GPT-NeoX at hidden 1024 (the widths of real checkpoints make the
 reductions longer).
 
-    python bench/convert_precision.py --save bench/results/convert-precision
+    python bench/convert_precision.py --save results/convert-precision-20261130T1806Z/convert-precision
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 import torch
-from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
 
 from normswap.architectures import family_for_config
+from normswap.benchmarks.saved_result import save_and_print
 from normswap.checkpoint.tensor_source import StateDict
 from normswap.convert import execute
 from normswap.convert.config import ConvertOptions

@@ -1,5 +1,5 @@
 """Where the seconds of `normswap convert` go:
-`python bench/convert_profile.py --save bench/results/convert-profile-1.4b`.
+`python bench/convert_profile.py --save results/convert-profile-1.4b-20261201T0136Z/convert-profile-1.4b`.
 
 Builds the same synthetic checkpoint as `normswap bench convert` (normswap/benchmarks/conversion.py),
 then runs `convert_checkpoint` in a fresh
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from saved_result import save_and_print  # bench/ is sys.path[0] when a script runs
+from normswap.benchmarks.saved_result import save_and_print
 
 _HERE = Path(__file__).resolve().parent
 

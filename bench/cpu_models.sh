@@ -3,14 +3,14 @@
 # step and greedy decode, eager and under torch.compile, measured interleaved in one process per
 # size by `normswap eval speed` (the same code as `eval report`). Sizes: the shipped kjv-gpt2
 # (4 layers, width 128), the shipped kjv-neox, a 6-layer width-384 GPT-2 and the GPT-2-small
-# shape (12 layers, 768; random init). Writes bench/results/cpu-models-<stamp>/: one JSON per size and mode, the
+# shape (12 layers, 768; random init). Writes results/cpu-models-<stamp>/: one JSON per size and mode, the
 # commands, and the load average before and after each (the machine is shared).
 #
 #   bash bench/cpu_models.sh                 # everything
 #   SIZES="kjv" MODES="eager compiled" bash bench/cpu_models.sh
 #   WORK=/tmp/x CONVERT_ONLY=1 SIZES=small bash bench/cpu_models.sh   # convert first (no timing), then
 #   WORK=/tmp/x SIZES=small flock /work/wt/heavy.lock bash bench/cpu_models.sh   # time under the lock
-#   NORMSWAP_BENCH_RESULTS=bench/results/cpu-models-X ...   # several runs (one per size/mode) into one directory
+#   NORMSWAP_BENCH_RESULTS=results/cpu-models-X ...   # several runs (one per size/mode) into one directory
 #
 # Repeats and tokens per size (REPEATS / NEW_TOKENS override them for every size): a tiny model's
 # forward takes ~20 ms and one decode sample 15-30 tokens, so one burst of another process on
@@ -28,7 +28,7 @@ repeats_for() { case $1 in kjv|neox) echo 25 ;; mid) echo 15 ;; *) echo 7 ;; esa
 # processes turn a 2 ms forward into hundreds of ms of noise; one thread measures the models' own
 # work. THREADS=2 for the machine's full width.
 export OMP_NUM_THREADS=${THREADS:-1}
-RES=${NORMSWAP_BENCH_RESULTS:-bench/results/cpu-models-$(date -u +%Y%m%dT%H%M%SZ)}
+RES=${NORMSWAP_BENCH_RESULTS:-results/cpu-models-$(date -u +%Y%m%dT%H%MZ)}
 # WORK keeps the sources and conversions between runs (converted once, timed in several runs)
 KEEP_WORK=${WORK:+1}
 WORK=${WORK:-$(mktemp -d -t normswap-cpu-models.XXXXXX)}

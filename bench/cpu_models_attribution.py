@@ -31,9 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode_timing import decode_seconds  # noqa: E402
-
 import normswap  # noqa: E402
+from normswap.benchmarks.decode_timing import decode_seconds  # noqa: E402
 
 
 def strip_hooks(model):

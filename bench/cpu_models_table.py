@@ -86,5 +86,5 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", help="a bench/cpu_models.sh output directory (bench/results/cpu-models-*)")
+    ap.add_argument("run_dir", help="a bench/cpu_models.sh output directory (results/cpu-models-*)")
     sys.exit(main(ap.parse_args().run_dir))

@@ -11,8 +11,9 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 here=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=$here
 # the "before" profile runs a copy of the script outside this checkout, so that it imports the
-# normswap on PYTHONPATH (the script puts its own checkout first on sys.path)
-mkdir -p "$tmp/bench" && cp bench/decode_profile.py bench/decode_timing.py "$tmp/bench/"
+# normswap on PYTHONPATH (the script puts its own checkout first on sys.path); that checkout needs
+# normswap/benchmarks/decode_timing.py, the timed loop the script imports
+mkdir -p "$tmp/bench" && cp bench/decode_profile.py "$tmp/bench/"
 python3 bench/make_gpt2_source.py "$tmp/gpt2-2x96" --layers 2 --width 96 --heads 4 >/dev/null
 for f in decode-profile.md ${before:+decode-profile-before.md}; do
   echo "# Decode profile ($f: $([ "$f" = decode-profile.md ] && echo "this checkout" || echo "the code before the change")), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/$f"
@@ -29,5 +30,5 @@ done
 echo "# $(date -u +%FT%TZ) load before: $(cat /proc/loadavg)" >> "$out/decode.txt"
 sed -i "s#$tmp/##g" "$out"/decode-profile*.md
 python3 -m normswap.cli.main bench decode normswap:kjv-gpt2="$tmp/kjv-gpt2-exact" normswap:kjv-neox="$tmp/kjv-neox-exact" \
-  "$tmp/gpt2-2x96"="$tmp/gpt2-2x96-exact" --json "$out/decode.json" 2>/dev/null | sed "s#$tmp/##g" >> "$out/decode.txt"
+  "$tmp/gpt2-2x96"="$tmp/gpt2-2x96-exact" --save "$out/decode.json" 2>/dev/null | sed "s#$tmp/##g" >> "$out/decode.txt"
 echo "# $(date -u +%FT%TZ) load after: $(cat /proc/loadavg)" >> "$out/decode.txt"

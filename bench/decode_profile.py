@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a converted model's per-token decode time goes, against its original: a torch.profiler
-op-level table of greedy decode at batch 1 through the KV cache (bench/decode_timing.py's loop),
+op-level table of greedy decode at batch 1 through the KV cache (normswap/benchmarks/decode_timing.py's loop),
 original and converted profiled in the same run, each after a warm-up, one thread.
 
     python bench/decode_profile.py ORIGINAL CONVERTED [--steps 64] [--rounds 5] [--rows 25] [--md OUT.md]
@@ -26,9 +26,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode_timing import decode_seconds  # noqa: E402
-
 import normswap  # noqa: E402
+from normswap.benchmarks.decode_timing import decode_seconds  # noqa: E402
 
 
 def op_table(model, prompt, steps):

@@ -12,7 +12,7 @@ checkpoint as model.zip; we read the zip, never import the package's code). Step
 Every other finetune option stays at its default. Goal: mean sentence-embedding cosine
 to the original >= 0.99, worst sentence >= 0.97, on held-out text: the first --sentences verses of
 the embedded corpus' test books (never trained on), each embedded on its own and mean-pooled (what
-sentence-transformers does for this model). Writes bench/results/encoder-heal.json and .md.
+sentence-transformers does for this model). Writes results/encoder-heal-20261130T2228Z/encoder-heal.json and .md.
 
     python bench/encoder_heal.py                 # ~1-2 h on a busy 2-core CPU; minutes on a GPU
     python bench/encoder_heal.py --model-dir DIR # any local encoder checkpoint instead

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `normswap finetune --steps 3` on the shipped model: the held-out set sized to the run (the default)
 # against the former fixed 65,536 tokens, interleaved, two repeats. The output is committed as
-# bench/results/finetune_short_run.txt:
-#     bash bench/finetune_short_run.sh | tee bench/results/finetune_short_run.txt
+# results/finetune-short-run-20261130T1906Z/finetune_short_run.txt:
+#     bash bench/finetune_short_run.sh | tee results/finetune-short-run-20261130T1906Z/finetune_short_run.txt
 set -euo pipefail
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

@@ -7,7 +7,7 @@
 #                                  # lm-eval and datasets made unimportable as they are there
 #   bash bench/gpu.sh --plan       # print the steps, their limits and the worst case; run nothing
 #
-# The limits come from what each step took on one H200 on 2026-12-04 (bench/results/
+# The limits come from what each step took on one H200 on 2026-12-04 (results/
 # gpu-h200-20261204-evidence/; bench/README.md "The GPU run" has the table): each step's work is
 # sized so that its measured time x 1.3 fits its limit, and a step that runs out keeps what it wrote
 # (STEP_OUT) and the next one still runs. Steps, in the order of their value:
@@ -21,7 +21,7 @@
 #   study      GPT-2-small shape, bf16, layernorm / rmsnorm / null control, --kernels best
 # Adding a step: one `plan NAME LIMIT 'COMMAND'` line below (bench/gpu_lib.sh says what the command
 # sees); the plan is refused if it no longer fits.
-# Results: bench/results/gpu-<UTC stamp>/ (dry runs: a temp dir unless NORMSWAP_BENCH_RESULTS is
+# Results: results/gpu-<UTC stamp>/ (dry runs: a temp dir unless NORMSWAP_BENCH_RESULTS is
 # set): steps.tsv, one log and one folder per step, status.json, summary.md; with $OUT set (the
 # device tool), summary.md, status.json and the whole folder as one .tgz in $OUT. Exit status: the
 # number of steps not ok.
@@ -66,7 +66,7 @@ if [[ "$DRY" == "1" ]]; then
         --set variants.exact.finetune.eval_tokens=1024 --set eval.seq_len=64 --set eval.max_tokens=1024
         --set eval.speed_budget=0.2 --set eval.repeats=5 --set eval.new_tokens=4 --set eval.before_finetune=false"
     export XL_SHAPE="--layers 2 --width 64 --heads 4"
-    export XL_EVAL="--device cpu --dtype float32 --batch-size 2 --seq-len 32 --speed-budget 1 --new-tokens 4"
+    export XL_EVAL="--device cpu --dtype float32 --batch-size 2 --seq-len 32 --kind-seconds 1 --new-tokens 4"
     export KERNEL_ARGS="--device cpu --quick"
     T=tests/test_kernels.py
     export KERNEL_TESTS="$T::test_forward_and_grads[auto-torch.float32-64] $T::test_forward_and_grads[auto-torch.bfloat16-384]"
@@ -77,10 +77,10 @@ else
     export USER_SOURCE=""                                # GPT-2 small shape, 89M (vocabulary 4096)
     export USER_SETS=""                                  # bench/gpt2-small-gpu.yaml as committed
     export XL_SHAPE="--layers 48 --width 1600 --heads 25"
-    # 87 s at --speed-budget 8 on the H200 (run2), generate then ~15 s of it; now inside its budget
-    export XL_EVAL="--device cuda --dtype bfloat16 --batch-size 8 --seq-len 512 --speed-budget 8 --new-tokens 8"
-    # 14 rows in ~70 s there (~5 s a row at --budget 4): --budget 1 and the deadline in the limit
-    export KERNEL_ARGS="--device cuda --shapes 8192x768,8192x4096,16384x4096 --budget 1"
+    # 87 s at --kind-seconds 8 on the H200 (run2), generate then ~15 s of it; now inside its budget
+    export XL_EVAL="--device cuda --dtype bfloat16 --batch-size 8 --seq-len 512 --kind-seconds 8 --new-tokens 8"
+    # 14 rows in ~70 s there (~5 s a row at --row-seconds 4): --row-seconds 1 and the deadline in the limit
+    export KERNEL_ARGS="--device cuda --shapes 8192x768,8192x4096,16384x4096 --row-seconds 1"
     T=tests/test_kernels.py
     export KERNEL_TESTS="$T::test_forward_and_grads[triton-torch.bfloat16-384]
         $T::test_forward_and_grads[triton-torch.bfloat16-4096] $T::test_forward_and_grads[triton-torch.float32-1000]
@@ -163,7 +163,7 @@ xl_speed() {
 kernel_bench() {  # the deadline leaves ~20 s of the limit for start-up (imports, copy bandwidth) and the tables
     # shellcheck disable=SC2086
     "$PY" -m normswap bench kernels $KERNEL_ARGS --deadline $((STEP_LIMIT - 20)) --jsonl "$STEP_OUT/kernels.jsonl" \
-        --out "$STEP_OUT/kernels.json" --markdown "$STEP_OUT/kernels.md" >/dev/null
+        --save "$STEP_OUT/kernels.json" --markdown "$STEP_OUT/kernels.md" >/dev/null
 }
 
 cuda_tests() {  # one pytest process (its imports cost seconds), the kernel tests first
@@ -219,7 +219,7 @@ fi
 if [[ "$DRY" == "1" ]]; then
     RES=${NORMSWAP_BENCH_RESULTS:-$(mktemp -d -t normswap-gpu-dryrun.XXXXXX)}
 else
-    RES=${NORMSWAP_BENCH_RESULTS:-$ROOT/bench/results/gpu-$(date -u +%Y%m%dT%H%M%SZ)}
+    RES=${NORMSWAP_BENCH_RESULTS:-$ROOT/results/gpu-$(date -u +%Y%m%dT%H%MZ)}
 fi
 mkdir -p "$RES"
 WORK=$(mktemp -d -t normswap-gpu-work.XXXXXX)   # models and checkpoints: never under results/

@@ -150,7 +150,7 @@ def _markdown(res: Path, s: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", help="the run's results directory (bench/results/gpu-<stamp>/)")
+    ap.add_argument("results", help="the run's results directory (results/gpu-<stamp>/)")
     ap.add_argument("--dry-run", action="store_true", help="the run was bench/gpu.sh --dry-run (CPU)")
     ap.add_argument("--total-seconds", type=int, default=None)
     ap.add_argument("--budget-seconds", type=int, default=None)

@@ -12,7 +12,7 @@ centring, γ kept on the norms, β dropped), then heal for the same number of st
 
 Every arm is a real `normswap finetune` run (in-process, same code path as the CLI); held-out
 loss is the fine-tune's own (validation split, first --eval-tokens tokens). Writes
-bench/results/heal.json and heal.md.
+results/heal-20261130T0725Z/heal.json and heal.md.
 
     python bench/heal.py                      # defaults below, ~10 min on 2 busy CPU cores
     python bench/heal.py --steps 300 --batch-size 16   # closer to a real heal, on a quiet machine / GPU

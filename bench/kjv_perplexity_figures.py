@@ -1,7 +1,7 @@
 """Why normswap:kjv-gpt2's perplexity reads differently in different places: the same model scored
 on the different texts each place uses (README "Shipped models and data" quotes this output).
 
-    python bench/kjv_perplexity_figures.py > bench/results/kjv-perplexity-figures.txt
+    python bench/kjv_perplexity_figures.py > results/kjv-perplexity-figures-20261201T1634Z/kjv-perplexity-figures.txt
 
 Nothing is timed. Scored: the whole validation and test splits with normswap's evaluation
 (128-token windows, stride 128 and 64), and the fine-tune's held-out set (the first N tokens of the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # #43's CPU goals, each a committed run beside one CPU burner (bench/busy_run.sh), in one go:
-#   flock -x /tmp/ns-cpu.lock bash bench/never_slower.sh [OUT_DIR]   (default bench/results/never-slower-<stamp>)
+#   flock -x /tmp/ns-cpu.lock bash bench/never_slower.sh [OUT_DIR]   (default results/never-slower-<stamp>)
 # 1 decode            `normswap bench decode` with its defaults (the shipped models): converted ÷ original
 # 2 decode-swap       the same with the roles swapped (each conversion the baseline, loaded twice as the
 #                     null control; the original the candidate): an unbiased instrument reads the mirror of 1
@@ -23,7 +23,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-out=${1:-bench/results/never-slower-$(date -u +%Y%m%dT%H%MZ)}
+out=${1:-results/never-slower-$(date -u +%Y%m%dT%H%MZ)}
 mkdir -p "$out"
 tmp=$(mktemp -d -t normswap-never-slower.XXXXXX); trap 'rm -rf "$tmp"' EXIT
 export PYTHONPATH=$here
@@ -38,7 +38,7 @@ quiet() {  # a quiet run: under the timed lock when TIMED is set (the caller's w
   echo "$* ($(date -u +%FT%TZ); commit ${NS_COMMIT:-$(git rev-parse --short HEAD)}; ${TIMED:-no lock})" > "$out/$name/command.txt"
   echo "before: $(uptime)" > "$out/$name/load.txt"
   local start; start=$(date +%s)
-  ${TIMED:-} python3 -m normswap.cli.main "$@" --json "$out/$name/result.json" > "$out/$name/stdout.txt" \
+  ${TIMED:-} python3 -m normswap.cli.main "$@" --save "$out/$name/result.json" > "$out/$name/stdout.txt" \
     2> "$out/$name/stderr.txt" || echo "$name: exit $?" >&2
   echo "after ($(( $(date +%s) - start )) s): $(uptime)" >> "$out/$name/load.txt"
   sed -i "s#$tmp/##g" "$out/$name"/*
@@ -52,13 +52,13 @@ if [[ ${PARTS:-} == generate ]]; then
   ${SETUP:-} python3 -m normswap.cli.main convert "$tmp/gpt2-2x96" "$tmp/gpt2-2x96-exact" --mode exact >/dev/null
   for part in ${ONLY:-g1 g2 g3 g4 g5}; do
     case $part in
-      g1) quiet generate-2x96 bench decode "$tmp/gpt2-2x96=$tmp/gpt2-2x96-exact" --budget 100 --generate-budget 100 ;;
+      g1) quiet generate-2x96 bench decode "$tmp/gpt2-2x96=$tmp/gpt2-2x96-exact" --model-seconds 100 --generate-seconds 100 ;;
       g2) quiet generate-kjv bench decode "normswap:kjv-gpt2=$tmp/kjv-gpt2-exact" "normswap:kjv-neox=$tmp/kjv-neox-exact" \
-            --budget 60 --generate-budget 60 ;;
+            --model-seconds 60 --generate-seconds 60 ;;
       g3) quiet generate-swap bench decode "$tmp/kjv-gpt2-exact=normswap:kjv-gpt2" "$tmp/kjv-neox-exact=normswap:kjv-neox" \
-            --budget 60 --generate-budget 60 ;;
+            --model-seconds 60 --generate-seconds 60 ;;
       g4) small
-          quiet generate-small bench decode "$tmp/gpt2-small=$tmp/gpt2-small-exact" --budget 90 --generate-budget 120 \
+          quiet generate-small bench decode "$tmp/gpt2-small=$tmp/gpt2-small-exact" --model-seconds 90 --generate-seconds 120 \
             --replicas 2 ;;
       g5) small
           mkdir -p "$out/train-small"

@@ -15,7 +15,7 @@ set; the fine-tune runs in one process). The corpora are written to a temporary 
 deleted afterwards. Goal: the one-line run's peak RSS at most 1.5 GB; the null control says how
 much of any run is the fine-tune itself.
 
-    flock /work/bench.lock python bench/oneline_corpus.py --save bench/results/oneline-corpus
+    flock /work/bench.lock python bench/oneline_corpus.py --save results/oneline-corpus-20261201T1635Z/oneline-corpus
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
-from saved_result import save_and_print  # noqa: E402
+from normswap.benchmarks.saved_result import save_and_print  # noqa: E402
 
 GOAL_BYTES = 1.5e9
 

@@ -2,7 +2,7 @@
 # Slice the shipped models at 25 %, heal each by distilling from its original (≤ 200 steps), and
 # score the original, the sliced and the healed model on the held-out test books (128-token
 # windows, stride 64: the figures docs/models.md quotes). Not timed: run it under the shared lock.
-#   /work/tools/cpu bash bench/slice_heal.sh bench/results/slice-heal-<date>
+#   /work/tools/cpu bash bench/slice_heal.sh results/slice-heal-<date>
 # OUT gets command.txt, per model <m>-slice.json, <m>-finetune.json, <m>-ppl.json and their
 # stderr (progress), summary.txt (the perplexities side by side) and load.txt.
 set -euo pipefail
@@ -22,7 +22,7 @@ for m in $models; do
   src=normswap:$m
   cmd_slice=(slice "$src" "$work/$m-sliced" --fraction "$fraction" --device cpu --json)
   cmd_ft=(finetune "$work/$m-sliced" "$work/$m-healed" --distill-from "$src" --steps "$steps" --lr 5e-4
-    --warmup-steps 10 --schedule cosine --batch-size 8 --seq-len 128 --eval-tokens 4096 --device cpu --json)
+    --warmup-steps 10 --lr-schedule cosine --batch-size 8 --seq-len 128 --eval-tokens 4096 --device cpu --json)
   cmd_ppl=(eval ppl "$src" "$work/$m-sliced" "$work/$m-healed" --baseline "$src" --seq-len 128 --stride 64
     --max-tokens 0 --device cpu --json)
   for c in cmd_slice cmd_ft cmd_ppl; do

@@ -4,11 +4,11 @@
 # What it shows: the throughput claim gets no verdict — results.json's
 # comparisons.rmsnorm.throughput_gates names every reason (Amdahl bound below 1.10, load average
 # above the CPU count, null control outside its band). Run it under `flock /work/bench.lock`.
-#   bash bench/study_busy.sh [OUT_DIR]       (default: bench/results/study-busy)
+#   bash bench/study_busy.sh [OUT_DIR]       (default: results/study-busy-<UTC stamp>)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-RES=${1:-bench/results/study-busy}
+RES=${1:-results/study-busy-$(date -u +%Y%m%dT%H%MZ)}
 WORK=$(mktemp -d -t normswap-busy.XXXXXX)
 mkdir -p "$RES"
 echo '{"model_type":"gpt2","n_layer":2,"n_embd":32,"n_head":2,"n_positions":64,"vocab_size":4096}' >"$WORK/tiny.json"

@@ -3,7 +3,7 @@ centred lookup against a plain nn.Embedding lookup, and of the RMSNorm module ag
 each with a null control (the same module timed twice). Interleaved rounds of 2,000 calls, median
 and minimum per call over 15 rounds, 1 thread, no gradient.
 
-    PYTHONPATH=. python3 bench/tied_lookup.py > bench/results/tied-lookup.txt
+    PYTHONPATH=. python3 bench/tied_lookup.py > results/tied-lookup-20261201T2303Z/tied-lookup.txt
 """
 
 import os

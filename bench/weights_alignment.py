@@ -29,11 +29,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode_timing import decode_seconds  # noqa: E402
-from saved_result import save_and_print  # noqa: E402
-
+from normswap.benchmarks.decode_timing import decode_seconds  # noqa: E402
+from normswap.benchmarks.saved_result import save_and_print  # noqa: E402
 from normswap.checkpoint.load import load_model  # noqa: E402
 
 OFF_LINE = 56  # bytes past a 64-byte boundary: where safetensors' 8-byte padding can leave data

@@ -14,13 +14,13 @@ lock=()
 rows=normswap/architectures/data/survey.json
 if [ "${1:-}" = "--update-tried" ]; then
   "${lock[@]}" normswap families survey --from-json "$rows" --update exact --update approx-only --update refused --jobs 2 \
-    --save-json "$rows" --out docs/architectures-survey.md
+    --save "$rows" --markdown docs/architectures-survey.md
   exit 0
 fi
 tmp=$(mktemp -d)
 for k in 1 2 3 4; do
-  "${lock[@]}" normswap families survey --shard "$k/4" --jobs 2 --save-json "$tmp/shard$k.json" > /dev/null
+  "${lock[@]}" normswap families survey --shard "$k/4" --jobs 2 --save "$tmp/shard$k.json" > /dev/null
 done
 normswap families survey --from-json "$tmp/shard1.json" --from-json "$tmp/shard2.json" --from-json "$tmp/shard3.json" \
-  --from-json "$tmp/shard4.json" --save-json "$rows" --out docs/architectures-survey.md
+  --from-json "$tmp/shard4.json" --save "$rows" --markdown docs/architectures-survey.md
 rm -rf "$tmp"

@@ -20,11 +20,11 @@ for row in "${rows[@]}"; do
   while [ -n "${MATRIX_PAUSE:-}" ] && [ -e "$MATRIX_PAUSE" ]; do sleep 10; done
   safe=${row//[^A-Za-z0-9_.-]/_}
   if HF_MODULES_CACHE="$tmp/modules" flock -s "$lock" nice normswap families matrix --only "$row" \
-      --row-seconds 600 --save-json "$tmp/$safe.json" > /dev/null; then
+      --row-seconds 600 --save "$tmp/$safe.json" > /dev/null; then
     from+=(--from-json "$tmp/$safe.json")
   else
     echo "compat-matrix.sh: the row $row exited $?; left out of the table" >&2
   fi
 done
-normswap families matrix "${from[@]}" --save-json docs/compat-matrix.json --out docs/compat-matrix.md --force
+normswap families matrix "${from[@]}" --save docs/compat-matrix.json --markdown docs/compat-matrix.md --force
 rm -rf "$tmp"

@@ -31,6 +31,10 @@ def _empty_binds():
 
 
 class RMSNorm(nn.Module):
+    # a record of normswap.kernels' table this module always runs (None: what the chooser decides per
+    # kind of call); the study sets it per arm (its --kernels choice)
+    backend: str | None = None
+
     def __init__(self, hidden_size, eps=1e-5, elementwise_affine=True, bias=False, device=None, dtype=None):
         super().__init__()
         self.hidden_size = int(hidden_size)
@@ -66,13 +70,13 @@ class RMSNorm(nn.Module):
         # asked only here, so eager calls pay nothing for it (is_in_onnx_export costs microseconds)
         if _is_exporting() and torch.onnx.is_in_onnx_export():
             return self._onnx_forward(x, residual)
-        return rms_norm(x, self.weight, self.eps, residual, bias=self.bias)
+        return rms_norm(x, self.weight, self.eps, residual, bias=self.bias, backend=self.backend)
 
     def _bind(self, x, weight, bias):
         """Ask the chooser, once, what calls of x's kind run, keep the answer, and record it."""
         grad = _grad_enabled()  # decided per gradient mode, as the calls look it up
         kind = call_kind(x, weight, bias, grad=grad)
-        bound = bind(x, weight, bias, grad=grad)
+        bound = bind(x, weight, bias, backend=self.backend, grad=grad)
         self._binds[x.is_cuda][grad][x.numel() <= self._few][x.dtype] = bound.fn
         self.kernels_ran[describe(kind)] = bound.name
         binders.add(self)

@@ -14,14 +14,84 @@ instead of sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable
 
 EVERY = 10.0  # seconds between progress lines when nothing else was said (readable in logs and CI)
+
+# What a terminal acts on instead of showing: C0 controls but newline and tab (ESC starts sequences
+# that set the window title or erase a line, CR returns over what was printed, BEL rings), DEL, C1
+# controls (U+009B is a one-character CSI on some terminals) and the bidirectional overrides that
+# reorder what follows them.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character written out as ``\\uXXXX``: a model directory named
+    ``m\\x1b]0;owned\\x07`` prints as ``m\\u001b]0;owned\\u0007``, never as a title change. The form is
+    a JSON escape too, so ``--json`` output stays valid JSON (it decodes to the name)."""
+    return _CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+class TerminalSafe(io.TextIOBase):
+    """A text stream that writes what it is given through :func:`terminal_safe`: the one place every
+    line normswap prints passes (``escape_standard_streams`` puts it in front of stdout and stderr for
+    the life of a command). It has no ``buffer``, so nothing (click included) writes past it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def write(self, text) -> int:
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", errors="replace")
+        self.inner.write(terminal_safe(text))
+        return len(text)
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def isatty(self) -> bool:
+        return _is_terminal(self.inner)
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self.inner, "encoding", "utf-8")
+
+    @property
+    def errors(self):
+        return getattr(self.inner, "errors", "strict")
+
+
+def escape_standard_streams() -> Callable[[], None]:
+    """Put :class:`TerminalSafe` in front of ``sys.stdout`` and ``sys.stderr``; returns the undo."""
+    saved = sys.stdout, sys.stderr
+    if not isinstance(sys.stdout, TerminalSafe) and sys.stdout is not None:
+        sys.stdout = TerminalSafe(sys.stdout)
+    if not isinstance(sys.stderr, TerminalSafe) and sys.stderr is not None:
+        sys.stderr = TerminalSafe(sys.stderr)
+
+    def restore() -> None:
+        sys.stdout, sys.stderr = saved
+
+    return restore
+
+
+def unescaped(stream):
+    """The stream behind a :class:`TerminalSafe`: only for a progress bar that draws with its own
+    carriage returns and shows no name (tqdm)."""
+    return stream.inner if isinstance(stream, TerminalSafe) else stream
 
 
 def stderr_lines(prefix: str) -> Callable[[str], None]:
@@ -39,10 +109,41 @@ def stderr_lines(prefix: str) -> Callable[[str], None]:
         stream = sys.stderr
 
     def emit(line: str) -> None:
-        stream.write(f"{prefix}{line}\n")
+        stream.write(terminal_safe(f"{prefix}{line}") + "\n")
         stream.flush()
 
     return emit
+
+
+def command_lines(command: str) -> Callable[[str], None]:
+    """Progress lines of ``normswap COMMAND`` on stderr, as every command prefixes them:
+    ``normswap eval report: loading ...`` (one prefix rule, CONVENTIONS.md)."""
+    return stderr_lines(f"normswap {command}: ")
+
+
+_ACTIVE: list[Heartbeat] = []  # the heartbeats of the commands running in this process, innermost last
+
+
+@contextlib.contextmanager
+def announced(msg: str):
+    """A long step that starts deep inside a command's own step (the first build of the C++ kernel
+    inside "verifying"): said now, through the running command's heartbeat so that its repeated
+    lines name it ("still: building ..." rather than "still: verifying ..."), or on stderr where no
+    command runs; the command's own status is repeated again once it ends."""
+    beat = _ACTIVE[-1] if _ACTIVE else None
+    if beat is None:
+        print(f"normswap: {msg}", file=sys.stderr, flush=True)
+        yield
+        return
+    with beat._lock:
+        before = beat.status
+    beat.say(msg)
+    try:
+        yield
+    finally:
+        with beat._lock:
+            if beat.status == msg:  # nothing newer was said meanwhile
+                beat.status = before
 
 
 def step_status(step: int, total: int, elapsed: float, loss: float | None = None, *, start: int = 0) -> str:
@@ -139,12 +240,15 @@ class Heartbeat:
         return line
 
     def __enter__(self) -> Heartbeat:
+        _ACTIVE.append(self)
         if self.enabled:
             self._thread = threading.Thread(target=self._run, name="normswap-progress", daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        with contextlib.suppress(ValueError):
+            _ACTIVE.remove(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)

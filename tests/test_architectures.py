@@ -95,4 +95,4 @@ def test_docs_family_table_is_generated_from_data():
     from normswap.architectures.catalog import family_rows, markdown_table
 
     page = (Path(__file__).parents[1] / "docs" / "convert.md").read_text()
-    assert markdown_table(family_rows()) in page, "regenerate with `normswap families --markdown`"
+    assert markdown_table(family_rows()) in page, "regenerate with `normswap families --markdown-table`"

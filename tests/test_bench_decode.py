@@ -30,7 +30,7 @@ def test_bench_decode_reports_ratio_and_null_control(tmp_path, run_cli):
     # a source alone is converted first (exact), into a temporary directory
     code, stdout, _ = run_cli(
         "bench", "decode", tmp_path / "src", "--repeats", "12", "--new-tokens", "2", "--cache-tokens", "8",
-        "--json", out,
+        "--save", out,
     )  # fmt: skip
     assert code == 0 and "null control" in stdout and "converted/original" in stdout
     assert "stopped: max_pairs" in stdout  # 12 pairs are reached long before the default budget
@@ -49,7 +49,7 @@ def test_bench_decode_reports_ratio_and_null_control(tmp_path, run_cli):
 def test_bench_decode_on_its_defaults_times_every_shipped_model(tmp_path, run_cli):
     """No MODEL: every shipped model, converted here; a budget of ~0 s stops after one round each."""
     out = tmp_path / "decode.json"
-    code, stdout, _ = run_cli("bench", "decode", "--budget", "0", "--json", out)
+    code, stdout, _ = run_cli("bench", "decode", "--budget", "0", "--save", out)
     assert code == 0, stdout
     results = json.loads(out.read_text())["decode"]
     assert [r["source"] for r in results] == ["normswap:kjv-gpt2", "normswap:kjv-neox"]
@@ -75,7 +75,7 @@ def test_bench_decode_also_times_whole_generate_calls(tmp_path, run_cli):
     out = tmp_path / "decode.json"
     code, stdout, _ = run_cli(
         "bench", "decode", tmp_path / "src", "--repeats", "12", "--new-tokens", "2", "--cache-tokens", "8",
-        "--generate-tokens", "3", "--generate-budget", "3", "--replicas", "2", "--json", out,
+        "--generate-tokens", "3", "--generate-budget", "3", "--replicas", "2", "--save", out,
     )  # fmt: skip
     assert code == 0 and "generate() of 3 tokens" in stdout
     (r,) = json.loads(out.read_text())["decode"]
@@ -95,6 +95,6 @@ def test_bench_decode_also_times_whole_generate_calls(tmp_path, run_cli):
     # control: --no-generate leaves generate() out
     code, stdout, _ = run_cli(
         "bench", "decode", tmp_path / "src", "--repeats", "5", "--new-tokens", "1", "--cache-tokens", "4",
-        "--no-generate", "--replicas", "1", "--json", out,
+        "--no-generate", "--replicas", "1", "--save", out,
     )  # fmt: skip
     assert code == 0 and "generate()" not in stdout and json.loads(out.read_text())["decode"][0]["generate"] is None

@@ -29,7 +29,7 @@ def test_bench_onnx_on_its_own_defaults(tmp_path, run_cli, monkeypatch):
     monkeypatch.setattr(models, "GPT2_SMALL", models.GPT2_TINY)  # test-sized: the same path, a smaller config
     out = tmp_path / "onnx.json"
     code, stdout, stderr = run_cli(
-        "bench", "onnx", "--budget", "2", "--repeats", "5", "--seq-len", "16", "--min-time", "0", "--json", out,
+        "bench", "onnx", "--budget", "2", "--repeats", "5", "--seq-len", "16", "--min-time", "0", "--save", out,
         "--onnx-norm-op", "simplified", "--onnx-norm-op", "rmsnormalization",
     )  # fmt: skip
     assert code == 0, stderr

@@ -31,7 +31,7 @@ def _bench_script(name: str):
 # -- case 3: writes through planted links -----------------------------------------------------------
 
 
-def test_bench_convert_save_replaces_a_planted_link_never_writes_through_it(tmp_path, monkeypatch):
+def test_bench_convert_save_replaces_a_planted_link_never_writes_through_it(tmp_path, monkeypatch, run_cli):
     """``--save PREFIX`` used ``write_text``: a link PREFIX.json -> ~/.bashrc overwrote the victim's file.
     The measurement is stood in for (it takes minutes); the writing is the real code."""
     bench = _bench_script("conversion")
@@ -45,7 +45,8 @@ def test_bench_convert_save_replaces_a_planted_link_never_writes_through_it(tmp_
     (shared / "run.md").symlink_to(bashrc)
     monkeypatch.setattr(bench, "bench_convert", lambda **kw: {"measured": True})
     monkeypatch.setattr(bench, "markdown", lambda result: "| table |\n")
-    assert bench.main(["--save", str(shared / "run")]) == 0
+    code, out, err = run_cli("bench", "convert", "--save", shared / "run")
+    assert code == 0 and out == "| table |\n", err
     assert bashrc.read_text() == SECRET
     assert json.loads((shared / "run.json").read_text()) == {"measured": True}
     assert (shared / "run.md").read_text() == "| table |\n"
@@ -123,11 +124,11 @@ def test_bench_kernels_cli_refuses_a_planted_jsonl_link_before_timing(tmp_path, 
     assert bashrc.read_text() == SECRET
 
 
-@pytest.mark.parametrize("option", ["--out", "--markdown"])
+@pytest.mark.parametrize("option", ["--save", "--out", "--markdown"])  # --out: --save's spelling before
 def test_bench_kernels_out_that_is_a_directory_is_one_line_before_timing(tmp_path, run_cli, option):
     (tmp_path / "d").mkdir()
     code, _, err = run_cli("bench", "kernels", "--quick", option, tmp_path / "d")
-    _one_line(code, err, option, "is a directory")
+    _one_line(code, err, "--markdown" if option == "--markdown" else "--save", "is a directory")
 
 
 # -- case 4: a bench never writes over what it measures --------------------------------------------------
@@ -147,7 +148,7 @@ def test_bench_json_inside_a_model_it_reads_is_refused(tmp_path, run_cli, bench)
     src, conv = _model_dir(tmp_path / "src"), _model_dir(tmp_path / "conv")
     target = conv / "model.normswap.safetensors"
     for json_out in (target, conv / "results.json", src / "new.json"):
-        code, _, err = run_cli("bench", bench, f"{src}={conv}", "--json", json_out)
-        _one_line(code, err, "--json", "overlaps the model", "inputs are never modified")
+        code, _, err = run_cli("bench", bench, f"{src}={conv}", "--save", json_out)
+        _one_line(code, err, "--save", "overlaps the model", "inputs are never modified")
     assert target.read_bytes() == b"the converted weights"
     assert sorted(p.name for p in conv.iterdir()) == ["config.json", "model.normswap.safetensors"]

@@ -1,18 +1,18 @@
-"""Every script under bench/ answers `python bench/<script>.py --help` from the repository root without
-doing its work, and none shadows an importable package: a script run directly puts bench/ first on
-sys.path, where bench/kernels.py once hid the `kernels` package transformers imports (ImportError on
+"""Every script under bench/ is a driver: it answers `python bench/<script>.py --help` from the repository
+root without doing its work, imports no other bench script (shared code lives in normswap/benchmarks/),
+and none shadows an importable package: a script run directly puts bench/ first on
+sys.path, where a script named kernels.py once hid the `kernels` package transformers imports (ImportError on
 the GPU machine, #44)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
@@ -57,10 +57,33 @@ def test_no_bench_script_shadows_an_importable_module():
     assert _importable("statistics", path)
 
 
-@pytest.mark.parametrize("script", ["decode_timing.py", "saved_result.py"])
-def test_a_bench_module_run_as_a_script_refuses_in_one_line(script):
-    r = subprocess.run(
-        [sys.executable, f"bench/{script}"], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert r.returncode == 2 and "nothing to run" in r.stderr and "Traceback" not in r.stderr
+def bench_imports(sources: dict[str, str]) -> list[str]:
+    """Bench scripts that import another bench script by its bare name: a library kept beside the
+    drivers, which works only while bench/ is first on sys.path (libraries live in normswap/benchmarks/)."""
+    found = []
+    for name, source in sorted(sources.items()):
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                targets = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            found += [f"{name} imports bench/{t}.py" for t in targets if t in sources and t != name]
+    return found
+
+
+def test_a_bench_script_imported_as_a_library_is_flagged():
+    # negative control: the two forms a driver once used to reach a sibling are each found
+    planted = {
+        "driver": "from saved_result import save_and_print\nimport decode_timing\n",
+        "saved_result": "import json\n",
+        "decode_timing": "import time\n",
+    }
+    assert bench_imports(planted) == ["driver imports bench/saved_result.py", "driver imports bench/decode_timing.py"]
+    assert bench_imports({"driver": "from normswap.benchmarks.saved_result import save_and_print\n"}) == []
+
+
+def test_bench_holds_drivers_only():
+    found = bench_imports({s.stem: s.read_text(encoding="utf-8") for s in SCRIPTS})
+    assert not found, "libraries belong in normswap/benchmarks/:\n" + "\n".join(found)

@@ -12,9 +12,10 @@ TINY = ["--layers", "2", "--width", "64", "--heads", "4", "--vocab", "300"]
 
 def test_bench_slice_times_both_baselines_with_their_null_controls(tmp_path, run_cli):
     out = tmp_path / "slice.json"
-    code, stdout, _ = run_cli("bench", "slice", *TINY, "--repeats", "4", "--new-tokens", "2", "--json", out)
-    assert code == 0, stdout
+    code, stdout, err = run_cli("bench", "slice", *TINY, "--repeats", "4", "--new-tokens", "2", "--save", out, "--json")
+    assert code == 0, err
     r = json.loads(out.read_text())
+    assert json.loads(stdout) == r  # --json: the saved result, and nothing else, on stdout
     facts = r["facts"]
     assert (facts["hidden_size"], facts["width"]) == (64, 48)
     # one rotation: every stream matmul shrinks, so the bound is above 1; the per-layer design pays for
@@ -37,14 +38,14 @@ def test_bench_slice_times_both_baselines_with_their_null_controls(tmp_path, run
             # control: the sliced model's seconds are its own run, not the baseline's again
             assert [o for _, o in pairs["sliced"]] != [b for b, _ in pairs["sliced"]]
     assert set(r["goals"]) and all(isinstance(g["met"], bool) for g in r["goals"].values())
-    assert "null control" in stdout and "FLOP bound" in stdout
+    assert "null control" in err and "FLOP bound" in err  # under --json the summary lines go to stderr
 
 
 def test_bench_slice_quality_puts_pca_far_below_random(tmp_path, run_cli):
     out = tmp_path / "quality.json"
     code, stdout, _ = run_cli(
         "bench", "slice", "--quality", "--model", "normswap:kjv-gpt2", "--fractions", "0.5",
-        "--calibration-tokens", "2048", "--eval-tokens", "4096", *TINY, "--plot", tmp_path, "--json", out,
+        "--calibration-tokens", "2048", "--eval-tokens", "4096", *TINY, "--plot", tmp_path, "--save", out,
     )  # fmt: skip
     assert code == 0, stdout
     r = json.loads(out.read_text())

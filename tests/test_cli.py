@@ -173,3 +173,63 @@ def test_plain_families_columns_are_aligned(run_cli):
     starts = {line.index(", ".join(r["model_types"]), len(r["display"])) for line, r in zip(lines, rows)}
     places = {line.rindex(r["placement"]) for line, r in zip(lines, rows)}
     assert len(starts) == 1 and len(places) == 1
+
+
+def test_an_existing_out_is_refused_before_torch_loads(tmp_path):
+    """convert, slice, export and finetune answer "OUT already exists; pass --force" before torch or
+    transformers is imported (it took 6.5 s while they loaded first), and under --json the error is
+    one JSON object on stdout. Ordering, not wall clock: the fresh interpreter records whether torch
+    was imported when the command ended. Negative control: with --force the same command goes on
+    past the check and imports torch."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    out.mkdir()
+    script = """
+import json, sys
+from normswap.cli.main import main
+try:
+    main(sys.argv[1:])
+    code = 0
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "heavy": [m for m in ("torch", "transformers") if m in sys.modules]}), file=sys.stderr)
+"""
+
+    def run(*args):
+        p = subprocess.run(
+            [sys.executable, "-c", script, *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=_subprocess_env(),
+            timeout=300,
+        )
+        *lines, last = p.stderr.strip().splitlines()
+        return json.loads(last), p.stdout, lines
+
+    commands = {
+        "convert": ("convert", src, out),
+        "slice": ("slice", src, out),
+        "export": ("export", src, out, "--format", "stock"),
+        "finetune": ("finetune", src, out),
+    }
+    for name, argv in commands.items():
+        got, stdout, err = run(*argv, "--json")
+        assert got == {"code": 2, "heavy": []}, (name, got, err)
+        assert len(err) == 1 and "exists" in err[0] and "--force" in err[0], (name, err)
+        answer = json.loads(stdout)
+        assert answer["exit_code"] == 2 and "exists" in answer["error"] and not answer["error"].startswith("normswap")
+    got, _, err = run("convert", src, out, "--force")  # control: past the check, the conversion's modules load
+    assert got["code"] != 0 and "torch" in got["heavy"], (got, err)
+
+
+def test_json_errors_are_json_on_stdout_and_old_json_file_spellings_say_what_replaced_them(run_cli, tmp_path):
+    code, out, err = run_cli("convert", "only-src", "--json")  # a usage error, answered by click
+    assert code == 2 and json.loads(out) == {"error": "Missing argument 'OUT'.", "exit_code": 2}
+    code, out, err = run_cli("convert", "only-src")  # control: without --json, stdout stays empty
+    assert code == 2 and out == "" and "Missing argument 'OUT'" in err
+    # `--json FILE` was the benchmarks' file option: now a flag, so FILE is refused with the new spelling
+    code, out, err = run_cli("bench", "decode", "--json", tmp_path / "r.json")
+    assert code == 2 and "--save" in json.loads(out)["error"] and not (tmp_path / "r.json").exists()
+    code, out, err = run_cli("bench", "slice", "--json", tmp_path / "r.json")
+    assert code == 2 and "--save FILE writes it to a file" in json.loads(out)["error"]

@@ -21,6 +21,7 @@ COMMAND_ONLY = {
     "device",
     "force",
     "as_json",
+    "quiet",
     "trust_remote_code",
 }  # where and how the command runs, not how it converts
 

@@ -319,7 +319,7 @@ def test_convert_discovers_records_and_reloads(tmp_path, run_cli):
         a, b = src(**inputs).last_hidden_state, reloaded(**inputs).last_hidden_state
     assert float((a - b).abs().max()) < 1e-4
 
-    code, _, err = run_cli("families", "discover", tmp_path / "out", "--out", tmp_path / "vit.yaml")
+    code, _, err = run_cli("families", "discover", tmp_path / "out", "--family-file", tmp_path / "vit.yaml")
     assert code == 0, err
     saved = parse_family(yaml.safe_load((tmp_path / "vit.yaml").read_text()), "vit.yaml")
     assert saved.discovered and saved.model_types == ("vit",)
@@ -337,7 +337,7 @@ def test_families_discover_config_file_and_refusal(tmp_path, run_cli):
     CLIPVisionConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8
     ).save_pretrained(tmp_path / "clipv")
-    code, out, err = run_cli("families", "discover", tmp_path / "clipv", "--out", tmp_path / "clipv.yaml")
+    code, out, err = run_cli("families", "discover", tmp_path / "clipv", "--family-file", tmp_path / "clipv.yaml")
     assert code != 0 and "raw residual stream" in err and "Traceback" not in err
     assert not (tmp_path / "clipv.yaml").exists()
 
@@ -493,12 +493,12 @@ def test_hierarchical_and_bare_norm_stacks():
 
 
 def test_family_file_round_trip_and_refusals(tmp_path, run_cli):
-    """`families discover --out FILE` then `convert --family-file FILE` converts exactly; a file that
+    """`families discover --family-file FILE` then `convert --family-file FILE` converts exactly; a file that
     drops a writer, names another model_type or is not YAML is refused in one line, OUT not written."""
     config, cls = _config("vit")
     src = randomize_(cls(config).eval(), seed=4)
     src.save_pretrained(tmp_path / "vit")
-    code, _, err = run_cli("families", "discover", tmp_path / "vit", "--out", tmp_path / "vit.yaml")
+    code, _, err = run_cli("families", "discover", tmp_path / "vit", "--family-file", tmp_path / "vit.yaml")
     assert code == 0, err
     code, out, err = run_cli("convert", tmp_path / "vit", tmp_path / "out", "--family-file", tmp_path / "vit.yaml")
     assert code == 0, err

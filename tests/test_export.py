@@ -513,7 +513,7 @@ def test_onnx_export_prints_no_exporter_chatter(converted, tmp_path, capfd):
             assert not e.code
         stdout, stderr = capfd.readouterr()
         assert not [line for line in seen.lines if "torchvision" in line], seen.lines
-        assert all(line.startswith("normswap: ") for line in stderr.strip().splitlines()), stderr
+        assert all(line.startswith("normswap export: ") for line in stderr.strip().splitlines()), stderr
         assert "norm nodes: 9 SkipSimplifiedLayerNormalization" in stdout and "{" not in stdout, stdout
 
         # the silencer itself, and its control: the same log line and warning outside it do come out

@@ -1,4 +1,5 @@
-"""The CPU kernel's build cache: a killed build blocks nobody, and two installs never share a build."""
+"""The CPU kernel's build cache: a killed build blocks nobody, two installs never share a build, and two
+checkouts of the same sources do."""
 
 import os
 import shutil
@@ -123,13 +124,15 @@ def test_two_virtualenvs_use_two_build_directories(tmp_path):
 
 def test_a_first_build_says_so_in_one_line_and_a_cached_one_is_silent(tmp_path, monkeypatch, capsys):
     """The compiler itself is replaced (a real build takes about a minute): what is tested is the
-    user-facing line, printed exactly when no built library is in the cache yet."""
+    user-facing line, printed exactly when no built library is in the cache yet, and that the build
+    reads the copy of the sources inside the build directory (not the checkout)."""
     from torch.utils import cpp_extension
 
     monkeypatch.setenv("NORMSWAP_CACHE_DIR", str(tmp_path))
     built = []
 
-    def fake_build(*, name, build_directory, **kwargs):
+    def fake_build(*, name, build_directory, sources, **kwargs):
+        assert all(Path(s).parent == Path(build_directory, "src") and Path(s).is_file() for s in sources), sources
         Path(build_directory, f"{name}.so").write_bytes(b"")
         built.append(name)
         return "extension"
@@ -138,28 +141,63 @@ def test_a_first_build_says_so_in_one_line_and_a_cached_one_is_silent(tmp_path, 
     monkeypatch.setattr(cpu, "_exec_extension", lambda name, path: "extension")  # loaded through its handle
     assert cpu._load() == "extension"
     first = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(first) == 1 and "building the CPU RMSNorm kernel" in first[0] and str(tmp_path) in first[0]
+    assert len(first) == 1 and "building normswap's C++ norm kernel (first use" in first[0], first
+    assert str(tmp_path) in first[0]
     assert cpu._load() == "extension" and len(built) == 2  # the build step runs again (torch finds it up to date)
     assert capsys.readouterr().err.strip() == ""  # control: a cached build prints nothing
 
 
-def test_two_checkouts_of_the_same_sources_use_two_build_directories(tmp_path, monkeypatch):
-    """torch's build.ninja names the sources by absolute path: two checkouts (worktrees) sharing a
-    build directory would rebuild over each other's library in turn, so the directory is keyed by
-    where the sources are, not only by what they contain."""
-    here = cpu._build_name(*cpu._flags())
-    # control: the same checkout in another process names the same directory (a name that merely
-    # differed every time, e.g. keyed by pid or a random suffix, would pass the check below alone)
-    other = subprocess.run(
-        [sys.executable, "-c", "from normswap.kernels import cpu; print(cpu._build_name(*cpu._flags()))"],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+def test_a_first_build_under_a_command_is_what_its_progress_repeats():
+    """Inside a command the build is said through its heartbeat, so the repeated line names the
+    build ("still: building ...") instead of the step it interrupted; the step's status comes back
+    after. Negative control: the same heartbeat without the announcement repeats the step."""
+    from normswap.progress import Heartbeat, announced
+
+    now = [0.0]
+    lines = []
+    beat = Heartbeat(lines.append, every=10, enabled=True, clock=lambda: now[0])
+    beat._thread = None
+    with beat:
+        beat.say("verifying")
+        now[0] = 11
+        assert beat.tick() == "still: verifying (11 s)"  # control
+        with announced(cpu.BUILD_MESSAGE.format(where="/cache")):
+            now[0] = 30
+            assert beat.tick().startswith("still: building normswap's C++ norm kernel (first use, ~1 min")
+        now[0] = 45
+        assert beat.tick() == "still: verifying (45 s)"
+
+
+def _clone_name(root: Path) -> str:
+    """The kernel's build name as a process running the package copied to ``root`` computes it."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from normswap.kernels import cpu; print(cpu.__file__); print(cpu._build_name(*cpu._flags()))",
+        ],
+        env={**os.environ, "PYTHONPATH": str(root)},
+        cwd=root,  # `python -c` puts the working directory first on the path
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert other.returncode == 0, other.stderr[-2000:]
-    assert other.stdout.strip() == here
-    copy = tmp_path / "csrc"
-    shutil.copytree(cpu._CSRC, copy)
-    monkeypatch.setattr(cpu, "_CSRC", copy)
-    assert cpu._build_name(*cpu._flags()) != here
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    where, name = proc.stdout.split()
+    assert Path(where).is_relative_to(root), where  # the copy ran, not this checkout
+    return name
+
+
+def test_two_checkouts_of_the_same_sources_share_one_build_and_a_changed_source_gets_its_own(tmp_path):
+    """The build name holds what is built, not where the checkout lies (the sources are built from
+    their copy in the build directory), so a fresh clone reuses the built kernel; a changed source
+    is another build (negative control: a name that ignored the sources would pass the first half)."""
+    here = cpu._build_name(*cpu._flags())
+    ignore = shutil.ignore_patterns("assets", "__pycache__")
+    for clone in ("a", "b/deeper"):
+        shutil.copytree(ROOT / "normswap", tmp_path / clone / "normswap", ignore=ignore)
+    assert _clone_name(tmp_path / "a") == here
+    assert _clone_name(tmp_path / "b/deeper") == here
+    changed = tmp_path / "b/deeper/normswap/kernels/csrc/rms_norm_cpu_kernel.h"
+    changed.write_bytes(changed.read_bytes() + b"\n// changed\n")
+    assert _clone_name(tmp_path / "b/deeper") != here

@@ -62,7 +62,7 @@ def ranked_first(monkeypatch):
 def test_every_record_says_what_it_runs():
     """The table holds every implementation once, each with its devices, dtypes and features, and
     NORMSWAP_KERNEL accepts exactly `auto` and the records' names."""
-    assert set(registry.TABLE) == {"cpu", "triton", "native", "composite", "torch"}
+    assert set(registry.TABLE) == {"cpu", "triton", "native", "composite", "torch", "compiled"}
     assert choose.settings() == ("auto", *registry.TABLE)
     for impl in registry.TABLE.values():
         assert impl.devices and impl.dtypes and callable(impl.run) and callable(impl.bind), impl.name

@@ -133,7 +133,8 @@ def test_numbers_have_one_format_and_one_multiplication_sign(tmp_path):
     render_into(copy.deepcopy(results), tmp_path)
     md, html = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
     assert not ASCII_TIMES.findall(md) and not ASCII_TIMES.findall(html) and "×" in md
-    # control: the pattern finds the sign the report used to mix in (docs/demo/report.md, before this change)
+    # control: the pattern finds the sign the report used to mix in (results/demo-20261204T2014Z/report.md, before
+    # this change)
     assert ASCII_TIMES.findall("exact: 24.61 ms (2639.7% more time, ratio x27.40 [1.04–42.71]; 6.6% of its forward)")
     # tokens/s: whole numbers with separators in every row (no 979.45 beside 1,072)
     table = md.split("## Side by side")[1].split("\n\n")[1]

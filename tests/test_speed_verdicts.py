@@ -1,5 +1,5 @@
 """Speed verdicts that survive a busy machine: the null control (the baseline timed twice) decides
-whether a speed ratio may be called a difference and coloured (normswap/evaluate/stats.py).
+whether a speed ratio may be called a difference and coloured (normswap/stats/verdicts.py).
 
 The render tests use synthetic per-repeat timing records, shaped as evaluate() writes them, so the
 verdicts are known in advance; one test runs evaluate() on tiny models for the keys it writes.

@@ -155,7 +155,7 @@ def test_interval_logic_negative_controls():
 
 def test_throughput_null_control_structure(sweep_study):
     """The interleaved null control is reported per seed with its interval (its ±3 % goal is a
-    benchmark: docs/study/, not a wall-clock threshold here)."""
+    benchmark: results/study-20261201T1642Z/, not a wall-clock threshold here)."""
     from normswap.study.measure import StepPlan
 
     results, out = sweep_study
@@ -175,13 +175,12 @@ def test_throughput_null_control_structure(sweep_study):
 def test_rmsnorm_arm_is_gamma_one_and_every_other_weight_identical(tmp_path):
     from normswap.modules import RMSNorm
     from normswap.study.arms import build_arm, open_source
-    from normswap.study.norm_impl import TorchRMSNorm
 
     src = open_source(_config(tmp_path), from_scratch=True)
     ln, rms = build_arm(src, "layernorm", 3, "torch"), build_arm(src, "rmsnorm", 3, "torch")
     a, b = ln.state_dict(), rms.state_dict()
     norms = [n for n, m in rms.named_modules() if isinstance(m, RMSNorm)]
-    assert len(norms) == 2 * 2 + 1 and all(type(rms.get_submodule(n)) is TorchRMSNorm for n in norms)
+    assert len(norms) == 2 * 2 + 1 and all(rms.get_submodule(n).backend == "native" for n in norms)
     for k, v in b.items():
         if any(k.startswith(n + ".") for n in norms):
             assert torch.equal(v, torch.ones_like(v))
@@ -639,7 +638,7 @@ def test_schedule_decays_and_final_quality_is_the_mean_of_the_last_evaluations(t
     assert not any("warning" in line for line in lines)
     warned = []
     _study(_config(tmp_path), tmp_path / "w", arms=["layernorm"], steps=1, warmup=4, seeds=1, echo=warned.append)
-    assert any("--steps 1 is below --warmup 4" in line for line in warned)
+    assert any("--steps 1 is below --warmup-steps 4" in line for line in warned)
 
 
 def test_ngram_baselines_are_proper_count_models():

@@ -1,7 +1,7 @@
 """The study's report answers the question first and fits a terminal: a bottom line (quality, speed,
 memory, stability) with evidence and what would change it, measured differences as verdicts, arms
 that share a verdict said once, terms defined, honest axes, and every terminal line ≤ 100 columns —
-each with a negative control. Rendered from the first edition's default study (docs/study/results.json
+each with a negative control. Rendered from the first edition's default study (results/study-20261201T1642Z/results.json
 as committed before the second edition regenerated it, kept as tests/data/study-first-edition-results.json:
 an older results.json must keep rendering) and from variants of it carrying the newer keys."""
 
@@ -33,7 +33,7 @@ def test_terminal_summary_fits_100_columns(results):
     lines = summary_lines(results, "/tmp/study")
     assert not too_wide(lines) and len(lines) > 20
     # negative control: the same claims laid out unwrapped, as the summary printed them before, ran to
-    # about 300 columns (docs/study/stdout.txt of that run: 312)
+    # about 300 columns (results/study-20261201T1642Z/stdout.txt of that run: 312)
     header = ["claim", "arms", "verdict", "decided by"]
     assert max(len(line) for line in text_table(header, claims_rows(results), width=None).splitlines()) > 250
     assert not too_wide(text_table(header, claims_rows(results), width=100).splitlines())
@@ -221,11 +221,11 @@ def test_speed_says_every_reason_it_cannot_tell_and_quality_keeps_a_measured_gap
 
 
 def test_every_committed_study_and_a_stripped_one_render(tmp_path):
-    """Older results.json files (every study committed in docs/ and bench/results/, whatever version
+    """Older results.json files (every study committed in results/, whatever version
     wrote them) and one stripped of every optional block still render, within 100 columns."""
     from normswap.study.study_report import summary_lines, write_report
 
-    found = sorted(REPO.glob("docs/study*/results.json")) + sorted(REPO.glob("bench/results/study*/results.json"))
+    found = sorted(REPO.glob("results/study*/results.json"))
     assert len(found) >= 2
     stripped = json.loads(COMMITTED.read_text())
     for k in ("precision", "null_control", "timing", "lr_sweep", "migration_rule", "notes", "architecture"):

@@ -6,6 +6,7 @@ each with its negative control."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from normswap.modules import RMSNorm
 from normswap.study import claim_judges, measure, norm_impl, speed
 from normswap.study import results as res
 
@@ -50,6 +52,22 @@ class HandWrittenLayerNorm(torch.nn.LayerNorm):
         return (x - mu) * torch.rsqrt(var + self.eps) * self.weight + self.bias
 
 
+def test_study_implementations_are_records_of_the_kernel_table():
+    """The study chooses among records of normswap.kernels' one table; a module set to one runs
+    that record (what it ran is recorded by the module itself, not asserted by the study)."""
+    from normswap.kernels.implementations import TABLE
+
+    assert all(record is None or record in TABLE for record in norm_impl.RMS_IMPLS.values())
+    m = RMSNorm(16)
+    norm_impl.use_rms_impl(torch.nn.Sequential(m), "torch")
+    m(torch.randn(4, 16))
+    assert set(m.kernels_ran.values()) == {"native"}
+    # control: a record that does not run here is refused by the chooser, not silently replaced
+    norm_impl.use_rms_impl(torch.nn.Sequential(m), "compile")
+    with pytest.raises(Exception, match="compiled"):
+        m(torch.randn(4, 16))
+
+
 def test_kernel_labels_come_from_the_autograd_graph():
     fused = _observed(torch.nn.LayerNorm(16))
     assert fused["norm_kernel_fused"] is True
@@ -59,7 +77,9 @@ def test_kernel_labels_come_from_the_autograd_graph():
     hand = _observed(HandWrittenLayerNorm(16))
     assert hand["norm_kernel_fused"] is False and "composite" in hand["norm_kernel"]
     # PyTorch's F.rms_norm on CPU is a composite (grad_fn MulBackward0), whatever its name suggests
-    rms = _observed(norm_impl.TorchRMSNorm(16))
+    torch_rms = RMSNorm(16)
+    norm_impl.use_rms_impl(torch.nn.Sequential(torch_rms), "torch")
+    rms = _observed(torch_rms)
     assert rms["norm_kernel_fused"] is False
     assert (
         rms["norm_kernel"].startswith("torch.nn.functional.rms_norm (composite")
@@ -72,8 +92,6 @@ def test_normswap_cpu_kernel_is_reported_fused():
 
     if not cpu.available():
         pytest.skip("normswap's compiled CPU kernel is not available here")
-    from normswap.modules import RMSNorm
-
     seen = _observed(RMSNorm(16))
     assert seen["norm_kernel_fused"] is True and "normswap cpu fused kernel" in seen["norm_kernel"]
 
@@ -112,7 +130,10 @@ def test_kernels_best_asks_the_kernels_chooser(monkeypatch, fresh_autotune):
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(norm_impl.RMS_IMPLS["torch"], "forward", boom)
+    from normswap.kernels import implementations
+
+    native = implementations.TABLE["native"]
+    monkeypatch.setitem(implementations.TABLE, "native", dataclasses.replace(native, bind=boom))
     chosen = norm_impl.choose_rms(like, 64, "cpu", "fp32")
     assert chosen["choice"] == "normswap" and "boom" in chosen["errors"]["torch"]
 

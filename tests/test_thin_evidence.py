@@ -149,7 +149,7 @@ def test_finetune_says_what_it_reads_before_the_model_loads(tmp_path, run_cli, m
 
 
 def test_a_run_capped_at_the_threshold_is_not_called_thin(tmp_path):
-    """Seen on the GPU (bench/results/gpu-h200-20261204-evidence/): a run capped at 16,384 tokens warned
+    """Seen on the GPU (results/gpu-h200-evidence-20261204T1929Z/): a run capped at 16,384 tokens warned
     "only 16,383 held-out tokens were scored (fewer than 16,384)". The cause: the cap cuts the text on a
     word boundary (truncate_text drops the word it split), so the text holds fewer tokens than the cap
     and the threshold compared them as if the text had run out. Negative controls: the same count

@@ -132,7 +132,7 @@ def test_panic_during_eval_is_one_line(tmp_path):
         text=True,
         timeout=300,
     )
-    lines = [line for line in r.stderr.splitlines() if not line.startswith("[normswap eval]")]
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("normswap eval ")]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert f"{model / 'tokenizer.json'}: the tokenizers library failed" in lines[0]
 
@@ -166,7 +166,7 @@ def test_sigterm_ends_a_command_stuck_in_a_slow_pattern_and_cleans_up(tmp_path):
             proc.wait()
     err.seek(0)
     text = err.read()
-    lines = [line for line in text.splitlines() if not line.startswith("[normswap eval]")]
+    lines = [line for line in text.splitlines() if not line.startswith("normswap eval ")]
     assert proc.returncode == 128 + signal.SIGTERM and lines == ["normswap: stopped by SIGTERM"], text
     assert not out.exists() and not lock.exists()
     assert not [p.name for p in tmp_path.iterdir() if "normswap-staging" in p.name]

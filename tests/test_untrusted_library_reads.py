@@ -24,7 +24,7 @@ def _normswap(*args) -> tuple[int, str]:
 
 def _error_line(code: int, err: str, *needles) -> str:
     """The one error line of a refused command (progress lines start with the command's name)."""
-    progress = ("normswap convert:", "normswap finetune:", "[normswap")
+    progress = ("normswap convert:", "normswap finetune:", "normswap eval ")
     lines = [line for line in err.strip().splitlines() if not line.startswith(progress)]
     assert code != 0 and len(lines) == 1 and "Traceback" not in err, (code, err)
     for needle in needles:

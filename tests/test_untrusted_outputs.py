@@ -42,7 +42,7 @@ def model(tmp_path):
 # ------------------------------------------------------------------------------------ case 8
 @pytest.fixture
 def saved_rows(tmp_path):
-    """Rows as `families survey --save-json` writes them (a few of the committed survey's)."""
+    """Rows as `families survey --save` writes them (a few of the committed survey's)."""
     from normswap.architectures.survey import shipped_rows
 
     path = tmp_path / "rows.json"
@@ -53,19 +53,20 @@ def saved_rows(tmp_path):
 def test_families_discover_never_writes_over_the_model(tmp_path, model, run_cli):
     weights = model / "model.safetensors"
     before = _sha(weights)
-    code, _, err = run_cli("families", "discover", model, "--out", weights)
+    code, _, err = run_cli("families", "discover", model, "--family-file", weights)
     _one_error_line(code, err, "overlaps the model", "which this command reads")
+    # --out FILE: the spelling before #58, still accepted
     code, _, err = run_cli("families", "discover", model, "--out", model / "family.yaml", "--force")
     _one_error_line(code, err, "overlaps the model")
     assert _sha(weights) == before and not (model / "family.yaml").exists()
     # an existing file is replaced only with --force, and the refusal comes before discovery runs
     taken = tmp_path / "taken.yaml"
     taken.write_text("mine\n")
-    code, _, err = run_cli("families", "discover", model, "--out", taken)
+    code, _, err = run_cli("families", "discover", model, "--family-file", taken)
     _one_error_line(code, err, "already exists; pass --force")
     assert taken.read_text() == "mine\n"
     # the control: with --force it is replaced, atomically, by the checked family file
-    code, _, err = run_cli("families", "discover", model / "config.json", "--out", taken, "--force")
+    code, _, err = run_cli("families", "discover", model / "config.json", "--family-file", taken, "--force")
     assert code == 0, err
     assert "exact on a tiny randomised instance" in err and taken.read_text().startswith("# Discovered by")
 
@@ -77,19 +78,19 @@ def test_families_tables_never_write_over_their_saved_rows(tmp_path, saved_rows,
         rows = tmp_path / "m.json"
         rows.write_text(json.dumps({"rows": [], "meta": {}}))
     before = _sha(rows)
-    for flag in ("--out", "--save-json"):
+    for flag in ("--markdown", "--save", "--out", "--save-json"):  # the last two: the spellings before #58
         code, _, err = run_cli("families", command, "--from-json", rows, flag, rows, "--force")
         _one_error_line(code, err, "overlaps the saved rows")
         assert _sha(rows) == before
     table = tmp_path / "table.md"
     table.write_text("mine\n")
-    code, _, err = run_cli("families", command, "--from-json", rows, "--out", table)
-    _one_error_line(code, err, f"--out {table} already exists; pass --force")
+    code, _, err = run_cli("families", command, "--from-json", rows, "--markdown", table)
+    _one_error_line(code, err, f"--markdown {table} already exists; pass --force")
     assert table.read_text() == "mine\n"
     if command == "survey":  # the control: the table from the saved rows, with --force
         code, stdout, _ = run_cli("families", command, "--from-json", rows)
         assert code == 0 and "|" in stdout
-        code, _, err = run_cli("families", command, "--from-json", rows, "--out", table, "--force")
+        code, _, err = run_cli("families", command, "--from-json", rows, "--markdown", table, "--force")
         assert code == 0, err
         assert table.read_text() == stdout and _sha(rows) == before
 

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 from normswap.errors import NormswapError
-from normswap.publish import atomic_write_text, check_output_file
 
 # torch and normswap's conversion modules are imported where used: `--help` stays instant
 DTYPES = {
@@ -353,48 +352,8 @@ def bench_convert(
             "convert_no_verify": lambda out: _normswap_cmd("convert", src, out, "--no-verify", *convert_args),
             "convert_verified": lambda out: _normswap_cmd("convert", src, out, *convert_args),
         }
-        runs: dict = {k: [] for k in STEPS}
-        loads = []
-        for r in range(rounds):
-            for step in STEPS:
-                out = root / f"out_{step}"
-                _warm(src)
-                say(f"round {r + 1}/{rounds}: {step}")
-                row = run_measured(commands[step](out), env=env)
-                loads.append(round(os.getloadavg()[0], 2))
-                if row["returncode"] != 0:
-                    raise NormswapError(
-                        f"bench convert: {step} failed (exit {row['returncode']}): {' | '.join(row['stderr_tail'])}"
-                    )
-                if row["stdout"].strip().startswith("{"):
-                    summary = json.loads(row["stdout"])
-                    row["convert_seconds"] = summary.get("seconds")  # in-process: no start-up, no imports
-                    row["verification"] = summary.get("verification")
-                    row["mode"] = summary.get("mode")
-                runs[step].append({k: v for k, v in row.items() if k not in ("stdout", "stderr_tail")})
-                shutil.rmtree(out, ignore_errors=True)
-
-        def median(step, field):
-            values = sorted(x[field] for x in runs[step] if x.get(field) is not None)
-            return values[len(values) // 2] if values else None
-
-        copy_s = median("copy", "seconds")
-        summary = {}
-        for step in STEPS:
-            row = {
-                "seconds_median": median(step, "seconds"),
-                "seconds_all": [x["seconds"] for x in runs[step]],
-                "convert_seconds_median": median(step, "convert_seconds"),
-                "peak_rss_bytes_max": max(x["peak_rss_bytes"] for x in runs[step]),
-            }
-            row["x_copy"] = round(row["seconds_median"] / copy_s, 2)
-            row["peak_rss_x_largest_shard"] = round(row["peak_rss_bytes_max"] / shard, 2)
-            if step in GOALS:
-                t_goal, rss_goal = GOALS[step]
-                row["goal_time_x_copy"], row["goal_rss_x_shard"] = t_goal, rss_goal
-                row["time_goal_met"] = bool(row["x_copy"] <= t_goal)
-                row["rss_goal_met"] = bool(row["peak_rss_x_largest_shard"] <= rss_goal)
-            summary[step] = row
+        runs, loads = _timed_rounds(commands, src, root, rounds, env, say)
+        summary = _summarise(runs, shard)
         verified = runs["convert_verified"][-1].get("verification") or {}
         return {
             "benchmark": "convert",
@@ -429,6 +388,59 @@ def bench_convert(
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _timed_rounds(commands, src, root, rounds, env, say):
+    """Each step as its own process, interleaved (copy, --no-verify, verified) in every round, on a warm
+    page cache; returns the runs per step and the load average after each."""
+    runs: dict = {k: [] for k in STEPS}
+    loads = []
+    for r in range(rounds):
+        for step in STEPS:
+            out = root / f"out_{step}"
+            _warm(src)
+            say(f"round {r + 1}/{rounds}: {step}")
+            row = run_measured(commands[step](out), env=env)
+            loads.append(round(os.getloadavg()[0], 2))
+            if row["returncode"] != 0:
+                raise NormswapError(
+                    f"bench convert: {step} failed (exit {row['returncode']}): {' | '.join(row['stderr_tail'])}"
+                )
+            if row["stdout"].strip().startswith("{"):
+                summary = json.loads(row["stdout"])
+                row["convert_seconds"] = summary.get("seconds")  # in-process: no start-up, no imports
+                row["verification"] = summary.get("verification")
+                row["mode"] = summary.get("mode")
+            runs[step].append({k: v for k, v in row.items() if k not in ("stdout", "stderr_tail")})
+            shutil.rmtree(out, ignore_errors=True)
+    return runs, loads
+
+
+def _summarise(runs, shard) -> dict:
+    """Per step: medians over rounds, × the copy's time, peak RSS × the largest shard, the goals."""
+
+    def median(step, field):
+        values = sorted(x[field] for x in runs[step] if x.get(field) is not None)
+        return values[len(values) // 2] if values else None
+
+    copy_s = median("copy", "seconds")
+    summary = {}
+    for step in STEPS:
+        row = {
+            "seconds_median": median(step, "seconds"),
+            "seconds_all": [x["seconds"] for x in runs[step]],
+            "convert_seconds_median": median(step, "convert_seconds"),
+            "peak_rss_bytes_max": max(x["peak_rss_bytes"] for x in runs[step]),
+        }
+        row["x_copy"] = round(row["seconds_median"] / copy_s, 2)
+        row["peak_rss_x_largest_shard"] = round(row["peak_rss_bytes_max"] / shard, 2)
+        if step in GOALS:
+            t_goal, rss_goal = GOALS[step]
+            row["goal_time_x_copy"], row["goal_rss_x_shard"] = t_goal, rss_goal
+            row["time_goal_met"] = bool(row["x_copy"] <= t_goal)
+            row["rss_goal_met"] = bool(row["peak_rss_x_largest_shard"] <= rss_goal)
+        summary[step] = row
+    return summary
 
 
 def machine() -> dict:
@@ -514,40 +526,3 @@ def markdown(result: dict) -> str:
         ]
     lines += [""] + [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="normswap bench convert", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--params", type=float, default=1.4e9)
-    ap.add_argument("--shards", type=int, default=5)
-    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    ap.add_argument("--family", choices=sorted(FAMILIES), default="gpt_neox")
-    ap.add_argument("--mode", choices=["auto", "exact", "approx"], default="auto")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--save", default=None, help="write SAVE.json and SAVE.md (e.g. bench/results/convert-1.4b)")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    saves = [Path(args.save + ext) for ext in (".json", ".md")] if args.save else []
-    for path in saves:  # before any work: a directory there, or SAVE inside the work directory
-        check_output_file(path, force=True, reads=[("the work directory", args.workdir)], label="--save")
-    result = bench_convert(
-        params=args.params,
-        shards=args.shards,
-        dtype=args.dtype,
-        family=args.family,
-        mode=args.mode,
-        rounds=args.rounds,
-        workdir=args.workdir,
-        keep=args.keep,
-        progress=lambda msg: print(f"bench convert: {msg}", file=sys.stderr, flush=True),
-        command=" ".join(["normswap bench convert", *(argv if argv is not None else sys.argv[1:])]),
-    )
-    md = markdown(result)
-    for path, text in zip(saves, (json.dumps(result, indent=2) + "\n", md)):
-        atomic_write_text(path, text)  # a fresh file renamed into place: a planted link is replaced, not followed
-    print(json.dumps(result, indent=2) if args.json else md)
-    return 0

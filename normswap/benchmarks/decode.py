@@ -179,14 +179,14 @@ def run_decode(
 
     if json_out:  # before any work: never one of the models read, nor inside one (--json CONV/model... was)
         reads = [("the model", m) for spec in models for m in spec.split("=")]
-        check_output_file(json_out, force=True, reads=reads, label="--json")
+        check_output_file(json_out, force=True, reads=reads, label="--save")
     torch.set_num_threads(threads)
     settings = {"steps": new_tokens, "cache_tokens": cache_tokens, "budget": budget, "target": target}
     settings |= {"replicas": replicas, "generate_tokens": generate_tokens, "generate_budget": generate_budget}
     results = []
     with (
         tempfile.TemporaryDirectory(prefix="normswap-bench-decode-") as tmp,
-        Heartbeat(stderr_lines("[normswap bench decode] ")) as beat,
+        Heartbeat(stderr_lines("normswap bench decode: ")) as beat,
     ):
         for spec in models or shipped():
             source, converted = model_pair(spec, Path(tmp), beat.say)

@@ -520,6 +520,23 @@ def run_benchmark(
         repeats = 20 if quick else 400
     if budget is None:
         budget = DEFAULT_BUDGET_S["quick" if quick else device.type if cuda else "cpu"]
+    result = _result_header(device, repeats, budget, target, deadline, log)
+    _time_rows(result, device, shapes, dtypes, modes, residual, repeats, budget, target, due, log, progress)
+    if tiny:
+        _time_tiny_rows(result, device, dtypes, modes, quick, repeats, budget, target, due, log, progress)
+    _tiny_goals(result)
+    result["auto_choices"] = autotune.choices()
+    log.write({"kind": "auto_choices", "choices": result["auto_choices"]})
+    result["loadavg_after"] = _loadavg()
+    result["backward"] = _derived_backward(result)
+    if cuda:
+        result["goals"] = evaluate_goals(result)
+    return result
+
+
+def _result_header(device, repeats, budget, target, deadline, log) -> dict:
+    """The run's settings and machine, logged first; the rows are appended to its lists."""
+    cuda = device.type == "cuda"
     result = {
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
@@ -553,6 +570,11 @@ def run_benchmark(
         result["triton"] = triton.__version__
     except ImportError:
         result["triton"] = None
+    return result
+
+
+def _time_rows(result, device, shapes, dtypes, modes, residual, repeats, budget, target, due, log, progress):
+    """The main table: each shape × dtype × variant (plain, residual) × mode against LayerNorm."""
     variants = ["plain"] + (["residual"] if residual else [])
     for rows, hidden in shapes:
         for dt in dtypes:
@@ -570,33 +592,39 @@ def run_benchmark(
                     log.write({"kind": "row", **row})
                     if progress:
                         progress("row", row)
-    if tiny:
-        tiny_dtype = getattr(torch, dtypes[0])
-        for mode in modes:
-            for rows in TINY_ROWS:
-                for hidden in TINY_HIDDEN if not quick else TINY_HIDDEN[:1]:
-                    if not due.fits(result, "tiny", f"tiny {rows}x{hidden} {mode}"):
-                        continue
-                    impls, nulls = time_tiny(
-                        device, rows, hidden, tiny_dtype, mode, repeats, budget=budget, target=target
-                    )
-                    t = {"rows": rows, "hidden": hidden, "dtype": dtypes[0], "mode": mode}
-                    t |= {"impls": impls, "null": nulls}
-                    result["tiny"].append(t)
-                    log.write({"kind": "tiny", **t})
-                    if progress:
-                        progress("tiny", t)
-        if not cuda:  # the CUDA path's host work, its kernel stubbed (on a GPU the tiny rows above say it)
-            for rows in TINY_ROWS:
-                for hidden in TINY_HIDDEN if not quick else TINY_HIDDEN[:1]:
-                    if not due.fits(result, "host_path", f"host path {rows}x{hidden}"):
-                        continue
-                    impls, null = time_host_path(rows, hidden, tiny_dtype, repeats, budget=budget, target=target)
-                    t = {"rows": rows, "hidden": hidden, "dtype": dtypes[0], "impls": impls, "null": null}
-                    result["host_path"].append(t)
-                    log.write({"kind": "host_path", **t})
-                    if progress:
-                        progress("host_path", t)
+
+
+def _time_tiny_rows(result, device, dtypes, modes, quick, repeats, budget, target, due, log, progress):
+    """Per-call time at tiny shapes (the module's overhead), and on CPU the CUDA path's host work."""
+    cuda = device.type == "cuda"
+    tiny_dtype = getattr(torch, dtypes[0])
+    for mode in modes:
+        for rows in TINY_ROWS:
+            for hidden in TINY_HIDDEN if not quick else TINY_HIDDEN[:1]:
+                if not due.fits(result, "tiny", f"tiny {rows}x{hidden} {mode}"):
+                    continue
+                impls, nulls = time_tiny(device, rows, hidden, tiny_dtype, mode, repeats, budget=budget, target=target)
+                t = {"rows": rows, "hidden": hidden, "dtype": dtypes[0], "mode": mode}
+                t |= {"impls": impls, "null": nulls}
+                result["tiny"].append(t)
+                log.write({"kind": "tiny", **t})
+                if progress:
+                    progress("tiny", t)
+    if not cuda:  # the CUDA path's host work, its kernel stubbed (on a GPU the tiny rows above say it)
+        for rows in TINY_ROWS:
+            for hidden in TINY_HIDDEN if not quick else TINY_HIDDEN[:1]:
+                if not due.fits(result, "host_path", f"host path {rows}x{hidden}"):
+                    continue
+                impls, null = time_host_path(rows, hidden, tiny_dtype, repeats, budget=budget, target=target)
+                t = {"rows": rows, "hidden": hidden, "dtype": dtypes[0], "impls": impls, "null": null}
+                result["host_path"].append(t)
+                log.write({"kind": "host_path", **t})
+                if progress:
+                    progress("host_path", t)
+
+
+def _tiny_goals(result):
+    """The tiny-shape and host-path goals, decided from the rows measured."""
     if result["tiny"]:
         slower = [
             f"{t['rows']}x{t['hidden']} {t['mode']}"
@@ -624,13 +652,6 @@ def run_benchmark(
             "value": slower,
             "passed": not slower,
         }
-    result["auto_choices"] = autotune.choices()
-    log.write({"kind": "auto_choices", "choices": result["auto_choices"]})
-    result["loadavg_after"] = _loadavg()
-    result["backward"] = _derived_backward(result)
-    if cuda:
-        result["goals"] = evaluate_goals(result)
-    return result
 
 
 class _Deadline:
@@ -702,7 +723,7 @@ def _derived_backward(result) -> list[dict]:
 
 
 def evaluate_goals(result) -> list[dict]:
-    """The targets in bench/README.md, checked against this run's numbers."""
+    """The targets in docs/results.md, checked against this run's numbers."""
     goals = []
     for r in result["rows"]:
         if (r["rows"], r["hidden"], r["dtype"], r["variant"], r["mode"]) == (8192, 4096, "bfloat16", "plain", "fwd"):
@@ -824,6 +845,28 @@ def format_markdown(result) -> str:
                 for b in result["backward"]
             )
         )
+    lines += _small_tables(result)
+    if result.get("skipped"):
+        lines.append("")
+        lines.append(
+            f"not measured (they would have ended past the {result['deadline_s']:g} s deadline): "
+            + ", ".join(result["skipped"])
+        )
+    goals = list(result.get("goals") or []) + [result[k] for k in ("tiny_goal", "host_goal") if result.get(k)]
+    if goals:
+        lines.append("")
+        lines.append("| goal | value | met |")
+        lines.append("|---|---|---|")
+        for g in goals:
+            v = g["value"]
+            v = f"{v * 100:.1f}%" if isinstance(v, float) else (", ".join(v) if isinstance(v, list) and v else "—")
+            lines.append(f"| {g['goal']} | {v} | {'yes' if g['passed'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _small_tables(result) -> list[str]:
+    """The tiny-shape, host-path and `auto` tables of the markdown, each present when measured."""
+    lines = []
     if result.get("tiny"):
         lines.append("")
         lines.append(
@@ -873,19 +916,4 @@ def format_markdown(result) -> str:
                 f"{yes[c['grad']]} | {yes[c.get('weight')]} | {yes[c.get('residual')]} | "
                 f"{' > '.join(c['ranking'])} | {c.get('why', '')} |"
             )
-    if result.get("skipped"):
-        lines.append("")
-        lines.append(
-            f"not measured (they would have ended past the {result['deadline_s']:g} s deadline): "
-            + ", ".join(result["skipped"])
-        )
-    goals = list(result.get("goals") or []) + [result[k] for k in ("tiny_goal", "host_goal") if result.get(k)]
-    if goals:
-        lines.append("")
-        lines.append("| goal | value | met |")
-        lines.append("|---|---|---|")
-        for g in goals:
-            v = g["value"]
-            v = f"{v * 100:.1f}%" if isinstance(v, float) else (", ".join(v) if isinstance(v, list) and v else "—")
-            lines.append(f"| {g['goal']} | {v} | {'yes' if g['passed'] else 'NO'} |")
-    return "\n".join(lines) + "\n"
+    return lines

@@ -16,7 +16,7 @@ loaded a second time as the null control, a stop rule), so the verdict words are
 Each graph runs in ``--sessions`` sessions (the null control in as many of its own), loaded
 round-robin and timed in rotation: a session's speed depends on where its buffers landed, a steady
 bias of 1-3 % beside a busy process that one session a side turns into a null control outside its
-band (per-copy medians in bench/README.md).
+band (per-copy medians in docs/results.md).
 The JSON also records the load average before and after, onnxruntime's graph optimisation level
 and which norm ops onnxruntime's optimised graph holds (whether the norms were fused; detected,
 not assumed).
@@ -87,7 +87,7 @@ def _match(models: dict, ids, tolerance: float) -> dict:
 
 
 # an onnxruntime CPU session of a graph held 1.7x the graph's bytes (GPT-2-small: 15 sessions, 12.7 GB
-# peak resident; measured, see bench/README.md)
+# peak resident; measured, see docs/results.md)
 SESSION_BYTES_PER_GRAPH_BYTE = 1.7
 
 
@@ -220,7 +220,7 @@ def run_onnx(
 
     if json_out:  # before any work: never one of the models or graphs read, nor inside one
         reads = [("the model", m) for spec in models for m in spec.split("=")]
-        check_output_file(json_out, force=True, reads=reads, label="--json")
+        check_output_file(json_out, force=True, reads=reads, label="--save")
     require_packages()
     torch.set_num_threads(threads)
     import onnxruntime
@@ -228,7 +228,7 @@ def run_onnx(
     results = []
     with (
         tempfile.TemporaryDirectory(prefix="normswap-bench-onnx-") as tmp,
-        Heartbeat(stderr_lines("[normswap bench onnx] ")) as beat,
+        Heartbeat(stderr_lines("normswap bench onnx: ")) as beat,
     ):
         for i, spec in enumerate(models or (None,)):
             scratch = Path(tmp) / str(i)

@@ -432,12 +432,12 @@ def run_slice(
 
     fracs = _fractions(fractions)
     if json_out:
-        check_output_file(json_out, force=True, reads=[("the model", m) for m in models], label="--json")
+        check_output_file(json_out, force=True, reads=[("the model", m) for m in models], label="--save")
     torch.set_num_threads(threads)
     shape = {"layers": layers, "width": width, "heads": heads, "vocab": vocab}
     t0 = time.perf_counter()
     result: dict = {"threads": threads, "seed": seed, "machine_before": machine_load()}
-    with Heartbeat(stderr_lines("[normswap bench slice] ")) as beat:
+    with Heartbeat(stderr_lines("normswap bench slice: ")) as beat:
         if quality:
             from normswap.benchmarks.decode import shipped
 

@@ -324,13 +324,21 @@ def model_class_for(config, task="auto"):
 
 
 def load_tokenizer(spec):
+    """The tokenizer of ``spec``, checked and built as data (docs/security.md, rounds 6 and 7): its ids
+    bounded by the weights, its build and a probe run first in a child under a CPU budget, its encodes
+    and decodes guarded. A refusal is a ``tokenizer_guard.TokenizerRefused``."""
     from transformers import AutoTokenizer
+
+    from normswap.checkpoint import tokenizer_guard, tokenizer_vet
 
     resolved = resolve(spec)
     if is_local(resolved):  # ids no weight backs would make the library build tables of that length
         from normswap.checkpoint.token_ids import check_token_ids
 
         check_token_ids(resolved, str(spec))
+    directory = resolved if is_local(resolved) else _hub_tokenizer_dir(resolved)
+    if directory is not None:  # a build that runs away is ended in the child, before one starts here
+        tokenizer_vet.vet(directory)
     # given to AutoTokenizer so that it need not look the config up (one of an older normswap
     # checkpoint would need code)
     try:
@@ -347,10 +355,42 @@ def load_tokenizer(spec):
         raise NormswapError(f"cannot load a tokenizer from {spec}: {first_line(e)}") from None
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
-    from normswap.checkpoint import tokenizer_guard
-
     # its patterns run under a time budget, interruptible, a panic one line (tokenizer_guard.py)
     return tokenizer_guard.guard(tok, tokenizer_guard.where_of(resolved))
+
+
+def optional_tokenizer(spec):
+    """The tokenizer of ``spec``, or None where it has none that loads (a command that can do without one:
+    convert's verification, export's check); a tokenizer normswap refuses (``TokenizerRefused``) refuses
+    the command instead: it is never carried into OUT nor replaced by another one unsaid."""
+    from normswap.checkpoint.tokenizer_guard import TokenizerRefused
+
+    try:
+        return load_tokenizer(spec)
+    except TokenizerRefused:
+        raise
+    except NormswapError:
+        return None
+
+
+def _hub_tokenizer_dir(repo_id: str):
+    """The hub-cache snapshot folder holding ``repo_id``'s tokenizer.json (fetched first, as transformers
+    would fetch it), so that it is vetted before it is built; None when the repository has none."""
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+        path = try_to_load_from_cache(repo_id, "tokenizer.json")
+        if not isinstance(path, str):
+            path = hf_hub_download(repo_id, "tokenizer.json")
+        for name in ("tokenizer_config.json", "added_tokens.json"):  # the added tokens the vet adds
+            if not isinstance(try_to_load_from_cache(repo_id, name), str):
+                try:
+                    hf_hub_download(repo_id, name)
+                except Exception:  # absent: nothing to add
+                    pass
+    except Exception:  # none, or unreachable: transformers finds no tokenizer.json either
+        return None
+    return Path(path).parent
 
 
 def _one_line(e, limit: int = 400) -> str:

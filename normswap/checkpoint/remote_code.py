@@ -276,6 +276,37 @@ def _carry_folded_affine(model, norm, rec, factory):
         _head_takes_beta(model, local_name(model, rec["logits_bias"]), norm)
 
 
+def _within(size, limit, field):
+    """Refuse a size from the config's normswap block larger than the module it belongs to, as built.
+
+    normswap itself checks every such size against the weights' headers before it builds anything
+    (normswap/checkpoint/sizes.py); this is the bound that holds where this file runs alone (stock
+    transformers, trust_remote_code=True): what it builds stays within what the source class built
+    from the config's own sizes, instead of whatever a few bytes of JSON ask for (2 GB for one bias,
+    160 GB for a head adapter)."""
+    if limit is not None and int(size) > int(limit):
+        raise ValueError(
+            f"{field} is {int(size):,}, larger than the module it belongs to ({int(limit):,}): the config is damaged"
+        )
+
+
+def _width_of(norm):
+    # the features a norm normalises, as the source class built it (a LayerNorm, or a norm with a weight)
+    shape = getattr(norm, "normalized_shape", None)
+    if shape:
+        return shape[-1]
+    weight = getattr(norm, "weight", None)
+    return weight.shape[-1] if isinstance(weight, torch.Tensor) and weight.dim() else None
+
+
+def _outputs_of(module):
+    # a linear's output features: nn.Linear's weight is [out, in], transformers' Conv1D's [in, out]
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return 0  # nothing a bias could be added to
+    return weight.shape[1] if type(module).__name__ == "Conv1D" else weight.shape[0]
+
+
 def apply_normswap_structure(model, block):
     """Turn a freshly built source-architecture model into the converted module tree.
 
@@ -290,6 +321,7 @@ def apply_normswap_structure(model, block):
             continue
         parent, attr = _parent_and_attr(model, name)
         old = getattr(parent, attr)
+        _within(rec["hidden_size"], _width_of(old), f"normswap.norms[{name!r}].hidden_size")
         factory = _factory_kwargs(model, old)
         new = RMSNorm(rec["hidden_size"], eps=rec["eps"], elementwise_affine=rec["weight"], bias=rec["bias"], **factory)
         new.train(old.training)
@@ -302,6 +334,7 @@ def apply_normswap_structure(model, block):
             continue
         module = model.get_submodule(name)
         if getattr(module, "bias", None) is None:
+            _within(size, _outputs_of(module), f"normswap.added_biases[{name!r}]")
             factory = _factory_kwargs(model, module)
             module.bias = nn.Parameter(torch.zeros(int(size), **factory))
     if block.get("untied") and hasattr(model, "get_output_embeddings"):
@@ -387,6 +420,7 @@ def apply_slice_structure(model, block):
     head_name = local_name(model, adapter["head"]) if isinstance(adapter, dict) else None
     if head_name is not None:
         head = model.get_submodule(head_name)
+        _within(width, head.weight.shape[-1], "normswap.slice.width (the head adapter's)")
         vocab = int(head.weight.shape[0])
         factory = {"device": head.weight.device, "dtype": head.weight.dtype}
         head.__class__ = _SlicedTiedHead

@@ -196,7 +196,19 @@ def check_declared(raw: dict, label: str) -> None:
                 f"{_where(label)}: the normswap block declares norm {name} with hidden_size "
                 f"{size!r}; it must be a whole number above zero (the file is damaged)"
             )
+    for name, size in _added_biases(raw).items():
+        if not _whole_positive(size):
+            raise NormswapError(
+                f"{_where(label)}: the normswap block declares added_biases[{name!r}] = {size!r}; it must be a "
+                "whole number above zero (the file is damaged)"
+            )
     _check_slice(raw, label)
+
+
+def _added_biases(raw: dict) -> dict:
+    block = raw.get("normswap")
+    added = block.get("added_biases") if isinstance(block, dict) else None
+    return added if isinstance(added, dict) else {}
 
 
 MAX_SLICED_TENSORS = 1 << 16  # tensors a sliced config narrows: the deepest real models list far fewer
@@ -346,6 +358,52 @@ def check_against_weights(raw: dict, shapes: dict, label: str) -> None:
                 f"{_where(label)}: the normswap block declares norm {name} with hidden_size {size:,} but "
                 f"{have}: the config does not belong to these weights; nothing was written"
             )
+    _check_block_against_weights(raw, shapes, label, largest)
+
+
+def _stored_as(shapes: dict, key: str, want: tuple, label: str, field: str) -> None:
+    """The tensor ``key`` is stored with shape ``want``: what normswap's loader builds for ``field``."""
+    stored = shapes.get(key)
+    if stored is None or tuple(int(d) for d in stored) != want:
+        have = f"the weights store it as {list(stored)}" if stored is not None else "the weights hold no such tensor"
+        raise NormswapError(
+            f"{_where(label)}: the normswap block's {field} builds {key} of shape {list(want)}, but {have}: "
+            "the config does not belong to these weights; nothing was built"
+        )
+
+
+def _check_block_against_weights(raw: dict, shapes: dict, label: str, largest: int) -> None:
+    """Every tensor normswap's loader (checkpoint/remote_code.py) builds from sizes in the normswap block
+    alone is stored in the weights at that size: an added bias, and a sliced model's width and head
+    adapter (k × k). A few bytes of JSON otherwise asked for any size: 2 GB for one added bias, 160 GB
+    for a head adapter 200,000 wide beside weights 32 wide."""
+    for name, size in _added_biases(raw).items():
+        _stored_as(shapes, f"{name}.bias", (int(size),), label, f"added_biases[{name!r}]")
+    block = raw.get("normswap")
+    info = block.get("slice") if isinstance(block, dict) else None
+    if not isinstance(info, dict):
+        return
+    width = int(info["width"])  # a whole number from 1 to hidden_size (check_declared)
+    if width > largest:
+        raise NormswapError(
+            f"{_where(label)}: normswap.slice.width is {width:,} but no tensor in the weights has a dimension that "
+            f"large (largest: {largest:,}): the config does not belong to these weights; nothing was built"
+        )
+    for key, axes in info.get("stream_dims", {}).items():
+        stored = shapes.get(key)
+        if stored is not None and any(not -len(stored) <= a < len(stored) or stored[a] != width for a in axes):
+            raise NormswapError(
+                f"{_where(label)}: normswap.slice.stream_dims narrows {key} to width {width:,} along axes {axes}, "
+                f"but the weights store it as {list(stored)}: the config does not belong to these weights; "
+                "nothing was built"
+            )
+    adapter = info.get("head_adapter")
+    if adapter is not None:
+        head = adapter.get("head") if isinstance(adapter, dict) else None
+        if not isinstance(head, str):
+            raise NormswapError(f"{_where(label)}: normswap.slice.head_adapter names no head (the file is damaged)")
+        _stored_as(shapes, f"{head}.adapter", (width, width), label, "slice.head_adapter")
+        _stored_as(shapes, f"{head}.adapter_u", (width,), label, "slice.head_adapter")
 
 
 def weight_shapes(directory) -> dict:

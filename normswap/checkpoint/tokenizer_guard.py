@@ -18,8 +18,15 @@ So every tokenizer normswap loads has its Rust backend wrapped (``guard``):
   ends with one line naming the file.
 - A panic becomes one line naming the file; what Rust printed on stderr during the call is dropped
   (anything else written to the stderr descriptor during the call is passed on after it).
-- On load, a short adversarial probe (long runs without digits, spaces or letters) is tokenized under
-  ``PROBE_SECONDS``: a backtracking pattern is refused before any model loads.
+- On load, a short adversarial probe (long runs without digits, spaces or letters) is tokenized and
+  decoded under ``PROBE_SECONDS``: a backtracking pattern is refused before any model loads. The probe runs
+  first in the vetting build's child (tokenizer_vet.py), which the kernel ends past its budget; here again,
+  on the tokenizer transformers built.
+- Decodes run the same way (``decode_batch`` releases the GIL too; a decoder's ``Replace`` pattern runs
+  on every token), with a budget of ``BASE_SECONDS`` plus a second per ``MIN_CHARS_PER_SECOND`` ids.
+- Every refusal is a :class:`TokenizerRefused`, which no command swallows: a refused tokenizer refuses the
+  command. A call past its budget leaves its thread in Rust (a thread cannot be stopped), so the backend
+  refuses every later call at once, and the command ends, which ends the thread.
 """
 
 from __future__ import annotations
@@ -52,6 +59,11 @@ PROBE = (
 )
 
 
+class TokenizerRefused(NormswapError):
+    """A tokenizer normswap will not use: it ran past a budget or made the library panic. Unlike a model
+    that has no tokenizer, this refuses the command (``load.optional_tokenizer`` passes it on)."""
+
+
 def guard(tokenizer, where: str):
     """``tokenizer`` (a transformers fast tokenizer) with its Rust backend run under the rules above,
     after the probe; a tokenizer without a Rust backend is returned as it is. ``where`` names the file."""
@@ -75,14 +87,15 @@ def _chars(inputs) -> int:
 
 
 class GuardedBackend:
-    """A ``tokenizers.Tokenizer`` whose encodes run under a time budget on a helper thread; everything
-    else reaches the Rust tokenizer itself."""
+    """A ``tokenizers.Tokenizer`` whose encodes and decodes run under a time budget on a helper thread;
+    everything else reaches the Rust tokenizer itself."""
 
-    __slots__ = ("_backend", "_where")
+    __slots__ = ("_backend", "_where", "_refused")
 
     def __init__(self, backend, where: str):
         object.__setattr__(self, "_backend", backend)
         object.__setattr__(self, "_where", where)
+        object.__setattr__(self, "_refused", None)  # the line of the call that ran past its budget
 
     def __getattr__(self, name):
         if name in GuardedBackend.__slots__:
@@ -106,10 +119,21 @@ class GuardedBackend:
         item = sequence if pair is None else (sequence, pair)
         return self.encode_batch([item], is_pretokenized=is_pretokenized, add_special_tokens=add_special_tokens)[0]
 
+    def decode_batch(self, sequences, *args, **kwargs):
+        return self._run("decode_batch", sum(len(ids) for ids in sequences), sequences, *args, **kwargs)
+
+    def decode(self, ids, skip_special_tokens=True):
+        # the library's single decode holds the GIL for its whole run; its batch form does not
+        ids = [ids] if isinstance(ids, int) else list(ids)
+        return self.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
+
     def probe(self) -> None:
-        self._run("encode_batch", len(PROBE), [PROBE], budget=PROBE_SECONDS, add_special_tokens=False)
+        ids = self._run("encode_batch", len(PROBE), [PROBE], budget=PROBE_SECONDS, add_special_tokens=False)[0].ids
+        self._run("decode_batch", len(ids), [ids], budget=PROBE_SECONDS, skip_special_tokens=False)
 
     def _run(self, method: str, chars: int, *args, budget: float | None = None, **kwargs):
+        if self._refused is not None:  # an earlier call is still running in Rust: no second one beside it
+            raise TokenizerRefused(self._refused)
         limit = budget if budget is not None else BASE_SECONDS + chars / MIN_CHARS_PER_SECOND
         call = getattr(self._backend, method)
         box: dict = {}
@@ -130,19 +154,24 @@ class GuardedBackend:
             if finished and error is not None and not isinstance(error, Exception):
                 held.drop()  # the panic's own lines: the one line below says it
         if not finished:
-            raise NormswapError(
-                f"{self._where}: tokenizing {chars:,} characters took more than {limit:.0f} s (a normal tokenizer "
-                f"takes well under a second): its pre-tokenizer or normalizer pattern backtracks; normswap does not "
-                "use this tokenizer"
+            what = "decoding" if method.startswith("decode") else "tokenizing"
+            unit = "ids" if method.startswith("decode") else "characters"
+            object.__setattr__(
+                self,
+                "_refused",
+                f"{self._where}: {what} {chars:,} {unit} took more than {limit:.0f} s (a normal tokenizer takes well "
+                f"under a second): its pre-tokenizer, normalizer or decoder pattern backtracks; normswap does not "
+                "use this tokenizer",
             )
+            raise TokenizerRefused(self._refused)
         if error is None:
             return box["value"]
         if isinstance(error, Exception):
             raise error
-        raise NormswapError(
+        raise TokenizerRefused(
             f"{self._where}: the tokenizers library failed on this tokenizer ({type(error).__name__}: "
-            f"{first_line(error)}); its pre-tokenizer or normalizer pattern is likely too costly; normswap does not "
-            "use this tokenizer"
+            f"{first_line(error)}); its pre-tokenizer, normalizer or decoder pattern is likely too costly; "
+            "normswap does not use this tokenizer"
         ) from None
 
 

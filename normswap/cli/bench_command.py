@@ -1,7 +1,8 @@
 """`normswap bench`: the benchmark commands' options; each calls its benchmark in normswap/benchmarks/.
 
-kernels (norm_kernels.py), decode (decode.py), onnx (onnx_runtime.py), convert (conversion.py, which
-parses its own options).
+kernels (norm_kernels.py), decode (decode.py), onnx (onnx_runtime.py), slice (slicing.py), convert
+(conversion.py). Every one prints its result as one JSON object on stdout with --json and writes it
+to a file with --save FILE (decode/onnx/slice once spelled that --json FILE: answered with the new spelling).
 """
 
 from __future__ import annotations
@@ -12,8 +13,19 @@ import sys
 
 import click
 
+from normswap.benchmarks.conversion import FAMILIES
 from normswap.benchmarks.slicing import DEFAULT_FRACTIONS, GPT2_SMALL_SHAPE
-from normswap.cli.options import device_option, json_option, onnx_norm_op_option, target_option
+from normswap.cli.options import (
+    DtypeChoice,
+    OutputFile,
+    canonical_dtype,
+    device_option,
+    json_option,
+    onnx_norm_op_option,
+    option,
+    save_option,
+    target_option,
+)
 from normswap.devices import resolve_device
 from normswap.errors import NormswapError
 from normswap.publish import atomic_write_text, check_output_file
@@ -21,7 +33,28 @@ from normswap.publish import atomic_write_text, check_output_file
 
 @click.group()
 def bench():
-    """Benchmarks: the RMSNorm kernels, and converted models against their originals (decode, convert, onnx)."""
+    """Benchmarks: the RMSNorm kernels, and converted or sliced models against their originals (decode,
+    onnx, slice, convert)."""
+
+
+def _run_saving(run, *, save, as_json, models=(), **kwargs):
+    """Run a benchmark that writes its result to ``json_out``: to ``save`` when given, and with
+    --json also printed on stdout as one JSON object (its per-model lines then go to stderr).
+
+    ``--json FILE`` is the old spelling of --save FILE: a MODEL ending in .json after --json is that
+    old spelling, refused with the new one rather than timed as a model."""
+    import tempfile
+    from pathlib import Path
+
+    old = [m for m in models if as_json and str(m).endswith(".json") and not Path(m).is_dir()]
+    if old:
+        raise NormswapError(f"--json is a flag (the result as JSON on stdout); write it to a file with --save {old[0]}")
+    if not as_json:
+        return run(models, json_out=save, echo=click.echo, **kwargs)
+    with tempfile.TemporaryDirectory(prefix="normswap-bench-") as tmp:  # private (0700)
+        path = save or os.path.join(tmp, "result.json")
+        run(models, json_out=path, echo=lambda m: click.echo(m, err=True), **kwargs)
+        click.echo(Path(path).read_text().strip())
 
 
 def _parse_shapes(text):
@@ -43,7 +76,7 @@ def _parse_dtypes(text):
     if not text:
         return None
     allowed = ("float32", "float16", "bfloat16")
-    names = [d.strip() for d in text.split(",") if d.strip()]
+    names = [canonical_dtype(d) for d in text.split(",") if d.strip()]
     bad = [d for d in names if d not in allowed]
     if bad:
         raise NormswapError(f"--dtypes: {', '.join(bad)} not one of {', '.join(allowed)}")
@@ -53,7 +86,9 @@ def _parse_dtypes(text):
 @bench.command("kernels")
 @device_option()
 @click.option(
-    "--dtypes", default=None, help="Comma list of float32,float16,bfloat16 (default: fp32,bf16 on CPU; bf16 on CUDA)."
+    "--dtypes",
+    default=None,
+    help="Comma list of float32,float16,bfloat16 (default: float32,bfloat16 on CPU; bfloat16 on CUDA).",
 )
 @click.option(
     "--shapes",
@@ -61,8 +96,10 @@ def _parse_dtypes(text):
     help="Comma list of ROWSxHIDDEN (default: CPU 16384x256..2048x4096; CUDA 4096-16384 x 768-8192).",
 )
 @click.option("--repeats", type=int, default=None, help="The most interleaved pairs per row (default 400; --quick 20).")
-@click.option(
-    "--budget",
+@option(
+    "--row-seconds",
+    "budget",
+    aliases=("--budget",),
     type=click.FloatRange(0),
     default=None,
     help="Seconds of pairs per row at most (default 4; --quick 0.5): the stop rule's time budget.",
@@ -75,15 +112,29 @@ def _parse_dtypes(text):
     "kind so far) is skipped and listed, and the tables of the rows done are written.",
 )
 @target_option(0.01, "every speed ratio of a row")
-@click.option("--modes", type=click.Choice(["fwd", "fwd+bwd", "both"]), default="both", show_default=True)
+@click.option(
+    "--modes",
+    type=click.Choice(["fwd", "fwd+bwd", "both"]),
+    default="both",
+    show_default=True,
+    help="Time the forward, the forward+backward, or both.",
+)
 @click.option("--no-residual", is_flag=True, help="Skip the fused residual-add rows.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice).")
 @click.option("--quick", is_flag=True, help="Two small shapes, fp32, short budgets (a smoke run, seconds).")
-@click.option("--out", "out_path", default=None, help="Also write the JSON result to this file.")
-@click.option("--markdown", "md_path", default=None, help="Also write the markdown table to this file.")
+@option(
+    "--save",
+    "out_path",
+    aliases=("--out",),
+    type=OutputFile(),
+    default=None,
+    help="Also write the JSON result to this file.",
+)
+@click.option("--markdown", "md_path", type=OutputFile(), default=None, help="Also write the markdown table here.")
 @click.option(
     "--jsonl",
     "jsonl_path",
+    type=OutputFile(),
     default=None,
     help="Append each case to this file as one JSON line the moment it is measured.",
 )
@@ -96,7 +147,7 @@ def kernels(
     """Median time, GB/s and ratio to LayerNorm for each norm implementation, forward and
     forward+backward (on CUDA also the share of the measured device copy bandwidth), timed in
     interleaved pairs against LayerNorm with a null control (normswap/timing.py)."""
-    for path, label in ((out_path, "--out"), (md_path, "--markdown")):
+    for path, label in ((out_path, "--save"), (md_path, "--markdown")):
         if path:  # before any timing: a directory there, a dangling link, a missing parent is one line
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             check_output_file(path, force=True, label=label)
@@ -170,8 +221,14 @@ def kernels(
 @click.option(
     "--cache-tokens", type=click.IntRange(1), default=32, show_default=True, help="KV cache length every step sees."
 )
-@click.option(
-    "--budget", type=click.FloatRange(0), default=110.0, show_default=True, help="Seconds of pairs per model at most."
+@option(
+    "--model-seconds",
+    "budget",
+    aliases=("--budget",),
+    type=click.FloatRange(0),
+    default=110.0,
+    show_default=True,
+    help="Seconds of decode-step pairs per model at most.",
 )
 @target_option(0.008)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (batch 1 decode).")
@@ -190,16 +247,19 @@ def kernels(
     show_default=True,
     help="Tokens each timed generate() call produces (greedy, batch 1, after a --cache-tokens prompt).",
 )
-@click.option(
-    "--generate-budget",
+@option(
+    "--generate-seconds",
+    "generate_budget",
+    aliases=("--generate-budget",),
     type=click.FloatRange(0),
     default=None,
-    help="Seconds of generate() pairs per model at most, after the decode steps.  [default: --budget]",
+    help="Seconds of generate() pairs per model at most, after the decode steps.  [default: --model-seconds]",
 )
 @click.option(
     "--generate/--no-generate", "with_generate", default=True, show_default=True, help="Also time generate() calls."
 )
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
+@save_option()
+@json_option
 def decode(
     models,
     repeats,
@@ -212,15 +272,19 @@ def decode(
     generate_tokens,
     generate_budget,
     with_generate,
-    json_out,
+    save,
+    as_json,
 ):
     """Decode speed at batch 1, converted ÷ original, with a null control, timed in interleaved pairs
     (MODEL: a source to convert, or SOURCE=CONVERTED; default: the shipped models); then whole generate()
     calls the same way."""
     from normswap.benchmarks.decode import run_decode
 
-    run_decode(
-        models,
+    _run_saving(
+        run_decode,
+        models=models,
+        save=save,
+        as_json=as_json,
         repeats=repeats,
         new_tokens=new_tokens,
         cache_tokens=cache_tokens,
@@ -230,8 +294,6 @@ def decode(
         replicas=replicas,
         generate_tokens=generate_tokens,
         generate_budget=(budget if generate_budget is None else generate_budget) if with_generate else None,
-        json_out=json_out,
-        echo=click.echo,
     )
 
 
@@ -243,15 +305,17 @@ def decode(
 # the earlier setting.
 
 
-def _option(name: str, kind, default, help: str):
+def _option(name: str, kind, default, help: str, **kwargs):
     """A numeric option with its default shown (every tuning knob of this bench has that shape)."""
-    return click.option(name, type=kind, default=default, show_default=True, help=help)
+    return option(name, type=kind, default=default, show_default=True, help=help, **kwargs)
 
 
 @bench.command("onnx")
 @click.argument("models", nargs=-1)
 @_option("--repeats", click.IntRange(5), 30, "At least this many pairs.")
-@_option("--budget", click.FloatRange(1.0), 300.0, "Timing seconds at most.")
+@_option(
+    "--timing-seconds", click.FloatRange(1.0), 300.0, "Seconds of timing at most (all pairs).", aliases=("--budget",)
+)
 @_option("--target", click.FloatRange(0.001), 0.01, "Stop once each interval's half-width (null's too) is this.")
 @_option("--threads", click.IntRange(1), 1, "onnxruntime intra-op threads.")
 @_option(
@@ -272,17 +336,24 @@ def _option(name: str, kind, default, help: str):
     1e-4,
     "Time nothing unless every converted graph matches the original graph to this max |Δ log-prob|.",
 )
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def onnx(models, repeats, budget, target, threads, sessions, batch, seq_len, min_time, norm_ops, tolerance, json_out):
+@save_option()
+@json_option
+def onnx(
+    models, timing_seconds, repeats, target, threads, sessions, batch, seq_len, min_time, norm_ops, tolerance, save,
+    as_json,
+):  # fmt: skip
     """ONNX forward speed in onnxruntime (CPU), exported converted ÷ exported original, with a null control
     (MODEL: a source to convert and export, or ORIGINAL_ONNX=CONVERTED_ONNX; default: a GPT-2-small-shaped
     model built from its config)."""
     from normswap.benchmarks.onnx_runtime import run_onnx
 
-    run_onnx(
-        models,
+    _run_saving(
+        run_onnx,
+        models=models,
+        save=save,
+        as_json=as_json,
         repeats=repeats,
-        budget=budget,
+        budget=timing_seconds,
         target=target,
         threads=threads,
         sessions=sessions,
@@ -291,37 +362,124 @@ def onnx(models, repeats, budget, target, threads, sessions, batch, seq_len, min
         min_time=min_time,
         norm_ops=norm_ops,
         tolerance=tolerance,
-        json_out=json_out,
-        echo=click.echo,
     )
 
 
-@bench.command(
-    "convert", context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+@bench.command("convert")
+@click.option(
+    "--params",
+    type=click.FloatRange(1),
+    default=1.4e9,
+    show_default=True,
+    help="Parameters of the synthetic checkpoint (its width and depth follow the family's released sizes).",
 )
-@click.pass_context
-def convert(ctx):
-    """Time `cp -r`, `convert --no-verify` and `convert` on a synthetic sharded checkpoint
-    (--help for options)."""
-    from normswap.benchmarks.conversion import main
+@click.option(
+    "--shards", type=click.IntRange(1), default=5, show_default=True, help="Safetensors files it is split in."
+)
+@click.option(
+    "--dtype",
+    type=DtypeChoice(["bfloat16", "float16", "float32"]),
+    default="bfloat16",
+    show_default=True,
+    help="Dtype of its weights (bf16/fp16/fp32 accepted).",
+)
+@click.option(
+    "--family",
+    type=click.Choice(sorted(FAMILIES)),
+    default="gpt_neox",
+    show_default=True,
+    help="Architecture of the checkpoint.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["auto", "exact", "approx"]),
+    default="auto",
+    show_default=True,
+    help="convert --mode for both timed conversions.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="Rounds of the three steps (cp -r, convert --no-verify, convert), interleaved; medians over rounds.",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Existing directory the checkpoint and outputs are built in (default: the temporary directory).",
+)
+@click.option("--keep", is_flag=True, help="Keep the work directory (its path is in the result).")
+@click.option(
+    "--save",
+    type=OutputFile(),
+    default=None,
+    help="Also write the JSON result to this file (a NAME without .json: NAME.json and NAME.md).",
+)
+@click.option(
+    "--markdown",
+    "md_path",
+    type=OutputFile(),
+    default=None,
+    help="Also write the markdown table to this file.",
+)
+@json_option
+def convert(params, shards, dtype, family, mode, rounds, workdir, keep, save, md_path, as_json):
+    """Time `cp -r`, `convert --no-verify` and `convert` of a synthetic sharded checkpoint, each step its
+    own process (wall time and peak RSS), interleaved in rounds; prints the table (or --json)."""
+    from pathlib import Path
 
-    ctx.exit(main(list(ctx.args)))
+    from normswap.benchmarks.conversion import bench_convert, markdown
+
+    saves = {}
+    if save and not save.endswith(".json"):  # the name-without-suffix form bench convert had before
+        saves = {Path(save + ".json"): "json", Path(save + ".md"): "md"}
+    elif save:
+        saves[Path(save)] = "json"
+    if md_path:
+        saves[Path(md_path)] = "md"
+    for path in saves:  # before any work: a directory there, or a file inside the work directory
+        check_output_file(path, force=True, reads=[("the work directory", workdir)], label="--save")
+    # every setting spelled out (defaults too): the command that reproduces the run
+    setting = dict(params=f"{params:g}", shards=shards, dtype=dtype, family=family, mode=mode, rounds=rounds)
+    result = bench_convert(
+        params=params,
+        shards=shards,
+        dtype=dtype,
+        family=family,
+        mode=mode,
+        rounds=rounds,
+        workdir=workdir,
+        keep=keep,
+        progress=lambda msg: click.echo(f"normswap bench convert: {msg}", err=True),
+        command=" ".join(["normswap bench convert", *(f"--{k} {v}" for k, v in setting.items())]),
+    )
+    md = markdown(result)
+    for path, kind in saves.items():
+        # a fresh file renamed into place: a planted link is replaced, not followed
+        atomic_write_text(path, json.dumps(result, indent=2) + "\n" if kind == "json" else md)
+    click.echo(json.dumps(result, indent=2) if as_json else md, nl=not md.endswith("\n") or as_json)
 
 
 @bench.command("slice")
 @click.option("--fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.25,
               show_default=True, help="Speed: the share of the stream's width deleted.")  # fmt: skip
-@click.option("--layers", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["layers"], show_default=True)
-@click.option("--width", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["width"], show_default=True)
-@click.option("--heads", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["heads"], show_default=True)
-@click.option("--vocab", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["vocab"], show_default=True)
+@click.option("--layers", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["layers"], show_default=True,
+              help="Speed: blocks of the GPT-2 shape timed.")  # fmt: skip
+@click.option("--width", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["width"], show_default=True,
+              help="Speed: its residual stream's width before slicing.")  # fmt: skip
+@click.option("--heads", type=click.IntRange(1), default=GPT2_SMALL_SHAPE["heads"], show_default=True,
+              help="Speed: its attention heads.")  # fmt: skip
+@click.option("--vocab", type=click.IntRange(2), default=GPT2_SMALL_SHAPE["vocab"], show_default=True,
+              help="Speed: its vocabulary.")  # fmt: skip
 @click.option("--seq-len", type=click.IntRange(1), default=128, show_default=True, help="Forward: tokens at batch 1.")
 @click.option("--cache-tokens", type=click.IntRange(1), default=32, show_default=True, help="Decode: the KV cache.")
 @click.option("--new-tokens", type=click.IntRange(1), default=5, show_default=True, help="Decode steps a block.")
-@click.option("--budget", type=click.FloatRange(0), default=90.0, show_default=True,
-              help="Seconds of forward pairs per comparison (two) at most.")  # fmt: skip
-@click.option("--decode-budget", type=click.FloatRange(0), default=40.0, show_default=True,
-              help="Seconds of decode pairs per comparison (two) at most.")  # fmt: skip
+@option("--forward-seconds", "budget", aliases=("--budget",), type=click.FloatRange(0), default=90.0,
+        show_default=True, help="Seconds of forward pairs per comparison (two) at most.")  # fmt: skip
+@option("--decode-seconds", "decode_budget", aliases=("--decode-budget",), type=click.FloatRange(0), default=40.0,
+        show_default=True, help="Seconds of decode pairs per comparison (two) at most.")  # fmt: skip
 @click.option("--repeats", type=click.IntRange(1), default=2000, show_default=True,
               help="Rounds per comparison at most.")  # fmt: skip
 @target_option(0.01)
@@ -329,7 +487,7 @@ def convert(ctx):
 @click.option("--calibration-tokens", type=click.IntRange(1), default=None,
               help="Tokens the rotations are fitted on (speed: 1,024 random ids; quality: 32,768 of the "
               "training split).")  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed (calibration ids, random basis).")
 @click.option("--quality", is_flag=True,
               help="Perplexity on the held-out books per basis and fraction instead of speed.")  # fmt: skip
 @click.option("--model", "models", multiple=True, help="Quality: the models (default: the shipped ones).")
@@ -341,14 +499,16 @@ def convert(ctx):
               help="Quality: also count the parameters of the GPT-2 shape (--layers ...) at every "
               "fraction.")  # fmt: skip
 @click.option("--speed-json", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Quality: a speed run's --json, whose ratios join the curve (slice_curve.speed).")  # fmt: skip
+              help="Quality: a speed run's saved result (--save), whose ratios join the curve "
+              "(slice_curve.speed).")  # fmt: skip
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
               help="Quality: draw slice_curve.png (perplexity, speed by fraction) into this folder.")  # fmt: skip
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def slice_bench(**options):
+@save_option()
+@json_option
+def slice_bench(save, as_json, **options):
     """Sliced models against the exact conversion and the LayerNorm original: speed of a GPT-2 shape
     (forward and decode at batch 1, null controls, the per-layer design beside it), or with --quality the
     perplexity of each basis at each fraction on the shipped models, with parameter counts."""
     from normswap.benchmarks.slicing import run_slice
 
-    run_slice(**options, echo=click.echo)
+    _run_saving(lambda models, **kw: run_slice(models=models, **kw), save=save, as_json=as_json, **options)

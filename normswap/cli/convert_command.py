@@ -7,7 +7,14 @@ import json
 import click
 
 from normswap import declared
-from normswap.cli.options import config_options, device_option, force_option, json_option, trust_remote_code_option
+from normswap.cli.options import (
+    config_options,
+    device_option,
+    force_option,
+    json_option,
+    quiet_option,
+    trust_remote_code_option,
+)
 from normswap.convert.config import ConvertOptions
 
 
@@ -15,23 +22,26 @@ from normswap.convert.config import ConvertOptions
 @click.argument("src")
 @click.argument("out", type=click.Path())
 @config_options(declared.options(ConvertOptions))
-@device_option(default="cpu")
+@device_option()
 @force_option
 @trust_remote_code_option
 @json_option
-def convert(src, out, device, force, as_json, **values):
+@quiet_option
+def convert(src, out, device, force, as_json, quiet, **values):
     """Convert the LayerNorm checkpoint SRC (directory, hub id or normswap:NAME) into OUT with RMSNorm."""
-    from normswap.convert.pipeline import check_out, convert_checkpoint
-    from normswap.devices import resolve_device
-    from normswap.progress import Heartbeat, stderr_lines
-    from normswap.publish import output_lock
+    from normswap.convert.config import check_out
 
     options = declared.build(ConvertOptions, values)
-    check_out(src, out, force=force, family_file=options.family_file)  # before the lock file is made beside OUT
+    # before torch loads (an answer in a fraction of a second) and before the lock file is made beside OUT
+    check_out(src, out, force=force, family_file=options.family_file)
+    from normswap.convert.pipeline import convert_checkpoint
+    from normswap.devices import resolve_device
+    from normswap.progress import Heartbeat, command_lines
+    from normswap.publish import output_lock
+
     # each stage as it starts; where the output is not a terminal, the current one again every 10 s
-    heartbeat = Heartbeat(
-        (lambda m: None) if as_json else stderr_lines("normswap: "), enabled=False if as_json else None
-    )
+    silent = as_json or quiet
+    heartbeat = Heartbeat((lambda m: None) if silent else command_lines("convert"), enabled=False if silent else None)
     with output_lock(out), heartbeat:
         result = convert_checkpoint(
             src, out, options, force=force, device=resolve_device(device), progress=heartbeat.say

@@ -25,6 +25,7 @@ from normswap.cli.options import (
     device_option,
     force_replaces,
     json_option,
+    quiet_option,
     trust_remote_code_option,
 )
 from normswap.declared import options
@@ -54,7 +55,6 @@ def _offered(names=None):
     return config_options([f for f in options(EvalConfig) if names is None or f.name in names])
 
 
-quiet_option = click.option("--quiet", is_flag=True, help="No progress lines.")
 baseline_option = click.option(
     "--baseline",
     default=None,
@@ -83,11 +83,11 @@ def _progress(quiet):
     not a terminal the current step again every 10 s while it runs; nothing with --quiet."""
     import contextlib
 
-    from normswap.progress import Heartbeat, stderr_lines
+    from normswap.progress import Heartbeat, command_lines
 
     if quiet:
         return contextlib.nullcontext(None)
-    return Heartbeat(stderr_lines("[normswap eval] "))
+    return Heartbeat(command_lines(click.get_current_context().command_path.removeprefix("normswap ")))
 
 
 def _say(heartbeat):

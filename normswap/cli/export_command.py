@@ -6,7 +6,7 @@ import json
 
 import click
 
-from normswap.cli.options import force_replaces, json_option, onnx_norm_op_option
+from normswap.cli.options import force_replaces, json_option, onnx_norm_op_option, quiet_option
 from normswap.export import EXPORT_TOLERANCE, FORMATS
 
 
@@ -19,7 +19,8 @@ from normswap.export import EXPORT_TOLERANCE, FORMATS
     type=click.Choice(FORMATS),
     required=True,
     help="stock: the converted checkpoint in its source's stock architecture (LayerNorm with γ=1, β=0; no remote "
-    "code). onnx: an ONNX graph whose norms are RMSNormalization (needs `pip install normswap[onnx]`).",
+    "code). onnx: an ONNX graph, its norms written as --onnx-norm-op says (default: onnxruntime's fused "
+    "SimplifiedLayerNormalization; needs `pip install normswap[onnx]`).",
 )
 @click.option(
     "--untie",
@@ -41,12 +42,18 @@ from normswap.export import EXPORT_TOLERANCE, FORMATS
 )
 @force_replaces("DEST (never MODEL)")
 @json_option
-def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_json):
+@quiet_option
+def export(src, dest, fmt, untie, tolerance, norm_op, max_shard_size, force, as_json, quiet):
     """Export MODEL (a checkpoint `normswap convert` or `normswap finetune` wrote; onnx: any model) to the new
     directory DEST in another format, verified against MODEL before DEST is published."""
-    from normswap.export import run_export
+    from normswap.publish import check_output_path
 
-    say = (lambda m: None) if as_json else (lambda m: click.echo(f"normswap: {m}", err=True))
+    # before torch loads (export checks again once MODEL is resolved to its files)
+    check_output_path(dest, force=force, reads=[("the checkpoint", src)], label="DEST")
+    from normswap.export import run_export
+    from normswap.progress import command_lines
+
+    say = (lambda m: None) if as_json or quiet else command_lines("export")
     record = run_export(
         src,
         dest,

@@ -8,9 +8,32 @@ import json
 import click
 
 from normswap import bounded_load
-from normswap.cli.options import json_option
+from normswap.cli.options import OutputFile, force_replaces, json_option, option
 
-force_file_option = click.option("--force", is_flag=True, help="Replace --out / --save-json if the file exists.")
+
+def markdown_file_option(what: str):
+    """``--markdown FILE``: the table written to a file (``--out FILE`` still accepted; --out is a directory
+    everywhere else)."""
+    return option(
+        "--markdown",
+        "out",
+        aliases=("--out",),
+        type=OutputFile(),
+        default=None,
+        help=f"Write {what} here (default: stdout).",
+    )
+
+
+def save_rows_option(what: str):
+    """``--save FILE``: the rows as JSON (``--save-json FILE`` still accepted)."""
+    return option(
+        "--save",
+        "save_json",
+        aliases=("--save-json",),
+        type=OutputFile(),
+        default=None,
+        help=f"Also write {what} as JSON here.",
+    )
 
 
 def _check_outputs(force: bool, reads, **outputs) -> None:
@@ -25,7 +48,13 @@ def _check_outputs(force: bool, reads, **outputs) -> None:
 
 @click.group(invoke_without_command=True)
 @json_option
-@click.option("--markdown", is_flag=True, help="The supported-family table of docs/convert.md.")
+@option(
+    "--markdown-table",
+    "markdown",
+    aliases=("--markdown",),
+    is_flag=True,
+    help="Print the supported-family table of docs/convert.md (markdown).",
+)
 @click.option(
     "--all",
     "show_all",
@@ -63,13 +92,20 @@ def families(ctx, as_json, markdown, show_all):
 
 @families.command()
 @click.argument("model")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the family file (YAML) here.")
-@force_file_option
+@option(
+    "--family-file",
+    "out",
+    aliases=("--out",),
+    type=OutputFile(),
+    default=None,
+    help="Write the family file (YAML; what `convert --family-file` reads) here instead of printing it.",
+)
+@force_replaces("--family-file")
 @json_option
 def discover(model, out, force, as_json):
     """Derive a family description from MODEL (a model directory, config.json, hub id or converted
     checkpoint), check it by converting a tiny randomised instance, and print or save it."""
-    _check_outputs(force, [("the model", model)], out=out)
+    _check_outputs(force, [("the model", model)], family_file=out)
     from normswap.architectures.model_family import family_description
     from normswap.convert.inplace import convert_tiny
 
@@ -96,12 +132,10 @@ def discover(model, out, force, as_json):
 
 
 @families.command()
-@click.option(
-    "--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout)."
-)
+@markdown_file_option("the markdown table")
 @click.option("--only", multiple=True, help="Survey only these model_types (repeatable).")
 @click.option("--jobs", type=int, default=1, show_default=True, help="Worker processes.")
-@click.option("--save-json", type=click.Path(dir_okay=False), default=None, help="Also write the rows as JSON here.")
+@save_rows_option("the rows")
 @click.option(
     "--shard",
     default=None,
@@ -113,7 +147,7 @@ def discover(model, out, force, as_json):
     "from_json",
     multiple=True,
     type=click.Path(exists=True, dir_okay=False),
-    help="Tabulate rows saved by --save-json (repeatable, e.g. one file per shard) instead of running.",
+    help="Tabulate rows saved by --save (repeatable, e.g. one file per shard) instead of running.",
 )
 @click.option(
     "--update",
@@ -124,12 +158,12 @@ def discover(model, out, force, as_json):
         "the table says which rows are from which run."
     ),
 )
-@force_file_option
+@force_replaces("the --markdown and --save files")
 @json_option
 def survey(out, only, jobs, save_json, shard, from_json, update, force, as_json):
     """Try discovery on every config class of the installed transformers that builds a model with
     LayerNorm-like modules, and tabulate exact / approximate-only / refused with the reason."""
-    _check_outputs(force, [("the saved rows", f) for f in from_json], out=out, save_json=save_json)
+    _check_outputs(force, [("the saved rows", f) for f in from_json], markdown=out, save=save_json)
     from normswap.architectures.survey import load_rows, model_types, run_survey, shard_of, survey_markdown, update_rows
     from normswap.convert.inplace import convert_tiny
 
@@ -164,15 +198,8 @@ def survey(out, only, jobs, save_json, shard, from_json, update, force, as_json)
 
 
 @families.command()
-@click.option(
-    "--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown table here (default: stdout)."
-)
-@click.option(
-    "--save-json",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Also write every cell (status, reason, relative difference, seconds) as JSON here; saved after each row.",
-)
+@markdown_file_option("the markdown table")
+@save_rows_option("every cell (status, reason, relative difference, seconds), saved after each row,")
 @click.option("--only", multiple=True, help="Only these rows (a family name or a discovered model_type; repeatable).")
 @click.option("--column", "only_columns", multiple=True, help="Only these columns (entry points; repeatable).")
 @click.option(
@@ -188,7 +215,7 @@ def survey(out, only, jobs, save_json, shard, from_json, update, force, as_json)
     multiple=True,
     type=click.Path(exists=True, dir_okay=False),
     help=(
-        "Tabulate rows saved by --save-json instead of running (repeatable: shards run side by side; "
+        "Tabulate rows saved by --save instead of running (repeatable: shards run side by side; "
         "a row in a later file replaces the same row in an earlier one)."
     ),
 )
@@ -201,7 +228,7 @@ def survey(out, only, jobs, save_json, shard, from_json, update, force, as_json)
     "cache, compat-matrix/; must be yours alone).",
 )
 @click.option("--no-cache", is_flag=True, help="Run every row; read and keep nothing.")
-@force_file_option
+@force_replaces("the --markdown and --save files")
 @json_option
 def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows, cache_dir, no_cache, force, as_json):
     """Compatibility matrix: every curated family and every architecture discovery converts exactly
@@ -226,7 +253,7 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
     if list_rows:
         click.echo("\n".join(r.name for r in all_rows()))
         return
-    _check_outputs(force, [("the saved rows", f) for f in from_json], out=out, save_json=save_json)
+    _check_outputs(force, [("the saved rows", f) for f in from_json], markdown=out, save=save_json)
     if from_json:
         records, metas = [], []
         for path in from_json:
@@ -239,7 +266,7 @@ def matrix(out, save_json, only, only_columns, row_seconds, from_json, list_rows
                 metas.append(saved["meta"])
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise NormswapError(
-                    f"{path} is not a file written by `normswap families matrix --save-json` ({e})"
+                    f"{path} is not a file written by `normswap families matrix --save` ({e})"
                 ) from None
         meta = mx.merge_meta(metas)
         if save_json:

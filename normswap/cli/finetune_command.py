@@ -24,6 +24,7 @@ from normswap.cli.options import (
     device_option,
     force_option,
     json_option,
+    quiet_option,
     seed_option,
     trust_remote_code_option,
 )
@@ -39,8 +40,9 @@ SHARED = {"data": data_option, "seed": seed_option, "device": device_option(), "
 @config_options([f for f in options() if f.metadata["cli"]], SHARED)
 @trust_remote_code_option
 @json_option
+@quiet_option
 @click.pass_context
-def finetune(ctx, model, out, as_json, **opts):
+def finetune(ctx, model, out, as_json, quiet, **opts):
     """Fine-tune MODEL (anything convert accepts or produced) into OUT; `normswap finetune OUT --resume`
     continues the run in OUT with its recorded options.
 
@@ -58,7 +60,6 @@ def finetune(ctx, model, out, as_json, **opts):
     # offline: one line now, not a minute of hub retries after the model has loaded
     require_hub(models=(model, opts.get("distill_from")), data=opts.get("data"))
     from normswap.finetune.config import FinetuneConfig
-    from normswap.finetune.trainer import run_finetune
 
     given = {
         name
@@ -70,19 +71,22 @@ def finetune(ctx, model, out, as_json, **opts):
     import contextlib
     import os
 
-    from normswap.finetune.run_dir import check_out_overlap
-    from normswap.publish import output_lock
+    from normswap.finetune.run_dir import check_new_out, check_out_overlap
 
     cfg = FinetuneConfig(model=model, out=out, **opts)
-    check_out_overlap(cfg)  # before OUT's lock file is made beside OUT, and before anything loads
+    # before OUT's lock file is made beside OUT, and before torch or anything else loads
+    check_new_out(cfg)
+    check_out_overlap(cfg)
     # one lock per run: the main process of a distributed launch holds it (RANK is set by the launcher)
     from normswap.finetune.run_dir import RunDir
-    from normswap.finetune.trainer import Hooks
-    from normswap.progress import Heartbeat, StepProgress, stderr_lines
+    from normswap.finetune.trainer import Hooks, run_finetune
+    from normswap.progress import Heartbeat, StepProgress, command_lines
+    from normswap.publish import output_lock
 
     # in a terminal the fine-tune shows a bar; elsewhere (a log, CI, nohup) a line every 10 s
     heartbeat = Heartbeat(
-        stderr_lines("normswap finetune: "), enabled=None if opts.get("progress") is None else not opts["progress"]
+        (lambda m: None) if quiet else command_lines("finetune"),
+        enabled=False if quiet else None if opts.get("progress") is None else not opts["progress"],
     )
     progress = StepProgress(RunDir(out), cfg.steps, heartbeat.update)
     main = os.environ.get("RANK", "0") == "0"

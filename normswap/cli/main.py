@@ -14,6 +14,7 @@ import click
 
 from normswap.errors import NormswapError, is_environmental, os_error_message
 from normswap.processes import stop_on_signals
+from normswap.progress import escape_standard_streams
 from normswap.version import __version__
 
 # command name -> "module:attribute"
@@ -101,54 +102,76 @@ def main(argv=None):
     # SIGTERM unwinds like Ctrl-C (staging removed, locks released) after every process the command
     # started has been ended; SIGKILL cannot be caught: the next run removes what it leaves (publish.py)
     restore = stop_on_signals()
+    # every line a command prints passes one escaping layer: names come from directory names and
+    # received files, and a control character in one must show, not act (normswap/progress.py)
+    unescape = escape_standard_streams()
     try:
         _run(argv)
     finally:
+        unescape()
         restore()
+
+
+def _json_requested(argv) -> bool:
+    """``--json`` among the options (before a ``--``): every command's --json is a flag (options.py)."""
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in args
+
+
+def _fail(argv, message: str, exit_code: int) -> None:
+    """The one way a command fails: one line on stderr and, under --json, the same as one JSON object
+    on stdout, so that a script reading stdout gets an answer instead of nothing."""
+    click.echo(message, err=True)
+    if _json_requested(argv):
+        import json
+
+        text = message.removeprefix("normswap: error: ").removeprefix("Error: ")
+        click.echo(json.dumps({"error": text, "exit_code": exit_code}))
+    sys.exit(exit_code)
 
 
 def _run(argv):
     try:
         cli.main(args=argv, prog_name="normswap", standalone_mode=False)
     except click.exceptions.Abort:
-        click.echo("normswap: aborted", err=True)
-        sys.exit(130)
+        _fail(argv, "normswap: aborted", 130)
     except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+        if isinstance(e, click.UsageError) and "extra argument" in e.message and _json_requested(argv):
+            # `--json FILE`: the benchmarks' old spelling of --save FILE (scripts still send it)
+            e.message += " (--json is a flag: it prints the result on stdout; --save FILE writes it to a file)"
+        if not _json_requested(argv):
+            e.show()
+            sys.exit(e.exit_code)
+        _fail(argv, f"Error: {e.format_message()}", e.exit_code)
     except NormswapError as e:
         if _debug_requested(argv):
             raise
-        click.echo(f"normswap: error: {e}", err=True)
-        sys.exit(e.exit_code)
+        _fail(argv, f"normswap: error: {e}", e.exit_code)
     except KeyboardInterrupt:
-        click.echo("normswap: interrupted", err=True)
-        sys.exit(130)
+        _fail(argv, "normswap: interrupted", 130)
     except OSError as e:
         # the machine, not normswap: a full disk, a read-only or busy path, a name too long (most are
         # caught where they happen, with more context; this is the net for the rest)
         if _debug_requested(argv):
             raise
         if not is_environmental(e):
-            _unanticipated(e)
-        click.echo(f"normswap: error: {os_error_message(e)}", err=True)
-        sys.exit(2)
+            _unanticipated(e, argv)
+        _fail(argv, f"normswap: error: {os_error_message(e)}", 2)
     except Exception as e:  # a bug, or an error from a library we did not anticipate
         if _debug_requested(argv):
             raise
-        _unanticipated(e)
+        _unanticipated(e, argv)
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as e:  # a Rust library's panic (pyo3_runtime.PanicException) is no Exception
         if _debug_requested(argv):
             raise
-        _unanticipated(e)
+        _unanticipated(e, argv)
 
 
-def _unanticipated(e: BaseException):
+def _unanticipated(e: BaseException, argv=()):
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    click.echo(f"normswap: error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)", err=True)
-    sys.exit(1)
+    _fail(list(argv), f"normswap: error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)", 1)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from normswap.cli.options import force_replaces, json_option, trust_remote_code_option
+from normswap.cli.options import force_replaces, json_option, quiet_option, trust_remote_code_option
 
 set_option = click.option(
     "--set",
@@ -16,9 +16,17 @@ set_option = click.option(
     multiple=True,
     metavar="KEY=VALUE",
     help="Override a recipe value (dotted key, YAML-typed value), e.g. --set eval.max_tokens=4096 "
-    "--set variants.approx.convert.beta=drop; finetune.X / convert.X apply to every variant that has that section; "
+    "--set variants.approx.convert.beta=drop; finetune.X / convert.X / slice.X apply to every variant that has that "
+    "section; "
     "KEY= (empty) removes the key so its default applies. Repeatable.",
 )
+
+
+def recipe_progress(command: str, quiet: bool):
+    """Where a recipe's progress lines go: stderr as ``normswap <command>: ...``, or nowhere (--quiet)."""
+    from normswap.progress import command_lines
+
+    return (lambda m: None) if quiet else command_lines(command)
 
 
 def print_outcome(state: dict, out, *, seconds: float) -> None:
@@ -53,7 +61,8 @@ def print_outcome(state: dict, out, *, seconds: float) -> None:
 @force_replaces("--out DIR")
 @trust_remote_code_option
 @json_option
-def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
+@quiet_option
+def run(recipe, out, overrides, resume, check, list_, schema, force, as_json, quiet):
     """Run RECIPE (a YAML file, or the name of a shipped recipe such as `quickstart`) into --out DIR.
 
     Steps run in order: convert each variant, fine-tune the ones that ask for it, then evaluate
@@ -106,7 +115,7 @@ def run(recipe, out, overrides, resume, check, list_, schema, force, as_json):
     check_overlap(loaded, out)  # before the lock file is made beside DIR (the runner checks again under it)
     t0 = time.perf_counter()
     with output_lock(out, create_parent=True, replaced_whole=False):  # the runner writes into DIR, never renames it
-        state = run_recipe(loaded, out, resume=resume, force=force)
+        state = run_recipe(loaded, out, resume=resume, force=force, progress=recipe_progress("run", quiet))
     if as_json:
         click.echo(json.dumps(state, indent=2, default=str))
         return

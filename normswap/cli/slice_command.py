@@ -13,6 +13,7 @@ from normswap.cli.options import (
     device_option,
     force_option,
     json_option,
+    quiet_option,
     seed_option,
     trust_remote_code_option,
 )
@@ -23,26 +24,27 @@ from normswap.slice.config import SliceOptions
 @click.argument("src")
 @click.argument("out", type=click.Path())
 @config_options(declared.options(SliceOptions), shared={"data": data_option, "seed": seed_option})
-@device_option(default="cpu")
+@device_option()
 @force_option
 @trust_remote_code_option
 @json_option
-def slice_command(src, out, device, force, as_json, **values):
+@quiet_option
+def slice_command(src, out, device, force, as_json, quiet, **values):
     """Rotate the residual stream of SRC (a LayerNorm original, converted exactly first, or a normswap
     conversion) onto its principal directions and delete the least-used --fraction of its width into OUT."""
-    from normswap.devices import resolve_device
-    from normswap.progress import Heartbeat, stderr_lines
-    from normswap.publish import output_lock
-    from normswap.slice.config import options_from
-    from normswap.slice.model import check_fraction
-    from normswap.slice.sliced_checkpoint import check_out, slice_checkpoint
+    from normswap.slice.config import check_out, options_from
 
     options = options_from(None, values)
+    check_out(src, out, force=force, data=options.data)  # before torch loads and the lock file is made beside OUT
+    from normswap.devices import resolve_device
+    from normswap.progress import Heartbeat, command_lines
+    from normswap.publish import output_lock
+    from normswap.slice.model import check_fraction
+    from normswap.slice.sliced_checkpoint import slice_checkpoint
+
     check_fraction(options.fraction, allow_zero=False)
-    check_out(src, out, force=force, data=options.data)  # before the lock file is made beside OUT
-    heartbeat = Heartbeat(
-        (lambda m: None) if as_json else stderr_lines("normswap: "), enabled=False if as_json else None
-    )
+    silent = as_json or quiet
+    heartbeat = Heartbeat((lambda m: None) if silent else command_lines("slice"), enabled=False if silent else None)
     with output_lock(out), heartbeat:
         result = slice_checkpoint(src, out, options, force=force, device=resolve_device(device), progress=heartbeat.say)
     if as_json:

@@ -1,6 +1,6 @@
 """LayerNorm -> RMSNorm conversion: plan from family data, executed from any tensor source."""
 
-__all__ = ["convert_model", "ConvertOptions", "Plan", "build_plan"]
+__all__ = ["convert_checkpoint", "convert_model", "ConvertOptions", "Plan", "build_plan"]
 
 
 def __getattr__(name):
@@ -10,6 +10,10 @@ def __getattr__(name):
         from normswap.convert.apply import convert_model
 
         return convert_model
+    if name == "convert_checkpoint":
+        from normswap.convert.pipeline import convert_checkpoint
+
+        return convert_checkpoint
     if name == "ConvertOptions":
         from normswap.convert.config import ConvertOptions
 

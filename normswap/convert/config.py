@@ -74,7 +74,7 @@ class ConvertOptions:
     )
     family_file: str | None = option(
         None,
-        "Use this family file (YAML, e.g. saved by `normswap families discover --out`) "
+        "Use this family file (YAML, e.g. saved by `normswap families discover --family-file`) "
         "instead of the curated or discovered plan; it must pass the same exactness check on a "
         "tiny instance.",
         kind="str",
@@ -115,3 +115,12 @@ def options_from(options: ConvertOptions | None, values: dict) -> ConvertOptions
     if problems:
         raise NormswapError("; ".join(problems))
     return options
+
+
+def check_out(src, out, *, force: bool, family_file=None):
+    """Refuse an OUT that would clobber something or overlap what convert reads (the model and
+    the family file); cheap (no torch: the CLI answers it in a fraction of a second, before the
+    conversion's modules load and before OUT's lock is taken), and convert_checkpoint checks again."""
+    from normswap.publish import check_output_path
+
+    return check_output_path(out, force=force, reads=[("the model", src), ("the family file", family_file)])

@@ -31,20 +31,14 @@ from normswap.convert import ops
 from normswap.convert import tensor_match as ckinputs
 from normswap.convert import verify as verification
 from normswap.convert.apply import check_convertible
-from normswap.convert.config import ConvertOptions, options_from
+from normswap.convert.config import ConvertOptions, check_out, options_from
 from normswap.convert.execute import Conversion, TensorDict, execute, prepare
 from normswap.convert.inplace import convert_tiny
 from normswap.errors import NormswapError, VerificationError
-from normswap.publish import check_output_path, publish_dir, staging_dir
+from normswap.publish import publish_dir, staging_dir
 from normswap.version import __version__
 
 MEMORY_MARGIN = 0.9  # refuse verification above this share of the available memory
-
-
-def check_out(src, out, *, force: bool, family_file=None):
-    """Refuse an OUT that would clobber something or overlap what convert reads (the model and
-    the family file); cheap, so the CLI calls it before taking OUT's lock, and convert_checkpoint again."""
-    return check_output_path(out, force=force, reads=[("the model", src), ("the family file", family_file)])
 
 
 def convert_checkpoint(
@@ -94,6 +88,9 @@ def convert_checkpoint(
         causal = ckload.is_causal_lm(config)
         if options.verify:
             check_verification_memory(conv, config)
+        # before anything is written: a tokenizer normswap refuses refuses the conversion (it is never carried
+        # into OUT, also under --no-verify); none at all is fine (verification then runs on random ids)
+        tokenizer = ckload.optional_tokenizer(resolved)
 
         total = sum(numel(w.shape) * w.dtype.itemsize for w in conv.writes.values())
         say(
@@ -118,6 +115,7 @@ def convert_checkpoint(
                     tolerance=options.tolerance,
                     device=device,
                     keys=declared["exact_outputs"] if declared else None,
+                    tokenizer=tokenizer,
                 )
             else:
                 manifest["verification"] = {"skipped": True, "reason": "--no-verify"}
@@ -165,10 +163,11 @@ def available_memory() -> int:
 
 
 def run_verification(
-    conv: Conversion, source_config, resolved, staged, *, causal, tolerance, device="cpu", keys=None
+    conv: Conversion, source_config, resolved, staged, *, causal, tolerance, device="cpu", keys=None, tokenizer=None
 ) -> dict:
     """Source (its files) against the staged output (its files), one module at a time; on the outputs
-    named in ``keys`` where given (``--exact-outputs pooled``)."""
+    named in ``keys`` where given (``--exact-outputs pooled``); on text through ``tokenizer`` where the
+    source has one (else random ids)."""
     staged_config = ckload.load_config(str(staged))
     staged_files = SafetensorsFiles(staged, weight_files(staged)[1])
     try:
@@ -203,7 +202,7 @@ def run_verification(
                 ),
                 exact=on_blocks(in_float64) if conv.plan.mode == "exact" else None,
                 unrounded=on_blocks(unrounded) if sixteen else None,
-                tokenizer=_tokenizer(resolved),
+                tokenizer=tokenizer,
                 causal=causal,
                 device=device,
                 resident_ok=whole < 0.5 * available_memory(),
@@ -244,13 +243,6 @@ def unrounded_tensor(conv: Conversion, key, device="cpu", out=None, pool=None, c
         pool=pool,
     )
     return sink.tensors[key]
-
-
-def _tokenizer(resolved):
-    try:
-        return ckload.load_tokenizer(resolved)
-    except NormswapError:
-        return None
 
 
 def base_manifest(src, resolved, conv: Conversion, source) -> dict:

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from normswap import bounded_load
+from normswap import bounded_load, dir_links
 from normswap.bounded_load import file_kind
 from normswap.errors import NormswapError, first_line
 from normswap.network import offline_env
@@ -280,11 +280,15 @@ def _chunk_text(lines: Iterable[tuple[bool, str]], chunk_chars: int = TEXT_CHUNK
     yield from doc.close()
 
 
-def _utf8_blocks(path: Path) -> Iterator[str]:
+def _utf8_blocks(path: Path, root: Path | None = None) -> Iterator[str]:
     """The file decoded in blocks of READ_BYTES; a character cut by a block's end waits for the next
-    block; bytes that are not UTF-8 are refused with the file's line and byte offset."""
+    block; bytes that are not UTF-8 are refused with the file's line and byte offset. ``root``: the
+    (resolved) data directory the file was found in, which the opened file must lie in
+    (normswap/dir_links.py)."""
     carry, offset, newlines = b"", 0, 0  # undecoded bytes, and the bytes and lines before them
     with os.fdopen(bounded_load.open_regular(path, what="a text data file", follow=True), "rb") as f:
+        if root is not None:
+            dir_links.check_opened(f.fileno(), path, root)
         while True:
             raw = f.read(READ_BYTES)
             data = carry + raw
@@ -324,12 +328,14 @@ def _cut_long_line(line: str, chunk_chars: int, final: bool) -> tuple[list[str],
     return pieces, rest
 
 
-def _text_lines(path: Path, chunk_chars: int = TEXT_CHUNK_CHARS) -> Iterator[tuple[bool, str]]:
+def _text_lines(
+    path: Path, chunk_chars: int = TEXT_CHUNK_CHARS, root: Path | None = None
+) -> Iterator[tuple[bool, str]]:
     """``(False, line)`` for each line of a text file (without its newline), read in bounded blocks;
     a line longer than LONG_LINE_CHARS is no record but text without line breaks, and comes as
     ``(True, piece)`` items of about chunk_chars characters, cut just before whitespace."""
     partial, long_line = "", False
-    for block in _utf8_blocks(path):
+    for block in _utf8_blocks(path, root):
         *complete, tail = block.split("\n")
         for line in complete:
             line, partial = partial + line, ""
@@ -352,9 +358,9 @@ def _text_lines(path: Path, chunk_chars: int = TEXT_CHUNK_CHARS) -> Iterator[tup
         yield False, partial
 
 
-def _text_docs(paths: list[Path]) -> Iterator[str]:
+def _text_docs(paths: list[Path], root: Path | None = None) -> Iterator[str]:
     for p in paths:
-        yield from _chunk_text(_text_lines(p))
+        yield from _chunk_text(_text_lines(p, root=root))
 
 
 def _json_array_docs(path: Path, text_field: str) -> Iterator[str]:
@@ -548,12 +554,15 @@ def _open_source(spec: str, split: str, text_field: str) -> Iterator[str]:
     if kind is not None and kind != "a directory":  # a FIFO would block the read, a device never end
         raise NormswapError(f"the data {spec} is {kind}, not a text file or directory; give a regular file")
     if path.is_dir():
+        # the link rule of model directories: a link out of the directory is refused, not read
+        inside = dir_links.files_inside(path)
         if _is_saved_dataset(path):
             return _saved_dataset_docs(path, split, text_field)
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        files = [p for p in inside if p.suffix.lower() in TEXT_SUFFIXES]
         if not files:
             raise NormswapError(f"{path}: directory holds no .txt/.md files and is not a saved dataset")
-        return _hash_split(lambda: _text_docs(files), split, str(path))
+        root = path.resolve()
+        return _hash_split(lambda: _text_docs(files, root), split, str(path))
     if path.is_file():
         if path.stat().st_size == 0:
             raise NormswapError(f"{path}: the file is empty")

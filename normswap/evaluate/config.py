@@ -27,15 +27,21 @@ class SpeedConfig:
     repeats: int = option(
         400,
         "The most interleaved pairs per measured kind, time in norms included (normswap/timing.py; fewer when "
-        "every interval reaches --target-halfwidth first or --speed-budget runs out).",
+        "every interval reaches --target-halfwidth first or --kind-seconds runs out).",
         minimum=1,
     )
-    warmup: int = option(1, "Unmeasured warm-up blocks per model and kind.", minimum=0)
+    warmup: int = option(
+        1, "Unmeasured warm-up blocks per model and kind.", minimum=0, flag="--warmup-blocks", aliases=("--warmup",)
+    )  # blocks, not steps: --warmup-steps is a learning-rate warmup (finetune, study)
     min_time: float = option(
         0.02, "Seconds per timed block (short calls are repeated within a block; pairs of short blocks).", minimum=0.0
     )
     speed_budget: float = option(
-        15.0, "Seconds of interleaved pairs per measured kind at most (the stop rule's time budget).", minimum=0.0
+        15.0,
+        "Seconds of interleaved pairs per measured kind at most (the stop rule's time budget).",
+        minimum=0.0,
+        flag="--kind-seconds",  # named for what it bounds: a bare --budget would say nothing of that
+        aliases=("--speed-budget",),
     )
     target_halfwidth: float = option(
         0.01, "Stop adding pairs once every speed ratio's 95% interval is within this of its median.", above=0.0

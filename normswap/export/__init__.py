@@ -49,6 +49,9 @@ def run_export(
     src_dir = local_model_dir(src, "the checkpoint")
     check_disjoint([("the checkpoint", src_dir)], [(f"DEST {dest}", dest)], advice="choose another DEST")
     dest = check_output_path(dest, force=force, reads=[src_dir], label="DEST")
+    from normswap.checkpoint.load import optional_tokenizer
+
+    optional_tokenizer(str(src_dir))  # before any work: a refused tokenizer refuses the export, never carried
     with output_lock(dest), staging_dir(dest) as tmp:
         if fmt == "stock":
             from normswap.export.stock import write_stock
@@ -86,14 +89,11 @@ def verify_export(src, dest, fmt: str, *, tolerance=EXPORT_TOLERANCE) -> dict:
         ):
             return compare_models(a, b, tolerance=tolerance)
     if fmt == "onnx":
-        from normswap.checkpoint.load import load_model, load_tokenizer
+        from normswap.checkpoint.load import load_model, optional_tokenizer
         from normswap.export.onnx import MODEL_FILE, require_packages, validate
 
         require_packages()
-        try:
-            tokenizer = load_tokenizer(str(src_dir))
-        except NormswapError:
-            tokenizer = None
+        tokenizer = optional_tokenizer(str(src_dir))
         return validate(load_model(str(src_dir)), dest_dir / MODEL_FILE, tokenizer, tolerance=tolerance)
     raise NormswapError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
 

@@ -356,7 +356,7 @@ def validate(model, path: Path, tokenizer, *, tolerance: float) -> dict:
 def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP, say=None) -> dict:
     """Export the checkpoint ``src`` (converted or not) into the empty directory ``tmp`` and validate it."""
     from normswap.architectures.probes import takes_text_only
-    from normswap.checkpoint.load import load_model, load_tokenizer
+    from normswap.checkpoint.load import load_model, optional_tokenizer
     from normswap.model_facts import norm_modules
 
     require_packages()
@@ -378,10 +378,7 @@ def write_onnx(src: Path, tmp: Path, *, tolerance=1e-4, norm_op=DEFAULT_NORM_OP,
     if rms and written != rms:  # the kernel traced into its internals (or a norm was missed)
         raise NormswapError(f"internal error: the graph has {written} {expected} nodes for {rms} RMSNorm modules")
     say("validating: onnxruntime (CPU) against PyTorch on the probe batch")
-    try:
-        tokenizer = load_tokenizer(str(src))
-    except NormswapError:
-        tokenizer = None
+    tokenizer = optional_tokenizer(str(src))  # a refused one refuses the export
     check = validate(model, tmp / MODEL_FILE, tokenizer, tolerance=tolerance)
     if not check["passed"]:
         raise VerificationError(

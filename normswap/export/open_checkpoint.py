@@ -36,10 +36,8 @@ class Opened:
         return ckload.is_causal_lm(self.config)
 
     def tokenizer(self):
-        try:
-            return ckload.load_tokenizer(str(self.path))
-        except NormswapError:
-            return None
+        """The checkpoint's tokenizer, None where it has none; a refused one refuses the command."""
+        return ckload.optional_tokenizer(str(self.path))
 
 
 def local_model_dir(spec, what: str) -> Path:

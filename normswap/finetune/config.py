@@ -61,7 +61,9 @@ class FinetuneConfig:
         3e-4, "Peak learning rate η_max (--resume: may be lowered, e.g. after a divergence).", above=0.0, resume="lower"
     )
     warmup_steps: int = _opt(20, "Linear warmup: η_t = η_max·min(t/W, 1).", minimum=0, maximum=MAX_STEPS)
-    schedule: str = _opt("cosine", "Decay after the warmup.", choices=SCHEDULES)
+    schedule: str = _opt(
+        "cosine", "Decay after the warmup.", choices=SCHEDULES, flag="--lr-schedule", aliases=("--schedule",)
+    )  # --lr-schedule: the study's name for the same thing
     min_lr_ratio: float = _opt(0.1, "cosine/linear decay ends at this fraction of --lr.", minimum=0.0, maximum=1.0)
     seq_len: int | None = _opt(
         None, "Tokens per sequence (default: min(model context, 512)).", kind="int", minimum=2, maximum=MAX_SEQ_LEN

@@ -98,6 +98,15 @@ def parse_log_rows(text: str) -> list[dict]:
 READS = {"model": "the model", "distill_from": "the teacher", "data": "the data", "eval_data": "the held-out data"}
 
 
+def check_new_out(cfg) -> None:
+    """A fresh run (no --resume) never writes over an OUT that exists unless --force says so;
+    cheap (no torch), so the CLI answers it before the trainer's modules load."""
+    if not cfg.resume and Path(cfg.out).exists() and not cfg.force:
+        raise NormswapError(
+            f"{cfg.out} exists: pass --resume to continue the fine-tune in it, or --force to replace it"
+        )
+
+
 def check_out_overlap(cfg) -> None:
     """Refuse an OUT that overlaps anything the fine-tune reads (normswap.overlap), before any work.
 

@@ -48,7 +48,7 @@ from normswap.finetune.centring import Centring, keep_centred
 from normswap.finetune.config import LOG_FILE, FinetuneConfig, default_eval_tokens, flag, option_errors, options
 from normswap.finetune.encoder_objectives import Encoder
 from normswap.finetune.objectives import CausalLM
-from normswap.finetune.run_dir import RunDir, check_out_overlap
+from normswap.finetune.run_dir import RunDir, check_new_out, check_out_overlap
 from normswap.finetune.step import Schedule, TrainStep, param_groups
 from normswap.model_facts import context_length, norm_modules
 from normswap.private_dirs import NotPrivate
@@ -110,10 +110,7 @@ def resolve_options(cfg: FinetuneConfig, run: RunDir, given: set[str] | None) ->
     if problems:
         raise NormswapError("; ".join(problems))
     if not cfg.resume:
-        if run.out.exists() and not cfg.force:
-            raise NormswapError(
-                f"{cfg.out} exists: pass --resume to continue the fine-tune in it, or --force to replace it"
-            )
+        check_new_out(cfg)
         return cfg, {}
     if not run.out.exists():
         raise NormswapError(f"cannot resume: {cfg.out} does not exist (start the run without --resume)")
@@ -769,7 +766,16 @@ def _progress_bar(cfg: FinetuneConfig, start_step: int):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=cfg.steps, initial=start_step, desc="finetune", unit="step", dynamic_ncols=True, file=sys.stderr)
+    from normswap.progress import unescaped
+
+    return tqdm(
+        total=cfg.steps,
+        initial=start_step,
+        desc="finetune",
+        unit="step",
+        dynamic_ncols=True,
+        file=unescaped(sys.stderr),
+    )
 
 
 class _Log:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from normswap.kernels import choose as _choose
-from normswap.kernels.choose import Bound, backend_for, bind, call_kind, describe
+from normswap.kernels.choose import Bound, CallKind, backend_for, bind, call_kind, describe
 from normswap.kernels.implementations import FEW_ROWS, checked_call, cpu_ext, cpu_ready
 
 _is_compiling = torch.compiler.is_compiling
@@ -89,6 +89,7 @@ def rms_norm(x, weight=None, eps=1e-5, residual=None, *, bias=None, backend=None
 __all__ = [
     "rms_norm",
     "bind",
+    "CallKind",
     "call_kind",
     "describe",
     "Bound",

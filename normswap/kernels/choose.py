@@ -113,22 +113,43 @@ def setting_on(device_type: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def call_kind(x, weight, bias, residual=None, grad=None) -> tuple:
-    """The key every decision is made and remembered under: (device type, device index, dtype,
-    width, few rows, γ's dtype or None, β present, residual dtype or None, gradient)."""
+class CallKind(NamedTuple):
+    """The key every decision is made and remembered under (a tuple: hashable, cheap to build)."""
+
+    device: str  # device type
+    index: int | None  # device index
+    dtype: torch.dtype
+    width: int
+    few_rows: bool  # at most FEW_ROWS rows (decode), else many (prefill, training)
+    weight_dtype: torch.dtype | None  # γ's dtype, None without γ
+    bias: bool  # β present
+    residual_dtype: torch.dtype | None  # the residual's dtype, None without a fused residual add
+    grad: bool  # a gradient is needed
+
+
+_new_kind = tuple.__new__
+
+
+def call_kind(x, weight, bias, residual=None, grad=None) -> CallKind:
+    """The kind of call ``rms_norm(x, weight, bias=bias, residual=residual)`` is (see :class:`CallKind`)."""
     h = x.shape[-1] if x.dim() else 0
     if grad is None:
         grad = _needs_grad(x, weight, bias, residual)
-    return (
-        x.device.type,
-        x.device.index,
-        x.dtype,
-        h,
-        x.numel() <= FEW_ROWS * max(1, h),
-        None if weight is None else weight.dtype,
-        bias is not None,
-        None if residual is None else residual.dtype,
-        bool(grad),
+    # tuple.__new__ skips the NamedTuple constructor's argument handling: rms_norm's functional API
+    # builds a kind on every call
+    return _new_kind(
+        CallKind,
+        (
+            x.device.type,
+            x.device.index,
+            x.dtype,
+            h,
+            x.numel() <= FEW_ROWS * max(1, h),
+            None if weight is None else weight.dtype,
+            bias is not None,
+            None if residual is None else residual.dtype,
+            bool(grad),
+        ),
     )
 
 
@@ -141,20 +162,20 @@ def _needs_grad(x, weight, bias, residual) -> bool:
     )
 
 
-def describe(kind: tuple) -> str:
+def describe(kind: CallKind) -> str:
     """A kind of call in words, e.g. ``cuda bfloat16 ×1600, many rows, γ, inference``."""
-    dev, _, dtype, h, few, wdt, has_b, rdt, grad = kind
-    parts = [f"{dev} {str(dtype).replace('torch.', '')} ×{h}", "few rows" if few else "many rows"]
-    parts += ["γ"] if wdt is not None else []
-    parts += ["β"] if has_b else []
-    parts += ["+residual"] if rdt is not None else []
-    parts.append("training" if grad else "inference")
+    parts = [f"{kind.device} {str(kind.dtype).replace('torch.', '')} ×{kind.width}"]
+    parts += ["few rows" if kind.few_rows else "many rows"]
+    parts += ["γ"] if kind.weight_dtype is not None else []
+    parts += ["β"] if kind.bias else []
+    parts += ["+residual"] if kind.residual_dtype is not None else []
+    parts.append("training" if kind.grad else "inference")
     return ", ".join(parts)
 
 
-def _runs(impl: Impl, kind: tuple) -> bool:
-    dev, _, dtype, _, _, wdt, _, rdt, grad = kind
-    return impl.supports(dev, dtype, wdt is not None, rdt is not None, grad) and impl.ready(dev, dtype)
+def _runs(impl: Impl, kind: CallKind) -> bool:
+    weight, residual = kind.weight_dtype is not None, kind.residual_dtype is not None
+    return impl.supports(kind.device, kind.dtype, weight, residual, kind.grad) and impl.ready(kind.device, kind.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,7 +191,7 @@ def _record(name: str, source: str) -> Impl:
     return impl
 
 
-def _named(kind: tuple, backend: str | None) -> Impl | None:
+def _named(kind: CallKind, backend: str | None) -> Impl | None:
     """The record a name asks for (rule 2), None where the setting leaves this call to ``auto``."""
     name = setting() if backend is None else backend
     if name == AUTO:
@@ -178,7 +199,7 @@ def _named(kind: tuple, backend: str | None) -> Impl | None:
     impl = _record(name, "NORMSWAP_KERNEL" if backend is None else "backend")
     if _is_compiling() or _runs(impl, kind):
         return impl
-    dev = kind[0]
+    dev = kind.device
     if backend is None and not impl.runs_on(dev):
         if name not in _warned:
             _warned.add(name)
@@ -194,17 +215,17 @@ def _named(kind: tuple, backend: str | None) -> Impl | None:
     )
 
 
-def _why_not(impl: Impl, kind: tuple) -> str:
-    dev, _, dtype, _, _, wdt, _, rdt, grad = kind
-    if not impl.runs_on(dev):
+def _why_not(impl: Impl, kind: CallKind) -> str:
+    dtype = kind.dtype
+    if not impl.runs_on(kind.device):
         return impl.unavailable() or f"it runs on {'/'.join(impl.devices)} tensors"
     missing = [
         what
         for what, lacking in (
             (f"{str(dtype).replace('torch.', '')} tensors", dtype not in impl.dtypes),
-            ("γ", wdt is not None and not impl.weight),
-            ("a residual", rdt is not None and not impl.residual),
-            ("a gradient", grad and not impl.backward),
+            ("γ", kind.weight_dtype is not None and not impl.weight),
+            ("a residual", kind.residual_dtype is not None and not impl.residual),
+            ("a gradient", kind.grad and not impl.backward),
         )
         if lacking
     ]
@@ -213,15 +234,22 @@ def _why_not(impl: Impl, kind: tuple) -> str:
     return impl.unavailable() or "it is not available here"
 
 
-def ranked(kind: tuple, rows: int | None = None) -> list[Impl]:
+def ranked(kind: CallKind, rows: int | None = None) -> list[Impl]:
     """``auto``'s records for this kind, fastest first (measured on first use at ``rows`` × width)."""
-    dev, index, dtype, h, few, wdt, _, rdt, grad = kind
     names = [n for n, impl in TABLE.items() if impl.ranked and _runs(impl, kind)]
     if rows is None:
-        rows = 4 if few else FEW_ROWS * 64
-    device = torch.device(dev, index) if index is not None else torch.device(dev)
+        rows = 4 if kind.few_rows else FEW_ROWS * 64
+    device = torch.device(kind.device, kind.index) if kind.index is not None else torch.device(kind.device)
+    wdt, dtype = kind.weight_dtype, kind.dtype
     order = autotune.ranking(
-        device, dtype, h, rows, grad, weight=wdt is not None, residual=rdt is not None, candidates=names
+        device,
+        dtype,
+        kind.width,
+        rows,
+        kind.grad,
+        weight=wdt is not None,
+        residual=kind.residual_dtype is not None,
+        candidates=names,
     )
     out = []
     for name in order:
@@ -234,9 +262,9 @@ def ranked(kind: tuple, rows: int | None = None) -> list[Impl]:
     return out
 
 
-def _order(kind: tuple, backend: str | None, rows: int | None) -> tuple[list[Impl], bool]:
+def _order(kind: CallKind, backend: str | None, rows: int | None) -> tuple[list[Impl], bool]:
     """(the records to try, in order; whether they were named)."""
-    if kind[2] == torch.float64:  # rule 1
+    if kind.dtype == torch.float64:  # rule 1
         return [TABLE["torch"]], False
     impl = _named(kind, backend)  # rule 2
     if impl is not None:
@@ -246,7 +274,7 @@ def _order(kind: tuple, backend: str | None, rows: int | None) -> tuple[list[Imp
     return [*ranked(kind, rows), TABLE["composite"]], False  # rule 4
 
 
-def decide(kind: tuple, backend: str | None = None, rows: int | None = None) -> Impl:
+def decide(kind: CallKind, backend: str | None = None, rows: int | None = None) -> Impl:
     """The record a call of this kind runs (``backend`` overrides NORMSWAP_KERNEL)."""
     return _order(kind, backend, rows)[0][0]
 
@@ -264,7 +292,7 @@ def bind(x, weight, bias=None, residual=None, backend=None, grad=None) -> Bound:
     """The decision for calls like this one, as a function that runs it with no further choice. The
     caller keeps it for as long as its calls stay of this kind (:func:`call_kind`)."""
     kind = call_kind(x, weight, bias, residual, grad)
-    impls, named = _order(kind, backend, x.numel() // max(1, kind[3]))
+    impls, named = _order(kind, backend, x.numel() // max(1, kind.width))
     for impl in impls:
         try:
             return Bound(impl.name, impl.bind(x, weight, bias, residual))
@@ -274,18 +302,18 @@ def bind(x, weight, bias=None, residual=None, backend=None, grad=None) -> Bound:
     raise AssertionError("unreachable: the last record re-raises")
 
 
-def decide_call(kind: tuple, x, weight, bias, residual) -> Impl:
+def decide_call(kind: CallKind, x, weight, bias, residual) -> Impl:
     """The functional API's record for a kind of call (remembered in :data:`decided`)."""
     impl = decided.get(kind)
     if impl is None:
-        impl = decided[kind] = TABLE[bind(x, weight, bias, residual, grad=kind[-1]).name]
+        impl = decided[kind] = TABLE[bind(x, weight, bias, residual, grad=kind.grad).name]
     return impl
 
 
 def backend_for(device, dtype=torch.float32, hidden: int = 768, rows: int = 1024, grad: bool = False) -> str:
     """The implementation a call of this kind runs on ``device`` (γ, no residual; measured on first use)."""
     device = torch.device(device)
-    kind = (device.type, device.index, dtype, hidden, rows <= FEW_ROWS, dtype, False, None, grad)
+    kind = CallKind(device.type, device.index, dtype, hidden, rows <= FEW_ROWS, dtype, False, None, grad)
     return decide(kind, rows=rows).name
 
 

@@ -25,7 +25,10 @@ Build and cache:
 * The build's name carries a hash of everything that changes the build: the C++ sources, the compile
   flags, the compiler, torch (its version and where it is installed), the interpreter (ABI tag,
   ``sys.prefix``) and the include paths. A changed source, a torch upgrade or a second virtualenv
-  gets its own build instead of loading (or rebuilding over) another's library.
+  gets its own build instead of loading (or rebuilding over) another's library. Where the checkout
+  lies is not part of it: the sources are copied into the build directory (``src/``) and built
+  from there, so torch's build.ninja names the same paths for every checkout of the same sources,
+  and a fresh clone (another worktree) reuses the library instead of building it again.
 * Concurrent processes are safe, and a killed build blocks nobody: the build runs under an
   ``flock`` on ``cpu_kernel/<name>.lock``, which the kernel releases when its holder dies. Under
   that lock, a ``lock`` file that torch's loader left in the build directory (its FileBaton,
@@ -61,6 +64,7 @@ from pathlib import Path
 import torch
 
 from normswap.errors import first_line
+from normswap.progress import announced
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,7 @@ _SOURCES = ("rms_norm_cpu.cpp", "rms_norm_cpu_kernel.h")
 # become one instruction; no -ffast-math, so NaN/inf propagate and the summation order is the one
 # the source spells out; -ffp-contract=off because GCC would otherwise fuse `y * w + bias` into
 # one FMA in the AVX2 variant, and the bias must round exactly as a separate `y + bias` does.
+BUILD_MESSAGE = "building normswap's C++ norm kernel (first use, ~1 min; cached in {where})…"
 _BASE_CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-Wno-unused-function"]
 
 _lock = threading.Lock()
@@ -101,11 +106,9 @@ def _build_key() -> tuple:
     from torch.utils import cpp_extension
 
     cxx = os.environ.get("CXX", "c++")
-    # The sources' directory too: torch's build.ninja names the source files by absolute path, so
-    # two checkouts of the same sources sharing one build directory rewrite it and rebuild over
-    # each other's library in turn (seen here: processes of one worktree waiting on the other's rebuild).
+    # Not where the sources lie: they are built from their copy in the build directory (_stage_sources),
+    # whose path the name already decides, so every checkout of the same sources shares one build.
     return (
-        str(_CSRC.resolve()),
         torch.__version__,
         str(Path(torch.__file__).resolve().parent),
         sys.implementation.cache_tag,
@@ -118,11 +121,16 @@ def _build_key() -> tuple:
     )
 
 
-def _build_name(cflags: list[str], ldflags: list[str], key: tuple | None = None) -> str:
+def _source_bytes(csrc: Path | None = None) -> dict[str, bytes]:
+    csrc = _CSRC if csrc is None else csrc
+    return {name: (csrc / name).read_bytes() for name in _SOURCES}
+
+
+def _build_name(cflags: list[str], ldflags: list[str], key: tuple | None = None, sources=None) -> str:
     h = hashlib.sha256()
-    for name in _SOURCES:
+    for name, data in (_source_bytes() if sources is None else sources).items():
         h.update(name.encode())
-        h.update((_CSRC / name).read_bytes())
+        h.update(data)
     h.update(repr((cflags, ldflags, _build_key() if key is None else key)).encode())
     return "normswap_cpu_" + h.hexdigest()[:16]
 
@@ -178,17 +186,19 @@ def _load():
     from normswap.private_dirs import NotPrivate, is_same_dir, open_private_dir
 
     cflags, ldflags = _flags()
-    name = _build_name(cflags, ldflags)
+    sources = _source_bytes()  # read once: the bytes hashed into the name are the bytes built
+    name = _build_name(cflags, ldflags, sources=sources)
     build_dir = _build_dir(name)
     dir_fd = open_private_dir(build_dir)  # checked once; the library is loaded through this handle
     try:
         with _build_lock(build_dir):
-            if not (build_dir / f"{name}.so").exists():
-                print(
-                    f"normswap: building the CPU RMSNorm kernel (first use, about a minute; cached in {build_dir})",
-                    file=sys.stderr,
+            first = not (build_dir / f"{name}.so").exists()
+            # said as what it is (through the running command's progress, normswap/progress.py): a
+            # minute of "still: verifying" read as a hang
+            with announced(BUILD_MESSAGE.format(where=build_dir)) if first else contextlib.nullcontext():
+                module_name = _build(
+                    name, build_dir, cflags, ldflags, dir_fd, _stage_sources(dir_fd, build_dir, sources)
                 )
-            module_name = _build(name, build_dir, cflags, ldflags, dir_fd)
             if not is_same_dir(dir_fd, build_dir):
                 raise NotPrivate(
                     f"{build_dir} was replaced while the kernel was built (a directory on its way renamed?); "
@@ -199,7 +209,38 @@ def _load():
         os.close(dir_fd)
 
 
-def _build(name: str, build_dir: Path, cflags, ldflags, dir_fd: int) -> str:
+def _stage_sources(dir_fd: int, build_dir: Path, sources: dict[str, bytes]) -> Path:
+    """The sources copied into ``build_dir/src`` (a directory of ours inside the private build
+    directory, reached through its handle, never through a link); a copy already there with these
+    bytes is left as it is, so ninja finds the build up to date."""
+    from normswap.private_dirs import NotPrivate
+
+    with contextlib.suppress(FileExistsError):
+        os.mkdir("src", 0o700, dir_fd=dir_fd)
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    src_fd = os.open("src", flags, dir_fd=dir_fd)
+    try:
+        st = os.fstat(src_fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise NotPrivate(f"{build_dir / 'src'} is not ours alone; the kernel is not built from it")
+        for name, data in sources.items():
+            try:
+                with os.fdopen(os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=src_fd), "rb") as f:
+                    if f.read() == data:
+                        continue
+            except FileNotFoundError:
+                pass
+            tmp = f".{name}.{os.getpid()}"
+            wflags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+            with os.fdopen(os.open(tmp, wflags, 0o600, dir_fd=src_fd), "wb") as f:
+                f.write(data)
+            os.replace(tmp, name, src_dir_fd=src_fd, dst_dir_fd=src_fd)
+    finally:
+        os.close(src_fd)
+    return build_dir / "src"
+
+
+def _build(name: str, build_dir: Path, cflags, ldflags, dir_fd: int, csrc: Path) -> str:
     """Compile the library with torch's cpp_extension (or find it up to date) without letting torch
     import it by path; returns the module name torch would have imported (``name``, or
     ``name_vN`` when torch re-versions a rebuild within one process)."""
@@ -228,10 +269,10 @@ def _build(name: str, build_dir: Path, cflags, ldflags, dir_fd: int) -> str:
         try:
             cpp_extension.load(
                 name=name,
-                sources=[str(_CSRC / "rms_norm_cpu.cpp")],
+                sources=[str(csrc / "rms_norm_cpu.cpp")],
                 extra_cflags=cflags,
                 extra_ldflags=ldflags,
-                extra_include_paths=[str(_CSRC)],
+                extra_include_paths=[str(csrc)],
                 build_directory=str(build_dir),
                 verbose=False,
             )

@@ -21,6 +21,7 @@ built or run); it is the record's own switch, asked wherever its readiness is.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 
@@ -300,6 +301,30 @@ def _always(device_type, dtype) -> bool:
     return True
 
 
+# ---------------------------------------------------------------------------------------------
+# compiled: torch.compile of the plain formula (Inductor), where compiling pays (CUDA); not ranked by
+# `auto` (a compile costs seconds a shape), named by the study's `--kernels best` when it times faster
+# ---------------------------------------------------------------------------------------------
+
+
+def _formula(x, weight, eps):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+@functools.cache
+def _compiled_formula():
+    from normswap.compile_cache import compiled
+
+    return compiled(_formula, dynamic=False)
+
+
+def _compiled_run(x, weight, bias, residual, eps):
+    if residual is not None:
+        s = x + residual
+        return plus_bias((_compiled_formula()(s, weight, eps), s), bias)
+    return plus_bias(_compiled_formula()(x, weight, eps), bias)
+
+
 ANY_DEVICE = ("cpu", "cuda", "mps", "xpu", "meta")
 
 register(
@@ -387,5 +412,24 @@ register(
         bind=lambda x, weight, bias, residual: _general(TABLE["torch"], residual),
         unavailable=lambda: "",
         what="the plain formula differentiated by autograd: the reference, float64, and what Inductor fuses",
+    )
+)
+register(
+    Impl(
+        name="compiled",
+        devices=("cuda",),
+        dtypes=FLOATS,
+        weight=True,
+        residual=True,
+        backward=True,
+        ranked=False,
+        ready=_always,
+        run=_compiled_run,
+        bind=lambda x, weight, bias, residual: _general(TABLE["compiled"], residual),
+        unavailable=lambda: (
+            "torch.compile of the formula is a candidate on CUDA tensors only "
+            "(on a CPU a compile costs tens of seconds a shape and the C++ kernel is one pass already)"
+        ),
+        what="torch.compile of the plain formula (Inductor); not ranked by auto: the study times it where it pays",
     )
 )

@@ -30,7 +30,7 @@ import triton.language as tl
 # registers across 16 warps, the practical limit before spilling).
 MAX_FUSED_N = 16384
 LOOP_BLOCK_N = 4096
-# Untuned starting points (no GPU was available when these were chosen; see bench/README.md):
+# Untuned starting points (no GPU was available when these were chosen; see docs/results.md):
 # elements per forward program on CUDA, and backward programs per SM (a 4096-wide bf16 row
 # block needs ~80 registers a thread, so only 2-3 such programs are resident per SM anyway).
 FWD_TARGET_ELEMENTS = 2048

@@ -238,57 +238,7 @@ def validate(raw, where: str) -> dict:
     variants = raw["variants"]
     if not isinstance(variants, dict) or not variants:
         _fail(where, "variants", "expected a non-empty mapping of name -> {convert: ..., finetune: ...}")
-    resolved_variants = {}
-    for name, spec in variants.items():
-        name_s = str(name)
-        key = f"variants.{name_s}"
-        if not _NAME.match(name_s):
-            _fail(where, key, "a variant name uses letters, digits, '-', '_' or '.'")
-        if name_s == SOURCE_NAME or name_s.endswith(HEALED_SUFFIX):
-            _fail(
-                where,
-                key,
-                f"the names {SOURCE_NAME!r} and '*{HEALED_SUFFIX}' are used for the source and healed models",
-            )
-        if spec is None:
-            spec = {}
-        if not isinstance(spec, dict):
-            _fail(where, key, f"expected a mapping with convert: and/or finetune:, got {show(spec)}")
-        for k in spec:
-            if k not in VARIANT_KEYS:
-                _unknown(where, key + ".", k, VARIANT_KEYS)
-        if spec.get("convert") is None and spec.get("slice") is None and spec.get("finetune") is None:
-            _fail(
-                where,
-                key,
-                "needs convert: (e.g. {mode: exact}) or slice: (e.g. {fraction: 0.25}), and/or finetune: "
-                "(e.g. {steps: 200})",
-            )
-        if spec.get("convert") is not None and spec.get("slice") is not None:
-            _fail(
-                where,
-                key + ".slice",
-                "slice converts the source exactly itself (verified); give a variant convert: or slice:, not both",
-            )
-        desc = spec.get("description")
-        v = {"description": "" if desc is None else _coerce(where, key + ".description", Field("str"), desc)}
-        v["convert"] = (
-            _section(where, key + ".convert.", spec["convert"], CONVERT) if spec.get("convert") is not None else None
-        )
-        v["finetune"] = (
-            _section(where, key + ".finetune.", spec["finetune"], FINETUNE)
-            if spec.get("finetune") is not None
-            else None
-        )
-        v["slice"] = _section(where, key + ".slice.", spec["slice"], SLICE) if spec.get("slice") is not None else None
-        for option, why in slice_option_errors(v["slice"]) if v["slice"] is not None else ():
-            _fail(where, f"{key}.slice.{option}", why)
-        if v["slice"] is not None and not 0 < v["slice"]["fraction"] < 1:
-            _fail(where, f"{key}.slice.fraction", f"must be in (0, 1), got {show(v['slice']['fraction'])}")
-        ft = v["finetune"]
-        for option, why in option_errors(ft) if ft is not None else ():
-            _fail(where, f"{key}.finetune.{option}", why)
-        resolved_variants[name_s] = v
+    resolved_variants = {str(name): _variant(where, str(name), spec) for name, spec in variants.items()}
     names = set(resolved_variants)
     for n, v in resolved_variants.items():
         if built(v) and v["finetune"] is not None and n + HEALED_SUFFIX in names:
@@ -300,6 +250,66 @@ def validate(raw, where: str) -> dict:
     recipe["study"] = _section(where, "study.", raw["study"], STUDY) if raw.get("study") is not None else None
     for option, why in study_option_errors(recipe["study"]) if recipe["study"] is not None else ():
         _fail(where, f"study.{option}", why)
+    ev = _eval_section(where, recipe)
+    for option, why in eval_option_errors(ev):
+        _fail(where, f"eval.{option}", why)
+    if recipe["report"]["title"] is None:
+        recipe["report"]["title"] = recipe["name"]
+    return recipe
+
+
+def _variant(where: str, name_s: str, spec) -> dict:
+    """One entry of ``variants:``, checked, with its sections' defaults filled."""
+    key = f"variants.{name_s}"
+    if not _NAME.match(name_s):
+        _fail(where, key, "a variant name uses letters, digits, '-', '_' or '.'")
+    if name_s == SOURCE_NAME or name_s.endswith(HEALED_SUFFIX):
+        _fail(
+            where,
+            key,
+            f"the names {SOURCE_NAME!r} and '*{HEALED_SUFFIX}' are used for the source and healed models",
+        )
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        _fail(where, key, f"expected a mapping with convert: and/or finetune:, got {show(spec)}")
+    for k in spec:
+        if k not in VARIANT_KEYS:
+            _unknown(where, key + ".", k, VARIANT_KEYS)
+    if spec.get("convert") is None and spec.get("slice") is None and spec.get("finetune") is None:
+        _fail(
+            where,
+            key,
+            "needs convert: (e.g. {mode: exact}) or slice: (e.g. {fraction: 0.25}), and/or finetune: "
+            "(e.g. {steps: 200})",
+        )
+    if spec.get("convert") is not None and spec.get("slice") is not None:
+        _fail(
+            where,
+            key + ".slice",
+            "slice converts the source exactly itself (verified); give a variant convert: or slice:, not both",
+        )
+    desc = spec.get("description")
+    v = {"description": "" if desc is None else _coerce(where, key + ".description", Field("str"), desc)}
+    v["convert"] = (
+        _section(where, key + ".convert.", spec["convert"], CONVERT) if spec.get("convert") is not None else None
+    )
+    v["finetune"] = (
+        _section(where, key + ".finetune.", spec["finetune"], FINETUNE) if spec.get("finetune") is not None else None
+    )
+    v["slice"] = _section(where, key + ".slice.", spec["slice"], SLICE) if spec.get("slice") is not None else None
+    for option, why in slice_option_errors(v["slice"]) if v["slice"] is not None else ():
+        _fail(where, f"{key}.slice.{option}", why)
+    if v["slice"] is not None and not 0 < v["slice"]["fraction"] < 1:
+        _fail(where, f"{key}.slice.fraction", f"must be in (0, 1), got {show(v['slice']['fraction'])}")
+    ft = v["finetune"]
+    for option, why in option_errors(ft) if ft is not None else ():
+        _fail(where, f"{key}.finetune.{option}", why)
+    return v
+
+
+def _eval_section(where: str, recipe: dict) -> dict:
+    """``eval:`` with the defaults that depend on the task: perplexity for a causal LM, fidelity for an encoder."""
     ev = recipe["eval"]
     masked = recipe["task"] in ("masked-lm", "encoder")
     if ev["perplexity"] is None:
@@ -316,11 +326,7 @@ def validate(raw, where: str) -> dict:
             )
         if ev["tasks"]:
             _fail(where, "eval.tasks", "lm-eval tasks need a causal-lm recipe")
-    for option, why in eval_option_errors(ev):
-        _fail(where, f"eval.{option}", why)
-    if recipe["report"]["title"] is None:
-        recipe["report"]["title"] = recipe["name"]
-    return recipe
+    return ev
 
 
 def built(variant: dict) -> bool:

@@ -13,6 +13,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+# Every string a figure shows is text, never TeX: model names, tasks and titles come from directory
+# names and received results.json files, and matplotlib parses anything between two ``$`` as math
+# (``kjv$\x$`` raised in its parser after a whole evaluation; nested ``^{`` recursed out of the
+# stack). Decided here, the one module through which normswap draws (reports, studies, benches).
+matplotlib.rcParams["text.parse_math"] = False
+matplotlib.rcParams["text.usetex"] = False
 import matplotlib.pyplot as plt  # noqa: E402
 
 from normswap.publish import atomic_write_with  # noqa: E402

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from normswap import bounded_load
+from normswap.errors import NormswapError, first_line
 from normswap.publish import check_output_path, output_lock, publish_dir, publish_files, staging_dir
 from normswap.report.schema import check_results
 
@@ -72,22 +73,31 @@ def render_into(results: dict, folder: Path, *, log=None, with_results: bool = T
     from normswap.report.render import html_report, markdown
 
     folder = Path(folder)
-    figures = all_plots(results, folder)
     results = dict(results)
     if log is not None:  # lm-eval's own output travels with the report
         with open(folder / LOG, "xb") as g:
             shutil.copyfileobj(log, g)
         results["lm_eval_log"] = LOG
+    if with_results:  # the measurements first: a figure that fails must not take them with it (_write)
+        _write_results(folder, results)
+    figures = all_plots(results, folder)
     results["figures"] = {k: Path(p).name for k, p in figures.items()}
     written = {"markdown": folder / MARKDOWN, "html": folder / HTML, **figures}
     if with_results:
-        (folder / RESULTS).write_text(json.dumps(results, indent=2, default=_json_default) + "\n")
+        _write_results(folder, results)  # again, naming the figures it now has
         written["results"] = folder / RESULTS
     if log is not None:
         written["lm_eval_log"] = folder / LOG
     (folder / MARKDOWN).write_text(markdown(results, figures))
     (folder / HTML).write_text(html_report(results, figures))
     return written
+
+
+def _write_results(folder: Path, results: dict) -> None:
+    text = json.dumps(results, indent=2, default=_json_default) + "\n"
+    tmp = folder / f".{RESULTS}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, folder / RESULTS)
 
 
 def _open_regular(path):
@@ -135,9 +145,26 @@ def _write(results: dict, out, *, force: bool, log, reads=()) -> dict[str, Path]
     out = check_out(out, force=force, reads=_reads(results) + list(reads))
     out.parent.mkdir(parents=True, exist_ok=True)
     with staging_dir(out) as tmp:
-        written = render_into(results, tmp, log=log)
+        try:
+            written = render_into(results, tmp, log=log)
+        except Exception as e:
+            if not (tmp / RESULTS).is_file():
+                raise
+            _keep_measurements(tmp)  # hours of measurements outlive a report page that failed
+            publish_dir(tmp, out, force=True)
+            raise NormswapError(
+                f"the measurements are saved in {out / RESULTS}, but the report around them failed "
+                f"({type(e).__name__}: {first_line(e)}); `normswap eval render {out / RESULTS}` builds it again"
+            ) from e
         publish_dir(tmp, out, force=True)  # check_out decided: forced, or an empty directory
     return {k: out / Path(p).name for k, p in written.items()}
+
+
+def _keep_measurements(folder: Path) -> None:
+    """Leave only results.json and lm-eval's log in ``folder``: no half-made figure or page."""
+    for entry in folder.iterdir():
+        if entry.name not in (RESULTS, LOG):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def _log_beside(results: dict, directory: Path, say):

@@ -79,3 +79,17 @@ def options_from(options: SliceOptions | None, values: dict) -> SliceOptions:
     if problems:
         raise NormswapError("; ".join(problems))
     return options
+
+
+def check_out(src, out, *, force: bool, data=None):
+    """Refuse an OUT that would clobber something or overlap what slice reads (the model, the
+    calibration data); cheap (no torch: the CLI answers it before the slicing modules load and
+    before OUT's lock is taken), and slice_checkpoint checks again."""
+    from pathlib import Path
+
+    from normswap.publish import check_output_path
+
+    reads = [("the model", src)]
+    if data is not None and data != "embedded" and Path(str(data)).exists():
+        reads.append(("the calibration data", data))
+    return check_output_path(out, force=force, reads=reads)

@@ -31,23 +31,14 @@ from normswap.checkpoint.card import write_model_card
 from normswap.checkpoint.manifest import history_entry, read_manifest, write_manifest
 from normswap.checkpoint.write import write_checkpoint_dir
 from normswap.errors import NormswapError, VerificationError
-from normswap.publish import atomic_write_json, check_output_path, publish_dir, staging_dir
+from normswap.publish import atomic_write_json, publish_dir, staging_dir
 from normswap.slice import rotation_check as verification
 from normswap.slice.calibrate import block_length, calibration_batches
-from normswap.slice.config import SliceOptions, options_from
+from normswap.slice.config import SliceOptions, check_out, options_from
 from normswap.slice.model import check_fraction, rotate_model, slice_model
 from normswap.version import __version__
 
 SLICE_JSON = "slice.json"
-
-
-def check_out(src, out, *, force: bool, data=None):
-    """Refuse an OUT that would clobber something or overlap what slice reads (the model, the
-    calibration data); cheap, so the CLI calls it before taking OUT's lock, and slice_checkpoint again."""
-    reads = [("the model", src)]
-    if data is not None and data != "embedded" and Path(str(data)).exists():
-        reads.append(("the calibration data", data))
-    return check_output_path(out, force=force, reads=reads)
 
 
 def _is_conversion(config) -> bool:

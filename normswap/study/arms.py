@@ -117,10 +117,13 @@ def _config_from_file(path: Path):
 
 def _tokenizer_for(spec: str, config, directory: Path | None):
     from normswap.checkpoint.load import load_tokenizer
+    from normswap.checkpoint.tokenizer_guard import TokenizerRefused
 
     if directory is None or (directory / "tokenizer.json").exists() or (directory / "tokenizer_config.json").exists():
         try:
             return load_tokenizer(str(directory) if directory is not None else spec)
+        except TokenizerRefused:
+            raise  # the config's own tokenizer, refused: the study says so instead of using another one
         except NormswapError:
             if directory is None:
                 raise

@@ -8,7 +8,7 @@ and must match what DIR recorded.
 The defaults size the offline study (``normswap study --out DIR``: the shipped kjv-gpt2
 architecture, randomly initialised, on the embedded corpus, 3 seeds first, more while a verdict is
 open and the budget allows) to finish within 15 minutes on 2 idle CPU cores and to train past the
-count-bigram baseline, so that its loss verdicts can be decided; docs/study/ holds that run's
+count-bigram baseline, so that its loss verdicts can be decided; results/study-20261201T1642Z/ holds that run's
 output and timing.
 
 This module imports neither torch nor click, so that ``--help`` and recipe validation stay fast.
@@ -142,10 +142,17 @@ class StudyConfig:
         "(--max-seeds alone decides).",
         minimum=0.0,
         maximum=1e9,
+        flag="--training-seconds",  # named for what it bounds: a bare --budget would say nothing of that
+        aliases=("--budget",),
     )
     steps: int = _opt(300, "Optimizer steps per arm.", minimum=1, maximum=MAX_STEPS)
     warmup: int = _opt(
-        30, "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).", minimum=0, maximum=MAX_STEPS
+        30,
+        "Linear warmup steps: η_t = η_max·t/T_w up to step T_w (then --lr-schedule).",
+        minimum=0,
+        maximum=MAX_STEPS,
+        flag="--warmup-steps",  # the fine-tune's name for the same thing
+        aliases=("--warmup",),
     )
     lr: float = _opt(3e-3, "Peak learning rate η_max of every arm.", above=0.0)
     lr_schedule: str = _opt(
@@ -168,8 +175,8 @@ class StudyConfig:
     stability_rates: int = _opt(6, "Rates of the --stability sweep (--lr × 2^k, k = 0 … N−1).", minimum=2)
     precision: str = _opt(
         "fp32",
-        "fp32, bf16 or fp16: autocast, and every norm computing in that dtype (its input, γ and β cast to "
-        "it); fp16 adds loss scaling; fp32 master weights always.",
+        "float32, bfloat16 or float16 (fp32, bf16, fp16): autocast, and every norm computing in that dtype (its "
+        "input, γ and β cast to it); float16 adds loss scaling; float32 master weights always.",
         choices=PRECISIONS,
     )
     kernels: str = _opt(
@@ -185,7 +192,8 @@ class StudyConfig:
     )
     # 32 × 64 rather than 16 × 128: the same 2,048 tokens a step, twice the independent windows; the
     # byte model is then at 1.94 nats by step 200 instead of 2.23 (seed 0, 400 steps: 1.729 against
-    # 1.940 at the end; the bigram 2.28-2.30; docs/study-design/), so 300 steps learn past it with room
+    # 1.940 at the end; the bigram 2.28-2.30; results/study-design-20261203T1336Z/), so 300 steps learn
+    # past it with room
     seq_len: int = _opt(64, "Tokens per sequence.", minimum=2, maximum=MAX_SEQ_LEN)
     eval_every: int = _opt(
         75,

@@ -24,7 +24,7 @@ the width said). From random initialisation both arms start with γ = 1 and β =
 construction and the rule reduces to "keep the rate" — said beside the verdict; from a trained
 checkpoint (γ ≠ 1) g is measured. Ablations: the ``rmsnorm-approx`` arm keeps γ (folded) instead
 of resetting it to 1, so its row is the γ = 1 ablation; the warmup ablation is the same study with
-``--warmup 0``.
+``--warmup-steps 0``.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ step) and the throughput analysis (the kernel speed-up behind the Amdahl bound):
   (``torch.compile`` of the RMSNorm formula, Inductor) is a candidate too, taken when the
   side-by-side timing (normswap.timing, forward and backward) finds it faster; on CPU compiling
   takes tens of seconds a shape on a 2-core machine and normswap's C++ kernel is already one pass.
+  Each implementation is a record of normswap.kernels' one table (``native``, ``compiled``, or none:
+  the chooser's decision), run by normswap's RMSNorm module by name (``RMSNorm.backend``).
 * **Low precision** (``--precision bf16|fp16``). Under autocast alone the norms receive the fp32
   residual stream and return fp32 (layer_norm computes in its input's dtype, and autocast leaves
   it alone or puts it in fp32), so no norm would run in low precision. :func:`compute_in` makes
@@ -33,10 +35,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from normswap import timing
-from normswap.compile_cache import compiled
 from normswap.kernels import choose
 from normswap.model_facts import hidden_size_of, norm_modules
 from normswap.modules import RMSNorm
@@ -49,45 +49,17 @@ BENCH_WARMUP = 3
 BENCH_BUDGET_S = 10.0  # at most this long for one side-by-side timing
 
 
-class TorchRMSNorm(RMSNorm):
-    """normswap's RMSNorm module (same parameters) computed by PyTorch's ``F.rms_norm``."""
-
-    def forward(self, x, residual=None):
-        if residual is not None:
-            x = x + residual
-        y = F.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
-        y = y if self.bias is None else y + self.bias
-        return y if residual is None else (y, x)
-
-
-def _rms_formula(x, weight, eps: float):
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-@functools.cache
-def _compiled_formula():
-    return compiled(_rms_formula, dynamic=False)
-
-
-class CompiledRMSNorm(RMSNorm):
-    """normswap's RMSNorm module computed by ``torch.compile`` of the RMSNorm formula (Inductor)."""
-
-    def forward(self, x, residual=None):
-        if residual is not None:
-            x = x + residual
-        y = _compiled_formula()(x, self.weight, self.eps)
-        y = y if self.bias is None else y + self.bias
-        return y if residual is None else (y, x)
-
-
-RMS_IMPLS = {"normswap": RMSNorm, "torch": TorchRMSNorm, "compile": CompiledRMSNorm}
-# what each module class is called in a label (the detected structure is added to it)
-IMPL_NAMES = {
-    torch.nn.LayerNorm: "torch.nn.functional.layer_norm",
-    TorchRMSNorm: "torch.nn.functional.rms_norm",
-    CompiledRMSNorm: "torch.compile(rms_norm)",
-    RMSNorm: "normswap rms_norm",
+# the study's RMSNorm implementations, each a record of normswap.kernels' one table, run by the
+# module it names (normswap.modules.RMSNorm.backend): ``normswap`` is what the chooser decides per
+# kind of call, ``torch`` torch's own F.rms_norm, ``compile`` torch.compile of the formula
+RMS_IMPLS = {"normswap": None, "torch": "native", "compile": "compiled"}
+# what each implementation is called in a label (the detected structure is added to it)
+RECORD_NAMES = {
+    None: "normswap rms_norm",
+    "native": "torch.nn.functional.rms_norm",
+    "compiled": "torch.compile(rms_norm)",
 }
+IMPL_NAMES = {torch.nn.LayerNorm: "torch.nn.functional.layer_norm"}
 # what a single autograd node says about the kernel behind it (substring of its name())
 NODE_KERNELS = (
     ("NativeLayerNormBackward", "aten native_layer_norm"),
@@ -105,17 +77,14 @@ def candidates(device) -> list[str]:
     return ["normswap", "torch"] + (["compile"] if choose.compile_pays(device) else [])
 
 
-def _rms_classes() -> tuple:
-    return tuple(RMS_IMPLS.values())
-
-
 def use_rms_impl(model: torch.nn.Module, impl: str) -> int:
-    """Make every RMSNorm of ``model`` compute with ``impl`` (same parameters); how many changed."""
-    cls = RMS_IMPLS[impl]
+    """Make every RMSNorm of ``model`` compute with ``impl``'s record (same module, same parameters);
+    how many changed."""
     n = 0
     for _, m in model.named_modules():
-        if type(m) in _rms_classes():
-            m.__class__ = cls
+        if isinstance(m, RMSNorm):
+            m.backend = RMS_IMPLS[impl]
+            m.unbind()
             n += 1
     return n
 
@@ -197,7 +166,10 @@ def _kernel_nodes(out: torch.Tensor, inputs: list[torch.Tensor]) -> list[str]:
 def describe(module: torch.nn.Module, nodes: list[str]) -> tuple[str, bool]:
     """``(label, fused)`` of a norm from the autograd nodes it produced (see :func:`_kernel_nodes`)."""
     cls = base_class(module)
-    impl = next((v for k, v in IMPL_NAMES.items() if cls is k), None)
+    if issubclass(cls, RMSNorm):
+        impl = RECORD_NAMES.get(module.backend, f"normswap rms_norm ({module.backend})")
+    else:
+        impl = next((v for k, v in IMPL_NAMES.items() if cls is k), None)
     if impl is None:
         impl = next((v for k, v in IMPL_NAMES.items() if issubclass(cls, k)), f"{cls.__module__}.{cls.__qualname__}")
     if not nodes:
@@ -300,8 +272,9 @@ def time_side_by_side(
 
 def _sample_rms(like: torch.nn.Module, impl: str, device, precision: str) -> torch.nn.Module:
     """A fresh RMSNorm like ``like`` (width, ε, bias) computing with ``impl`` in ``precision``."""
-    m = RMS_IMPLS[impl](like.hidden_size, like.eps, bias=like.bias is not None).to(device)
+    m = RMSNorm(like.hidden_size, like.eps, bias=like.bias is not None).to(device)
     holder = torch.nn.Sequential(m)
+    use_rms_impl(holder, impl)
     compute_in(holder, precision)
     return holder[0]
 
@@ -316,7 +289,7 @@ def kernels_pick(like: torch.nn.Module, rows: int, device, precision: str) -> st
     bias = weight if like.bias is not None else None
     with torch.enable_grad():
         kind = choose.call_kind(x, weight, bias)
-    return "torch" if choose.decide(kind, rows=rows).torch_own else "normswap"
+    return "torch" if choose.decide(kind, rows=rows).name == RMS_IMPLS["torch"] else "normswap"
 
 
 def choose_rms(like: torch.nn.Module, rows: int, device, precision: str) -> dict:

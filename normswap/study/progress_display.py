@@ -21,7 +21,9 @@ class Progress:
         if show_bar:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, desc="study", unit="arm-step", dynamic_ncols=True, file=sys.stderr)
+            from normswap.progress import unescaped
+
+            self.bar = tqdm(total=total, desc="study", unit="arm-step", dynamic_ncols=True, file=unescaped(sys.stderr))
 
     def step(self, n: int, where: str, arms) -> None:
         self.done += n

@@ -86,8 +86,8 @@ def plan_study(cfg: StudyConfig, given, hooks: Hooks, echo) -> Plan:
     TrainStream(source.tokenizer, cfg.data, cfg.seq_len, 0, split=data["train_split"]).take(1)  # too short: now
     if cfg.steps < cfg.warmup and dist.rank == 0:
         echo(
-            f"normswap study: warning: --steps {cfg.steps} is below --warmup {cfg.warmup}: the rate never reaches "
-            f"its peak {cfg.lr:g} and never decays (the schedule is all warmup)"
+            f"normswap study: warning: --steps {cfg.steps} is below --warmup-steps {cfg.warmup}: the rate never "
+            f"reaches its peak {cfg.lr:g} and never decays (the schedule is all warmup)"
         )
     baselines = baseline_losses(source, cfg, data["train_split"], data["eval_set"]) if dist.rank == 0 else {}
     kernel_setup = (recorded or {}).get("kernels") or norm_impl.setup(

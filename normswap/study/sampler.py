@@ -6,7 +6,7 @@ fine-tune that is harmless; for a study of a few hundred steps from random weigh
 measured on the default byte model (400 steps × 16 × 128, one core each, the probe's optimizer),
 consecutive blocks left the held-out loss at 2.441 nats after 100 steps where independent draws
 reached 2.326, and the whole study stayed on the count bigram's plateau (2.24 against 2.29 at 400
-steps, the first third-edition run) where independent draws pass it by far (probe_bytes.py: ~1.9).
+steps, the first third-edition run) where independent draws pass it by far (an uncommitted probe: ~1.9).
 
 The blocks are the training split packed once (normswap.data.pack_tokens, the fine-tune's packing:
 documents in corpus order, end-of-text between them); a data-order seed draws row indices with
