@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-# Question 1's bound. Most compat rows read 3e-15 to 1e-13 in float64 (results/exact-bound-rows-*);
+# Question 1's bound. Most compat rows read 3e-15 to 1e-13 in float64 (results/exact-bound-rows-20261207T0322Z);
 # float64 rounding is 2^29 times finer than float32's, so a source whose float32 floor is F nats reads
 # about F·2e-9 when converted correctly (the inflated-floor model of tests/test_pass_rule_capped.py:
 # floor 5.6, float64 1.2e-8). 1e-7 leaves such a model 8x room, is 100x below the float32 tolerance,
@@ -29,7 +29,7 @@ import torch
 EXACT_FLOAT64 = 1e-7
 EXACT_FLOOR_SHARE = 2
 # Question 2: the largest source float32 noise floor that may widen the bound. The compat rows'
-# floors are ≤ 1.5e-5 (ctrl, √d-scaled embeddings; the rest ≤ 6e-6, results/exact-bound-rows-*):
+# floors are ≤ 1.5e-5 (ctrl, √d-scaled embeddings; the rest ≤ 6.5e-6, results/exact-bound-rows-20261207T0322Z):
 # 1e-4 leaves them 6x room, and caps what any checkpoint can make the float32 threshold at 4e-4.
 FLOOR_CAP = 1e-4
 FLOOR_FACTOR = 4
