@@ -411,6 +411,11 @@ def apply_slice_structure(model, block):
             module.register_buffer(attr, new)
         if attr == "weight":
             _narrowed_attributes(module)
+    norm = info.get("embedding_norm")
+    norm_name = local_name(model, norm) if isinstance(norm, str) else None
+    if norm_name is not None:  # its output is precomputed into the (sliced) token table
+        parent, attr = _parent_and_attr(model, norm_name)
+        setattr(parent, attr, nn.Identity())
     adapter = info.get("head_adapter")
     head_name = local_name(model, adapter["head"]) if isinstance(adapter, dict) else None
     if head_name is not None:

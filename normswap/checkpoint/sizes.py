@@ -226,7 +226,8 @@ def _check_slice(raw: dict, label: str) -> None:
     if not isinstance(info, dict):
         raise NormswapError(f"{where} is not an object (the file is damaged)")
     width, hidden = info.get("width"), info.get("hidden_size")
-    if not (_whole_positive(width) and _whole_positive(hidden)) or isinstance(width, float) or width > hidden:
+    whole = all(isinstance(v, int) and _whole_positive(v) for v in (width, hidden))  # not a list: one stream
+    if not whole or width > hidden:
         raise NormswapError(
             f"{where} declares width {width!r} of hidden_size {hidden!r}; the width must be a whole number "
             "from 1 to the hidden size (the file is damaged)"

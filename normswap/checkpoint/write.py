@@ -180,6 +180,7 @@ def config_dict_for(model) -> dict:
         **{auto: f"modeling_normswap.{name}" for auto, name in sorted(names["classes"].items())},
     }
     d.pop("transformers_version", None)
+    d.pop("_name_or_path", None)  # where the config was loaded from: a local directory, never published
     import transformers
 
     d["transformers_version"] = transformers.__version__

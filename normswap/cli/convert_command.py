@@ -80,8 +80,18 @@ def convert(src, out, device, force, as_json, quiet, **values):
                 f"  probe perplexity: source {ver['probe_perplexity_source']:.4f}  "
                 f"converted {ver['probe_perplexity_converted']:.4f}"
             )
+        if ver.get("exact_float64") is not None:
+            click.echo(
+                f"  exact in float64: {metric} = {ver['exact_float64']:.2g} (threshold {ver['exact_threshold']:.2g}); "
+                f"float32 drift from the float64 source {ver['drift_float32']:.2g} (threshold {ver['threshold']:.2g})"
+            )
         if ver.get("passed"):
-            click.echo(f"  exact: PASSED (threshold {ver['threshold']:.2g})")
+            click.echo(f"  exact: PASSED (threshold {ver['threshold']:.2g}{_float64_part(ver)})")
+
+
+def _float64_part(ver) -> str:
+    """The float64 half of the pass rule, where it was checked (normswap/convert/pass_rule.py)."""
+    return f"; float64 threshold {ver['exact_threshold']:.2g}" if ver.get("exact_float64") is not None else ""
 
 
 def _counts(d):

@@ -58,6 +58,12 @@ def slice_command(src, out, device, force, as_json, quiet, **values):
         f"{result['basis']} basis, {result['calibration_tokens']:,} calibration tokens]"
     )
     click.echo(f"  parameters: {result['parameters_before']:,} -> {result['parameters_after']:,}")
+    if result.get("head_copy_parameters"):
+        fewer = "still fewer" if result["fewer_parameters_than_original"] else "NOT fewer"
+        click.echo(
+            f"  of which {result['head_copy_parameters']:,} are the head's own copy of the token table (the table "
+            f"holds the embedding norm's output now): {fewer} parameters than the original"
+        )
     click.echo(
         f"  stream energy kept: {result['kept_energy_total']:.6f} (dropped {result['dropped_energy_total']:.2e})"
     )

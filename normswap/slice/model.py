@@ -51,6 +51,7 @@ class SliceResult:
     basis_matrix: object = None
     moments: dict = field(default_factory=dict, repr=False)
     stream: StreamMap | None = field(default=None, repr=False)
+    head_copy_parameters: int = 0  # the head's own rotated copy of a table that now holds other rows (BLOOM)
 
     def summary(self) -> dict:
         """The JSON-ready figures (what `normswap slice --json` and slice.json report)."""
@@ -65,6 +66,14 @@ class SliceResult:
             "kept_energy_total": self.kept_energy_total,
             "dropped_energy_total": 1.0 - self.kept_energy_total,
             "kept_energy": dict(self.kept_energy),
+            **(
+                {
+                    "head_copy_parameters": self.head_copy_parameters,
+                    "fewer_parameters_than_original": self.parameters_after < self.parameters_before,
+                }
+                if self.head_copy_parameters
+                else {}
+            ),
         }
 
 
@@ -126,7 +135,15 @@ def slice_model(
         basis_matrix=q,
         moments=moments,
         stream=stream,
+        head_copy_parameters=_head_copy_parameters(sliced, stream),
     )
+
+
+def _head_copy_parameters(sliced, stream: StreamMap) -> int:
+    """Parameters of the head's own table copy (``StreamMap.head_copy``), counted in parameters_after."""
+    if not stream.head_copy:
+        return 0
+    return int(dict(sliced.named_parameters())[stream.head_copy].numel())
 
 
 def rotate_model(model, stream: StreamMap, q: torch.Tensor, k: int, *, fraction: float, basis: str, q_for=None):

@@ -56,6 +56,9 @@ def sliced_block(block: dict, stream: StreamMap, k: int, *, fraction: float, bas
                 if adapter
                 else "the norm-width gain sqrt(d/k) kept as the norm's weight: its reader is the tied table"
             )
+    if stream.embedding_norm:  # precomputed into the table: gone from the sliced model
+        out["norms"].pop(stream.embedding_norm, None)
+        out["tied"] = False  # the table now holds the normalised rows; the head its own copy of the raw ones
     out["logits_bias"] = {}
     out["centered_outputs"] = [n for n in out.get("centered_outputs", []) if n not in stream.rotated_outputs]
     out["stream_writers"] = {"zero_mean": {}, "unit_scales": list(stream.unit_scales)}
@@ -68,6 +71,9 @@ def sliced_block(block: dict, stream: StreamMap, k: int, *, fraction: float, bas
     }
     if adapter:
         out["slice"]["head_adapter"] = {"head": stream.tied_head, "norm": stream.tied_norm}
+    if stream.embedding_norm:
+        out["slice"]["embedding_norm"] = stream.embedding_norm
+        out["slice"]["head_copy"] = stream.head_copy
     return out
 
 
@@ -77,7 +83,11 @@ def sliced_tensors(model, stream: StreamMap, k: int, q_for) -> dict[str, torch.T
     state = model.state_dict()
 
     def read(key):
-        value = state.get(key)
+        if key in stream.unit_scales:  # set to k ones: nothing to read
+            return None
+        if key == stream.embedding_table and stream.embedding_norm:
+            return normalised_table(model, stream)  # what the stream starts from, per token
+        value = _tensor(model, state, key)
         return None if value is None else value.detach().to(torch.float64).cpu()
 
     out = {key: rotated_tensor(key, read(key), stream, k, q_for(key)) for key in stream.stream_dims()}
@@ -86,6 +96,27 @@ def sliced_tensors(model, stream: StreamMap, k: int, q_for) -> dict[str, torch.T
         own = own.detach().to(torch.float64).cpu() if isinstance(own, torch.nn.Parameter) else None
         out.update(head_tensors(read, stream, k, q_for(stream.tied_table), own))
     return out
+
+
+def normalised_table(model, stream: StreamMap) -> torch.Tensor:
+    """The embedding norm's output for every token id (float64, centred): the stream's start, which
+    depends on the token alone, so one table holds it (BLOOM's word_embeddings_layernorm over its
+    table). The modules run as the conversion runs them (the table's and the norm's run-time centring
+    included), on float64 copies."""
+    owner = stream.embedding_table.rpartition(".")[0]
+    embed = copy.deepcopy(model.get_submodule(owner)).double().cpu()
+    norm = copy.deepcopy(model.get_submodule(stream.embedding_norm)).double().cpu()
+    with torch.no_grad():
+        table = norm(embed(torch.arange(embed.weight.shape[0])))
+    return table - table.mean(dim=-1, keepdim=True)
+
+
+def _tensor(model, state, key) -> torch.Tensor:
+    """``key``'s tensor: from the state dict, or (a computed table, not persistent) from its module."""
+    if key in state:
+        return state[key]
+    owner, _, attr = key.rpartition(".")
+    return getattr(model.get_submodule(owner), attr)
 
 
 def rotated_tensor(key: str, value: torch.Tensor | None, stream: StreamMap, k: int, q: torch.Tensor) -> torch.Tensor:
@@ -162,6 +193,8 @@ def build_sliced(model, block: dict, tensors: dict[str, torch.Tensor]):
     dtype, device = param.dtype, param.device
     config = copy.deepcopy(model.config)
     config.normswap = block
+    if block.get("slice", {}).get("head_copy"):  # the head keeps its own table: loading must not tie it again
+        config.tie_word_embeddings = False
     cls = type(model)
     with no_init_weights():
         if cls.__name__.startswith("Normswap"):

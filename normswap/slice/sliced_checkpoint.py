@@ -92,7 +92,12 @@ def slice_checkpoint(
             say(f"{src} is not a normswap conversion: converting it exactly first (verified)")
             converted = Path(private) / "converted"
             try:
-                conversion = convert_checkpoint(resolved, converted, mode="exact", device=device, progress=progress)
+                # in float32 whatever the source's dtype: a 16-bit conversion's centred writers, rounded, keep a
+                # little of the stream along the all-ones direction that slicing deletes first (a bf16
+                # GPT-NeoX moved 0.0117 nats at the rotation-alone check); the slice is written in SRC's dtype
+                conversion = convert_checkpoint(
+                    resolved, converted, mode="exact", dtype="float32", device=device, progress=progress
+                )
             except VerificationError:
                 raise
             except NormswapError as e:
@@ -109,6 +114,7 @@ def slice_checkpoint(
             say=say,
             t0=t0,
             conversion=conversion,
+            out_dtype=None if conversion is None else _stored_dtype(config),
         )
 
 
@@ -119,7 +125,15 @@ def _budget(text) -> int:
         raise NormswapError(f"--memory-budget: cannot read {text!r} as a size (e.g. 4GiB, 800MB)") from None
 
 
-def _slice_converted(src, converted, out, options, texts, tokenizer, *, force, device, say, t0, conversion) -> dict:
+def _stored_dtype(config) -> torch.dtype:
+    """The dtype a checkpoint's config says its weights are stored in (float32 where it says none)."""
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32"
+    return getattr(torch, str(stored).replace("torch.", ""), torch.float32)
+
+
+def _slice_converted(
+    src, converted, out, options, texts, tokenizer, *, force, device, say, t0, conversion, out_dtype=None
+) -> dict:
     batches, held_out = texts
     parts = Parts()
     with (
@@ -127,8 +141,7 @@ def _slice_converted(src, converted, out, options, texts, tokenizer, *, force, d
         tempfile.TemporaryDirectory(prefix="normswap-slice-rotated-") as private,
     ):
         config = conv.config
-        stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32"
-        out_dtype = getattr(torch, str(stored).replace("torch.", ""), torch.float32)
+        out_dtype = out_dtype or _stored_dtype(config)  # SRC's, where slice converted SRC itself
         stream = streamed.check_stream(conv)
         d = stream.hidden_size
         k = bases.width_for(d, options.fraction, options.round_to)

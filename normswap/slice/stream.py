@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from normswap.errors import NormswapError
@@ -38,6 +39,15 @@ class StreamMap:
     tied_norm: str | None = None  # the final norm that feeds the tied head
     tied_table: str | None = None  # the tied table's weight key
     rotated_outputs: list[str] = field(default_factory=list)  # run-time centred tables that rotation replaces
+    # tables a module computes at run time into a non-persistent buffer (XGLM's sinusoidal positions):
+    # their rotated copy is stored in the sliced checkpoint, which reads it instead of computing it
+    computed_tables: list[str] = field(default_factory=list)
+    # a norm that starts the stream from the token table alone (BLOOM's word_embeddings_layernorm): its
+    # output depends only on the token id, so the normalised table is precomputed (float64) and rotated
+    # in place of the raw one; the tied head keeps its own rotated copy of the raw table (``head_copy``)
+    embedding_norm: str | None = None
+    embedding_table: str | None = None  # the raw table's weight key the norm reads
+    head_copy: str | None = None  # the head's own weight key once untied
 
     def writes_and_reads(self, key: str) -> list[int]:
         """The axes of ``key`` that carry the stream (written, then read)."""
@@ -50,7 +60,22 @@ class StreamMap:
             dims.setdefault(key, []).append(axis)
         for key in self.unit_scales:
             dims.setdefault(key, []).append(-1)
+        if self.head_copy:
+            dims.setdefault(self.head_copy, []).append(1)
         return dims
+
+
+# modules whose output is a row of a table they compute themselves (no weight), by class name, with
+# the buffer that holds the table: the whole output depends on the position alone, so the table can be
+# stored and rotated like an embedding's
+COMPUTED_TABLES = {"XGLMSinusoidalPositionalEmbedding": "weights"}
+
+
+def computed_table(module) -> str | None:
+    """The buffer name of ``module``'s computed table (``COMPUTED_TABLES``), or None."""
+    attr = COMPUTED_TABLES.get(type(module).__name__) if module is not None else None
+    table = getattr(module, attr, None) if attr else None
+    return attr if isinstance(table, torch.Tensor) and table.dim() == 2 else None
 
 
 def _block(model) -> dict:
@@ -84,9 +109,11 @@ def stream_map(model) -> StreamMap:
                 f"cannot rotate {block[key][0]}: the stream starts there without a module that owns the write "
                 "(centred at run time), so no table or matrix can take the rotation"
             )
-    for name, rec in block.get("norms", {}).items():
-        _check_norm(name, rec, block)
     modules = dict(model.named_modules())
+    embedding_norm = _embedding_norm(model, block)
+    for name, rec in block.get("norms", {}).items():
+        if name != embedding_norm:
+            _check_norm(name, rec, block)
     params = dict(model.named_parameters(remove_duplicate=False))
     stream = StreamMap(hidden_size=0)
     widths = set()
@@ -99,6 +126,16 @@ def stream_map(model) -> StreamMap:
     head = output_embeddings(model)
     for name in block.get("centered_outputs", []):
         module = modules.get(name)
+        if name == embedding_norm:  # precomputed into the table (below)
+            stream.rotated_outputs.append(name)
+            continue
+        computed = computed_table(module)
+        if computed is not None:  # a table computed at run time (XGLM's sinusoids): stored, rotated
+            stream.writes[f"{name}.{computed}"] = 1
+            stream.rotated_outputs.append(name)
+            stream.computed_tables.append(f"{name}.{computed}")
+            widths.add(int(getattr(module, computed).shape[1]))
+            continue
         if not isinstance(module, nn.Embedding):
             raise NormswapError(
                 f"cannot rotate {name}: its output is centred at run time (a computed embedding or a writer "
@@ -109,7 +146,13 @@ def stream_map(model) -> StreamMap:
         widths.add(int(module.weight.shape[1]))
         if head is not None and head.weight is module.weight:
             stream.tied_table = f"{name}.weight"
+    if embedding_norm is not None:
+        stream.embedding_norm, stream.embedding_table = embedding_norm, stream.tied_table
+        if stream.tied_table is not None and head is not None:
+            stream.head_copy = f"{local_head_name(model, head)}.weight"
     for name, rec in block.get("norms", {}).items():
+        if name == embedding_norm:
+            continue
         stream.norms[name] = rec
         widths.add(int(rec["hidden_size"]))
         for reader in rec.get("readers", []):
@@ -136,6 +179,25 @@ def stream_map(model) -> StreamMap:
         if stream.writes[key] == stream.reads[key]:
             raise NormswapError(f"{key} both reads and writes the stream along one axis: cannot rotate it")
     return stream
+
+
+def _embedding_norm(model, block: dict) -> str | None:
+    """The norm that starts the stream from the token table alone, where its output can be precomputed
+    per token: an embedding-role norm, centred at run time, whose only other stream start is the
+    input embedding table (no position table added before it), or None."""
+    norms = [n for n, rec in block.get("norms", {}).items() if rec.get("role") == "embedding"]
+    if len(norms) != 1:
+        return None
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if not isinstance(embed, nn.Embedding):
+        return None
+    names = {n for n, m in model.named_modules() if m is embed}
+    starts = set(block.get("centered_outputs", []))
+    return norms[0] if starts - {norms[0]} <= names and norms[0] in starts else None
+
+
+def local_head_name(model, head) -> str:
+    return next(n for n, m in model.named_modules() if m is head)
 
 
 def _check_norm(name: str, rec: dict, block: dict) -> None:
