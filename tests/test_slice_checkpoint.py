@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,13 +55,17 @@ def sliced(built_once, converted):
     return built_once("slice-kjv-gpt2-sliced", build)
 
 
-def test_sliced_checkpoint_declares_its_width_and_records_its_figures(sliced):
+def test_sliced_checkpoint_declares_its_width_and_records_its_figures(sliced, converted):
     cfg = json.loads((sliced / "config.json").read_text())
     info = cfg["normswap"]["slice"]
     assert info["hidden_size"] == 128 and info["width"] == 96
     assert info["head_adapter"]["head"] == "lm_head"
     assert all(rec["hidden_size"] == 96 for rec in cfg["normswap"]["norms"].values())
     assert cfg["normswap"]["centered_outputs"] == []  # u deleted: nothing centred at run time
+    # generate() uses the key/value cache as the source's does (the streamed writer once wrote the
+    # run-time skeleton's use_cache=False into config.json)
+    source_cfg = json.loads((Path(converted) / "config.json").read_text())
+    assert cfg.get("use_cache", True) == source_cfg.get("use_cache", True) is not False
     figures = json.loads((sliced / "slice.json").read_text())
     assert figures["width"] == 96 and figures["verification"]["passed"]
     assert figures["parameters_after"] < figures["parameters_before"]

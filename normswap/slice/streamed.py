@@ -43,11 +43,14 @@ ROW_BLOCK_ELEMENTS = 1 << 22  # a table rotated this many elements of rows at a 
 
 
 def skeleton(config, dtype=torch.float32, *, buffers=True):
-    """A storage-free model of ``config`` (buffers real when the model is to run)."""
-    model = ckinputs.skeleton(config, dtype, buffers=buffers)
-    if getattr(model.config, "use_cache", None):  # one forward, no generation: a key/value cache is copying only
-        model.config.use_cache = False
-    return model
+    """A storage-free model of ``config`` (buffers real when the model is to run). ``config`` itself is
+    never changed: a model to run gets its own copy with the key/value cache off (one forward, no
+    generation: a cache is copying only), while the config written beside the weights keeps the
+    source's setting, so that generate() on the sliced model uses its cache."""
+    if buffers and getattr(config, "use_cache", None):
+        config = copy.deepcopy(config)
+        config.use_cache = False
+    return ckinputs.skeleton(config, dtype, buffers=buffers)
 
 
 class ConvertedFiles:
