@@ -82,19 +82,22 @@ def sliced_tensors(model, stream: StreamMap, k: int, q_for) -> dict[str, torch.T
     is the full d × d basis that applies to that parameter (one basis for all by default)."""
     state = model.state_dict()
 
+    def raw(key):
+        value = _tensor(model, state, key)
+        return None if value is None else value.detach().to(torch.float64).cpu()
+
     def read(key):
         if key in stream.unit_scales:  # set to k ones: nothing to read
             return None
         if key == stream.embedding_table and stream.embedding_norm:
             return normalised_table(model, stream)  # what the stream starts from, per token
-        value = _tensor(model, state, key)
-        return None if value is None else value.detach().to(torch.float64).cpu()
+        return raw(key)
 
     out = {key: rotated_tensor(key, read(key), stream, k, q_for(key)) for key in stream.stream_dims()}
     if stream.tied_head is not None:
         own = getattr(model.get_submodule(stream.tied_head), "bias", None)
         own = own.detach().to(torch.float64).cpu() if isinstance(own, torch.nn.Parameter) else None
-        out.update(head_tensors(read, stream, k, q_for(stream.tied_table), own))
+        out.update(head_tensors(raw, stream, k, q_for(stream.tied_table), own))  # the raw table
     return out
 
 
@@ -116,7 +119,10 @@ def _tensor(model, state, key) -> torch.Tensor:
     if key in state:
         return state[key]
     owner, _, attr = key.rpartition(".")
-    return getattr(model.get_submodule(owner), attr)
+    try:
+        return getattr(model.get_submodule(owner), attr, None)
+    except AttributeError:  # no such module: the model has no such tensor (a head without a folded β)
+        return None
 
 
 def rotated_tensor(key: str, value: torch.Tensor | None, stream: StreamMap, k: int, q: torch.Tensor) -> torch.Tensor:

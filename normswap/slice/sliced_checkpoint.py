@@ -41,8 +41,8 @@ from normswap.convert.verify import verification_ids
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import atomic_write_json, publish_dir, staging_dir
 from normswap.slice import basis as bases
+from normswap.slice import in_memory, streamed
 from normswap.slice import rotation_check as verification
-from normswap.slice import streamed
 from normswap.slice.calibrate import block_length, calibration_batches, held_out_batches
 from normswap.slice.config import SliceOptions, check_out, options_from
 from normswap.slice.model import check_fraction, parameter_count
@@ -143,6 +143,23 @@ def _slice_converted(
         config = conv.config
         out_dtype = out_dtype or _stored_dtype(config)  # SRC's, where slice converted SRC itself
         stream = streamed.check_stream(conv)
+        if in_memory.needs_memory(stream):  # BLOOM, XGLM: the model is loaded whole (slice/in_memory.py)
+            figures = in_memory.slice_in_memory(
+                src,
+                converted,
+                out,
+                options,
+                batches,
+                tokenizer,
+                force=force,
+                device=device,
+                say=say,
+                out_dtype=out_dtype,
+                finish=lambda tmp, figures, block: _finish_in_memory(
+                    converted, src, options, figures, block, conversion
+                ),
+            )
+            return _summary(figures, out, t0)
         d = stream.hidden_size
         k = bases.width_for(d, options.fraction, options.round_to)
         spill, rotated_dir = Path(private) / "moments", Path(private) / "rotated"
@@ -199,6 +216,10 @@ def _slice_converted(
                 publish_dir(tmp, out, force=force)
         finally:
             rotated.close()
+    return _summary(figures, out, t0)
+
+
+def _summary(figures, out, t0) -> dict:
     return {
         **{key: v for key, v in figures.items() if key != "kept_energy"},
         "out": str(out),
@@ -206,6 +227,19 @@ def _slice_converted(
         "kept_energy": figures["kept_energy"],
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def _finish_in_memory(converted, src, options, figures, block, conversion) -> dict:
+    """The in-memory path's figures completed as the streamed path's are; returns the manifest."""
+    figures.update(
+        seed=options.seed,
+        round_to=options.round_to,
+        data=options.data,
+        calibration_split="train",
+        head=_head_record(block),
+        peak_rss_bytes=peak_rss_bytes(),
+    )
+    return _manifest(converted, src, options, figures["width"], figures, conversion)
 
 
 class Parts:

@@ -50,8 +50,10 @@ class StreamMap:
     head_copy: str | None = None  # the head's own weight key once untied
 
     def writes_and_reads(self, key: str) -> list[int]:
-        """The axes of ``key`` that carry the stream (written, then read)."""
-        return [axes[key] for axes in (self.writes, self.reads) if key in axes]
+        """The axes of ``key`` that carry the stream (written, then read; a head's own copy of a table
+        BLOOM's embedding norm reads reads the stream along its axis 1)."""
+        axes = [axes[key] for axes in (self.writes, self.reads) if key in axes]
+        return axes + [1] if key == self.head_copy and not axes else axes
 
     def stream_dims(self) -> dict[str, list[int]]:
         """{param key: axes narrowed from d to k} (the sliced config's ``slice.stream_dims``)."""
