@@ -17,15 +17,40 @@ from normswap.cli.options import (
     seed_option,
     trust_remote_code_option,
 )
-from normswap.slice.config import SliceOptions
+from normswap.slice.config import AUTO, SliceOptions
 
 LOW_ENERGY = 0.95  # a kept share of the stream's energy below this is flagged in one line
+
+
+class FractionType(click.ParamType):
+    """--fraction: a number, or the word auto (the search, slice/auto.py); bounds are SliceOptions'."""
+
+    name = "FRACTION|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float) or value == AUTO:
+            return value
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither a number nor auto", param, ctx)
+
+
+def _fraction_option():
+    field = next(f for f in declared.options(SliceOptions) if f.name == "fraction")
+    return click.option(
+        "--fraction", "fraction", type=FractionType(), default=field.default, show_default=True,
+        help=field.metadata["help"],
+    )  # fmt: skip
 
 
 @click.command("slice")
 @click.argument("src")
 @click.argument("out", type=click.Path())
-@config_options(declared.options(SliceOptions), shared={"data": data_option, "seed": seed_option})
+@config_options(
+    declared.options(SliceOptions),
+    shared={"data": data_option, "seed": seed_option, "fraction": _fraction_option()},
+)
 @device_option()
 @force_option
 @trust_remote_code_option
@@ -34,7 +59,7 @@ LOW_ENERGY = 0.95  # a kept share of the stream's energy below this is flagged i
 def slice_command(src, out, device, force, as_json, quiet, **values):
     """Rotate the residual stream of SRC (a LayerNorm original, converted exactly first, or a normswap
     conversion) onto its principal directions and delete the least-used --fraction of its width into OUT."""
-    from normswap.slice.config import check_out, options_from
+    from normswap.slice.config import check_out, is_auto, options_from
 
     options = options_from(None, values)
     check_out(src, out, force=force, data=options.data)  # before torch loads and the lock file is made beside OUT
@@ -44,7 +69,8 @@ def slice_command(src, out, device, force, as_json, quiet, **values):
     from normswap.slice.model import check_fraction
     from normswap.slice.sliced_checkpoint import slice_checkpoint
 
-    check_fraction(options.fraction, allow_zero=False)
+    if not is_auto(options):
+        check_fraction(options.fraction, allow_zero=False)
     silent = as_json or quiet
     heartbeat = Heartbeat((lambda m: None) if silent else command_lines("slice"), enabled=False if silent else None)
     with output_lock(out), heartbeat:
@@ -68,6 +94,8 @@ def slice_command(src, out, device, force, as_json, quiet, **values):
         f"  stream energy kept: {result['kept_energy_total']:.6f} (dropped {result['dropped_energy_total']:.2e})"
     )
     click.echo(f"  head: {result['head']}")
+    if result.get("auto"):
+        _echo_auto(result["auto"], result["hidden_size"])
     click.echo(
         f"  rotation alone vs the conversion: max |Δ log-prob| = {ver['max_abs_diff']:.3g} "
         f"(threshold {ver['threshold']:.2g}): PASSED"
@@ -88,3 +116,19 @@ def slice_command(src, out, device, force, as_json, quiet, **values):
     peak = result.get("peak_rss_bytes")
     click.echo(f"  took {result['seconds']:.1f} s" + (f", peak memory {peak / 2**30:.2f} GiB" if peak else ""))
     click.echo(f"  per-norm figures: {result['figures']}")
+
+
+def _echo_auto(record: dict, d: int) -> None:
+    """The widths --fraction auto tried, in the order tried, and the one chosen."""
+    click.echo(
+        f"  --fraction auto (held-out perplexity within +{record['max_ppl_increase']:g} % of "
+        f"{record['source_perplexity']:.4f}; tried {len(record['tried'])} widths by bisection):"
+    )
+    for t in record["tried"]:
+        verdict = "passes" if t["passed"] else "fails"
+        click.echo(
+            f"    width {t['width']:>5} of {d} (fraction {t['fraction']:.4f}): perplexity {t['perplexity']:.4f} "
+            f"({t['increase_pct']:+.3f} %) {verdict}"
+        )
+    chosen = record["chosen"]
+    click.echo(f"    chosen: width {chosen['width']} (fraction {chosen['fraction']:.4f})")

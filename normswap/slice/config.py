@@ -21,14 +21,17 @@ MAX_CALIBRATION_TOKENS = 1 << 22  # 4.2M tokens: a forward over them is the whol
 SHIPPED_BASES = ("pca", "random")  # per-layer is an in-memory comparison arm (model.py), never written
 DEFAULT_EVAL_TOKENS = 2_048  # 8 blocks of 256: a perplexity to 1-2 %, two streamed forwards per block
 DEFAULT_TOLERANCE = 1e-4  # max |Δ log-prob| of the rotation-only model against the conversion (convert's own)
+AUTO = "auto"  # --fraction auto: the largest fraction within --max-ppl-increase (slice/auto.py)
 
 
 @dataclass
 class SliceOptions:
-    fraction: float = option(
+    fraction: float | str = option(
         DEFAULT_FRACTION,
         "Share of the residual stream's width to delete, in (0, 1): the new width is d·(1 − F) rounded to "
-        "--round-to (at most d − 1).",
+        "--round-to (at most d − 1). auto: the largest fraction on the --round-to grid whose held-out perplexity "
+        "rises by at most --max-ppl-increase percent (one calibration, one rotation; each width tried costs "
+        "one evaluation).",
         above=0.0,
         below=1.0,
     )
@@ -63,6 +66,14 @@ class SliceOptions:
         "Memory for one module's float32 weights plus the calibration batch's activations, e.g. 4GiB: sets how "
         "many calibration blocks run at once; refused when one layer does not fit (default: 8 blocks at once).",
     )
+    max_ppl_increase: float | None = option(
+        None,
+        "With --fraction auto (and only with it; required there): the most the held-out perplexity may rise, in "
+        "percent of the source's (e.g. 5 for 5 %).",
+        kind="float",
+        minimum=0.0,
+        recipe=False,  # a recipe names its fraction; the search is the command line's
+    )
     tolerance: float = option(
         DEFAULT_TOLERANCE,
         "The rotation alone (only the all-ones direction deleted) must reproduce the conversion within this "
@@ -72,8 +83,21 @@ class SliceOptions:
 
 
 def option_errors(values: dict) -> list[tuple[str, str]]:
-    """(option name, what is wrong) for each value in ``values`` outside its declared bounds."""
-    return declared.option_errors(SliceOptions, values)
+    """(option name, what is wrong) for each value in ``values`` outside its declared bounds, and
+    --fraction auto / --max-ppl-increase given one without the other (or auto without held-out text)."""
+    auto = values.get("fraction") == AUTO
+    errors = declared.option_errors(SliceOptions, {**values, "fraction": None} if auto else values)
+    if auto and values.get("max_ppl_increase") is None:
+        errors.append(("fraction", "auto needs --max-ppl-increase P (the most perplexity may rise, in percent)"))
+    if auto and values.get("eval_tokens") == 0:
+        errors.append(("fraction", "auto measures held-out perplexity: it needs --eval-tokens > 0"))
+    if not auto and values.get("max_ppl_increase") is not None:
+        errors.append(("max_ppl_increase", "is only read with --fraction auto"))
+    return errors
+
+
+def is_auto(options) -> bool:
+    return options.fraction == AUTO
 
 
 def options_from(options: SliceOptions | None, values: dict) -> SliceOptions:

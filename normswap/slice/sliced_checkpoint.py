@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -40,11 +41,12 @@ from normswap.convert import tensor_match as ckinputs
 from normswap.convert.verify import verification_ids
 from normswap.errors import NormswapError, VerificationError
 from normswap.publish import atomic_write_json, publish_dir, staging_dir
+from normswap.slice import auto as auto_search
 from normswap.slice import basis as bases
 from normswap.slice import in_memory, streamed
 from normswap.slice import rotation_check as verification
 from normswap.slice.calibrate import block_length, calibration_batches, held_out_batches
-from normswap.slice.config import SliceOptions, check_out, options_from
+from normswap.slice.config import SliceOptions, check_out, is_auto, options_from
 from normswap.slice.model import check_fraction, parameter_count
 from normswap.version import __version__
 
@@ -63,7 +65,8 @@ def slice_checkpoint(
     `--json` prints: the width, the fraction, parameters before and after, the kept energy (total
     and per norm), the verification figures and where the figures are written (slice.json)."""
     options = options_from(options, fields)
-    check_fraction(options.fraction, allow_zero=False)
+    if not is_auto(options):
+        check_fraction(options.fraction, allow_zero=False)
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     out = check_out(src, out, force=force, data=options.data)
@@ -83,6 +86,11 @@ def slice_checkpoint(
         )
         batches = list(torch.cat(batches).split(per))
     held_out = held_out_batches(tokenizer, options.data, options.eval_tokens, seq_len)
+    if is_auto(options) and not held_out[0]:  # before any weight is read
+        raise NormswapError(
+            f"--fraction auto: {options.data}'s {held_out[1]} split gives no held-out block of {seq_len} tokens "
+            f"within --eval-tokens {options.eval_tokens}: nothing to measure the perplexity on"
+        )
     with tempfile.TemporaryDirectory(prefix="normswap-slice-") as private:
         if _is_conversion(config):
             converted, conversion = resolved, None
@@ -161,7 +169,7 @@ def _slice_converted(
             )
             return _summary(figures, out, t0)
         d = stream.hidden_size
-        k = bases.width_for(d, options.fraction, options.round_to)
+        k = None if is_auto(options) else bases.width_for(d, options.fraction, options.round_to)
         spill, rotated_dir = Path(private) / "moments", Path(private) / "rotated"
         spill.mkdir()
         rotated_dir.mkdir()
@@ -178,7 +186,7 @@ def _slice_converted(
                 spill=spill,
             )
         q = bases.pca_basis(moments.total)[0] if options.basis == "pca" else bases.random_basis(d, options.seed)
-        say(f"slicing the residual stream from {d} to {k} ({options.basis} basis, {tokens:,} calibration tokens)")
+        say(f"rotating the residual stream of width {d} ({options.basis} basis, {tokens:,} calibration tokens)")
         with parts.timed("rotation"):
             rotated, spent = streamed.rotate_once(
                 conv, stream, q, rotated_dir, streamed.calc_dtype(out_dtype), device=device, say=say
@@ -188,9 +196,16 @@ def _slice_converted(
             probe = verification_ids(tokenizer, config)
             with parts.timed("rotation_check"):
                 check = _rotation_alone(conv, rotated, config, stream, q, probe, options, device=device, say=say)
+            chosen = {}  # --fraction auto: the search's record and the source's perplexity, measured once
+            if k is None:
+                with parts.timed("auto"):
+                    k, options, chosen = _choose_width(conv, rotated, stream, q, held_out, options, device, say)
+            say(f"slicing the residual stream from {d} to {k}")
             sliced_cfg = streamed.sliced_config(config, stream, k, fraction=options.fraction, basis=options.basis)
             weights = streamed.RotatedWeights(conv, rotated, stream, q, sliced_cfg)
             figures = _figures(src, options, conv, sliced_cfg, moments, q, tokens, check, out_dtype)
+            if chosen:
+                figures["auto"] = chosen["auto"]
             manifest = _manifest(converted, src, options, k, figures, conversion)
             with staging_dir(out) as tmp:
                 meta = streamed.skeleton(sliced_cfg, out_dtype, buffers=False)
@@ -204,7 +219,9 @@ def _slice_converted(
                 with parts.timed("reload_check"):
                     figures["reload_check"] = _reload_check(weights, sliced_cfg, tmp, probe, out_dtype, device)
                 with parts.timed("perplexity"):
-                    figures["perplexity"] = _perplexities(conv, tmp, held_out, options, device=device, say=say)
+                    figures["perplexity"] = _perplexities(
+                        conv, tmp, held_out, options, device=device, say=say, source=chosen.get("source")
+                    )
                 if conversion is not None:  # the exact conversion, made first into a private directory
                     parts.seconds["convert"] = conversion.get("seconds")
                 figures["seconds_parts"] = parts.seconds
@@ -289,16 +306,45 @@ def _figures(src, options, conv, sliced_cfg, moments, q, tokens, check, out_dtyp
     }
 
 
-def _perplexities(conv, staged, held_out, options, *, device, say) -> dict:
-    """The conversion's (the source's: an exact conversion computes what it computes) and the written
-    checkpoint's perplexity on the held-out blocks, both streamed one module at a time."""
+def _choose_width(conv, rotated, stream, q, held_out, options, device, say):
+    """--fraction auto (slice/auto.py): the source's held-out perplexity once, then each width the
+    bisection tries read as a prefix of the one rotation (nothing written); (width, the options
+    with the chosen fraction, {"auto": the search's record, "source": the source's perplexity})."""
+    batches, split = held_out
+    dtype, d = _run_dtype(device), stream.hidden_size
+    say(f"auto: perplexity on {sum(int(b.numel()) for b in batches):,} held-out tokens ({split} split), the source")
+    source = streamed.perplexity(streamed.skeleton(conv.config), conv.fetch, batches, dtype=dtype, device=device)
+
+    def evaluate(width):
+        cfg = streamed.sliced_config(
+            conv.config, stream, width, fraction=auto_search.fraction_of(width, d), basis=options.basis
+        )
+        weights = streamed.RotatedWeights(conv, rotated, stream, q, cfg)
+        return streamed.perplexity(streamed.skeleton(cfg), weights.fetch, batches, dtype=dtype, device=device)
+
+    widths = auto_search.width_grid(d, options.round_to)
+    record = auto_search.search(widths, d, source, evaluate, options.max_ppl_increase, say=say)
+    width = record["chosen"]["width"]
+    return (
+        width,
+        dataclasses.replace(options, fraction=record["chosen"]["fraction"]),
+        {"auto": record, "source": source},
+    )
+
+
+def _perplexities(conv, staged, held_out, options, *, device, say, source=None) -> dict:
+    """The conversion's (the source's: an exact conversion computes what it computes; ``source`` when
+    already measured) and the written checkpoint's perplexity on the held-out blocks, both streamed
+    one module at a time."""
     batches, split = held_out
     record = {"data": options.data, "split": split, "tokens": sum(int(b.numel()) for b in batches)}
     if not batches:
         return {**record, "source": None, "sliced": None, "note": "not measured (--eval-tokens 0 or no held-out text)"}
     dtype = _run_dtype(device)
     say(f"perplexity on {record['tokens']:,} held-out tokens ({split} split): the conversion, then the sliced model")
-    before = streamed.perplexity(streamed.skeleton(conv.config), conv.fetch, batches, dtype=dtype, device=device)
+    before = source
+    if before is None:
+        before = streamed.perplexity(streamed.skeleton(conv.config), conv.fetch, batches, dtype=dtype, device=device)
     with streamed.ConvertedFiles(Path(staged), "the written checkpoint") as written:
         after = streamed.perplexity(
             streamed.skeleton(written.config), written.fetch, batches, dtype=dtype, device=device
