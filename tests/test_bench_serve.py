@@ -73,6 +73,7 @@ def graphs(tmp_path_factory):
     return model, {"past": root / "past", "no-past": root / "no-past"}
 
 
+@pytest.mark.slow  # the fixture's two tiny GPT-2 exports: ~50 s on a loaded 2-core host
 def test_decode_is_one_step_on_the_cache(graphs):
     """The timed decode call is one token on a cache of --past-tokens tokens: its logits are PyTorch's at
     that position of prompt + token, every call alike (the past length stays fixed); prefill's call is the
@@ -100,6 +101,7 @@ def test_decode_is_one_step_on_the_cache(graphs):
     assert np.abs(alone[0, -1] - want[0, past]).max() > 1e-3
 
 
+@pytest.mark.slow  # the fixture's two tiny GPT-2 exports: ~50 s on a loaded 2-core host
 def test_graphs_folder_without_the_cache_is_refused(graphs, run_cli, tmp_path):
     """--graphs holding a forward-only (--no-past) graph: one line, nothing saved, before any build.
     Control: the generation graph's folder passes the same check."""
