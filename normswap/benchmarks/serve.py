@@ -8,15 +8,16 @@ so the table shows what the rotation buys; the original is quantized without it 
 commute with a rotation). Every graph is made by the code `normswap export --quantize` runs.
 
 Speed (``--part speed``). A GPT-2-small-shaped model (12 × 768, 50,257 tokens, random init: the
-arithmetic is what is timed) in onnxruntime on CPU, ``--threads`` intra-op threads (1 by default),
-timed by normswap/timing.py's ``compare`` against the original's float32 graph, the null control
-being that graph loaded a second time in a session of its own. Two kinds, each its own comparison:
-``prefill`` (batch 1 × ``--seq-len`` tokens) and ``decode`` (batch 1, one token a step). Until the
-cache graph lands (branch serve-kv: ``export_onnx_with_cache``), a decode step here is the one-token
-forward without a key/value cache: the weight-bound part of a decode step (every matmul at one row)
-without attention over the cache, which at short contexts is a small share; the JSON says which
-decode was timed (``decode_kind``). The int8 graphs timed are quantized from the float32 graphs
-without a second, rotated trace (build_speed_graphs says why: values differ, shapes and ops do not).
+arithmetic is what is timed) as generation graphs (export's default: key/value cache in and out,
+onnx_generate.py) in onnxruntime on CPU, ``--threads`` intra-op threads (1 by default), timed by
+normswap/timing.py's ``compare`` against the original's float32 graph, the null control being that
+graph loaded a second time in a session of its own. Two kinds, each its own comparison: ``prefill``
+(batch 1 × ``--prefill-tokens`` from an empty cache) and ``decode`` (batch 1, one token on a cache of
+``--past-tokens`` made by one untimed prefill; every call repeats that step through OnnxGenerator's
+own feed, so the past length is fixed). A ``--graphs`` folder holding a graph without the cache is
+refused. The original's int8 graph is its float32 graph quantized (LayerNorm takes no rotation); the
+conversion's and the sliced model's int8 graphs are traced turned by the incoherence rotation first,
+as ``export --quantize int8`` makes them.
 
 Quality (``--part quality``). For each model (default: the shipped kjv-gpt2 and kjv-neox): held-out
 perplexity of every variant in onnxruntime on the embedded corpus's test split (128-token windows,
@@ -68,20 +69,24 @@ class GraphModel:
         return iter(())
 
 
-def write_graph(model, directory: Path, *, quantize: bool, rotate: bool, seed: int = 0) -> dict:
+def write_graph(
+    model, directory: Path, *, quantize: bool, rotate: bool, seed: int = 0, with_past: bool = False
+) -> dict:
     """The graph `export --format onnx [--quantize int8]` would write for ``model`` (in memory), into
-    ``directory``/model.onnx; a rotated graph is checked against the model first (exactness)."""
+    ``directory``/model.onnx (``with_past``: the generation graph with its key/value cache, export's
+    default, else the forward alone); a rotated graph is checked against the model first (exactness)."""
     import torch
 
     from normswap.export.onnx import export_graph, run_session, session
+    from normswap.export.onnx_generate import export_graph_with_cache
     from normswap.slice.incoherence import incoherence_rotate
 
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / "model.onnx"
     traced = incoherence_rotate(model, seed).eval() if rotate else model
     fp32 = directory / "float32.onnx" if quantize else final
-    export_graph(traced, fp32)
-    record: dict = {"rotated": rotate}
+    (export_graph_with_cache if with_past else export_graph)(traced, fp32)
+    record: dict = {"rotated": rotate, "with_past": with_past}
     if rotate:
         ids = torch.randint(0, int(model.config.vocab_size), (2, 32), generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
@@ -101,62 +106,95 @@ def write_graph(model, directory: Path, *, quantize: bool, rotate: bool, seed: i
 # -- speed --------------------------------------------------------------------------------------
 
 
-def build_speed_graphs(root: Path, *, fraction: float, seed: int, say) -> dict:
-    """{graph name: directory}: the six SPEED_GRAPHS of a GPT-2-small shape, written under ``root``
-    (reused when ``root`` already holds them: building them is minutes, timing them is not)."""
+def require_generation_graphs(dirs: dict) -> None:
+    """One line for a graph already in a --graphs folder that is not a generation graph (no key/value
+    cache): decode is timed on the cache, and a forward-only graph left by an older run would time the
+    recomputing forward under decode's name."""
+    from normswap.export.onnx_generate import is_generation_ready
+
+    for name, d in dirs.items():
+        graph = Path(d) / "model.onnx"
+        if graph.is_file():
+            ready, why = is_generation_ready(graph)
+            if not ready:
+                raise NormswapError(
+                    f"--graphs: the {name} graph {graph} is not a generation graph ({why}); bench serve times "
+                    "decode on the key/value cache: give it an empty folder to build the graphs in"
+                )
+
+
+def build_speed_graphs(root: Path, *, fraction: float, seed: int, say, names=SPEED_GRAPHS) -> dict:
+    """{graph name: directory}: the generation graphs (key/value cache) ``names`` of SPEED_GRAPHS (the
+    original's float32 graph always: the baseline) of a GPT-2-small shape, written under ``root``, each
+    recorded in graphs.json once whole (reused by a later run: building them is minutes, timing them is not)."""
     from normswap.benchmarks.slicing import gpt2_shaped, random_batches
     from normswap.convert import convert_model
     from normswap.export.int8 import quantize_graph
     from normswap.slice import slice_model
 
-    dirs = {name: root / name.replace(" ", "-") for name in SPEED_GRAPHS}
+    names = ["original", *(n for n in SPEED_GRAPHS if n in names and n != "original")]
+    dirs = {name: root / name.replace(" ", "-") for name in names}
+    require_generation_graphs(dirs)
     done = root / "graphs.json"
     records = json.loads(done.read_text()) if done.is_file() else {}
-    if all(name in records for name in SPEED_GRAPHS):
-        for name in SPEED_GRAPHS:
-            optimised(dirs[name])  # the optimised copies too, before any timed run (one line each, once)
+    missing = [n for n in names if n not in records]
+    if missing:
+        say(f"building a GPT-2 of {GPT2_SMALL} (random init) for {', '.join(missing)}")
+        models = {"original": gpt2_shaped(**GPT2_SMALL, seed=seed)}
+        if any(not n.startswith("original") for n in missing):
+            conversion = copy.deepcopy(models["original"])
+            convert_model(conversion, mode="exact")
+            models["conversion"] = conversion
+            if any(n.startswith("sliced") for n in missing):
+                say(f"slicing {fraction:.0%}")
+                batches = random_batches(GPT2_SMALL["vocab"], 1024, 128, seed)
+                models["sliced"] = slice_model(conversion, batches, fraction).model.eval()
+        root.mkdir(parents=True, exist_ok=True)
+        for name in missing:
+            base = name.removesuffix(" int8")
+            say(f"exporting {name} (generation graph, key/value cache)")
+            if name == "original int8":
+                # LayerNorm does not commute with a rotation (no rotated trace to make): the float32 graph quantized
+                dirs[name].mkdir(parents=True, exist_ok=True)
+                records[name] = {"rotated": False, "with_past": True,
+                                 "quantization": quantize_graph(dirs["original"] / "model.onnx",
+                                                                dirs[name] / "model.onnx")}  # fmt: skip
+            else:  # conversion/sliced int8: turned by the incoherence rotation first, as export --quantize does
+                q = name != base
+                records[name] = write_graph(models[base], dirs[name], quantize=q, rotate=q, seed=seed, with_past=True)
+            done.write_text(json.dumps(records, indent=1, default=str))
+        require_generation_graphs(dirs)
+    else:
         say(f"reusing the graphs in {root}")
-        return dirs
-    say(f"building a GPT-2 of {GPT2_SMALL} (random init), converting it exactly, slicing {fraction:.0%}")
-    original = gpt2_shaped(**GPT2_SMALL, seed=seed)
-    conversion = copy.deepcopy(original)
-    convert_model(conversion, mode="exact")
-    sliced = slice_model(conversion, random_batches(GPT2_SMALL["vocab"], 1024, 128, seed), fraction).model.eval()
-    for name, model in (("original", original), ("conversion", conversion), ("sliced", sliced)):
-        if name not in records:  # each graph recorded once written whole: a stopped build resumes
-            say(f"exporting {name}")
-            records[name] = write_graph(model, dirs[name], quantize=False, rotate=False, seed=seed)
-            done.write_text(json.dumps(records, indent=1, default=str))
-        if name + " int8" not in records:
-            # quantized from the float32 graph just written, not from a rotated second trace: the rotation
-            # changes the weights' values, not the graph's shapes or ops, which is all the timing sees (a
-            # sliced model's turned graph has its shapes; a conversion's is d - 1 wide, 767 for 768); one
-            # GPT-2-small trace is minutes on a loaded host
-            say(f"quantizing {name}")
-            dirs[name + " int8"].mkdir(parents=True, exist_ok=True)
-            records[name + " int8"] = {
-                "rotated": False,
-                "quantization": quantize_graph(dirs[name] / "model.onnx", dirs[name + " int8"] / "model.onnx"),
-            }
-            done.write_text(json.dumps(records, indent=1, default=str))
-    for name in SPEED_GRAPHS:
+    for name in names:
         say(f"optimising {name} once for the timed sessions")
         optimised(dirs[name])
     return dirs
 
 
-def _decode_call(sess):
-    """One decode step at batch 1. The cache graph (serve-kv) replaces this with its decode_step."""
+def _prompt(tokens: int, vocab: int):
     import numpy as np
 
-    feed = {"input_ids": np.array([[7]], dtype="int64")}
-    return lambda: sess.run(None, feed)
+    return np.random.default_rng(0).integers(0, vocab, (1, tokens)).astype("int64")
 
 
-def _prefill_call(sess, seq_len: int, vocab: int):
-    import numpy as np
+def _decode_call(sess, graph: Path, past_tokens: int, vocab: int):
+    """One decode step at batch 1 on a key/value cache of ``past_tokens`` tokens, through OnnxGenerator's
+    own feed (its prefill run once here, untimed): every call repeats the same step, so the past length
+    stays fixed and the calls are alike. ``graph``: the file ``sess`` was made of (its signature checked)."""
+    from normswap.export.onnx_generate import OnnxGenerator
 
-    feed = {"input_ids": np.random.default_rng(0).integers(0, vocab, (1, seq_len)).astype("int64")}
+    gen = OnnxGenerator(graph.parent, model_file=graph.name, session=sess)
+    gen.prefill(_prompt(past_tokens, vocab))
+    feed, names = gen.step_feed(_prompt(1, vocab)), gen.output_names
+    return lambda: sess.run(names, feed)
+
+
+def _prefill_call(sess, prefill_tokens: int, vocab: int):
+    """The prompt's forward at batch 1 from an empty cache (the feed `export`'s validation runs)."""
+    from normswap.export.onnx_generate import prefill_feed
+
+    feed = prefill_feed(sess, _prompt(prefill_tokens, vocab))
     return lambda: sess.run(None, feed)
 
 
@@ -192,6 +230,7 @@ def measure_speed(
     kind,
     threads,
     seq_len,
+    past_tokens,
     budget,
     target,
     min_pairs,
@@ -207,14 +246,19 @@ def measure_speed(
     vocab = GPT2_SMALL["vocab"]
     paths = {name: optimised(d) for name, d in dirs.items()}
     paths[NULL] = paths["original"]
-    make = _decode_call if kind == "decode" else (lambda s: _prefill_call(s, seq_len, vocab))
+
+    def make(sess, path):
+        if kind == "decode":
+            return _decode_call(sess, path, past_tokens, vocab)
+        return _prefill_call(sess, seq_len, vocab)
+
     # ``sessions`` sessions a graph (the null control's its own: the same graph loaded again), made
     # round-robin and rotated by the instrument: one session's memory placement is a steady bias of
     # 1-3 % (bench onnx's finding), which several a side average out
     fns: dict = {name: [] for name in paths}
     for _ in range(sessions):
         for name, path in paths.items():
-            fns[name].append(make(_ready_session(path, threads)))
+            fns[name].append(make(_ready_session(path, threads), path))
     calls = instrument.calibrate_calls(fns["original"][0], block_s)
     before = machine_load()["load_average"]
     cmp = instrument.compare(
@@ -224,9 +268,8 @@ def measure_speed(
     tokens = 1 if kind == "decode" else seq_len
     return {
         "kind": kind,
-        "decode_kind": "one-token forward, no key/value cache (the cache graph is not in this build)"
-        if kind == "decode"
-        else None,
+        "decode_kind": f"one step on a key/value cache of {past_tokens} tokens (batch 1)" if kind == "decode" else None,
+        "past_tokens": past_tokens if kind == "decode" else 0,
         "tokens_per_call": tokens,
         "sessions_per_graph": sessions,
         "balanced": balanced,
@@ -420,7 +463,7 @@ def result_lines(result: dict) -> list[str]:
 
 def run_serve(
     *, part, threads, seq_len, budget, target, min_pairs, block_s, fraction, seed, models, calibration_tokens,
-    eval_tokens, graphs_dir, kinds, save, as_json, say, echo, sessions=1, only=None, balanced=False,
+    eval_tokens, past_tokens=128, graphs_dir, kinds, save, as_json, say, echo, sessions=1, only=None, balanced=False,
 ) -> dict:  # fmt: skip
     """What `normswap bench serve` runs (its options by name)."""
     import onnxruntime
@@ -439,18 +482,19 @@ def run_serve(
     with tempfile.TemporaryDirectory(prefix="normswap-bench-serve-") as tmp:
         if part in ("speed", "both"):
             root = Path(graphs_dir) if graphs_dir else Path(tmp) / "speed"
-            dirs = build_speed_graphs(root, fraction=fraction, seed=seed, say=say)
-            if only:  # fewer graphs a run: balanced rounds (every pair, not just the baseline's) stay affordable
-                dirs = {name: d for name, d in dirs.items() if name == "original" or name in only}
+            # fewer graphs a run (--only): only those built, and balanced rounds (every pair) stay affordable
+            dirs = build_speed_graphs(root, fraction=fraction, seed=seed, say=say, names=only or SPEED_GRAPHS)
             graphs_json = root / "graphs.json"
             result["speed_graphs"] = json.loads(graphs_json.read_text()) if graphs_json.is_file() else None
-            result["speed_settings"] = {"shape": GPT2_SMALL, "seq_len": seq_len, "budget": budget, "target": target}
+            result["speed_settings"] = {"shape": GPT2_SMALL, "prefill_tokens": seq_len, "past_tokens": past_tokens,
+                                        "budget": budget, "target": target}  # fmt: skip
             result["speed"] = {}
             for kind in kinds:
                 say(f"timing {kind}")
                 result["speed"][kind] = measure_speed(
-                    dirs, kind=kind, threads=threads, seq_len=seq_len, budget=budget, target=target,
-                    min_pairs=min_pairs, block_s=block_s, progress=say, sessions=sessions, balanced=balanced,
+                    dirs, kind=kind, threads=threads, seq_len=seq_len, past_tokens=past_tokens, budget=budget,
+                    target=target, min_pairs=min_pairs, block_s=block_s, progress=say, sessions=sessions,
+                    balanced=balanced,
                 )  # fmt: skip
             result["goals"] = speed_goals(result["speed"])
         if part in ("quality", "both"):

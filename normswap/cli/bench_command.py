@@ -518,7 +518,8 @@ def slice_bench(save, as_json, **options):
 @click.option("--part", type=click.Choice(["both", "speed", "quality"]), default="both", show_default=True,
               help="speed: the GPT-2-small shape timed in onnxruntime; quality: held-out perplexity.")  # fmt: skip
 @_option("--threads", click.IntRange(1), 1, "onnxruntime intra-op threads (and torch's).")
-@_option("--seq-len", click.IntRange(1), 128, "Prefill: tokens at batch 1.")
+@_option("--prefill-tokens", click.IntRange(1), 128, "Prefill: the prompt's tokens at batch 1.", aliases=("--seq-len",))
+@_option("--past-tokens", click.IntRange(1), 128, "Decode: tokens in the key/value cache each timed step reads.")
 @_option("--sessions", click.IntRange(1, 8), 1, "Speed: onnxruntime sessions a graph, rotated (null's its own).")
 @click.option("--kinds", default="decode,prefill", show_default=True, help="Speed: which kinds, comma-separated.")
 @click.option("--only", default=None, help="Speed: time only these graphs beside the original (comma-separated).")
@@ -538,22 +539,27 @@ def slice_bench(save, as_json, **options):
 @click.option("--save", type=click.Path(dir_okay=False), default=None, help="Also write the JSON result here.")
 @json_option
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
-def serve(part, threads, seq_len, sessions, kinds, only, balanced, budget, target, repeats, min_time, fraction, seed,
-          models, calibration_tokens, eval_tokens, graphs_dir, save, as_json, quiet):  # fmt: skip
+def serve(part, threads, prefill_tokens, past_tokens, sessions, kinds, only, balanced, budget, target, repeats,
+          min_time, fraction, seed, models, calibration_tokens, eval_tokens, graphs_dir, save, as_json,
+          quiet):  # fmt: skip
     """The served model side by side: original, conversion and sliced, float32 and int8 (conversion and sliced
-    int8 with and without the incoherence rotation), in onnxruntime on CPU: decode and prefill tokens/s against
-    the original's float32 graph with a null control, and held-out perplexity of every variant."""
-    from normswap.benchmarks.serve import run_serve
+    int8 with and without the incoherence rotation), in onnxruntime on CPU: decode (one step on the key/value
+    cache) and prefill tokens/s of the generation graphs against the original's float32 graph with a null
+    control, and held-out perplexity of every variant."""
+    from normswap.benchmarks.serve import SPEED_GRAPHS, run_serve
 
     kind_list = [k.strip() for k in kinds.split(",") if k.strip()]
     bad = [k for k in kind_list if k not in ("decode", "prefill")]
     if bad or not kind_list:
         raise NormswapError(f"--kinds: {', '.join(bad) or 'nothing'} not one of decode, prefill")
+    only_list = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    bad = [n for n in only_list or () if n not in SPEED_GRAPHS]
+    if bad:
+        raise NormswapError(f"--only: {', '.join(bad)} not one of {', '.join(SPEED_GRAPHS)}")
     say = (lambda m: None) if quiet else (lambda m: click.echo(f"normswap bench serve: {m}", err=True))
     run_serve(
-        part=part, threads=threads, seq_len=seq_len, budget=budget, target=target, min_pairs=repeats,
-        block_s=min_time, fraction=fraction, seed=seed, models=list(models), calibration_tokens=calibration_tokens,
-        eval_tokens=eval_tokens, graphs_dir=graphs_dir, kinds=kind_list, save=save, as_json=as_json, say=say,
-        echo=click.echo, sessions=sessions, balanced=balanced,
-        only=[n.strip() for n in only.split(",")] if only else None,
+        part=part, threads=threads, seq_len=prefill_tokens, past_tokens=past_tokens, budget=budget, target=target,
+        min_pairs=repeats, block_s=min_time, fraction=fraction, seed=seed, models=list(models),
+        calibration_tokens=calibration_tokens, eval_tokens=eval_tokens, graphs_dir=graphs_dir, kinds=kind_list,
+        save=save, as_json=as_json, say=say, echo=click.echo, sessions=sessions, balanced=balanced, only=only_list,
     )  # fmt: skip

@@ -225,7 +225,7 @@ class OnnxGenerator:
     feeds one token per row and returns its logits; both keep the cache in ``self.past``. ``generate``
     is the loop over both (no padding: every row of ``input_ids`` is a full prompt)."""
 
-    def __init__(self, out_dir, threads: int | None = 1, model_file: str | None = None):
+    def __init__(self, out_dir, threads: int | None = 1, model_file: str | None = None, session=None):
         from normswap.export import onnx as plain
 
         self.dir = Path(out_dir)
@@ -233,7 +233,8 @@ class OnnxGenerator:
         ready, why = is_generation_ready(self.path)
         if not ready:
             raise NormswapError(f"{self.path} cannot generate: {why} (export it with --with-past)")
-        self.session = plain.session(self.path, threads=threads)
+        # ``session``: one the caller made of ``self.path`` with its own options (bench serve's timed sessions)
+        self.session = session if session is not None else plain.session(self.path, threads=threads)
         names = [i.name for i in self.session.get_inputs()]
         self.layers = sum(1 for n in names if n.startswith("past_key_values.") and n.endswith(".key"))
         first = next(i for i in self.session.get_inputs() if i.name == PAST_KEY.format(0))
@@ -243,14 +244,22 @@ class OnnxGenerator:
         self.past: dict | None = None
         self.length = 0
 
-    def _run(self, ids: np.ndarray) -> np.ndarray:
+    def step_feed(self, ids: np.ndarray) -> dict:
+        """The inputs of the next step over ``ids`` [batch, sequence] on the cache held (nothing is run:
+        bench serve times the same decode step many times at a fixed past length)."""
+        if self.past is None:
+            raise NormswapError("a step before prefill")
         batch, seq = ids.shape
         feed = {"input_ids": ids, "attention_mask": np.ones((batch, self.length + seq), dtype=np.int64)}
         if self.has_position_ids:
             positions = np.arange(self.length, self.length + seq, dtype=np.int64)
             feed["position_ids"] = np.broadcast_to(positions, (batch, seq)).copy()
         feed.update(self.past)
-        out = dict(zip(self.output_names, self.session.run(self.output_names, feed)))
+        return feed
+
+    def _run(self, ids: np.ndarray) -> np.ndarray:
+        seq = ids.shape[1]
+        out = dict(zip(self.output_names, self.session.run(self.output_names, self.step_feed(ids))))
         self.past = {
             PAST_KEY.format(i) if n.endswith(".key") else PAST_VALUE.format(i): out[n]
             for i in range(self.layers)
