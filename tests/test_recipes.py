@@ -502,6 +502,8 @@ def test_a_slice_stage_is_declared_from_slice_options_and_plans_a_slice_step():
         "round_to": SliceOptions.round_to,
         "basis": "pca",
         "tolerance": SliceOptions.tolerance,
+        "eval_tokens": SliceOptions.eval_tokens,
+        "memory_budget": SliceOptions.memory_budget,
     }
     assert report_names(r) == ["original", "s", "s-healed"]
     steps = plan_steps(r)
