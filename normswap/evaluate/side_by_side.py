@@ -161,7 +161,7 @@ def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -
         if progress:
             progress(f"loading {name} ({spec})")
         resolved = resolve(spec)
-        if is_onnx_dir(resolved):  # `normswap export --format onnx`: timed in onnxruntime (forward only)
+        if is_onnx_dir(resolved):  # `normswap export --format onnx`: run in onnxruntime (evaluate/onnx_model.py)
             if str(device) != "cpu" or dtype != torch.float32:
                 raise NormswapError(
                     f"{name} is an ONNX export: it runs in onnxruntime on the CPU in float32 "
@@ -169,7 +169,13 @@ def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -
                 )
             model = OnnxModel(resolved)
             entries.append(
-                ModelEntry(name=name, spec=str(spec), model=model, tokenizer=None, path=str(Path(resolved).resolve()))
+                ModelEntry(
+                    name=name,
+                    spec=str(spec),
+                    model=model,
+                    tokenizer=load_tokenizer(spec),  # the one export copied beside the graph (perplexity reads it)
+                    path=str(Path(resolved).resolve()),
+                )
             )
             continue
         task = "causal-lm" if is_causal_lm(load_config(resolved)) else "auto"
