@@ -510,8 +510,7 @@ def test_eval_speed_times_onnx_exports_beside_pytorch(onnx_exports, run_cli, tmp
 def test_eval_ppl_of_onnx_exports_is_the_pytorch_models(onnx_exports, run_cli):
     """`normswap eval ppl` reads the graph's logits through PyTorch's perplexity code: an exact conversion's
     graph gives the original's perplexity (the negative control, a different model's weights through the same
-    code, is test_evaluate_onnx_perplexity.py's); what a graph cannot be measured by is empty, not zero, while
-    the PyTorch row in the same run has it."""
+    code, is test_evaluate_onnx_perplexity.py's)."""
     (src, original), (_, converted) = onnx_exports["original"], onnx_exports["converted"]
     args = ["--max-tokens", "600", "--seq-len", "64", "--stride", "32", "--json", "--quiet"]
     code, stdout, stderr = run_cli(
@@ -524,8 +523,6 @@ def test_eval_ppl_of_onnx_exports_is_the_pytorch_models(onnx_exports, run_cli):
     }
     for name in ("orig", "conv"):
         assert rows[name]["perplexity"] == pytest.approx(rows["pt"]["perplexity"], rel=1e-4)
-        assert rows[name]["diagnostics"] is None and rows[name]["peak_memory_bytes"] is None
-    assert rows["pt"]["diagnostics"] is not None
 
 
 def test_onnx_export_prints_no_exporter_chatter(converted, tmp_path, capfd):
