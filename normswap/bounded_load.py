@@ -305,7 +305,7 @@ def load_json(
 # -- YAML -------------------------------------------------------------------------------------------
 
 
-def _yaml_loader(max_nodes: int, max_depth: int, what: str):
+def _yaml_loader(max_nodes: int, max_depth: int, what: str, unique_keys: bool = False):
     import yaml
 
     class Bounded(yaml.SafeLoader):
@@ -313,9 +313,39 @@ def _yaml_loader(max_nodes: int, max_depth: int, what: str):
             node = super().get_single_node()
             if node is not None:
                 _expanded_size(node, self.name, max_nodes, max_depth, what)
+                if unique_keys:
+                    _refuse_duplicate_keys(node, self.name)
             return node
 
     return Bounded
+
+
+def _refuse_duplicate_keys(root, where: str) -> None:
+    """A key written twice in one mapping: YAML loaders keep the last silently, so a file that reads as
+    two settings (or two variants) runs as one; refused, naming the key and its second line. Walked after
+    the size bound, each distinct node once (an alias repeats a node, not a key)."""
+    import yaml
+
+    seen_nodes: set = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set = set()
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    if k.value in keys:
+                        raise BoundedLoadError(
+                            f"{where}: at line {k.start_mark.line + 1}: the key {k.value!r} is written twice in "
+                            "one mapping (YAML would keep only the last); remove or rename one"
+                        )
+                    keys.add(k.value)
+                stack.extend((k, v))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 def _expanded_size(root, where: str, max_nodes: int, max_depth: int, what: str) -> int:
@@ -363,12 +393,19 @@ def _expanded_size(root, where: str, max_nodes: int, max_depth: int, what: str) 
 
 
 def parse_yaml(
-    text: str, where: str, *, what: str = "the file", max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH
+    text: str,
+    where: str,
+    *,
+    what: str = "the file",
+    max_nodes: int = MAX_NODES,
+    max_depth: int = MAX_DEPTH,
+    unique_keys: bool = False,
 ):
-    """``yaml.safe_load`` of ``text`` with alias expansion and nesting bounded, one-line errors."""
+    """``yaml.safe_load`` of ``text`` with alias expansion and nesting bounded, one-line errors;
+    ``unique_keys``: a key written twice in one mapping is refused too."""
     import yaml
 
-    loader = _yaml_loader(max_nodes, max_depth, what)(text)
+    loader = _yaml_loader(max_nodes, max_depth, what, unique_keys)(text)
     loader.name = where
     try:
         return loader.get_single_data()

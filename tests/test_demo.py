@@ -46,7 +46,7 @@ def test_demo_quick_end_to_end(tmp_path):
         assert (report / name).is_file(), name
     results = json.loads((report / "results.json").read_text())
     models = {m["name"]: m for m in results["models"]}
-    assert list(models) == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed"]
+    assert list(models) == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed", "sliced-int8"]
     assert results["baseline"] == "original"
     ppl = {n: m["perplexity"] for n, m in models.items()}
     assert ppl["exact"] == pytest.approx(ppl["original"], rel=1e-4)
@@ -57,10 +57,19 @@ def test_demo_quick_end_to_end(tmp_path):
     # healed or not; the direction of so small a change is not decided on that few tokens
     assert ppl["sliced"] == pytest.approx(ppl["exact"], rel=0.03)
     assert ppl["sliced-healed"] == pytest.approx(ppl["exact"], rel=0.03)
+    # the slice served as rotated ONNX int8: its perplexity read through onnxruntime on the same windows, a
+    # little off the float32 slice's (int8 rounding), not the same number
+    served = models["sliced-int8"]
+    assert served["kind"] == "onnx int8 (converted)" and served["onnx"]["quantize"] == "int8"
+    assert served["perplexity_detail"]["tokens"] == models["sliced"]["perplexity_detail"]["tokens"]
+    assert ppl["sliced-int8"] != ppl["sliced"] and ppl["sliced-int8"] == pytest.approx(ppl["sliced"], rel=0.05)
     assert models["sliced"]["parameters"] < models["original"]["parameters"]
     assert models["approx-healed"]["kind"] == "fine-tuned" and models["exact"]["kind"] == "converted (exact)"
     for n in models:
         assert models[n]["tokens_per_second"]["forward"] > 0
+        if n == "sliced-int8":  # onnxruntime: no torch allocations to count, no lm-eval (PyTorch only)
+            assert models[n]["peak_memory_bytes"] is None and not models[n]["tasks"]
+            continue
         # the demo measures what the tool exists to measure: peak memory and the shipped lm-eval task
         assert models[n]["peak_memory_bytes"] > 0, models[n]["memory_detail"]
         assert models[n]["tasks"]["normswap_kjv"]["bits_per_byte"] > 0
@@ -76,7 +85,7 @@ def test_demo_quick_end_to_end(tmp_path):
         assert n in table
     assert "Δ vs original" in table and "forward tok/s" in table and "ratio [95% interval]" in table
     # --quick measures 2 repeats: too few for any speed ratio to count as a difference
-    for n in ("exact", "approx", "approx-healed", "sliced", "sliced-healed"):
+    for n in ("exact", "approx", "approx-healed", "sliced", "sliced-healed", "sliced-int8"):
         line = next(ln for ln in table.splitlines() if ln.startswith(n + " "))
         assert line.endswith("no measurable difference"), line
     assert all(
@@ -87,3 +96,5 @@ def test_demo_quick_end_to_end(tmp_path):
     # provenance: the recipe as shipped and as run (with --quick's overrides)
     assert (out / "recipe.original.yaml").read_text().startswith("# The five-minute CPU demo")
     assert "steps: 20" in (out / "recipe.yaml").read_text()
+    # the report says what the served row was not measured by, rather than leaving it blank
+    assert "not measured (ONNX)" in (report / "report.md").read_text()

@@ -455,7 +455,7 @@ def test_onnx_without_its_packages_says_how_to_install(converted, tmp_path, run_
     require_packages()
 
 
-def test_eval_speed_times_onnx_exports_beside_pytorch(onnx_exports, run_cli):
+def test_eval_speed_times_onnx_exports_beside_pytorch(onnx_exports, run_cli, tmp_path):
     (src, original), (_, converted) = onnx_exports["original"], onnx_exports["converted"]
     code, stdout, stderr = run_cli(
         "eval",
@@ -487,8 +487,42 @@ def test_eval_speed_times_onnx_exports_beside_pytorch(onnx_exports, run_cli):
     # control: the PyTorch model in the same run is timed on everything
     assert rows["pt"]["tokens_per_second"]["train_step"] > 0 and rows["pt"]["peak_memory_bytes"] > 0
 
-    code, _, stderr = run_cli("eval", "ppl", original["out"], "--quiet")
-    assert code == 2 and "measured by `normswap eval speed` only" in stderr and len(stderr.strip().splitlines()) == 1
+    # lm-eval drives a PyTorch model: refused for an ONNX export, in one line
+    code, _, stderr = run_cli(
+        "eval",
+        "report",
+        original["out"],
+        "--tasks",
+        "normswap_kjv",
+        "--no-speed",
+        "--out",
+        str(tmp_path / "r"),
+        "--quiet",
+    )
+    assert (
+        code == 2
+        and "not by tasks" in stderr
+        and not (tmp_path / "r").exists()
+        and len(stderr.strip().splitlines()) == 1
+    ), stderr
+
+
+def test_eval_ppl_of_onnx_exports_is_the_pytorch_models(onnx_exports, run_cli):
+    """`normswap eval ppl` reads the graph's logits through PyTorch's perplexity code: an exact conversion's
+    graph gives the original's perplexity (the negative control, a different model's weights through the same
+    code, is test_evaluate_onnx_perplexity.py's)."""
+    (src, original), (_, converted) = onnx_exports["original"], onnx_exports["converted"]
+    args = ["--max-tokens", "600", "--seq-len", "64", "--stride", "32", "--json", "--quiet"]
+    code, stdout, stderr = run_cli(
+        "eval", "ppl", f"pt={src}", f"orig={original['out']}", f"conv={converted['out']}", *args
+    )
+    assert code == 0, stderr
+    rows = {m["name"]: m for m in json.loads(stdout)["models"]}
+    assert rows["orig"]["perplexity_detail"] == rows["pt"]["perplexity_detail"] | {
+        "nll_nats": rows["orig"]["perplexity_detail"]["nll_nats"]
+    }
+    for name in ("orig", "conv"):
+        assert rows[name]["perplexity"] == pytest.approx(rows["pt"]["perplexity"], rel=1e-4)
 
 
 def test_onnx_export_prints_no_exporter_chatter(converted, tmp_path, capfd):

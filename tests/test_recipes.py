@@ -64,7 +64,7 @@ def test_shipped_set_covers_the_families_and_the_root_recipes_dir_is_the_same():
 def test_quickstart_is_offline_and_shows_exact_approx_sliced_and_healed():
     r = load_recipe("quickstart").recipe
     assert r["needs_network"] is False and r["source"] == "normswap:kjv-gpt2" and r["data"] == "embedded"
-    assert report_names(r) == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed"]
+    assert report_names(r) == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed", "sliced-int8"]
     assert r["variants"]["sliced"]["slice"]["fraction"] == 0.25 and r["variants"]["sliced"]["convert"] is None
     assert r["variants"]["exact"]["convert"]["mode"] == "exact"
     assert r["variants"]["approx"]["convert"] == dict(r["variants"]["approx"]["convert"], mode="approx", beta="drop")
@@ -430,17 +430,20 @@ def test_oversized_recipe_is_refused_before_parsing(tmp_path):
 
 # ------------------------------------------------------------------ the run as steps
 def test_a_recipe_runs_as_an_ordered_list_of_steps():
-    from normswap.recipes.steps import ConvertStep, EvalStep, FinetuneStep, SliceStep, plan_steps
+    from normswap.recipes.steps import ConvertStep, EvalStep, ExportStep, FinetuneStep, SliceStep, plan_steps
 
     steps = plan_steps(load_recipe("quickstart").recipe)
     assert [s.name for s in steps] == [
-        "convert:exact", "convert:approx", "finetune:approx-healed", "slice:sliced", "finetune:sliced-healed", "eval"
+        "convert:exact", "convert:approx", "finetune:approx-healed", "slice:sliced", "finetune:sliced-healed",
+        "slice:sliced-int8+pytorch", "export:sliced-int8", "eval",
     ]  # fmt: skip
-    assert [type(s) for s in steps] == [ConvertStep, ConvertStep, FinetuneStep, SliceStep, FinetuneStep, EvalStep]
+    assert [type(s) for s in steps] == [
+        ConvertStep, ConvertStep, FinetuneStep, SliceStep, FinetuneStep, SliceStep, ExportStep, EvalStep
+    ]  # fmt: skip
     # each model step reads what the step before it wrote; the evaluation reads every model of the report
     assert (steps[1].source, steps[2].source) == ("original", "approx")
     assert (steps[3].source, steps[4].source) == ("original", "sliced")
-    assert steps[-1].names == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed"]
+    assert steps[-1].names == ["original", "exact", "approx", "approx-healed", "sliced", "sliced-healed", "sliced-int8"]
     # negative control: a variant that only fine-tunes reads the source and keeps its own name
     r = load_recipe("quickstart", ["variants.approx.convert="]).recipe
     assert [(s.name, getattr(s, "source", None)) for s in plan_steps(r)][1:3] == [

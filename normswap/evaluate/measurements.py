@@ -99,6 +99,9 @@ def measure_diagnostics(run: Run):
 
     out = {}
     for e in run.entries:
+        if getattr(e.model, "is_onnx", False):  # a graph has no backward: the empty record (report: not measured)
+            out[e.name] = DiagnosticsRecord()
+            continue
         run.say(f"diagnostics: {e.name}")
         out[e.name] = DiagnosticsRecord(
             diagnostics(e.model, fixed_batch(e.tokenizer, run.text, DIAGNOSTICS_BATCH, run.config.seq_len))
@@ -122,6 +125,9 @@ def measure_tasks(run: Run):
 
     cfg, out = run.config, {}
     for e in run.entries:
+        if getattr(e.model, "is_onnx", False):  # only where a recipe lets ONNX rows in (side_by_side.evaluate)
+            out[e.name] = TasksRecord()
+            continue
         run.say(f"lm-eval {','.join(cfg.tasks)}: {e.name} (its output: {run.lm_eval_log})")
         window = context_length(e.model) or 2048  # lm-eval's own default when the config names none
         scores = run_tasks(

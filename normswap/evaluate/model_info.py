@@ -64,8 +64,9 @@ def onnx_info(model) -> dict:
     from normswap.evaluate.onnx_model import NOT_MEASURED
 
     record = model.export
+    scheme = (record.get("quantization") or {}).get("scheme")  # int8 (export/int8.py), None for float32
     return {
-        "kind": f"onnx ({'converted' if record.get('converted') else 'original'})",
+        "kind": f"onnx{' ' + scheme if scheme else ''} ({'converted' if record.get('converted') else 'original'})",
         "model_kind": model_kind(model),
         "architecture": record.get("architecture"),
         "parameters": None,
@@ -78,6 +79,7 @@ def onnx_info(model) -> dict:
             "opset": record.get("opset"),
             "norm_op": record.get("norm_op"),
             "runtime": "onnxruntime (CPU)",
+            "quantize": scheme,
             "not_measured": NOT_MEASURED,
         },
     }

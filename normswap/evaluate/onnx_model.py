@@ -1,12 +1,15 @@
 """An ONNX export (``normswap export --format onnx``) as `normswap eval` sees a model.
 
 ``OnnxModel(path)`` holds an onnxruntime CPU session of DEST/model.onnx and the config.json beside
-it, and answers ``model(input_ids=...)`` with an object whose ``.logits`` is a torch tensor, so the
-speed measurement times it beside PyTorch models, interleaved like them, with its null control.
-What it can measure: ``forward`` tokens/s (one forward; a generation graph's from an empty cache).
-What it cannot, and reports as not measured: the training step (an inference graph has no
-backward), generation (its loop is OnnxGenerator's, export/onnx_generate.py), time inside the norm layers (no module
-hooks in a graph), and peak memory (onnxruntime's allocations are not torch's).
+it, and answers ``model(input_ids=...)`` with an object whose ``.logits`` is a float32 torch tensor
+[batch, seq, vocab], so perplexity reads it through the very code it reads a PyTorch model's logits with
+(evaluate/perplexity.py: same windows, stride and tokens, comparable numbers), and the speed measurement
+times it beside PyTorch models, interleaved like them, with its null control.
+What it can measure: perplexity, and ``forward`` tokens/s (one forward; a generation graph's from an
+empty cache). What it cannot, and reports as not measured: the training step and the diagnostics (an
+inference graph has no backward), generation (its loop is OnnxGenerator's, export/onnx_generate.py),
+time inside the norm layers (no module hooks in a graph), peak memory (onnxruntime's allocations are not
+torch's) and lm-eval tasks (lm-eval drives a PyTorch model).
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ NOT_MEASURED = {
     "generate": "eval speed times an ONNX graph's forward only (a generation graph's loop: OnnxGenerator)",
     "norm_share": "a graph has no module hooks to time the norms",
     "memory": "onnxruntime's allocations are not tracked by torch",
+    "diagnostics": "an ONNX inference graph has no backward (gradient norm) nor module hooks (norm inputs)",
+    "tasks": "lm-eval drives a PyTorch model, not an onnxruntime session",
 }
+# what evaluate() measures on an ONNX export; the rest of what a run chooses is refused for it on the command
+# line, and reported per row as not measured where a recipe evaluates ONNX rows beside PyTorch ones
+MEASURED = ("perplexity", "speed", "memory")
 
 
 class OnnxModel:
@@ -46,7 +54,8 @@ class OnnxModel:
     def forward(self, input_ids=None, use_cache=False, **unused):
         from normswap.export.onnx import run_session
 
-        out = run_session(self.session, input_ids)
+        # float32 from the graph as it is (an int8 graph's outputs are float32 too): what perplexity reads
+        out = run_session(self.session, input_ids).float()
         return SimpleNamespace(**{"logits": None, self.output: out})
 
     __call__ = forward

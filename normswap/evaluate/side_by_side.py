@@ -161,7 +161,7 @@ def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -
         if progress:
             progress(f"loading {name} ({spec})")
         resolved = resolve(spec)
-        if is_onnx_dir(resolved):  # `normswap export --format onnx`: timed in onnxruntime (forward only)
+        if is_onnx_dir(resolved):  # `normswap export --format onnx`: run in onnxruntime (evaluate/onnx_model.py)
             if str(device) != "cpu" or dtype != torch.float32:
                 raise NormswapError(
                     f"{name} is an ONNX export: it runs in onnxruntime on the CPU in float32 "
@@ -169,7 +169,13 @@ def load_planned(planned, *, device="cpu", dtype=torch.float32, progress=None) -
                 )
             model = OnnxModel(resolved)
             entries.append(
-                ModelEntry(name=name, spec=str(spec), model=model, tokenizer=None, path=str(Path(resolved).resolve()))
+                ModelEntry(
+                    name=name,
+                    spec=str(spec),
+                    model=model,
+                    tokenizer=load_tokenizer(spec),  # the one export copied beside the graph (perplexity reads it)
+                    path=str(Path(resolved).resolve()),
+                )
             )
             continue
         task = "causal-lm" if is_causal_lm(load_config(resolved)) else "auto"
@@ -201,6 +207,7 @@ def evaluate(
     progress=None,
     lm_eval_log=None,
     prepared=None,
+    onnx_rows_unmeasured=False,
 ) -> dict:
     """Run the measurements ``config`` selects on ``entries``; the results dict (docs/results-schema.md).
 
@@ -208,9 +215,12 @@ def evaluate(
     baseline (or the first model) instead: evaluate/kinds.py says what each kind defines.
     ``prepared``: evaluate/preflight.py's checks, already run before the models loaded (the
     commands do that, so a bad option or too little text fails before any weights load); without
-    it they run here.
+    it they run here. ``onnx_rows_unmeasured``: an ONNX row beside PyTorch ones (a recipe's served variant)
+    gets what ONNX can be measured by and empty records, reported as not measured, for the rest (lm-eval
+    tasks); without it, a run asking an ONNX export for those is refused.
     """
     from normswap.evaluate.lm_eval_adapter import default_log
+    from normswap.evaluate.onnx_model import MEASURED as ONNX_MEASURED
     from normswap.evaluate.preflight import facts_of, prepare
 
     cfg = config or EvalConfig()
@@ -224,10 +234,11 @@ def evaluate(
         prepared = prepare(facts_of(entries), cfg, data=data, baseline_name=baseline_name, progress=say)
     cfg, chosen, text = prepared.config, prepared.chosen, prepared.text
     onnx = [e.name for e in entries if getattr(e.model, "is_onnx", False)]
-    if onnx and set(chosen) - {"speed", "memory"}:
+    unmeasurable = sorted(set(chosen) - set(ONNX_MEASURED) - {"diagnostics"})  # diagnostics: on by default
+    if onnx and unmeasurable and not onnx_rows_unmeasured:
         raise NormswapError(
-            f"{', '.join(onnx)}: an ONNX export is measured by `normswap eval speed` only "
-            f"(forward tokens/s), not by {', '.join(sorted(set(chosen) - {'speed', 'memory'}))}"
+            f"{', '.join(onnx)}: an ONNX export is measured by `normswap eval ppl` and `normswap eval speed` only "
+            f"(perplexity, forward tokens/s), not by {', '.join(unmeasurable)}"
         )
     results = {
         "schema_version": 1,

@@ -61,7 +61,7 @@ def parse_yaml(text: str, where: str):
     if len(text) > MAX_RECIPE_BYTES:
         raise RecipeError(f"{where}: {len(text):,} characters; a recipe is at most {MAX_RECIPE_BYTES:,}")
     try:
-        return bounded_load.parse_yaml(text, where, what="a recipe", max_nodes=MAX_EXPANDED_NODES)
+        return bounded_load.parse_yaml(text, where, what="a recipe", max_nodes=MAX_EXPANDED_NODES, unique_keys=True)
     except bounded_load.BoundedLoadError as e:
         raise RecipeError(str(e)) from None
 

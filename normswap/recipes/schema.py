@@ -23,6 +23,7 @@ from normswap.convert.config import recipe_fields as convert_recipe_fields
 from normswap.errors import NormswapError
 from normswap.evaluate.config import option_errors as eval_option_errors
 from normswap.evaluate.config import recipe_fields as eval_recipe_fields
+from normswap.export.int8 import SCHEMES
 from normswap.finetune.config import option_errors, recipe_fields
 from normswap.slice.config import SliceOptions
 from normswap.slice.config import option_errors as slice_option_errors
@@ -110,7 +111,20 @@ REPORT = {
 # device are the recipe's source, data and device)
 STUDY = {name: Field(**spec) for name, spec in study_recipe_fields().items()}
 
-VARIANT_KEYS = ("convert", "slice", "finetune", "description")
+# the export a variant is served as (`normswap export`'s options; the choices are its own): the exported
+# directory becomes the variant's model in the report. Only the ONNX format, the one eval measures
+# (perplexity and forward speed in onnxruntime: evaluate/onnx_model.py); a stock export is the same
+# PyTorch model again.
+EXPORT = {
+    "format": Field("choice", default="onnx", choices=("onnx",), help="onnx: an onnxruntime generation graph"),
+    "quantize": Field(
+        "choice", default=None, choices=SCHEMES, nullable=True, help="int8: onnxruntime's dynamic quantizer"
+    ),
+    "rotate": Field("bool", default=True, help="the incoherence rotation before int8 (where the stream takes it)"),
+}
+EXPORTED_FROM = "+pytorch"  # DIR/models/<variant>+pytorch: the model an export variant exports (never a variant name)
+
+VARIANT_KEYS = ("convert", "slice", "finetune", "export", "description")
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -276,7 +290,12 @@ def _variant(where: str, name_s: str, spec) -> dict:
     for k in spec:
         if k not in VARIANT_KEYS:
             _unknown(where, key + ".", k, VARIANT_KEYS)
-    if spec.get("convert") is None and spec.get("slice") is None and spec.get("finetune") is None:
+    if (
+        spec.get("convert") is None
+        and spec.get("slice") is None
+        and spec.get("finetune") is None
+        and not spec.get("export")
+    ):
         _fail(
             where,
             key,
@@ -305,6 +324,11 @@ def _variant(where: str, name_s: str, spec) -> dict:
     ft = v["finetune"]
     for option, why in option_errors(ft) if ft is not None else ():
         _fail(where, f"{key}.finetune.{option}", why)
+    v["export"] = _section(where, key + ".export.", spec["export"], EXPORT) if spec.get("export") is not None else None
+    if v["export"] is not None and (ft is not None or not built(v)):
+        # one model a variant: what it builds (convert: or slice:) is what it serves; a fine-tuned model's
+        # export would need the healed and the exported rows both, which a variant does not name
+        _fail(where, key + ".export", "exports what convert: or slice: built; give one of them and no finetune:")
     return v
 
 
@@ -357,6 +381,7 @@ def describe_fields() -> str:
         ("variants.<name>.convert", CONVERT),
         ("variants.<name>.slice", SLICE),
         ("variants.<name>.finetune", FINETUNE),
+        ("variants.<name>.export", EXPORT),
         ("eval", EVAL),
         ("report", REPORT),
         ("study", STUDY),

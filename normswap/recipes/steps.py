@@ -38,7 +38,7 @@ from normswap.private_dirs import why_not_private, why_replaceable
 from normswap.progress import Heartbeat, stderr_lines
 from normswap.publish import atomic_write_text
 from normswap.recipes.loader import LoadedRecipe, dump_recipe
-from normswap.recipes.schema import HEALED_SUFFIX, SOURCE_NAME, built, report_names
+from normswap.recipes.schema import EXPORTED_FROM, HEALED_SUFFIX, SOURCE_NAME, built, report_names
 
 RUN_FILE = "run.json"
 MODELS, REPORT, SUMMARY, STUDY = "models", "report", "summary.md", "study"
@@ -233,6 +233,38 @@ class FinetuneStep(ModelStep):
         return {"perplexity_before": summary["initial_perplexity"], "perplexity_after": summary["final_perplexity"]}
 
 
+class ExportStep(ModelStep):
+    """`normswap export --format onnx [--quantize int8]` of what the variant built, into DIR/models/<variant>:
+    the variant's row in the report is the served graph (evaluate/onnx_model.py measures it)."""
+
+    kind = "export"
+
+    def fingerprint(self, ctx: Context) -> str:
+        return _fingerprint({"step": "export", "input": ctx.models[self.source].fingerprint, "options": self.options})
+
+    def complete(self, ctx: Context) -> bool:
+        from normswap.checkpoint.manifest import MANIFEST_NAME
+
+        return (self.target(ctx) / MANIFEST_NAME).is_file()  # export publishes the whole directory at once
+
+    def run(self, ctx: Context) -> dict:
+        from normswap.export import run_export
+
+        o, say = self.options, lambda m: ctx.say(f"export {self.produces}: {m}")
+        say(f"{o['format']}" + (f", {o['quantize']}" + (" (rotated)" if o["rotate"] else "") if o["quantize"] else ""))
+        record = run_export(
+            ctx.models[self.source].spec,
+            self.target(ctx),
+            o["format"],
+            force=True,
+            quantize=o["quantize"],
+            rotate=o["rotate"],
+            progress=lambda m: say(m.removeprefix("normswap export: ")),
+        )
+        ver = record.get("verification") or {}
+        return {"format": o["format"], "quantize": o["quantize"], "verification": ver}
+
+
 @dataclass
 class EvalStep:
     """Every model of the report side by side with the source: results.json and the report."""
@@ -286,6 +318,7 @@ class EvalStep:
             seed=r["seed"],
             progress=say,
             prepared=prepared,
+            onnx_rows_unmeasured=True,  # a served variant: measured by what ONNX can be (evaluate/onnx_model.py)
         )
         results["title"] = r["report"]["title"]
         results["recipe"] = {
@@ -368,12 +401,16 @@ def plan_steps(recipe: dict) -> list:
     steps = []
     for name, v in recipe["variants"].items():
         current = SOURCE_NAME
+        # an exported variant's row is the export; what it exports is built beside it (schema.EXPORTED_FROM)
+        built_as = name + EXPORTED_FROM if v.get("export") is not None else name
         if v["convert"] is not None:
-            steps.append(ConvertStep(name, current, v["convert"]))
-            current = name
+            steps.append(ConvertStep(built_as, current, v["convert"]))
+            current = built_as
         if v.get("slice") is not None:
-            steps.append(SliceStep(name, current, v["slice"]))
-            current = name
+            steps.append(SliceStep(built_as, current, v["slice"]))
+            current = built_as
+        if v.get("export") is not None:
+            steps.append(ExportStep(name, current, v["export"]))
         if v["finetune"] is not None:
             steps.append(FinetuneStep(name + HEALED_SUFFIX if built(v) else name, current, v["finetune"]))
     if recipe.get("study") is not None:

@@ -33,6 +33,15 @@ def fmt_num(x, digits=2):
     return f"{x:,.{digits}f}"
 
 
+NOT_MEASURED_ONNX = "not measured (ONNX)"
+
+
+def onnx_gap(m, text: str) -> str:
+    """An ONNX export's empty cell says why (evaluate/onnx_model.py: what a graph cannot be measured by),
+    where a PyTorch row's empty cell is a dash."""
+    return NOT_MEASURED_ONNX if m.get("onnx") and text in ("–", "", "0") else text
+
+
 def fmt_bytes(n):
     if n is None:
         return "–"
@@ -204,17 +213,20 @@ def table_rows(results) -> tuple[list[str], list[list[tuple[str, str, str]]]]:
         ]
         for key, _ in SPEED_COLUMNS:
             if is_base or tr.get(key) is None:
-                row.append((fmt_num(tps.get(key), 0), "", ""))
+                row.append((onnx_gap(m, fmt_num(tps.get(key), 0)), "", ""))
             else:
                 row.append(
                     (fmt_num(tps.get(key), 0), timed_ratio_text(tr[key], ivs.get(key)), timed_state(ivs.get(key)))
                 )
-        row.append(exact("peak_memory_bytes", 0, value=fmt_bytes(m.get("peak_memory_bytes")), tol=0.005))
-        row.append(_norm_time_cell(m, (intervals_of(m, results) or {}).get("norm_ms_per_forward"), is_base))
+        memory = exact("peak_memory_bytes", 0, value=fmt_bytes(m.get("peak_memory_bytes")), tol=0.005)
+        row.append((onnx_gap(m, memory[0]), *memory[1:]))
+        norm = _norm_time_cell(m, (intervals_of(m, results) or {}).get("norm_ms_per_forward"), is_base)
+        row.append((onnx_gap(m, norm[0]), *norm[1:]))
         rows.append(row)
     # a column no model has a number in does not apply to these models (an encoder's perplexity and
     # decode, speed in a perplexity-only run): left out rather than shown empty
-    keep = [i for i in range(len(header)) if i < 2 or any(row[i][0] not in ("–", "") for row in rows)]
+    empty = ("–", "", NOT_MEASURED_ONNX)
+    keep = [i for i in range(len(header)) if i < 2 or any(row[i][0] not in empty for row in rows)]
     return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
@@ -397,7 +409,8 @@ def task_table(results):
                 if (task, metric) not in cols:
                     cols.append((task, metric))
     rows = [
-        [m["name"]] + [fmt_num((m.get("tasks") or {}).get(t, {}).get(k), 4) for t, k in cols] for m in results["models"]
+        [m["name"]] + [onnx_gap(m, fmt_num((m.get("tasks") or {}).get(t, {}).get(k), 4)) for t, k in cols]
+        for m in results["models"]
     ]
     return cols, rows
 
@@ -513,8 +526,8 @@ def markdown(results, figures: dict[str, Path]) -> str:
         drows.append(
             [
                 m["name"],
-                fmt_num(dg.get("loss"), 4),
-                fmt_num(dg.get("grad_norm"), 4),
+                onnx_gap(m, fmt_num(dg.get("loss"), 4)),
+                onnx_gap(m, fmt_num(dg.get("grad_norm"), 4)),
                 len(layers),
                 fmt_num(sum(rms) / len(rms) if rms else None, 4),
                 fmt_num(max(tm) if tm else None, 5),
@@ -655,8 +668,8 @@ def html_diagnostics(results) -> list[str]:
                 [
                     m["name"],
                     m.get("kind", ""),
-                    fmt_num((m.get("diagnostics") or {}).get("loss"), 4),
-                    fmt_num((m.get("diagnostics") or {}).get("grad_norm"), 4),
+                    onnx_gap(m, fmt_num((m.get("diagnostics") or {}).get("loss"), 4)),
+                    onnx_gap(m, fmt_num((m.get("diagnostics") or {}).get("grad_norm"), 4)),
                     len((m.get("diagnostics") or {}).get("layers") or []),
                     ", ".join(m.get("norm_classes") or []),
                 ]
