@@ -481,7 +481,7 @@ def publish_dir(staging, out, *, force: bool) -> Path:
     that a complete OUT (old, then new) exists at every instant."""
     staging, out = Path(staging), Path(out)
     if (staging / "config.json").is_file():  # a checkpoint: no local directory's path goes out in its files
-        from normswap.checkpoint.public_paths import scrub_checkpoint_dir
+        from normswap.public_paths import scrub_checkpoint_dir
 
         scrub_checkpoint_dir(staging)
     os.chmod(staging, 0o777 & ~_umask())  # built private (staging_dir); published with the mode a mkdir would give

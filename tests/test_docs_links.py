@@ -118,9 +118,7 @@ def pages_under(root: Path) -> list[Path]:
 
 
 def test_every_named_path_exists():
-    from test_package_structure import BEING_REWRITTEN
-
-    missing = missing_paths(ROOT, skip=BEING_REWRITTEN)
+    missing = missing_paths(ROOT)
     assert not missing, "paths named in docs or docstrings that do not exist:\n" + "\n".join(missing)
 
 

@@ -115,33 +115,7 @@ def export(
     ver = record["verification"]
     click.echo(f"exported {src} -> {record['out']}  [{fmt}: {record.get('architecture', '')}]")
     if fmt == "stock":
-        click.echo(
-            f"  {record['norms_as_layernorm']} RMSNorms as LayerNorm ({record['gamma_beta_set']} γ/β set to 1/0)"
-            + ("; head untied" if record["untied"] else "")
-        )
-        moved = record.get("folded_affine_moved", {})
-        if moved:
-            back = [n for n, how in moved.items() if how == "gamma_beta"]
-            solved = [n for n, how in moved.items() if how == "bias"]
-            click.echo(
-                "  folded γ/β moved back into the LayerNorm: "
-                + "; ".join(
-                    part
-                    for part in (
-                        f"γ and β restored on {', '.join(back)}" if back else "",
-                        f"β/γ as the bias of {len(solved)} norm(s) whose readers have no stock bias" if solved else "",
-                    )
-                    if part
-                )
-            )
-        if record["centred_in_weights"]:
-            click.echo(f"  run-time centring moved into the weights: {', '.join(record['centred_in_weights'])}")
-        for item in record["not_centred"]:
-            click.echo(f"  not centred in the weights: {item['module']} ({item['reason']})")
-        click.echo(
-            "  RMSNorm-ready (its stream is zero-mean): "
-            + ("yes" if record["rmsnorm_ready"] else "no; as LayerNorm it is exact")
-        )
+        _echo_stock(record)
     for key in ("opset", "norm_op"):
         if key in record:
             click.echo(f"  {key.replace('_', ' ')}: {record[key]}")
@@ -174,3 +148,34 @@ def export(
             f"  int8 against the model on the probe batch: max |Δ log-prob| {p['max_abs_logprob_diff']:.3g}, "
             f"top-1 agreement {p['top1_agreement']:.1%} (recorded, not gated)"
         )
+
+
+def _echo_stock(record) -> None:
+    """What a stock export changed, in lines."""
+    click.echo(
+        f"  {record['norms_as_layernorm']} RMSNorms as LayerNorm ({record['gamma_beta_set']} γ/β set to 1/0)"
+        + ("; head untied" if record["untied"] else "")
+    )
+    moved = record.get("folded_affine_moved", {})
+    if moved:
+        back = [n for n, how in moved.items() if how == "gamma_beta"]
+        solved = [n for n, how in moved.items() if how == "bias"]
+        click.echo(
+            "  folded γ/β moved back into the LayerNorm: "
+            + "; ".join(
+                part
+                for part in (
+                    f"γ and β restored on {', '.join(back)}" if back else "",
+                    f"β/γ as the bias of {len(solved)} norm(s) whose readers have no stock bias" if solved else "",
+                )
+                if part
+            )
+        )
+    if record["centred_in_weights"]:
+        click.echo(f"  run-time centring moved into the weights: {', '.join(record['centred_in_weights'])}")
+    for item in record["not_centred"]:
+        click.echo(f"  not centred in the weights: {item['module']} ({item['reason']})")
+    click.echo(
+        "  RMSNorm-ready (its stream is zero-mean): "
+        + ("yes" if record["rmsnorm_ready"] else "no; as LayerNorm it is exact")
+    )

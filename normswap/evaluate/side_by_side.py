@@ -283,21 +283,27 @@ def evaluate(
             null_row["ratios"], null_row["ratio_intervals"] = ratios(null_row, base), null
         results["speed_noise"] = speed_noise(null, results.get("speed_noise"))
     results["models"] = rows
+    _warn_thin_evidence(results, rows, baseline_name)
+    return results
+
+
+def _warn_thin_evidence(results: dict, rows: list[dict], baseline_name) -> None:
+    """The scored token count into the data block, and a warning where the evidence is thin."""
     scored = next((r for r in rows if r["name"] == baseline_name and r.get("perplexity_detail")), None) or next(
         (r for r in rows if r.get("perplexity_detail")), None
     )
-    if scored is not None:
-        from normswap.evaluate.quality_intervals import thin_evidence
+    if scored is None:
+        return
+    from normswap.evaluate.quality_intervals import thin_evidence
 
-        tokens = int(scored["perplexity_detail"]["tokens"])
-        data_block = results.get("data") or {}
-        if data_block:
-            data_block["eval_tokens"] = tokens  # what was really scored, whatever --max-tokens allowed
-        # the cap counts only in the tokens it was counted in (the model whose tokenizer cut the text)
-        cut_by_scored = data_block.get("truncated") and data_block.get("cap_tokenizer_of") == scored["name"]
-        cap = data_block.get("max_tokens") if cut_by_scored else None
-        results["warnings"] += thin_evidence(rows, baseline_name, tokens, capped_at=cap)
-    return results
+    tokens = int(scored["perplexity_detail"]["tokens"])
+    data_block = results.get("data") or {}
+    if data_block:
+        data_block["eval_tokens"] = tokens  # what was really scored, whatever --max-tokens allowed
+    # the cap counts only in the tokens it was counted in (the model whose tokenizer cut the text)
+    cut_by_scored = data_block.get("truncated") and data_block.get("cap_tokenizer_of") == scored["name"]
+    cap = data_block.get("max_tokens") if cut_by_scored else None
+    results["warnings"] += thin_evidence(rows, baseline_name, tokens, capped_at=cap)
 
 
 def speed_noise(null: dict | None, machine: dict | None) -> dict:

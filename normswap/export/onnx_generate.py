@@ -108,7 +108,7 @@ def export_graph_with_cache(model, path: Path, *, opset: int | None = None, norm
     """Trace ``model`` (float32, eval, a causal LM) with its cache into ``path``; returns {op type: count}."""
     import onnx
 
-    from normswap.export import onnx as plain
+    from normswap.export import onnx_graph as plain
 
     opset = opset or plain.OPSET
     norm_op = norm_op or plain.DEFAULT_NORM_OP
@@ -130,7 +130,7 @@ def export_graph_with_cache(model, path: Path, *, opset: int | None = None, norm
     shapes = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, {0: dyn, 1: dyn}, tuple({0: dyn, 2: dyn} for _ in past))
     inputs, outputs = io_names(layers)
     try:
-        with plain._exporter_quiet():
+        with plain.exporter_quiet():
             program = torch.onnx.export(
                 wrapper,
                 (ids, mask, pos, *past),
@@ -226,7 +226,7 @@ class OnnxGenerator:
     is the loop over both (no padding: every row of ``input_ids`` is a full prompt)."""
 
     def __init__(self, out_dir, threads: int | None = 1, model_file: str | None = None, session=None):
-        from normswap.export import onnx as plain
+        from normswap.export import onnx_graph as plain
 
         self.dir = Path(out_dir)
         self.path = self.dir / (model_file or plain.MODEL_FILE)

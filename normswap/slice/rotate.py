@@ -1,6 +1,6 @@
 """Rotate and slice: the sliced model's config block and tensors, and the model built from them.
 
-Row-vector convention (normswap/shared algebra: a writer adds h·W_out + b_out to the stream, a
+Row-vector convention (the shared algebra, docs/slice.md: a writer adds h·W_out + b_out to the stream, a
 reader computes y·W_in from a norm's output y). With Q_k the first k columns of the basis
 (basis.py, u last so never kept when k < d):
 
