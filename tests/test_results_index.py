@@ -30,7 +30,7 @@ def test_results_are_indexed_and_every_link_lands_on_a_run():
     assert len(linked) >= 50  # the pages' links into results/ were found
     assert {run for _, run in linked} <= set(runs)
     # the index says where each run is quoted: the README's demo and a docs page's study
-    assert "README.md" in runs["demo-20261204T2014Z"]["quoted_in"]
+    assert "README.md" in runs["demo-20261207T0457Z"]["quoted_in"]
     assert "docs/study.md" in runs["study-20261201T1642Z"]["quoted_in"]
     assert not (ROOT / "bench" / "results").exists() and not (ROOT / "docs" / "demo").exists()
 
