@@ -524,7 +524,7 @@ def slice_bench(save, as_json, **options):
 @click.option("--kinds", default="decode,prefill", show_default=True, help="Speed: which kinds, comma-separated.")
 @click.option("--only", default=None, help="Speed: time only these graphs beside the original (comma-separated).")
 @click.option("--balanced", is_flag=True, help="Speed: rounds of every pair (timing.compare(balanced=True)).")
-@_option("--budget", click.FloatRange(1.0), 80.0, "Seconds of pairs per kind at most.")
+@_option("--kind-seconds", click.FloatRange(1.0), 80.0, "Seconds of pairs per kind at most.", aliases=("--budget",))
 @_option("--target", click.FloatRange(0.001), 0.01, "Stop once each interval's half-width (null's too) is this.")
 @_option("--repeats", click.IntRange(5), 20, "At least this many rounds per kind.")
 @_option("--min-time", click.FloatRange(0.0), 0.1, "Seconds per timed block (calls calibrated from one).")
@@ -539,7 +539,7 @@ def slice_bench(save, as_json, **options):
 @click.option("--save", type=click.Path(dir_okay=False), default=None, help="Also write the JSON result here.")
 @json_option
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
-def serve(part, threads, prefill_tokens, past_tokens, sessions, kinds, only, balanced, budget, target, repeats,
+def serve(part, threads, prefill_tokens, past_tokens, sessions, kinds, only, balanced, kind_seconds, target, repeats,
           min_time, fraction, seed, models, calibration_tokens, eval_tokens, graphs_dir, save, as_json,
           quiet):  # fmt: skip
     """The served model side by side: original, conversion and sliced, float32 and int8 (conversion and sliced
@@ -558,7 +558,7 @@ def serve(part, threads, prefill_tokens, past_tokens, sessions, kinds, only, bal
         raise NormswapError(f"--only: {', '.join(bad)} not one of {', '.join(SPEED_GRAPHS)}")
     say = (lambda m: None) if quiet else (lambda m: click.echo(f"normswap bench serve: {m}", err=True))
     run_serve(
-        part=part, threads=threads, seq_len=prefill_tokens, past_tokens=past_tokens, budget=budget, target=target,
+        part=part, threads=threads, seq_len=prefill_tokens, past_tokens=past_tokens, budget=kind_seconds, target=target,
         min_pairs=repeats, block_s=min_time, fraction=fraction, seed=seed, models=list(models),
         calibration_tokens=calibration_tokens, eval_tokens=eval_tokens, graphs_dir=graphs_dir, kinds=kind_list,
         save=save, as_json=as_json, say=say, echo=click.echo, sessions=sessions, balanced=balanced, only=only_list,
