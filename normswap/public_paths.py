@@ -57,7 +57,12 @@ def scrub_checkpoint_dir(directory) -> None:
                 data = json.loads(raw)
             except ValueError:
                 continue  # not normswap's JSON (it always writes valid JSON): left as it is
+            # a fine-tune's own record keeps its paths: `eval` reads them to leave the training
+            # documents out of what it scores (evaluate/heldout.py), which a bare file name cannot do
+            kept = data.pop("finetune", None) if name == "normswap_manifest.json" and isinstance(data, dict) else None
             clean = public_value(data)
+            if kept is not None:
+                data["finetune"], clean["finetune"] = kept, kept
             if clean != data:
                 path.write_text(json.dumps(clean, indent=2, sort_keys=name == "config.json") + "\n", encoding="utf-8")
     for name in OWN_TEXT:

@@ -533,7 +533,7 @@ def test_onnx_export_prints_no_exporter_chatter(converted, tmp_path, capfd):
     import warnings
 
     from normswap.cli.main import main
-    from normswap.export.onnx import _exporter_quiet
+    from normswap.export.onnx_graph import exporter_quiet as _exporter_quiet
 
     class Seen(logging.Handler):  # torch's log handler writes to a stream captured before the test
         def __init__(self):

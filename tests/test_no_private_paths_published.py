@@ -12,7 +12,7 @@ import json
 
 from helpers import tiny_model
 
-from normswap.checkpoint import public_paths
+from normswap import public_paths
 
 PUBLISHED = ("config.json", "normswap_manifest.json", "README.md", "slice.json")
 
