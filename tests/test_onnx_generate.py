@@ -205,7 +205,7 @@ def test_bad_input_is_one_line_and_writes_nothing(neox, tmp_path, run_cli, monke
         dest = tmp_path / f"dest{i}"
         code, out, err = run_cli("export", model, dest, *options)
         # progress lines ("normswap export: tracing ...") may come first; the refusal is one line
-        errors = [line for line in err.splitlines() if line.strip() and not line.startswith("normswap ")]
+        errors = [line for line in err.splitlines() if line.strip() and not line.startswith("normswap")]
         errors += [line for line in err.splitlines() if line.startswith("normswap: error:")]
         assert code == 2 and len(errors) == 1 and message in errors[0], (options, err)
         assert not dest.exists() and not out

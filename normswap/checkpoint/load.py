@@ -341,6 +341,9 @@ def load_tokenizer(spec):
         tokenizer_vet.vet(directory)
     # given to AutoTokenizer so that it need not look the config up (one of an older normswap
     # checkpoint would need code)
+    if is_local(resolved) and (Path(resolved) / "config.json").is_file():
+        # sizes a config declares are refused here too: AutoTokenizer, given no config, reads it itself
+        check_declared(read_config(Path(resolved) / "config.json", str(spec)), str(spec))
     try:
         config = load_config(resolved)
     except NormswapError:
