@@ -63,7 +63,7 @@ def slice_in_memory(src, converted, out, options, batches, tokenizer, *, force, 
         del written
         say("checking the written checkpoint loads back to the same model")
         reloaded = ckload.load_model(tmp, dtype=torch.float32, device=device, task="causal-lm")
-        tolerance = 1e-4 if out_dtype in (torch.float32, torch.float64) else 0.5
+        tolerance = verification.reload_tolerance(out_dtype)
         reload_check = verification.compare(sliced, reloaded, tokenizer=tokenizer, tolerance=tolerance)
         if not reload_check["passed"]:
             raise VerificationError(

@@ -387,7 +387,7 @@ def _reload_check(weights, sliced_cfg, tmp, probe, out_dtype, device) -> dict:
     ref = streamed.logprobs(streamed.skeleton(sliced_cfg), weights.fetch, probe, device=device)
     with streamed.ConvertedFiles(Path(tmp), "the written checkpoint") as written:
         got = streamed.logprobs(streamed.skeleton(written.config), written.fetch, probe, device=device)
-    check = verification.judge(ref, got, _reload_tolerance(out_dtype))
+    check = verification.judge(ref, got, verification.reload_tolerance(out_dtype))
     if not check["passed"]:
         raise VerificationError(
             f"the written checkpoint does not reload to the sliced model (max |Δ log-prob| "
@@ -407,11 +407,6 @@ def _manifest(converted, src, options, k, figures, conversion) -> dict:
     if conversion is not None:
         manifest["slice"]["conversion"] = {"verification": conversion.get("verification")}
     return manifest
-
-
-def _reload_tolerance(dtype) -> float:
-    # the in-memory model is float32; a 16-bit checkpoint reloads with its weights rounded
-    return 1e-4 if dtype in (torch.float32, torch.float64) else 0.5
 
 
 def _head_record(block: dict) -> str:
